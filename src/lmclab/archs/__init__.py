@@ -1,0 +1,42 @@
+"""Registry of architectures. Each module declares ``Config``, ``Model``, ``permutation_spec``
+and ``activation_points``; adding an architecture is one file and one line here."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmclab.archs import mlp
+
+ARCHS: dict[str, ModuleType] = {"mlp": mlp}
+
+
+def get_arch(name: str) -> ModuleType:
+    """The architecture module called ``name``; one-line error naming ``model.arch`` otherwise."""
+    if name not in ARCHS:
+        raise ValueError(f"model.arch: unknown architecture {name!r}; expected one of {sorted(ARCHS)}")
+    return ARCHS[name]
+
+
+def make_config(arch: str, **fields: Any) -> Any:
+    """The frozen config of ``arch`` from plain values (lists become tuples)."""
+    cls = get_arch(arch).Config
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"model: {arch} takes no option(s) {unknown}; expected some of {sorted(known)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def build_model(arch: str, config: Any, seed: int | None = None) -> nn.Module:
+    """The ``nn.Module``; with ``seed``, its initialisation is drawn from that seed only."""
+    module = get_arch(arch)
+    if seed is None:
+        return module.Model(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return module.Model(config)

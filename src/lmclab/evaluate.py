@@ -1,0 +1,36 @@
+"""Loss and accuracy of a parameter dict on a data split, via ``torch.func.functional_call``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmclab.data import Split
+
+
+class Evaluation(NamedTuple):
+    loss: float  # mean cross-entropy (nats)
+    acc: float  # fraction correct, 0..1
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, params: Mapping[str, Tensor], split: Split, *,
+             batch_size: int = 1024) -> Evaluation:
+    """Mean cross-entropy and accuracy of ``model`` run with ``params`` in eval mode."""
+    device = next(iter(params.values())).device
+    was_training = model.training
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(split), batch_size):
+        x = split.x[start:start + batch_size].to(device)
+        y = split.y[start:start + batch_size].to(device)
+        logits = functional_call(model, dict(params), (x,))
+        total_loss += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += (logits.argmax(1) == y).sum().item()
+    model.train(was_training)
+    return Evaluation(total_loss / len(split), correct / len(split))

@@ -1,0 +1,61 @@
+"""Interpolation curves and barriers between θa and an aligned θb (SPEC.md §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from torch import Tensor, nn
+
+from lmclab.data import Split
+from lmclab.evaluate import evaluate
+from lmclab.merge import interpolate
+from lmclab.metrics import barrier, l2_distance, midpoint_barrier, reduction_rate
+from lmclab.spec import Params, PermutationSpec
+
+Repair = Callable[[Params], Params]  # e.g. BatchNorm statistics repair of an interpolated model
+
+
+def interpolation_curve(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
+                        lams: Sequence[float], splits: Mapping[str, Split], *,
+                        repair: Repair | None = None) -> list[dict]:
+    """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows)."""
+    rows = []
+    for lam in lams:
+        params = interpolate(params_a, params_b, lam)
+        if repair is not None:
+            params = repair(params)
+        for split, data in splits.items():
+            ev = evaluate(model, params, data)
+            rows.append({"lam": float(lam), "split": split, "loss": ev.loss, "acc": ev.acc})
+    return rows
+
+
+def barriers_from_curve(rows: Sequence[dict]) -> dict[str, float]:
+    """Max-over-λ and midpoint barriers of loss and accuracy (accuracy in percentage points)."""
+    out: dict[str, float] = {}
+    for split in sorted({r["split"] for r in rows}):
+        curve = sorted((r for r in rows if r["split"] == split), key=lambda r: r["lam"])
+        lams = [r["lam"] for r in curve]
+        at = {r["lam"]: r for r in curve}
+        for q, scale, hib in (("loss", 1.0, False), ("acc", 100.0, True)):
+            vals = [scale * r[q] for r in curve]
+            out[f"{split}_{q}_barrier_max"] = barrier(lams, vals, higher_is_better=hib)
+            out[f"{split}_{q}_barrier_mid"] = midpoint_barrier(
+                scale * at[0.5][q], scale * at[1.0][q], scale * at[0.0][q], higher_is_better=hib)
+            out[f"{split}_{q}_a"], out[f"{split}_{q}_b"] = scale * at[1.0][q], scale * at[0.0][q]
+            out[f"{split}_{q}_mid"] = scale * at[0.5][q]
+    return out
+
+
+def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
+                 params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
+                 lams: Sequence[float], splits: Mapping[str, Split], *,
+                 repair: Repair | None = None) -> tuple[list[dict], dict[str, float]]:
+    """Curve between θa and π(θb); barriers; ``‖θa−θb‖``, ``‖θa−π(θb)‖`` and the reduction %."""
+    if 0.5 not in lams or 0.0 not in lams or 1.0 not in lams:
+        raise ValueError("the λ grid must contain 0, ½ and 1")
+    curve = interpolation_curve(model, params_a, permuted_b, lams, splits, repair=repair)
+    summary = barriers_from_curve(curve)
+    before, after = l2_distance(spec, params_a, params_b), l2_distance(spec, params_a, permuted_b)
+    summary.update(l2_before=before, l2_after=after, l2_reduction_pct=reduction_rate(before, after))
+    return curve, summary

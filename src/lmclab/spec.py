@@ -1,0 +1,167 @@
+"""Permutation symmetries of a network: the one contract between architectures and algorithms.
+
+A :class:`PermutationSpec` says, for every entry of a ``state_dict``, which permutation group
+acts on each of its axes (``None``: that axis is never permuted). Groups are hidden-unit (or
+channel) permutations ``P_ℓ`` of SPEC.md §1. Inputs and logits are never permuted.
+
+A *permutation* ``perm`` maps each group name to an index tensor. Applying it to ``θb`` gives
+``π(θb)`` with ``W'_ℓ = P_ℓ W_ℓ P_{ℓ-1}ᵀ``, i.e. ``W'[i, j] = W[perm_ℓ[i], perm_{ℓ-1}[j]]``.
+
+Architectures build specs with the small helpers :func:`dense`, :func:`conv`, :func:`norm` and
+:func:`fixed` looped over their config (never hand-listed line by line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+Params = dict[str, Tensor]
+Permutation = dict[str, Tensor]
+Axes = tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class PermutationSpec:
+    """Which permutation group acts on which (parameter, axis).
+
+    ``axes[name][k]`` is the group acting on axis ``k`` of ``state_dict[name]`` or ``None``.
+    ``stats`` names buffers (BatchNorm running statistics, counters) that are permuted but
+    excluded from matching costs and L2 distances.
+    """
+
+    axes: Mapping[str, Axes]
+    stats: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def groups(self) -> dict[str, list[tuple[str, int]]]:
+        """Inverse view: group -> [(param name, axis)], in declaration order."""
+        out: dict[str, list[tuple[str, int]]] = {}
+        for name, name_axes in self.axes.items():
+            for axis, group in enumerate(name_axes):
+                if group is not None:
+                    out.setdefault(group, []).append((name, axis))
+        return out
+
+    def group_sizes(self, params: Mapping[str, Tensor]) -> dict[str, int]:
+        """Size of each group, read off ``params``; raises if two axes of a group disagree."""
+        sizes: dict[str, int] = {}
+        for group, places in self.groups.items():
+            for name, axis in places:
+                n = params[name].shape[axis]
+                if sizes.setdefault(group, n) != n:
+                    raise ValueError(f"group {group!r}: axis {axis} of {name!r} has size {n}, "
+                                     f"expected {sizes[group]}")
+        return sizes
+
+    def matched(self, params: Mapping[str, Tensor]) -> Params:
+        """The entries that count in matching costs and distances (no running statistics)."""
+        return {k: v for k, v in params.items() if k not in self.stats}
+
+    def check(self, params: Mapping[str, Tensor], what: str = "state_dict") -> None:
+        """One-line error unless ``params`` has exactly the spec's keys and consistent shapes."""
+        missing = sorted(set(self.axes) - set(params))
+        extra = sorted(set(params) - set(self.axes))
+        if missing or extra:
+            raise ValueError(f"{what}: keys do not match the permutation spec "
+                             f"(missing {missing[:3]}, unexpected {extra[:3]})")
+        for name, name_axes in self.axes.items():
+            if params[name].dim() != len(name_axes):
+                raise ValueError(f"{what}: {name!r} has {params[name].dim()} axes, "
+                                 f"the spec declares {len(name_axes)}")
+        self.group_sizes(params)
+
+
+# ---- spec builders -----------------------------------------------------------------------
+
+
+def dense(name: str, p_out: str | None, p_in: str | None, bias: bool = True) -> dict[str, Axes]:
+    """A linear layer ``W: (out, in)``, ``b: (out,)``."""
+    axes: dict[str, Axes] = {f"{name}.weight": (p_out, p_in)}
+    if bias:
+        axes[f"{name}.bias"] = (p_out,)
+    return axes
+
+
+def conv(name: str, p_out: str | None, p_in: str | None, bias: bool = False) -> dict[str, Axes]:
+    """A 2-D convolution, kernel ``(out, in, kh, kw)``."""
+    axes: dict[str, Axes] = {f"{name}.weight": (p_out, p_in, None, None)}
+    if bias:
+        axes[f"{name}.bias"] = (p_out,)
+    return axes
+
+
+def norm(name: str, p: str | None, running_stats: bool = True) -> dict[str, Axes]:
+    """A BatchNorm/LayerNorm over channels ``p`` (affine parameters and running statistics)."""
+    axes: dict[str, Axes] = {f"{name}.weight": (p,), f"{name}.bias": (p,)}
+    if running_stats:
+        axes[f"{name}.running_mean"] = (p,)
+        axes[f"{name}.running_var"] = (p,)
+        axes[f"{name}.num_batches_tracked"] = ()
+    return axes
+
+
+def stats_of(axes: Iterable[str]) -> frozenset[str]:
+    """Names of running-statistic buffers among ``axes`` (excluded from costs and distances)."""
+    suffixes = (".running_mean", ".running_var", ".num_batches_tracked")
+    return frozenset(k for k in axes if k.endswith(suffixes))
+
+
+def build_spec(*parts: Mapping[str, Axes]) -> PermutationSpec:
+    """Join builder outputs into a spec; a key declared twice is an error."""
+    axes: dict[str, Axes] = {}
+    for part in parts:
+        for name, name_axes in part.items():
+            if name in axes:
+                raise ValueError(f"permutation spec declares {name!r} twice")
+            axes[name] = tuple(name_axes)
+    return PermutationSpec(axes=axes, stats=stats_of(axes))
+
+
+# ---- operations on permutations -------------------------------------------------------------
+
+
+def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor],
+                      params: Mapping[str, Tensor]) -> Params:
+    """``π(θ)``: permute every axis of every entry by its group's index tensor (SPEC §1)."""
+    out: Params = {}
+    for name, value in params.items():
+        for axis, group in enumerate(spec.axes[name]):
+            if group is not None:
+                value = value.index_select(axis, perm[group].to(value.device))
+        out[name] = value
+    return out
+
+
+def invert(perm: Mapping[str, Tensor]) -> Permutation:
+    """``π⁻¹``: for index tensors, the inverse is the argsort."""
+    return {g: torch.argsort(p) for g, p in perm.items()}
+
+
+def compose(outer: Mapping[str, Tensor], inner: Mapping[str, Tensor]) -> Permutation:
+    """The permutation equal to applying ``inner`` first, then ``outer``."""
+    return {g: inner[g][outer[g]] for g in inner}
+
+
+def identity_permutation(sizes: Mapping[str, int]) -> Permutation:
+    """``π = I`` for every group."""
+    return {g: torch.arange(n) for g, n in sizes.items()}
+
+
+def random_permutation(sizes: Mapping[str, int], generator: torch.Generator) -> Permutation:
+    """A uniformly random permutation of every group, drawn from ``generator``."""
+    return {g: torch.randperm(n, generator=generator) for g, n in sorted(sizes.items())}
+
+
+def check_permutation(perm: Mapping[str, Tensor], sizes: Mapping[str, int]) -> None:
+    """One-line error unless ``perm`` is a bijection of the right size for every group."""
+    if set(perm) != set(sizes):
+        raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's "
+                         f"{sorted(sizes)}")
+    for g, n in sizes.items():
+        p = perm[g]
+        if p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):
+            raise ValueError(f"permutation of group {g!r} is not a bijection of {n} units")

@@ -1,0 +1,42 @@
+"""Stage-side plumbing shared by the thin stage scripts: reading the keys a stage lists under
+``params:`` in dvc.yaml, and turning library errors into one-line messages."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT / "src"))
+
+
+def read_params(path: Path, key: str) -> Any:
+    """The value at dotted ``key`` of the params file, or a one-line error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: params file not found")
+    value: Any = yaml.safe_load(path.read_text()) or {}
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise SystemExit(f"error: {path}: missing key {key}")
+        value = value[part]
+    return value
+
+
+def one_line_errors(fn: Callable) -> Callable:
+    """Print bad-input errors (ValueError, FileNotFoundError, ...) as ``error: …`` and exit 1."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            raise SystemExit(f"error: {str(exc).splitlines()[0]}") from None
+
+    return wrapper
