@@ -41,6 +41,7 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
     if not isinstance(permute["methods"], list) or not permute["methods"]:
         raise ValueError(f"permute.methods must be a non-empty list, got {permute['methods']!r}")
     for method in permute["methods"]:
+        check_method(method)
         if not isinstance(permute.get(method), dict):
             raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
         check_method(method, permute[method])

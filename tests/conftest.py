@@ -1,0 +1,63 @@
+"""Shared fixtures: a small prepared slice of the real mnist5k digits and small trained MLPs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmclab.archs import make_config
+from lmclab.checkpoint import Checkpoint
+from lmclab.data import Split, load_split, prepare
+from lmclab.training import train
+
+# one small configuration per registered architecture, for registry-parametrised tests
+SMALL_CONFIGS: dict[str, dict] = {
+    "mlp": {"hidden": 3, "width": 12},
+}
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """800 train / 200 test real digits in the prepared format."""
+    out = tmp_path_factory.mktemp("data") / "prepared"
+    prepare("mnist5k", tmp_path_factory.mktemp("raw"), out, max_train=800, max_test=200)
+    return out
+
+
+@pytest.fixture(scope="session")
+def splits(prepared: Path) -> dict[str, Split]:
+    return {"train": load_split(prepared, "train"), "test": load_split(prepared, "test")}
+
+
+@pytest.fixture(scope="session")
+def trained(splits: dict[str, Split]):  # noqa: ANN201 (factory)
+    """``trained(seed, width=32, hidden=2, epochs=4) -> Checkpoint``, cached per argument set."""
+    cache: dict[tuple, Checkpoint] = {}
+
+    def make(seed: int, width: int = 32, hidden: int = 2, epochs: int = 4) -> Checkpoint:
+        key = (seed, width, hidden, epochs)
+        if key not in cache:
+            config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=hidden, width=width)
+            cache[key] = train("mlp", config, seed, splits["train"], splits["test"], epochs=epochs,
+                               lr=1e-3, batch_size=100, progress=False)[0]
+        return cache[key]
+
+    return make
+
+
+def random_params(arch: str, config, seed: int) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """A randomly initialised state_dict with non-trivial BatchNorm statistics, if any."""
+    from lmclab.archs import build_model
+
+    model = build_model(arch, config, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    state = {}
+    for k, v in model.state_dict().items():
+        if k.endswith("running_mean"):
+            v = torch.randn(v.shape, generator=gen) * 0.1
+        elif k.endswith("running_var"):
+            v = torch.rand(v.shape, generator=gen) + 0.5
+        state[k] = v.clone()
+    return state

@@ -1,0 +1,67 @@
+"""Data preparation: the offline mnist5k split and the torchvision loaders on real file formats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lmclab.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
+from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
+
+
+def test_mnist5k_is_a_fixed_stratified_4000_1000_split(tmp_path) -> None:  # noqa: ANN001
+    meta = prepare("mnist5k", tmp_path / "raw", tmp_path / "prep")
+    assert (meta["n_train"], meta["n_test"], meta["num_classes"]) == (4000, 1000, 10)
+    assert meta["input_shape"] == [1, 28, 28]
+    train, test = load_split(tmp_path / "prep", "train"), load_split(tmp_path / "prep", "test")
+    assert torch.bincount(train.y).tolist() == [400] * 10 and torch.bincount(test.y).tolist() == [100] * 10
+    # normalised with the training split's statistics
+    assert abs(train.x.mean().item()) < 1e-4 and train.x.std().item() == pytest.approx(1.0, abs=1e-3)
+    # no test image is also a training image, and the split is the same every time
+    train_rows = {tuple(r) for r in train.x.flatten(1)[:, ::7].tolist()}
+    assert not any(tuple(r) in train_rows for r in test.x.flatten(1)[:, ::7].tolist())
+    prepare("mnist5k", tmp_path / "raw", tmp_path / "again")
+    assert torch.equal(load_split(tmp_path / "again", "test").x, test.x)
+
+
+def test_stratified_split_hits_the_requested_size() -> None:
+    labels = np.repeat(np.arange(3), [7, 11, 13])
+    first, second = stratified_split(labels, 10)
+    assert len(first) == 10 and len(second) == 21 and not set(first) & set(second)
+
+
+@pytest.mark.parametrize(("name", "folder"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_torchvision_idx_datasets_load_through_torchvision(tmp_path, name: str, folder: str) -> None:  # noqa: ANN001
+    write_idx_dataset(tmp_path / "raw", folder, n_train=60, n_test=20)
+    meta = prepare(name, tmp_path / "raw", tmp_path / "prep", max_train=30)
+    assert (meta["n_train"], meta["n_test"], meta["input_shape"]) == (30, 20, [1, 28, 28])
+    test = load_split(tmp_path / "prep", "test")
+    assert test.x.shape == (20, 1, 28, 28) and test.y.tolist() == [i % 10 for i in range(20)]
+
+
+def test_cifar10_loads_through_torchvision(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    trust_cifar10_files(monkeypatch, write_cifar10(tmp_path / "raw", per_batch=8, n_test=10))
+    meta = prepare("cifar10", tmp_path / "raw", tmp_path / "prep")
+    assert (meta["n_train"], meta["n_test"], meta["input_shape"]) == (40, 10, [3, 32, 32])
+    assert len(meta["mean"]) == 3
+    assert load_split(tmp_path / "prep", "train").x.shape == (40, 3, 32, 32)
+
+
+def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from torchvision.datasets import MNIST
+
+    monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])  # nothing listens there: no network
+    with pytest.raises(DataUnavailableError, match=r"^data.name: MNIST is not under .* could not be downloaded") as err:
+        prepare("mnist", tmp_path / "raw", tmp_path / "prep")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "prep").exists()
+
+
+def test_bad_data_parameters(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=r"^data.name: unknown data set 'svhn'"):
+        prepare("svhn", tmp_path, tmp_path / "prep")
+    with pytest.raises(ValueError, match=r"^data.max_train must be a positive"):
+        prepare("mnist5k", tmp_path, tmp_path / "prep", max_train=0)
+    with pytest.raises(FileNotFoundError, match="no prepared data set"):
+        load_meta(tmp_path / "nothing")

@@ -1,0 +1,135 @@
+"""Weight matching and activation matching: planted permutations, brute force, monotonicity."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from lmclab.archs import get_arch, make_config
+from lmclab.search import SearchProblem, check_method, find_permutation
+from lmclab.search.activation_matching import _record, activation_matching
+from lmclab.search.weight_matching import matching_objective, weight_matching
+from lmclab.spec import apply_permutation, invert, random_permutation
+
+
+def _spec(ckpt):  # noqa: ANN001, ANN202
+    return get_arch(ckpt.arch).permutation_spec(ckpt.config)
+
+
+def _planted(ckpt, seed: int = 7):  # noqa: ANN001, ANN202
+    spec = _spec(ckpt)
+    perm = random_permutation(spec.group_sizes(ckpt.state_dict), torch.Generator().manual_seed(seed))
+    return spec, perm, apply_permutation(spec, perm, ckpt.state_dict)
+
+
+def test_wm_recovers_planted_permutation_of_trained_mlp(trained) -> None:  # noqa: ANN001
+    ckpt = trained(0)
+    spec, perm, params_b = _planted(ckpt)
+    result = weight_matching(spec, ckpt.state_dict, params_b)
+    for g, p in invert(perm).items():
+        assert torch.equal(result.perm[g], p), g
+    recovered = apply_permutation(spec, result.perm, params_b)
+    assert all(torch.equal(recovered[k], v) for k, v in ckpt.state_dict.items())
+
+
+@pytest.mark.parametrize("statistic", ["cross_moment", "pearson"])
+def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statistic: str) -> None:  # noqa: ANN001
+    """Exact on every unit that is ever active; dead ReLU units (always 0) are interchangeable."""
+    ckpt = trained(0)
+    spec, perm, params_b = _planted(ckpt, seed=11)
+    model = get_arch("mlp").Model(ckpt.config)
+    points = get_arch("mlp").activation_points(ckpt.config)
+    result = activation_matching(spec, ckpt.state_dict, params_b, model=model, points=points,
+                                 data=splits["train"], statistic=statistic)
+    x = splits["train"].x
+    acts = _record(model, ckpt.state_dict, [p[0] for p in points.values()], x)
+    for g, p in invert(perm).items():
+        alive = acts[points[g][0]].abs().sum(0) > 0
+        assert alive.sum() > len(alive) // 2
+        assert torch.equal(result.perm[g][alive], p[alive]), g
+    recovered = apply_permutation(spec, result.perm, params_b)
+    torch.testing.assert_close(functional_call(model, recovered, (x,)),
+                               functional_call(model, ckpt.state_dict, (x,)), atol=1e-5, rtol=1e-5)
+
+
+def _all_objectives(spec, params_a, params_b, sizes):  # noqa: ANN001, ANN202
+    groups = sorted(sizes)
+    for choice in itertools.product(*(itertools.permutations(range(sizes[g])) for g in groups)):
+        perm = {g: torch.tensor(c) for g, c in zip(groups, choice)}
+        yield perm, matching_objective(spec, perm, params_a, params_b)
+
+
+def _random_mlp(hidden: int, width: int, seed: int) -> tuple:
+    config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=hidden, width=width)
+    spec = get_arch("mlp").permutation_spec(config)
+    g = torch.Generator().manual_seed(seed)
+    model = get_arch("mlp").Model(config)
+    draw = lambda: {k: torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}  # noqa: E731
+    return spec, draw(), draw()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_wm_equals_brute_force_for_one_group(seed: int) -> None:
+    spec, params_a, params_b = _random_mlp(hidden=1, width=5, seed=seed)
+    best = max(obj for _, obj in _all_objectives(spec, params_a, params_b, {"P_0": 5}))
+    result = weight_matching(spec, params_a, params_b)
+    assert result.stats["objective"][-1] == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_wm_is_optimal_per_group_and_below_global_for_two_groups(seed: int) -> None:
+    spec, params_a, params_b = _random_mlp(hidden=2, width=4, seed=seed)
+    sizes = {"P_0": 4, "P_1": 4}
+    everything = list(_all_objectives(spec, params_a, params_b, sizes))
+    result = weight_matching(spec, params_a, params_b)
+    found = result.stats["objective"][-1]
+    assert found <= max(obj for _, obj in everything) + 1e-9
+    for g in sizes:  # coordinate-wise optimum: no change of one group alone improves
+        others = {h: p for h, p in result.perm.items() if h != g}
+        alone = [obj for perm, obj in everything if all(torch.equal(perm[h], p) for h, p in others.items())]
+        assert found == pytest.approx(max(alone), rel=1e-9)
+
+
+def test_wm_finds_global_optimum_of_noisy_planted_pair() -> None:
+    spec, params_a, noise = _random_mlp(hidden=2, width=4, seed=5)
+    perm = random_permutation({"P_0": 4, "P_1": 4}, torch.Generator().manual_seed(0))
+    params_b = apply_permutation(spec, perm, {k: v + 0.1 * noise[k] for k, v in params_a.items()})
+    best = max(obj for _, obj in _all_objectives(spec, params_a, params_b, {"P_0": 4, "P_1": 4}))
+    assert weight_matching(spec, params_a, params_b).stats["objective"][-1] == pytest.approx(best, rel=1e-9)
+
+
+def test_wm_objective_never_decreases_on_a_real_pair(trained) -> None:  # noqa: ANN001
+    a, b = trained(0), trained(1)
+    result = weight_matching(_spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=50)
+    obj = result.stats["objective"]
+    assert len(obj) >= 3 and obj[-1] > obj[0]
+    assert all(later >= earlier - 1e-9 * abs(earlier) for earlier, later in zip(obj, obj[1:]))
+
+
+def test_wm_stops_at_max_iter_and_is_deterministic(trained) -> None:  # noqa: ANN001
+    a, b = trained(0), trained(1)
+    one = weight_matching(_spec(a), a.state_dict, b.state_dict, max_iter=1, tol=0.0)
+    assert one.stats["sweeps"] == 1
+    r1 = weight_matching(_spec(a), a.state_dict, b.state_dict, generator=torch.Generator().manual_seed(3))
+    r2 = weight_matching(_spec(a), a.state_dict, b.state_dict, generator=torch.Generator().manual_seed(3))
+    assert all(torch.equal(r1.perm[g], r2.perm[g]) for g in r1.perm)
+
+
+def test_find_permutation_dispatch_and_option_errors(trained, splits) -> None:  # noqa: ANN001
+    a, b = trained(0), trained(1)
+    problem = SearchProblem("mlp", a.config, a.state_dict, b.state_dict, splits["train"], torch.device("cpu"))
+    ident = find_permutation("identity", problem, seed=0)
+    assert all(torch.equal(p, torch.arange(len(p))) for p in ident.perm.values())
+    wm = find_permutation("wm", problem, seed=0, options={"max_iter": 5})
+    assert wm.stats["sweeps"] <= 5 and wm.stats["seconds"] >= 0
+    with pytest.raises(ValueError, match=r"^permute.methods: unknown method 'nope'"):
+        check_method("nope")
+    with pytest.raises(ValueError, match=r"^permute.wm: unknown option\(s\) \['iters'\]"):
+        check_method("wm", {"iters": 3})
+    with pytest.raises(ValueError, match="permute.wm.max_iter"):
+        find_permutation("wm", problem, seed=0, options={"max_iter": 0})
+    with pytest.raises(ValueError, match="permute.am.statistic"):
+        find_permutation("am", problem, seed=0, options={"statistic": "cosine"})

@@ -1,0 +1,95 @@
+"""Barriers, L2 distances and interpolation curves: closed forms and hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from lmclab.archs import build_model, get_arch
+from lmclab.data import Split
+from lmclab.measure import barriers_from_curve, interpolation_curve, measure_pair
+from lmclab.merge import interpolate, merge
+from lmclab.metrics import barrier, l2_distance, lambda_grid, midpoint_barrier, reduction_rate
+from lmclab.spec import build_spec, dense, identity_permutation
+
+
+def test_lambda_grid_contains_endpoints_and_half() -> None:
+    assert lambda_grid(25)[0] == 0.0 and lambda_grid(25)[-1] == 1.0 and 0.5 in lambda_grid(25)
+    assert len(lambda_grid(25)) == 25 and len(lambda_grid(4)) == 5 and 0.5 in lambda_grid(4)
+    with pytest.raises(ValueError, match="measure.num_lambdas"):
+        lambda_grid(1)
+
+
+def test_barrier_closed_forms() -> None:
+    lams = [0.0, 0.25, 0.5, 0.75, 1.0]
+    # loss 1 at θb (λ=0), 3 at θa (λ=1): the line is 1 + 2λ; bump of 0.5 at λ = ½
+    loss = [1.0, 1.5, 2.5, 2.5, 3.0]
+    assert barrier(lams, loss) == pytest.approx(0.5)
+    assert midpoint_barrier(2.5, 3.0, 1.0) == pytest.approx(0.5)
+    assert barrier(lams, [1.0, 1.2, 1.4, 1.6, 3.0]) == pytest.approx(0.0)  # below the line: 0 on a grid
+    assert midpoint_barrier(1.4, 3.0, 1.0) == pytest.approx(-0.6)  # the midpoint version can be negative
+    acc = [90.0, 80.0, 70.0, 85.0, 94.0]  # line 90 + 4λ; at ½ it is 92, drop 22
+    assert barrier(lams, acc, higher_is_better=True) == pytest.approx(22.0)
+    assert midpoint_barrier(70.0, 94.0, 90.0, higher_is_better=True) == pytest.approx(22.0)
+
+
+def test_l2_distance_excludes_running_stats_and_reduction() -> None:
+    spec = build_spec(dense("l", "P", None, bias=False), {"bn.running_mean": ("P",)})
+    a = {"l.weight": torch.zeros(2, 2), "bn.running_mean": torch.zeros(2)}
+    b = {"l.weight": torch.tensor([[3.0, 0.0], [0.0, 4.0]]), "bn.running_mean": torch.full((2,), 100.0)}
+    assert l2_distance(spec, a, b) == pytest.approx(5.0)
+    assert reduction_rate(10.0, 8.0) == pytest.approx(20.0)
+
+
+def test_interpolate_endpoints_and_merge_midpoint() -> None:
+    spec = build_spec(dense("l", "P", None))
+    a = {"l.weight": torch.ones(3, 2), "l.bias": torch.zeros(3)}
+    b = {"l.weight": 3 * torch.ones(3, 2), "l.bias": torch.ones(3)}
+    assert torch.equal(interpolate(a, b, 1.0)["l.weight"], a["l.weight"])
+    assert torch.equal(interpolate(a, b, 0.0)["l.weight"], b["l.weight"])
+    permuted_b, mid = merge(spec, a, b, identity_permutation({"P": 3}))
+    assert torch.equal(permuted_b["l.weight"], b["l.weight"])
+    assert torch.equal(mid["l.weight"], 2 * torch.ones(3, 2)) and torch.equal(mid["l.bias"], torch.full((3,), 0.5))
+
+
+def test_barrier_of_a_model_with_itself_is_zero(trained, splits) -> None:  # noqa: ANN001
+    ckpt = trained(0)
+    spec = get_arch("mlp").permutation_spec(ckpt.config)
+    model = build_model("mlp", ckpt.config)
+    curve, summary = measure_pair(spec, model, ckpt.state_dict, ckpt.state_dict, ckpt.state_dict,
+                                  lambda_grid(5), {"test": splits["test"]})
+    for key in ("loss", "acc"):
+        assert summary[f"test_{key}_barrier_max"] == pytest.approx(0.0, abs=1e-5)
+        assert summary[f"test_{key}_barrier_mid"] == pytest.approx(0.0, abs=1e-5)
+    assert summary["l2_before"] == 0.0 and summary["l2_reduction_pct"] == 0.0
+    assert len(curve) == 5
+
+
+class _Scalar(nn.Module):
+    """logits = [w·x, 0]: a model whose loss along the path is computable by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.w * x[:, 0]
+        return torch.stack([z, torch.zeros_like(z)], 1)
+
+
+def test_hand_computed_curve_on_a_tiny_model() -> None:
+    # one sample x=1, label 0: loss(w) = log(1 + e^{-w}); θa: w=2, θb: w=-3, so w(λ) = 5λ - 3
+    data = Split(x=torch.ones(1, 1), y=torch.zeros(1, dtype=torch.long))
+    rows = interpolation_curve(_Scalar(), {"w": torch.tensor([2.0])}, {"w": torch.tensor([-3.0])},
+                               [0.0, 0.5, 1.0], {"test": data})
+    expected = {lam: math.log1p(math.exp(-(5 * lam - 3))) for lam in (0.0, 0.5, 1.0)}
+    for r in rows:
+        assert r["loss"] == pytest.approx(expected[r["lam"]], rel=1e-6)
+    assert [r["acc"] for r in rows] == [0.0, 0.0, 1.0]  # w(½) = -0.5: wrong
+    out = barriers_from_curve(rows)
+    line_mid = (expected[0.0] + expected[1.0]) / 2
+    assert out["test_loss_barrier_mid"] == pytest.approx(expected[0.5] - line_mid, rel=1e-6)
+    assert out["test_acc_barrier_mid"] == pytest.approx(50.0)

@@ -1,0 +1,138 @@
+"""The whole DAG through real `dvc repro` / `dvc exp run` in a temporary git repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {
+    "device": "cpu",
+    "data": {"name": "mnist5k", "root": "data/raw", "max_train": 300, "max_test": 100},
+    "model": {"arch": "mlp", "hidden": 1, "width": 16},
+    "train": {"seeds": [0, 1], "epochs": 1, "lr": 0.001, "batch_size": 100},
+    "permute": {"pairs": [[0, 1]], "methods": ["identity", "wm", "am"], "seed": 0, "identity": {},
+                "wm": {"max_iter": 100, "tol": 1e-7},
+                "am": {"statistic": "cross_moment", "batch_size": 1000, "max_samples": None}},
+    "measure": {"num_lambdas": 5},
+    "plot": {"dpi": 40, "band": "std", "title": "tiny"},
+}
+
+
+def _run(repo: Path, *args: str) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def _ran(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def _set(repo: Path, key: str, value) -> None:  # noqa: ANN001
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    node = params
+    *path, last = key.split(".")
+    for part in path:
+        node = node[part]
+    node[last] = value
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def _base_stages(names: set[str]) -> set[str]:
+    return {n.split("@")[0] for n in names}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("pipeline")
+    for item in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / item, repo / item)
+    for folder in ("stages", "src"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    _run(repo, "git", "init", "-q")
+    _run(repo, "git", "config", "user.email", "test@example.com")
+    _run(repo, "git", "config", "user.name", "test")
+    _run(repo, "dvc", "init", "-q")
+    _run(repo, "dvc", "config", "core.analytics", "false")
+    return repo
+
+
+@pytest.mark.slow
+def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
+    first = _ran(_run(repo, "dvc", "repro"))
+    assert _base_stages(first) == {"validate", "download", "train", "permute", "merge", "measure",
+                                   "summarize", "plot"}
+    assert len([s for s in first if s.startswith("permute@")]) == 3
+    summary = json.loads((repo / "metrics/summary.json").read_text())
+    assert set(summary) == {"identity", "wm", "am"}
+    assert summary["identity"]["l2_reduction_pct"]["mean"] == 0.0
+    assert summary["wm"]["l2_reduction_pct"]["mean"] > 0
+    assert (repo / "reports/report.md").is_file() and (repo / "reports/figures/interpolation.png").is_file()
+
+    assert _ran(_run(repo, "dvc", "repro")) == set()  # everything cached
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-qm", "baseline")
+
+    # a plot-only option reruns only plot
+    _set(repo, "plot.dpi", 50)
+    assert _ran(_run(repo, "dvc", "repro")) == {"plot"}
+
+    # one method's option reruns that method's branch, not the other methods nor training
+    # (measure reruns only if the merged model changed: an identical permutation stops there)
+    _set(repo, "permute.wm.tol", 1e-6)
+    ran = _ran(_run(repo, "dvc", "repro"))
+    assert {"permute@pair0-wm", "merge@pair0-wm"} <= {s for s in ran if "@" in s} <= {
+        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm"}
+    assert {"summarize", "plot"} <= ran and "download" not in ran
+
+    # a measure option reruns measure and after, not permute or merge
+    _set(repo, "measure.num_lambdas", 7)
+    ran = _ran(_run(repo, "dvc", "repro"))
+    assert _base_stages(ran) - {"validate"} == {"measure", "summarize", "plot"}
+
+    # changing the method list through `dvc exp run --set-param` reruns the aggregation, not train
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-qm", "options")
+    ran = _ran(_run(repo, "dvc", "exp", "run", "--set-param", "permute.methods=[identity,wm]"))
+    assert not {"download", "train"} & _base_stages(ran) and {"summarize", "plot"} <= ran
+    assert set(json.loads((repo / "metrics/summary.json").read_text())) == {"identity", "wm"}
+
+    # train.epochs reruns train and everything after it, but not download
+    _set(repo, "train.epochs", 2)
+    ran = _ran(_run(repo, "dvc", "repro"))
+    assert {"train@0", "train@1", "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm",
+            "summarize", "plot"} <= ran and "download" not in ran
+
+    # reverting restores from the run cache without recomputing
+    _set(repo, "train.epochs", 1)
+    out = _run(repo, "dvc", "repro")
+    assert not any(s.startswith("train@") for s in _ran(out))
+    assert "Stage 'train@0' is cached - skipping run, checking out outputs" in out
+
+    show = _run(repo, "dvc", "metrics", "show")
+    assert "wm.test_loss_barrier_mid.mean" in show
+    diff = _run(repo, "dvc", "metrics", "diff", "HEAD~1")
+    assert "metrics/summary.json" in diff or diff.strip() == ""
+
+
+@pytest.mark.slow
+def test_a_bad_pair_fails_in_validate_before_any_training(repo: Path) -> None:
+    _set(repo, "permute.pairs", [[0, 7]])
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "stages/validate.py", "--out", "data/validated.txt"], cwd=repo,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("error: permute.pairs: pair [0, 7] names seed(s) [7] not in "
+                                   "train.seeds [0, 1]")
+    _set(repo, "permute.pairs", [[0, 1]])
