@@ -19,7 +19,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from lmclab.search.result import SearchResult
-from lmclab.spec import Permutation, PermutationSpec, identity_permutation
+from lmclab.spec import Permutation, PermutationSpec, apply_permutation, identity_permutation
 
 
 def _permute_other_axes(spec: PermutationSpec, perm: Mapping[str, Tensor], name: str,
@@ -53,10 +53,9 @@ def solve_assignment(cost: Tensor) -> Tensor:
 def matching_objective(spec: PermutationSpec, perm: Mapping[str, Tensor],
                        params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> float:
     """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded)."""
-    from lmclab.spec import apply_permutation
-
     permuted = apply_permutation(spec, perm, spec.matched(params_b))
-    return float(sum((params_a[k].double() * v.double()).sum() for k, v in permuted.items()))
+    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float()))
+               for k, v in permuted.items())
 
 
 def weight_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],

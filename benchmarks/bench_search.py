@@ -1,0 +1,62 @@
+"""Benchmark: wall time of one permutation search on a 3 × 512 MLP pair (the paper's MNIST model).
+
+Uses the default pipeline's trained checkpoints (data/models/seed0.pt, seed1.pt) when present,
+else two randomly initialised 3 × 512 MLPs. Reports the median of --repeats runs per method, with
+the number of WM sweeps. Run: `make bench` or `.venv/bin/python benchmarks/bench_search.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import typer
+
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.checkpoint import load_checkpoint
+from lmclab.data import load_split, prepare
+from lmclab.search import SearchProblem, find_permutation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pair() -> tuple[str, object, dict, dict]:
+    a, b = ROOT / "data/models/seed0.pt", ROOT / "data/models/seed1.pt"
+    if a.is_file() and b.is_file():
+        ca, cb = load_checkpoint(a), load_checkpoint(b)
+        return "trained (data/models seed0, seed1)", ca.config, ca.state_dict, cb.state_dict
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=3, width=512)
+    return ("random init", config, build_model("mlp", config, seed=0).state_dict(),
+            build_model("mlp", config, seed=1).state_dict())
+
+
+def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmarks/results/search.json") -> None:
+    source, config, params_a, params_b = _pair()
+    prepared = ROOT / "data/prepared"
+    if not (prepared / "meta.json").is_file():
+        prepared = Path("/tmp/lmclab-bench-prepared")
+        prepare("mnist5k", Path("/tmp/lmclab-bench-raw"), prepared)
+    problem = SearchProblem("mlp", config, params_a, params_b, load_split(prepared, "train"), torch.device("cpu"))
+    results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+               "model": f"mlp {config.hidden} x {config.width}, {source}", "methods": {}}
+    for method in methods.split(","):
+        times, sweeps = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = find_permutation(method, problem, seed=0, options={})
+            times.append(time.perf_counter() - start)
+            sweeps.append(result.stats.get("sweeps", 0))
+        results["methods"][method] = {"median_s": statistics.median(times), "min_s": min(times),
+                                      "sweeps": sweeps[0], "repeats": repeats}
+        typer.echo(f"{method:>4}: median {statistics.median(times):.3f} s, min {min(times):.3f} s "
+                   f"({sweeps[0]} sweeps) over {repeats} runs")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    typer.run(main)
