@@ -17,20 +17,28 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.plots import plot_interpolation, plot_training
+    from lmclab.plots import plot_interpolation, plot_landscape, plot_merge_many, plot_three_barriers, plot_training
     from lmclab.report import write_report
 
     opts = read_params(params, "plot")
     curves = pd.read_parquet(tables_dir / "curves.parquet")
     pairs = pd.read_parquet(tables_dir / "pairs.parquet")
     history = pd.read_parquet(tables_dir / "history.parquet")
+    edges = pd.read_parquet(tables_dir / "three_edges.parquet")
+    evaluation = pd.read_parquet(tables_dir / "merge_many.parquet")
     figures = {
         "interpolation": plot_interpolation(curves, out / "figures" / "interpolation.png",
                                             dpi=opts["dpi"], band=opts["band"]),
         "training": plot_training(history, out / "figures" / "training.png", dpi=opts["dpi"]),
+        "three": plot_three_barriers(edges, out / "figures" / "three_barriers.png", dpi=opts["dpi"]),
+        "landscape": plot_landscape(pd.read_parquet(tables_dir / "landscape.parquet"),
+                                    out / "figures" / "landscape.png", dpi=opts["dpi"]),
+        "merge_many": plot_merge_many(pd.read_parquet(tables_dir / "merge_many_trace.parquet"), evaluation,
+                                      out / "figures" / "merge_many.png", dpi=opts["dpi"]),
     }
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,
-                 methods=list(dict.fromkeys(pairs["method"])), figures=figures)
+                 methods=list(dict.fromkeys(pairs["method"])), figures=figures, edges=edges,
+                 evaluation=evaluation)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
     check_params(
         data=read_params(params, "data"), model=read_params(params, "model"),
         train=read_params(params, "train"), permute=read_params(params, "permute"),
-        measure=read_params(params, "measure"), device=read_params(params, "device"))
+        measure=read_params(params, "measure"), device=read_params(params, "device"),
+        three=read_params(params, "three"), merge_many=read_params(params, "merge_many"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("parameters valid\n")
 

@@ -18,11 +18,13 @@ TINY = {
     "device": "cpu",
     "data": {"name": "mnist5k", "root": "data/raw", "max_train": 300, "max_test": 100},
     "model": {"arch": "mlp", "hidden": 1, "width": 16},
-    "train": {"seeds": [0, 1], "epochs": 1, "lr": 0.001, "batch_size": 100},
+    "train": {"seeds": [0, 1, 2], "epochs": 1, "lr": 0.001, "batch_size": 100},
     "permute": {"pairs": [[0, 1]], "methods": ["identity", "wm", "am"], "seed": 0, "identity": {},
                 "wm": {"max_iter": 100, "tol": 1e-7},
                 "am": {"statistic": "cross_moment", "batch_size": 1000, "max_samples": None}},
     "measure": {"num_lambdas": 5},
+    "three": {"triples": [[0, 1, 2]], "methods": ["identity", "wm"], "resolution": 3, "margin": 0.1},
+    "merge_many": {"seeds": [0, 1, 2], "max_iter": 3, "tol": 1e-4},
     "plot": {"dpi": 40, "band": "std", "title": "tiny"},
 }
 
@@ -72,7 +74,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     first = _ran(_run(repo, "dvc", "repro"))
     assert _base_stages(first) == {"validate", "download", "train", "permute", "merge", "measure",
-                                   "summarize", "plot"}
+                                   "connect", "merge_many", "summarize", "plot"}
     assert len([s for s in first if s.startswith("permute@")]) == 3
     summary = json.loads((repo / "metrics/summary.json").read_text())
     assert set(summary) == {"identity", "wm", "am"}
@@ -92,14 +94,14 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     # (measure reruns only if the merged model changed: an identical permutation stops there)
     _set(repo, "permute.wm.tol", 1e-6)
     ran = _ran(_run(repo, "dvc", "repro"))
-    assert {"permute@pair0-wm", "merge@pair0-wm"} <= {s for s in ran if "@" in s} <= {
-        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm"}
+    assert {"permute@pair0-wm", "merge@pair0-wm", "connect@triple0-wm"} <= {s for s in ran if "@" in s} <= {
+        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm", "connect@triple0-wm"}
     assert {"summarize", "plot"} <= ran and "download" not in ran
 
     # a measure option reruns measure and after, not permute or merge
     _set(repo, "measure.num_lambdas", 7)
     ran = _ran(_run(repo, "dvc", "repro"))
-    assert _base_stages(ran) - {"validate"} == {"measure", "summarize", "plot"}
+    assert _base_stages(ran) - {"validate"} == {"measure", "connect", "summarize", "plot"}
 
     # changing the method list through `dvc exp run --set-param` reruns the aggregation, not train
     _run(repo, "git", "add", "-A")
@@ -119,6 +121,8 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     out = _run(repo, "dvc", "repro")
     assert not any(s.startswith("train@") for s in _ran(out))
     assert "Stage 'train@0' is cached - skipping run, checking out outputs" in out
+    assert set(json.loads((repo / "metrics/three_models.json").read_text())) == {"identity", "wm"}
+    assert "MergeMany average" in json.loads((repo / "metrics/merge_many.json").read_text())
 
     show = _run(repo, "dvc", "metrics", "show")
     assert "wm.test_loss_barrier_mid.mean" in show
@@ -134,5 +138,5 @@ def test_a_bad_pair_fails_in_validate_before_any_training(repo: Path) -> None:
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("error: permute.pairs: pair [0, 7] names seed(s) [7] not in "
-                                   "train.seeds [0, 1]")
+                                   "train.seeds [0, 1, 2]")
     _set(repo, "permute.pairs", [[0, 1]])

@@ -18,7 +18,8 @@ def _params(**changes) -> dict:  # noqa: ANN003
         for part in path:
             node = node[part]
         node[last] = value
-    return {k: params[k] for k in ("data", "model", "train", "permute", "measure", "device")}
+    return {k: params[k] for k in ("data", "model", "train", "permute", "measure", "device", "three",
+                                   "merge_many")}
 
 
 def test_the_tiny_params_are_valid() -> None:
@@ -40,6 +41,12 @@ def test_the_tiny_params_are_valid() -> None:
     ({"permute__wm": {"iters": 3}}, r"^permute.wm: unknown option\(s\) \['iters'\]"),
     ({"measure__num_lambdas": 1}, r"^measure.num_lambdas must be at least 2"),
     ({"device": "tpu"}, r"^device: unknown device 'tpu'"),
+    ({"three__triples": [[0, 1]]}, r"^three.triples: \[0, 1\] is not a list of 3 different seeds"),
+    ({"three__triples": [[0, 1, 9]]}, r"^three.triples: \[0, 1, 9\] names seed\(s\) \[9\] not in train.seeds"),
+    ({"three__methods": ["wm", "magic"]}, r"^three.methods: unknown method 'magic'"),
+    ({"three__resolution": 1}, r"^three.resolution must be at least 2"),
+    ({"merge_many__seeds": [0, 5]}, r"^merge_many.seeds: \[0, 5\] names seed\(s\) \[5\]"),
+    ({"merge_many__seeds": [0]}, r"^merge_many: needs at least 2 seeds"),
 ])
 def test_bad_parameters(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message) as err:

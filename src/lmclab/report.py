@@ -53,8 +53,55 @@ def endpoint_table(history: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def table3(edges: pd.DataFrame) -> str:
+    """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
+    a–b and a–c edges for comparison; test split, max over λ, mean ± std over triples."""
+    lines = ["| method | loss b–c | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in dict.fromkeys(edges["method"]):
+        r = edges[edges["method"] == m].set_index("edge")
+        cell = lambda e, c, d=3: _pm(r.loc[[e], c], d)  # noqa: E731
+        lines.append(f"| {label(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_acc_barrier_max', 2)} | "
+                     f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
+                     f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
+                     f"{cell('b-c', 'l2', 2)} |")
+    return "\n".join(lines)
+
+
+def merge_many_table(evaluation: pd.DataFrame) -> str:
+    lines = ["| model | test acc % | test loss | train acc % |", "|---|---|---|---|"]
+    test = evaluation[evaluation["split"] == "test"].set_index("model")
+    train = evaluation[evaluation["split"] == "train"].set_index("model")
+    for name in test.index:
+        lines.append(f"| {name} | {100 * test.loc[name, 'acc']:.2f} | {test.loc[name, 'loss']:.4f} | "
+                     f"{100 * train.loc[name, 'acc']:.2f} |")
+    return "\n".join(lines)
+
+
+def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, str]) -> str:
+    n = edges["triple"].nunique()
+    return f"""
+## Three models (Table 3 layout; test split, max over λ, {n} triple(s))
+
+θb and θc are each aligned to θa; b–c is the pair never matched to each other.
+
+{table3(edges)}
+
+![three-model barriers]({rel["three"]})
+
+![landscape]({rel["landscape"]})
+
+## MergeMany ({sum(evaluation['model'].str.startswith('seed')) // 2} models)
+
+{merge_many_table(evaluation)}
+
+![MergeMany]({rel["merge_many"]})
+"""
+
+
 def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
-                 methods: Sequence[str], figures: dict[str, Path]) -> Path:
+                 methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame,
+                 evaluation: pd.DataFrame) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
@@ -81,7 +128,7 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 ## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-"""
+""" + three_section(edges, evaluation, rel)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

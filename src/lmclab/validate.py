@@ -8,6 +8,7 @@ from typing import Any
 from lmclab.archs import make_config
 from lmclab.data import check_name
 from lmclab.device import resolve_device
+from lmclab.landscape import plane_grid
 from lmclab.metrics import lambda_grid
 from lmclab.search import check_method
 
@@ -24,8 +25,32 @@ def check_pairs(pairs: Any, seeds: list[int]) -> None:
             raise ValueError(f"permute.pairs: pair {pair} names seed(s) {missing} not in train.seeds {seeds}")
 
 
+def check_seed_lists(key: str, groups: Any, seeds: list[int], size: int | None) -> None:
+    """Every group lists distinct seeds of ``train.seeds`` (``size`` of them, if given)."""
+    if not isinstance(groups, list) or not groups:
+        raise ValueError(f"{key} must be a non-empty list, got {groups!r}")
+    for group in groups:
+        if not isinstance(group, list) or len(set(group)) != len(group) or (size and len(group) != size):
+            raise ValueError(f"{key}: {group!r} is not a list of {size or 'several'} different seeds")
+        missing = [s for s in group if s not in seeds]
+        if missing:
+            raise ValueError(f"{key}: {group} names seed(s) {missing} not in train.seeds {seeds}")
+
+
+def check_methods(key: str, methods: Any, permute: Mapping) -> None:
+    """Known methods, each with an options block ``permute.<method>`` of known options."""
+    if not isinstance(methods, list) or not methods:
+        raise ValueError(f"{key} must be a non-empty list, got {methods!r}")
+    for method in methods:
+        check_method(method, key=key)
+        if not isinstance(permute.get(method), dict):
+            raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
+        check_method(method, permute[method])
+
+
 def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapping,
-                 measure: Mapping, device: str) -> None:
+                 measure: Mapping, device: str, three: Mapping | None = None,
+                 merge_many: Mapping | None = None) -> None:
     """Raise a one-line ``ValueError`` naming the first bad parameter."""
     check_name(data["name"])
     opts = {k: v for k, v in model.items() if k != "arch"}
@@ -38,12 +63,15 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
     if not train["lr"] > 0:
         raise ValueError(f"train.lr must be positive, got {train['lr']!r}")
     check_pairs(permute["pairs"], train["seeds"])
-    if not isinstance(permute["methods"], list) or not permute["methods"]:
-        raise ValueError(f"permute.methods must be a non-empty list, got {permute['methods']!r}")
-    for method in permute["methods"]:
-        check_method(method)
-        if not isinstance(permute.get(method), dict):
-            raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
-        check_method(method, permute[method])
+    check_methods("permute.methods", permute["methods"], permute)
     lambda_grid(measure["num_lambdas"])
+    if three is not None:
+        check_seed_lists("three.triples", three["triples"], train["seeds"], 3)
+        check_methods("three.methods", three["methods"], permute)
+        plane_grid(three["resolution"], three["margin"])
+    if merge_many is not None:
+        check_seed_lists("merge_many.seeds", [merge_many["seeds"]], train["seeds"], None)
+        if len(merge_many["seeds"]) < 2 or merge_many["max_iter"] < 1 or merge_many["tol"] < 0:
+            raise ValueError("merge_many: needs at least 2 seeds, max_iter ≥ 1 and tol ≥ 0, got "
+                             f"{merge_many!r}")
     resolve_device(device)

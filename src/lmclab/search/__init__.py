@@ -64,10 +64,11 @@ def _am(problem: SearchProblem, *, seed: int, statistic: str = "cross_moment",
 METHODS: dict[str, Callable[..., SearchResult]] = {"identity": _identity, "wm": _wm, "am": _am}
 
 
-def check_method(method: str, options: Mapping[str, Any] | None = None) -> None:
-    """One-line errors for an unknown method or option, before any work starts."""
+def check_method(method: str, options: Mapping[str, Any] | None = None, *,
+                 key: str = "permute.methods") -> None:
+    """One-line errors for an unknown method (named by the params ``key`` listing it) or option."""
     if method not in METHODS:
-        raise ValueError(f"permute.methods: unknown method {method!r}; expected one of {sorted(METHODS)}")
+        raise ValueError(f"{key}: unknown method {method!r}; expected one of {sorted(METHODS)}")
     accepted = [p for p in inspect.signature(METHODS[method]).parameters if p not in ("problem", "seed")]
     unknown = sorted(set(options or {}) - set(accepted))
     if unknown:

@@ -1,0 +1,71 @@
+"""Three-model linear mode connectivity (SPEC.md §4; the paper's Section 6.3 and Table 3).
+
+θb and θc are each aligned to θa (π_b, π_c, same method); the headline is the barrier between
+π_b(θb) and π_c(θc), which were never matched to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.archs import build_model, get_arch
+from lmclab.checkpoint import Checkpoint
+from lmclab.data import Split
+from lmclab.landscape import landscape, plane_grid
+from lmclab.measure import Repair, barriers_from_curve, interpolation_curve
+from lmclab.metrics import l2_distance
+from lmclab.search import SearchProblem, find_permutation
+from lmclab.spec import Permutation, PermutationSpec, apply_permutation
+
+EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched directly
+
+
+def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]],
+                         lams: Sequence[float], splits: Mapping[str, Split], *,
+                         repair: Repair | None = None) -> tuple[list[dict], list[dict]]:
+    """Curves and barriers for every pair of ``models`` = {"a": θa, "b": π_b(θb), "c": π_c(θc)}.
+
+    Along edge (x, y), ``λ = 1`` is model x and ``λ = 0`` model y. Returns (curve rows, one
+    summary row per edge with every barrier of :func:`barriers_from_curve` and the L2 distance)."""
+    curves, summaries = [], []
+    for x, y in EDGES:
+        rows = interpolation_curve(model, models[x], models[y], lams, splits, repair=repair)
+        edge = f"{x}-{y}"
+        curves += [{"edge": edge, **r} for r in rows]
+        summaries.append({"edge": edge, **barriers_from_curve(rows),
+                          "l2": l2_distance(spec, models[x], models[y])})
+    return curves, summaries
+
+
+class TripleResult(NamedTuple):
+    perms: dict[str, Permutation]  # "b", "c" -> the permutation aligning it to θa
+    edges: list[dict]  # one summary row per edge
+    curves: list[dict]  # long-format interpolation rows with an "edge" column
+    landscape: list[dict]  # (u, v, x, y, loss, acc) on the test split
+    search: dict[str, dict]  # search stats of π_b and π_c
+
+
+def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, test: Split, *,
+                   options: Mapping, seed: int, lams: Sequence[float], resolution: int, margin: float,
+                   device: torch.device, repair: Repair | None = None) -> TripleResult:
+    """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape."""
+    grid = plane_grid(resolution, margin)  # validates before any search
+    a = ckpts["a"]
+    spec = get_arch(a.arch).permutation_spec(a.config)
+    on = {k: {n: v.to(device) for n, v in c.state_dict.items()} for k, c in ckpts.items()}
+    models, perms, search = {"a": on["a"]}, {}, {}
+    for k in "bc":
+        problem = SearchProblem(a.arch, a.config, on["a"], on[k], train, device)
+        result = find_permutation(method, problem, seed=seed, options=options)
+        perms[k], search[k] = result.perm, result.stats
+        models[k] = apply_permutation(spec, result.perm, on[k])
+    model = build_model(a.arch, a.config).to(device)
+    curves, edges = three_model_barriers(spec, model, models, lams, {"train": train, "test": test}, repair=repair)
+    plane = landscape(model, models["a"], models["b"], models["c"], grid, test,
+                      keys=sorted(spec.matched(on["a"])), repair=repair)
+    return TripleResult({k: {g: p.cpu() for g, p in perm.items()} for k, perm in perms.items()},
+                        edges, curves, plane, search)

@@ -1,0 +1,98 @@
+"""Three-model connectivity, the landscape plane and MergeMany."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lmclab.archs import build_model, get_arch
+from lmclab.checkpoint import Checkpoint
+from lmclab.evaluate import evaluate, evaluate_ensemble
+from lmclab.landscape import landscape, plane_frame, plane_grid, plane_point
+from lmclab.metrics import lambda_grid, l2_distance
+from lmclab.search.merge_many import merge_many, summed_distance
+from lmclab.search.weight_matching import weight_matching
+from lmclab.spec import apply_permutation, random_permutation
+from lmclab.three_models import connect_triple
+
+
+def _copies(ckpt, n: int) -> list[dict]:  # noqa: ANN001
+    """``n`` randomly permuted copies of one model (the first is the model itself)."""
+    spec = get_arch(ckpt.arch).permutation_spec(ckpt.config)
+    sizes = spec.group_sizes(ckpt.state_dict)
+    gen = torch.Generator().manual_seed(42)
+    return [dict(ckpt.state_dict)] + [apply_permutation(spec, random_permutation(sizes, gen), ckpt.state_dict)
+                                      for _ in range(n - 1)]
+
+
+def test_wm_makes_every_barrier_of_three_permuted_copies_zero(trained, splits) -> None:  # noqa: ANN001
+    ckpt = trained(0)
+    a, b, c = (Checkpoint(ckpt.arch, ckpt.config, s, p) for s, p in enumerate(_copies(ckpt, 3)))
+    result = connect_triple("wm", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], options={},
+                            seed=0, lams=lambda_grid(5), resolution=3, margin=0.0, device=torch.device("cpu"))
+    assert [e["edge"] for e in result.edges] == ["a-b", "a-c", "b-c"]
+    for edge in result.edges:
+        assert edge["l2"] == pytest.approx(0.0, abs=1e-6)
+        for key in ("test_loss_barrier_max", "test_acc_barrier_max", "train_loss_barrier_max"):
+            assert edge[key] == pytest.approx(0.0, abs=1e-5), (edge["edge"], key)
+    naive = connect_triple("identity", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], options={},
+                           seed=0, lams=lambda_grid(5), resolution=3, margin=0.0, device=torch.device("cpu"))
+    assert next(e for e in naive.edges if e["edge"] == "b-c")["test_loss_barrier_max"] > 0.1
+
+
+def test_plane_grid_reproduces_the_three_models_exactly(trained, splits) -> None:  # noqa: ANN001
+    a, b, c = trained(0).state_dict, trained(1).state_dict, trained(2).state_dict
+    grid = plane_grid(4, 0.25)
+    assert {0.0, 1.0} <= set(grid) and min(grid) == -0.25 and max(grid) == 1.25
+    for (u, v), expected in (((0.0, 0.0), a), ((1.0, 0.0), b), ((0.0, 1.0), c)):
+        point = plane_point(a, b, c, u, v)
+        assert all(torch.equal(point[k], expected[k]) for k in a), (u, v)
+    model = build_model("mlp", trained(0).config)
+    rows = landscape(model, a, b, c, grid, splits["test"], keys=sorted(a))
+    at = {(r["u"], r["v"]): r for r in rows}
+    for (u, v), params in (((0.0, 0.0), a), ((1.0, 0.0), b), ((0.0, 1.0), c)):
+        assert at[(u, v)]["acc"] == evaluate(model, params, splits["test"]).acc
+    assert len(rows) == len(grid) ** 2
+    with pytest.raises(ValueError, match="three.resolution"):
+        plane_grid(1, 0.1)
+
+
+def test_plane_frame_gives_true_lengths_and_angle() -> None:
+    a = {"w": torch.zeros(2)}
+    b = {"w": torch.tensor([3.0, 0.0])}
+    c = {"w": torch.tensor([1.0, 2.0])}
+    norm_b, along, perp = plane_frame(a, b, c, ["w"])
+    assert (norm_b, along, perp) == pytest.approx((3.0, 1.0, 2.0))
+
+
+def test_merge_many_returns_the_original_up_to_permutation(trained) -> None:  # noqa: ANN001
+    ckpt = trained(0)
+    spec = get_arch("mlp").permutation_spec(ckpt.config)
+    result = merge_many(spec, _copies(ckpt, 3), generator=torch.Generator().manual_seed(0))
+    assert result.stats["distance"][-1] == pytest.approx(0.0, abs=1e-6)
+    back = weight_matching(spec, ckpt.state_dict, result.merged)
+    aligned = apply_permutation(spec, back.perm, result.merged)
+    assert l2_distance(spec, ckpt.state_dict, aligned) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_merge_many_distance_never_increases_and_stops_at_the_cap(trained) -> None:  # noqa: ANN001
+    params = [trained(s).state_dict for s in (0, 1, 2, 3)]
+    spec = get_arch("mlp").permutation_spec(trained(0).config)
+    result = merge_many(spec, params, max_iter=10, tol=0.0, generator=torch.Generator().manual_seed(1))
+    d = result.stats["distance"]
+    assert d[0] == pytest.approx(summed_distance(spec, params))
+    assert d[-1] < d[0] and all(later <= earlier * (1 + 1e-9) for earlier, later in zip(d, d[1:]))
+    capped = merge_many(spec, params, max_iter=1, tol=0.0)
+    assert capped.stats["iterations"] == 1 and len(capped.stats["distance"]) == 2
+    with pytest.raises(ValueError, match="merge_many.seeds"):
+        merge_many(spec, params[:1])
+
+
+def test_ensemble_of_identical_models_is_the_model(trained, splits) -> None:  # noqa: ANN001
+    ckpt = trained(0)
+    model = build_model("mlp", ckpt.config)
+    single = evaluate(model, ckpt.state_dict, splits["test"])
+    both = evaluate_ensemble(model, [ckpt.state_dict, ckpt.state_dict], splits["test"])
+    assert both.acc == single.acc and math.isclose(both.loss, single.loss, rel_tol=1e-5)
