@@ -79,7 +79,7 @@ def directional_terms(loss_fn: LossFn, params: Mapping[str, Tensor],
     return _dot(direction, gradient), _dot(direction, hvp)
 
 
-def split_loss_fns(model: nn.Module, split: Split, *, batch_size: int = 500,
+def split_loss_fns(model: nn.Module, split: Split, *, batch_size: int = 1000,
                    device: torch.device | str = "cpu") -> list[tuple[float, LossFn]]:
     """The mean cross-entropy over ``split`` as ``Σ_k w_k L_k``: one (weight, loss) per batch."""
     out = []
@@ -95,7 +95,7 @@ def split_loss_fns(model: nn.Module, split: Split, *, batch_size: int = 500,
 
 
 def taylor_terms(model: nn.Module, params_a: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                 split: Split, *, batch_size: int = 500) -> TaylorTerms:
+                 split: Split, *, batch_size: int = 1000) -> TaylorTerms:
     """δ, the slopes and curvatures along Δ at θa and θb' for the mean loss over ``split``."""
     device = next(iter(params_a.values())).device
     names = [name for name, _ in model.named_parameters()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lmclab.alignment import check_mode
 from lmclab.archs import make_config
 from lmclab.data import check_name
 from lmclab.device import resolve_device
@@ -22,6 +23,13 @@ def check_pairs(pairs: Any, seeds: list[int]) -> None:
         missing = [s for s in pair if s not in seeds]
         if missing:
             raise ValueError(f"permute.pairs: pair {pair} names seed(s) {missing} not in train.seeds {seeds}")
+
+
+def check_gammas(gammas: Any) -> None:
+    """R_γ thresholds: a non-empty list of numbers in [0, 1]."""
+    if not isinstance(gammas, list) or not gammas or not all(
+            isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 1 for g in gammas):
+        raise ValueError(f"measure.gammas must be a non-empty list of numbers in [0, 1], got {gammas!r}")
 
 
 def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapping,
@@ -45,4 +53,6 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
             raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
         check_method(method, permute[method])
     lambda_grid(measure["num_lambdas"])
+    check_gammas(measure["gammas"])
+    check_mode(measure["conv_spectrum"])
     resolve_device(device)
