@@ -111,3 +111,24 @@ def test_spectra_and_analyze_stages_write_their_outputs(prepared, tmp_path):
     params.write_text(params.read_text().replace("reshape", "exact"))
     res = runner.invoke(analyze.app, args)
     assert res.exit_code == 1 and "measure.conv_spectrum" in res.output
+
+
+def test_width_tables_combine_runs_by_width():
+    from lmclab.width import alignment_markdown, width_tables
+
+    def run(width, r):
+        idx = list(range(width))
+        spectrum = pd.DataFrame({"seed": 0, "layer": "l0", "output": False, "index": idx,
+                                 "singular_value": [float(width - i) for i in idx]})
+        energy = spectrum.drop(columns="output").assign(energy=1.0)
+        pairs = pd.DataFrame({"method": ["identity", "wm", "wm"], "test_loss_barrier_mid": [1.0, 0.2, 0.4],
+                              "R_0": [0.0, r, r + 0.1], "R_0_naive": [0.0, 0.0, 0.0]})
+        return {"spectrum": spectrum, "energy": energy, "pairs": pairs}
+
+    out = width_tables({8: run(8, 0.1), 4: run(4, 0.3)})
+    assert out["spectrum"].groupby("width")["normalised_value"].max().tolist() == [1.0, 1.0]
+    assert out["spectrum"].groupby("width")["relative_index"].max().tolist() == [1.0, 1.0]
+    wm = out["alignment"][out["alignment"]["method"] == "wm"]
+    assert wm["width"].tolist() == [4, 8] and wm["R_0_mean"].tolist() == pytest.approx([0.35, 0.15])
+    assert "R_0_naive_mean" not in out["alignment"]  # only R_γ of (θa, π(θb)) per method
+    assert "| 8 | wm | 0.300 | 0.150 ± 0.071 |" in alignment_markdown(out["alignment"])

@@ -151,3 +151,35 @@ def plot_taylor(taylor: pd.DataFrame, path: Path, *, dpi: int = 120, split: str 
     ax.legend(fontsize=7)
     fig.suptitle("Real vs Taylor-approximated barrier (Theorem 3.1)")
     return _save(fig, path, dpi)
+
+
+def plot_width(spectrum: pd.DataFrame, energy: pd.DataFrame, alignment: pd.DataFrame, path: Path, *,
+               dpi: int = 120) -> Path:
+    """Appendix H.4 in one figure: per layer, the normalised singular values (Figure 10) and the
+    input energy (Figures 11, 12) per width against the relative index i/n (mean over seeds), and
+    R_γ against width with and without matching (Figure 13)."""
+    layers = list(dict.fromkeys(spectrum["layer"]))
+    fig, axes = plt.subplots(3, len(layers), figsize=(4 * len(layers), 9.6), squeeze=False)
+    for col, layer in enumerate(layers):
+        for row, (frame, q, name) in enumerate(((spectrum, "normalised_value", "s_i / s_1"),
+                                                (energy, "energy", "E[(v_iᵀz)²]"))):
+            ax = axes[row][col]
+            for width, sub in frame[frame["layer"] == layer].groupby("width"):
+                mean = sub.groupby("relative_index")[q].mean()
+                ax.plot(mean.index, mean.values, lw=1, label=f"width {width}")
+            ax.set(title=layer, xlabel="relative index i/n", ylabel=name, yscale="log")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    for ax in axes[2][1:]:
+        ax.set_visible(False)
+    ax = axes[2][0]
+    r_cols = [c.removesuffix("_mean") for c in alignment.columns if c.startswith("R_") and c.endswith("_mean")]
+    for method, sub in alignment.groupby("method", sort=False):
+        for col in r_cols:
+            ax.errorbar(sub["width"], sub[f"{col}_mean"], yerr=sub[f"{col}_std"], marker="o", capsize=3,
+                        label=f"{col} {label(method)}")
+    ax.set(xscale="log", xlabel="width", ylabel="R_γ(θa, π(θb))", title="alignment vs width (Figure 13)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("Width study (Appendix H.4)")
+    return _save(fig, path, dpi)
