@@ -35,8 +35,8 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
                             "curve": pd.read_parquet(measure_dir / where / "curve.parquet").to_dict("records"),
                             "summary": {k: v for k, v in rec.items() if k not in ("seed_a", "seed_b", "method")},
                             "search": json.loads((perms_dir / where / "stats.json").read_text()),
-                            "taylor": pd.read_parquet(analysis_dir / where / "taylor.parquet").to_dict("records"),
-                            "theorem42": pd.read_parquet(analysis_dir / where / "theorem42.parquet").to_dict("records")})
+                            **{name: pd.read_parquet(analysis_dir / where / f"{name}.parquet").to_dict("records")
+                               for name in ("taylor", "theorem42")}})
     out = tables(records)
     seeds = read_params(params, "train.seeds")
     for name in ("spectrum", "energy"):

@@ -19,8 +19,8 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
            t1: pd.DataFrame | None = None) -> str:
     """Table 1 layout: B_½, Taylor, Diff., ‖θa−θb‖, ‖θa−π(θb)‖, reduction %. Taylor and Diff. (with
     the paired t-test's p-value) come from the saved ``table1``; without it they show "—"."""
-    head = ("| method | B_½ (loss) | Taylor approx. | Diff. | p (t-test) | ‖θa−θb‖ | ‖θa−π(θb)‖ | reduction % |\n"
-            "|---|---|---|---|---|---|---|---|")
+    head = ("| method | B_½ (loss) | Taylor approx. | Diff. | p (t-test) | ‖θa−θb‖ | ‖θa−π(θb)‖ "
+            "| reduction % |\n|---|---|---|---|---|---|---|---|")
     lines = [head]
     for m in methods:
         r = pairs[pairs["method"] == m]
