@@ -17,7 +17,8 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.plots import plot_interpolation, plot_landscape, plot_merge_many, plot_three_barriers, plot_training
+    from lmclab.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
+                              plot_output_scale, plot_spectra, plot_taylor, plot_three_barriers, plot_training)
     from lmclab.report import write_report
 
     opts = read_params(params, "plot")
@@ -36,9 +37,16 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
         "merge_many": plot_merge_many(pd.read_parquet(tables_dir / "merge_many_trace.parquet"), evaluation,
                                       out / "figures" / "merge_many.png", dpi=opts["dpi"]),
     }
+    read = lambda name: pd.read_parquet(tables_dir / f"{name}.parquet")  # noqa: E731
+    fig = lambda name: out / "figures" / f"{name}.png"  # noqa: E731
+    figures.update(alignment=plot_alignment(pairs, fig("alignment"), dpi=opts["dpi"]),
+                   taylor=plot_taylor(read("taylor"), fig("taylor"), dpi=opts["dpi"]),
+                   spectra=plot_spectra(read("spectrum"), fig("spectra"), dpi=opts["dpi"]),
+                   output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
+                   energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]))
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,
-                 methods=list(dict.fromkeys(pairs["method"])), figures=figures, edges=edges,
-                 evaluation=evaluation)
+                 methods=list(dict.fromkeys(pairs["method"])), figures=figures, t1=read("table1"),
+                 bounds=read("theorem42"), edges=edges, evaluation=evaluation)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Stage summarize: gather the measurements of the current params into Parquet tables
-(``curves``, ``pairs``, ``history``, ``three_edges``, ``three_curves``, ``landscape``, ``merge_many``,
-``merge_many_trace``) and ``metrics/{summary,three_models,merge_many}.json`` for ``dvc metrics``. ~2 s."""
+"""Stage summarize: gather the measurements of the current params into Parquet tables (``curves``,
+``pairs``, ``history``; from the analyses ``taylor``, ``theorem42``, ``spectrum``, ``energy``,
+``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``;
+``merge_many``, ``merge_many_trace``) and ``metrics/{summary,three_models,merge_many}.json``. ~3 s."""
 
 from __future__ import annotations
 
@@ -17,37 +18,25 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(...),
-         history_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
+         history_dir: Path = typer.Option(...), analysis_dir: Path = typer.Option(...),
+         spectra_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
          merge_many_dir: Path = typer.Option(...), tables_dir: Path = typer.Option(...),
          metrics_dir: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.summary import (merge_many_summary, metrics_summary, pair_name, tables, three_summary,
-                                three_tables, triple_name)
+    from lmclab.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
+                                output_scales, table1, tables, three_summary, three_tables)
 
-    methods = read_params(params, "permute.methods")
-    records = []
-    for seed_a, seed_b in read_params(params, "permute.pairs"):
-        for method in methods:
-            where = Path(pair_name(seed_a, seed_b)) / method
-            rec = json.loads((measure_dir / where / "summary.json").read_text())
-            records.append({"seed_a": seed_a, "seed_b": seed_b, "method": method,
-                            "curve": pd.read_parquet(measure_dir / where / "curve.parquet").to_dict("records"),
-                            "summary": {k: v for k, v in rec.items() if k not in ("seed_a", "seed_b", "method")},
-                            "search": json.loads((perms_dir / where / "stats.json").read_text())})
-    out = tables(records)
-    out["history"] = pd.concat([pd.read_parquet(history_dir / f"seed{s}.parquet")
-                                for s in read_params(params, "train.seeds")], ignore_index=True)
+    methods, seeds = read_params(params, "permute.methods"), read_params(params, "train.seeds")
     three_methods = read_params(params, "three.methods")
-    triples = []
-    for seeds in read_params(params, "three.triples"):
-        for method in three_methods:
-            where = connect_dir / triple_name(seeds) / method
-            rec = json.loads((where / "edges.json").read_text())
-            triples.append({"seeds": seeds, "method": method, "edges": rec["edges"],
-                            "curves": pd.read_parquet(where / "curves.parquet").to_dict("records"),
-                            "landscape": pd.read_parquet(where / "landscape.parquet").to_dict("records")})
-    out.update(three_tables(triples))
+    out = tables(collect_pairs(measure_dir, perms_dir, analysis_dir, read_params(params, "permute.pairs"), methods))
+    read_all = lambda folder, name: pd.concat([pd.read_parquet(folder / f"seed{s}" / name) for s in seeds],  # noqa: E731
+                                              ignore_index=True)
+    out["spectrum"], out["energy"] = (read_all(spectra_dir, f"{n}.parquet") for n in ("spectrum", "energy"))
+    out["output_scale"] = output_scales(out["spectrum"])
+    out["table1"] = table1(out["pairs"], methods)
+    out["history"] = pd.concat([pd.read_parquet(history_dir / f"seed{s}.parquet") for s in seeds], ignore_index=True)
+    out.update(three_tables(collect_triples(connect_dir, read_params(params, "three.triples"), three_methods)))
     out["merge_many"] = pd.read_parquet(merge_many_dir / "evaluation.parquet")
     trace = json.loads((merge_many_dir / "trace.json").read_text())
     out["merge_many_trace"] = pd.DataFrame({"iteration": range(len(trace["distance"])), "distance": trace["distance"]})

@@ -22,7 +22,7 @@ TINY = {
     "permute": {"pairs": [[0, 1]], "methods": ["identity", "wm", "am"], "seed": 0, "identity": {},
                 "wm": {"max_iter": 100, "tol": 1e-7},
                 "am": {"statistic": "cross_moment", "batch_size": 1000, "max_samples": None}},
-    "measure": {"num_lambdas": 5},
+    "measure": {"num_lambdas": 5, "gammas": [0, 0.3], "conv_spectrum": "reshape"},
     "three": {"triples": [[0, 1, 2]], "methods": ["identity", "wm"], "resolution": 3, "margin": 0.1},
     "merge_many": {"seeds": [0, 1, 2], "max_iter": 3, "tol": 1e-4},
     "plot": {"dpi": 40, "band": "std", "title": "tiny"},
@@ -74,7 +74,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     first = _ran(_run(repo, "dvc", "repro"))
     assert _base_stages(first) == {"validate", "download", "train", "permute", "merge", "measure",
-                                   "connect", "merge_many", "summarize", "plot"}
+                                   "analyze", "spectra", "connect", "merge_many", "summarize", "plot"}
     assert len([s for s in first if s.startswith("permute@")]) == 3
     summary = json.loads((repo / "metrics/summary.json").read_text())
     assert set(summary) == {"identity", "wm", "am"}
@@ -95,13 +95,13 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     _set(repo, "permute.wm.tol", 1e-6)
     ran = _ran(_run(repo, "dvc", "repro"))
     assert {"permute@pair0-wm", "merge@pair0-wm", "connect@triple0-wm"} <= {s for s in ran if "@" in s} <= {
-        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm", "connect@triple0-wm"}
+        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm", "analyze@pair0-wm", "connect@triple0-wm"}
     assert {"summarize", "plot"} <= ran and "download" not in ran
 
     # a measure option reruns measure and after, not permute or merge
     _set(repo, "measure.num_lambdas", 7)
     ran = _ran(_run(repo, "dvc", "repro"))
-    assert _base_stages(ran) - {"validate"} == {"measure", "connect", "summarize", "plot"}
+    assert _base_stages(ran) - {"validate"} == {"measure", "analyze", "connect", "summarize", "plot"}
 
     # changing the method list through `dvc exp run --set-param` reruns the aggregation, not train
     _run(repo, "git", "add", "-A")

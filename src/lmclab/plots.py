@@ -119,4 +119,121 @@ def plot_merge_many(trace: pd.DataFrame, evaluation: pd.DataFrame, path: Path, *
     axes[1].set(xlabel="test accuracy (%)", title="merged vs ensemble vs members")
     for ax in axes:
         ax.grid(alpha=0.3)
+def _layer_axes(layers: list[str], height: float = 3.2) -> tuple[plt.Figure, list[plt.Axes]]:
+    cols = min(4, len(layers))
+    rows = -(-len(layers) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, height * rows), squeeze=False)
+    for ax in axes.flat[len(layers):]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def plot_spectra(spectrum: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
+    """Figures 1, 7: singular values of every layer against their index, one line per seed."""
+    layers = list(dict.fromkeys(spectrum["layer"]))
+    fig, axes = _layer_axes(layers)
+    for ax, layer in zip(axes, layers):
+        for seed, sub in spectrum[spectrum["layer"] == layer].groupby("seed"):
+            ax.plot(sub["index"], sub["singular_value"], lw=1, label=f"seed {seed}")
+        ax.set(title=layer, xlabel="index i", ylabel="singular value", yscale="log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Singular values of every layer (Figures 1, 7)")
+    return _save(fig, path, dpi)
+
+
+def plot_output_scale(output_scale: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
+    """Figure 8: the output layer's singular values per seed, raw and scaled by the fitted α."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for seed, sub in output_scale.groupby("seed"):
+        axes[0].plot(sub["index"], sub["singular_value"], marker=".", label=f"seed {seed}")
+        axes[1].plot(sub["index"], sub["adjusted"], marker=".", label=f"seed {seed}: α = {sub['alpha'].iloc[0]:.3f}")
+    ref = output_scale["reference_seed"].iloc[0]
+    for ax, title in zip(axes, ("raw", f"α · s, α fitted to seed {ref}")):
+        ax.set(title=title, xlabel="index i", ylabel="singular value")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Output layer spectrum (Figure 8)")
+    return _save(fig, path, dpi)
+
+
+def plot_energy(energy: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
+    """Figures 4, 9: ``E[(v_iᵀ z_{ℓ−1})²]`` over the test set against the singular index, per seed."""
+    layers = list(dict.fromkeys(energy["layer"]))
+    fig, axes = _layer_axes(layers)
+    for ax, layer in zip(axes, layers):
+        for seed, sub in energy[energy["layer"] == layer].groupby("seed"):
+            ax.plot(sub["index"], sub["energy"], lw=1, label=f"seed {seed}")
+        ax.set(title=layer, xlabel="index i (descending s_i)", ylabel="E[(v_iᵀz)²]", yscale="log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Input energy along right singular vectors (Figures 4, 9)")
+    return _save(fig, path, dpi)
+
+
+def plot_alignment(pairs: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
+    """Figures 2, 3: R_γ of (θa, π(θb)), (θa, mid) and (π(θb), mid) per method; mean ± std over pairs."""
+    gammas = [c.removeprefix("R_") for c in pairs.columns if c.startswith("R_") and c.count("_") == 1]
+    which = (("", "θa vs π(θb)"), ("_a_mid", "θa vs midpoint"), ("_b_mid", "π(θb) vs midpoint"))
+    methods = list(dict.fromkeys(pairs["method"]))
+    fig, axes = plt.subplots(1, len(gammas), figsize=(5 * len(gammas), 3.8), squeeze=False)
+    for ax, gamma in zip(axes[0], gammas):
+        for k, (suffix, name) in enumerate(which):
+            g = pairs.groupby("method", sort=False)[f"R_{gamma}{suffix}"]
+            mean, std = g.mean().reindex(methods), g.std(ddof=0).fillna(0).reindex(methods)
+            xs = [i + (k - 1) * 0.27 for i in range(len(methods))]
+            ax.bar(xs, mean.values, width=0.27, yerr=std.values, label=name)
+        ax.set_xticks(range(len(methods)), [label(m) for m in methods])
+        ax.set(title=f"γ = {gamma}", ylabel=f"R_{gamma}", ylim=(min(0, ax.get_ylim()[0]), 1.05))
+        ax.axhline(0, color="k", lw=0.5)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Singular-vector alignment R_γ (Figures 2, 3)")
+    return _save(fig, path, dpi)
+
+
+def plot_taylor(taylor: pd.DataFrame, path: Path, *, dpi: int = 120, split: str = "test") -> Path:
+    """Theorem 3.1 along λ: the Taylor estimate (dashed) next to the measured
+    ``L(θ(λ)) − (λL(θa) + (1−λ)L(θb))`` (solid), mean over pairs, per method."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, sub in taylor[taylor["split"] == split].groupby("method", sort=False):
+        mean = sub.groupby("lam")[["barrier", "taylor"]].mean()
+        (line,) = ax.plot(mean.index, mean["barrier"], marker=".", label=f"{label(method)} measured")
+        ax.plot(mean.index, mean["taylor"], ls="--", color=line.get_color(), label=f"{label(method)} Taylor")
+    ax.set(xlabel="λ  (0: π(θb), 1: θa)", ylabel=f"{split} loss − linear path")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("Real vs Taylor-approximated barrier (Theorem 3.1)")
+    return _save(fig, path, dpi)
+
+
+def plot_width(spectrum: pd.DataFrame, energy: pd.DataFrame, alignment: pd.DataFrame, path: Path, *,
+               dpi: int = 120) -> Path:
+    """Appendix H.4 in one figure: per layer, the normalised singular values (Figure 10) and the
+    input energy (Figures 11, 12) per width against the relative index i/n (mean over seeds), and
+    R_γ against width with and without matching (Figure 13)."""
+    layers = list(dict.fromkeys(spectrum["layer"]))
+    fig, axes = plt.subplots(3, len(layers), figsize=(4 * len(layers), 9.6), squeeze=False)
+    for col, layer in enumerate(layers):
+        for row, (frame, q, name) in enumerate(((spectrum, "normalised_value", "s_i / s_1"),
+                                                (energy, "energy", "E[(v_iᵀz)²]"))):
+            ax = axes[row][col]
+            for width, sub in frame[frame["layer"] == layer].groupby("width"):
+                mean = sub.groupby("relative_index")[q].mean()
+                ax.plot(mean.index, mean.values, lw=1, label=f"width {width}")
+            ax.set(title=layer, xlabel="relative index i/n", ylabel=name, yscale="log")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    for ax in axes[2][1:]:
+        ax.set_visible(False)
+    ax = axes[2][0]
+    r_cols = [c.removesuffix("_mean") for c in alignment.columns if c.startswith("R_") and c.endswith("_mean")]
+    for method, sub in alignment.groupby("method", sort=False):
+        for col in r_cols:
+            ax.errorbar(sub["width"], sub[f"{col}_mean"], yerr=sub[f"{col}_std"], marker="o", capsize=3,
+                        label=f"{col} {label(method)}")
+    ax.set(xscale="log", xlabel="width", ylabel="R_γ(θa, π(θb))", title="alignment vs width (Figure 13)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("Width study (Appendix H.4)")
     return _save(fig, path, dpi)

@@ -15,19 +15,44 @@ def _pm(values: pd.Series, digits: int = 3) -> str:
     return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
 
 
-def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test") -> str:
-    """Table 1 layout: B_½, Taylor, Diff., ‖θa−θb‖, ‖θa−π(θb)‖, reduction %. Columns not yet
-    computed by the pipeline are shown as "—"."""
-    head = ("| method | B_½ (loss) | Taylor approx. | Diff. | ‖θa−θb‖ | ‖θa−π(θb)‖ | reduction % |\n"
-            "|---|---|---|---|---|---|---|")
+def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
+           t1: pd.DataFrame | None = None) -> str:
+    """Table 1 layout: B_½, Taylor, Diff., ‖θa−θb‖, ‖θa−π(θb)‖, reduction %. Taylor and Diff. (with
+    the paired t-test's p-value) come from the saved ``table1``; without it they show "—"."""
+    head = ("| method | B_½ (loss) | Taylor approx. | Diff. | p (t-test) | ‖θa−θb‖ | ‖θa−π(θb)‖ "
+            "| reduction % |\n|---|---|---|---|---|---|---|---|")
     lines = [head]
     for m in methods:
         r = pairs[pairs["method"] == m]
-        taylor = _pm(r["taylor_barrier_mid"]) if "taylor_barrier_mid" in r else "—"
-        diff = (_pm(r["taylor_barrier_mid"] - r[f"{split}_loss_barrier_mid"])
-                if "taylor_barrier_mid" in r else "—")
-        lines.append(f"| {label(m)} | {_pm(r[f'{split}_loss_barrier_mid'])} | {taylor} | {diff} | "
-                     f"{_pm(r['l2_before'])} | {_pm(r['l2_after'])} | {_pm(r['l2_reduction_pct'], 2)} |")
+        row = t1[t1["method"] == m].iloc[0] if t1 is not None and m in set(t1["method"]) else None
+        cell = lambda k: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
+        p = "—" if row is None or row["p_value"] != row["p_value"] else (
+            f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
+        lines.append(f"| {label(m)} | {_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
+                     f"{p} | {_pm(r['l2_before'])} | {_pm(r['l2_after'])} | {_pm(r['l2_reduction_pct'], 2)} |")
+    return "\n".join(lines)
+
+
+def alignment_table(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
+    """R_γ per method: (θa, θb) naive, (θa, π(θb)), (θa, mid), (π(θb), mid)."""
+    gammas = [c.removeprefix("R_") for c in pairs.columns if c.startswith("R_") and c.count("_") == 1]
+    cols = [(f"R_{g}{suffix}", f"R_{g} {name}") for g in gammas
+            for suffix, name in (("_naive", "(θa, θb)"), ("", "(θa, π(θb))"), ("_a_mid", "(θa, mid)"),
+                                 ("_b_mid", "(π(θb), mid)"))]
+    lines = ["| method | " + " | ".join(c[1] for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    for m in methods:
+        r = pairs[pairs["method"] == m]
+        lines.append(f"| {label(m)} | " + " | ".join(_pm(r[c[0]]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def theorem42_table(bounds: pd.DataFrame, methods: Sequence[str]) -> str:
+    """Per layer: Theorem 4.2's bound and the measured E‖σ(W^a z) − σ(W^b z)‖, mean over pairs."""
+    mean = bounds.groupby(["method", "layer"], sort=False)[["bound", "measured"]].mean()
+    lines = ["| method | layer | bound | measured |", "|---|---|---|---|"]
+    for (m, layer), r in mean.iterrows():
+        if m in methods:
+            lines.append(f"| {label(m)} | {layer} | {r['bound']:.3f} | {r['measured']:.3f} |")
     return "\n".join(lines)
 
 
@@ -99,9 +124,43 @@ def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, 
 """
 
 
+def analysis_section(rel: dict[str, str], pairs: pd.DataFrame, methods: Sequence[str],
+                     bounds: pd.DataFrame | None) -> str:
+    """The analyses' tables and figures (present when the analyze/spectra stages ran)."""
+    if "alignment" not in rel:
+        return ""
+    text = f"""
+## Singular-vector alignment R_γ (Theorem 4.1, Figures 2, 3)
+
+{alignment_table(pairs, methods)}
+
+![alignment]({rel["alignment"]})
+
+## Real vs Taylor-approximated barrier (Theorem 3.1)
+
+![taylor]({rel["taylor"]})
+
+## Spectra (Figures 1, 7, 8) and input energy (Figures 4, 9)
+
+![spectra]({rel["spectra"]})
+
+![output scale]({rel["output_scale"]})
+
+![energy]({rel["energy"]})
+"""
+    if bounds is not None:
+        text += f"""
+## Theorem 4.2 (test split, σ = ReLU, C = 1; z = the layer's input in θa)
+
+{theorem42_table(bounds, methods)}
+"""
+    return text
+
+
 def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
                  methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame,
-                 evaluation: pd.DataFrame) -> Path:
+                 evaluation: pd.DataFrame, t1: pd.DataFrame | None = None,
+                 bounds: pd.DataFrame | None = None) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
@@ -119,7 +178,9 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 
 ## Table 1 layout (test split, λ = ½)
 
-{table1(pairs, methods)}
+{table1(pairs, methods, t1=t1)}
+
+Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant at 5%).
 
 ## Barriers (loss in nats, accuracy in percentage points)
 
@@ -128,7 +189,7 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 ## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-""" + three_section(edges, evaluation, rel)
+{analysis_section(rel, pairs, methods, bounds)}""" + three_section(edges, evaluation, rel)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

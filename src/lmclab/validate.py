@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lmclab.alignment import check_mode
 from lmclab.archs import make_config
 from lmclab.data import check_name
 from lmclab.device import resolve_device
@@ -46,6 +47,11 @@ def check_methods(key: str, methods: Any, permute: Mapping) -> None:
         if not isinstance(permute.get(method), dict):
             raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
         check_method(method, permute[method])
+def check_gammas(gammas: Any) -> None:
+    """R_γ thresholds: a non-empty list of numbers in [0, 1]."""
+    if not isinstance(gammas, list) or not gammas or not all(
+            isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 1 for g in gammas):
+        raise ValueError(f"measure.gammas must be a non-empty list of numbers in [0, 1], got {gammas!r}")
 
 
 def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapping,
@@ -74,4 +80,6 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
         if len(merge_many["seeds"]) < 2 or merge_many["max_iter"] < 1 or merge_many["tol"] < 0:
             raise ValueError("merge_many: needs at least 2 seeds, max_iter ≥ 1 and tol ≥ 0, got "
                              f"{merge_many!r}")
+    check_gammas(measure["gammas"])
+    check_mode(measure["conv_spectrum"])
     resolve_device(device)

@@ -1,0 +1,94 @@
+"""The paper's analyses of one trained model and of one aligned pair (SPEC.md §2, §5), composed from
+:mod:`lmclab.taylor`, :mod:`lmclab.alignment` and :mod:`lmclab.energy`.
+
+- :func:`analyze_model` (depends only on one trained model and the data): every layer's singular
+  values and input energy (Figures 1, 4, 7, 9).
+- :func:`analyze_pair` (one pair and one permutation): the Taylor-approximated barrier over the λ
+  grid on every split (Table 1), R_γ for (θa, θb), (θa, π(θb)), (θa, mid) and (π(θb), mid)
+  (Figures 2, 3) and the Theorem 4.2 bound per layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor, nn
+
+from lmclab.alignment import alignment_r, layer_names, model_factors, output_layer, singular_values
+from lmclab.data import Split
+from lmclab.energy import input_energy, input_sizes, theorem42
+from lmclab.spec import PermutationSpec
+from lmclab.taylor import taylor_barrier, taylor_curve, taylor_terms
+
+
+def r_key(gamma: float, which: str = "") -> str:
+    """Column name of R_γ: ``R_0.3`` for (θa, π(θb)); ``R_0.3_naive``, ``R_0.3_a_mid``, ``R_0.3_b_mid``."""
+    return f"R_{gamma:g}" + (f"_{which}" if which else "")
+
+
+def _spectral_kwargs(model: nn.Module, layers: Sequence[str], mode: str,
+                     input_shape: Sequence[int]) -> dict:
+    sizes = input_sizes(model, layers, input_shape) if mode == "fft" else {}
+    return {"mode": mode, "input_sizes": sizes}
+
+
+def analyze_model(spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor], split: Split, *,
+                  mode: str = "reshape", input_shape: Sequence[int]) -> tuple[list[dict], list[dict]]:
+    """``(spectrum rows, energy rows)``: ``{layer, output, index, singular_value}`` in the chosen
+    spectrum ``mode``, and ``{layer, index, singular_value, energy}`` of the reshaped weights
+    (energy ``E[(v_iᵀ z_{ℓ−1})²]`` over ``split``). ``output`` marks the logits layer."""
+    layers = layer_names(spec, params)
+    last = output_layer(spec, layers)
+    factors = model_factors(params, layers, **_spectral_kwargs(model, layers, mode, input_shape))
+    spectrum = [{"layer": name, "output": name == last, "index": i, "singular_value": float(s)}
+                for name, f in factors.items() for i, s in enumerate(singular_values(f))]
+    energy = [{"layer": name, "index": i, "singular_value": float(s), "energy": float(e)}
+              for name, (sv, en) in input_energy(model, params, split, layers).items()
+              for i, (s, e) in enumerate(zip(sv, en))]
+    return spectrum, energy
+
+
+def alignment_summary(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
+                      params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
+                      midpoint: Mapping[str, Tensor], gammas: Sequence[float], *, mode: str = "reshape",
+                      input_shape: Sequence[int]) -> dict[str, float]:
+    """R_γ (Theorem 4.1) for every γ: (θa, π(θb)), naive (θa, θb), (θa, mid), (π(θb), mid)."""
+    layers = layer_names(spec, params_a)
+    kwargs = _spectral_kwargs(model, layers, mode, input_shape)
+    fa, fb, fp, fm = (model_factors(p, layers, **kwargs) for p in (params_a, params_b, permuted_b, midpoint))
+    out: dict[str, float] = {}
+    for gamma in gammas:
+        out[r_key(gamma)] = alignment_r(fa, fp, gamma)
+        out[r_key(gamma, "naive")] = alignment_r(fa, fb, gamma)
+        out[r_key(gamma, "a_mid")] = alignment_r(fa, fm, gamma)
+        out[r_key(gamma, "b_mid")] = alignment_r(fp, fm, gamma)
+    return out
+
+
+def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
+                 params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
+                 midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
+                 gammas: Sequence[float], mode: str = "reshape", input_shape: Sequence[int],
+                 energy_split: str = "test") -> tuple[dict[str, float], list[dict], list[dict]]:
+    """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb).
+
+    summary: ``{split}_taylor_barrier_mid`` / ``_max`` and the Theorem 3.1 ingredients per split,
+    the R_γ columns of :func:`alignment_summary` and ``analysis_seconds``; taylor rows:
+    ``{split, lam, taylor}``; theorem 4.2 rows: ``{layer, bound, measured}`` on ``energy_split``."""
+    start = time.perf_counter()
+    summary: dict[str, float] = {}
+    taylor_rows = []
+    for name, split in splits.items():
+        terms = taylor_terms(model, params_a, permuted_b, split)
+        curve = taylor_curve(terms, lams)
+        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve)]
+        summary[f"{name}_taylor_barrier_mid"] = taylor_barrier(terms, 0.5)
+        summary[f"{name}_taylor_barrier_max"] = max(curve)
+        summary.update({f"{name}_taylor_{k}": v for k, v in terms._asdict().items()})
+    summary.update(alignment_summary(spec, model, params_a, params_b, permuted_b, midpoint, gammas,
+                                     mode=mode, input_shape=input_shape))
+    layers = layer_names(spec, params_a)
+    bound_rows = theorem42(model, params_a, permuted_b, splits[energy_split], layers)
+    summary["analysis_seconds"] = time.perf_counter() - start
+    return summary, taylor_rows, bound_rows

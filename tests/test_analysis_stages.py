@@ -1,0 +1,134 @@
+"""The analyses composed (analysis.py), their tables (summary.py) and the spectra/analyze stages."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from lmclab.analysis import analyze_model, analyze_pair, r_key
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.checkpoint import Checkpoint, save_checkpoint
+from lmclab.data import load_split, prepare
+from lmclab.merge import merge
+from lmclab.metrics import lambda_grid
+from lmclab.spec import random_permutation
+from lmclab.summary import output_scales, table1
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prepared")
+    prepare("mnist5k", out / "raw", out, max_train=120, max_test=60)
+    return out
+
+
+def tiny(seed):
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=16)
+    return config, dict(build_model("mlp", config, seed=seed).state_dict())
+
+
+def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
+    config, params_a = tiny(0)
+    spec = get_arch("mlp").permutation_spec(config)
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
+    params_b = {k: v.clone() for k, v in merge(spec, params_a, params_a, perm)[0].items()}  # θb = π(θa)
+    inverse = {g: torch.argsort(p) for g, p in perm.items()}
+    permuted_b, midpoint = merge(spec, params_a, params_b, inverse)  # aligning recovers θa exactly
+    splits = {"test": load_split(prepared, "test")}
+    summary, taylor, bounds = analyze_pair(spec, build_model("mlp", config), params_a, params_b, permuted_b,
+                                           midpoint, splits, lams=lambda_grid(5), gammas=[0.0, 0.3],
+                                           input_shape=config.input_shape)
+    for gamma in (0.0, 0.3):
+        assert summary[r_key(gamma)] == pytest.approx(1.0)
+        assert summary[r_key(gamma, "a_mid")] == pytest.approx(1.0)
+        assert abs(summary[r_key(gamma, "naive")]) < 0.5
+    assert summary["test_taylor_barrier_mid"] == 0 and all(r["taylor"] == 0 for r in taylor)
+    assert [r["layer"] for r in bounds] == ["layers.0.weight", "layers.1.weight", "out.weight"]
+    assert all(r["bound"] < 1e-4 and r["measured"] == 0 for r in bounds)
+
+
+def test_analyze_model_rows(prepared):
+    config, params = tiny(3)
+    spec = get_arch("mlp").permutation_spec(config)
+    spectrum, energy = analyze_model(spec, build_model("mlp", config), params, load_split(prepared, "test"),
+                                     input_shape=config.input_shape)
+    frame = pd.DataFrame(spectrum)
+    assert frame.groupby("layer").size().to_dict() == {"layers.0.weight": 16, "layers.1.weight": 16,
+                                                       "out.weight": 10}
+    assert frame[frame["output"]]["layer"].unique().tolist() == ["out.weight"]
+    assert len(energy) == len(spectrum) and all(r["energy"] >= 0 for r in energy)
+
+
+def test_table1_runs_a_paired_t_test_and_output_scales_fit_alpha():
+    pairs = pd.DataFrame({"method": ["wm"] * 3, "test_loss_barrier_mid": [0.1, 0.2, 0.15],
+                          "test_taylor_barrier_mid": [1.0, 1.3, 1.1], "l2_before": [10.0] * 3,
+                          "l2_after": [8.0] * 3, "l2_reduction_pct": [20.0] * 3})
+    row = table1(pairs, ["wm"]).iloc[0]
+    assert row["diff_mean"] == pytest.approx((0.9 + 1.1 + 0.95) / 3)
+    assert row["p_value"] < 0.05 and row["significant"]
+    spectrum = pd.DataFrame({"seed": [0, 0, 1, 1], "layer": "out.weight", "output": True, "index": [0, 1] * 2,
+                             "singular_value": [4.0, 2.0, 2.0, 1.0]})
+    scales = output_scales(spectrum)
+    assert scales.groupby("seed")["alpha"].first().tolist() == pytest.approx([1.0, 2.0])
+    assert scales["adjusted"].tolist() == pytest.approx([4.0, 2.0, 4.0, 2.0])
+
+
+@pytest.mark.slow
+def test_spectra_and_analyze_stages_write_their_outputs(prepared, tmp_path):
+    import analyze
+    import spectra
+
+    config, params_a = tiny(0)
+    _, params_b = tiny(1)
+    spec = get_arch("mlp").permutation_spec(config)
+    for seed, params in ((0, params_a), (1, params_b)):
+        save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed, params))
+    permuted_b, midpoint = merge(spec, params_a, params_b, random_permutation(
+        spec.group_sizes(params_a), torch.Generator().manual_seed(0)))
+    save_checkpoint(tmp_path / "merged" / "permuted_b.pt", Checkpoint("mlp", config, 1, permuted_b))
+    save_checkpoint(tmp_path / "merged" / "midpoint.pt", Checkpoint("mlp", config, None, midpoint))
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"device": "cpu", "measure": {
+        "num_lambdas": 3, "gammas": [0, 0.5], "conv_spectrum": "reshape"}}))
+    runner = CliRunner()
+    res = runner.invoke(spectra.app, ["--seed", "0", "--model", str(tmp_path / "seed0.pt"), "--data",
+                                      str(prepared), "--out", str(tmp_path / "spectra"), "--params", str(params)])
+    assert res.exit_code == 0, res.output
+    assert set(pd.read_parquet(tmp_path / "spectra" / "energy.parquet")["seed"]) == {0}
+    args = ["--seed-a", "0", "--seed-b", "1", "--method", "wm", "--model-a", str(tmp_path / "seed0.pt"),
+            "--model-b", str(tmp_path / "seed1.pt"), "--merged", str(tmp_path / "merged"), "--data",
+            str(prepared), "--out", str(tmp_path / "analysis"), "--params", str(params)]
+    res = runner.invoke(analyze.app, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    assert {"R_0", "R_0.5", "R_0.5_naive", "train_taylor_barrier_mid", "test_taylor_barrier_max"} <= set(summary)
+    assert len(pd.read_parquet(tmp_path / "analysis" / "taylor.parquet")) == 2 * 3
+    params.write_text(params.read_text().replace("reshape", "exact"))
+    res = runner.invoke(analyze.app, args)
+    assert res.exit_code == 1 and "measure.conv_spectrum" in res.output
+
+
+def test_width_tables_combine_runs_by_width():
+    from lmclab.width import alignment_markdown, width_tables
+
+    def run(width, r):
+        idx = list(range(width))
+        spectrum = pd.DataFrame({"seed": 0, "layer": "l0", "output": False, "index": idx,
+                                 "singular_value": [float(width - i) for i in idx]})
+        energy = spectrum.drop(columns="output").assign(energy=1.0)
+        pairs = pd.DataFrame({"method": ["identity", "wm", "wm"], "test_loss_barrier_mid": [1.0, 0.2, 0.4],
+                              "R_0": [0.0, r, r + 0.1], "R_0_naive": [0.0, 0.0, 0.0]})
+        return {"spectrum": spectrum, "energy": energy, "pairs": pairs}
+
+    out = width_tables({8: run(8, 0.1), 4: run(4, 0.3)})
+    assert out["spectrum"].groupby("width")["normalised_value"].max().tolist() == [1.0, 1.0]
+    assert out["spectrum"].groupby("width")["relative_index"].max().tolist() == [1.0, 1.0]
+    wm = out["alignment"][out["alignment"]["method"] == "wm"]
+    assert wm["width"].tolist() == [4, 8] and wm["R_0_mean"].tolist() == pytest.approx([0.35, 0.15])
+    assert "R_0_naive_mean" not in out["alignment"]  # only R_γ of (θa, π(θb)) per method
+    assert "| 8 | wm | 0.300 | 0.150 ± 0.071 |" in alignment_markdown(out["alignment"])

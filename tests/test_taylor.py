@@ -1,0 +1,88 @@
+"""Theorem 3.1: exact on a quadratic loss; HVP and slopes against finite differences."""
+
+from __future__ import annotations
+
+import torch
+from torch.func import grad
+
+from lmclab.archs import build_model, make_config
+from lmclab.data import Split
+from lmclab.taylor import (TaylorTerms, directional_terms, gradient_and_hvp, split_loss_fns, taylor_barrier,
+                           taylor_curve, taylor_terms)
+
+
+def _flat(params):
+    return torch.cat([v.reshape(-1) for v in params.values()])
+
+
+def test_quadratic_loss_taylor_is_exact_on_the_whole_grid():
+    g = torch.Generator().manual_seed(0)
+    shapes = {"w": (4, 3), "b": (4,)}
+    n = 16
+    m = torch.randn(n, n, generator=g, dtype=torch.float64)
+    hess = m + m.T  # indefinite on purpose: the identity does not need convexity
+    lin = torch.randn(n, generator=g, dtype=torch.float64)
+
+    def loss(params):
+        theta = _flat(params)
+        return 0.5 * theta @ hess @ theta + lin @ theta + 3.0
+
+    rand = lambda: {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in shapes.items()}  # noqa: E731
+    params_a, params_b = rand(), rand()
+    diff = {k: params_b[k] - params_a[k] for k in shapes}
+    delta = float(_flat(diff).norm())
+    unit = {k: v / delta for k, v in diff.items()}
+    slope_a, curv_a = directional_terms(loss, params_a, unit)
+    slope_b, curv_b = directional_terms(loss, params_b, unit)
+    terms = TaylorTerms(delta, slope_a, slope_b, curv_a, curv_b)
+    lams = [i / 10 for i in range(11)]
+    for lam, estimate in zip(lams, taylor_curve(terms, lams)):
+        mid = {k: lam * params_a[k] + (1 - lam) * params_b[k] for k in shapes}
+        real = float(loss(mid) - lam * loss(params_a) - (1 - lam) * loss(params_b))
+        assert abs(estimate - real) < 1e-9 * max(1.0, abs(real))
+    assert abs(taylor_barrier(terms, 0.5) - (0.25 * delta * (slope_a - slope_b)
+                                               + delta ** 2 / 16 * (curv_a + curv_b))) < 1e-12
+
+
+def _tiny_mlp_problem(seed=0):
+    config = make_config("mlp", input_shape=(1, 3, 3), num_classes=4, hidden=2, width=6)
+    model = build_model("mlp", config, seed=seed).double()
+    g = torch.Generator().manual_seed(seed + 10)
+    split = Split(torch.randn(40, 1, 3, 3, generator=g, dtype=torch.float64),
+                  torch.randint(0, 4, (40,), generator=g))
+    params_a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    params_b = {k: v.detach() + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+                for k, v in model.state_dict().items()}
+    return model, split, params_a, params_b
+
+
+def test_hvp_matches_finite_differences_of_the_gradient():
+    model, split, params, other = _tiny_mlp_problem()
+    [(_, loss_fn)] = split_loss_fns(model, split, batch_size=len(split))
+    direction = {k: other[k] - params[k] for k in params}
+    gradient, hvp = gradient_and_hvp(loss_fn, params, direction)
+    eps = 1e-5
+    shifted = lambda s: {k: params[k] + s * eps * direction[k] for k in params}  # noqa: E731
+    g_plus, g_minus = grad(loss_fn)(shifted(1)), grad(loss_fn)(shifted(-1))
+    for k in params:
+        fd = (g_plus[k] - g_minus[k]) / (2 * eps)
+        assert torch.allclose(hvp[k], fd, atol=1e-6, rtol=1e-5), k
+        assert torch.allclose(gradient[k], grad(loss_fn)(params)[k])
+    slope = float(sum((gradient[k] * direction[k]).sum() for k in params))
+    fd_slope = float(loss_fn(shifted(1)) - loss_fn(shifted(-1))) / (2 * eps)
+    assert abs(slope - fd_slope) < 1e-6
+
+
+def test_taylor_terms_do_not_depend_on_batching():
+    model, split, params_a, params_b = _tiny_mlp_problem(1)
+    whole = taylor_terms(model, params_a, params_b, split, batch_size=len(split))
+    batched = taylor_terms(model, params_a, params_b, split, batch_size=7)
+    assert all(abs(x - y) < 1e-10 for x, y in zip(whole, batched))
+    assert abs(whole.delta - float(torch.cat([(params_b[k] - params_a[k]).flatten()
+                                               for k in params_a]).norm())) < 1e-12
+
+
+def test_identical_endpoints_have_zero_taylor_barrier():
+    model, split, params_a, _ = _tiny_mlp_problem()
+    terms = taylor_terms(model, params_a, params_a, split)
+    assert terms.delta == 0 and taylor_barrier(terms, 0.5) == 0
