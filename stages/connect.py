@@ -39,6 +39,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
         method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options,
         seed=read_params(params, "permute.seed"), lams=lambda_grid(read_params(params, "measure.num_lambdas")),
         resolution=read_params(params, "three.resolution"), margin=read_params(params, "three.margin"),
+        gammas=read_params(params, "measure.gammas"),
         device=resolve_device(read_params(params, "device")))
     out.mkdir(parents=True, exist_ok=True)
     atomic_save(result.perms, out / "perms.pt")

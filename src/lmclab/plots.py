@@ -88,13 +88,16 @@ def plot_landscape(plane: pd.DataFrame, path: Path, *, dpi: int = 120, quantity:
 
 
 def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
-    """Test loss and accuracy barriers (max over λ) on each edge a–b, a–c, b–c per method (Table 3)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    """Test loss and accuracy barriers (max over λ) on each edge a–b, a–c, b–c per method (Table 3),
+    and R_0.3 of each edge when present (Figure 5)."""
+    panels = [("test_loss_barrier_max", "test loss barrier"), ("test_acc_barrier_max", "test accuracy barrier (points)")]
+    if "R_0.3" in edges:
+        panels.append(("R_0.3", "R_0.3 (alignment)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
     methods = list(dict.fromkeys(edges["method"]))
     edge_names = ["a-b", "a-c", "b-c"]
     width = 0.8 / len(methods)
-    for ax, (col, name) in zip(axes, (("test_loss_barrier_max", "test loss barrier"),
-                                      ("test_acc_barrier_max", "test accuracy barrier (points)"))):
+    for ax, (col, name) in zip(axes, panels):
         for i, method in enumerate(methods):
             g = edges[edges["method"] == method].groupby("edge")[col]
             mean, std = g.mean().reindex(edge_names), g.std(ddof=1).reindex(edge_names).fillna(0)

@@ -81,15 +81,18 @@ def endpoint_table(history: pd.DataFrame) -> str:
 def table3(edges: pd.DataFrame) -> str:
     """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
     a–b and a–c edges for comparison; test split, max over λ, mean ± std over triples."""
-    lines = ["| method | loss b–c | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |",
-             "|---|---|---|---|---|---|---|---|"]
+    r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
+    r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
+    lines = ["| method | loss b–c | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |" + r_head,
+             "|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
         cell = lambda e, c, d=3: _pm(r.loc[[e], c], d)  # noqa: E731
         lines.append(f"| {label(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
-                     f"{cell('b-c', 'l2', 2)} |")
+                     f"{cell('b-c', 'l2', 2)} |"
+                     + ("".join(f" {cell(e, r_col)} |" for e in ('a-b', 'a-c', 'b-c')) if r_col else ""))
     return "\n".join(lines)
 
 

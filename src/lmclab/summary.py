@@ -132,7 +132,8 @@ def _mean_std(values: pd.Series) -> dict[str, float]:
 
 def three_summary(edges: pd.DataFrame, method_order: Sequence[str]) -> dict:
     """``{method: {edge: {metric: {mean, std}}}}`` over triples (Table 3 reports edge b-c)."""
-    return {m: {edge: {k: _mean_std(rows[k].astype(float)) for k in THREE_KEYS}
+    keys = list(THREE_KEYS) + [c for c in edges.columns if c.startswith("R_")]
+    return {m: {edge: {k: _mean_std(rows[k].astype(float)) for k in keys}
                 for edge, rows in edges[edges["method"] == m].groupby("edge")}
             for m in method_order}
 

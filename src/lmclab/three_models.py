@@ -12,6 +12,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from lmclab.alignment import alignment_r, layer_names, model_factors
+from lmclab.analysis import r_key
 from lmclab.archs import build_model, get_arch
 from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split
@@ -25,19 +27,23 @@ EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched 
 
 
 def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]],
-                         lams: Sequence[float], splits: Mapping[str, Split], *,
+                         lams: Sequence[float], splits: Mapping[str, Split], *, gammas: Sequence[float] = (0.3,),
                          repair: Repair | None = None) -> tuple[list[dict], list[dict]]:
     """Curves and barriers for every pair of ``models`` = {"a": θa, "b": π_b(θb), "c": π_c(θc)}.
 
     Along edge (x, y), ``λ = 1`` is model x and ``λ = 0`` model y. Returns (curve rows, one
-    summary row per edge with every barrier of :func:`barriers_from_curve` and the L2 distance)."""
+    summary row per edge with every barrier of :func:`barriers_from_curve`, the L2 distance and
+    ``R_γ`` for each γ (Theorem 4.1, kernels reshaped; the paper's Figure 5 uses γ = 0.3))."""
+    layers = layer_names(spec, models["a"])
+    factors = {k: model_factors(p, layers) for k, p in models.items()}
     curves, summaries = [], []
     for x, y in EDGES:
         rows = interpolation_curve(model, models[x], models[y], lams, splits, repair=repair)
         edge = f"{x}-{y}"
         curves += [{"edge": edge, **r} for r in rows]
         summaries.append({"edge": edge, **barriers_from_curve(rows),
-                          "l2": l2_distance(spec, models[x], models[y])})
+                          "l2": l2_distance(spec, models[x], models[y]),
+                          **{r_key(g): alignment_r(factors[x], factors[y], g) for g in gammas}})
     return curves, summaries
 
 
@@ -51,7 +57,8 @@ class TripleResult(NamedTuple):
 
 def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, test: Split, *,
                    options: Mapping, seed: int, lams: Sequence[float], resolution: int, margin: float,
-                   device: torch.device, repair: Repair | None = None) -> TripleResult:
+                   device: torch.device, gammas: Sequence[float] = (0.3,),
+                   repair: Repair | None = None) -> TripleResult:
     """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape."""
     grid = plane_grid(resolution, margin)  # validates before any search
     a = ckpts["a"]
@@ -64,7 +71,8 @@ def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, t
         perms[k], search[k] = result.perm, result.stats
         models[k] = apply_permutation(spec, result.perm, on[k])
     model = build_model(a.arch, a.config).to(device)
-    curves, edges = three_model_barriers(spec, model, models, lams, {"train": train, "test": test}, repair=repair)
+    curves, edges = three_model_barriers(spec, model, models, lams, {"train": train, "test": test},
+                                         gammas=gammas, repair=repair)
     plane = landscape(model, models["a"], models["b"], models["c"], grid, test,
                       keys=sorted(spec.matched(on["a"])), repair=repair)
     return TripleResult({k: {g: p.cpu() for g, p in perm.items()} for k, perm in perms.items()},
