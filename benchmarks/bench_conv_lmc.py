@@ -53,7 +53,7 @@ def main() -> None:
     model, spec = build_model("resnet20", config), get_arch("resnet20").permutation_spec(config)
     repair = bn_repair_hook(model, splits["train"], num_samples=args.repair_samples)
     out = {"config": vars(args), "train_seconds_two_models": round(train_seconds, 1),
-           "endpoint_test_acc": [round(100 * evaluate(model, p, splits["test"]).acc, 2) for p in endpoints]}
+           "endpoint_test_acc_a_b": [round(100 * evaluate(model, p, splits["test"]).acc, 2) for p in endpoints]}
     for method in ("identity", "wm", "am"):
         problem = SearchProblem("resnet20", config, endpoints[0], endpoints[1], splits["train"], torch.device("cpu"))
         result = find_permutation(method, problem, seed=0, options={})
@@ -62,10 +62,11 @@ def main() -> None:
                                                  [0.0, 0.5, 1.0], {"test": splits["test"]}, repair=repair)
         mid = {r["repair"]: round(100 * r["acc"], 2) for r in rows if r["lam"] == 0.5}
         out[method] = {"midpoint_acc_stale_bn": mid[False], "midpoint_acc_repaired": mid[True],
-                       "endpoint_acc_repaired": [round(100 * r["acc"], 2) for r in rows
-                                                 if r["repair"] and r["lam"] in (1.0, 0.0)],
+                       "endpoint_acc_repaired_a_b": [round(100 * r["acc"], 2) for lam in (1.0, 0.0)
+                                                     for r in rows if r["repair"] and r["lam"] == lam],
                        "l2_reduction_pct": round(summary["l2_reduction_pct"], 2),
-                       "search_seconds": round(result.stats["seconds"], 2)}
+                       "search_seconds": round(result.stats["seconds"], 2),
+                       "sweeps": result.stats.get("sweeps")}
         print(method, out[method], flush=True)
     print(json.dumps(out, indent=2))
     (HERE / "results").mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
 """Time one weight-matching search on random weights of the paper's conv nets (issue 3).
 
-    python benchmarks/bench_conv_search.py [--arch resnet20 --width 16] [--arch vgg --width 4]
+    python benchmarks/bench_conv_search.py [--threads 1] [--only resnet20|vgg]
 
 Two independently initialised models (seeds 0 and 1, CIFAR input 3×32×32) with randomised BN
 statistics; prints sweeps and seconds of WM (coordinate descent, LAP per group). Target from the
@@ -34,18 +34,22 @@ def bench(arch: str, width: float, threads: int) -> dict:
     result = weight_matching(spec, params_a, params_b, max_iter=100, tol=1e-7,
                              generator=torch.Generator().manual_seed(0))
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    objective = result.stats.get("objective", [])
     return {"arch": arch, "width": width, "params": n_params, "groups": len(spec.groups),
             "max_group": max(spec.group_sizes(params_a).values()), "sweeps": result.stats.get("sweeps"),
             "seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu_seconds, 2), "threads": threads}
+            "cpu_seconds": round(cpu_seconds, 2), "threads": threads,
+            "objective_first_last": [round(objective[0], 1), round(objective[-1], 1)] if objective else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", choices=["resnet20", "vgg"], default=None)
     args = parser.parse_args()
     for arch, width in (("resnet20", 16), ("vgg", 4)):
-        print(bench(arch, width, args.threads), flush=True)
+        if args.only in (None, arch):
+            print(bench(arch, width, args.threads), flush=True)
 
 
 if __name__ == "__main__":
