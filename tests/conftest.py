@@ -12,7 +12,7 @@ from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split, load_split, prepare
 from lmclab.training import train
 
-# one small configuration per registered architecture, for registry-parametrised tests
+# small configurations for the float32 invariance tests (every arch: tests/test_conv_archs.py)
 SMALL_CONFIGS: dict[str, dict] = {
     "mlp": {"hidden": 3, "width": 12},
 }

@@ -73,7 +73,7 @@ def test_bad_training_options(splits) -> None:  # noqa: ANN001
                           ({"epochs": 1, "batch_size": 10_000}, "train.batch_size")):
         with pytest.raises(ValueError, match=pattern):
             train("mlp", config, 0, splits["train"], splits["test"], progress=False, **opts)
-    with pytest.raises(ValueError, match="model.width must be a positive"):
+    with pytest.raises(ValueError, match="model.mlp.width must be a positive"):
         make_config("mlp", input_shape=(1, 28, 28), num_classes=10, width=0)
     with pytest.raises(ValueError, match="model.arch: unknown architecture 'transformer'"):
         make_config("transformer", input_shape=(1, 28, 28), num_classes=10)

@@ -29,9 +29,9 @@ def test_the_tiny_params_are_valid() -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"data__name": "imagenet21k"}, r"^data.name: unknown data set 'imagenet21k'"),
     ({"model__arch": "transformer"}, r"^model.arch: unknown architecture 'transformer'"),
-    ({"model__width": 0}, r"^model.width must be a positive"),
-    ({"model__width": -3}, r"^model.width must be a positive"),
-    ({"model__hidden": 0}, r"^model.hidden must be a positive"),
+    ({"model__mlp__width": 0}, r"^model.mlp.width must be a positive"),
+    ({"model__mlp__width": -3}, r"^model.mlp.width must be a positive"),
+    ({"model__mlp__hidden": 0}, r"^model.mlp.hidden must be a positive"),
     ({"train__epochs": 0}, r"^train.epochs must be a positive integer"),
     ({"train__batch_size": 0}, r"^train.batch_size must be a positive integer"),
     ({"train__lr": -1.0}, r"^train.lr must be positive"),

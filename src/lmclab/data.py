@@ -104,6 +104,42 @@ def _open_torchvision(cls: type, root: Path, train: bool):  # noqa: ANN202 (torc
             f"(no network? {reason})") from None
 
 
+def _image_folder_split(folder: Path, image_size: int, max_images: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode a class-stratified subset of an ImageFolder directory: shorter side resized to
+    ``image_size``, centre-cropped to a square, RGB uint8 NCHW."""
+    import torchvision
+    from torchvision import transforms
+
+    if not folder.is_dir():
+        raise FileNotFoundError(f"data.root: {folder} is not a directory (expected an ImageFolder "
+                                f"layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)")
+    ds = torchvision.datasets.ImageFolder(str(folder), transform=transforms.Compose([
+        transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.PILToTensor()]),
+        loader=lambda path: _rgb(path))
+    labels = np.asarray(ds.targets, dtype=np.int64)
+    keep = (np.arange(len(labels)) if max_images is None or max_images >= len(labels)
+            else stratified_split(labels, max_images)[0])
+    images = np.stack([ds[int(i)][0].numpy() for i in keep]).astype(np.uint8)
+    return images, labels[keep]
+
+
+def _rgb(path: str):  # noqa: ANN202 (PIL image)
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.convert("RGB")
+
+
+def _imagenet(root: Path, *, image_size: int, max_train: int | None, max_test: int | None) -> RawSplits:
+    """A local ImageNet in ImageFolder layout (``train/`` and ``val/`` with one folder per class,
+    same class folders in both); never downloaded. Only the kept subsets are decoded."""
+    x_tr, y_tr = _image_folder_split(Path(root) / "train", image_size, max_train)
+    x_te, y_te = _image_folder_split(Path(root) / "val", image_size, max_test)
+    return x_tr, y_tr, x_te, y_te
+
+
+FOLDER_LOADERS = {"imagenet": _imagenet}  # read from data.root; subsets chosen before decoding
+
 LOADERS: dict[str, Callable[[Path], RawSplits]] = {
     "mnist5k": _mnist5k,
     "mnist": _torchvision("MNIST"),
@@ -113,20 +149,28 @@ LOADERS: dict[str, Callable[[Path], RawSplits]] = {
 
 
 def check_name(name: str) -> None:
-    if name not in LOADERS:
-        raise ValueError(f"data.name: unknown data set {name!r}; expected one of {sorted(LOADERS)}")
+    if name not in LOADERS and name not in FOLDER_LOADERS:
+        raise ValueError(f"data.name: unknown data set {name!r}; "
+                         f"expected one of {sorted([*LOADERS, *FOLDER_LOADERS])}")
 
 
 def prepare(name: str, root: Path, out_dir: Path, *, max_train: int | None = None,
-            max_test: int | None = None) -> dict:
-    """Load data set ``name`` (``root`` caches torchvision downloads) and write the prepared
-    format to ``out_dir``; ``max_train``/``max_test`` keep a fixed class-stratified subset.
-    Returns the metadata written to ``meta.json``."""
+            max_test: int | None = None, image_size: int = 224) -> dict:
+    """Load data set ``name`` (``root`` caches torchvision downloads; for ``imagenet`` it is the
+    local ImageFolder directory) and write the prepared format to ``out_dir``;
+    ``max_train``/``max_test`` keep a fixed class-stratified subset; ``image_size`` is the side
+    of ImageNet images (others keep their size). Returns the metadata written to ``meta.json``."""
     check_name(name)
     for key, value in (("data.max_train", max_train), ("data.max_test", max_test)):
         if value is not None and value < 1:
             raise ValueError(f"{key} must be a positive number of samples or null, got {value}")
-    x_tr, y_tr, x_te, y_te = LOADERS[name](Path(root))
+    if not isinstance(image_size, int) or image_size < 28:
+        raise ValueError(f"data.image_size must be an integer of at least 28 pixels, got {image_size!r}")
+    if name in FOLDER_LOADERS:
+        x_tr, y_tr, x_te, y_te = FOLDER_LOADERS[name](Path(root), image_size=image_size,
+                                                      max_train=max_train, max_test=max_test)
+    else:
+        x_tr, y_tr, x_te, y_te = LOADERS[name](Path(root))
     if max_train is not None and max_train < len(y_tr):
         keep = stratified_split(y_tr, max_train)[0]
         x_tr, y_tr = x_tr[keep], y_tr[keep]

@@ -59,3 +59,22 @@ def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     before, after = l2_distance(spec, params_a, params_b), l2_distance(spec, params_a, permuted_b)
     summary.update(l2_before=before, l2_after=after, l2_reduction_pct=reduction_rate(before, after))
     return curve, summary
+
+
+def measure_pair_with_repair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
+                             params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
+                             lams: Sequence[float], splits: Mapping[str, Split], *,
+                             repair: Repair | None) -> tuple[list[dict], dict[str, float]]:
+    """:func:`measure_pair` without and, if ``repair`` is given, with BN repair at every λ.
+
+    Curve rows carry ``repair`` (bool). With repair, the summary's barriers are the repaired
+    ones (what the paper reports for BN networks) and the stale-statistics barriers are kept
+    under ``norepair_<key>``; ``bn_repair`` says which case it is."""
+    curve, summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits)
+    rows = [{**r, "repair": False} for r in curve]
+    if repair is None:
+        return rows, {**summary, "bn_repair": False}
+    fixed, fixed_summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits,
+                                        repair=repair)
+    stale = {f"norepair_{k}": v for k, v in summary.items() if not k.startswith("l2_")}
+    return rows + [{**r, "repair": True} for r in fixed], {**fixed_summary, **stale, "bn_repair": True}

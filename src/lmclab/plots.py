@@ -20,18 +20,26 @@ def label(method: str) -> str:
 
 def plot_interpolation(curves: pd.DataFrame, path: Path, *, dpi: int = 120, band: str = "std") -> Path:
     """Loss and accuracy along ``θ(λ)`` (λ=0: π(θb), λ=1: θa) for train and test; one line per
-    method, the mean over pairs with a ±std (or min–max) band."""
+    method, the mean over pairs with a ±std (or min–max) band. When the table has BatchNorm
+    repaired curves (``repair`` column), they are solid and the stale-statistics ones dashed."""
     splits = [s for s in ("train", "test") if s in set(curves["split"])]
+    repaired = "repair" in curves and bool(curves["repair"].any())
+    if "repair" not in curves:
+        curves = curves.assign(repair=False)
     fig, axes = plt.subplots(2, len(splits), figsize=(5.2 * len(splits), 7), squeeze=False)
     for col, split in enumerate(splits):
         for row, (q, scale, name) in enumerate((("loss", 1, "loss"), ("acc", 100, "accuracy (%)"))):
             ax = axes[row][col]
-            for method, sub in curves[curves["split"] == split].groupby("method", sort=False):
+            colors: dict[str, str] = {}
+            for (method, fixed), sub in curves[curves["split"] == split].groupby(["method", "repair"], sort=False):
                 g = sub.groupby("lam")[q]
                 mean = g.mean() * scale
                 lo, hi = ((mean - g.std(ddof=0).fillna(0) * scale, mean + g.std(ddof=0).fillna(0) * scale)
                           if band == "std" else (g.min() * scale, g.max() * scale))
-                (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method))
+                suffix = ("" if not repaired else ", BN repaired" if fixed else ", stale BN stats")
+                (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method) + suffix,
+                                  ls="--" if repaired and not fixed else "-", color=colors.get(method))
+                colors[method] = line.get_color()
                 ax.fill_between(mean.index, lo.values, hi.values, color=line.get_color(), alpha=0.2)
             ax.set(xlabel="λ  (0: π(θb), 1: θa)", ylabel=f"{split} {name}")
             ax.grid(alpha=0.3)

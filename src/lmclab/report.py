@@ -56,9 +56,10 @@ def theorem42_table(bounds: pd.DataFrame, methods: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def barrier_table(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
-    """Every barrier: loss and accuracy (points), max over λ and at λ = ½, train and test."""
-    cols = [(f"{s}_{q}_barrier_{k}", f"{s} {q} {'max' if k == 'max' else '½'}")
+def barrier_table(pairs: pd.DataFrame, methods: Sequence[str], prefix: str = "") -> str:
+    """Every barrier: loss and accuracy (points), max over λ and at λ = ½, train and test.
+    ``prefix="norepair_"`` gives the BatchNorm networks' barriers with stale statistics."""
+    cols = [(f"{prefix}{s}_{q}_barrier_{k}", f"{s} {q} {'max' if k == 'max' else '½'}")
             for s in ("train", "test") for q in ("loss", "acc") for k in ("max", "mid")]
     lines = ["| method | " + " | ".join(c[1] for c in cols) + " | search s |",
              "|---|" + "---|" * (len(cols) + 1)]
@@ -158,6 +159,13 @@ def analysis_section(rel: dict[str, str], pairs: pd.DataFrame, methods: Sequence
 {theorem42_table(bounds, methods)}
 """
     return text
+def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
+    """For BatchNorm networks: the barriers above use repaired statistics; these do not."""
+    if "bn_repair" not in pairs or not pairs["bn_repair"].fillna(False).astype(bool).any():
+        return ""
+    return ("The barriers above are measured with BatchNorm statistics repaired on training data at "
+            "every λ (SPEC.md §3). Without repair (stale running statistics interpolated with the "
+            "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n")
 
 
 def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
@@ -189,7 +197,7 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 
 {barrier_table(pairs, methods)}
 
-## Interpolation curves
+{_stale_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
 {analysis_section(rel, pairs, methods, bounds)}""" + three_section(edges, evaluation, rel)

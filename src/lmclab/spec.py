@@ -8,7 +8,8 @@ A *permutation* ``perm`` maps each group name to an index tensor. Applying it to
 ``π(θb)`` with ``W'_ℓ = P_ℓ W_ℓ P_{ℓ-1}ᵀ``, i.e. ``W'[i, j] = W[perm_ℓ[i], perm_{ℓ-1}[j]]``.
 
 Architectures build specs with the small helpers :func:`dense`, :func:`conv`, :func:`norm` and
-:func:`fixed` looped over their config (never hand-listed line by line).
+the residual-block builders :func:`basic_block` and :func:`bottleneck`, looped over their config
+(never hand-listed line by line).
 """
 
 from __future__ import annotations
@@ -101,6 +102,39 @@ def norm(name: str, p: str | None, running_stats: bool = True) -> dict[str, Axes
         axes[f"{name}.running_mean"] = (p,)
         axes[f"{name}.running_var"] = (p,)
         axes[f"{name}.num_batches_tracked"] = ()
+    return axes
+
+
+def conv_bn(conv_name: str, norm_name: str, p_out: str | None, p_in: str | None) -> dict[str, Axes]:
+    """A bias-free convolution followed by BatchNorm over its output channels."""
+    return {**conv(conv_name, p_out, p_in), **norm(norm_name, p_out)}
+
+
+def basic_block(name: str, p_in: str, p_out: str, p_mid: str, downsample: bool) -> dict[str, Axes]:
+    """A ResNet basic block (torchvision names ``conv1 bn1 conv2 bn2 downsample.{0,1}``).
+
+    ``p_in``/``p_out`` are the residual streams it reads and writes (equal without a projection
+    shortcut); ``p_mid`` is the block's own inner group. The 1×1 projection shortcut (conv + BN)
+    maps stream ``p_in`` to stream ``p_out``."""
+    if not downsample and p_in != p_out:
+        raise ValueError(f"{name}: an identity shortcut needs the same stream in and out")
+    axes = {**conv_bn(f"{name}.conv1", f"{name}.bn1", p_mid, p_in),
+            **conv_bn(f"{name}.conv2", f"{name}.bn2", p_out, p_mid)}
+    if downsample:
+        axes.update(conv_bn(f"{name}.downsample.0", f"{name}.downsample.1", p_out, p_in))
+    return axes
+
+
+def bottleneck(name: str, p_in: str, p_out: str, p_mid: tuple[str, str], downsample: bool) -> dict[str, Axes]:
+    """A ResNet bottleneck block (torchvision names ``conv1..3 bn1..3 downsample.{0,1}``);
+    ``p_mid`` are the groups of its two inner layers."""
+    if not downsample and p_in != p_out:
+        raise ValueError(f"{name}: an identity shortcut needs the same stream in and out")
+    axes = {**conv_bn(f"{name}.conv1", f"{name}.bn1", p_mid[0], p_in),
+            **conv_bn(f"{name}.conv2", f"{name}.bn2", p_mid[1], p_mid[0]),
+            **conv_bn(f"{name}.conv3", f"{name}.bn3", p_out, p_mid[1])}
+    if downsample:
+        axes.update(conv_bn(f"{name}.downsample.0", f"{name}.downsample.1", p_out, p_in))
     return axes
 
 

@@ -1,11 +1,14 @@
 """Training one endpoint model θ from a seed (SPEC.md §6: Adam 1e-3, batch 512).
 
-Deterministic on CPU: the initialisation and the minibatch order are drawn from generators
-seeded by ``seed`` alone, so the same seed gives bit-identical parameters.
+Deterministic on CPU: the initialisation, the minibatch order and the augmentation are drawn
+from generators seeded by ``seed`` alone, so the same seed gives bit-identical parameters.
+Options for the paper's appendix H.5 studies: ``weight_decay``, the optimiser (Adam, or SGD with
+``momentum``) and a per-step learning-rate ``schedule`` with linear warm-up.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -13,13 +16,32 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from lmclab.archs import build_model
+from lmclab.augment import AUGMENTATIONS, augment_batch
 from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split
 from lmclab.evaluate import evaluate
 
 
-def check_training_options(*, epochs: int, lr: float, batch_size: int, n_train: int) -> None:
+OPTIMIZERS = ("adam", "sgd")
+SCHEDULES = ("constant", "cosine", "linear")
+AUGMENT_STREAM = 2**32  # the augmentation generator is seeded with seed + this: its own stream
+
+
+def check_training_options(*, epochs: int, lr: float, batch_size: int, n_train: int,
+                           optimizer: str = "adam", momentum: float = 0.9, weight_decay: float = 0.0,
+                           schedule: str = "constant", warmup_epochs: int = 0,
+                           augment: str = "none") -> None:
     """One-line errors for impossible options, raised before any training starts."""
+    for key, value, allowed in (("optimizer", optimizer, OPTIMIZERS), ("schedule", schedule, SCHEDULES),
+                                ("augment", augment, AUGMENTATIONS)):
+        if value not in allowed:
+            raise ValueError(f"train.{key}: expected one of {allowed}, got {value!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"train.momentum must be in [0, 1), got {momentum}")
+    if weight_decay < 0:
+        raise ValueError(f"train.weight_decay must be non-negative, got {weight_decay}")
+    if not 0 <= warmup_epochs <= epochs:
+        raise ValueError(f"train.warmup_epochs must be between 0 and train.epochs ({epochs}), got {warmup_epochs}")
     if epochs < 1:
         raise ValueError(f"train.epochs must be a positive number of epochs, got {epochs}")
     if lr <= 0:
@@ -29,39 +51,84 @@ def check_training_options(*, epochs: int, lr: float, batch_size: int, n_train: 
                          f"got {batch_size}")
 
 
+def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int = 0) -> float:
+    """Multiplier of the base learning rate at optimiser ``step`` (0-based): linear warm-up from
+    ~0 over ``warmup_steps``, then constant, cosine decay to 0, or linear decay to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)  # 0 → 1
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1 - progress
+    return 1.0
+
+
+def make_optimizer(params: Any, *, optimizer: str, lr: float, momentum: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    """Adam (paper) or SGD with (Nesterov-free) momentum; ``weight_decay`` is the L2 penalty
+    coefficient added to the gradient (PyTorch's coupled weight decay)."""
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+
+
 def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Split, *,
-          epochs: int, lr: float = 1e-3, batch_size: int = 512,
+          epochs: int, lr: float = 1e-3, batch_size: int = 512, optimizer: str = "adam",
+          momentum: float = 0.9, weight_decay: float = 0.0, schedule: str = "constant",
+          warmup_epochs: int = 0, augment: str = "none",
           device: torch.device = torch.device("cpu"), progress: bool = True
           ) -> tuple[Checkpoint, list[dict[str, float]]]:
-    """Train with Adam and cross-entropy; return the checkpoint and one history row per epoch.
+    """Train with cross-entropy; return the checkpoint and one history row per epoch.
 
-    History rows: ``epoch``, ``train_loss``/``train_acc`` (running means over the epoch's
-    minibatches) and ``test_loss``/``test_acc`` (full test split, eval mode, after the epoch).
+    History rows: ``epoch``, ``lr`` (after the epoch), ``train_loss``/``train_acc``
+    (running means over the epoch's minibatches, augmented images) and ``test_loss``/``test_acc``
+    (full test split, eval mode, after the epoch).
     """
-    check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split))
+    options = dict(optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                   schedule=schedule, warmup_epochs=warmup_epochs, augment=augment)
+    check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split), **options)
     model = build_model(arch, config, seed=seed).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = make_optimizer(model.parameters(), optimizer=optimizer, lr=lr, momentum=momentum,
+                         weight_decay=weight_decay)
+    steps_per_epoch = math.ceil(len(train_split) / batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
+        schedule, step, epochs * steps_per_epoch, warmup_epochs * steps_per_epoch))
     order = torch.Generator().manual_seed(seed)
+    augmentation = torch.Generator().manual_seed(seed + AUGMENT_STREAM)
     data = train_split.to(device)
     history = []
     bar = tqdm(range(1, epochs + 1), desc=f"train seed {seed}", disable=not progress, leave=False)
     for epoch in bar:
-        model.train()
         batches = torch.randperm(len(data), generator=order).split(batch_size)
-        loss_sum, correct = 0.0, 0
-        for idx in batches:
-            idx = idx.to(device)
-            logits = model(data.x[idx])
-            loss = F.cross_entropy(logits, data.y[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(idx)
-            correct += (logits.argmax(1) == data.y[idx]).sum().item()
+        loss, acc = _train_epoch(model, opt, sched, data, batches, augment, augmentation)
         test = evaluate(model, dict(model.state_dict()), test_split)
-        row = {"epoch": epoch, "train_loss": loss_sum / len(data), "train_acc": correct / len(data),
+        row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"], "train_loss": loss, "train_acc": acc,
                "test_loss": test.loss, "test_acc": test.acc}
         history.append(row)
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", test_acc=f"{test.acc:.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test.acc:.3f}")
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return Checkpoint(arch, config, seed, state), history
+
+
+def _train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, data: Split,
+                 batches: tuple[torch.Tensor, ...], augment: str,
+                 augmentation: torch.Generator) -> tuple[float, float]:
+    """One pass in training mode; returns the running-mean loss and accuracy of its minibatches.
+    A trailing minibatch of one image is skipped (BatchNorm needs two to normalise)."""
+    model.train()
+    loss_sum, correct, seen = 0.0, 0, 0
+    for idx in batches:
+        if len(idx) < 2 and seen:
+            continue
+        idx = idx.to(data.x.device)
+        logits = model(augment_batch(data.x[idx], augment, augmentation))
+        loss = F.cross_entropy(logits, data.y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        loss_sum += loss.item() * len(idx)
+        correct += (logits.argmax(1) == data.y[idx]).sum().item()
+        seen += len(idx)
+    return loss_sum / seen, correct / seen

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lmclab.alignment import check_mode
-from lmclab.archs import make_config
+from lmclab.archs import get_arch, make_config
+from lmclab.augment import resolve_augment
 from lmclab.data import check_name
 from lmclab.device import resolve_device
 from lmclab.landscape import plane_grid
@@ -58,9 +59,13 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
                  measure: Mapping, device: str, three: Mapping | None = None,
                  merge_many: Mapping | None = None) -> None:
     """Raise a one-line ``ValueError`` naming the first bad parameter."""
-    check_name(data["name"])
-    opts = {k: v for k, v in model.items() if k != "arch"}
-    make_config(model["arch"], input_shape=(1, 28, 28), num_classes=10, **opts)
+    check_data(data)
+    get_arch(model["arch"])
+    opts = model.get(model["arch"]) or {}
+    if not isinstance(opts, Mapping):
+        raise ValueError(f"model.{model['arch']}: expected a block of options, got {opts!r}")
+    for shape in ((1, 28, 28), (3, 32, 32)):
+        make_config(model["arch"], input_shape=shape, num_classes=10, **opts)
     if not isinstance(train["seeds"], list) or not train["seeds"]:
         raise ValueError(f"train.seeds must be a non-empty list of integers, got {train['seeds']!r}")
     for key in ("epochs", "batch_size"):
@@ -68,6 +73,7 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
             raise ValueError(f"train.{key} must be a positive integer, got {train[key]!r}")
     if not train["lr"] > 0:
         raise ValueError(f"train.lr must be positive, got {train['lr']!r}")
+    check_training(train)
     check_pairs(permute["pairs"], train["seeds"])
     check_methods("permute.methods", permute["methods"], permute)
     lambda_grid(measure["num_lambdas"])
@@ -82,4 +88,37 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
                              f"{merge_many!r}")
     check_gammas(measure["gammas"])
     check_mode(measure["conv_spectrum"])
+    check_bn_repair(measure)
     resolve_device(device)
+
+
+def check_data(data: Mapping) -> None:
+    check_name(data["name"])
+    size = data.get("image_size", 224)
+    if not isinstance(size, int) or size < 28:
+        raise ValueError(f"data.image_size must be an integer of at least 28 pixels, got {size!r}")
+
+
+def check_training(train: Mapping) -> None:
+    """The optimiser, schedule and augmentation options (train.*) of issue 3."""
+    from lmclab.training import OPTIMIZERS, SCHEDULES
+
+    for key, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
+        if train[key] not in allowed:
+            raise ValueError(f"train.{key}: expected one of {allowed}, got {train[key]!r}")
+    if not isinstance(train["momentum"], (int, float)) or not 0 <= train["momentum"] < 1:
+        raise ValueError(f"train.momentum must be a number in [0, 1), got {train['momentum']!r}")
+    if not isinstance(train["weight_decay"], (int, float)) or train["weight_decay"] < 0:
+        raise ValueError(f"train.weight_decay must be a non-negative number, got {train['weight_decay']!r}")
+    warmup = train["warmup_epochs"]
+    if not isinstance(warmup, int) or not 0 <= warmup <= train["epochs"]:
+        raise ValueError(f"train.warmup_epochs must be an integer between 0 and train.epochs, got {warmup!r}")
+    resolve_augment(train["augment"], "")
+
+
+def check_bn_repair(measure: Mapping) -> None:
+    if not isinstance(measure["bn_repair"], bool):
+        raise ValueError(f"measure.bn_repair must be true or false, got {measure['bn_repair']!r}")
+    samples = measure["bn_repair_samples"]
+    if samples is not None and (not isinstance(samples, int) or samples < 2):
+        raise ValueError(f"measure.bn_repair_samples must be an integer ≥ 2 or null, got {samples!r}")

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmclab.archs import mlp
+from lmclab.archs import mlp, resnet20, resnet50, vgg
 
-ARCHS: dict[str, ModuleType] = {"mlp": mlp}
+ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50}
 
 
 def get_arch(name: str) -> ModuleType:

@@ -25,9 +25,9 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.hidden < 1:
-            raise ValueError(f"model.hidden must be a positive number of layers, got {self.hidden}")
+            raise ValueError(f"model.mlp.hidden must be a positive number of layers, got {self.hidden}")
         if self.width < 1:
-            raise ValueError(f"model.width must be a positive number of units, got {self.width}")
+            raise ValueError(f"model.mlp.width must be a positive number of units, got {self.width}")
 
 
 class Model(nn.Module):

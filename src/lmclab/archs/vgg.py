@@ -1,0 +1,101 @@
+"""VGG with BatchNorm for CIFAR-10 (SPEC.md §6: VGG11, width ×4).
+
+``layers`` is the layer list (channel counts at width ×1, ``"M"`` = 2×2 max-pool), so VGG13/16
+are one line of config; every channel count is multiplied by ``width_multiplier``. Each conv
+layer ℓ (conv 3×3 → BN → ReLU) carries group ``P_ℓ``; the linear read-out after global average
+pooling reads the last group. 28-pixel inputs are zero-padded to 32 (in normalised units) so
+the five pools of VGG11 fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmclab.spec import PermutationSpec, build_spec, conv_bn, dense
+
+VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+@dataclass(frozen=True)
+class Config:
+    """``input_shape`` (C, H, W) with H = W ∈ {28, 32}; paper: VGG11, ``width_multiplier`` 4."""
+
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    layers: tuple[int | str, ...] = VGG11
+    width_multiplier: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.width_multiplier > 0:
+            raise ValueError(f"model.vgg.width_multiplier must be positive, got {self.width_multiplier}")
+        if not any(isinstance(c, int) for c in self.layers) or any(
+                not (c == "M" or (isinstance(c, int) and c > 0)) for c in self.layers):
+            raise ValueError(f"model.vgg.layers must list positive channel counts and 'M' (max-pool), "
+                             f"got {list(self.layers)}")
+        side = max(self.input_shape[1:])
+        if side > 32 or min(self.input_shape[1:]) < 28:
+            raise ValueError(f"model: vgg takes 28- or 32-pixel images, got {self.input_shape}")
+        if 32 >> self.layers.count("M") < 1:
+            raise ValueError(f"model.vgg.layers: {self.layers.count('M')} max-pools do not fit 32 pixels")
+
+    def channels(self) -> list[int]:
+        """Output channels of each conv layer at this width."""
+        return [max(1, round(c * self.width_multiplier)) for c in self.layers if c != "M"]
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        modules: list[nn.Module] = []
+        c_in = config.input_shape[0]
+        widths = iter(config.channels())
+        for item in config.layers:
+            if item == "M":
+                modules.append(nn.MaxPool2d(2))
+                continue
+            c_out = next(widths)
+            modules += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+            c_in = c_out
+        self.features = nn.Sequential(*modules)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c_in, config.num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        pad_h, pad_w = 32 - x.shape[2], 32 - x.shape[3]
+        x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))  # (B, C, 32, 32)
+        return self.fc(self.pool(self.features(x)).flatten(1))
+
+
+def group(layer: int) -> str:
+    return f"P_{layer}"
+
+
+def _conv_indices(config: Config) -> list[int]:
+    """Index in ``features`` of each conv module (conv, BN, ReLU take three slots, pools one)."""
+    out, at = [], 0
+    for item in config.layers:
+        if item == "M":
+            at += 1
+        else:
+            out.append(at)
+            at += 3
+    return out
+
+
+def permutation_spec(config: Config) -> PermutationSpec:
+    """Conv ℓ: kernel ``(P_ℓ, P_{ℓ-1}, ·, ·)``, BN ℓ over ``P_ℓ``; read-out ``(·, P_last)``."""
+    idx = _conv_indices(config)
+    parts = [conv_bn(f"features.{i}", f"features.{i + 1}", group(k), group(k - 1) if k else None)
+             for k, i in enumerate(idx)]
+    parts.append(dense("fc", None, group(len(idx) - 1)))
+    return build_spec(*parts)
+
+
+def activation_points(config: Config) -> dict[str, list[str]]:
+    """Each conv layer's ReLU output carries its group."""
+    return {group(k): [f"features.{i + 2}"] for k, i in enumerate(_conv_indices(config))}

@@ -1,0 +1,65 @@
+"""BatchNorm statistics repair of interpolated networks (Jordan et al. 2023; SPEC.md §3).
+
+The running mean/var of ``θ(λ)`` are not the interpolation of the endpoints' statistics: they
+must be re-estimated. :func:`repair_bn` runs the network in training mode (each BN normalises
+with its batch statistics, as during training) over ``num_samples`` training images and replaces
+every BN's running statistics by their cumulative average over the batches (PyTorch's
+``momentum=None``: the mean of the batch means and of the unbiased batch variances). With one
+batch they are exactly the mean and unbiased variance of that BN's input over the repair data.
+Weights are untouched; the caller's model and parameters are never mutated.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.data import Split
+from lmclab.spec import Params
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
+    """A fixed random subset of ``num_samples`` training images (all of them for ``None``)."""
+    if num_samples is not None and num_samples < 1:
+        raise ValueError(f"measure.bn_repair_samples must be a positive number of images or null, "
+                         f"got {num_samples}")
+    if num_samples is None or num_samples >= len(data):
+        return data
+    keep = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:num_samples]
+    return Split(data.x[keep], data.y[keep])
+
+
+@torch.no_grad()
+def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
+              batch_size: int = 500) -> Params:
+    """``params`` with every BatchNorm's running statistics recomputed on ``data``."""
+    if batch_size < 1:
+        raise ValueError(f"BN repair batch_size must be positive, got {batch_size}")
+    work = copy.deepcopy(model)
+    work.load_state_dict(dict(params))
+    norms = [m for m in work.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average over the repair batches
+    device = next(iter(params.values())).device
+    work.to(device).train()
+    for start in range(0, len(data), batch_size):
+        x = data.x[start:start + batch_size]
+        if len(x) > 1 or start == 0:  # a trailing single image has no batch variance
+            work(x.to(device))
+    repaired = work.state_dict()
+    return {k: repaired[k].detach() if k in repaired else v for k, v in params.items()}
+
+
+def bn_repair_hook(model: nn.Module, data: Split, *, num_samples: int | None,
+                   batch_size: int = 500) -> Callable[[Params], Params]:
+    """The ``repair`` callable for :func:`lmclab.measure.measure_pair` (fixed subset, seed 0)."""
+    subset = repair_subset(data, num_samples)
+    return lambda params: repair_bn(model, params, subset, batch_size=batch_size)

@@ -1,0 +1,53 @@
+"""The new parameters of issue 3 are validated up front with one-line errors naming them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from common import ROOT
+from lmclab.validate import check_params
+
+BASE = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def _check(**changes):
+    tree = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *path, last = dotted.split("__")
+        node = tree
+        for key in path:
+            node = node[key]
+        node[last] = value
+    check_params(**{k: tree[k] for k in ("data", "model", "train", "permute", "measure", "device")})
+
+
+def test_repository_params_are_valid_and_the_default_run_is_the_mlp():
+    _check()
+    assert BASE["model"]["arch"] == "mlp" and BASE["data"]["name"] == "mnist5k"
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"model__arch": "vgg", "model__vgg": {"width_multiplier": -1}}, "width_multiplier"),
+    ({"model__arch": "resnet20", "model__resnet20": {"depth": 20}}, "no option"),
+    ({"model__arch": "vgg16"}, "model.arch"),
+    ({"train__optimizer": "lbfgs"}, "train.optimizer"),
+    ({"train__momentum": 1.5}, "train.momentum"),
+    ({"train__weight_decay": -0.1}, "train.weight_decay"),
+    ({"train__schedule": "step"}, "train.schedule"),
+    ({"train__warmup_epochs": 100}, "train.warmup_epochs"),
+    ({"train__augment": "cutout"}, "train.augment"),
+    ({"measure__bn_repair": "yes"}, "measure.bn_repair"),
+    ({"measure__bn_repair_samples": 0}, "measure.bn_repair_samples"),
+    ({"data__name": "imagenet", "data__image_size": 8}, "data.image_size"),
+])
+def test_bad_new_params_are_one_line_errors(changes, match):
+    with pytest.raises(ValueError, match=match):
+        _check(**changes)
+
+
+@pytest.mark.parametrize("arch", ["vgg", "resnet20", "resnet50"])
+def test_every_architecture_block_in_params_is_valid(arch):
+    _check(model__arch=arch)

@@ -1,0 +1,48 @@
+"""Named paper presets: each applies to the repository's params.yaml, keeps its comments, and
+validates; a typo in a preset is a one-line error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common import ROOT
+from lmclab.validate import check_params
+from preset import PRESETS, apply_preset, flatten, set_values
+
+NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def test_the_papers_settings_are_all_there():
+    assert NAMES == ["cifar10_resnet20", "cifar10_vgg11", "fashion_mnist_mlp", "imagenet_resnet50", "mnist_mlp"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_preset_applies_keeps_comments_and_validates(name):
+    text = (ROOT / "params.yaml").read_text()
+    new = apply_preset(name, text)
+    preset = flatten(yaml.safe_load((PRESETS / f"{name}.yaml").read_text()))
+    tree = yaml.safe_load(new)
+    assert all(flatten(tree)[k] == v for k, v in preset.items())
+    assert len(new.splitlines()) == len(text.splitlines())
+    assert [ln.split(" # ", 1)[1] for ln in new.splitlines() if " # " in ln] == \
+        [ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln]
+    check_params(**{k: tree[k] for k in ("data", "model", "train", "permute", "measure", "device")})
+    assert tree["train"]["batch_size"] == 512 and len(tree["permute"]["pairs"]) == 5
+
+
+def test_unknown_key_and_block_are_errors():
+    text = "a:\n  b: 1   # units\n  c:\n    d: x\n"
+    assert yaml.safe_load(set_values(text, {"a.b": [1, 2], "a.c.d": "y z"})) == {"a": {"b": [1, 2], "c": {"d": "y z"}}}
+    assert "# units" in set_values(text, {"a.b": 2})
+    with pytest.raises(ValueError, match="a.e"):
+        set_values(text, {"a.e": 1})
+    with pytest.raises(ValueError, match="block"):
+        set_values(text, {"a.c": 1})
+
+
+def test_unknown_preset_is_one_line_error():
+    with pytest.raises(FileNotFoundError, match="known"):
+        apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text())
