@@ -18,8 +18,7 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(...),
-         history_dir: Path = typer.Option(...), analysis_dir: Path = typer.Option(...),
-         spectra_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
+         history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
          merge_many_dir: Path = typer.Option(...), tables_dir: Path = typer.Option(...),
          metrics_dir: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     import pandas as pd
@@ -29,7 +28,7 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
 
     methods, seeds = read_params(params, "permute.methods"), read_params(params, "train.seeds")
     three_methods = read_params(params, "three.methods")
-    out = tables(collect_pairs(measure_dir, perms_dir, analysis_dir, read_params(params, "permute.pairs"), methods))
+    out = tables(collect_pairs(measure_dir, perms_dir, read_params(params, "permute.pairs"), methods))
     read_all = lambda folder, name: pd.concat([pd.read_parquet(folder / f"seed{s}" / name) for s in seeds],  # noqa: E731
                                               ignore_index=True)
     out["spectrum"], out["energy"] = (read_all(spectra_dir, f"{n}.parquet") for n in ("spectrum", "energy"))

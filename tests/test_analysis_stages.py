@@ -1,4 +1,4 @@
-"""The analyses composed (analysis.py), their tables (summary.py) and the spectra/analyze stages."""
+"""The analyses composed (analysis.py), their tables (summary.py) and the spectra/measure stages."""
 
 from __future__ import annotations
 
@@ -79,8 +79,8 @@ def test_table1_runs_a_paired_t_test_and_output_scales_fit_alpha():
 
 
 @pytest.mark.slow
-def test_spectra_and_analyze_stages_write_their_outputs(prepared, tmp_path):
-    import analyze
+def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
+    import measure
     import spectra
 
     config, params_a = tiny(0)
@@ -94,7 +94,8 @@ def test_spectra_and_analyze_stages_write_their_outputs(prepared, tmp_path):
     save_checkpoint(tmp_path / "merged" / "midpoint.pt", Checkpoint("mlp", config, None, midpoint))
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"device": "cpu", "measure": {
-        "num_lambdas": 3, "gammas": [0, 0.5], "conv_spectrum": "reshape"}}))
+        "num_lambdas": 3, "gammas": [0, 0.5], "conv_spectrum": "reshape", "bn_repair": True,
+        "bn_repair_samples": None}}))
     runner = CliRunner()
     res = runner.invoke(spectra.app, ["--seed", "0", "--model", str(tmp_path / "seed0.pt"), "--data",
                                       str(prepared), "--out", str(tmp_path / "spectra"), "--params", str(params)])
@@ -103,13 +104,15 @@ def test_spectra_and_analyze_stages_write_their_outputs(prepared, tmp_path):
     args = ["--seed-a", "0", "--seed-b", "1", "--method", "wm", "--model-a", str(tmp_path / "seed0.pt"),
             "--model-b", str(tmp_path / "seed1.pt"), "--merged", str(tmp_path / "merged"), "--data",
             str(prepared), "--out", str(tmp_path / "analysis"), "--params", str(params)]
-    res = runner.invoke(analyze.app, args)
+    res = runner.invoke(measure.app, args)
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert {"R_0", "R_0.5", "R_0.5_naive", "train_taylor_barrier_mid", "test_taylor_barrier_max"} <= set(summary)
     assert len(pd.read_parquet(tmp_path / "analysis" / "taylor.parquet")) == 2 * 3
+    assert {"test_loss_barrier_mid", "l2_reduction_pct"} <= set(summary)
+    assert len(pd.read_parquet(tmp_path / "analysis" / "curve.parquet")) == 2 * 3
     params.write_text(params.read_text().replace("reshape", "exact"))
-    res = runner.invoke(analyze.app, args)
+    res = runner.invoke(measure.app, args)
     assert res.exit_code == 1 and "measure.conv_spectrum" in res.output
 
 

@@ -81,7 +81,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     first = _ran(_run(repo, "dvc", "repro"))
     assert _base_stages(first) == {"validate", "download", "train", "permute", "merge", "measure",
-                                   "analyze", "spectra", "connect", "merge_many", "summarize", "plot"}
+                                   "spectra", "connect", "merge_many", "summarize", "plot"}
     assert len([s for s in first if s.startswith("permute@")]) == 3
     summary = json.loads((repo / "metrics/summary.json").read_text())
     assert set(summary) == {"identity", "wm", "am"}
@@ -102,13 +102,13 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     _set(repo, "permute.wm.tol", 1e-6)
     ran = _ran(_run(repo, "dvc", "repro"))
     assert {"permute@pair0-wm", "merge@pair0-wm", "connect@triple0-wm"} <= {s for s in ran if "@" in s} <= {
-        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm", "analyze@pair0-wm", "connect@triple0-wm"}
+        "permute@pair0-wm", "merge@pair0-wm", "measure@pair0-wm", "connect@triple0-wm"}
     assert {"summarize", "plot"} <= ran and "download" not in ran
 
     # a measure option reruns measure and after, not permute or merge
     _set(repo, "measure.num_lambdas", 7)
     ran = _ran(_run(repo, "dvc", "repro"))
-    assert _base_stages(ran) - {"validate"} == {"measure", "analyze", "connect", "summarize", "plot"}
+    assert _base_stages(ran) - {"validate"} == {"measure", "connect", "summarize", "plot"}
 
     # changing the method list through `dvc exp run --set-param` reruns the aggregation, not train
     _run(repo, "git", "add", "-A")

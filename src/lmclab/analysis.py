@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from lmclab.alignment import alignment_r, layer_names, model_factors, output_layer, singular_values
 from lmclab.data import Split
 from lmclab.energy import input_energy, input_sizes, theorem42
+from lmclab.measure import Repair, measure_pair_with_repair
 from lmclab.spec import PermutationSpec
 from lmclab.taylor import taylor_barrier, taylor_curve, taylor_terms
 
@@ -92,3 +93,19 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     bound_rows = theorem42(model, params_a, permuted_b, splits[energy_split], layers)
     summary["analysis_seconds"] = time.perf_counter() - start
     return summary, taylor_rows, bound_rows
+
+
+def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
+                        params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
+                        midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
+                        gammas: Sequence[float], mode: str, input_shape: Sequence[int],
+                        repair: Repair | None = None) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
+    """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
+    repair when given), L2 distances, and the analyses of :func:`analyze_pair`.
+    Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows)``."""
+    curve, summary = measure_pair_with_repair(spec, model, params_a, params_b, permuted_b, lams, splits,
+                                              repair=repair)
+    analysis, taylor_rows, bound_rows = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint,
+                                                     splits, lams=lams, gammas=gammas, mode=mode,
+                                                     input_shape=input_shape)
+    return curve, {**summary, **analysis}, taylor_rows, bound_rows

@@ -150,21 +150,20 @@ def merge_many_summary(evaluation: pd.DataFrame, trace: dict) -> dict:
     return out
 
 
-def collect_pairs(measure_dir: Path, perms_dir: Path, analysis_dir: Path, pairs: Sequence[Sequence[int]],
+def collect_pairs(measure_dir: Path, perms_dir: Path, pairs: Sequence[Sequence[int]],
                   methods: Sequence[str]) -> list[dict]:
-    """Read the measure, permute and analyze outputs of every (pair, method) into records for :func:`tables`."""
+    """Read the permute and measure outputs of every (pair, method) into records for :func:`tables`."""
     records = []
     for seed_a, seed_b in pairs:
         for method in methods:
             where = Path(pair_name(seed_a, seed_b)) / method
             rec = json.loads((measure_dir / where / "summary.json").read_text())
-            rec.update(json.loads((analysis_dir / where / "summary.json").read_text()))
             records.append({
                 "seed_a": seed_a, "seed_b": seed_b, "method": method,
                 "curve": pd.read_parquet(measure_dir / where / "curve.parquet").to_dict("records"),
                 "summary": {k: v for k, v in rec.items() if k not in ("seed_a", "seed_b", "method")},
                 "search": json.loads((perms_dir / where / "stats.json").read_text()),
-                **{name: pd.read_parquet(analysis_dir / where / f"{name}.parquet").to_dict("records")
+                **{name: pd.read_parquet(measure_dir / where / f"{name}.parquet").to_dict("records")
                    for name in ("taylor", "theorem42")}})
     return records
 
