@@ -21,9 +21,11 @@ pytestmark = pytest.mark.slow  # ~1–2 min: a dozen python processes each impor
 
 OVERRIDES = {
     "data.name": "cifar10", "model.arch": "resnet20", "model.resnet20.width_multiplier": 0.25,
-    "train.seeds": [0, 1], "train.epochs": 2, "train.batch_size": 50, "train.lr": 0.003,
+    "train.seeds": [0, 1, 2], "train.epochs": 2, "train.batch_size": 50, "train.lr": 0.003,
     "permute.pairs": [[0, 1]], "permute.methods": ["identity", "wm"], "measure.num_lambdas": 3,
     "measure.bn_repair_samples": 60,
+    "three.triples": [[0, 1, 2]], "three.methods": ["wm"], "three.resolution": 2, "three.margin": 0.0,
+    "merge_many.seeds": [0, 1, 2], "merge_many.max_iter": 2,
 }
 
 
