@@ -130,6 +130,8 @@ def plot_merge_many(trace: pd.DataFrame, evaluation: pd.DataFrame, path: Path, *
     axes[1].set(xlabel="test accuracy (%)", title="merged vs ensemble vs members")
     for ax in axes:
         ax.grid(alpha=0.3)
+    return _save(fig, path, dpi)
+
 def _layer_axes(layers: list[str], height: float = 3.2) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(4, len(layers))
     rows = -(-len(layers) // cols)
