@@ -17,7 +17,7 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.plots import plot_interpolation, plot_training
+    from lmclab.plots import plot_interpolation, plot_search_curves, plot_training
     from lmclab.report import write_report
 
     opts = read_params(params, "plot")
@@ -29,6 +29,10 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
                                             dpi=opts["dpi"], band=opts["band"]),
         "training": plot_training(history, out / "figures" / "training.png", dpi=opts["dpi"]),
     }
+    search_curves = tables_dir / "search_curves.parquet"
+    if search_curves.is_file() and len(frame := pd.read_parquet(search_curves)):
+        figures["search_curves"] = plot_search_curves(frame, out / "figures" / "search_curves.png",
+                                                      dpi=opts["dpi"])
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,
                  methods=list(dict.fromkeys(pairs["method"])), figures=figures)
 

@@ -82,6 +82,15 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 
 ![interpolation]({rel["interpolation"]})
 """
+    if "search_curves" in rel:
+        text += f"""
+## Search learning curves (paper Figure 6)
+
+Per epoch of the iterative searches: L2 distance with the current hard permutation and the
+merged midpoint model's test loss and accuracy (epoch 0 is the initial permutation).
+
+![search curves]({rel["search_curves"]})
+"""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
