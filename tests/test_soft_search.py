@@ -200,6 +200,18 @@ def test_bad_options_fail_up_front(method: str, options: dict, message: str) -> 
         check_params(**params)
 
 
+@pytest.mark.parametrize(("method", "batch_size"), [("ste", 91), ("ste_sinkhorn", 101)])
+def test_batch_larger_than_capped_data_fails_in_validate(method: str, batch_size: int) -> None:
+    params = {"data": {"name": "mnist5k", "max_train": 100}, "model": {"arch": "mlp", **CONFIG},
+              "train": {"seeds": [0, 1], "epochs": 1, "lr": 1e-3, "batch_size": 64},
+              "permute": {"pairs": [[0, 1]], "methods": [method], method: {"batch_size": batch_size}},
+              "measure": {"num_lambdas": 3}, "device": "cpu"}
+    with pytest.raises(ValueError, match=rf"permute.{method}.batch_size must be at most the "):
+        check_params(**params)
+    params["permute"][method]["batch_size"] -= 1
+    check_params(**params)
+
+
 @pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
 def test_batch_larger_than_data_is_one_line_error(pair: SearchProblem, method: str) -> None:
     with pytest.raises(ValueError, match=rf"permute.{method}.batch_size must be at most the \d+ "):

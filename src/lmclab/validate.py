@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,8 @@ from lmclab.data import check_name
 from lmclab.device import resolve_device
 from lmclab.metrics import lambda_grid
 from lmclab.search import check_method
+from lmclab.search.midpoint import n_heldout
+from lmclab.search.ste import ste
 
 
 def check_pairs(pairs: Any, seeds: list[int]) -> None:
@@ -22,6 +25,21 @@ def check_pairs(pairs: Any, seeds: list[int]) -> None:
         missing = [s for s in pair if s not in seeds]
         if missing:
             raise ValueError(f"permute.pairs: pair {pair} names seed(s) {missing} not in train.seeds {seeds}")
+
+
+def check_search_batches(permute: Mapping, max_train: int | None) -> None:
+    """Minibatch searches need ``batch_size`` ≤ the training images they draw from; known up
+    front only when ``data.max_train`` caps the split (else checked when the data is loaded)."""
+    if max_train is None:
+        return
+    for method in permute["methods"]:
+        opts = permute.get(method) or {}
+        if "batch_size" in opts and method in ("ste", "ste_sinkhorn"):
+            holdout = opts.get("holdout", inspect.signature(ste).parameters["holdout"].default)
+            available = max_train - n_heldout(max_train, holdout) if method == "ste" else max_train
+            if opts["batch_size"] > available:
+                raise ValueError(f"permute.{method}.batch_size must be at most the {available} training "
+                                 f"samples available for the search, got {opts['batch_size']}")
 
 
 def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapping,
@@ -44,5 +62,6 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
         if not isinstance(permute.get(method), dict):
             raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
         check_method(method, permute[method])
+    check_search_batches(permute, data.get("max_train"))
     lambda_grid(measure["num_lambdas"])
     resolve_device(device)

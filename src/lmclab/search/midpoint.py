@@ -43,10 +43,15 @@ def heldout_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str,
     return total / len(data)
 
 
+def n_heldout(n: int, fraction: float) -> int:
+    """Samples held out of ``n`` for a ``fraction`` (at least one)."""
+    return max(1, round(fraction * n))
+
+
 def split_holdout(data: Split, fraction: float, generator: torch.Generator) -> tuple[Split, Split]:
     """A random ``fraction`` of ``data`` held out for model selection; the rest for training."""
     order = torch.randperm(len(data), generator=generator)
-    n_hold = max(1, round(fraction * len(data)))
+    n_hold = n_heldout(len(data), fraction)
     hold, rest = order[:n_hold], order[n_hold:]
     return Split(data.x[rest], data.y[rest]), Split(data.x[hold], data.y[hold])
 
