@@ -47,7 +47,7 @@ def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b:
     scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator,
                                                               device).items()}
     optimizer = torch.optim.Adam(scores.values(), lr=lr)
-    curve = [_row(0, float("nan"), scores, monitor)]
+    curve = [_row(0, None, scores, monitor)]
     for epoch in range(1, epochs + 1):
         total = 0.0
         for _ in range(iterations):
@@ -61,6 +61,8 @@ def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b:
                                                    "seconds": time.perf_counter() - start})
 
 
-def _row(epoch: int, soft_loss: float, scores: Mapping[str, Tensor], monitor: Monitor | None) -> dict:
-    row = {"epoch": epoch, "soft_loss": None if soft_loss != soft_loss else soft_loss}
+def _row(epoch: int, soft_loss: float | None, scores: Mapping[str, Tensor],
+         monitor: Monitor | None) -> dict:
+    """``soft_loss``: the epoch's mean ‖θa − π_soft(θb)‖² (None before training)."""
+    row = {"epoch": epoch, "soft_loss": soft_loss}
     return {**row, **(monitor(hard_permutation(scores)) if monitor else {})}
