@@ -1,6 +1,8 @@
 """Stage permute (one instance per pair and method): find π aligning θb to θa; writes
-``perm.pt`` (group -> index tensor) and ``stats.json`` (time, sweeps, objective per sweep).
-Default MLP: identity/WM/AM well under a second each after ~4 s of imports."""
+``perm.pt`` (group -> index tensor) and ``stats.json`` (time, sweeps, objective per sweep; for
+iterative methods a per-epoch ``curve`` of L2 distance and merged test loss/accuracy).
+Default MLP: identity/WM/AM well under a second each after ~4 s of imports; ste, wm_sinkhorn,
+ste_sinkhorn take the seconds given in params.yaml."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     check_same_architecture(a, b, model_a, model_b)
     problem = SearchProblem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
                             {k: v.to(device) for k, v in b.state_dict.items()},
-                            load_split(data, "train"), device)
+                            load_split(data, "train"), device, test=load_split(data, "test"))
     result = find_permutation(method, problem, seed=read_params(params, "permute.seed"), options=options)
     out.mkdir(parents=True, exist_ok=True)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")

@@ -18,7 +18,8 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
     import pandas as pd
 
     from lmclab.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
-                              plot_output_scale, plot_spectra, plot_taylor, plot_three_barriers, plot_training)
+                              plot_output_scale, plot_search_curves, plot_spectra, plot_taylor,
+                              plot_three_barriers, plot_training)
     from lmclab.report import write_report
 
     opts = read_params(params, "plot")
@@ -44,6 +45,8 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
                    spectra=plot_spectra(read("spectrum"), fig("spectra"), dpi=opts["dpi"]),
                    output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
                    energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]))
+    if len(frame := read("search_curves")):
+        figures["search_curves"] = plot_search_curves(frame, fig("search_curves"), dpi=opts["dpi"])
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,
                  methods=list(dict.fromkeys(pairs["method"])), figures=figures, t1=read("table1"),
                  bounds=read("theorem42"), edges=edges, evaluation=evaluation)

@@ -64,6 +64,27 @@ def plot_training(history: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     return _save(fig, path, dpi)
 
 
+def plot_search_curves(search_curves: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
+    """Paper Figure 6: per search epoch, ‖θa − π(θb)‖ with the current hard permutation and the
+    merged midpoint's test loss and accuracy; one line per method, mean ± std over pairs."""
+    panels = (("l2", 1, "‖θa − π(θb)‖"), ("test_loss", 1, "merged test loss"),
+              ("test_acc", 100, "merged test accuracy (%)"))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for ax, (q, scale, name) in zip(axes, panels):
+        for method, sub in search_curves.groupby("method", sort=False):
+            g = sub.groupby("epoch")[q]
+            mean, std = g.mean() * scale, g.std(ddof=0).fillna(0) * scale
+            (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method))
+            ax.fill_between(mean.index, (mean - std).values, (mean + std).values,
+                            color=line.get_color(), alpha=0.2)
+        ax.set(xlabel="search epoch (0: initial permutation)", ylabel=name)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"Permutation search learning curves, mean ± std over "
+                 f"{search_curves['pair'].nunique()} pair(s)")
+    return _save(fig, path, dpi)
+
+
 def _save(fig: plt.Figure, path: Path, dpi: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

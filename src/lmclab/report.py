@@ -169,8 +169,8 @@ def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
 
 
 def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
-                 methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame,
-                 evaluation: pd.DataFrame, t1: pd.DataFrame | None = None,
+                 methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame | None = None,
+                 evaluation: pd.DataFrame | None = None, t1: pd.DataFrame | None = None,
                  bounds: pd.DataFrame | None = None) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder."""
     path = Path(path)
@@ -200,7 +200,16 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 {_stale_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds)}""" + three_section(edges, evaluation, rel)
+{analysis_section(rel, pairs, methods, bounds)}""" + (three_section(edges, evaluation, rel) if edges is not None else "")
+    if "search_curves" in rel:
+        text += f"""
+## Search learning curves (paper Figure 6)
+
+Per epoch of the iterative searches: L2 distance with the current hard permutation and the
+merged midpoint model's test loss and accuracy (epoch 0 is the initial permutation).
+
+![search curves]({rel["search_curves"]})
+"""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

@@ -19,6 +19,10 @@ SUMMARY_KEYS = (
 )
 
 
+# long table of the iterative searches' per-epoch learning curves (paper Figure 6)
+SEARCH_CURVE_COLUMNS = ("pair", "method", "epoch", "l2", "test_loss", "test_acc")
+
+
 def pair_name(seed_a: int, seed_b: int) -> str:
     """Output paths are built from values: ``seed0-seed1``."""
     return f"seed{seed_a}-seed{seed_b}"
@@ -28,8 +32,9 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
     """``records``: one dict per (pair, method) with keys ``seed_a, seed_b, method, curve``
     (list of rows), ``summary`` (scalars) and ``search`` (search stats).
 
-    Returns ``curves`` (long: one row per pair, method, split, λ) and ``pairs`` (wide: one row
-    per pair and method with every scalar)."""
+    Returns ``curves`` (long: one row per pair, method, split, λ), ``pairs`` (wide: one row
+    per pair and method with every scalar), ``search_curves`` (long: one row per pair, method and
+    search epoch of the iterative searches) and, when the records carry them, ``taylor`` and ``theorem42``."""
     curves, pairs, taylor, bounds = [], [], [], []
     for rec in records:
         key = {"pair": pair_name(rec["seed_a"], rec["seed_b"]), "seed_a": rec["seed_a"],
@@ -41,7 +46,7 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
         taylor += [{**key, **row, "barrier": _real_gap(rec["curve"], row["split"], row["lam"])}
                    for row in rec.get("taylor", [])]
         bounds += [{**key, **row} for row in rec.get("theorem42", [])]
-    out = {"curves": pd.DataFrame(curves), "pairs": pd.DataFrame(pairs)}
+    out = {"curves": pd.DataFrame(curves), "pairs": pd.DataFrame(pairs), "search_curves": search_curves(records)}
     if taylor:  # records carry the analyze stage's outputs (Taylor curve, Theorem 4.2 rows)
         out.update(taylor=pd.DataFrame(taylor), theorem42=pd.DataFrame(bounds))
     return out
@@ -88,6 +93,16 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", lev
         row["significant"] = bool(test is not None and test.pvalue < level)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def search_curves(records: Sequence[dict]) -> pd.DataFrame:
+    """Per-epoch ``l2`` (‖θa − π(θb)‖ with the current hard permutation) and the merged
+    midpoint's ``test_loss``/``test_acc``; empty (with these columns) when no search records any."""
+    rows = [{"pair": pair_name(rec["seed_a"], rec["seed_b"]), "method": rec["method"],
+             **{k: row.get(k) for k in SEARCH_CURVE_COLUMNS[2:]}}
+            for rec in records for row in rec["search"].get("curve", [])]
+    frame = pd.DataFrame(rows, columns=list(SEARCH_CURVE_COLUMNS))
+    return frame.astype({"epoch": "int64", "l2": "float64", "test_loss": "float64", "test_acc": "float64"})
 
 
 def metrics_summary(pairs: pd.DataFrame, method_order: Sequence[str]) -> dict:

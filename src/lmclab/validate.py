@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,8 @@ from lmclab.device import resolve_device
 from lmclab.landscape import plane_grid
 from lmclab.metrics import lambda_grid
 from lmclab.search import check_method
+from lmclab.search.midpoint import n_heldout
+from lmclab.search.ste import ste
 
 
 def check_pairs(pairs: Any, seeds: list[int]) -> None:
@@ -48,11 +51,28 @@ def check_methods(key: str, methods: Any, permute: Mapping) -> None:
         if not isinstance(permute.get(method), dict):
             raise ValueError(f"permute.{method}: missing options block (write {{}} for the defaults)")
         check_method(method, permute[method])
+
+
 def check_gammas(gammas: Any) -> None:
     """R_γ thresholds: a non-empty list of numbers in [0, 1]."""
     if not isinstance(gammas, list) or not gammas or not all(
             isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g <= 1 for g in gammas):
         raise ValueError(f"measure.gammas must be a non-empty list of numbers in [0, 1], got {gammas!r}")
+
+
+def check_search_batches(permute: Mapping, max_train: int | None) -> None:
+    """Minibatch searches need ``batch_size`` ≤ the training images they draw from; known up
+    front only when ``data.max_train`` caps the split (else checked when the data is loaded)."""
+    if max_train is None:
+        return
+    for method in permute["methods"]:
+        opts = permute.get(method) or {}
+        if "batch_size" in opts and method in ("ste", "ste_sinkhorn"):
+            holdout = opts.get("holdout", inspect.signature(ste).parameters["holdout"].default)
+            available = max_train - n_heldout(max_train, holdout) if method == "ste" else max_train
+            if opts["batch_size"] > available:
+                raise ValueError(f"permute.{method}.batch_size must be at most the {available} training "
+                                 f"samples available for the search, got {opts['batch_size']}")
 
 
 def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapping,
@@ -76,6 +96,7 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
     check_training(train)
     check_pairs(permute["pairs"], train["seeds"])
     check_methods("permute.methods", permute["methods"], permute)
+    check_search_batches(permute, data.get("max_train"))
     lambda_grid(measure["num_lambdas"])
     if three is not None:
         check_seed_lists("three.triples", three["triples"], train["seeds"], 3)

@@ -18,15 +18,27 @@ from torch import Tensor, nn
 
 from lmclab.archs import build_model, get_arch
 from lmclab.data import Split
+from lmclab.evaluate import evaluate
+from lmclab.merge import merge
+from lmclab.metrics import l2_distance
+from lmclab.search import ste as ste_module
+from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
+from lmclab.search import wm_sinkhorn as wm_sinkhorn_module
 from lmclab.search.activation_matching import activation_matching
+from lmclab.search.midpoint import Monitor
+from lmclab.search.options import check_options
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import PermutationSpec, identity_permutation
+from lmclab.spec import Params, Permutation, PermutationSpec, identity_permutation
 
 
 @dataclass(frozen=True)
 class SearchProblem:
-    """Align θb to θa: ``params_a``/``params_b`` on ``device``; ``train`` for data-driven methods."""
+    """Align θb to θa: ``params_a``/``params_b`` on ``device``; ``train`` for data-driven methods.
+
+    ``test`` (optional) lets iterative methods record learning curves of the merged model;
+    ``repair`` (optional) maps a merged parameter dict to one with repaired BatchNorm statistics
+    before it is evaluated there."""
 
     arch: str
     config: Any
@@ -34,6 +46,8 @@ class SearchProblem:
     params_b: Mapping[str, Tensor]
     train: Split
     device: torch.device
+    test: Split | None = None
+    repair: Callable[[Params], Params] | None = None
 
     @property
     def spec(self) -> PermutationSpec:
@@ -61,7 +75,68 @@ def _am(problem: SearchProblem, *, seed: int, statistic: str = "cross_moment",
                                batch_size=batch_size, max_samples=max_samples)
 
 
-METHODS: dict[str, Callable[..., SearchResult]] = {"identity": _identity, "wm": _wm, "am": _am}
+def _monitor(problem: SearchProblem) -> Monitor:
+    """Learning-curve row for a hard permutation: ``l2`` = ‖θa − π(θb)‖ and, with a test split,
+    the merged midpoint's ``test_loss``/``test_acc`` (the paper's Figure 6)."""
+    spec, model = problem.spec, problem.model()
+
+    def row(perm: Permutation) -> dict[str, float]:
+        permuted_b, merged = merge(spec, problem.params_a, problem.params_b, perm)
+        out = {"l2": l2_distance(spec, problem.params_a, permuted_b)}
+        if problem.test is not None:
+            merged = problem.repair(merged) if problem.repair is not None else merged
+            loss, acc = evaluate(model, merged, problem.test)
+            out |= {"test_loss": loss, "test_acc": acc}
+        return out
+
+    return row
+
+
+def _monitored(problem: SearchProblem, search: Callable[..., SearchResult], **kwargs: Any) -> SearchResult:
+    """Run ``search`` with the learning-curve monitor; ``seconds`` excludes the monitoring time,
+    which is reported as ``monitor_seconds``."""
+    row, spent = _monitor(problem), [0.0]
+
+    def timed(perm: Permutation) -> dict[str, float]:
+        start = time.perf_counter()
+        out = row(perm)
+        spent[0] += time.perf_counter() - start
+        return out
+
+    result = search(problem.spec, problem.params_a, problem.params_b, monitor=timed, **kwargs)
+    result.stats["monitor_seconds"] = spent[0]
+    result.stats["seconds"] -= spent[0]
+    return result
+
+
+def _ste(problem: SearchProblem, *, seed: int, optimizer: str = "adam", lr: float = 1e-3,
+         epochs: int = 5, batch_size: int = 512, holdout: float = 0.1,
+         wm_max_iter: int = 100) -> SearchResult:
+    return _monitored(problem, ste_module.ste, model=problem.model(), data=problem.train,
+                      generator=torch.Generator().manual_seed(seed), optimizer=optimizer, lr=lr,
+                      epochs=epochs, batch_size=batch_size, holdout=holdout, wm_max_iter=wm_max_iter)
+
+
+def _wm_sinkhorn(problem: SearchProblem, *, seed: int, lr: float = 1.0, epochs: int = 10,
+                 iterations: int = 100, tau: float = 1.0, sinkhorn_iters: int = 20) -> SearchResult:
+    return _monitored(problem, wm_sinkhorn_module.wm_sinkhorn, generator=torch.Generator().manual_seed(seed),
+                      lr=lr, epochs=epochs, iterations=iterations, tau=tau, sinkhorn_iters=sinkhorn_iters)
+
+
+def _ste_sinkhorn(problem: SearchProblem, *, seed: int, lr: float = 1.0, epochs: int = 5,
+                  batch_size: int = 512, tau: float = 1.0, sinkhorn_iters: int = 20) -> SearchResult:
+    return _monitored(problem, ste_sinkhorn_module.ste_sinkhorn, model=problem.model(),
+                      data=problem.train, generator=torch.Generator().manual_seed(seed), lr=lr,
+                      epochs=epochs, batch_size=batch_size, tau=tau, sinkhorn_iters=sinkhorn_iters)
+
+
+METHODS: dict[str, Callable[..., SearchResult]] = {
+    "identity": _identity, "wm": _wm, "am": _am,
+    "ste": _ste, "wm_sinkhorn": _wm_sinkhorn, "ste_sinkhorn": _ste_sinkhorn,
+}
+# value rules of the options, checked up front (names are checked against the adapter signature)
+OPTION_RULES = {"ste": ste_module.RULES, "wm_sinkhorn": wm_sinkhorn_module.RULES,
+                "ste_sinkhorn": ste_sinkhorn_module.RULES}
 
 
 def check_method(method: str, options: Mapping[str, Any] | None = None, *,
@@ -73,6 +148,7 @@ def check_method(method: str, options: Mapping[str, Any] | None = None, *,
     unknown = sorted(set(options or {}) - set(accepted))
     if unknown:
         raise ValueError(f"permute.{method}: unknown option(s) {unknown}; expected some of {accepted}")
+    check_options(method, OPTION_RULES.get(method, {}), options or {})
 
 
 def find_permutation(method: str, problem: SearchProblem, *, seed: int,

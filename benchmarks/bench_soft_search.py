@@ -1,0 +1,93 @@
+"""Benchmark the permutation searches on trained pairs of a `dvc repro` workspace.
+
+For each pair and method: search time (learning-curve monitoring excluded), L2 before/after,
+reduction %, and the midpoint test-loss barrier B_½ (SPEC.md §2); for `ste`, seconds per epoch.
+Options come from the params file's ``permute.<method>`` blocks (``--set method.key=value`` to
+override, e.g. ``--set wm_sinkhorn.iterations=100`` for the paper's setting). Writes
+``benchmarks/results/soft_search.json`` and prints a Markdown table.
+
+    python benchmarks/bench_soft_search.py --data-dir data --pairs 0-1,2-3
+
+Timings depend on the machine's load; say whether it was shared when quoting them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from lmclab.checkpoint import load_checkpoint  # noqa: E402
+from lmclab.data import load_split  # noqa: E402
+from lmclab.evaluate import evaluate  # noqa: E402
+from lmclab.merge import merge  # noqa: E402
+from lmclab.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
+from lmclab.search import SearchProblem, find_permutation  # noqa: E402
+
+
+def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:
+    start = time.perf_counter()
+    result = find_permutation(method, problem, seed=seed, options=options)
+    wall = time.perf_counter() - start
+    spec, model = problem.spec, problem.model()
+    permuted_b, merged = merge(spec, problem.params_a, problem.params_b, result.perm)
+    loss_a, loss_b, loss_mid = (evaluate(model, p, problem.test).loss
+                                for p in (problem.params_a, permuted_b, merged))
+    before = l2_distance(spec, problem.params_a, problem.params_b)
+    after = l2_distance(spec, problem.params_a, permuted_b)
+    row = {"method": method, "search_s": result.stats["seconds"], "wall_s": wall,
+           "l2_before": before, "l2_after": after, "reduction_pct": reduction_rate(before, after),
+           "test_loss_barrier_mid": midpoint_barrier(loss_mid, loss_a, loss_b)}
+    if "epochs" in result.stats:
+        row["s_per_epoch"] = result.stats["seconds"] / result.stats["epochs"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "data")
+    parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    parser.add_argument("--pairs", default="0-1,2-3")
+    parser.add_argument("--methods", default="identity,wm,am,ste,wm_sinkhorn,ste_sinkhorn")
+    parser.add_argument("--set", action="append", default=[], help="method.key=value (YAML value)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soft_search.json")
+    args = parser.parse_args()
+    permute = yaml.safe_load(args.params.read_text())["permute"]
+    for item in args.set:
+        key, value = item.split("=", 1)
+        method, option = key.split(".", 1)
+        permute.setdefault(method, {})[option] = yaml.safe_load(value)
+    train = load_split(args.data_dir / "prepared", "train")
+    test = load_split(args.data_dir / "prepared", "test")
+    rows = []
+    for pair in args.pairs.split(","):
+        seed_a, seed_b = pair.split("-")
+        a = load_checkpoint(args.data_dir / "models" / f"seed{seed_a}.pt")
+        b = load_checkpoint(args.data_dir / "models" / f"seed{seed_b}.pt")
+        problem = SearchProblem(a.arch, a.config, a.state_dict, b.state_dict, train,
+                                torch.device("cpu"), test=test)
+        for method in args.methods.split(","):
+            row = {"pair": pair, **run(problem, method, permute.get(method) or {}, permute["seed"])}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "options": permute,
+                                    "rows": rows}, indent=2) + "\n")
+    cols = ["pair", "method", "search_s", "l2_before", "l2_after", "reduction_pct",
+            "test_loss_barrier_mid", "s_per_epoch"]
+    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "—"))
+                                for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The midpoint objective of the data-driven searches (STE, Sinkhorn STE; SPEC.md §3):
+``L((θa + π(θb)) / 2)`` on training minibatches, and the per-epoch monitor hook.
+
+The loss runs the model in training mode, so a BatchNorm network normalises with the batch
+statistics of the merged model itself (what statistics repair would restore) and the stale,
+interpolated running statistics never enter the objective. The running-statistic entries are
+passed as detached copies, because training-mode BatchNorm updates them in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmclab.data import Split
+from lmclab.merge import interpolate
+from lmclab.spec import Permutation, PermutationSpec
+
+Monitor = Callable[[Permutation], dict[str, float]]  # one learning-curve row per call
+
+
+def midpoint_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str, Tensor],
+                  permuted_b: Mapping[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    """Mean cross-entropy of the merged model ``(θa + π(θb)) / 2`` on ``(x, y)``, training mode."""
+    merged = interpolate(params_a, permuted_b, 0.5)
+    merged = {k: v.detach().clone() if k in spec.stats else v for k, v in merged.items()}
+    model.train()
+    return F.cross_entropy(functional_call(model, merged, (x,)), y)
+
+
+@torch.no_grad()
+def heldout_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str, Tensor],
+                 permuted_b: Mapping[str, Tensor], data: Split, batch_size: int) -> float:
+    """:func:`midpoint_loss` averaged over ``data`` in chunks of ``batch_size``."""
+    total = 0.0
+    for lo in range(0, len(data), batch_size):
+        x, y = data.x[lo:lo + batch_size], data.y[lo:lo + batch_size]
+        total += float(midpoint_loss(model, spec, params_a, permuted_b, x, y)) * len(y)
+    return total / len(data)
+
+
+def n_heldout(n: int, fraction: float) -> int:
+    """Samples held out of ``n`` for a ``fraction`` (at least one)."""
+    return max(1, round(fraction * n))
+
+
+def split_holdout(data: Split, fraction: float, generator: torch.Generator) -> tuple[Split, Split]:
+    """A random ``fraction`` of ``data`` held out for model selection; the rest for training."""
+    order = torch.randperm(len(data), generator=generator)
+    n_hold = n_heldout(len(data), fraction)
+    hold, rest = order[:n_hold], order[n_hold:]
+    return Split(data.x[rest], data.y[rest]), Split(data.x[hold], data.y[hold])
+
+
+def minibatches(n: int, batch_size: int, generator: torch.Generator) -> list[Tensor]:
+    """One epoch of shuffled index batches; the last, smaller batch is dropped unless it is the only one."""
+    batches = list(torch.randperm(n, generator=generator).split(batch_size))
+    return batches[:-1] if len(batches) > 1 and len(batches[-1]) < batch_size else batches

