@@ -1,9 +1,9 @@
-"""Stage measure (one instance per pair and method): everything measured on θa and π(θb).
-
-Loss/accuracy along θ(λ) on train and test (BatchNorm nets: with stale and with repaired statistics
-at every λ), barriers, L2 distances; the Taylor-approximated barrier (Thm 3.1), R_γ (Thm 4.1) and
-the Theorem 4.2 bound. Writes ``curve.parquet``, ``taylor.parquet``, ``theorem42.parquet`` and
-``summary.json``. Default MLP: ~5 s after imports."""
+"""Stage measure (one instance per pair, every method of ``permute.methods``): everything measured
+on θa and each π(θb). Loss/accuracy along θ(λ) on train and test (BatchNorm nets: with stale and
+with repaired statistics at every λ), barriers, L2 distances; the Taylor-approximated barrier
+(Thm 3.1) on ``measure.taylor_splits``, R_γ (Thm 4.1) and the Theorem 4.2 bound. Writes
+``<method>/{curve,taylor,theorem42}.parquet`` and ``<method>/summary.json``. One process per pair
+(each python stage pays ~3 s of imports). Default MLP: ~5 s per method."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
-         method: str = typer.Option(...), model_a: Path = typer.Option(...),
-         model_b: Path = typer.Option(...), merged: Path = typer.Option(...),
-         data: Path = typer.Option(...), out: Path = typer.Option(...),
+         model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
+         merged: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
@@ -41,25 +40,29 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     check_mode(mode)
     device = resolve_device(read_params(params, "device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
-    permuted_b, midpoint = load_checkpoint(merged / "permuted_b.pt"), load_checkpoint(merged / "midpoint.pt")
     on = lambda sd: {k: v.to(device) for k, v in sd.items()}  # noqa: E731
     model = build_model(a.arch, a.config).to(device)
     splits = {"train": load_split(data, "train"), "test": load_split(data, "test")}
     repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"])
               if opts["bn_repair"] and has_batchnorm(model) else None)
-    curve, summary, taylor, bounds = measure_and_analyze(
-        get_arch(a.arch).permutation_spec(a.config), model, on(a.state_dict), on(b.state_dict),
-        on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
-        gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape, repair=repair)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds)):
-        pd.DataFrame(rows).to_parquet(out / f"{name}.parquet", index=False)
-    record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}
-    (out / ".summary.json.tmp").write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(out / ".summary.json.tmp", out / "summary.json")
-    typer.echo(f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
-               f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
-               f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}")
+    for method in read_params(params, "permute.methods"):
+        permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
+        midpoint = load_checkpoint(merged / method / "midpoint.pt")
+        curve, summary, taylor, bounds = measure_and_analyze(
+            get_arch(a.arch).permutation_spec(a.config), model, on(a.state_dict), on(b.state_dict),
+            on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
+            gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
+            taylor_splits=opts["taylor_splits"], repair=repair)
+        where = out / method
+        where.mkdir(parents=True, exist_ok=True)
+        for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds)):
+            pd.DataFrame(rows).to_parquet(where / f"{name}.parquet", index=False)
+        record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}
+        (where / ".summary.json.tmp").write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(where / ".summary.json.tmp", where / "summary.json")
+        typer.echo(f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
+                   f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
+                   f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""Stage spectra (one instance per trained seed; never reruns when a permute parameter changes):
+"""Stage spectra (all trained seeds in one process; never reruns when a permute parameter changes):
 singular values of every layer (Figures 1, 7, 8) and the input energy E[(v_iᵀ z_{ℓ−1})²] over the
-test split (Figures 4, 9). Writes ``spectrum.parquet`` and ``energy.parquet``. Default MLP: ~1 s
-after imports."""
+test split (Figures 4, 9). Writes ``seed<S>/spectrum.parquet`` and ``seed<S>/energy.parquet``.
+Default MLP: ~1 s per seed after imports."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 @one_line_errors
-def main(seed: int = typer.Option(...), model: Path = typer.Option(...), data: Path = typer.Option(...),
+def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
          out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
@@ -30,15 +30,18 @@ def main(seed: int = typer.Option(...), model: Path = typer.Option(...), data: P
     mode = read_params(params, "measure.conv_spectrum")
     check_mode(mode)
     device = resolve_device(read_params(params, "device"))
-    ckpt = load_checkpoint(model)
-    spectrum, energy = analyze_model(
-        get_arch(ckpt.arch).permutation_spec(ckpt.config), build_model(ckpt.arch, ckpt.config).to(device),
-        {k: v.to(device) for k, v in ckpt.state_dict.items()}, load_split(data, "test"),
-        mode=mode, input_shape=ckpt.config.input_shape)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("spectrum", spectrum), ("energy", energy)):
-        pd.DataFrame(rows).assign(seed=seed).to_parquet(out / f"{name}.parquet", index=False)
-    typer.echo(f"seed{seed}: spectra of {pd.DataFrame(spectrum)['layer'].nunique()} layers ({mode})")
+    test = load_split(data, "test")
+    for seed in read_params(params, "train.seeds"):
+        ckpt = load_checkpoint(models / f"seed{seed}.pt")
+        spectrum, energy = analyze_model(
+            get_arch(ckpt.arch).permutation_spec(ckpt.config), build_model(ckpt.arch, ckpt.config).to(device),
+            {k: v.to(device) for k, v in ckpt.state_dict.items()}, test, mode=mode,
+            input_shape=ckpt.config.input_shape)
+        where = out / f"seed{seed}"
+        where.mkdir(parents=True, exist_ok=True)
+        for name, rows in (("spectrum", spectrum), ("energy", energy)):
+            pd.DataFrame(rows).assign(seed=seed).to_parquet(where / f"{name}.parquet", index=False)
+        typer.echo(f"seed{seed}: spectra of {pd.DataFrame(spectrum)['layer'].nunique()} layers ({mode})")
 
 
 if __name__ == "__main__":

@@ -90,27 +90,28 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
         save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed, params))
     permuted_b, midpoint = merge(spec, params_a, params_b, random_permutation(
         spec.group_sizes(params_a), torch.Generator().manual_seed(0)))
-    save_checkpoint(tmp_path / "merged" / "permuted_b.pt", Checkpoint("mlp", config, 1, permuted_b))
-    save_checkpoint(tmp_path / "merged" / "midpoint.pt", Checkpoint("mlp", config, None, midpoint))
+    save_checkpoint(tmp_path / "merged" / "wm" / "permuted_b.pt", Checkpoint("mlp", config, 1, permuted_b))
+    save_checkpoint(tmp_path / "merged" / "wm" / "midpoint.pt", Checkpoint("mlp", config, None, midpoint))
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"device": "cpu", "measure": {
+    params.write_text(yaml.safe_dump({"device": "cpu", "train": {"seeds": [0, 1]}, "permute": {"methods": ["wm"]},
+                                      "measure": {"taylor_splits": ["train", "test"],
         "num_lambdas": 3, "gammas": [0, 0.5], "conv_spectrum": "reshape", "bn_repair": True,
         "bn_repair_samples": None}}))
     runner = CliRunner()
-    res = runner.invoke(spectra.app, ["--seed", "0", "--model", str(tmp_path / "seed0.pt"), "--data",
-                                      str(prepared), "--out", str(tmp_path / "spectra"), "--params", str(params)])
+    res = runner.invoke(spectra.app, ["--models", str(tmp_path), "--data", str(prepared), "--out",
+                                      str(tmp_path / "spectra"), "--params", str(params)])
     assert res.exit_code == 0, res.output
-    assert set(pd.read_parquet(tmp_path / "spectra" / "energy.parquet")["seed"]) == {0}
-    args = ["--seed-a", "0", "--seed-b", "1", "--method", "wm", "--model-a", str(tmp_path / "seed0.pt"),
+    assert set(pd.read_parquet(tmp_path / "spectra" / "seed1" / "energy.parquet")["seed"]) == {1}
+    args = ["--seed-a", "0", "--seed-b", "1", "--model-a", str(tmp_path / "seed0.pt"),
             "--model-b", str(tmp_path / "seed1.pt"), "--merged", str(tmp_path / "merged"), "--data",
             str(prepared), "--out", str(tmp_path / "analysis"), "--params", str(params)]
     res = runner.invoke(measure.app, args)
     assert res.exit_code == 0, res.output
-    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "analysis" / "wm" / "summary.json").read_text())
     assert {"R_0", "R_0.5", "R_0.5_naive", "train_taylor_barrier_mid", "test_taylor_barrier_max"} <= set(summary)
-    assert len(pd.read_parquet(tmp_path / "analysis" / "taylor.parquet")) == 2 * 3
+    assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "taylor.parquet")) == 2 * 3
     assert {"test_loss_barrier_mid", "l2_reduction_pct"} <= set(summary)
-    assert len(pd.read_parquet(tmp_path / "analysis" / "curve.parquet")) == 2 * 3
+    assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "curve.parquet")) == 2 * 3
     params.write_text(params.read_text().replace("reshape", "exact"))
     res = runner.invoke(measure.app, args)
     assert res.exit_code == 1 and "measure.conv_spectrum" in res.output

@@ -41,6 +41,7 @@ def test_the_tiny_params_are_valid() -> None:
     ({"permute__wm": {"iters": 3}}, r"^permute.wm: unknown option\(s\) \['iters'\]"),
     ({"measure__num_lambdas": 1}, r"^measure.num_lambdas must be at least 2"),
     ({"device": "tpu"}, r"^device: unknown device 'tpu'"),
+    ({"measure__taylor_splits": ["val"]}, r"^measure.taylor_splits must be a non-empty list of train/test"),
     ({"three__triples": [[0, 1]]}, r"^three.triples: \[0, 1\] is not a list of 3 different seeds"),
     ({"three__triples": [[0, 1, 9]]}, r"^three.triples: \[0, 1, 9\] names seed\(s\) \[9\] not in train.seeds"),
     ({"three__methods": ["wm", "magic"]}, r"^three.methods: unknown method 'magic'"),

@@ -71,7 +71,8 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
                  params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                  midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
                  gammas: Sequence[float], mode: str = "reshape", input_shape: Sequence[int],
-                 energy_split: str = "test") -> tuple[dict[str, float], list[dict], list[dict]]:
+                 energy_split: str = "test", taylor_splits: Sequence[str] | None = None,
+                 ) -> tuple[dict[str, float], list[dict], list[dict]]:
     """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb).
 
     summary: ``{split}_taylor_barrier_mid`` / ``_max`` and the Theorem 3.1 ingredients per split,
@@ -80,8 +81,8 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     start = time.perf_counter()
     summary: dict[str, float] = {}
     taylor_rows = []
-    for name, split in splits.items():
-        terms = taylor_terms(model, params_a, permuted_b, split)
+    for name in splits if taylor_splits is None else taylor_splits:  # None: every split
+        terms = taylor_terms(model, params_a, permuted_b, splits[name])
         curve = taylor_curve(terms, lams)
         taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve)]
         summary[f"{name}_taylor_barrier_mid"] = taylor_barrier(terms, 0.5)
@@ -99,6 +100,7 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                         midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
+                        taylor_splits: Sequence[str] | None = None,
                         repair: Repair | None = None) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair when given), L2 distances, and the analyses of :func:`analyze_pair`.
@@ -107,5 +109,5 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                                               repair=repair)
     analysis, taylor_rows, bound_rows = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint,
                                                      splits, lams=lams, gammas=gammas, mode=mode,
-                                                     input_shape=input_shape)
+                                                     input_shape=input_shape, taylor_splits=taylor_splits)
     return curve, {**summary, **analysis}, taylor_rows, bound_rows

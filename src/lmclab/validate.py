@@ -108,6 +108,9 @@ def check_params(*, data: Mapping, model: Mapping, train: Mapping, permute: Mapp
             raise ValueError("merge_many: needs at least 2 seeds, max_iter ≥ 1 and tol ≥ 0, got "
                              f"{merge_many!r}")
     check_gammas(measure["gammas"])
+    splits = measure["taylor_splits"]
+    if not isinstance(splits, list) or not splits or not set(splits) <= {"train", "test"}:
+        raise ValueError(f"measure.taylor_splits must be a non-empty list of train/test, got {splits!r}")
     check_mode(measure["conv_spectrum"])
     check_bn_repair(measure)
     resolve_device(device)
