@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from lmclab.alignment import output_scale
 
 # what metrics/summary.json reports per method (mean ± std over pairs)
 SUMMARY_KEYS = (
@@ -63,6 +62,8 @@ def _real_gap(curve: Sequence[dict], split: str, lam: float) -> float:
 def output_scales(spectra: pd.DataFrame) -> pd.DataFrame:
     """Figure 8: per seed, the least-squares α with ``s^ref_{L,i} ≈ α s^seed_{L,i}`` of the output
     layer, the reference being the first seed; ``adjusted`` = α · s (one row per singular value)."""
+    from lmclab.alignment import output_scale  # imports torch: only here, summarize stays light
+
     out = spectra[spectra["output"]].sort_values(["seed", "index"])
     ref_seed = out["seed"].iloc[0]
     ref = out[out["seed"] == ref_seed]["singular_value"].to_numpy()
