@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import yaml
 
 from common import ROOT
 from lmclab.validate import check_params
+from test_validate import _params
 
 BASE = yaml.safe_load((ROOT / "params.yaml").read_text())
 
 
 def _check(**changes):
-    tree = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        *path, last = dotted.split("__")
-        node = tree
-        for key in path:
-            node = node[key]
-        node[last] = value
-    check_params(**{k: tree[k] for k in ("data", "model", "train", "permute", "measure", "device")})
+    check_params(**_params(**changes))
 
 
 def test_repository_params_are_valid_and_the_default_run_is_the_mlp():

@@ -162,18 +162,25 @@ def _layer_axes(layers: list[str], height: float = 3.2) -> tuple[plt.Figure, lis
     return fig, list(axes.flat)
 
 
-def plot_spectra(spectrum: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
-    """Figures 1, 7: singular values of every layer against their index, one line per seed."""
-    layers = list(dict.fromkeys(spectrum["layer"]))
+def _per_layer_lines(frame: pd.DataFrame, column: str, path: Path, *, dpi: int, xlabel: str, ylabel: str,
+                     title: str) -> Path:
+    """One panel per layer, one line per seed of ``frame[column]`` against the singular index."""
+    layers = list(dict.fromkeys(frame["layer"]))
     fig, axes = _layer_axes(layers)
     for ax, layer in zip(axes, layers):
-        for seed, sub in spectrum[spectrum["layer"] == layer].groupby("seed"):
-            ax.plot(sub["index"], sub["singular_value"], lw=1, label=f"seed {seed}")
-        ax.set(title=layer, xlabel="index i", ylabel="singular value", yscale="log")
+        for seed, sub in frame[frame["layer"] == layer].groupby("seed"):
+            ax.plot(sub["index"], sub[column], lw=1, label=f"seed {seed}")
+        ax.set(title=layer, xlabel=xlabel, ylabel=ylabel, yscale="log")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle("Singular values of every layer (Figures 1, 7)")
+    fig.suptitle(title)
     return _save(fig, path, dpi)
+
+
+def plot_spectra(spectrum: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
+    """Figures 1, 7: singular values of every layer against their index, one line per seed."""
+    return _per_layer_lines(spectrum, "singular_value", path, dpi=dpi, xlabel="index i", ylabel="singular value",
+                            title="Singular values of every layer (Figures 1, 7)")
 
 
 def plot_output_scale(output_scale: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
@@ -193,16 +200,8 @@ def plot_output_scale(output_scale: pd.DataFrame, path: Path, *, dpi: int = 120)
 
 def plot_energy(energy: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Figures 4, 9: ``E[(v_iᵀ z_{ℓ−1})²]`` over the test set against the singular index, per seed."""
-    layers = list(dict.fromkeys(energy["layer"]))
-    fig, axes = _layer_axes(layers)
-    for ax, layer in zip(axes, layers):
-        for seed, sub in energy[energy["layer"] == layer].groupby("seed"):
-            ax.plot(sub["index"], sub["energy"], lw=1, label=f"seed {seed}")
-        ax.set(title=layer, xlabel="index i (descending s_i)", ylabel="E[(v_iᵀz)²]", yscale="log")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Input energy along right singular vectors (Figures 4, 9)")
-    return _save(fig, path, dpi)
+    return _per_layer_lines(energy, "energy", path, dpi=dpi, xlabel="index i (descending s_i)",
+                            ylabel="E[(v_iᵀz)²]", title="Input energy along right singular vectors (Figures 4, 9)")
 
 
 def plot_alignment(pairs: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
