@@ -45,12 +45,12 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     splits = {"train": load_split(data, "train"), "test": load_split(data, "test")}
     repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"])
               if opts["bn_repair"] and has_batchnorm(model) else None)
+    spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
     for method in read_params(params, "permute.methods"):
         permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
         midpoint = load_checkpoint(merged / method / "midpoint.pt")
         curve, summary, taylor, bounds = measure_and_analyze(
-            get_arch(a.arch).permutation_spec(a.config), model, on(a.state_dict), on(b.state_dict),
-            on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
+            spec, model, params_a, params_b, on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
             gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
             taylor_splits=opts["taylor_splits"], repair=repair)
         where = out / method
