@@ -6,6 +6,11 @@ one group, with all others fixed, the objective is linear in ``P`` with cost
 ``C = Σ_{(w, axis) ∈ group} W^a_(axis) · (W^b permuted on its other axes)_(axis)ᵀ`` and the best
 ``P`` is a linear assignment problem. Stop when a full sweep raises the objective by no more
 than ``tol`` relative to it, or after ``max_iter`` sweeps. Data-free.
+
+Two exact shortcuts (the result is the one of the plain loop, bit for bit): a group's assignment is
+re-solved only when a permutation its cost depends on changed since it was last solved (an unchanged
+cost has the same optimum; near convergence most groups are skipped), and the terms of its cost whose
+other axes carry no permutation (first-layer weights, biases, the classifier) are computed once.
 """
 
 from __future__ import annotations
@@ -30,18 +35,46 @@ def _permute_other_axes(spec: PermutationSpec, perm: Mapping[str, Tensor], name:
     return value
 
 
+def _term(spec: PermutationSpec, perm: Mapping[str, Tensor], name: str, axis: int,
+          params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> Tensor:
+    w_a = params_a[name].movedim(axis, 0)
+    w_b = _permute_other_axes(spec, perm, name, params_b[name], axis).movedim(axis, 0)
+    return w_a.reshape(w_a.shape[0], -1) @ w_b.reshape(w_b.shape[0], -1).T
+
+
+def _is_constant(spec: PermutationSpec, name: str, axis: int) -> bool:
+    """True when no other axis of ``name`` is permuted: its cost term never changes."""
+    return all(g is None for i, g in enumerate(spec.axes[name]) if i != axis)
+
+
 def group_cost(spec: PermutationSpec, group: str, perm: Mapping[str, Tensor],
-               params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> Tensor:
-    """``C[i, j]`` = gain of mapping unit ``j`` of θb onto unit ``i`` of θa, shape (n, n)."""
+               params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
+               constants: Mapping[tuple[str, int], Tensor] | None = None) -> Tensor:
+    """``C[i, j]`` = gain of mapping unit ``j`` of θb onto unit ``i`` of θa, shape (n, n).
+
+    ``constants``: precomputed terms that do not depend on ``perm`` (``constant_terms``)."""
     cost = None
     for name, axis in spec.groups[group]:
         if name in spec.stats:
             continue
-        w_a = params_a[name].movedim(axis, 0)
-        w_b = _permute_other_axes(spec, perm, name, params_b[name], axis).movedim(axis, 0)
-        term = w_a.reshape(w_a.shape[0], -1) @ w_b.reshape(w_b.shape[0], -1).T
+        term = (constants or {}).get((name, axis))
+        term = _term(spec, perm, name, axis, params_a, params_b) if term is None else term
         cost = term if cost is None else cost + term
     return cost
+
+
+def constant_terms(spec: PermutationSpec, params_a: Mapping[str, Tensor],
+                   params_b: Mapping[str, Tensor]) -> dict[tuple[str, int], Tensor]:
+    """The terms of every ``group_cost`` whose other axes carry no permutation (they never change)."""
+    return {(name, axis): _term(spec, {}, name, axis, params_a, params_b)
+            for group in spec.groups for name, axis in spec.groups[group]
+            if name not in spec.stats and _is_constant(spec, name, axis)}
+
+
+def cost_dependencies(spec: PermutationSpec, group: str) -> frozenset[str]:
+    """The other groups whose permutation enters ``group_cost(group)``."""
+    return frozenset(g for name, axis in spec.groups[group] if name not in spec.stats
+                     for i, g in enumerate(spec.axes[name]) if g is not None and i != axis)
 
 
 def solve_assignment(cost: Tensor) -> Tensor:
@@ -72,12 +105,22 @@ def weight_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
     sizes = spec.group_sizes(params_a)
     perm: Permutation = dict(init_perm) if init_perm is not None else identity_permutation(sizes)
     names = sorted(sizes)
-    objective = [matching_objective(spec, perm, params_a, params_b)]
+    constants = constant_terms(spec, params_a, params_b)
+    depends = {g: cost_dependencies(spec, g) for g in names}
+    changed_at = dict.fromkeys(names, 0)  # step at which each group's permutation last changed
+    solved_at = dict.fromkeys(names, -1)  # step at which each group was last solved
+    objective, step, solves = [matching_objective(spec, perm, params_a, params_b)], 0, 0
     for _ in range(max_iter):
         for k in torch.randperm(len(names), generator=generator).tolist():
-            perm[names[k]] = solve_assignment(group_cost(spec, names[k], perm, params_a, params_b))
+            group, step = names[k], step + 1
+            if solved_at[group] >= max((changed_at[g] for g in depends[group]), default=0):
+                continue  # same cost as at the last solve, hence the same optimum
+            new = solve_assignment(group_cost(spec, group, perm, params_a, params_b, constants))
+            solved_at[group], solves = step, solves + 1
+            if not torch.equal(new, perm[group]):
+                perm[group], changed_at[group] = new, step
         objective.append(matching_objective(spec, perm, params_a, params_b))
         if objective[-1] - objective[-2] <= tol * abs(objective[-2]):
             break
-    return SearchResult(perm, {"objective": objective, "sweeps": len(objective) - 1,
+    return SearchResult(perm, {"objective": objective, "sweeps": len(objective) - 1, "assignments": solves,
                                "seconds": time.perf_counter() - start})
