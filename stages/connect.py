@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -53,4 +53,4 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -26,4 +26,4 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

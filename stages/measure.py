@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -66,4 +66,4 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

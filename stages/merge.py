@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -48,4 +48,4 @@ def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

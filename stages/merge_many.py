@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -47,4 +47,4 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -45,4 +45,4 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -53,4 +53,4 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -45,4 +45,4 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

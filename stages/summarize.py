@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params
+from common import one_line_errors, read_params, run_warm
 
 app = typer.Typer(add_completion=False)
 
@@ -50,4 +50,4 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
 
 
 if __name__ == "__main__":
-    app()
+    run_warm(app)

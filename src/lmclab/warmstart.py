@@ -1,0 +1,274 @@
+"""Warm start for stage processes: run a stage script in a fork of a process that already imported
+torch, numpy, scipy, pandas, pyarrow and matplotlib, instead of paying those ~3 s of imports in every
+one of the pipeline's ~30 stage processes.
+
+How it works (a zygote, like a build tool's daemon): ``run_script(script, argv)`` (called by a stage
+script's ``__main__``) connects to a per-user Unix socket. Nobody listening → it starts the *server*
+(a detached process that imports the heavy modules, then waits; it exits after ``LMCLAB_WARM_IDLE``
+seconds, default 60, without a request). For each request the server forks a *session*, which forks
+a *worker* that takes over the client's working directory, environment, umask, stdin/stdout/stderr
+(passed over the socket), ``sys.argv`` and ``sys.path[0]``, runs the script as ``__main__`` and exits
+with its exit code; the session reports the code to the client, which exits with it. Signals the
+client receives (Ctrl-C, DVC stopping a stage) are forwarded to the worker; a client that dies
+takes its worker with it. Nothing of lmclab or of the stage is imported before the fork, so an
+edited source file is always the one that runs; the socket's name hashes the interpreter, its
+installed packages (site-packages modification times), this file and the environment variables read
+at import time, so a changed environment gets its own server.
+
+Results are the same as in a fresh process (stages seed every generator explicitly; tested).
+``LMCLAB_WARM=0`` turns it off; so does any failure to reach the server (the stage then runs in the
+calling process, as it would without this module). POSIX only (``fork``, ``SCM_RIGHTS``); elsewhere
+stages simply run in place. This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import hashlib
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+PRELOAD = ("numpy", "torch", "scipy.optimize", "scipy.linalg", "pandas", "pyarrow.parquet", "typer", "yaml",
+           "tqdm", "matplotlib.pyplot")
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "TORCH_", "PYTORCH_", "MPL", "LD_", "KMP_")
+WORKER_ENV = "LMCLAB_WARM_WORKER"  # set inside a worker: the stage runs in place
+_HELLO, _MAX_MESSAGE = b"lmclab-warm 1\n", 1 << 20
+
+
+def enabled() -> bool:
+    """Warm start is used unless ``LMCLAB_WARM=0``, inside a worker, or without fork/SCM_RIGHTS."""
+    return (os.environ.get("LMCLAB_WARM", "1") != "0" and WORKER_ENV not in os.environ
+            and hasattr(os, "fork") and hasattr(socket, "send_fds"))
+
+
+def socket_path() -> Path:
+    """The server's socket for this interpreter, its packages, this file and the import-time env."""
+    parts = [sys.executable, sys.prefix, sys.version, __file__, str(os.stat(__file__).st_mtime_ns)]
+    for entry in sys.path:
+        if entry.startswith(sys.prefix) and os.path.isdir(entry):
+            parts.append(f"{entry}:{os.stat(entry).st_mtime_ns}")
+    parts += sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV))
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    root = Path(os.environ.get("LMCLAB_WARM_DIR") or Path(tempfile.gettempdir()) / f"lmclab-warm-{os.getuid()}")
+    return root / f"{digest}.sock"
+
+
+# ---------------------------------------------------------------- client
+
+def run_script(script: str, argv: list[str]) -> int | None:
+    """Run ``script argv`` in a warm worker and return its exit code; ``None`` if that was not possible
+    (the caller then runs the stage itself). Never runs the stage twice: the request is sent only
+    after the server's greeting, and a failure before the greeting means nothing was started."""
+    if not enabled():
+        return None
+    path = socket_path()
+    conn = _connect(path) or (_spawn_server(path) and _connect(path, retries=40))
+    if conn is None:
+        return None
+    with conn:
+        try:
+            conn.settimeout(float(os.environ.get("LMCLAB_WARM_WAIT", "120")))
+            if conn.recv(len(_HELLO), socket.MSG_WAITALL) != _HELLO:
+                return None
+            conn.settimeout(None)
+            request = {"script": os.path.abspath(script), "argv": argv, "cwd": os.getcwd(),
+                       "env": dict(os.environ), "umask": _umask()}
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        except OSError:
+            return None
+        return _follow(conn)
+
+
+def _connect(path: Path, retries: int = 0) -> socket.socket | None:
+    for attempt in range(retries + 1):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(str(path))
+            return conn
+        except OSError:
+            conn.close()
+            if attempt < retries:
+                select.select([], [], [], 0.05)
+    return None
+
+
+def _spawn_server(path: Path) -> bool:
+    """Start a detached server (no inherited pipes: DVC and pytest must not wait for it)."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        src = str(Path(__file__).resolve().parent.parent)
+        code = f"import sys; sys.path[0] = {src!r}; from lmclab.warmstart import serve; serve({str(path)!r})"
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
+        return True
+    except OSError:
+        return False
+
+
+def _follow(conn: socket.socket) -> int:
+    """Forward signals to the worker until the session reports its exit code."""
+    reader = conn.makefile("rb")
+    started = json.loads(reader.readline() or b"{}")
+    pid = started.get("pid")
+    if pid is None:
+        return 1
+    forward = lambda signum, _frame: _kill(pid, signum)  # noqa: E731
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return int(json.loads(reader.readline())["exit"])  # EOF (session gone) -> ValueError -> 1
+    except (ValueError, KeyError, OSError):
+        return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---------------------------------------------------------------- server
+
+def serve(path: str) -> None:
+    """Bind ``path``, import the heavy modules, then fork a session per connection until idle."""
+    sock_path = Path(path)
+    lock = open(sock_path.with_suffix(".lock"), "w")  # noqa: SIM115 (held for the server's life)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # another server owns this socket
+    lock.write(f"{os.getpid()}\n")  # `kill $(cat <dir>/*.lock)` stops every server
+    lock.flush()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock_path.unlink(missing_ok=True)
+        listener.bind(path)
+        listener.listen(64)
+        for module in PRELOAD:  # clients already queue on the socket meanwhile
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 (a missing optional module is imported by the stage itself)
+                pass
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions are reaped automatically
+        idle = float(os.environ.get("LMCLAB_WARM_IDLE", "60"))
+        while select.select([listener], [], [], idle)[0]:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _session(conn)
+            conn.close()
+    finally:
+        sock_path.unlink(missing_ok=True)
+        listener.close()
+
+
+def _session(conn: socket.socket) -> NoReturn:
+    """Greet, receive the request and the client's stdio, fork the worker, report its exit code."""
+    try:
+        conn.sendall(_HELLO)
+        message, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 3)
+        while message and not message.endswith(b"\n"):
+            chunk = conn.recv(_MAX_MESSAGE)
+            message = message + chunk if chunk else b""
+        if not message or len(fds) != 3:
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _worker(json.loads(message), fds)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        conn.sendall(json.dumps({"exit": _wait(pid, conn)}).encode() + b"\n")
+    finally:
+        os._exit(0)
+
+
+def _wait(pid: int, conn: socket.socket) -> int:
+    """The worker's exit code (128 + signal if killed); a client that hangs up stops the worker."""
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    watch, deadline = [conn] + ([pidfd] if pidfd is not None else []), None
+    while True:
+        timeout = None if pidfd is not None and deadline is None else 0.05
+        readable = select.select(watch, [], [], timeout)[0]
+        if conn in readable and not conn.recv(1):  # the client is gone: stop its worker
+            _kill(pid, signal.SIGTERM)
+            watch, deadline = [w for w in watch if w is not conn], time.monotonic() + 5
+        if deadline is not None and time.monotonic() > deadline:
+            _kill(pid, signal.SIGKILL)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+
+
+def _worker(request: dict, fds: list[int]) -> NoReturn:
+    """Become the client's process (cwd, env, umask, stdio, argv) and run the script as ``__main__``."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"], **{WORKER_ENV: "1"})
+        os.umask(request["umask"])
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1 if os.isatty(1) else -1, closefd=False)  # noqa: SIM115
+        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for name in [m for m in sys.modules if m == "lmclab" or m.startswith("lmclab.")]:
+            del sys.modules[name]  # the stage imports its own checkout's lmclab
+        sys.argv, sys.path[0] = [request["script"], *request["argv"]], os.path.dirname(request["script"])
+        code = _run(request["script"])
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 (a closed pipe: nothing left to report)
+                pass
+        os._exit(code)
+
+
+def _run(script: str) -> int:
+    """``python script`` semantics: SystemExit's code, 1 and a traceback on an exception, 130 on Ctrl-C."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # noqa: BLE001 (reported exactly like the interpreter does)
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    return code
