@@ -71,7 +71,7 @@ def barrier_table(pairs: pd.DataFrame, methods: Sequence[str], prefix: str = "")
 
 
 def endpoint_table(history: pd.DataFrame) -> str:
-    last = history.sort_values("epoch").groupby("seed").tail(1)
+    last = history.sort_values(["seed", "epoch"]).groupby("seed").tail(1)
     lines = ["| seed | epochs | train loss | test loss | test acc % |", "|---|---|---|---|---|"]
     for _, r in last.iterrows():
         lines.append(f"| {int(r['seed'])} | {int(r['epoch'])} | {r['train_loss']:.4f} | "
