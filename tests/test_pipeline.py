@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,15 @@ def _deep_update(base: dict, changes: dict) -> dict:
 TINY = _deep_update(yaml.safe_load((ROOT / "params.yaml").read_text()), OVERRIDES)
 
 
-def _run(repo: Path, *args: str) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True)
+def _env() -> dict[str, str]:
+    """This interpreter's bin directory first, so `dvc` and the stages' `python` are the venv's."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _run(repo: Path, *args: str, stdout_only: bool = False) -> str:
+    proc = subprocess.run(args, cwd=repo, env=_env(), capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
+    return proc.stdout if stdout_only else proc.stdout + proc.stderr
 
 
 def _ran(output: str) -> set[str]:
@@ -133,16 +138,44 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
 
     show = _run(repo, "dvc", "metrics", "show")
     assert "wm.test_loss_barrier_mid.mean" in show
-    diff = _run(repo, "dvc", "metrics", "diff", "HEAD~1")
-    assert "metrics/summary.json" in diff or diff.strip() == ""
+    diff = _run(repo, "dvc", "metrics", "diff", "HEAD~1")  # the baseline had am, the workspace has not
+    assert "metrics/summary.json" in diff and "am.l2_after.mean" in diff
+
+
+def _queued_experiments(repo: Path) -> dict[str, dict]:
+    """Name -> ``{"width": …, "metrics": {file: …}}`` of every experiment of HEAD (`dvc exp show --json`)."""
+    found = {}
+    for rev in json.loads(_run(repo, "dvc", "exp", "show", "--json", stdout_only=True)):
+        for exp in rev.get("experiments") or []:
+            data = exp["revs"][0]["data"]
+            found[exp["name"]] = {"width": data["params"]["params.yaml"]["data"]["model"]["mlp"]["width"],
+                                  "metrics": data.get("metrics") or {}}
+    return found
+
+
+@pytest.mark.slow
+def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-qm", "before the queue")
+    _run(repo, "dvc", "exp", "run", "--queue", "-S", "model.mlp.width=8")
+    _run(repo, "dvc", "queue", "start", "-j", "1")
+    deadline, status = time.monotonic() + 300, ""
+    while time.monotonic() < deadline:
+        status = _run(repo, "dvc", "queue", "status")
+        if "Success" in status or "Failed" in status:
+            break
+        time.sleep(2)
+    assert "Success" in status, status
+    widths = {e["width"]: e for e in _queued_experiments(repo).values()}
+    assert "metrics/summary.json" in widths[8]["metrics"]
+    assert "wm" in widths[8]["metrics"]["metrics/summary.json"]["data"]
 
 
 @pytest.mark.slow
 def test_a_bad_pair_fails_in_validate_before_any_training(repo: Path) -> None:
     _set(repo, "permute.pairs", [[0, 7]])
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run([sys.executable, "stages/validate.py", "--out", "data/validated.txt"], cwd=repo,
-                          env=env, capture_output=True, text=True)
+                          env=_env(), capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("error: permute.pairs: pair [0, 7] names seed(s) [7] not in "
                                    "train.seeds [0, 1, 2]")

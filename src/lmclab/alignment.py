@@ -124,7 +124,7 @@ def alignment_r(factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factor
 
 def output_scale(s_a: Tensor, s_b: Tensor) -> float:
     """Figure 8: the least-squares α of ``s^a_{L,i} ≈ α s^b_{L,i}``, ``α = ⟨s^a, s^b⟩ / ‖s^b‖²``."""
-    s_a, s_b = torch.tensor(s_a, dtype=torch.float64), torch.tensor(s_b, dtype=torch.float64)
+    s_a, s_b = torch.as_tensor(s_a, dtype=torch.float64), torch.as_tensor(s_b, dtype=torch.float64)
     if s_a.shape != s_b.shape:
         raise ValueError(f"output spectra differ in length: {tuple(s_a.shape)} vs {tuple(s_b.shape)}")
     return float((s_a @ s_b) / (s_b @ s_b))
