@@ -142,14 +142,13 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     assert "metrics/summary.json" in diff and "am.l2_after.mean" in diff
 
 
-def _queued_experiments(repo: Path) -> dict[str, dict]:
-    """Name -> ``{"width": …, "metrics": {file: …}}`` of every experiment of HEAD (`dvc exp show --json`)."""
+def _experiment_metrics_by_width(repo: Path) -> dict[int, dict]:
+    """``model.mlp.width`` -> metrics files of every experiment of HEAD (`dvc exp show --json`)."""
     found = {}
     for rev in json.loads(_run(repo, "dvc", "exp", "show", "--json", stdout_only=True)):
         for exp in rev.get("experiments") or []:
             data = exp["revs"][0]["data"]
-            found[exp["name"]] = {"width": data["params"]["params.yaml"]["data"]["model"]["mlp"]["width"],
-                                  "metrics": data.get("metrics") or {}}
+            found[data["params"]["params.yaml"]["data"]["model"]["mlp"]["width"]] = data.get("metrics") or {}
     return found
 
 
@@ -166,9 +165,8 @@ def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
             break
         time.sleep(2)
     assert "Success" in status, status
-    widths = {e["width"]: e for e in _queued_experiments(repo).values()}
-    assert "metrics/summary.json" in widths[8]["metrics"]
-    assert "wm" in widths[8]["metrics"]["metrics/summary.json"]["data"]
+    metrics = _experiment_metrics_by_width(repo)[8]
+    assert "wm" in metrics["metrics/summary.json"]["data"]
 
 
 @pytest.mark.slow
