@@ -2,7 +2,7 @@
 
 WM on a permuted copy reaches L2 distance 0 and barrier 0 (exact recovery is not guaranteed on
 residual nets, distance is); BN repair equals the closed form (mean and unbiased variance of each
-BN's input over the repair batches) and barely changes an un-merged trained model."""
+BN's input over the repair batches) and makes eval mode reproduce train mode on its batch."""
 
 from __future__ import annotations
 
@@ -120,12 +120,24 @@ def test_bn_repair_equals_closed_form(trained, digits, batch_size):
             assert torch.equal(repaired[k], params[k])
 
 
-def test_bn_repair_of_trained_model_changes_accuracy_by_less_than_a_point(trained, digits):
+def test_bn_repair_makes_eval_mode_reproduce_train_mode_on_the_repair_batch(trained, digits):
+    """Closed form instead of a bound on a trained model's accuracy (that bound, 0.01, failed on
+    another CPU at 0.012): repaired from one batch, each BN's running stats are that batch's, so
+    the eval-mode network computes what the train-mode network computes on the same batch (up to
+    the unbiased/biased variance factor n/(n−1), n = 200·H·W ≥ 200·64)."""
     config, params = trained["resnet20"]
     model = build_model("resnet20", config)
-    before = evaluate(model, params, digits["test"]).acc
-    after = evaluate(model, repair_bn(model, params, digits["train"]), digits["test"]).acc
-    assert abs(after - before) < 0.01
+    x = digits["train"].x[:200]
+    repaired = repair_bn(model, params, Split(x, digits["train"].y[:200]), batch_size=200)
+    work = copy.deepcopy(model)
+    work.load_state_dict(repaired)
+    with torch.no_grad():
+        eval_logits = work.eval()(x)
+        train_logits = work.train()(x)
+        work.load_state_dict(params)
+        stale_logits = work.eval()(x)
+    assert torch.allclose(eval_logits, train_logits, rtol=1e-3, atol=1e-3)
+    assert not torch.allclose(stale_logits, train_logits, rtol=1e-3, atol=1e-3)  # the check can fail
 
 
 def test_measure_with_repair_reports_both_curves(trained, digits):
