@@ -1,13 +1,15 @@
-# Two commands on a fresh machine (Python 3.11 + the package registries):
+# Two commands on a fresh machine (Python 3.11, Node.js/npm, the package registries):
 #   make pipeline   install everything pinned in requirements.lock, then `dvc repro` the default params.yaml
 #   make test       install the same, then run the whole test suite (slow tests included)
+# and, after a run, `make metrics-diff` (headline metrics vs the committed ones, README "Comparing
+# experiments and CI"); `make ci` is what CI runs (.ci/run).
 PYTHON ?= python3
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup pipeline test bench lock
+.PHONY: setup pipeline test metrics-diff ci bench lock
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed .dvc/offline_plots.html
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +17,25 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# vega, vega-lite and vega-embed from the npm registry (versions and hashes in offline/package-lock.json),
+# inlined into the HTML template of `dvc plots show`/`diff` so the page renders offline
+.dvc/offline_plots.html: offline/package-lock.json tools/offline_plots.py $(VENV)/.installed
+	cd offline && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	$(VENV)/bin/python tools/offline_plots.py
+
 pipeline: setup
 	dvc repro
 
 # pytest exits 5 when it collects no test; that is not a failure of the suite
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+
+# DIFF_ARGS e.g. "--baseline main" or "--baseline my-exp --new other-exp"; exits 1 beyond tolerance
+metrics-diff: setup
+	$(VENV)/bin/python tools/metrics_diff.py $(DIFF_ARGS)
+
+ci:
+	bash .ci/run
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_search.py

@@ -32,6 +32,11 @@ def read_params(path: Path, key: str) -> Any:
     return value
 
 
+def show_progress() -> bool:
+    """Progress bars (on stderr) only when stdout is a terminal: quiet in CI, pipes and logs."""
+    return sys.stdout.isatty()
+
+
 def one_line_errors(fn: Callable) -> Callable:
     """Print bad-input errors (ValueError, FileNotFoundError, ...) as ``error: …`` and exit 1."""
 

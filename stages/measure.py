@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, read_params, run_warm, show_progress
 
 app = typer.Typer(add_completion=False)
 
@@ -46,7 +46,10 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"])
               if opts["bn_repair"] and has_batchnorm(model) else None)
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
-    for method in read_params(params, "permute.methods"):
+    from tqdm import tqdm
+
+    for method in tqdm(read_params(params, "permute.methods"), desc=f"measure seed{seed_a}-seed{seed_b}",
+                       unit="method", disable=not show_progress(), leave=False):
         permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
         midpoint = load_checkpoint(merged / method / "midpoint.pt")
         curve, summary, taylor, bounds = measure_and_analyze(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, read_params, run_warm, show_progress
 
 app = typer.Typer(add_completion=False)
 
@@ -34,7 +34,8 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     check_same_architecture(a, b, model_a, model_b)
     problem = SearchProblem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
                             {k: v.to(device) for k, v in b.state_dict.items()},
-                            load_split(data, "train"), device, test=load_split(data, "test"))
+                            load_split(data, "train"), device, test=load_split(data, "test"),
+                            progress=show_progress())
     result = find_permutation(method, problem, seed=read_params(params, "permute.seed"), options=options)
     out.mkdir(parents=True, exist_ok=True)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")

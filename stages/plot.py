@@ -1,4 +1,6 @@
-"""Stage plot: figures and ``report.md`` from the saved tables only (never recomputes). ~3 s."""
+"""Stage plot: figures, ``report.md`` and the DVC plot data (``--curves``: CSV files that
+``dvc plots show``/``diff`` draw, ``lmclab.plot_data``) from the saved tables only (never
+recomputes). ~3 s."""
 
 from __future__ import annotations
 
@@ -14,22 +16,23 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
-         params: Path = Path("params.yaml")) -> None:
+         curves: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
     from lmclab.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
                               plot_output_scale, plot_search_curves, plot_spectra, plot_taylor,
                               plot_three_barriers, plot_training)
+    from lmclab.plot_data import plot_tables, write_plot_tables
     from lmclab.report import write_report
 
     opts = read_params(params, "plot")
-    curves = pd.read_parquet(tables_dir / "curves.parquet")
+    curves_table = pd.read_parquet(tables_dir / "curves.parquet")
     pairs = pd.read_parquet(tables_dir / "pairs.parquet")
     history = pd.read_parquet(tables_dir / "history.parquet")
     edges = pd.read_parquet(tables_dir / "three_edges.parquet")
     evaluation = pd.read_parquet(tables_dir / "merge_many.parquet")
     figures = {
-        "interpolation": plot_interpolation(curves, out / "figures" / "interpolation.png",
+        "interpolation": plot_interpolation(curves_table, out / "figures" / "interpolation.png",
                                             dpi=opts["dpi"], band=opts["band"]),
         "training": plot_training(history, out / "figures" / "training.png", dpi=opts["dpi"]),
         "three": plot_three_barriers(edges, out / "figures" / "three_barriers.png", dpi=opts["dpi"]),
@@ -39,6 +42,8 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
                                       out / "figures" / "merge_many.png", dpi=opts["dpi"]),
     }
     read = lambda name: pd.read_parquet(tables_dir / f"{name}.parquet")  # noqa: E731
+    write_plot_tables(plot_tables({"curves": curves_table, "history": history, "search_curves": read("search_curves"),
+                                   "search_objective": read("search_objective")}), curves)
     fig = lambda name: out / "figures" / f"{name}.png"  # noqa: E731
     figures.update(alignment=plot_alignment(pairs, fig("alignment"), dpi=opts["dpi"]),
                    taylor=plot_taylor(read("taylor"), fig("taylor"), dpi=opts["dpi"]),

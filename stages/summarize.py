@@ -1,7 +1,9 @@
 """Stage summarize: gather the measurements of the current params into Parquet tables (``curves``,
 ``pairs``, ``history``; from the analyses ``taylor``, ``theorem42``, ``spectrum``, ``energy``,
 ``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``;
-``merge_many``, ``merge_many_trace``) and ``metrics/{summary,three_models,merge_many}.json``. ~3 s."""
+``merge_many``, ``merge_many_trace``), the headline metrics ``metrics/headline.json`` (what
+``dvc exp show`` and ``dvc metrics diff`` compare; ``lmclab.headline``) and the detail JSON files
+``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) in ``--detail-dir``. ~3 s."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ app = typer.Typer(add_completion=False)
 def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(...),
          history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
          merge_many_dir: Path = typer.Option(...), tables_dir: Path = typer.Option(...),
-         metrics_dir: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+         metrics_dir: Path = typer.Option(...), detail_dir: Path = typer.Option(...),
+         params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
+    from lmclab.headline import headline_metrics
     from lmclab.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
                                 output_scales, table1, tables, three_summary, three_tables)
 
@@ -42,11 +46,14 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     tables_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in out.items():
         frame.to_parquet(tables_dir / f"{name}.parquet", index=False)
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    for name, summary in (("summary", metrics_summary(out["pairs"], methods)),
-                          ("three_models", three_summary(out["three_edges"], three_methods)),
-                          ("merge_many", merge_many_summary(out["merge_many"], trace))):
-        (metrics_dir / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    headline = headline_metrics(history=out["history"], pairs=out["pairs"], edges=out["three_edges"],
+                                evaluation=out["merge_many"], methods=methods, three_methods=three_methods)
+    for folder, name, summary in ((metrics_dir, "headline", headline),
+                                  (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
+                                  (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
+                                  (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace))):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

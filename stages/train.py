@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, read_params, run_warm, show_progress
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
@@ -37,7 +37,8 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
     ckpt, rows = train(arch, config, seed,
-                       load_split(data, "train"), load_split(data, "test"), device=device, **opts)
+                       load_split(data, "train"), load_split(data, "test"), device=device,
+                       progress=show_progress(), **opts)
     save_checkpoint(out, ckpt)
     history.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(history, index=False)

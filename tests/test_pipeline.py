@@ -66,20 +66,31 @@ def _base_stages(names: set[str]) -> set[str]:
     return {n.split("@")[0] for n in names}
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("pipeline")
+def make_repo(repo: Path, params: dict) -> Path:
+    """A git + DVC repository at ``repo`` holding this checkout's pipeline (dvc.yaml, stages, library,
+    tools, plot templates, tolerance file) and ``params`` as params.yaml."""
     for item in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(ROOT / item, repo / item)
-    for folder in ("stages", "src"):
+    for folder in ("stages", "src", "tools"):
         shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    (repo / "metrics").mkdir()
+    shutil.copy(ROOT / "metrics" / "tolerances.yaml", repo / "metrics" / "tolerances.yaml")
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run(repo, "git", "init", "-q")
     _run(repo, "git", "config", "user.email", "test@example.com")
     _run(repo, "git", "config", "user.name", "test")
     _run(repo, "dvc", "init", "-q")
     _run(repo, "dvc", "config", "core.analytics", "false")
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
+    if (ROOT / ".dvc" / "offline_plots.html").is_file():  # built by `make setup`
+        shutil.copy(ROOT / ".dvc" / "offline_plots.html", repo / ".dvc" / "offline_plots.html")
+        _run(repo, "dvc", "config", "plots.html_template", "offline_plots.html")
     return repo
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repo(tmp_path_factory.mktemp("pipeline"), TINY)
 
 
 @pytest.mark.slow
@@ -88,7 +99,7 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     assert _base_stages(first) == {"validate", "download", "train", "permute", "merge", "measure",
                                    "spectra", "connect", "merge_many", "summarize", "plot"}
     assert len([s for s in first if s.startswith("permute@")]) == 3
-    summary = json.loads((repo / "metrics/summary.json").read_text())
+    summary = json.loads((repo / "reports/detail/summary.json").read_text())
     assert set(summary) == {"identity", "wm", "am"}
     assert summary["identity"]["l2_reduction_pct"]["mean"] == 0.0
     assert summary["wm"]["l2_reduction_pct"]["mean"] > 0
@@ -120,7 +131,7 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     _run(repo, "git", "commit", "-qm", "options")
     ran = _ran(_run(repo, "dvc", "exp", "run", "--set-param", "permute.methods=[identity,wm]"))
     assert not {"download", "train"} & _base_stages(ran) and {"summarize", "plot"} <= ran
-    assert set(json.loads((repo / "metrics/summary.json").read_text())) == {"identity", "wm"}
+    assert set(json.loads((repo / "reports/detail/summary.json").read_text())) == {"identity", "wm"}
 
     # train.epochs reruns train and everything after it, but not download
     _set(repo, "train.epochs", 2)
@@ -133,13 +144,13 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     out = _run(repo, "dvc", "repro")
     assert not any(s.startswith("train@") for s in _ran(out))
     assert "Stage 'train@0' is cached - skipping run, checking out outputs" in out
-    assert set(json.loads((repo / "metrics/three_models.json").read_text())) == {"identity", "wm"}
-    assert "MergeMany average" in json.loads((repo / "metrics/merge_many.json").read_text())
+    assert set(json.loads((repo / "reports/detail/three_models.json").read_text())) == {"identity", "wm"}
+    assert "MergeMany average" in json.loads((repo / "reports/detail/merge_many.json").read_text())
 
     show = _run(repo, "dvc", "metrics", "show")
-    assert "wm.test_loss_barrier_mid.mean" in show
+    assert "wm.B_loss" in show and "test_loss_barrier_mid" not in show  # headline only
     diff = _run(repo, "dvc", "metrics", "diff", "HEAD~1")  # the baseline had am, the workspace has not
-    assert "metrics/summary.json" in diff and "am.l2_after.mean" in diff
+    assert "metrics/headline.json" in diff and "am.L2_red" in diff
 
 
 def _experiment_metrics_by_width(repo: Path) -> dict[int, dict]:
@@ -166,7 +177,7 @@ def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
         time.sleep(2)
     assert "Success" in status, status
     metrics = _experiment_metrics_by_width(repo)[8]
-    assert "wm" in metrics["metrics/summary.json"]["data"]
+    assert "B_loss" in metrics["metrics/headline.json"]["data"]["wm"]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -124,7 +125,8 @@ def alignment_r(factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factor
 
 def output_scale(s_a: Tensor, s_b: Tensor) -> float:
     """Figure 8: the least-squares α of ``s^a_{L,i} ≈ α s^b_{L,i}``, ``α = ⟨s^a, s^b⟩ / ‖s^b‖²``."""
-    s_a, s_b = torch.as_tensor(s_a, dtype=torch.float64), torch.as_tensor(s_b, dtype=torch.float64)
+    # np.array copies: pandas hands out read-only arrays, which torch warns about and may not share
+    s_a, s_b = (torch.from_numpy(np.array(s, dtype=np.float64)) for s in (s_a, s_b))
     if s_a.shape != s_b.shape:
         raise ValueError(f"output spectra differ in length: {tuple(s_a.shape)} vs {tuple(s_b.shape)}")
     return float((s_a @ s_b) / (s_b @ s_b))

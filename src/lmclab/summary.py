@@ -33,7 +33,8 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
 
     Returns ``curves`` (long: one row per pair, method, split, λ), ``pairs`` (wide: one row
     per pair and method with every scalar), ``search_curves`` (long: one row per pair, method and
-    search epoch of the iterative searches) and, when the records carry them, ``taylor`` and ``theorem42``."""
+    search epoch of the iterative searches), ``search_objective`` (WM's ⟨θa, π(θb)⟩ after each
+    sweep, sweep 0 = before the first) and, when the records carry them, ``taylor`` and ``theorem42``."""
     curves, pairs, taylor, bounds = [], [], [], []
     for rec in records:
         key = {"pair": pair_name(rec["seed_a"], rec["seed_b"]), "seed_a": rec["seed_a"],
@@ -45,7 +46,8 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
         taylor += [{**key, **row, "barrier": _real_gap(rec["curve"], row["split"], row["lam"])}
                    for row in rec.get("taylor", [])]
         bounds += [{**key, **row} for row in rec.get("theorem42", [])]
-    out = {"curves": pd.DataFrame(curves), "pairs": pd.DataFrame(pairs), "search_curves": search_curves(records)}
+    out = {"curves": pd.DataFrame(curves), "pairs": pd.DataFrame(pairs), "search_curves": search_curves(records),
+           "search_objective": search_objective(records)}
     if taylor:  # records carry the analyze stage's outputs (Taylor curve, Theorem 4.2 rows)
         out.update(taylor=pd.DataFrame(taylor), theorem42=pd.DataFrame(bounds))
     return out
@@ -104,6 +106,14 @@ def search_curves(records: Sequence[dict]) -> pd.DataFrame:
             for rec in records for row in rec["search"].get("curve", [])]
     frame = pd.DataFrame(rows, columns=list(SEARCH_CURVE_COLUMNS))
     return frame.astype({"epoch": "int64", "l2": "float64", "test_loss": "float64", "test_acc": "float64"})
+
+
+def search_objective(records: Sequence[dict]) -> pd.DataFrame:
+    """One row per pair, method and sweep of the searches that record an ``objective`` trace."""
+    rows = [{"pair": pair_name(rec["seed_a"], rec["seed_b"]), "method": rec["method"], "sweep": sweep,
+             "objective": float(value)}
+            for rec in records for sweep, value in enumerate(rec["search"].get("objective", []))]
+    return pd.DataFrame(rows, columns=["pair", "method", "sweep", "objective"]).astype({"sweep": "int64"})
 
 
 def metrics_summary(pairs: pd.DataFrame, method_order: Sequence[str]) -> dict:

@@ -16,6 +16,7 @@ statistics are held at each endpoint's own values).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -64,7 +65,11 @@ def gradient_and_hvp(loss_fn: LossFn, params: Mapping[str, Tensor],
 
     primals = ({k: params[k] for k in names},)
     tangents = ({k: direction[k].to(params[k]) for k in names},)
-    gradient, hvp = jvp(grad(loss_of), primals, tangents)
+    with warnings.catch_warnings():
+        # torch's own jvp decomposition table calls the deprecated torch.jit.script when first
+        # imported (torch/_decomp/decompositions_for_jvp.py); nothing here uses TorchScript
+        warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+        gradient, hvp = jvp(grad(loss_of), primals, tangents)
     return gradient, hvp
 
 

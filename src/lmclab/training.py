@@ -77,7 +77,7 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
           epochs: int, lr: float = 1e-3, batch_size: int = 512, optimizer: str = "adam",
           momentum: float = 0.9, weight_decay: float = 0.0, schedule: str = "constant",
           warmup_epochs: int = 0, augment: str = "none",
-          device: torch.device = torch.device("cpu"), progress: bool = True
+          device: torch.device = torch.device("cpu"), progress: bool = False
           ) -> tuple[Checkpoint, list[dict[str, float]]]:
     """Train with cross-entropy; return the checkpoint and one history row per epoch.
 

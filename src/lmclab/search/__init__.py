@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from lmclab.archs import build_model, get_arch
 from lmclab.data import Split
@@ -38,7 +39,7 @@ class SearchProblem:
 
     ``test`` (optional) lets iterative methods record learning curves of the merged model;
     ``repair`` (optional) maps a merged parameter dict to one with repaired BatchNorm statistics
-    before it is evaluated there."""
+    before it is evaluated there; ``progress`` shows a bar per search epoch of iterative methods."""
 
     arch: str
     config: Any
@@ -48,6 +49,7 @@ class SearchProblem:
     device: torch.device
     test: Split | None = None
     repair: Callable[[Params], Params] | None = None
+    progress: bool = False
 
     @property
     def spec(self) -> PermutationSpec:
@@ -96,14 +98,18 @@ def _monitored(problem: SearchProblem, search: Callable[..., SearchResult], **kw
     """Run ``search`` with the learning-curve monitor; ``seconds`` excludes the monitoring time,
     which is reported as ``monitor_seconds``."""
     row, spent = _monitor(problem), [0.0]
+    bar = tqdm(desc=search.__name__, unit="epoch", disable=not problem.progress, leave=False)
 
     def timed(perm: Permutation) -> dict[str, float]:
         start = time.perf_counter()
         out = row(perm)
         spent[0] += time.perf_counter() - start
+        bar.update()
+        bar.set_postfix(l2=f"{out['l2']:.3f}", refresh=False)
         return out
 
-    result = search(problem.spec, problem.params_a, problem.params_b, monitor=timed, **kwargs)
+    with bar:
+        result = search(problem.spec, problem.params_a, problem.params_b, monitor=timed, **kwargs)
     result.stats["monitor_seconds"] = spent[0]
     result.stats["seconds"] -= spent[0]
     return result

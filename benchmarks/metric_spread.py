@@ -1,0 +1,102 @@
+"""How much do the headline metrics move when nothing but the floating-point arithmetic changes?
+
+Runs the default pipeline (this checkout's dvc.yaml, stages, library and params.yaml) from scratch
+once per *variant*, each in its own temporary git + DVC repository and warm-start server, and
+reports per headline metric the spread against the reference run:
+
+- ``rerun``: the same again (run-to-run noise on one machine: 0 except the search seconds);
+- ``1thread``: ``OMP_NUM_THREADS=1`` (other reduction order in every matmul and sum);
+- ``mkl-avx``: MKL restricted to AVX kernels (other blocking and FMA use in the matmuls);
+- ``sse``: ATen's and oneDNN's generic kernels and MKL's SSE4.2 ones (what an older CPU computes).
+
+The last three stand in for "another machine": the same code on another CPU gives other floats,
+and 10 epochs of training amplify them. ``metrics/tolerances.yaml`` takes its numbers from this
+(README "Comparing experiments and CI"). Writes ``benchmarks/results/metric_spread.{json,md}``.
+
+    python benchmarks/metric_spread.py [--variants rerun,1thread,mkl-avx,sse]   (~3 min per variant)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "reference": {},
+    "rerun": {},
+    "1thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    "mkl-avx": {"MKL_ENABLE_INSTRUCTIONS": "AVX"},
+    "sse": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+
+def run_variant(name: str, env_extra: dict[str, str], work: Path) -> tuple[dict, float]:
+    repo = work / name
+    repo.mkdir()
+    for item in ("dvc.yaml", ".dvcignore", ".gitignore", "params.yaml"):
+        shutil.copy(ROOT / item, repo / item)
+    for folder in ("stages", "src"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
+    bin_dir = str(Path(sys.executable).parent)
+    warm = Path(tempfile.mkdtemp(prefix="warm-", dir=work))  # one server per variant: its env applies
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LMCLAB_WARM_DIR": str(warm),
+           **env_extra}
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q", "-f"], ["dvc", "config", "core.analytics", "false"]):
+        subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
+    start = time.perf_counter()
+    proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{name}: dvc repro failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads((repo / "metrics" / "headline.json").read_text()), time.perf_counter() - start
+
+
+def flat(doc: dict) -> dict[str, float]:
+    return {f"{group}.{key}": value for group, entries in doc.items() for key, value in entries.items()}
+
+
+def spread_table(runs: dict[str, dict[str, float]]) -> tuple[list[dict], str]:
+    ref = runs["reference"]
+    rows, names = [], [n for n in runs if n != "reference"]
+    lines = ["| metric | reference | " + " | ".join(f"Δ {n}" for n in names) + " | max |Δ| |",
+             "|---|---:|" + "---:|" * (len(names) + 1)]
+    for metric, value in ref.items():
+        deltas = {n: runs[n][metric] - value for n in names}
+        worst = max(abs(d) for d in deltas.values())
+        rows.append({"metric": metric, "reference": value, **{f"delta_{n}": d for n, d in deltas.items()},
+                     "max_abs_delta": worst})
+        lines.append(f"| `{metric}` | {value:.6g} | " + " | ".join(f"{d:+.4g}" for d in deltas.values())
+                     + f" | {worst:.4g} |")
+    return rows, "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "reference"))
+    args = parser.parse_args()
+    chosen = ["reference", *[v for v in args.variants.split(",") if v]]
+    runs, seconds = {}, {}
+    with tempfile.TemporaryDirectory(prefix="metric-spread-") as tmp:
+        for name in chosen:
+            doc, seconds[name] = run_variant(name, VARIANTS[name], Path(tmp))
+            runs[name] = flat(doc)
+            print(f"{name}: {seconds[name]:.0f} s", flush=True)
+    rows, table = spread_table(runs)
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metric_spread.json").write_text(json.dumps({"variants": {n: VARIANTS[n] for n in chosen},
+                                                        "seconds": seconds, "rows": rows}, indent=2))
+    (out / "metric_spread.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

