@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -35,10 +35,11 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.device import resolve_device
     from lmclab.metrics import lambda_grid
 
-    opts = read_params(params, "measure")
+    read = stage_params("measure", params)
+    opts = read("measure")
     lams, mode = lambda_grid(opts["num_lambdas"]), opts["conv_spectrum"]
     check_mode(mode)
-    device = resolve_device(read_params(params, "device"))
+    device = resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     on = lambda sd: {k: v.to(device) for k, v in sd.items()}  # noqa: E731
     model = build_model(a.arch, a.config).to(device)
@@ -46,7 +47,7 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"])
               if opts["bn_repair"] and has_batchnorm(model) else None)
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
-    for method in read_params(params, "permute.methods"):
+    for method in read("permute.methods"):
         permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
         midpoint = load_checkpoint(merged / method / "midpoint.pt")
         curve, summary, taylor, bounds = measure_and_analyze(

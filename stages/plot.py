@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -22,7 +22,7 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
                               plot_three_barriers, plot_training)
     from lmclab.report import write_report
 
-    opts = read_params(params, "plot")
+    opts = stage_params("plot", params)("plot")
     curves = pd.read_parquet(tables_dir / "curves.parquet")
     pairs = pd.read_parquet(tables_dir / "pairs.parquet")
     history = pd.read_parquet(tables_dir / "history.parquet")
