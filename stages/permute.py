@@ -30,13 +30,13 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     read = stage_params("permute", params, method=method)
     options = read(f"permute.{method}") or {}
     check_method(method, options)
-    device = resolve_device(read("device"))
+    seed, device = read("permute.seed"), resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
     problem = SearchProblem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
                             {k: v.to(device) for k, v in b.state_dict.items()},
                             load_split(data, "train"), device, test=load_split(data, "test"))
-    result = find_permutation(method, problem, seed=read("permute.seed"), options=options)
+    result = find_permutation(method, problem, seed=seed, options=options)
     out.mkdir(parents=True, exist_ok=True)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")
     tmp = out / ".stats.json.tmp"

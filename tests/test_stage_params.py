@@ -88,3 +88,31 @@ def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
         read = StageParams(stage, ROOT / "params.yaml", **item).read
         for key in declared_keys(PIPELINE, stage, tree, item):
             read(key)
+
+
+@pytest.mark.slow
+def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:  # noqa: ANN001
+    """permute, connect and merge_many on three random MLPs, in-process, reading the tiny params
+    through their own declarations (tests/test_pipeline.py runs every stage through dvc repro)."""
+    from typer.testing import CliRunner
+
+    import connect
+    import merge_many
+    import permute
+    from lmclab.archs import build_model, make_config
+    from lmclab.checkpoint import Checkpoint, save_checkpoint
+    from test_pipeline import TINY
+
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)
+    for seed in (0, 1, 2):
+        save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed,
+                                                                build_model("mlp", config, seed=seed).state_dict()))
+    params = _write(tmp_path, {**TINY, "three": {**TINY["three"], "resolution": 2}})
+    common = ["--data", str(prepared), "--params", str(params)]
+    runs = {permute: ["--method", "wm", "--model-a", str(tmp_path / "seed0.pt"), "--model-b",
+                      str(tmp_path / "seed1.pt"), "--out", str(tmp_path / "perm")],
+            connect: ["--method", "wm", "--seeds", "0,1,2", "--models", str(tmp_path), "--out", str(tmp_path / "c")],
+            merge_many: ["--models", str(tmp_path), "--out", str(tmp_path / "mm")]}
+    for stage, args in runs.items():
+        result = CliRunner().invoke(stage.app, args + common)
+        assert result.exit_code == 0, f"{stage.__name__}: {result.output}"
