@@ -1,16 +1,15 @@
-"""Stage-side plumbing shared by the thin stage scripts: reading the keys a stage lists under
-``params:`` in dvc.yaml, turning library errors into one-line messages, and running a stage in a
-warm-started process (``lmclab.warmstart``)."""
+"""Stage-side plumbing shared by the thin stage scripts: reading params.yaml as DVC does (YAML 1.2)
+and only through the keys the stage declares under ``params:`` in dvc.yaml, turning library errors
+into one-line messages, and running a stage in a warm-started process (``lmclab.warmstart``)."""
 
 from __future__ import annotations
 
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from functools import wraps
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip install -e .`
@@ -18,18 +17,112 @@ if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip instal
 
 from lmclab.warmstart import run_script  # noqa: E402 (standard library only: no heavy import here)
 
+DVC_YAML = ROOT / "dvc.yaml"  # the pipeline these stage scripts belong to
+PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")
 
-def read_params(path: Path, key: str) -> Any:
-    """The value at dotted ``key`` of the params file, or a one-line error naming it."""
+
+def parse_yaml(text: str, where: object = "<text>") -> Any:
+    """YAML 1.2, as DVC reads and writes params.yaml (ruamel.yaml): ``tol: 1e-06`` (what
+    ``dvc exp run -S tol=1e-6`` writes) is a float, not the string PyYAML's YAML 1.1 makes of it."""
+    from ruamel.yaml import YAML, YAMLError
+
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except YAMLError as exc:
+        raise SystemExit(f"error: {where}: not valid YAML ({' '.join(str(exc).split())})") from None
+
+
+def load_yaml(path: Path) -> Any:
+    """The YAML 1.2 file at ``path`` (see :func:`parse_yaml`)."""
     path = Path(path)
     if not path.is_file():
-        raise SystemExit(f"error: {path}: params file not found")
-    value: Any = yaml.safe_load(path.read_text()) or {}
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise SystemExit(f"error: {path}: missing key {key}")
-        value = value[part]
-    return value
+        raise SystemExit(f"error: {path}: file not found")
+    return parse_yaml(path.read_text(), path)
+
+
+def declared_keys(dvc_yaml: Mapping, stage: str, tree: Mapping, item: Mapping[str, Any]) -> list[str]:
+    """The params.yaml keys ``stage`` lists under ``params:`` in ``dvc_yaml``, with ``${item.X}``
+    taken from ``item`` (a matrix stage's own values) and ``${a.b}`` from params.yaml; ``""`` stands
+    for the whole file (``- params.yaml:`` with no keys)."""
+    if stage not in dvc_yaml.get("stages", {}):
+        raise SystemExit(f"error: {DVC_YAML}: no stage {stage!r}")
+
+    def resolve(match: re.Match) -> str:
+        name = match[1]
+        value = item.get(name[5:]) if name.startswith("item.") else _lookup(tree, name)
+        if value is None or value is ABSENT:
+            raise SystemExit(f"error: {DVC_YAML}: stage {stage}: cannot resolve ${{{name}}}")
+        return str(value)
+
+    keys = []
+    for entry in dvc_yaml["stages"][stage].get("params") or []:
+        if isinstance(entry, str):
+            keys.append(entry)
+        elif isinstance(entry, Mapping) and "params.yaml" in entry:
+            keys += entry["params.yaml"] or [""]
+    return [PLACEHOLDER.sub(resolve, k) for k in keys]
+
+
+ABSENT = object()
+
+
+def _lookup(tree: Any, key: str) -> Any:
+    """The value at dotted ``key`` of ``tree``, or ``ABSENT``."""
+    for part in key.split(".") if key else []:
+        if not isinstance(tree, Mapping) or part not in tree:
+            return ABSENT
+        tree = tree[part]
+    return tree
+
+
+class StageParams:
+    """params.yaml as one stage of dvc.yaml may read it. Reading a key (or a key inside a block
+    read whole) that the stage's ``params:`` do not cover is refused: DVC would not rerun the stage
+    when that key changes, and would serve a stale result."""
+
+    def __init__(self, stage: str, path: Path = Path("params.yaml"), **item: Any) -> None:
+        self.stage, self.path = stage, Path(path)
+        self.tree = load_yaml(self.path) or {}
+        self.declared = declared_keys(load_yaml(DVC_YAML) or {}, stage, self.tree, item)
+
+    def covers(self, key: str) -> bool:
+        return any(d in ("", key) or key.startswith(d + ".") for d in self.declared)
+
+    def read(self, key: str) -> Any:
+        """The value at dotted ``key`` (``""``: the whole file); a block of which only some keys
+        are declared comes back as a read-only mapping that checks each look-up."""
+        partly = any(d.startswith(key + ".") for d in self.declared)
+        if not (self.covers(key) or partly):
+            raise SystemExit(f"error: stage {self.stage} reads params key {key}, which its params: "
+                             f"in {DVC_YAML.name} do not declare (DVC would not rerun it when {key} changes)")
+        value = _lookup(self.tree, key)
+        if value is ABSENT:
+            raise SystemExit(f"error: {self.path}: missing key {key}")
+        return value if self.covers(key) or not isinstance(value, Mapping) else DeclaredBlock(self, key, value)
+
+
+class DeclaredBlock(Mapping):
+    """A block of params.yaml whose look-ups go through :meth:`StageParams.read`."""
+
+    def __init__(self, params: StageParams, key: str, value: Mapping) -> None:
+        self._params, self._key, self._value = params, key, value
+
+    def __getitem__(self, name: str) -> Any:
+        key = f"{self._key}.{name}"
+        if name not in self._value and self._params.covers(key):
+            raise KeyError(name)  # declared but absent: ``.get(name, default)`` works
+        return self._params.read(key)  # refuses an undeclared key
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._value)
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+
+def stage_params(stage: str, path: Path = Path("params.yaml"), **item: Any) -> Callable[[str], Any]:
+    """``read(key)`` for stage ``stage`` (matrix stages pass their ``item`` values, e.g. ``method``)."""
+    return StageParams(stage, path, **item).read
 
 
 def show_progress() -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -29,18 +29,18 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     from lmclab.search import check_method
     from lmclab.three_models import connect_triple
 
-    options = read_params(params, f"permute.{method}") or {}
+    read = stage_params("connect", params, method=method)
+    options = read(f"permute.{method}") or {}
     check_method(method, options)
+    settings = dict(seed=read("permute.seed"), lams=lambda_grid(read("measure.num_lambdas")),
+                    resolution=read("three.resolution"), margin=read("three.margin"),
+                    gammas=read("measure.gammas"), device=resolve_device(read("device")))
     paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","))}
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
     result = connect_triple(
-        method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options,
-        seed=read_params(params, "permute.seed"), lams=lambda_grid(read_params(params, "measure.num_lambdas")),
-        resolution=read_params(params, "three.resolution"), margin=read_params(params, "three.margin"),
-        gammas=read_params(params, "measure.gammas"),
-        device=resolve_device(read_params(params, "device")))
+        method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
     out.mkdir(parents=True, exist_ok=True)
     atomic_save(result.perms, out / "perms.pt")
     pd.DataFrame(result.curves).to_parquet(out / "curves.parquet", index=False)

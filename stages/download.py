@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -18,7 +18,7 @@ app = typer.Typer(add_completion=False)
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     from lmclab.data import prepare
 
-    data = read_params(params, "data")
+    data = stage_params("download", params)("data")
     meta = prepare(data["name"], Path(data["root"]), out, max_train=data.get("max_train"),
                    max_test=data.get("max_test"), image_size=data["image_size"])
     typer.echo(f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm, show_progress
+from common import one_line_errors, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -35,10 +35,11 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.device import resolve_device
     from lmclab.metrics import lambda_grid
 
-    opts = read_params(params, "measure")
+    read = stage_params("measure", params)
+    opts = read("measure")
     lams, mode = lambda_grid(opts["num_lambdas"]), opts["conv_spectrum"]
     check_mode(mode)
-    device = resolve_device(read_params(params, "device"))
+    device = resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     on = lambda sd: {k: v.to(device) for k, v in sd.items()}  # noqa: E731
     model = build_model(a.arch, a.config).to(device)
@@ -48,7 +49,7 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
     from tqdm import tqdm
 
-    for method in tqdm(read_params(params, "permute.methods"), desc=f"measure seed{seed_a}-seed{seed_b}",
+    for method in tqdm(read("permute.methods"), desc=f"measure seed{seed_a}-seed{seed_b}",
                        unit="method", disable=not show_progress(), leave=False):
         permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
         midpoint = load_checkpoint(merged / method / "midpoint.pt")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -30,15 +30,16 @@ def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
     from lmclab.merge import merge
     from lmclab.spec import check_permutation
 
+    read = stage_params("merge", params)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
     spec = get_arch(a.arch).permutation_spec(a.config)
     model = build_model(a.arch, a.config)
     repair = None
-    if read_params(params, "measure.bn_repair") and has_batchnorm(model):
+    if read("measure.bn_repair") and has_batchnorm(model):
         repair = bn_repair_hook(model, load_split(data, "train"),
-                                num_samples=read_params(params, "measure.bn_repair_samples"))
-    for method in read_params(params, "permute.methods"):
+                                num_samples=read("measure.bn_repair_samples"))
+    for method in read("permute.methods"):
         pi = torch.load(perms / method / "perm.pt", weights_only=True)
         check_permutation(pi, spec.group_sizes(b.state_dict))
         permuted_b, midpoint = merge(spec, a.state_dict, b.state_dict, pi)

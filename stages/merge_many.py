@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -26,15 +26,16 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
     from lmclab.device import resolve_device
     from lmclab.ensemble import merge_and_compare
 
-    opts = read_params(params, "merge_many")
+    read = stage_params("merge_many", params)
+    opts = read("merge_many")
     paths = [models / f"seed{s}.pt" for s in opts["seeds"]]
     ckpts = [load_checkpoint(p) for p in paths]
     for p, c in zip(paths[1:], ckpts[1:]):
         check_same_architecture(ckpts[0], c, paths[0], p)
     result, rows = merge_and_compare(
         ckpts, {"train": load_split(data, "train"), "test": load_split(data, "test")},
-        max_iter=opts["max_iter"], tol=opts["tol"], seed=read_params(params, "permute.seed"),
-        device=resolve_device(read_params(params, "device")))
+        max_iter=opts["max_iter"], tol=opts["tol"], seed=read("permute.seed"),
+        device=resolve_device(read("device")))
     out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(out / "merged.pt", Checkpoint(ckpts[0].arch, ckpts[0].config, None, result.merged))
     atomic_save([{g: p.cpu() for g, p in perm.items()} for perm in result.perms], out / "perms.pt")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm, show_progress
+from common import one_line_errors, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -27,16 +27,17 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     from lmclab.device import resolve_device
     from lmclab.search import SearchProblem, check_method, find_permutation
 
-    options = read_params(params, f"permute.{method}") or {}
+    read = stage_params("permute", params, method=method)
+    options = read(f"permute.{method}") or {}
     check_method(method, options)
-    device = resolve_device(read_params(params, "device"))
+    seed, device = read("permute.seed"), resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
     problem = SearchProblem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
                             {k: v.to(device) for k, v in b.state_dict.items()},
                             load_split(data, "train"), device, test=load_split(data, "test"),
                             progress=show_progress())
-    result = find_permutation(method, problem, seed=read_params(params, "permute.seed"), options=options)
+    result = find_permutation(method, problem, seed=seed, options=options)
     out.mkdir(parents=True, exist_ok=True)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")
     tmp = out / ".stats.json.tmp"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -25,7 +25,7 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
     from lmclab.plot_data import plot_tables, write_plot_tables
     from lmclab.report import write_report
 
-    opts = read_params(params, "plot")
+    opts = stage_params("plot", params)("plot")
     curves_table = pd.read_parquet(tables_dir / "curves.parquet")
     pairs = pd.read_parquet(tables_dir / "pairs.parquet")
     history = pd.read_parquet(tables_dir / "history.parquet")

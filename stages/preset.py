@@ -20,7 +20,7 @@ from typing import Any
 import typer
 import yaml
 
-from common import ROOT, one_line_errors
+from common import ROOT, one_line_errors, parse_yaml
 
 app = typer.Typer(add_completion=False)
 PRESETS = ROOT / "presets"
@@ -84,9 +84,9 @@ def apply_preset(name: str, params_text: str) -> str:
     if not path.is_file():
         known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
         raise FileNotFoundError(f"preset {name!r}: no {path.name} in presets/ (known: {known})")
-    overrides = flatten(yaml.safe_load(path.read_text()) or {})
+    overrides = flatten(parse_yaml(path.read_text(), path) or {})
     new_text = set_values(params_text, overrides)
-    new = flatten(yaml.safe_load(new_text))
+    new = flatten(parse_yaml(new_text))
     wrong = [k for k, v in overrides.items() if new.get(k) != v]
     if wrong:
         raise ValueError(f"preset {name!r}: could not write {wrong} faithfully")
@@ -97,13 +97,15 @@ def apply_preset(name: str, params_text: str) -> str:
 @one_line_errors
 def main(name: str, params: Path = Path("params.yaml"),
          set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing")) -> None:
-    from lmclab.validate import check_params
+    from lmclab.validate import ParamsError, check_params
 
     new_text = apply_preset(name, params.read_text())
-    tree = yaml.safe_load(new_text)
-    check_params(**{k: tree[k] for k in ("data", "model", "train", "permute", "measure", "device")})
+    try:
+        check_params(parse_yaml(new_text, params))
+    except ParamsError as err:
+        raise SystemExit("\n".join(f"error: preset {name}: {line}" for line in err.lines)) from None
     if set_params:
-        overrides = flatten(yaml.safe_load((PRESETS / f"{name}.yaml").read_text()))
+        overrides = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
         typer.echo("dvc exp run " + " ".join(f"-S {shlex.quote(f'{k}={flow(v)}')}" for k, v in overrides.items()))
         return
     tmp = params.with_name(f".{params.name}.tmp")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -27,11 +27,12 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
     from lmclab.data import load_split
     from lmclab.device import resolve_device
 
-    mode = read_params(params, "measure.conv_spectrum")
+    read = stage_params("spectra", params)
+    mode = read("measure.conv_spectrum")
     check_mode(mode)
-    device = resolve_device(read_params(params, "device"))
+    device = resolve_device(read("device"))
     test = load_split(data, "test")
-    for seed in read_params(params, "train.seeds"):
+    for seed in read("train.seeds"):
         ckpt = load_checkpoint(models / f"seed{seed}.pt")
         spectrum, energy = analyze_model(
             get_arch(ckpt.arch).permutation_spec(ckpt.config), build_model(ckpt.arch, ckpt.config).to(device),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -30,16 +30,17 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     from lmclab.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
                                 output_scales, table1, tables, three_summary, three_tables)
 
-    methods, seeds = read_params(params, "permute.methods"), read_params(params, "train.seeds")
-    three_methods = read_params(params, "three.methods")
-    out = tables(collect_pairs(measure_dir, perms_dir, read_params(params, "permute.pairs"), methods))
+    read = stage_params("summarize", params)
+    methods, seeds = read("permute.methods"), read("train.seeds")
+    three_methods = read("three.methods")
+    out = tables(collect_pairs(measure_dir, perms_dir, read("permute.pairs"), methods))
     read_all = lambda folder, name: pd.concat([pd.read_parquet(folder / f"seed{s}" / name) for s in seeds],  # noqa: E731
                                               ignore_index=True)
     out["spectrum"], out["energy"] = (read_all(spectra_dir, f"{n}.parquet") for n in ("spectrum", "energy"))
     out["output_scale"] = output_scales(out["spectrum"])
     out["table1"] = table1(out["pairs"], methods)
     out["history"] = pd.concat([pd.read_parquet(history_dir / f"seed{s}.parquet") for s in seeds], ignore_index=True)
-    out.update(three_tables(collect_triples(connect_dir, read_params(params, "three.triples"), three_methods)))
+    out.update(three_tables(collect_triples(connect_dir, read("three.triples"), three_methods)))
     out["merge_many"] = pd.read_parquet(merge_many_dir / "evaluation.parquet")
     trace = json.loads((merge_many_dir / "trace.json").read_text())
     out["merge_many_trace"] = pd.DataFrame({"iteration": range(len(trace["distance"])), "distance": trace["distance"]})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm, show_progress
+from common import one_line_errors, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
@@ -29,10 +29,11 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     from lmclab.device import resolve_device
     from lmclab.training import train
 
-    arch = read_params(params, "model.arch")
-    model = read_params(params, f"model.{arch}") or {}
-    opts = {k: read_params(params, f"train.{k}") for k in TRAIN_KEYS}
-    device = resolve_device(read_params(params, "device"))
+    read = stage_params("train", params)
+    arch = read("model.arch")
+    model = read(f"model.{arch}") or {}
+    opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
+    device = resolve_device(read("device"))
     meta = load_meta(data)
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)

@@ -1,7 +1,10 @@
-"""Stage validate: check every parameter before any heavy work; writes a marker file (~3 s).
+"""Stage validate: check every parameter against the schema (``lmclab.schema``) and the checks that
+span several keys, before any heavy work; writes a marker file (~3 s). Each bad key is one line
+``error: <key>: expected …, got …`` on stderr, and the stage exits 1.
 
-Runs first (download depends on its output). Its output never changes while the params are
-valid, so it does not trigger reruns downstream."""
+Runs first (download depends on its output) and declares the whole of params.yaml, so a typo'd
+key anywhere is caught. Its output never changes while the params are valid, so it does not
+trigger reruns downstream."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, read_params, run_warm
+from common import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -17,13 +20,12 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
-    from lmclab.validate import check_params
+    from lmclab.validate import ParamsError, check_params
 
-    check_params(
-        data=read_params(params, "data"), model=read_params(params, "model"),
-        train=read_params(params, "train"), permute=read_params(params, "permute"),
-        measure=read_params(params, "measure"), device=read_params(params, "device"),
-        three=read_params(params, "three"), merge_many=read_params(params, "merge_many"))
+    try:
+        check_params(stage_params("validate", params)(""))
+    except ParamsError as err:
+        raise SystemExit("\n".join(f"error: {line}" for line in err.lines)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("parameters valid\n")
 

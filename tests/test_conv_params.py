@@ -4,17 +4,16 @@ from __future__ import annotations
 
 
 import pytest
-import yaml
 
-from common import ROOT
+from common import ROOT, load_yaml
 from lmclab.validate import check_params
 from test_validate import _params
 
-BASE = yaml.safe_load((ROOT / "params.yaml").read_text())
+BASE = load_yaml(ROOT / "params.yaml")
 
 
 def _check(**changes):
-    check_params(**_params(**changes))
+    check_params(_params(**changes))
 
 
 def test_repository_params_are_valid_and_the_default_run_is_the_mlp():
@@ -23,8 +22,8 @@ def test_repository_params_are_valid_and_the_default_run_is_the_mlp():
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"model__arch": "vgg", "model__vgg": {"width_multiplier": -1}}, "width_multiplier"),
-    ({"model__arch": "resnet20", "model__resnet20": {"depth": 20}}, "no option"),
+    ({"model__arch": "vgg", "model__vgg__width_multiplier": -1}, "model.vgg.width_multiplier: expected"),
+    ({"model__arch": "resnet20", "model__resnet20__depth": 20}, "model.resnet20.depth: unknown key"),
     ({"model__arch": "vgg16"}, "model.arch"),
     ({"train__optimizer": "lbfgs"}, "train.optimizer"),
     ({"train__momentum": 1.5}, "train.momentum"),

@@ -11,8 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
+
+from common import StageParams, load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERRIDES = {  # a tiny run of the repository's own params.yaml
@@ -34,7 +37,7 @@ def _deep_update(base: dict, changes: dict) -> dict:
     return base
 
 
-TINY = _deep_update(yaml.safe_load((ROOT / "params.yaml").read_text()), OVERRIDES)
+TINY = _deep_update(load_yaml(ROOT / "params.yaml"), OVERRIDES)
 
 
 def _env() -> dict[str, str]:
@@ -53,7 +56,7 @@ def _ran(output: str) -> set[str]:
 
 
 def _set(repo: Path, key: str, value) -> None:  # noqa: ANN001
-    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params = load_yaml(repo / "params.yaml")
     node = params
     *path, last = key.split(".")
     for part in path:
@@ -109,13 +112,13 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     _run(repo, "git", "add", "-A")
     _run(repo, "git", "commit", "-qm", "baseline")
 
-    # a plot-only option reruns only plot
+    # a plot-only option reruns only plot (and validate, which reads the whole file; its output is unchanged)
     _set(repo, "plot.dpi", 50)
-    assert _ran(_run(repo, "dvc", "repro")) == {"plot"}
+    assert _ran(_run(repo, "dvc", "repro")) == {"validate", "plot"}
 
     # one method's option reruns that method's branch, not the other methods nor training
     # (measure reruns only if the merged model changed: an identical permutation stops there)
-    _set(repo, "permute.wm.tol", 1e-6)
+    _set(repo, "permute.wm.tol", 1e-5)  # (1e-6 is left for the `dvc exp run -S` test below)
     ran = _ran(_run(repo, "dvc", "repro"))
     assert {"permute@pair0-wm", "merge@pair0", "connect@triple0-wm"} <= {s for s in ran if "@" in s} <= {
         "permute@pair0-wm", "merge@pair0", "measure@pair0", "connect@triple0-wm"}
@@ -186,6 +189,35 @@ def test_a_bad_pair_fails_in_validate_before_any_training(repo: Path) -> None:
     proc = subprocess.run([sys.executable, "stages/validate.py", "--out", "data/validated.txt"], cwd=repo,
                           env=_env(), capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.strip() == ("error: permute.pairs: pair [0, 7] names seed(s) [7] not in "
-                                   "train.seeds [0, 1, 2]")
+    assert proc.stderr.strip() == ("error: permute.pairs: expected seeds of train.seeds [0, 1, 2], "
+                                   "got [0, 7] ([7] not trained)")
     _set(repo, "permute.pairs", [[0, 1]])
+
+
+@pytest.mark.slow
+def test_floats_as_dvc_writes_them_reach_the_stages_as_numbers(repo: Path) -> None:
+    """`dvc exp run -S` (the README's way) with 1e-6, 1E-3, .5 and 5e2: DVC writes `tol: 1e-06` back,
+    which PyYAML would read as a string; the stages read params.yaml as DVC does (YAML 1.2)."""
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-qm", "before -S floats", "--allow-empty")
+    sets = {"permute.wm.tol": "1e-6", "permute.ste.lr": "1E-3", "three.margin": ".5", "merge_many.tol": "5e2"}
+    ran = _ran(_run(repo, "dvc", "exp", "run", *[a for k, v in sets.items() for a in ("-S", f"{k}={v}")]))
+    assert {"validate", "permute@pair0-wm", "connect@triple0-wm", "merge_many"} <= ran
+    text = (repo / "params.yaml").read_text()
+    assert "tol: 1e-06" in text and yaml.safe_load(text)["permute"]["wm"]["tol"] == "1e-06"  # the trap
+    read = StageParams("validate", repo / "params.yaml").read  # the stages' reader
+    assert [read(k) for k in sets] == [1e-6, 1e-3, 0.5, 500.0] and all(type(read(k)) is float for k in sets)
+    landscape = pd.read_parquet(repo / "data/connect/seed0-seed1-seed2/wm/landscape.parquet")
+    assert landscape["u"].min() == -0.5  # connect read three.margin = .5 as a number
+
+
+@pytest.mark.slow
+def test_a_string_where_a_number_belongs_is_one_line_from_validate_before_training(repo: Path) -> None:
+    proc = subprocess.run(["dvc", "exp", "run", "-S", "train.lr=abc"], cwd=repo, env=_env(),
+                          capture_output=True, text=True)
+    _run(repo, "git", "checkout", "params.yaml")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert [ln for ln in output.splitlines() if ln.startswith("error:")] == [
+        "error: train.lr: expected a number > 0, got 'abc'"]
+    assert "Traceback" not in output and not {s for s in _ran(output) if s != "validate"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import ROOT
+from common import ROOT, parse_yaml
 from lmclab.validate import check_params
 from preset import PRESETS, apply_preset, flatten, set_values
 
@@ -23,13 +23,13 @@ def test_the_papers_settings_are_all_there():
 def test_preset_applies_keeps_comments_and_validates(name):
     text = (ROOT / "params.yaml").read_text()
     new = apply_preset(name, text)
-    preset = flatten(yaml.safe_load((PRESETS / f"{name}.yaml").read_text()))
-    tree = yaml.safe_load(new)
+    preset = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
+    tree = parse_yaml(new)
     assert all(flatten(tree)[k] == v for k, v in preset.items())
     assert len(new.splitlines()) == len(text.splitlines())
     assert [ln.split(" # ", 1)[1] for ln in new.splitlines() if " # " in ln] == \
         [ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln]
-    check_params(**{k: tree[k] for k in ("data", "model", "train", "permute", "measure", "device")})
+    check_params(tree)
     assert tree["train"]["batch_size"] == 512 and len(tree["permute"]["pairs"]) == 5
 
 

@@ -1,62 +1,144 @@
-"""Every bad parameter is a one-line error naming it, raised before any heavy work."""
+"""Every bad parameter is one line naming its key, its value and what is expected, raised before
+any heavy work: wrong type, out of range, unknown key (a typo), missing key, unknown method option,
+and the checks that span several keys."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 
-from lmclab.validate import check_params
+from lmclab.archs import ARCHS
+from lmclab.schema import Block, Params, defaults, key_rows
+from lmclab.search import METHODS
+from common import ROOT, load_yaml
+from lmclab.validate import ParamsError, check_params
 from test_pipeline import TINY
+
+DELETE = object()  # remove the key instead of setting it
 
 
 def _params(**changes) -> dict:  # noqa: ANN003
+    """TINY with ``a__b=value`` changes (``DELETE`` removes the key)."""
     params = copy.deepcopy(TINY)
     for key, value in changes.items():
         node = params
         *path, last = key.split("__")
         for part in path:
             node = node[part]
-        node[last] = value
-    return {k: params[k] for k in ("data", "model", "train", "permute", "measure", "device", "three",
-                                   "merge_many")}
+        if value is DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return params
 
 
 def test_the_tiny_params_are_valid() -> None:
-    check_params(**_params())
+    check_params(_params())
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"data__name": "imagenet21k"}, r"^data.name: unknown data set 'imagenet21k'"),
-    ({"model__arch": "transformer"}, r"^model.arch: unknown architecture 'transformer'"),
-    ({"model__mlp__width": 0}, r"^model.mlp.width must be a positive"),
-    ({"model__mlp__width": -3}, r"^model.mlp.width must be a positive"),
-    ({"model__mlp__hidden": 0}, r"^model.mlp.hidden must be a positive"),
-    ({"train__epochs": 0}, r"^train.epochs must be a positive integer"),
-    ({"train__batch_size": 0}, r"^train.batch_size must be a positive integer"),
-    ({"train__lr": -1.0}, r"^train.lr must be positive"),
-    ({"permute__pairs": [[0, 7]]}, r"^permute.pairs: pair \[0, 7\] names seed\(s\) \[7\] not in train.seeds"),
-    ({"permute__pairs": [[1, 1]]}, r"^permute.pairs: \[1, 1\] is not a pair of two different seeds"),
-    ({"permute__methods": ["wm", "magic"]}, r"^permute.methods: unknown method 'magic'"),
-    ({"permute__wm": {"iters": 3}}, r"^permute.wm: unknown option\(s\) \['iters'\]"),
-    ({"measure__num_lambdas": 1}, r"^measure.num_lambdas must be at least 2"),
-    ({"device": "tpu"}, r"^device: unknown device 'tpu'"),
-    ({"measure__taylor_splits": ["val"]}, r"^measure.taylor_splits must be a non-empty list of train/test"),
-    ({"three__triples": [[0, 1]]}, r"^three.triples: \[0, 1\] is not a list of 3 different seeds"),
-    ({"three__triples": [[0, 1, 9]]}, r"^three.triples: \[0, 1, 9\] names seed\(s\) \[9\] not in train.seeds"),
-    ({"three__methods": ["wm", "magic"]}, r"^three.methods: unknown method 'magic'"),
-    ({"three__resolution": 1}, r"^three.resolution must be at least 2"),
-    ({"merge_many__seeds": [0, 5]}, r"^merge_many.seeds: \[0, 5\] names seed\(s\) \[5\]"),
-    ({"merge_many__seeds": [0]}, r"^merge_many: needs at least 2 seeds"),
-])
-def test_bad_parameters(change: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message) as err:
-        check_params(**_params(**change))
-    assert "\n" not in str(err.value)
+BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
+    # a string where a number belongs (issue 13: these were tracebacks)
+    ({"train__lr": "abc"}, "train.lr: expected a number > 0, got 'abc'"),
+    ({"measure__num_lambdas": "abc"}, "measure.num_lambdas: expected an integer ≥ 2, got 'abc'"),
+    ({"three__margin": "abc"}, "three.margin: expected a number ≥ 0, got 'abc'"),
+    ({"permute__wm__tol": "1e-06"}, "permute.wm.tol: expected a number ≥ 0, got '1e-06'"),
+    ({"train__epochs": 2.5}, "train.epochs: expected an integer ≥ 1, got 2.5"),
+    ({"model__mlp__width": True}, "model.mlp.width: expected an integer ≥ 1, got True"),
+    ({"measure__bn_repair": "yes"}, "measure.bn_repair: expected true or false, got 'yes'"),
+    ({"train__seeds": [0, "1"]}, "train.seeds: expected a non-empty list of integers ≥ 0, got [0, '1']"),
+    ({"permute__wm": 5}, "permute.wm: expected a block with the keys max_iter, tol, got 5"),
+    # out of range
+    ({"permute__wm__max_iter": 0}, "permute.wm.max_iter: expected an integer ≥ 1, got 0"),
+    ({"train__lr": -1.0}, "train.lr: expected a number > 0, got -1.0"),
+    ({"train__momentum": 1.0}, "train.momentum: expected a number in [0, 1), got 1.0"),
+    ({"permute__ste__holdout": 1.5}, "permute.ste.holdout: expected a number in (0, 1), got 1.5"),
+    ({"measure__gammas": [0, 1.5]}, "measure.gammas: expected a non-empty list of numbers in [0, 1], got [0, 1.5]"),
+    ({"measure__bn_repair_samples": 1}, "measure.bn_repair_samples: expected an integer ≥ 2 or null, got 1"),
+    ({"three__resolution": 1}, "three.resolution: expected an integer ≥ 2, got 1"),
+    ({"data__image_size": 8}, "data.image_size: expected an integer ≥ 28, got 8"),
+    ({"permute__wm_sinkhorn__tau": float("inf")}, "permute.wm_sinkhorn.tau: expected a number > 0, got inf"),
+    ({"train__seeds": []}, "train.seeds: expected a non-empty list of integers ≥ 0, got []"),
+    ({"three__triples": [[0, 1]]}, "three.triples: expected a non-empty list of lists of 3 integers ≥ 0, got [[0, 1]]"),
+    # names not in a registry
+    ({"data__name": "imagenet21k"}, "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, got 'imagenet21k'"),
+    ({"model__arch": "transformer"}, "model.arch: expected one of mlp, vgg, resnet20, resnet50, got 'transformer'"),
+    ({"permute__methods": ["wm", "magic"]}, "permute.methods: expected a non-empty list of values among identity, wm, am, ste, wm_sinkhorn, ste_sinkhorn, got ['wm', 'magic']"),
+    ({"train__optimizer": "lbfgs"}, "train.optimizer: expected one of adam, sgd, got 'lbfgs'"),
+    ({"measure__taylor_splits": ["val"]}, "measure.taylor_splits: expected a non-empty list of values among train, test, got ['val']"),
+    ({"device": "tpu"}, "device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+    # unknown keys (typos) and missing keys
+    ({"permute__wm__iters": 3}, "permute.wm.iters: unknown key (set to 3); expected only the keys max_iter, tol"),
+    ({"trian": {"epochs": 1}}, "trian: unknown key (set to {'epochs': 1}); expected only the keys device, data, "),
+    ({"model__resnet20__depth": 20}, "model.resnet20.depth: unknown key (set to 20); expected only the keys width_multiplier, blocks"),
+    ({"permute__seed": DELETE}, "permute.seed: missing; expected an integer ≥ 0 (default: 0)"),
+    ({"permute__am": DELETE}, "permute.am: missing; expected a block with the keys statistic, batch_size, max_samples (default: "),
+    # checks that span several keys
+    ({"train__seeds": [0, 0, 1, 2]}, "train.seeds: expected no repeated entries, got [0, 0, 1, 2] (0 more than once)"),
+    ({"permute__pairs": [[0, 1], [0, 1]]}, "permute.pairs: expected no repeated entries, got [[0, 1], [0, 1]] ([0, 1] more than once)"),
+    ({"three__methods": ["wm", "wm"]}, "three.methods: expected no repeated entries, got ['wm', 'wm'] ('wm' more than once)"),
+    ({"permute__methods": ["wm", "am", "wm"]}, "permute.methods: expected no repeated entries, got ['wm', 'am', 'wm']"),
+    ({"permute__pairs": [[0, 7], [8, 9]]}, "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] "),
+    ({"permute__pairs": [[0, 7]]}, "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] not trained)"),
+    ({"permute__pairs": [[1, 1]]}, "permute.pairs: expected different seeds in each group, got [1, 1]"),
+    ({"three__triples": [[0, 1, 9]]}, "three.triples: expected seeds of train.seeds [0, 1, 2], got [0, 1, 9] ([9] not trained)"),
+    ({"merge_many__seeds": [0, 5]}, "merge_many.seeds: expected seeds of train.seeds [0, 1, 2], got [0, 5] ([5] not trained)"),
+    ({"merge_many__seeds": [0]}, "merge_many.seeds: expected a list of at least 2 integers ≥ 0, got [0]"),
+    ({"train__warmup_epochs": 5}, "train.warmup_epochs: expected at most train.epochs (1), got 5"),
+    ({"model__arch": "vgg", "model__vgg__layers": [8, "M", "M", "M", "M", "M", "M"]},
+     "model.vgg.layers: 6 max-pools do not fit 32 pixels"),
+    ({"data__max_train": 100, "permute__methods": ["ste"], "permute__ste__batch_size": 91},
+     "permute.ste.batch_size: expected at most the 90 training samples available, got 91"),
+]
 
 
-def test_a_method_without_its_options_block() -> None:
-    params = _params()
-    del params["permute"]["am"]
-    with pytest.raises(ValueError, match=r"^permute.am: missing options block"):
-        check_params(**params)
+@pytest.mark.parametrize(("change", "line"), BAD, ids=[" ".join(c) for c, _ in BAD])
+def test_a_bad_value_is_one_line_naming_key_value_and_expectation(change: dict, line: str) -> None:
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(**change))
+    assert len(err.value.lines) == 1, err.value.lines
+    assert err.value.lines[0].startswith(line)
+
+
+def test_every_bad_key_gets_its_own_line() -> None:
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(train__lr="abc", permute__wm__max_iter=0, plot__dpi=None))
+    assert [ln.split(":")[0] for ln in err.value.lines] == ["train.lr", "permute.wm.max_iter", "plot.dpi"]
+
+
+def test_an_integer_where_a_number_belongs_is_fine() -> None:
+    check_params(_params(train__lr=1, permute__wm__tol=0, three__margin=1, measure__gammas=[0, 1]))
+
+
+def test_the_schema_defaults_are_the_repository_params() -> None:
+    params_yaml = load_yaml(ROOT / "params.yaml")
+    assert defaults() == params_yaml
+    check_params(params_yaml)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_method_block_lists_exactly_the_options_its_search_takes(method: str) -> None:
+    accepted = [p for p in inspect.signature(METHODS[method]).parameters if p not in ("problem", "seed")]
+    assert list(Params.model_fields["permute"].annotation.model_fields[method].annotation.model_fields) == accepted
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_each_architecture_block_lists_exactly_its_config_fields(arch: str) -> None:
+    import dataclasses
+
+    fields = [f.name for f in dataclasses.fields(ARCHS[arch].Config) if f.name not in ("input_shape", "num_classes")]
+    block = Params.model_fields["model"].annotation.model_fields[arch].annotation
+    assert issubclass(block, Block) and list(block.model_fields) == fields
+
+
+def test_every_key_has_a_meaning() -> None:
+    assert all(meaning for _, _, _, meaning in key_rows())
+
+
+def test_the_readme_parameter_table_is_the_schemas() -> None:
+    """Regenerate with `python stages/params_table.py` after changing the schema."""
+    from params_table import with_table
+
+    readme = (ROOT / "README.md").read_text()
+    assert with_table(readme) == readme

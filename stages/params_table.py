@@ -1,0 +1,56 @@
+"""Write the README's parameter table from the schema of params.yaml (``lmclab.schema``): one row
+per key with its default, what it expects and its meaning — not a DVC stage (~2 s).
+
+    python stages/params_table.py             # rewrite the table in README.md
+    python stages/params_table.py --check     # exit 1 if README.md's table differs from the schema
+
+tests/test_validate.py checks the same, so the table and the schema cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from common import ROOT, one_line_errors
+from preset import flow
+
+app = typer.Typer(add_completion=False)
+START = "<!-- parameter table: generated from src/lmclab/schema.py by stages/params_table.py -->"
+END = "<!-- end of parameter table -->"
+
+
+def markdown() -> str:
+    from lmclab.schema import key_rows
+
+    lines = ["| key | default | expected | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{key}` | {flow(default)} | {expected} | {meaning.replace('<', '&lt;')} |"
+              for key, default, expected, meaning in key_rows()]
+    return "\n".join(lines) + "\n"
+
+
+def with_table(readme: str) -> str:
+    """``readme`` with the text between the START and END markers replaced by the table."""
+    if START not in readme or END not in readme:
+        raise ValueError(f"README: no parameter table markers ({START} … {END})")
+    head, rest = readme.split(START, 1)
+    return f"{head}{START}\n{markdown()}{END}{rest.split(END, 1)[1]}"
+
+
+@app.command()
+@one_line_errors
+def main(readme: Path = ROOT / "README.md", check: bool = typer.Option(False)) -> None:
+    text = readme.read_text()
+    new = with_table(text)
+    if check:
+        raise SystemExit(0 if new == text else f"error: {readme}: the parameter table differs from the schema")
+    tmp = readme.with_name(f".{readme.name}.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, readme)
+    typer.echo(f"{readme}: parameter table written ({markdown().count(chr(10)) - 2} keys)")
+
+
+if __name__ == "__main__":
+    app()

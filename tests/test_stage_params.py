@@ -1,0 +1,118 @@
+"""Stages read params.yaml as DVC does (YAML 1.2) and only through the keys their ``params:`` in
+dvc.yaml declare, so a key a stage reads but does not declare fails the stage instead of letting
+DVC serve a stale result when it changes (every stage runs this reader in tests/test_pipeline.py)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+import yaml
+from dvc.utils.serialize import parse_yaml as dvc_parse_yaml
+
+from common import DVC_YAML, ROOT, StageParams, declared_keys, load_yaml, parse_yaml
+
+PIPELINE = load_yaml(DVC_YAML)
+STAGES = sorted(PIPELINE["stages"])
+
+
+@pytest.mark.parametrize("text", ["1e-06", "1E-3", ".5", "5e2", "1.0e-7"])
+def test_numbers_as_dvc_writes_them_are_read_as_dvc_reads_them(text: str) -> None:
+    ours = parse_yaml(f"tol: {text}")["tol"]
+    assert isinstance(ours, float) and ours == dvc_parse_yaml(f"tol: {text}", "params.yaml")["tol"]
+
+
+def test_pyyaml_would_read_dvcs_exponent_as_a_string() -> None:
+    """The trap of issue 13: `dvc exp run -S tol=1e-6` writes `tol: 1e-06`."""
+    assert yaml.safe_load("tol: 1e-06")["tol"] == "1e-06"
+
+
+def _write(tmp_path, tree: dict):  # noqa: ANN202
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
+    tree = {"model": {"arch": "vgg"}}
+    assert declared_keys(PIPELINE, "permute", tree, {"method": "wm"}) == ["permute.wm", "permute.seed", "device"]
+    assert declared_keys(PIPELINE, "train", tree, {})[:2] == ["model.arch", "model.vgg"]
+    assert declared_keys(PIPELINE, "validate", tree, {}) == [""]  # the whole file
+
+
+def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
+    read = StageParams("permute", _write(tmp_path, {"permute": {"seed": 1, "wm": {"tol": 0.5}, "am": {}},
+                                                     "device": "cpu", "train": {"lr": 1}}), method="wm").read
+    assert read("permute.seed") == 1 and read("permute.wm") == {"tol": 0.5} and read("permute.wm.tol") == 0.5
+    for key in ("train.lr", "permute.am", "train"):
+        with pytest.raises(SystemExit, match=rf"^error: stage permute reads params key {key}, which its params: "):
+            read(key)
+
+
+def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
+    tree = {"measure": {"num_lambdas": 3, "gammas": [0], "secret": 1, "bn_repair": True,
+                        "bn_repair_samples": None, "taylor_splits": ["test"], "conv_spectrum": "fft"}}
+    opts = StageParams("measure", _write(tmp_path, tree)).read("measure")
+    assert opts["gammas"] == [0] and opts.get("bn_repair_samples", 5) is None and len(opts) == 7
+    with pytest.raises(SystemExit, match="reads params key measure.secret"):
+        opts["secret"]
+    with pytest.raises(SystemExit, match="reads params key measure.secret"):
+        dict(opts)
+
+
+def test_a_missing_declared_key_is_one_line(tmp_path) -> None:
+    with pytest.raises(SystemExit, match=r"params.yaml: missing key permute.seed$"):
+        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), method="wm").read("permute.seed")
+
+
+def _script(stage: str) -> str:
+    return re.search(r"stages/(\w+)\.py", PIPELINE["stages"][stage]["cmd"])[1]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_reads_params_only_through_its_own_declarations(stage: str) -> None:
+    """The script reads params with ``stage_params("<its dvc.yaml stage>", …)``, never by itself."""
+    source = (ROOT / "stages" / f"{_script(stage)}.py").read_text()
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", None) == "stage_params"]
+    assert [c.args[0].value for c in calls] == [stage]
+    assert not re.search(r"(import|from) (yaml|ruamel)|params\.read_text|open\(params", source)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
+    tree = load_yaml(ROOT / "params.yaml")
+    items = [{"method": m} for m in tree["permute"]["methods"]] if "item.method" in str(PIPELINE["stages"][stage]) else [{}]
+    for item in items:
+        read = StageParams(stage, ROOT / "params.yaml", **item).read
+        for key in declared_keys(PIPELINE, stage, tree, item):
+            read(key)
+
+
+@pytest.mark.slow
+def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:  # noqa: ANN001
+    """permute, connect and merge_many on three random MLPs, in-process, reading the tiny params
+    through their own declarations (tests/test_pipeline.py runs every stage through dvc repro)."""
+    from typer.testing import CliRunner
+
+    import connect
+    import merge_many
+    import permute
+    from lmclab.archs import build_model, make_config
+    from lmclab.checkpoint import Checkpoint, save_checkpoint
+    from test_pipeline import TINY
+
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)
+    for seed in (0, 1, 2):
+        save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed,
+                                                                build_model("mlp", config, seed=seed).state_dict()))
+    params = _write(tmp_path, {**TINY, "three": {**TINY["three"], "resolution": 2}})
+    common = ["--data", str(prepared), "--params", str(params)]
+    runs = {permute: ["--method", "wm", "--model-a", str(tmp_path / "seed0.pt"), "--model-b",
+                      str(tmp_path / "seed1.pt"), "--out", str(tmp_path / "perm")],
+            connect: ["--method", "wm", "--seeds", "0,1,2", "--models", str(tmp_path), "--out", str(tmp_path / "c")],
+            merge_many: ["--models", str(tmp_path), "--out", str(tmp_path / "mm")]}
+    for stage, args in runs.items():
+        result = CliRunner().invoke(stage.app, args + common)
+        assert result.exit_code == 0, f"{stage.__name__}: {result.output}"
