@@ -1,22 +1,26 @@
 """Stage-side plumbing shared by the thin stage scripts: reading the keys a stage lists under
 ``params:`` in dvc.yaml, turning library errors into one-line messages, and running a stage in a
-warm-started process (``lmclab.warmstart``)."""
+warm-started process (``lmclab.warmstart``) that dies with whatever started it (``lmclab.lifetime``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from typing import Any
 
-import yaml
+STARTED_BY = os.getppid()  # read first: if this starter (dvc) is gone by run_warm, the stage must not run
+
+import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT / "src"))
 
-from lmclab.warmstart import run_script  # noqa: E402 (standard library only: no heavy import here)
+from lmclab.lifetime import die_with_parent  # noqa: E402 (standard library only: no heavy import here)
+from lmclab.warmstart import run_script  # noqa: E402
 
 
 def read_params(path: Path, key: str) -> Any:
@@ -47,7 +51,10 @@ def one_line_errors(fn: Callable) -> Callable:
 
 def run_warm(app: Callable[[], Any]) -> None:
     """Run the stage's typer ``app`` in a warm worker (``lmclab.warmstart``; ~3 s of imports saved),
-    or here when warm start is off (``LMCLAB_WARM=0``), unavailable, or this is the worker."""
+    or here when warm start is off (``LMCLAB_WARM=0``), unavailable, or this is the worker. Either
+    way the stage is SIGKILLed when the process that started it (``dvc``) dies, so no stage outlives
+    its ``dvc`` and writes outputs behind a rerun's back."""
+    die_with_parent(STARTED_BY)
     code = run_script(sys.argv[0], sys.argv[1:])
     if code is None:
         app()
