@@ -17,6 +17,7 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+    from lmclab.atomic import atomic_path
     from lmclab.validate import check_params
 
     check_params(
@@ -24,8 +25,8 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
         train=read_params(params, "train"), permute=read_params(params, "permute"),
         measure=read_params(params, "measure"), device=read_params(params, "device"),
         three=read_params(params, "three"), merge_many=read_params(params, "merge_many"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("parameters valid\n")
+    with atomic_path(out) as tmp:
+        tmp.write_text("parameters valid\n")
 
 
 if __name__ == "__main__":
