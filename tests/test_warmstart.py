@@ -139,7 +139,8 @@ def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_
                               cwd=tmp_path, env={**warm_env, "LMCLAB_WARM": mode}, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         outputs[mode] = torch.load(out, weights_only=False)["state_dict"]
-        assert list(Path(warm_env["LMCLAB_WARM_DIR"]).glob("*.sock"))  # a server ran the warm one
+        if mode == "1":  # a server ran the warm one (checked now: it exits LMCLAB_WARM_IDLE s after its last stage)
+            assert list(Path(warm_env["LMCLAB_WARM_DIR"]).glob("*.sock"))
     assert all(torch.equal(outputs["1"][k], outputs["0"][k]) for k in outputs["0"])
 
 
