@@ -1,9 +1,11 @@
 """Stage-side plumbing shared by the thin stage scripts: reading params.yaml as DVC does (YAML 1.2)
 and only through the keys the stage declares under ``params:`` in dvc.yaml, turning library errors
-into one-line messages, and running a stage in a warm-started process (``lmclab.warmstart``)."""
+into one-line messages, and running a stage in a warm-started process (``lmclab.warmstart``) that
+dies with whatever started it (``lmclab.lifetime``)."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -11,11 +13,14 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
+STARTED_BY = os.getppid()  # read first: if this starter (dvc) is gone by run_warm, the stage must not run
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT / "src"))
 
-from lmclab.warmstart import run_script  # noqa: E402 (standard library only: no heavy import here)
+from lmclab.lifetime import die_with_parent  # noqa: E402 (standard library only: no heavy import here)
+from lmclab.warmstart import run_script  # noqa: E402
 
 DVC_YAML = ROOT / "dvc.yaml"  # the pipeline these stage scripts belong to
 PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")
@@ -145,7 +150,10 @@ def one_line_errors(fn: Callable) -> Callable:
 
 def run_warm(app: Callable[[], Any]) -> None:
     """Run the stage's typer ``app`` in a warm worker (``lmclab.warmstart``; ~3 s of imports saved),
-    or here when warm start is off (``LMCLAB_WARM=0``), unavailable, or this is the worker."""
+    or here when warm start is off (``LMCLAB_WARM=0``), unavailable, or this is the worker. Either
+    way the stage is SIGKILLed when the process that started it (``dvc``) dies, so no stage outlives
+    its ``dvc`` and writes outputs behind a rerun's back."""
+    die_with_parent(STARTED_BY)
     code = run_script(sys.argv[0], sys.argv[1:])
     if code is None:
         app()

@@ -5,7 +5,6 @@ Writes ``perms.pt``, ``edges.json``, ``curves.parquet``, ``landscape.parquet``. 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -22,6 +21,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
+    from lmclab.atomic import atomic_path
     from lmclab.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.data import load_split
     from lmclab.device import resolve_device
@@ -41,13 +41,13 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
     result = connect_triple(
         method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
-    out.mkdir(parents=True, exist_ok=True)
     atomic_save(result.perms, out / "perms.pt")
-    pd.DataFrame(result.curves).to_parquet(out / "curves.parquet", index=False)
-    pd.DataFrame(result.landscape).to_parquet(out / "landscape.parquet", index=False)
-    (out / ".edges.json.tmp").write_text(json.dumps({"seeds": seeds, "method": method, "edges": result.edges,
-                                                     "search": result.search}, indent=2) + "\n")
-    os.replace(out / ".edges.json.tmp", out / "edges.json")
+    for name, rows in (("curves", result.curves), ("landscape", result.landscape)):
+        with atomic_path(out / f"{name}.parquet") as tmp:
+            pd.DataFrame(rows).to_parquet(tmp, index=False)
+    with atomic_path(out / "edges.json") as tmp:
+        tmp.write_text(json.dumps({"seeds": seeds, "method": method, "edges": result.edges,
+                                   "search": result.search}, indent=2) + "\n")
     bc = next(e for e in result.edges if e["edge"] == "b-c")
     typer.echo(f"{method} {seeds}: b-c test loss barrier {bc['test_loss_barrier_max']:.4f}")
 

@@ -8,7 +8,6 @@ with repaired statistics at every λ), barriers, L2 distances; the Taylor-approx
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -29,6 +28,7 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.alignment import check_mode
     from lmclab.analysis import measure_and_analyze
     from lmclab.archs import build_model, get_arch
+    from lmclab.atomic import atomic_path
     from lmclab.bn_repair import bn_repair_hook, has_batchnorm
     from lmclab.checkpoint import load_checkpoint
     from lmclab.data import load_split
@@ -57,13 +57,12 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
             spec, model, params_a, params_b, on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
             gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
             taylor_splits=opts["taylor_splits"], repair=repair)
-        where = out / method
-        where.mkdir(parents=True, exist_ok=True)
         for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds)):
-            pd.DataFrame(rows).to_parquet(where / f"{name}.parquet", index=False)
+            with atomic_path(out / method / f"{name}.parquet") as tmp:
+                pd.DataFrame(rows).to_parquet(tmp, index=False)
         record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}
-        (where / ".summary.json.tmp").write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(where / ".summary.json.tmp", where / "summary.json")
+        with atomic_path(out / method / "summary.json") as tmp:
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
         typer.echo(f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
                    f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
                    f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}")

@@ -5,7 +5,6 @@ compare the average with the output ensemble and each model. Writes ``merged.pt`
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -21,6 +20,7 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
+    from lmclab.atomic import atomic_path
     from lmclab.checkpoint import Checkpoint, atomic_save, check_same_architecture, load_checkpoint, save_checkpoint
     from lmclab.data import load_split
     from lmclab.device import resolve_device
@@ -36,12 +36,12 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
         ckpts, {"train": load_split(data, "train"), "test": load_split(data, "test")},
         max_iter=opts["max_iter"], tol=opts["tol"], seed=read("permute.seed"),
         device=resolve_device(read("device")))
-    out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(out / "merged.pt", Checkpoint(ckpts[0].arch, ckpts[0].config, None, result.merged))
     atomic_save([{g: p.cpu() for g, p in perm.items()} for perm in result.perms], out / "perms.pt")
-    pd.DataFrame(rows).to_parquet(out / "evaluation.parquet", index=False)
-    (out / ".trace.json.tmp").write_text(json.dumps({"seeds": opts["seeds"], **result.stats}, indent=2) + "\n")
-    os.replace(out / ".trace.json.tmp", out / "trace.json")
+    with atomic_path(out / "evaluation.parquet") as tmp:
+        pd.DataFrame(rows).to_parquet(tmp, index=False)
+    with atomic_path(out / "trace.json") as tmp:
+        tmp.write_text(json.dumps({"seeds": opts["seeds"], **result.stats}, indent=2) + "\n")
     test = {r["model"]: r["acc"] for r in rows if r["split"] == "test"}
     typer.echo(f"MergeMany of {len(ckpts)}: test acc {test['MergeMany average']:.4f}, "
                f"ensemble {test['ensemble']:.4f}, naive average {test['naive average']:.4f}")

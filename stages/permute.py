@@ -7,7 +7,6 @@ ste_sinkhorn take the seconds given in params.yaml."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -22,6 +21,7 @@ app = typer.Typer(add_completion=False)
 def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
          model_b: Path = typer.Option(...), data: Path = typer.Option(...),
          out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+    from lmclab.atomic import atomic_path
     from lmclab.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.data import load_split
     from lmclab.device import resolve_device
@@ -38,11 +38,9 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
                             load_split(data, "train"), device, test=load_split(data, "test"),
                             progress=show_progress())
     result = find_permutation(method, problem, seed=seed, options=options)
-    out.mkdir(parents=True, exist_ok=True)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")
-    tmp = out / ".stats.json.tmp"
-    tmp.write_text(json.dumps({"method": method, **result.stats}, indent=2) + "\n")
-    os.replace(tmp, out / "stats.json")
+    with atomic_path(out / "stats.json") as tmp:
+        tmp.write_text(json.dumps({"method": method, **result.stats}, indent=2) + "\n")
     typer.echo(f"{method}: {model_b.name} -> {model_a.name} in {result.stats['seconds']:.3f} s")
 
 

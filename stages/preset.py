@@ -10,7 +10,6 @@ validated like the validate stage before it is written (atomically).
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -97,6 +96,7 @@ def apply_preset(name: str, params_text: str) -> str:
 @one_line_errors
 def main(name: str, params: Path = Path("params.yaml"),
          set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing")) -> None:
+    from lmclab.atomic import atomic_path
     from lmclab.validate import ParamsError, check_params
 
     new_text = apply_preset(name, params.read_text())
@@ -108,9 +108,8 @@ def main(name: str, params: Path = Path("params.yaml"),
         overrides = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
         typer.echo("dvc exp run " + " ".join(f"-S {shlex.quote(f'{k}={flow(v)}')}" for k, v in overrides.items()))
         return
-    tmp = params.with_name(f".{params.name}.tmp")
-    tmp.write_text(new_text)
-    os.replace(tmp, params)
+    with atomic_path(params) as tmp:
+        tmp.write_text(new_text)
     typer.echo(f"{params}: applied preset {name}")
 
 

@@ -23,6 +23,7 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
     from lmclab.alignment import check_mode
     from lmclab.analysis import analyze_model
     from lmclab.archs import build_model, get_arch
+    from lmclab.atomic import atomic_path
     from lmclab.checkpoint import load_checkpoint
     from lmclab.data import load_split
     from lmclab.device import resolve_device
@@ -38,10 +39,9 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
             get_arch(ckpt.arch).permutation_spec(ckpt.config), build_model(ckpt.arch, ckpt.config).to(device),
             {k: v.to(device) for k, v in ckpt.state_dict.items()}, test, mode=mode,
             input_shape=ckpt.config.input_shape)
-        where = out / f"seed{seed}"
-        where.mkdir(parents=True, exist_ok=True)
         for name, rows in (("spectrum", spectrum), ("energy", energy)):
-            pd.DataFrame(rows).assign(seed=seed).to_parquet(where / f"{name}.parquet", index=False)
+            with atomic_path(out / f"seed{seed}" / f"{name}.parquet") as tmp:
+                pd.DataFrame(rows).assign(seed=seed).to_parquet(tmp, index=False)
         typer.echo(f"seed{seed}: spectra of {pd.DataFrame(spectrum)['layer'].nunique()} layers ({mode})")
 
 

@@ -26,6 +26,7 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
+    from lmclab.atomic import atomic_path
     from lmclab.headline import headline_metrics
     from lmclab.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
                                 output_scales, table1, tables, three_summary, three_tables)
@@ -44,17 +45,17 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     out["merge_many"] = pd.read_parquet(merge_many_dir / "evaluation.parquet")
     trace = json.loads((merge_many_dir / "trace.json").read_text())
     out["merge_many_trace"] = pd.DataFrame({"iteration": range(len(trace["distance"])), "distance": trace["distance"]})
-    tables_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in out.items():
-        frame.to_parquet(tables_dir / f"{name}.parquet", index=False)
+        with atomic_path(tables_dir / f"{name}.parquet") as tmp:
+            frame.to_parquet(tmp, index=False)
     headline = headline_metrics(history=out["history"], pairs=out["pairs"], edges=out["three_edges"],
                                 evaluation=out["merge_many"], methods=methods, three_methods=three_methods)
     for folder, name, summary in ((metrics_dir, "headline", headline),
                                   (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
                                   (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
                                   (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace))):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with atomic_path(folder / f"{name}.json") as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

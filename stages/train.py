@@ -23,6 +23,7 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     import pandas as pd
 
     from lmclab.archs import make_config
+    from lmclab.atomic import atomic_path
     from lmclab.augment import resolve_augment
     from lmclab.checkpoint import save_checkpoint
     from lmclab.data import load_meta, load_split
@@ -41,8 +42,8 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
                        load_split(data, "train"), load_split(data, "test"), device=device,
                        progress=show_progress(), **opts)
     save_checkpoint(out, ckpt)
-    history.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(history, index=False)
+    with atomic_path(history) as tmp:
+        pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
     typer.echo(f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}")
 
 

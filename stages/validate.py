@@ -20,14 +20,15 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+    from lmclab.atomic import atomic_path
     from lmclab.validate import ParamsError, check_params
 
     try:
         check_params(stage_params("validate", params)(""))
     except ParamsError as err:
         raise SystemExit("\n".join(f"error: {line}" for line in err.lines)) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("parameters valid\n")
+    with atomic_path(out) as tmp:
+        tmp.write_text("parameters valid\n")
 
 
 if __name__ == "__main__":

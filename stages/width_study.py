@@ -40,6 +40,7 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
          dpi: int = typer.Option(120)) -> None:
     import dvc.api
 
+    from lmclab.atomic import atomic_path
     from lmclab.plots import plot_width
     from lmclab.width import alignment_markdown, width_tables
 
@@ -59,12 +60,13 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
     if len(runs) < 2:
         raise ValueError("width study: found fewer than two runs; queue a sweep first (README: Width study)")
     combined = width_tables(runs)
-    out.mkdir(parents=True, exist_ok=True)
     for name, frame in combined.items():
-        frame.to_parquet(out / f"{name}.parquet", index=False)
+        with atomic_path(out / f"{name}.parquet") as tmp:
+            frame.to_parquet(tmp, index=False)
     plot_width(combined["spectrum"], combined["energy"], combined["alignment"], out / "width.png", dpi=dpi)
-    (out / "width.md").write_text("# Width study (Appendix H.4)\n\n![width](width.png)\n\n"
-                                  + alignment_markdown(combined["alignment"]) + "\n")
+    with atomic_path(out / "width.md") as tmp:
+        tmp.write_text("# Width study (Appendix H.4)\n\n![width](width.png)\n\n"
+                       + alignment_markdown(combined["alignment"]) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ import pytest
 import yaml
 
 from lmclab.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
-from test_pipeline import ROOT, TINY, _deep_update, _env, _run, make_repo
+from dvc_repo import ROOT, TINY, make_repo
+from dvc_repo import deep_update as _deep_update
+from dvc_repo import dvc_env as _env
+from dvc_repo import run as _run
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +127,7 @@ def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
     header = table.splitlines()[1]
     assert "…" not in table and "permute.wm_sinkhorn.lr" in header, table
     assert {"wm_sinkhorn.B_loss", "wm_sinkhorn.L2_red", "wm_sinkhorn.R03"} <= set(header.split()), table
+    _reset(repo)  # the next experiment starts from the baseline, not from soft-lr's applied params
     _run(repo, "dvc", "exp", "run", "-n", "one-sweep", "-S", "permute.wm.max_iter=1")
     rows = json.loads(_run(repo, "dvc", "exp", "show", "--json", stdout_only=True))
     exps = {e["name"]: e["revs"][0]["data"] for row in rows for e in row.get("experiments") or []}

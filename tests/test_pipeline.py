@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -16,39 +14,9 @@ import pytest
 import yaml
 
 from common import StageParams, load_yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-OVERRIDES = {  # a tiny run of the repository's own params.yaml
-    "device": "cpu",
-    "data": {"name": "mnist5k", "max_train": 300, "max_test": 100},
-    "model": {"arch": "mlp", "mlp": {"hidden": 1, "width": 16}},
-    "train": {"seeds": [0, 1, 2], "epochs": 1, "batch_size": 100},
-    "permute": {"pairs": [[0, 1]], "methods": ["identity", "wm", "am"]},
-    "measure": {"num_lambdas": 5},
-    "three": {"triples": [[0, 1, 2]], "methods": ["identity", "wm"], "resolution": 3, "margin": 0.1},
-    "merge_many": {"seeds": [0, 1, 2], "max_iter": 3},
-    "plot": {"dpi": 40, "title": "tiny"},
-}
-
-
-def _deep_update(base: dict, changes: dict) -> dict:
-    for key, value in changes.items():
-        base[key] = _deep_update(dict(base.get(key) or {}), value) if isinstance(value, dict) else value
-    return base
-
-
-TINY = _deep_update(load_yaml(ROOT / "params.yaml"), OVERRIDES)
-
-
-def _env() -> dict[str, str]:
-    """This interpreter's bin directory first, so `dvc` and the stages' `python` are the venv's."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-
-def _run(repo: Path, *args: str, stdout_only: bool = False) -> str:
-    proc = subprocess.run(args, cwd=repo, env=_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout if stdout_only else proc.stdout + proc.stderr
+from dvc_repo import ROOT, TINY, make_repo  # noqa: F401 (TINY: imported by other tests from here)
+from dvc_repo import dvc_env as _env
+from dvc_repo import run as _run
 
 
 def _ran(output: str) -> set[str]:
@@ -69,26 +37,9 @@ def _base_stages(names: set[str]) -> set[str]:
     return {n.split("@")[0] for n in names}
 
 
-def make_repo(repo: Path, params: dict) -> Path:
-    """A git + DVC repository at ``repo`` holding this checkout's pipeline (dvc.yaml, stages, library,
-    tools, plot templates, tolerance file) and ``params`` as params.yaml."""
-    for item in ("dvc.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(ROOT / item, repo / item)
-    for folder in ("stages", "src", "tools"):
-        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    (repo / "metrics").mkdir()
-    shutil.copy(ROOT / "metrics" / "tolerances.yaml", repo / "metrics" / "tolerances.yaml")
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _run(repo, "git", "init", "-q")
-    _run(repo, "git", "config", "user.email", "test@example.com")
-    _run(repo, "git", "config", "user.name", "test")
-    _run(repo, "dvc", "init", "-q")
-    _run(repo, "dvc", "config", "core.analytics", "false")
-    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
-    if (ROOT / ".dvc" / "offline_plots.html").is_file():  # built by `make setup`
-        shutil.copy(ROOT / ".dvc" / "offline_plots.html", repo / ".dvc" / "offline_plots.html")
-        _run(repo, "dvc", "config", "plots.html_template", "offline_plots.html")
-    return repo
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repo(tmp_path_factory.mktemp("pipeline"))
 
 
 @pytest.fixture(scope="module")

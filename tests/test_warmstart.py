@@ -1,12 +1,16 @@
 """Warm start (lmclab.warmstart): a stage run in a fork of the preloaded server behaves exactly like
 ``python script`` — argv, cwd, environment, stdio, exit codes, tracebacks, signals — and gives the
-same results as a fresh process."""
+same results as a fresh process; it trusts only its own user (lmclab.trust: a private directory,
+0600 socket and lock, SO_PEERCRED on both ends) and a worker dies with its client and its session."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,6 +42,16 @@ if __name__ == "__main__":
 '''
 
 
+def _stop_servers(where: Path) -> None:
+    for lock in where.glob("**/*.lock"):
+        pid = lock.read_text().strip()
+        if pid:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
 @pytest.fixture()
 def warm_env(tmp_path: Path):  # noqa: ANN201
     """A private server directory (short path: Unix socket names are limited to ~100 bytes)."""
@@ -46,13 +60,7 @@ def warm_env(tmp_path: Path):  # noqa: ANN201
     (tmp_path / "helper.py").write_text("VALUE = 1\n")
     env = {**os.environ, "LMCLAB_WARM_DIR": str(where), "LMCLAB_WARM_IDLE": "20", "PROBE": "p1"}
     yield env
-    for lock in where.glob("*.lock"):
-        pid = lock.read_text().strip()
-        if pid:
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    _stop_servers(where)
     shutil.rmtree(where, ignore_errors=True)
 
 
@@ -83,6 +91,7 @@ def test_an_exception_exits_1_with_its_traceback_and_warm_start_can_be_turned_of
 
 def _start_sleeper(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, int]:
     pid_file = tmp_path / "worker.pid"
+    pid_file.unlink(missing_ok=True)  # else a second sleeper would read the first one's pid
     client = subprocess.Popen([sys.executable, str(tmp_path / "script.py"), "sleep", str(pid_file)],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -130,5 +139,170 @@ def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_
                               cwd=tmp_path, env={**warm_env, "LMCLAB_WARM": mode}, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         outputs[mode] = torch.load(out, weights_only=False)["state_dict"]
-        assert list(Path(warm_env["LMCLAB_WARM_DIR"]).glob("*.sock"))  # a server ran the warm one
+        if mode == "1":  # a server ran the warm one (checked now: it exits LMCLAB_WARM_IDLE s after its last stage)
+            assert list(Path(warm_env["LMCLAB_WARM_DIR"]).glob("*.sock"))
     assert all(torch.equal(outputs["1"][k], outputs["0"][k]) for k in outputs["0"])
+
+
+# ---------------------------------------------------------------- trust: only this user's directory and peers
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: to chown to, or drop privileges to, uid 65534")
+
+
+@pytest.fixture()
+def default_env(warm_env: dict):  # noqa: ANN201
+    """The default location: ``$TMPDIR/lmclab-warm-$UID`` in a fresh short ``TMPDIR``."""
+    base = Path(tempfile.mkdtemp(prefix="lt-"))
+    env = {k: v for k, v in warm_env.items() if k not in ("LMCLAB_WARM_DIR", "XDG_RUNTIME_DIR")}
+    yield base, {**env, "TMPDIR": str(base)}
+    _stop_servers(base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _make_untrusted(path: Path, kind: str) -> Path:
+    """An existing directory at ``path`` that another user could control; returns what must stay empty."""
+    if kind == "symlink":  # to a private directory of ours: only lstat tells
+        target = path.with_name("target")
+        target.mkdir(mode=0o700)
+        path.symlink_to(target)
+        return target
+    path.mkdir()
+    os.chmod(path, 0o777 if kind == "mode 0777" else 0o700)
+    if kind == "owner":
+        os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+@pytest.mark.parametrize(("where", "kind", "reason"), [
+    ("default", "mode 0777", "has mode 0777, expected 0700"),
+    ("default", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
+    ("default", "symlink", "is a symlink"),
+    ("LMCLAB_WARM_DIR", "mode 0777", "has mode 0777, expected 0700"),
+    ("XDG_RUNTIME_DIR", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
+])
+def test_an_untrusted_directory_runs_the_stage_cold_after_one_line_naming_it(
+        tmp_path, default_env, where, kind, reason) -> None:  # noqa: ANN001
+    if kind == "owner" and os.geteuid() != 0:
+        pytest.skip("needs root to chown a directory to another uid")
+    base, env = default_env
+    path = {"default": base / f"lmclab-warm-{os.getuid()}", "LMCLAB_WARM_DIR": base / "override",
+            "XDG_RUNTIME_DIR": base / "run"}[where]
+    untouched = _make_untrusted(path, kind)
+    if where != "default":
+        env[where] = str(path)
+    proc = _run(tmp_path, env, "3", "x y")
+    assert proc.returncode == 3 and proc.stdout.startswith("cold False False") and "['3', 'x y'] 1" in proc.stdout
+    assert proc.stderr.splitlines() == [f"lmclab: warm start refused, running cold: {path} {reason}", "to stderr"]
+    assert list(untouched.iterdir()) == []  # no socket, no lock, no server
+
+
+@pytest.mark.parametrize("where", ["default", "XDG_RUNTIME_DIR"])
+def test_a_new_directory_is_made_private_with_a_0600_socket_and_lock(tmp_path, default_env, where) -> None:  # noqa: ANN001
+    base, env = default_env
+    if where == "XDG_RUNTIME_DIR":
+        (base / "run").mkdir(mode=0o700)
+        env["XDG_RUNTIME_DIR"] = str(base / "run")
+    proc = _run(tmp_path, env, "0")
+    assert proc.returncode == 0 and proc.stdout.startswith("warm True") and proc.stderr == "to stderr\n"
+    made = base / "run" / "lmclab-warm" if where == "XDG_RUNTIME_DIR" else base / f"lmclab-warm-{os.getuid()}"
+    modes = {p.suffix: stat.S_IMODE(os.lstat(p).st_mode) for p in (made, *made.iterdir())}
+    assert modes == {"": 0o700, ".sock": 0o600, ".lock": 0o600}
+
+
+def _as_nobody(fn) -> int:  # noqa: ANN001
+    """Fork; the child drops to uid 65534 and exits with ``fn()``. Returns the child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            code = fn()
+        finally:
+            os._exit(code)
+    return pid
+
+
+@needs_root
+def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_path, warm_env) -> None:  # noqa: ANN001
+    assert _run(tmp_path, warm_env, "0").returncode == 0  # a server is up
+    where = Path(warm_env["LMCLAB_WARM_DIR"])
+    (sock,) = where.glob("*.sock")
+    os.chmod(where, 0o711)  # let another user reach the socket: only SO_PEERCRED stands in the way
+    os.chmod(sock, 0o666)
+    marker = tmp_path / "ran"
+    (tmp_path / "payload.py").write_text(f"open({str(marker)!r}, 'w').write('ran as the server')\n")
+    request = {"script": str(tmp_path / "payload.py"), "argv": [], "cwd": "/", "env": {}, "umask": 0o22}
+
+    def connect() -> int:  # sends its request at once, without waiting for the greeting
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(20)
+        conn.connect(str(sock))
+        try:
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+            reply = conn.recv(100)
+        except OSError:
+            reply = b""
+        return 0 if reply == b"" else 1
+
+    pid = _as_nobody(connect)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0  # closed without a greeting
+    time.sleep(1)
+    assert not marker.exists()
+
+
+@needs_root
+def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_env) -> None:  # noqa: ANN001
+    name = subprocess.run([sys.executable, "-c", "from lmclab.warmstart import socket_name; print(socket_name())"],
+                          env=warm_env, capture_output=True, text=True, check=True).stdout.strip()
+    path = Path(warm_env["LMCLAB_WARM_DIR"]) / name
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))  # bound here, listening (SO_PEERCRED's identity) as another uid
+    read_end, write_end = os.pipe()
+
+    def impostor() -> int:
+        listener.listen(1)
+        listener.settimeout(60)
+        os.write(write_end, b"L")
+        data = b""
+        try:
+            conn, _ = listener.accept()
+            conn.sendall(b"lmclab-warm 1\n")
+            conn.settimeout(10)
+            if data := conn.recv(1 << 16):  # the client's environment and stdio
+                conn.sendall(b'{"pid": 1}\n{"exit": 0}\n')  # a forged success
+        except OSError:
+            pass
+        os.write(write_end, b"got a request" if data else b"got nothing")
+        return 0
+
+    pid = _as_nobody(impostor)
+    os.close(write_end)
+    listener.close()
+    assert os.read(read_end, 1) == b"L"
+    proc = _run(tmp_path, warm_env, "3")
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 100) == b"got nothing"
+    assert proc.returncode == 3 and proc.stdout.startswith("cold False False")
+    assert proc.stderr.splitlines() == [f"lmclab: warm start refused, running cold: {path}: its server runs as "
+                                        f"uid {NOBODY}, not as this user (uid 0)", "to stderr"]
+
+
+def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:  # noqa: ANN001
+    client, worker = _start_sleeper(tmp_path, warm_env)
+    session = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(session, signal.SIGKILL)
+    try:
+        assert _gone(worker, 5)
+    finally:
+        _kill_quietly(worker)
+        client.kill()
+        client.wait(timeout=10)
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -11,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lmclab.archs import get_arch, make_config
+from lmclab.atomic import atomic_path
 
 FORMAT = "lmclab-checkpoint-1"
 
@@ -28,11 +28,8 @@ class CheckpointError(ValueError):
 
 def atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` to a temp file then rename: an interruption never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:

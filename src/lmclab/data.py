@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,14 +196,13 @@ def _write_prepared(out_dir: Path, meta: dict, splits: dict[str, tuple[np.ndarra
     """Write into a sibling temp dir, then rename: an interruption leaves nothing half-written."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
+    tmp.mkdir(parents=True)
     for split, (images, labels) in splits.items():
         torch.save({"images": torch.from_numpy(np.ascontiguousarray(images)),
                     "labels": torch.from_numpy(labels)}, tmp / f"{split}.pt")
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     if out_dir.exists():
-        import shutil
-
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
 

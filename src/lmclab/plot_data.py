@@ -7,11 +7,12 @@ which the custom templates in ``.dvc/plots/`` colour and facet by. Accuracies ar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
+
+from lmclab.atomic import atomic_path
 
 # file stem -> the columns it holds (the x and y fields named in dvc.yaml's ``plots:``)
 COLUMNS = {
@@ -58,12 +59,10 @@ def plot_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
 
 
 def write_plot_tables(tables: Mapping[str, pd.DataFrame], folder: Path) -> list[Path]:
-    """One ``<name>.csv`` per table, each written to a temporary file and renamed into place."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """One ``<name>.csv`` per table, each written atomically (``lmclab.atomic``)."""
     paths = []
     for name, frame in tables.items():
-        path, tmp = folder / f"{name}.csv", folder / f".{name}.csv.tmp"
-        frame.to_csv(tmp, index=False, float_format="%.6g")
-        os.replace(tmp, path)
-        paths.append(path)
+        with atomic_path(folder / f"{name}.csv") as tmp:
+            frame.to_csv(tmp, index=False, float_format="%.6g")
+        paths.append(folder / f"{name}.csv")
     return paths

@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from lmclab.atomic import atomic_path  # noqa: E402
+
 METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM", "am": "AM", "ste": "STE",
                  "wm_sinkhorn": "WM Sinkhorn", "ste_sinkhorn": "STE Sinkhorn"}
 
@@ -87,9 +89,9 @@ def plot_search_curves(search_curves: pd.DataFrame, path: Path, *, dpi: int = 12
 
 def _save(fig: plt.Figure, path: Path, dpi: int) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi)
     plt.close(fig)
     return path
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmclab.atomic import atomic_path
 from lmclab.plots import label
 
 
@@ -210,6 +211,6 @@ merged midpoint model's test loss and accuracy (epoch 0 is the initial permutati
 
 ![search curves]({rel["search_curves"]})
 """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
     return path

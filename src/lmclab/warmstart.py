@@ -9,11 +9,13 @@ seconds, default 60, without a request). For each request the server forks a *se
 a *worker* that takes over the client's working directory, environment, umask, stdin/stdout/stderr
 (passed over the socket), ``sys.argv`` and ``sys.path[0]``, runs the script as ``__main__`` and exits
 with its exit code; the session reports the code to the client, which exits with it. Signals the
-client receives (Ctrl-C, DVC stopping a stage) are forwarded to the worker; a client that dies
-takes its worker with it. Nothing of lmclab or of the stage is imported before the fork, so an
-edited source file is always the one that runs; the socket's name hashes the interpreter, its
-installed packages (site-packages modification times), this file and the environment variables read
-at import time, so a changed environment gets its own server.
+client receives (Ctrl-C, DVC stopping a stage) are forwarded to the worker; a killed client takes
+its worker along (SIGKILL when its end of the socket closes) and a worker dies with its session
+(``lmclab.lifetime``). Only the current user is trusted (``lmclab.trust``: private directory, 0600
+socket and lock, ``SO_PEERCRED`` on both ends). Nothing of lmclab or of the stage is imported before
+the fork, so an edited source file is always the one that runs; the socket's name hashes the
+interpreter, its installed packages (site-packages modification times), the server's own source files
+and the environment variables read at import time, so a changed environment gets its own server.
 
 Results are the same as in a fresh process (stages seed every generator explicitly; tested).
 ``LMCLAB_WARM=0`` turns it off; so does any failure to reach the server (the stage then runs in the
@@ -35,11 +37,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import NoReturn
+
+from lmclab import lifetime, trust
+from lmclab.lifetime import die_with_parent
+from lmclab.trust import owner_only_umask, peer_problem, private_dir_problem, warm_dir
 
 PRELOAD = ("numpy", "torch", "scipy.optimize", "scipy.linalg", "pandas", "pyarrow.parquet", "typer", "yaml",
            "tqdm", "matplotlib.pyplot")
@@ -49,21 +53,20 @@ _HELLO, _MAX_MESSAGE = b"lmclab-warm 1\n", 1 << 20
 
 
 def enabled() -> bool:
-    """Warm start is used unless ``LMCLAB_WARM=0``, inside a worker, or without fork/SCM_RIGHTS."""
+    """Warm start is used unless ``LMCLAB_WARM=0``, inside a worker, or without fork/SCM_RIGHTS/SO_PEERCRED."""
     return (os.environ.get("LMCLAB_WARM", "1") != "0" and WORKER_ENV not in os.environ
-            and hasattr(os, "fork") and hasattr(socket, "send_fds"))
+            and hasattr(os, "fork") and hasattr(socket, "send_fds") and hasattr(socket, "SO_PEERCRED"))
 
 
-def socket_path() -> Path:
+def socket_name() -> str:
     """The server's socket for this interpreter, its packages, this file and the import-time env."""
-    parts = [sys.executable, sys.prefix, sys.version, __file__, str(os.stat(__file__).st_mtime_ns)]
+    parts = [sys.executable, sys.prefix, sys.version]
+    parts += [f"{f}:{os.stat(f).st_mtime_ns}" for f in (__file__, trust.__file__, lifetime.__file__)]
     for entry in sys.path:
         if entry.startswith(sys.prefix) and os.path.isdir(entry):
             parts.append(f"{entry}:{os.stat(entry).st_mtime_ns}")
     parts += sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV))
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
-    root = Path(os.environ.get("LMCLAB_WARM_DIR") or Path(tempfile.gettempdir()) / f"lmclab-warm-{os.getuid()}")
-    return root / f"{digest}.sock"
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20] + ".sock"
 
 
 # ---------------------------------------------------------------- client
@@ -74,11 +77,16 @@ def run_script(script: str, argv: list[str]) -> int | None:
     after the server's greeting, and a failure before the greeting means nothing was started."""
     if not enabled():
         return None
-    path = socket_path()
+    root, problem = warm_dir()
+    if problem:
+        return _refuse(f"{root} {problem}")
+    path = root / socket_name()
     conn = _connect(path) or (_spawn_server(path) and _connect(path, retries=40))
     if conn is None:
         return None
     with conn:
+        if problem := peer_problem(conn):
+            return _refuse(f"{path}: its server {problem}")
         try:
             conn.settimeout(float(os.environ.get("LMCLAB_WARM_WAIT", "120")))
             if conn.recv(len(_HELLO), socket.MSG_WAITALL) != _HELLO:
@@ -90,6 +98,11 @@ def run_script(script: str, argv: list[str]) -> int | None:
         except OSError:
             return None
         return _follow(conn)
+
+
+def _refuse(reason: str) -> None:
+    """One line on stderr; the caller then runs the stage cold."""
+    print(f"lmclab: warm start refused, running cold: {reason}", file=sys.stderr, flush=True)
 
 
 def _connect(path: Path, retries: int = 0) -> socket.socket | None:
@@ -108,7 +121,6 @@ def _connect(path: Path, retries: int = 0) -> socket.socket | None:
 def _spawn_server(path: Path) -> bool:
     """Start a detached server (no inherited pipes: DVC and pytest must not wait for it)."""
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         src = str(Path(__file__).resolve().parent.parent)
         code = f"import sys; sys.path[0] = {src!r}; from lmclab.warmstart import serve; serve({str(path)!r})"
         subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -144,8 +156,7 @@ def _kill(pid: int, signum: int) -> None:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    os.umask(mask := os.umask(0))
     return mask
 
 
@@ -154,17 +165,16 @@ def _umask() -> int:
 def serve(path: str) -> None:
     """Bind ``path``, import the heavy modules, then fork a session per connection until idle."""
     sock_path = Path(path)
-    lock = open(sock_path.with_suffix(".lock"), "w")  # noqa: SIM115 (held for the server's life)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if private_dir_problem(sock_path.parent, create=False):
+        return  # the client checked it; something changed since
+    lock = _lock(sock_path.with_suffix(".lock"))
+    if lock is None:
         return  # another server owns this socket
-    lock.write(f"{os.getpid()}\n")  # `kill $(cat <dir>/*.lock)` stops every server
-    lock.flush()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock_path.unlink(missing_ok=True)
-        listener.bind(path)
+        with owner_only_umask():  # the socket is 0600
+            listener.bind(path)
         listener.listen(64)
         for module in PRELOAD:  # clients already queue on the socket meanwhile
             try:
@@ -175,14 +185,31 @@ def serve(path: str) -> None:
         idle = float(os.environ.get("LMCLAB_WARM_IDLE", "60"))
         while select.select([listener], [], [], idle)[0]:
             conn, _ = listener.accept()
+            if peer_problem(conn):  # another uid: close before reading or running anything
+                conn.close()
+                continue
             if os.fork() == 0:
                 listener.close()
+                os.close(lock)  # a long stage must not keep the next server from taking the lock
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _session(conn)
             conn.close()
     finally:
         sock_path.unlink(missing_ok=True)
         listener.close()
+
+
+def _lock(path: Path) -> int | None:
+    """Lock ``path`` (0600, no symlink) and write our pid (for `kill $(cat <dir>/*.lock)`); ``None``: taken."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)  # only now: truncating before the lock would erase a running server's pid
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def _session(conn: socket.socket) -> NoReturn:
@@ -195,8 +222,10 @@ def _session(conn: socket.socket) -> NoReturn:
             message = message + chunk if chunk else b""
         if not message or len(fds) != 3:
             os._exit(0)
+        session = os.getpid()
         pid = os.fork()
         if pid == 0:
+            die_with_parent(session)
             conn.close()
             _worker(json.loads(message), fds)
         for fd in fds:
@@ -208,17 +237,15 @@ def _session(conn: socket.socket) -> NoReturn:
 
 
 def _wait(pid: int, conn: socket.socket) -> int:
-    """The worker's exit code (128 + signal if killed); a client that hangs up stops the worker."""
+    """The worker's exit code (128 + signal if killed). A client that hangs up was killed (the signals
+    it can catch are forwarded instead): its worker is SIGKILLed too, as a cold stage would have been."""
     pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-    watch, deadline = [conn] + ([pidfd] if pidfd is not None else []), None
+    watch = [conn] + ([pidfd] if pidfd is not None else [])
     while True:
-        timeout = None if pidfd is not None and deadline is None else 0.05
-        readable = select.select(watch, [], [], timeout)[0]
-        if conn in readable and not conn.recv(1):  # the client is gone: stop its worker
-            _kill(pid, signal.SIGTERM)
-            watch, deadline = [w for w in watch if w is not conn], time.monotonic() + 5
-        if deadline is not None and time.monotonic() > deadline:
+        readable = select.select(watch, [], [], None if pidfd is not None else 0.05)[0]
+        if conn in readable and not conn.recv(1):  # the client is gone: so is its worker
             _kill(pid, signal.SIGKILL)
+            watch = [w for w in watch if w is not conn]
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             code = os.waitstatus_to_exitcode(status)
