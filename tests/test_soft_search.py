@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, grad
 
 from lmclab.archs import ARCHS, build_model, make_config
 from lmclab.data import Split, load_split, prepare
@@ -16,8 +16,10 @@ from lmclab.merge import merge
 from lmclab.metrics import l2_distance
 from lmclab.search import SearchProblem, check_method, find_permutation
 from lmclab.search.sinkhorn import log_sinkhorn, soft_apply
-from lmclab.search.ste import ste
+from lmclab.search.midpoint import midpoint_loss
+from lmclab.search.ste import ste, ste_step
 from lmclab.search.ste_sinkhorn import ste_sinkhorn
+from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
 from lmclab.spec import (apply_permutation, build_spec, check_permutation, dense, invert, norm,
                          random_permutation)
@@ -88,6 +90,34 @@ def test_soft_apply_covers_batchnorm_running_stats() -> None:
     out = soft_apply(spec, _one_hot(perm), params)
     for name, value in apply_permutation(spec, perm, params).items():
         torch.testing.assert_close(out[name], value, msg=name)
+
+
+# ---- STE: the straight-through step --------------------------------------------------------
+
+
+def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> None:
+    """Algorithm 3: the loss is evaluated at θ̂ = π(θb) (π the WM projection of θ̃) and its gradient
+    there reaches θ̃ unchanged, so one SGD step moves θ̃ by exactly −lr · ∇_θ̂ L((θa + θ̂) / 2)."""
+    config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
+    spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()
+    params_a, params_b = ({k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()}
+                          for s in (0, 1))
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(16, 1, 2, 3, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
+    tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
+    perm = weight_matching(spec, params_a, params_b).perm  # the projection of θ̃ = θa
+    assert any(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
+    permuted_b = apply_permutation(spec, perm, params_b)
+    at_hat = grad(lambda hat: midpoint_loss(model, spec, params_a, {**permuted_b, **hat}, x, y))(
+        spec.matched(permuted_b))
+    before, lr = {k: v.detach().clone() for k, v in tilde.items()}, 0.5
+    loss = ste_step(torch.optim.SGD(tilde.values(), lr=lr), tilde, perm, model=model, spec=spec,
+                    params_a=params_a, params_b=params_b, x=x, y=y)
+    assert loss == pytest.approx(float(midpoint_loss(model, spec, params_a, permuted_b, x, y)), rel=1e-12)
+    moved = sum(float((tilde[k].detach() - before[k]).norm()) for k in tilde)
+    assert moved > 1e-3
+    for k in tilde:
+        torch.testing.assert_close(tilde[k].detach() - before[k], -lr * at_hat[k], msg=k)
 
 
 # ---- wm_sinkhorn ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from lmclab.search.midpoint import Monitor, heldout_loss, midpoint_loss, minibat
 from lmclab.search.options import check_batch, check_options, fraction, one_of, positive, positive_int
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import Permutation, PermutationSpec, apply_permutation
+from lmclab.spec import Params, Permutation, PermutationSpec, apply_permutation
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 RULES = {"optimizer": one_of(*OPTIMIZERS), "lr": positive, "epochs": positive_int,
@@ -55,14 +55,8 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
         total, batches = 0.0, minibatches(len(train), batch_size, generator)
         for idx in batches:
             perm = project(tilde, perm)
-            permuted_b = apply_permutation(spec, perm, params_b)
-            hat = {k: tilde[k] + (permuted_b[k] - tilde[k]).detach() if k in tilde else v
-                   for k, v in permuted_b.items()}
-            loss = midpoint_loss(model, spec, params_a, hat, train.x[idx], train.y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+            total += ste_step(opt, tilde, perm, model=model, spec=spec, params_a=params_a,
+                              params_b=params_b, x=train.x[idx], y=train.y[idx])
         perm = project(tilde, perm)
         curve.append(_score(epoch, perm, model, spec, params_a, params_b, held, batch_size,
                             total / len(batches), monitor))
@@ -70,6 +64,24 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
             best, best_perm = curve[-1], perm
     return SearchResult(best_perm, {"curve": curve, "epochs": epochs, "best_epoch": best["epoch"],
                                     "seconds": time.perf_counter() - start})
+
+
+def straight_through(tilde: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor]) -> Params:
+    """``θ̂ = θ̃ + sg(π(θb) − θ̃)``: the value of π(θb), the gradient of θ̃ (untrained entries are π(θb))."""
+    return {k: tilde[k] + (v - tilde[k]).detach() if k in tilde else v for k, v in permuted_b.items()}
+
+
+def ste_step(opt: torch.optim.Optimizer, tilde: Mapping[str, Tensor], perm: Permutation, *,
+             model: nn.Module, spec: PermutationSpec, params_a: Mapping[str, Tensor],
+             params_b: Mapping[str, Tensor], x: Tensor, y: Tensor) -> float:
+    """One minibatch of Algorithm 3: the midpoint loss at ``θ̂`` (``perm`` is the projection of
+    ``θ̃``), back-propagated to ``θ̃`` and one optimiser step on it; returns the loss."""
+    hat = straight_through(tilde, apply_permutation(spec, perm, params_b))
+    loss = midpoint_loss(model, spec, params_a, hat, x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
 
 
 def _projector(spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: int,
