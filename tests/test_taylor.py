@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.func import grad
 
@@ -42,6 +43,24 @@ def test_quadratic_loss_taylor_is_exact_on_the_whole_grid():
         assert abs(estimate - real) < 1e-9 * max(1.0, abs(real))
     assert abs(taylor_barrier(terms, 0.5) - (0.25 * delta * (slope_a - slope_b)
                                                + delta ** 2 / 16 * (curv_a + curv_b))) < 1e-12
+
+
+def test_cubic_loss_weights_each_hessian_by_the_other_endpoints_share():
+    """H_a ≠ H_b: L(w) = w³ with θa = 1, θb' = 0, so f(λ) = L(θ(λ)) = λ³. By hand: δ = 1, Δ = −1,
+    Δᵀg_a = −3, Δᵀg_b = 0, ΔᵀH_aΔ = 6, ΔᵀH_bΔ = 0, and Theorem 3.1 gives
+    B(λ) ≈ λ(1−λ)[−3 + ½ · 6(1−λ)] = −3λ²(1−λ): −9/64 at λ = ¼ and −27/64 at λ = ¾
+    (the weights swapped, λH_a + (1−λ)H_b, would give −27/64 and −9/64)."""
+    def loss(params):
+        return (params["w"] ** 3).sum()
+
+    params_a, params_b = {"w": torch.tensor([1.0], dtype=torch.float64)}, {"w": torch.tensor([0.0], dtype=torch.float64)}
+    unit = {"w": torch.tensor([-1.0], dtype=torch.float64)}
+    slope_a, curv_a = directional_terms(loss, params_a, unit)
+    slope_b, curv_b = directional_terms(loss, params_b, unit)
+    assert (slope_a, curv_a, slope_b, curv_b) == (-3.0, 6.0, 0.0, 0.0)
+    terms = TaylorTerms(1.0, slope_a, slope_b, curv_a, curv_b)
+    assert taylor_curve(terms, [0.0, 0.25, 0.5, 0.75, 1.0]) == pytest.approx([0.0, -9 / 64, -3 / 8, -27 / 64, 0.0],
+                                                                              abs=1e-15)
 
 
 def _tiny_mlp_problem(seed=0):
