@@ -53,8 +53,8 @@ def test_cubic_loss_weights_each_hessian_by_the_other_endpoints_share():
     def loss(params):
         return (params["w"] ** 3).sum()
 
-    params_a, params_b = {"w": torch.tensor([1.0], dtype=torch.float64)}, {"w": torch.tensor([0.0], dtype=torch.float64)}
-    unit = {"w": torch.tensor([-1.0], dtype=torch.float64)}
+    point = lambda w: {"w": torch.tensor([w], dtype=torch.float64)}  # noqa: E731
+    params_a, params_b, unit = point(1.0), point(0.0), point(-1.0)
     slope_a, curv_a = directional_terms(loss, params_a, unit)
     slope_b, curv_b = directional_terms(loss, params_b, unit)
     assert (slope_a, curv_a, slope_b, curv_b) == (-3.0, 6.0, 0.0, 0.0)

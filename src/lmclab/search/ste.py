@@ -67,7 +67,8 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
 
 
 def straight_through(tilde: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor]) -> Params:
-    """``θ̂ = θ̃ + sg(π(θb) − θ̃)``: the value of π(θb), the gradient of θ̃ (untrained entries are π(θb))."""
+    """``θ̂ = θ̃ + sg(π(θb) − θ̃)``: the value of π(θb), the gradient of θ̃ (entries that are not
+    trained, the running statistics, are π(θb)'s)."""
     return {k: tilde[k] + (v - tilde[k]).detach() if k in tilde else v for k, v in permuted_b.items()}
 
 
