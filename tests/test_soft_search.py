@@ -15,7 +15,7 @@ from lmclab.evaluate import evaluate
 from lmclab.merge import merge
 from lmclab.metrics import l2_distance
 from lmclab.search import SearchProblem, check_method, find_permutation
-from lmclab.search.sinkhorn import log_sinkhorn, soft_apply
+from lmclab.search.sinkhorn import hard_permutation, log_sinkhorn, soft_apply
 from lmclab.search.midpoint import midpoint_loss
 from lmclab.search.ste import ste, ste_step
 from lmclab.search.ste_sinkhorn import ste_sinkhorn
@@ -62,6 +62,20 @@ def test_sinkhorn_is_doubly_stochastic() -> None:
     soft = log_sinkhorn(torch.randn(7, 7, generator=torch.Generator().manual_seed(0)), tau=0.5, n_iter=200)
     torch.testing.assert_close(soft.sum(0), torch.ones(7))
     torch.testing.assert_close(soft.sum(1), torch.ones(7))
+
+
+def test_sinkhorn_divides_the_scores_by_the_temperature() -> None:
+    scores = torch.randn(6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for tau in (0.3, 4.0):
+        torch.testing.assert_close(log_sinkhorn(scores, tau=tau, n_iter=30),
+                                   log_sinkhorn(scores / tau, tau=1.0, n_iter=30))
+    # small τ: near one-hot at the assignment maximising the scores, here a planted permutation
+    # (unit gap to any other assignment) plus noise as at initialisation
+    planted = torch.tensor([3, 0, 5, 1, 2, 4])
+    scores = torch.eye(6, dtype=torch.float64)[planted] + 0.1 * scores
+    assert torch.equal(hard_permutation({"P": scores})["P"], planted)
+    assert float(log_sinkhorn(scores, tau=0.05, n_iter=100)[torch.arange(6), planted].min()) > 0.99
+    assert float(log_sinkhorn(scores, tau=1.0, n_iter=100).max()) < 0.5  # far from one-hot at τ = 1
 
 
 def _one_hot(perm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
