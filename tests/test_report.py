@@ -35,7 +35,8 @@ def test_report_tables_give_mean_and_sample_std_over_pairs_and_triples() -> None
                           "edge": ["a-b"] * 3 + ["a-c"] * 3 + ["b-c"] * 3,
                           **{k: ONE_TWO_THREE * 3 for k in (*THREE_KEYS, "R_0.3")}})
     cells = table3(edges).splitlines()[2].split(" | ")[1:]
-    assert cells == ["2.000 ± 1.000", "2.00 ± 1.00"] * 3 + ["2.00 ± 1.00"] + ["2.000 ± 1.000"] * 2 + ["2.000 ± 1.000 |"]
+    loss_acc, l2, r = ["2.000 ± 1.000", "2.00 ± 1.00"], "2.00 ± 1.00", "2.000 ± 1.000"
+    assert cells == loss_acc * 3 + [l2, r, r, r + " |"]
 
 
 def test_figure_bands_are_the_sample_std_of_the_tables() -> None:
