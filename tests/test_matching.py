@@ -152,6 +152,17 @@ def test_wm_stops_at_max_iter_and_is_deterministic(trained) -> None:  # noqa: AN
     assert all(torch.equal(r1.perm[g], r2.perm[g]) for g in r1.perm)
 
 
+def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
+    spec, params_a, noise = _random_mlp(hidden=2, width=4, seed=5)
+    perm = random_permutation({"P_0": 4, "P_1": 4}, torch.Generator().manual_seed(0))
+    params_b = apply_permutation(spec, perm, {k: v + 0.1 * noise[k] for k, v in params_a.items()})
+    obj = weight_matching(spec, params_a, params_b, tol=0.0, max_iter=50).stats["objective"]
+    assert len(obj) - 1 < 50 and obj[-1] == obj[-2]
+    assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1]))  # every earlier sweep improved
+    with pytest.raises(ValueError, match="permute.wm.tol must be non-negative"):
+        weight_matching(spec, params_a, params_b, tol=-1e-3)
+
+
 def test_find_permutation_dispatch_and_option_errors(trained, splits) -> None:  # noqa: ANN001
     a, b = trained(0), trained(1)
     problem = SearchProblem("mlp", a.config, a.state_dict, b.state_dict, splits["train"], torch.device("cpu"))
