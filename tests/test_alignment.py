@@ -50,6 +50,9 @@ def test_layers_are_the_two_dimensional_weights():
     spec, params = conv_case()
     assert layer_names(spec, params) == ["c0.weight", "c1.weight", "fc.weight"]
     assert output_layer(spec, layer_names(spec, params)) == "fc.weight"
+    # the last of several layers whose output axis is not permuted
+    spec = build_spec(dense("l0", None, None), dense("l1", "P", None), dense("out", None, "P"))
+    assert output_layer(spec, ["l0.weight", "l1.weight", "out.weight"]) == "out.weight"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -17,7 +18,7 @@ from lmclab.data import load_split, prepare
 from lmclab.merge import merge
 from lmclab.metrics import lambda_grid
 from lmclab.spec import random_permutation
-from lmclab.summary import SUMMARY_KEYS, THREE_KEYS, metrics_summary, output_scales, table1, three_summary
+from lmclab.summary import SUMMARY_KEYS, THREE_KEYS, metrics_summary, output_scales, table1, tables, three_summary
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,16 @@ def test_table1_runs_a_paired_t_test_and_output_scales_fit_alpha():
     scales = output_scales(spectrum)
     assert scales.groupby("seed")["alpha"].first().tolist() == pytest.approx([1.0, 2.0])
     assert scales["adjusted"].tolist() == pytest.approx([4.0, 2.0, 4.0, 2.0])
+
+
+def test_taylor_table_holds_the_real_gap_read_off_the_curve():
+    """Loss 1 at θb (λ = 0), 3 at θa (λ = 1), 2 at λ = ¼: real gap 2 − (¼·3 + ¾·1) = 0.5."""
+    curve = [{"split": "test", "lam": lam, "loss": loss} for lam, loss in ((0.0, 1.0), (0.25, 2.0), (1.0, 3.0))]
+    record = {"seed_a": 0, "seed_b": 1, "method": "wm", "curve": curve, "summary": {}, "search": {},
+              "taylor": [{"split": "test", "lam": 0.25, "taylor": 0.4}, {"split": "test", "lam": 0.5, "taylor": 0.6}],
+              "theorem42": []}
+    gaps = tables([record])["taylor"]["barrier"].tolist()
+    assert gaps[0] == pytest.approx(0.5) and math.isnan(gaps[1])  # λ = ½ was not measured
 
 
 @pytest.mark.slow
