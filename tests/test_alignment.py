@@ -50,6 +50,9 @@ def test_layers_are_the_two_dimensional_weights():
     spec, params = conv_case()
     assert layer_names(spec, params) == ["c0.weight", "c1.weight", "fc.weight"]
     assert output_layer(spec, layer_names(spec, params)) == "fc.weight"
+    # the last of several layers whose output axis is not permuted
+    spec = build_spec(dense("l0", None, None), dense("l1", "P", None), dense("out", None, "P"))
+    assert output_layer(spec, ["l0.weight", "l1.weight", "out.weight"]) == "out.weight"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -89,6 +92,36 @@ def test_abs_r_at_most_one_on_random_pairs(case):
         fa, fb = factors(params_a, spec, mode, sizes), factors(params_b, spec, mode, sizes)
         for gamma in (0.0, 0.1, 0.3, 0.6):
             assert abs(alignment_r(fa, fb, gamma)) <= 1.0 + 1e-12
+
+
+def test_r_keeps_triplets_relative_to_the_largest_singular_value():
+    """W_a = diag(10, 1), W_b = diag(10, −1): the second triplets are opposed. γ = 0.3 keeps s ≥ 3
+    (0.3 × 10), only the first triplets, so R = 1; γ = 0 keeps both, R = (1 − 1)/2 = 0."""
+    diag = lambda *s: layer_svd(torch.diag(torch.tensor(s)))  # noqa: E731
+    fa, fb = {"w": diag(10.0, 1.0)}, {"w": diag(10.0, -1.0)}
+    assert alignment_r(fa, fb, 0.3) == pytest.approx(1.0)
+    assert alignment_r(fa, fb, 0.0) == pytest.approx(0.0)
+    # s_max is over all layers of a model: in a second layer, a's s ≤ 1 < 3 keeps nothing of a at
+    # γ = 0.3 (a per-layer s_max of a would keep them, opposed to b's kept triplet: R = 0)
+    fa["v"], fb["v"] = diag(1.0, 0.5), diag(-5.0, 0.5)
+    assert alignment_r(fa, fb, 0.3) == pytest.approx(1.0)
+    assert alignment_r(fa, fb, 0.0) == pytest.approx(0.0)
+    # the denominator is min(n^a, n^b): a keeps 2 triplets, b keeps 1, the common one agrees
+    assert alignment_r({"w": diag(10.0, 5.0)}, {"w": diag(10.0, 1.0)}, 0.3) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_r_is_invariant_to_scaling_either_model(case):
+    make, mode, sizes = CASES[case]
+    spec, params = make(0)
+    params_a = {k: v.double() if v.is_floating_point() else v for k, v in params.items()}  # exact scaling
+    params_b = noisy(params_a, 0.5, seed=4)
+    fa, fb = factors(params_a, spec, mode, sizes), factors(params_b, spec, mode, sizes)
+    scale = lambda params, c: {k: c * v if v.is_floating_point() else v for k, v in params.items()}  # noqa: E731
+    for c_a, c_b in ((0.01, 0.01), (100.0, 100.0), (0.05, 20.0)):
+        fa_c, fb_c = factors(scale(params_a, c_a), spec, mode, sizes), factors(scale(params_b, c_b), spec, mode, sizes)
+        for gamma in (0.0, 0.3, 0.6):
+            assert alignment_r(fa_c, fb_c, gamma) == pytest.approx(alignment_r(fa, fb, gamma), abs=1e-9)
 
 
 def test_r0_of_independent_random_matrices_matches_its_closed_form():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -17,7 +18,7 @@ from lmclab.data import load_split, prepare
 from lmclab.merge import merge
 from lmclab.metrics import lambda_grid
 from lmclab.spec import random_permutation
-from lmclab.summary import output_scales, table1
+from lmclab.summary import SUMMARY_KEYS, THREE_KEYS, metrics_summary, output_scales, table1, tables, three_summary
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,16 @@ def test_table1_runs_a_paired_t_test_and_output_scales_fit_alpha():
     assert scales["adjusted"].tolist() == pytest.approx([4.0, 2.0, 4.0, 2.0])
 
 
+def test_taylor_table_holds_the_real_gap_read_off_the_curve():
+    """Loss 1 at θb (λ = 0), 3 at θa (λ = 1), 2 at λ = ¼: real gap 2 − (¼·3 + ¾·1) = 0.5."""
+    curve = [{"split": "test", "lam": lam, "loss": loss} for lam, loss in ((0.0, 1.0), (0.25, 2.0), (1.0, 3.0))]
+    record = {"seed_a": 0, "seed_b": 1, "method": "wm", "curve": curve, "summary": {}, "search": {},
+              "taylor": [{"split": "test", "lam": 0.25, "taylor": 0.4}, {"split": "test", "lam": 0.5, "taylor": 0.6}],
+              "theorem42": []}
+    gaps = tables([record])["taylor"]["barrier"].tolist()
+    assert gaps[0] == pytest.approx(0.5) and math.isnan(gaps[1])  # λ = ½ was not measured
+
+
 @pytest.mark.slow
 def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
     import measure
@@ -136,3 +147,36 @@ def test_width_tables_combine_runs_by_width():
     assert wm["width"].tolist() == [4, 8] and wm["R_0_mean"].tolist() == pytest.approx([0.35, 0.15])
     assert "R_0_naive_mean" not in out["alignment"]  # only R_γ of (θa, π(θb)) per method
     assert "| 8 | wm | 0.300 | 0.150 ± 0.071 |" in alignment_markdown(out["alignment"])
+
+
+# values [1, 2, 3] over three pairs (or triples): sample std (ddof = 1) 1.0, population std 0.816
+ONE_TWO_THREE = [1.0, 2.0, 3.0]
+
+
+def three_pairs() -> pd.DataFrame:
+    """Three pairs of one method; every summarised column is [1, 2, 3], the Taylor estimate [2, 4, 6]."""
+    columns = {k: ONE_TWO_THREE for k in (*SUMMARY_KEYS, "R_0.3", "R_0.3_naive", "R_0.3_a_mid", "R_0.3_b_mid")}
+    return pd.DataFrame({"pair": ["seed0-seed1", "seed0-seed2", "seed1-seed2"], "method": "wm", **columns,
+                         "test_taylor_barrier_mid": [2.0, 4.0, 6.0]})
+
+
+def test_every_summary_over_pairs_reports_the_sample_std():
+    from lmclab.width import width_tables
+
+    summary = metrics_summary(three_pairs(), ["wm"])["wm"]
+    assert summary["n_pairs"] == 3
+    assert {k: v["std"] for k, v in summary.items() if k != "n_pairs"} == {
+        **dict.fromkeys((*SUMMARY_KEYS, "R_0.3", "R_0.3_naive", "R_0.3_a_mid", "R_0.3_b_mid"), 1.0),
+        "test_taylor_barrier_mid": 2.0}
+    row = table1(three_pairs(), ["wm"]).iloc[0]
+    assert {k: row[f"{k}_std"] for k in ("barrier", "taylor", "diff", "l2_before", "l2_after", "reduction_pct")} == {
+        "barrier": 1.0, "taylor": 2.0, "diff": 1.0, "l2_before": 1.0, "l2_after": 1.0, "reduction_pct": 1.0}
+    edges = pd.DataFrame({"triple": ["t0", "t1", "t2"], "method": "wm", "edge": "b-c",
+                          **{k: ONE_TWO_THREE for k in (*THREE_KEYS, "R_0.3")}})
+    assert three_summary(edges, ["wm"])["wm"]["b-c"] == dict.fromkeys((*THREE_KEYS, "R_0.3"),
+                                                                      {"mean": 2.0, "std": 1.0})
+    runs = {8: {"spectrum": pd.DataFrame({"seed": [0], "layer": "l0", "index": [0], "singular_value": [1.0]}),
+                "energy": pd.DataFrame({"seed": [0], "layer": "l0", "index": [0], "energy": [1.0]}),
+                "pairs": three_pairs()}}
+    alignment = width_tables(runs, methods=["wm"])["alignment"].iloc[0]
+    assert (alignment["R_0.3_mean"], alignment["R_0.3_std"]) == (2.0, 1.0)

@@ -101,6 +101,20 @@ def test_wm_finds_global_optimum_of_noisy_planted_pair() -> None:
     assert weight_matching(spec, params_a, params_b).stats["objective"][-1] == pytest.approx(best, rel=1e-9)
 
 
+def test_wm_recovers_a_planted_permutation_that_only_the_biases_reveal() -> None:
+    """Every hidden unit has the same incoming and outgoing weights, so the weight terms of each
+    group's cost are constant and only ⟨b^a, P b^b⟩ decides the match (distinct biases: unique optimum)."""
+    spec, params, _ = _random_mlp(hidden=2, width=5, seed=0)
+    tied = {"layers.0.weight": params["layers.0.weight"][:1].expand(5, -1),  # identical rows
+            "layers.1.weight": torch.full((5, 5), 0.3), "out.weight": params["out.weight"][:, :1].expand(-1, 5)}
+    params_a = {**params, **{k: v.contiguous() for k, v in tied.items()}}
+    planted = {"P_0": torch.tensor([2, 0, 4, 1, 3]), "P_1": torch.tensor([4, 3, 0, 2, 1])}
+    params_b = apply_permutation(spec, planted, params_a)
+    result = weight_matching(spec, params_a, params_b)
+    for g, p in invert(planted).items():
+        assert torch.equal(result.perm[g], p), g
+
+
 def test_wm_objective_never_decreases_on_a_real_pair(trained) -> None:  # noqa: ANN001
     a, b = trained(0), trained(1)
     result = weight_matching(_spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=50)
@@ -136,6 +150,17 @@ def test_wm_stops_at_max_iter_and_is_deterministic(trained) -> None:  # noqa: AN
     r1 = weight_matching(_spec(a), a.state_dict, b.state_dict, generator=torch.Generator().manual_seed(3))
     r2 = weight_matching(_spec(a), a.state_dict, b.state_dict, generator=torch.Generator().manual_seed(3))
     assert all(torch.equal(r1.perm[g], r2.perm[g]) for g in r1.perm)
+
+
+def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
+    spec, params_a, noise = _random_mlp(hidden=2, width=4, seed=5)
+    perm = random_permutation({"P_0": 4, "P_1": 4}, torch.Generator().manual_seed(0))
+    params_b = apply_permutation(spec, perm, {k: v + 0.1 * noise[k] for k, v in params_a.items()})
+    obj = weight_matching(spec, params_a, params_b, tol=0.0, max_iter=50).stats["objective"]
+    assert len(obj) - 1 < 50 and obj[-1] == obj[-2]
+    assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1]))  # every earlier sweep improved
+    with pytest.raises(ValueError, match="permute.wm.tol must be non-negative"):
+        weight_matching(spec, params_a, params_b, tol=-1e-3)
 
 
 def test_find_permutation_dispatch_and_option_errors(trained, splits) -> None:  # noqa: ANN001

@@ -53,6 +53,12 @@ def test_interpolate_endpoints_and_merge_midpoint() -> None:
     permuted_b, mid = merge(spec, a, b, identity_permutation({"P": 3}))
     assert torch.equal(permuted_b["l.weight"], b["l.weight"])
     assert torch.equal(mid["l.weight"], 2 * torch.ones(3, 2)) and torch.equal(mid["l.bias"], torch.full((3,), 0.5))
+    # a real permutation: the midpoint is (θa + π(θb)) / 2, not (θa + θb) / 2
+    b = {"l.weight": torch.arange(6.0).reshape(3, 2), "l.bias": torch.tensor([0.0, 2.0, 4.0])}
+    permuted_b, mid = merge(spec, a, b, {"P": torch.tensor([2, 0, 1])})
+    assert torch.equal(permuted_b["l.bias"], torch.tensor([4.0, 0.0, 2.0]))
+    assert torch.equal(mid["l.weight"], (a["l.weight"] + b["l.weight"][[2, 0, 1]]) / 2)
+    assert torch.equal(mid["l.bias"], torch.tensor([2.0, 0.0, 1.0]))
 
 
 def test_barrier_of_a_model_with_itself_is_zero(trained, splits) -> None:  # noqa: ANN001

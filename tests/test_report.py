@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lmclab.report import endpoint_table
+from lmclab.plots import mean_std
+from lmclab.report import alignment_table, barrier_table, endpoint_table, table1, table3
+from lmclab.summary import THREE_KEYS
+from lmclab.summary import table1 as summary_table1
+from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
 
 def test_endpoint_table_lists_each_seed_once_in_seed_order_with_its_last_epoch() -> None:
@@ -14,3 +18,28 @@ def test_endpoint_table_lists_each_seed_once_in_seed_order_with_its_last_epoch()
     assert [line.split("|")[1].strip() for line in lines] == ["0", "1", "2", "3"]
     assert all(line.split("|")[2].strip() == "3" for line in lines)
     assert lines[0].split("|")[5].strip() == "53.00"
+
+
+def test_report_tables_give_mean_and_sample_std_over_pairs_and_triples() -> None:
+    """Each summarised column is [1, 2, 3] over three pairs: every cell reads 2 ± 1 (the
+    population std would print 0.816)."""
+    pairs = three_pairs()
+    row = table1(pairs, ["wm"], t1=summary_table1(pairs, ["wm"])).splitlines()[2]
+    assert row.split(" | ")[1:] == ["2.000 ± 1.000", "4.000 ± 2.000", "2.000 ± 1.000", "0.0742", "2.000 ± 1.000",
+                                    "2.000 ± 1.000", "2.00 ± 1.00 |"]
+    cells = alignment_table(pairs, ["wm"]).splitlines()[2].split(" | ")[1:]
+    assert cells == ["2.000 ± 1.000"] * 3 + ["2.000 ± 1.000 |"]
+    cells = barrier_table(pairs, ["wm"]).splitlines()[2].split(" | ")[1:]
+    assert cells == ["2.000 ± 1.000", "2.000 ± 1.000", "2.00 ± 1.00", "2.00 ± 1.00"] * 2 + ["2.00 ± 1.00 |"]
+    edges = pd.DataFrame({"triple": [f"t{i}" for i in range(3)] * 3, "method": "wm",
+                          "edge": ["a-b"] * 3 + ["a-c"] * 3 + ["b-c"] * 3,
+                          **{k: ONE_TWO_THREE * 3 for k in (*THREE_KEYS, "R_0.3")}})
+    cells = table3(edges).splitlines()[2].split(" | ")[1:]
+    loss_acc, l2, r = ["2.000 ± 1.000", "2.00 ± 1.00"], "2.00 ± 1.00", "2.000 ± 1.000"
+    assert cells == loss_acc * 3 + [l2, r, r, r + " |"]
+
+
+def test_figure_bands_are_the_sample_std_of_the_tables() -> None:
+    frame = pd.DataFrame({"method": ["wm"] * 3 + ["ste"], "R_0": ONE_TWO_THREE + [5.0]})
+    mean, std = mean_std(frame.groupby("method", sort=False)["R_0"])
+    assert mean.to_dict() == {"wm": 2.0, "ste": 5.0} and std.to_dict() == {"wm": 1.0, "ste": 0.0}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, grad
 
 from lmclab.archs import ARCHS, build_model, make_config
 from lmclab.data import Split, load_split, prepare
@@ -15,9 +15,11 @@ from lmclab.evaluate import evaluate
 from lmclab.merge import merge
 from lmclab.metrics import l2_distance
 from lmclab.search import SearchProblem, check_method, find_permutation
-from lmclab.search.sinkhorn import log_sinkhorn, soft_apply
-from lmclab.search.ste import ste
+from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
+from lmclab.search.midpoint import heldout_loss, midpoint_loss, minibatches
+from lmclab.search.ste import projector, ste, ste_step
 from lmclab.search.ste_sinkhorn import ste_sinkhorn
+from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
 from lmclab.spec import (apply_permutation, build_spec, check_permutation, dense, invert, norm,
                          random_permutation)
@@ -62,6 +64,29 @@ def test_sinkhorn_is_doubly_stochastic() -> None:
     torch.testing.assert_close(soft.sum(1), torch.ones(7))
 
 
+def test_sinkhorn_divides_the_scores_by_the_temperature() -> None:
+    scores = torch.randn(6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for tau in (0.3, 4.0):
+        torch.testing.assert_close(log_sinkhorn(scores, tau=tau, n_iter=30),
+                                   log_sinkhorn(scores / tau, tau=1.0, n_iter=30))
+    # small τ: near one-hot at the assignment maximising the scores, here a planted permutation
+    # (unit gap to any other assignment) plus noise as at initialisation
+    planted = torch.tensor([3, 0, 5, 1, 2, 4])
+    scores = torch.eye(6, dtype=torch.float64)[planted] + 0.1 * scores
+    assert torch.equal(hard_permutation({"P": scores})["P"], planted)
+    assert float(log_sinkhorn(scores, tau=0.05, n_iter=100)[torch.arange(6), planted].min()) > 0.99
+    assert float(log_sinkhorn(scores, tau=1.0, n_iter=100).max()) < 0.5  # far from one-hot at τ = 1
+
+
+def test_initial_scores_are_the_identity_plus_small_noise() -> None:
+    """The search starts at π = identity (as the authors' code), not at a random permutation."""
+    scores = init_scores({"P_0": 64, "P_1": 8}, torch.Generator().manual_seed(0))
+    assert {g: tuple(s.shape) for g, s in scores.items()} == {"P_0": (64, 64), "P_1": (8, 8)}
+    noise = scores["P_0"] - torch.eye(64)
+    assert abs(float(noise.mean())) < 0.01 and float(noise.std()) == pytest.approx(INIT_NOISE, rel=0.05)
+    assert all(torch.equal(p, torch.arange(len(p))) for p in hard_permutation(scores).values())
+
+
 def _one_hot(perm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {g: torch.eye(len(p))[p] for g, p in perm.items()}  # row i is e_{perm[i]}
 
@@ -88,6 +113,78 @@ def test_soft_apply_covers_batchnorm_running_stats() -> None:
     out = soft_apply(spec, _one_hot(perm), params)
     for name, value in apply_permutation(spec, perm, params).items():
         torch.testing.assert_close(out[name], value, msg=name)
+
+
+# ---- STE: the straight-through step --------------------------------------------------------
+
+
+def test_midpoint_loss_and_its_held_out_average_by_hand() -> None:
+    config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
+    spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()
+    params_a, params_b = ({k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()}
+                          for s in (0, 1))
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 1, 2, 3, generator=gen, dtype=torch.float64), torch.randint(0, 3, (10,), generator=gen)
+    merged = {k: (params_a[k] + params_b[k]) / 2 for k in params_a}
+    expected = float(nn.functional.cross_entropy(functional_call(model, merged, (x,)), y))
+    assert float(midpoint_loss(model, spec, params_a, params_b, x, y)) == pytest.approx(expected, rel=1e-12)
+    # chunks of 4, 4, 2 samples: the mean over samples, not over chunks
+    assert heldout_loss(model, spec, params_a, params_b, Split(x, y), 4) == pytest.approx(expected, rel=1e-12)
+
+
+def test_minibatches_drop_a_short_last_batch_unless_it_is_the_only_one() -> None:
+    gen = torch.Generator().manual_seed(0)
+    batches = minibatches(10, 4, gen)
+    assert [len(b) for b in batches] == [4, 4] and len(set(torch.cat(batches).tolist())) == 8
+    assert sorted(torch.cat(minibatches(8, 4, gen)).tolist()) == list(range(8))
+    assert [sorted(b.tolist()) for b in minibatches(3, 4, gen)] == [[0, 1, 2]]
+
+
+def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> None:
+    """Algorithm 3: the step projects θ̃ (θ̂ = π(θb), π the WM projection of the current θ̃), and the
+    gradient of the midpoint loss at θ̂ reaches θ̃ unchanged, so one SGD step moves θ̃ by exactly
+    −lr · ∇_θ̂ L((θa + θ̂) / 2)."""
+    config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
+    spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()
+    params_a, params_b = ({k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()}
+                          for s in (0, 1))
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(16, 1, 2, 3, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
+    tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
+    perm = projector(spec, params_b, 100, torch.Generator().manual_seed(0))(tilde, None)  # of θ̃ = θa
+    assert any(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
+    permuted_b = apply_permutation(spec, perm, params_b)
+    at_hat = grad(lambda hat: midpoint_loss(model, spec, params_a, {**permuted_b, **hat}, x, y))(
+        spec.matched(permuted_b))
+    before, lr = {k: v.detach().clone() for k, v in tilde.items()}, 0.5
+    identity = {g: torch.arange(len(p)) for g, p in perm.items()}  # a stale previous permutation
+    step_perm, loss = ste_step(torch.optim.SGD(tilde.values(), lr=lr), tilde,
+                               projector(spec, params_b, 100, torch.Generator().manual_seed(0)), identity,
+                               model=model, spec=spec, params_a=params_a, params_b=params_b, x=x, y=y)
+    assert all(torch.equal(step_perm[g], p) for g, p in perm.items())
+    assert loss == pytest.approx(float(midpoint_loss(model, spec, params_a, permuted_b, x, y)), rel=1e-12)
+    moved = sum(float((tilde[k].detach() - before[k]).norm()) for k in tilde)
+    assert moved > 1e-3
+    for k in tilde:
+        torch.testing.assert_close(tilde[k].detach() - before[k], -lr * at_hat[k], msg=k)
+
+
+def test_ste_returns_the_permutation_of_its_best_held_out_epoch() -> None:
+    """The monitor sees each epoch's projection; STE returns the one with the lowest held-out loss."""
+    config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=6)
+    spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0)
+    params_a, params_b = (build_model("mlp", config, seed=s).state_dict() for s in (0, 1))
+    x = torch.randn(300, 1, 2, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y = build_model("mlp", config, seed=5)(x).argmax(1)  # labels of a teacher net
+    seen: list[dict] = []
+    result = ste(spec, params_a, params_b, model=model, data=Split(x, y), generator=torch.Generator().manual_seed(1),
+                 lr=0.05, epochs=6, batch_size=32, monitor=lambda perm: seen.append(perm) or {})
+    losses = [row["heldout_loss"] for row in result.stats["curve"]]
+    assert len(seen) == len(losses) == 7 and len(set(losses)) > 2  # the permutation changed
+    best = losses.index(min(losses))
+    assert result.stats["best_epoch"] == best
+    assert all(torch.equal(result.perm[g], p) for g, p in seen[best].items())
 
 
 # ---- wm_sinkhorn ---------------------------------------------------------------------------

@@ -16,6 +16,11 @@ METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM", "am": "AM", "ste": "STE"
                  "wm_sinkhorn": "WM Sinkhorn", "ste_sinkhorn": "STE Sinkhorn"}
 
 
+def mean_std(grouped: pd.api.typing.SeriesGroupBy) -> tuple[pd.Series, pd.Series]:
+    """Mean and sample std (ddof = 1, as in the report's tables; 0 for a single pair) per group."""
+    return grouped.mean(), grouped.std(ddof=1).fillna(0)
+
+
 def label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
@@ -35,9 +40,8 @@ def plot_interpolation(curves: pd.DataFrame, path: Path, *, dpi: int = 120, band
             colors: dict[str, str] = {}
             for (method, fixed), sub in curves[curves["split"] == split].groupby(["method", "repair"], sort=False):
                 g = sub.groupby("lam")[q]
-                mean = g.mean() * scale
-                lo, hi = ((mean - g.std(ddof=0).fillna(0) * scale, mean + g.std(ddof=0).fillna(0) * scale)
-                          if band == "std" else (g.min() * scale, g.max() * scale))
+                mean, std = (v * scale for v in mean_std(g))
+                lo, hi = (mean - std, mean + std) if band == "std" else (g.min() * scale, g.max() * scale)
                 suffix = ("" if not repaired else ", BN repaired" if fixed else ", stale BN stats")
                 (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method) + suffix,
                                   ls="--" if repaired and not fixed else "-", color=colors.get(method))
@@ -75,7 +79,7 @@ def plot_search_curves(search_curves: pd.DataFrame, path: Path, *, dpi: int = 12
     for ax, (q, scale, name) in zip(axes, panels):
         for method, sub in search_curves.groupby("method", sort=False):
             g = sub.groupby("epoch")[q]
-            mean, std = g.mean() * scale, g.std(ddof=0).fillna(0) * scale
+            mean, std = (v * scale for v in mean_std(g))
             (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method))
             ax.fill_between(mean.index, (mean - std).values, (mean + std).values,
                             color=line.get_color(), alpha=0.2)
@@ -131,7 +135,8 @@ def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> P
     for ax, (col, name) in zip(axes, panels):
         for i, method in enumerate(methods):
             g = edges[edges["method"] == method].groupby("edge")[col]
-            mean, std = g.mean().reindex(edge_names), g.std(ddof=1).reindex(edge_names).fillna(0)
+            mean, std = mean_std(g)
+            mean, std = mean.reindex(edge_names), std.reindex(edge_names).fillna(0)
             xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(3)]
             ax.bar(xs, mean.values, width, yerr=std.values, label=label(method), capsize=3)
         ax.set_xticks(range(3), ["a–π_b(b)", "a–π_c(c)", "π_b(b)–π_c(c)"])
@@ -215,7 +220,7 @@ def plot_alignment(pairs: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     for ax, gamma in zip(axes[0], gammas):
         for k, (suffix, name) in enumerate(which):
             g = pairs.groupby("method", sort=False)[f"R_{gamma}{suffix}"]
-            mean, std = g.mean().reindex(methods), g.std(ddof=0).fillna(0).reindex(methods)
+            mean, std = (v.reindex(methods) for v in mean_std(g))
             xs = [i + (k - 1) * 0.27 for i in range(len(methods))]
             ax.bar(xs, mean.values, width=0.27, yerr=std.values, label=name)
         ax.set_xticks(range(len(methods)), [label(m) for m in methods])

@@ -13,7 +13,7 @@ running statistics follow π.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -23,9 +23,10 @@ from lmclab.search.midpoint import Monitor, heldout_loss, midpoint_loss, minibat
 from lmclab.search.options import check_batch, check_options, fraction, one_of, positive, positive_int
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import Permutation, PermutationSpec, apply_permutation
+from lmclab.spec import Params, Permutation, PermutationSpec, apply_permutation
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+Projector = Callable[[Mapping[str, Tensor], Permutation | None], Permutation]  # (θ̃, previous π) ↦ π
 RULES = {"optimizer": one_of(*OPTIMIZERS), "lr": positive, "epochs": positive_int,
          "batch_size": positive_int, "holdout": fraction, "wm_max_iter": positive_int}
 
@@ -46,7 +47,7 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
     train, held = train.to(device), held.to(device)
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
     opt = OPTIMIZERS[optimizer](tilde.values(), lr=lr)
-    project = _projector(spec, params_b, wm_max_iter, generator)
+    project = projector(spec, params_b, wm_max_iter, generator)
     perm = project(tilde, None)
     best = _score(0, perm, model, spec, params_a, params_b, held, batch_size, None, monitor)
     curve = [best]
@@ -54,15 +55,9 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
     for epoch in range(1, epochs + 1):
         total, batches = 0.0, minibatches(len(train), batch_size, generator)
         for idx in batches:
-            perm = project(tilde, perm)
-            permuted_b = apply_permutation(spec, perm, params_b)
-            hat = {k: tilde[k] + (permuted_b[k] - tilde[k]).detach() if k in tilde else v
-                   for k, v in permuted_b.items()}
-            loss = midpoint_loss(model, spec, params_a, hat, train.x[idx], train.y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item()
+            perm, loss = ste_step(opt, tilde, project, perm, model=model, spec=spec, params_a=params_a,
+                                  params_b=params_b, x=train.x[idx], y=train.y[idx])
+            total += loss
         perm = project(tilde, perm)
         curve.append(_score(epoch, perm, model, spec, params_a, params_b, held, batch_size,
                             total / len(batches), monitor))
@@ -72,8 +67,30 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
                                     "seconds": time.perf_counter() - start})
 
 
-def _projector(spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: int,
-               generator: torch.Generator):  # noqa: ANN202 (closure)
+def straight_through(tilde: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor]) -> Params:
+    """``θ̂ = θ̃ + sg(π(θb) − θ̃)``: the value of π(θb), the gradient of θ̃ (entries that are not
+    trained, the running statistics, are π(θb)'s)."""
+    return {k: tilde[k] + (v - tilde[k]).detach() if k in tilde else v for k, v in permuted_b.items()}
+
+
+def ste_step(opt: torch.optim.Optimizer, tilde: Mapping[str, Tensor], project: Projector,
+             previous: Permutation | None, *, model: nn.Module, spec: PermutationSpec,
+             params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], x: Tensor,
+             y: Tensor) -> tuple[Permutation, float]:
+    """One minibatch of Algorithm 3: project ``θ̃`` (warm-started from ``previous``), evaluate the
+    midpoint loss at ``θ̂``, back-propagate to ``θ̃`` and take one optimiser step on it.
+    Returns the projection and the loss."""
+    perm = project(tilde, previous)
+    hat = straight_through(tilde, apply_permutation(spec, perm, params_b))
+    loss = midpoint_loss(model, spec, params_a, hat, x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return perm, loss.item()
+
+
+def projector(spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: int,
+              generator: torch.Generator) -> Projector:
     """``θ̃ ↦ argmin_π ‖θ̃ − π(θb)‖`` by WM, warm-started from the previous permutation.
     (Running statistics only give WM the group sizes; they never enter its cost.)"""
     stats = {k: v for k, v in params_b.items() if k in spec.stats}
