@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common import load_yaml
 from lmclab.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
+from lmclab.metric_gate import parse_tolerances, tolerance_for
 from dvc_repo import ROOT, TINY, make_repo
 from dvc_repo import deep_update as _deep_update
 from dvc_repo import dvc_env as _env
@@ -99,11 +101,12 @@ def test_the_gate_passes_an_identical_rerun_and_names_a_metric_beyond_tolerance(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("PASS") and "| `wm.B_loss` |" in (tmp_path / "same.md").read_text()
 
-    rules = yaml.safe_load((repo / "metrics/tolerances.yaml").read_text())["rules"]
+    rules = parse_tolerances(load_yaml(repo / "metrics/tolerances.yaml"))
+    allowed = tolerance_for("wm.B_loss", rules).allowed(0.0)
     headline = json.loads((repo / "metrics/headline.json").read_text())
     within, beyond = copy.deepcopy(headline), copy.deepcopy(headline)
-    within["wm"]["B_loss"] += 0.5 * rules["*.B_loss"]["abs"]
-    beyond["wm"]["B_loss"] += 2 * rules["*.B_loss"]["abs"]
+    within["wm"]["B_loss"] += 0.5 * allowed
+    beyond["wm"]["B_loss"] += 2 * allowed
     for doc, code in ((within, 0), (beyond, 1)):
         (repo / "metrics/headline.json").write_text(json.dumps(doc))
         proc = _gate(repo, "--out", str(tmp_path / "pushed.md"))
