@@ -68,8 +68,12 @@ def main(baseline: str = typer.Option("HEAD", help="git rev or experiment to com
                          "(run `dvc repro` first)")
     params = _run("dvc", "params", "diff", *revs, "--md").strip() or "No parameter changed."
     figures = _changed_figures(baseline, new)
+    unchanged = sum(v.ok and v.delta == 0 for v in verdicts)
     lines = [f"## Headline metrics: {new or 'workspace'} vs {baseline}", "", f"**{summary_line(verdicts)}**", "",
-             verdict_table(verdicts), "", "### Parameters", "", params, "", "### Figures that changed", ""]
+             verdict_table(verdicts, only_changed=True), "",
+             f"<details><summary>all {len(verdicts)} headline metrics ({unchanged} unchanged)</summary>", "",
+             verdict_table(verdicts), "", "</details>", "", "### Parameters", "", params, "",
+             "### Figures that changed", ""]
     if figures is None:
         lines.append(f"(not listed: {baseline} is not a git revision)")
     lines += [f"![{Path(f).stem}]({f})" for f in figures or []] or (["none"] if figures == [] else [])
