@@ -123,10 +123,16 @@ def alignment_r(factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factor
     return numerator / denominator if denominator else 0.0
 
 
+def _float64(values: Tensor | Sequence[float]) -> Tensor:
+    """A float64 copy: pandas hands out read-only arrays, which torch warns about and may not share."""
+    if isinstance(values, Tensor):
+        return values.detach().to(torch.float64).clone()
+    return torch.from_numpy(np.array(values, dtype=np.float64))
+
+
 def output_scale(s_a: Tensor, s_b: Tensor) -> float:
     """Figure 8: the least-squares α of ``s^a_{L,i} ≈ α s^b_{L,i}``, ``α = ⟨s^a, s^b⟩ / ‖s^b‖²``."""
-    # np.array copies: pandas hands out read-only arrays, which torch warns about and may not share
-    s_a, s_b = (torch.from_numpy(np.array(s, dtype=np.float64)) for s in (s_a, s_b))
+    s_a, s_b = _float64(s_a), _float64(s_b)
     if s_a.shape != s_b.shape:
         raise ValueError(f"output spectra differ in length: {tuple(s_a.shape)} vs {tuple(s_b.shape)}")
     return float((s_a @ s_b) / (s_b @ s_b))
