@@ -118,11 +118,17 @@ def test_soft_apply_covers_batchnorm_running_stats() -> None:
 # ---- STE: the straight-through step --------------------------------------------------------
 
 
-def test_midpoint_loss_and_its_held_out_average_by_hand() -> None:
+def _tiny_double_pair():  # noqa: ANN202
+    """(spec, model, θa, θb): two differently seeded 2×4 MLPs on 2×3 inputs, in float64."""
     config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
     spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()
     params_a, params_b = ({k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()}
                           for s in (0, 1))
+    return spec, model, params_a, params_b
+
+
+def test_midpoint_loss_and_its_held_out_average_by_hand() -> None:
+    spec, model, params_a, params_b = _tiny_double_pair()
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(10, 1, 2, 3, generator=gen, dtype=torch.float64), torch.randint(0, 3, (10,), generator=gen)
     merged = {k: (params_a[k] + params_b[k]) / 2 for k in params_a}
@@ -144,10 +150,7 @@ def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> No
     """Algorithm 3: the step projects θ̃ (θ̂ = π(θb), π the WM projection of the current θ̃), and the
     gradient of the midpoint loss at θ̂ reaches θ̃ unchanged, so one SGD step moves θ̃ by exactly
     −lr · ∇_θ̂ L((θa + θ̂) / 2)."""
-    config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
-    spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()
-    params_a, params_b = ({k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()}
-                          for s in (0, 1))
+    spec, model, params_a, params_b = _tiny_double_pair()
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(16, 1, 2, 3, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}

@@ -20,8 +20,9 @@ from pathlib import Path
 import typer
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "stages")]
 
+from common import load_yaml  # noqa: E402 (YAML 1.2, as DVC reads: 1e-3 is a float)
 from lmclab.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table  # noqa: E402
 
 app = typer.Typer(add_completion=False)
@@ -44,21 +45,13 @@ def _changed_figures(baseline: str, new: str | None, folder: str = "reports/figu
     return sorted({*out.split(), *untracked})
 
 
-def _load_yaml(path: Path) -> dict:
-    from ruamel.yaml import YAML  # YAML 1.2, as DVC reads: 1e-3 is a float
-
-    if not path.is_file():
-        raise SystemExit(f"error: {path}: tolerance file not found")
-    return YAML(typ="safe", pure=True).load(path.read_text()) or {}
-
-
 @app.command()
 def main(baseline: str = typer.Option("HEAD", help="git rev or experiment to compare against"),
          new: str = typer.Option(None, help="git rev or experiment to judge (default: the workspace)"),
          tolerances: Path = typer.Option(ROOT / "metrics" / "tolerances.yaml"),
          out: Path = typer.Option(Path("metrics_diff.md"), help="Markdown report to write")) -> None:
     try:
-        rules = parse_tolerances(_load_yaml(tolerances))
+        rules = parse_tolerances(load_yaml(tolerances) or {})
     except ValueError as exc:
         raise SystemExit(f"error: {tolerances}: {exc}") from None
     revs = [baseline, *([new] if new else [])]
