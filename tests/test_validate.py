@@ -53,7 +53,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"permute__wm__max_iter": 0}, "permute.wm.max_iter: expected an integer ≥ 1, got 0"),
     ({"train__lr": -1.0}, "train.lr: expected a number > 0, got -1.0"),
     ({"train__momentum": 1.0}, "train.momentum: expected a number in [0, 1), got 1.0"),
-    ({"permute__ste__holdout": 1.5}, "permute.ste.holdout: expected a number in (0, 1), got 1.5"),
+    ({"permute__ste__holdout": 1.5}, "permute.ste.holdout: expected a number in [0, 1), got 1.5"),
     ({"measure__gammas": [0, 1.5]}, "measure.gammas: expected a non-empty list of numbers in [0, 1], got [0, 1.5]"),
     ({"measure__bn_repair_samples": 1}, "measure.bn_repair_samples: expected an integer ≥ 2 or null, got 1"),
     ({"three__resolution": 1}, "three.resolution: expected an integer ≥ 2, got 1"),

@@ -23,6 +23,8 @@ from lmclab.data import FOLDER_LOADERS, LOADERS
 from lmclab.search import METHODS
 from lmclab.search.activation_matching import STATISTICS
 from lmclab.search.ste import OPTIMIZERS as STE_OPTIMIZERS
+from lmclab.search.ste import SELECTIONS as STE_SELECTIONS
+from lmclab.search.ste_sinkhorn import OPTIMIZERS as STE_SINKHORN_OPTIMIZERS
 from lmclab.training import OPTIMIZERS, SCHEDULES
 
 
@@ -143,26 +145,32 @@ class Am(Block):
 class Ste(Block):
     optimizer: one_of(STE_OPTIMIZERS) = key("adam", "STE: optimiser of the continuous copy θ̃")
     lr: Positive = key(0.001, "STE: learning rate of θ̃")
+    momentum: Annotated[float, Field(ge=0, lt=1)] = key(0.0, "STE: SGD momentum (original STE v2: 0.9; ignored by adam)")
     epochs: Count = key(5, "STE: passes over the training split minus the held-out part (paper: 5)")
     batch_size: Count = key(512, "STE: images per step (paper: 512)")
-    holdout: Annotated[float, Field(gt=0, lt=1)] = key(0.1, "STE: fraction of the training split held out (best epoch)")
+    holdout: Annotated[float, Field(ge=0, lt=1)] = key(0.1, "STE: fraction of the training split held out (select: holdout)")
+    select: one_of(STE_SELECTIONS) = key("holdout", "STE: best epoch on held-out data, or best_batch (original)")
     wm_max_iter: Count = key(100, "STE: WM sweeps at most per projection")
-
 
 class WmSinkhorn(Block):
     lr: Positive = key(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
-    epochs: Count = key(3, "Sinkhorn WM: learning-curve points (paper: 10)")
-    iterations: Count = key(6, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
+    epochs: Count = key(20, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
+    iterations: Count = key(10, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
     tau: Positive = key(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
-    sinkhorn_iters: Count = key(20, "Sinkhorn WM: row+column normalisations per soft permutation")
+    sinkhorn_iters: Count = key(20, "Sinkhorn WM: column+row normalisations per soft permutation")
+    select: one_of(["best", "last"]) = key("best", "Sinkhorn WM: best epoch by ⟨θa, π(θb)⟩, or last (authors' code)")
+    patience: Count | None = key(None, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never)")
 
 
 class SteSinkhorn(Block):
-    lr: Positive = key(1.0, "Sinkhorn STE: Adam learning rate on the score matrices (paper: 1)")
+    optimizer: one_of(STE_SINKHORN_OPTIMIZERS) = key("adam", "Sinkhorn STE: adam (paper) or adamw (authors' example)")
+    lr: Positive = key(1.0, "Sinkhorn STE: learning rate on the score matrices (paper: 1)")
+    weight_decay: NonNegative = key(0.0, "Sinkhorn STE: weight decay of the scores (authors' AdamW: 0.01)")
     epochs: Count = key(5, "Sinkhorn STE: passes over the training split (paper: 5)")
     batch_size: Count = key(512, "Sinkhorn STE: images per step (paper: 512)")
+    drop_last: bool = key(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
     tau: Positive = key(1.0, "Sinkhorn STE: temperature")
-    sinkhorn_iters: Count = key(20, "Sinkhorn STE: row+column normalisations per soft permutation")
+    sinkhorn_iters: Count = key(20, "Sinkhorn STE: column+row normalisations per soft permutation")
 
 
 class Permute(Block):

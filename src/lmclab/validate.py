@@ -35,7 +35,8 @@ def check_params(tree: Mapping[str, Any]) -> Params:
     except ValidationError as err:
         raise ParamsError(schema_lines(err, tree)) from None
     lines: dict[str, str] = {}
-    for check in (_repeats, _trained_seeds, _schedule, _architecture, _search_batches, _device):
+    for check in (_repeats, _trained_seeds, _schedule, _architecture, _search_batches, _ste_selection,
+                  _device):
         for key, line in check(params):
             lines.setdefault(key, line)  # one line per key
     if lines:
@@ -163,6 +164,12 @@ def _search_batches(p: Params) -> Problems:
             if opts.batch_size > available:
                 key = f"permute.{method}.batch_size"
                 yield key, f"{key}: expected at most the {available} training samples available, got {opts.batch_size}"
+
+
+def _ste_selection(p: Params) -> Problems:
+    if p.permute.ste.select == "holdout" and p.permute.ste.holdout == 0:
+        yield "permute.ste.holdout", ("permute.ste.holdout: expected above 0 when permute.ste.select is "
+                                      "'holdout' (or select: best_batch), got 0")
 
 
 def _device(p: Params) -> Problems:

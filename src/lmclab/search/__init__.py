@@ -116,24 +116,29 @@ def _monitored(problem: SearchProblem, search: Callable[..., SearchResult], **kw
 
 
 def _ste(problem: SearchProblem, *, seed: int, optimizer: str = "adam", lr: float = 1e-3,
-         epochs: int = 5, batch_size: int = 512, holdout: float = 0.1,
-         wm_max_iter: int = 100) -> SearchResult:
+         momentum: float = 0.0, epochs: int = 5, batch_size: int = 512, holdout: float = 0.1,
+         select: str = "holdout", wm_max_iter: int = 100) -> SearchResult:
     return _monitored(problem, ste_module.ste, model=problem.model(), data=problem.train,
                       generator=torch.Generator().manual_seed(seed), optimizer=optimizer, lr=lr,
-                      epochs=epochs, batch_size=batch_size, holdout=holdout, wm_max_iter=wm_max_iter)
+                      momentum=momentum, epochs=epochs, batch_size=batch_size, holdout=holdout,
+                      select=select, wm_max_iter=wm_max_iter)
 
 
 def _wm_sinkhorn(problem: SearchProblem, *, seed: int, lr: float = 1.0, epochs: int = 10,
-                 iterations: int = 100, tau: float = 1.0, sinkhorn_iters: int = 20) -> SearchResult:
+                 iterations: int = 100, tau: float = 1.0, sinkhorn_iters: int = 20,
+                 select: str = "best", patience: int | None = None) -> SearchResult:
     return _monitored(problem, wm_sinkhorn_module.wm_sinkhorn, generator=torch.Generator().manual_seed(seed),
-                      lr=lr, epochs=epochs, iterations=iterations, tau=tau, sinkhorn_iters=sinkhorn_iters)
+                      lr=lr, epochs=epochs, iterations=iterations, tau=tau, sinkhorn_iters=sinkhorn_iters,
+                      select=select, patience=patience)
 
 
-def _ste_sinkhorn(problem: SearchProblem, *, seed: int, lr: float = 1.0, epochs: int = 5,
-                  batch_size: int = 512, tau: float = 1.0, sinkhorn_iters: int = 20) -> SearchResult:
+def _ste_sinkhorn(problem: SearchProblem, *, seed: int, optimizer: str = "adam", lr: float = 1.0,
+                  weight_decay: float = 0.0, epochs: int = 5, batch_size: int = 512,
+                  drop_last: bool = False, tau: float = 1.0, sinkhorn_iters: int = 20) -> SearchResult:
     return _monitored(problem, ste_sinkhorn_module.ste_sinkhorn, model=problem.model(),
-                      data=problem.train, generator=torch.Generator().manual_seed(seed), lr=lr,
-                      epochs=epochs, batch_size=batch_size, tau=tau, sinkhorn_iters=sinkhorn_iters)
+                      data=problem.train, generator=torch.Generator().manual_seed(seed),
+                      optimizer=optimizer, lr=lr, weight_decay=weight_decay, epochs=epochs,
+                      batch_size=batch_size, drop_last=drop_last, tau=tau, sinkhorn_iters=sinkhorn_iters)
 
 
 METHODS: dict[str, Callable[..., SearchResult]] = {

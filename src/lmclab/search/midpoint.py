@@ -44,8 +44,8 @@ def heldout_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str,
 
 
 def n_heldout(n: int, fraction: float) -> int:
-    """Samples held out of ``n`` for a ``fraction`` (at least one)."""
-    return max(1, round(fraction * n))
+    """Samples held out of ``n`` for a ``fraction`` (at least one unless the fraction is 0)."""
+    return max(1, round(fraction * n)) if fraction > 0 else 0
 
 
 def split_holdout(data: Split, fraction: float, generator: torch.Generator) -> tuple[Split, Split]:
@@ -56,7 +56,10 @@ def split_holdout(data: Split, fraction: float, generator: torch.Generator) -> t
     return Split(data.x[rest], data.y[rest]), Split(data.x[hold], data.y[hold])
 
 
-def minibatches(n: int, batch_size: int, generator: torch.Generator) -> list[Tensor]:
-    """One epoch of shuffled index batches; the last, smaller batch is dropped unless it is the only one."""
+def minibatches(n: int, batch_size: int, generator: torch.Generator, *,
+                drop_last: bool = True) -> list[Tensor]:
+    """One epoch of shuffled index batches; with ``drop_last`` the last, smaller batch is dropped
+    unless it is the only one (kept, it is a smaller step, as in a ``DataLoader``)."""
     batches = list(torch.randperm(n, generator=generator).split(batch_size))
-    return batches[:-1] if len(batches) > 1 and len(batches[-1]) < batch_size else batches
+    short = len(batches) > 1 and len(batches[-1]) < batch_size
+    return batches[:-1] if drop_last and short else batches

@@ -23,9 +23,28 @@ def positive(value: Any) -> str | None:
     return None if ok else "a positive number"
 
 
-def fraction(value: Any) -> str | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1
-    return None if ok else "a fraction strictly between 0 and 1"
+def non_negative(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    return None if ok else "a non-negative number"
+
+
+def unit_interval(value: Any) -> str | None:
+    """In [0, 1): a momentum, a fraction that may be 0."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1
+    return None if ok else "a number in [0, 1)"
+
+
+def boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+def optional(rule: Rule) -> Rule:
+    """``rule``, or null."""
+    def check(value: Any) -> str | None:
+        expected = None if value is None else rule(value)
+        return None if expected is None else f"{expected} or null"
+
+    return check
 
 
 def one_of(*choices: str) -> Rule:

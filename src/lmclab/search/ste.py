@@ -4,40 +4,62 @@
 minibatch: project ``θ̃`` to its nearest permutation of θb by weight matching (warm-started from
 the previous permutation, so usually one or two sweeps), form ``θ̂ = θ̃ + sg(π(θb) − θ̃)`` — its
 value is ``π(θb)``, its gradient flows to ``θ̃`` — and take an optimiser step on the midpoint loss
-``L((θa + θ̂) / 2)``. After every epoch, the projection of the current ``θ̃`` is scored by the
-midpoint loss on a held-out part of the training split; the best permutation is returned
-(epoch 0 is the first projection, i.e. plain WM from θa). Only matched entries are trained;
-running statistics follow π.
+``L((θa + θ̂) / 2)``; ``optimizer`` is ``adam`` or ``sgd`` with ``momentum`` (the original STE v2:
+SGD lr 0.01, momentum 0.9). Which permutation is returned (``select``):
+
+- ``best_batch`` — the original's: the projection whose minibatch midpoint loss (at the step that
+  used it) was the lowest of the whole run; needs no held-out data (``holdout: 0``);
+- ``holdout`` — lmclab's: after every epoch the projection of the current ``θ̃`` is scored by the
+  midpoint loss on a held-out ``holdout`` fraction of the training split and the best epoch wins
+  (epoch 0 is the first projection, i.e. plain WM from θa), which is less noisy than one minibatch.
+
+Only matched entries are trained; running statistics follow π.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from lmclab.data import Split
 from lmclab.search.midpoint import Monitor, heldout_loss, midpoint_loss, minibatches, split_holdout
-from lmclab.search.options import check_batch, check_options, fraction, one_of, positive, positive_int
+from lmclab.search.options import check_batch, check_options, one_of, positive, positive_int, unit_interval
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
 from lmclab.spec import Params, Permutation, PermutationSpec, apply_permutation
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 Projector = Callable[[Mapping[str, Tensor], Permutation | None], Permutation]  # (θ̃, previous π) ↦ π
-RULES = {"optimizer": one_of(*OPTIMIZERS), "lr": positive, "epochs": positive_int,
-         "batch_size": positive_int, "holdout": fraction, "wm_max_iter": positive_int}
+SELECTIONS = ("holdout", "best_batch")
+
+
+RULES = {"optimizer": one_of(*OPTIMIZERS), "lr": positive, "momentum": unit_interval, "epochs": positive_int,
+         "batch_size": positive_int, "holdout": unit_interval, "select": one_of(*SELECTIONS),
+         "wm_max_iter": positive_int}
+
+
+def check_selection(select: str, holdout: float) -> None:
+    """``select: holdout`` needs held-out data."""
+    if select == "holdout" and holdout == 0:
+        raise ValueError("permute.ste.holdout must be above 0 when permute.ste.select is 'holdout' "
+                         "(or choose select: best_batch), got 0")
 
 
 def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], *,
         model: nn.Module, data: Split, generator: torch.Generator, optimizer: str = "adam",
-        lr: float = 1e-3, epochs: int = 5, batch_size: int = 512, holdout: float = 0.1,
-        wm_max_iter: int = 100, monitor: Monitor | None = None) -> SearchResult:
-    """STE search; ``stats['curve']`` has one row per epoch with the held-out midpoint loss."""
-    check_options("ste", RULES, {"optimizer": optimizer, "lr": lr, "epochs": epochs,
-                                 "batch_size": batch_size, "holdout": holdout, "wm_max_iter": wm_max_iter})
+        lr: float = 1e-3, momentum: float = 0.0, epochs: int = 5, batch_size: int = 512,
+        holdout: float = 0.1, select: str = "holdout", wm_max_iter: int = 100,
+        monitor: Monitor | None = None) -> SearchResult:
+    """STE search; ``stats['curve']`` has one row per epoch: mean and lowest minibatch loss, held-out
+    midpoint loss of the epoch's projection (None without held-out data)."""
+    check_options("ste", RULES, {"optimizer": optimizer, "lr": lr, "momentum": momentum, "epochs": epochs,
+                                 "batch_size": batch_size, "holdout": holdout, "select": select,
+                                 "wm_max_iter": wm_max_iter})
+    check_selection(select, holdout)
     device = next(iter(params_a.values())).device
     train, held = split_holdout(data, holdout, generator)
     check_batch("ste", batch_size, len(train))
@@ -46,25 +68,36 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
     params_b = {k: v.detach() for k, v in params_b.items()}
     train, held = train.to(device), held.to(device)
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
-    opt = OPTIMIZERS[optimizer](tilde.values(), lr=lr)
+    opt = make_optimizer(optimizer, tilde.values(), lr=lr, momentum=momentum)
     project = projector(spec, params_b, wm_max_iter, generator)
-    perm = project(tilde, None)
-    best = _score(0, perm, model, spec, params_a, params_b, held, batch_size, None, monitor)
-    curve = [best]
-    best_perm = perm
+    score = partial(_score, model=model, spec=spec, params_a=params_a, params_b=params_b, held=held,
+                    batch_size=batch_size, monitor=monitor)
+    epoch_perms = [project(tilde, None)]
+    curve, batch_best = [score(0, epoch_perms[0], None)], (float("inf"), epoch_perms[0], 0)
     for epoch in range(1, epochs + 1):
-        total, batches = 0.0, minibatches(len(train), batch_size, generator)
-        for idx in batches:
+        perm, losses = epoch_perms[-1], []
+        for idx in minibatches(len(train), batch_size, generator):
             perm, loss = ste_step(opt, tilde, project, perm, model=model, spec=spec, params_a=params_a,
                                   params_b=params_b, x=train.x[idx], y=train.y[idx])
-            total += loss
-        perm = project(tilde, perm)
-        curve.append(_score(epoch, perm, model, spec, params_a, params_b, held, batch_size,
-                            total / len(batches), monitor))
-        if curve[-1]["heldout_loss"] < best["heldout_loss"]:
-            best, best_perm = curve[-1], perm
-    return SearchResult(best_perm, {"curve": curve, "epochs": epochs, "best_epoch": best["epoch"],
+            losses.append(loss)
+            batch_best = (loss, perm, epoch) if loss < batch_best[0] else batch_best
+        epoch_perms.append(project(tilde, perm))
+        row = score(epoch, epoch_perms[-1], sum(losses) / len(losses))
+        curve.append({**row, "best_batch_loss": min(losses)})
+    if select == "best_batch":
+        best_perm, best_epoch = batch_best[1], batch_best[2]
+    else:
+        best_epoch = min(curve, key=lambda row: row["heldout_loss"])["epoch"]
+        best_perm = epoch_perms[best_epoch]
+    return SearchResult(best_perm, {"curve": curve, "epochs": epochs, "best_epoch": best_epoch,
                                     "seconds": time.perf_counter() - start})
+
+
+def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, momentum: float) -> torch.optim.Optimizer:
+    """Adam, or SGD with heavy-ball ``momentum`` (torch's: ``b ← m·b + g``, ``θ ← θ − lr·b``)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    return OPTIMIZERS[name](params, lr=lr)
 
 
 def straight_through(tilde: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor]) -> Params:
@@ -104,11 +137,11 @@ def projector(spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: i
     return project
 
 
-def _score(epoch: int, perm: Permutation, model: nn.Module, spec: PermutationSpec,
-           params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], held: Split,
-           batch_size: int, train_loss: float | None, monitor: Monitor | None) -> dict:
+def _score(epoch: int, perm: Permutation, train_loss: float | None, *, model: nn.Module,
+           spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
+           held: Split, batch_size: int, monitor: Monitor | None) -> dict:
     permuted_b = apply_permutation(spec, perm, params_b)
-    row = {"epoch": epoch, "train_loss": train_loss,
-           "heldout_loss": heldout_loss(model, spec, params_a, permuted_b, held, batch_size)}
+    held_loss = heldout_loss(model, spec, params_a, permuted_b, held, batch_size) if len(held) else None
+    row = {"epoch": epoch, "train_loss": train_loss, "heldout_loss": held_loss}
     return {**row, **(monitor(perm) if monitor else {})}
 

@@ -1,0 +1,252 @@
+"""The Sinkhorn operator, WM Sinkhorn (DistL2Loss) and the optimiser/selection options of the
+midpoint searches (STE, Sinkhorn STE), as the authors' reference computes them (issue 19)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import random_params
+from lmclab.archs import get_arch, make_config
+from lmclab.data import Split
+from lmclab.search import ste as ste_module
+from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
+from lmclab.search.midpoint import minibatches
+from lmclab.search.sinkhorn import (log_sinkhorn, scaling_max_range, scaling_sinkhorn, sinkhorn,
+                                    soft_apply, soft_permutation)
+from lmclab.search.weight_matching import matching_objective
+from lmclab.search.wm_sinkhorn import distance_loss, wm_sinkhorn
+from lmclab.spec import apply_permutation, build_spec, dense, invert, random_permutation
+
+MLP = get_arch("mlp")
+
+
+# ---- the Sinkhorn operator -----------------------------------------------------------------
+
+
+def test_log_sinkhorn_rows_and_columns_sum_to_one_at_small_tau() -> None:
+    scores = torch.randn(12, 12, generator=torch.Generator().manual_seed(0))
+    soft = log_sinkhorn(scores, tau=0.1, n_iter=1000)  # 500 leaves the columns 8e-5 off
+    torch.testing.assert_close(soft.sum(-1), torch.ones(12), atol=1e-5, rtol=0)  # rows: exact after the last step
+    torch.testing.assert_close(soft.sum(-2), torch.ones(12), atol=1e-5, rtol=0)  # columns: converged
+
+
+def test_columns_are_normalised_first_as_in_the_reference() -> None:
+    """After one iteration the rows sum to 1 exactly and the columns do not (reference order)."""
+    scores = torch.randn(6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    soft = log_sinkhorn(scores, tau=1.0, n_iter=1)
+    torch.testing.assert_close(soft.sum(-1), torch.ones(6, dtype=torch.float64))
+    assert float((soft.sum(-2) - 1).abs().max()) > 1e-3
+    columns = scores.softmax(dim=-2)  # column softmax, then each row divided by its sum
+    torch.testing.assert_close(soft, columns / columns.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (3, 9, 9)])
+def test_scaling_vectors_give_the_log_domain_map_and_its_gradient(shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(2)
+    scores = (2 * torch.randn(*shape, generator=gen, dtype=torch.float64)).requires_grad_()
+    weights = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    fast, slow = (f(scores, tau=0.7, n_iter=9) for f in (scaling_sinkhorn, log_sinkhorn))
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    (g_fast,), (g_slow,) = (torch.autograd.grad((s * weights).sum(), scores) for s in (fast, slow))
+    torch.testing.assert_close(g_fast, g_slow, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: scaling_sinkhorn(x, tau=0.7, n_iter=9), (scores,))
+
+
+def test_scaling_is_accurate_in_float32_up_to_its_range_and_the_log_domain_beyond() -> None:
+    limit = scaling_max_range(torch.float32)
+    assert limit == pytest.approx(0.45 * math.log(torch.finfo(torch.float32).max))
+    base = torch.rand(16, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    exact = lambda s: log_sinkhorn(s, tau=1.0, n_iter=20)  # noqa: E731
+    at_limit = base / (base.max() - base.min()) * (limit - 0.5)
+    torch.testing.assert_close(scaling_sinkhorn(at_limit.float(), tau=1.0, n_iter=20).double(),
+                               exact(at_limit), rtol=0, atol=1e-4)
+    beyond = at_limit.clone()
+    beyond[:, 0] -= 4 * limit  # a column far below the rest: exp underflows to 0 in float32
+    assert not torch.isfinite(scaling_sinkhorn(beyond.float(), tau=1.0, n_iter=20)).all()  # why the switch
+    torch.testing.assert_close(sinkhorn(beyond.float(), tau=1.0, n_iter=20).double(), exact(beyond),
+                               rtol=0, atol=1e-4)
+
+
+def test_groups_of_one_size_are_batched_without_mixing() -> None:
+    gen = torch.Generator().manual_seed(4)
+    scores = {"P_a": torch.randn(5, 5, generator=gen), "P_b": torch.randn(8, 8, generator=gen),
+              "P_c": torch.randn(5, 5, generator=gen)}
+    soft = soft_permutation(scores, tau=0.5, n_iter=10)
+    assert list(soft) == list(scores)
+    for g, s in scores.items():
+        torch.testing.assert_close(soft[g], log_sinkhorn(s, tau=0.5, n_iter=10))
+
+
+# ---- WM Sinkhorn (DistL2Loss) --------------------------------------------------------------
+
+
+def _planted(width: int, hidden: int, seed: int, noise: float) -> tuple:
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=hidden, width=width)
+    spec = MLP.permutation_spec(config)
+    params_a = random_params("mlp", config, seed)
+    planted = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(seed + 1))
+    gen = torch.Generator().manual_seed(seed + 2)
+    params_b = {k: v + noise * v.std() * torch.randn(v.shape, generator=gen)
+                for k, v in apply_permutation(spec, planted, params_a).items()}
+    return spec, params_a, params_b, invert(planted)
+
+
+def test_distance_loss_is_the_mean_over_matched_entries() -> None:
+    spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
+    gen = torch.Generator().manual_seed(5)
+    params_a = {"l0.weight": torch.randn(3, 2, generator=gen), "l0.bias": torch.randn(3, generator=gen),
+                "l1.weight": torch.randn(1, 3, generator=gen), "l1.bias": torch.randn(1, generator=gen)}
+    params_b = {k: torch.randn(v.shape, generator=gen) for k, v in params_a.items()}
+    scores = {"P": torch.randn(3, 3, generator=gen)}
+    soft = soft_permutation(scores, tau=1.0, n_iter=5)["P"]
+    by_hand = ((params_a["l0.weight"] - soft @ params_b["l0.weight"]).pow(2).sum()
+               + (params_a["l0.bias"] - soft @ params_b["l0.bias"]).pow(2).sum()
+               + (params_a["l1.weight"] - params_b["l1.weight"] @ soft.T).pow(2).sum()
+               + (params_a["l1.bias"] - params_b["l1.bias"]).pow(2).sum()) / 13
+    loss = distance_loss(spec, scores, params_a, params_b, tau=1.0, n_iter=5)
+    torch.testing.assert_close(loss, by_hand)
+    torch.testing.assert_close(soft_apply(spec, {"P": soft}, params_b)["l1.weight"], params_b["l1.weight"] @ soft.T)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("width", "epochs"), [(64, 20), (512, 30)])
+def test_wm_sinkhorn_recovers_a_planted_permutation(width: int, epochs: int) -> None:
+    """θb = π(θa) + noise (5 % of each tensor's std): the search returns π⁻¹ exactly."""
+    spec, params_a, params_b, expected = _planted(width, hidden=2, seed=6, noise=0.05)
+    result = wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0),
+                         epochs=epochs, iterations=10)
+    for g, p in expected.items():
+        assert torch.equal(result.perm[g], p), (g, int((result.perm[g] != p).sum()))
+
+
+@pytest.mark.slow
+def test_convergence_stop_returns_the_full_schedules_permutation() -> None:
+    spec, params_a, params_b, expected = _planted(64, hidden=2, seed=7, noise=0.05)
+    run = lambda **kw: wm_sinkhorn(spec, params_a, params_b,  # noqa: E731
+                                   generator=torch.Generator().manual_seed(0), epochs=40, iterations=10, **kw)
+    full, stopped = run(), run(patience=3)
+    objectives = [r["objective"] for r in stopped.stats["curve"]]
+    assert len(objectives) < len(full.stats["curve"]) == 41
+    assert objectives == [r["objective"] for r in full.stats["curve"][:len(objectives)]]
+    assert stopped.stats["best_epoch"] == len(objectives) - 1 - 3  # three epochs without a better one
+    for g, p in expected.items():
+        assert torch.equal(stopped.perm[g], p) and torch.equal(full.perm[g], p)
+
+
+def test_best_selection_returns_the_best_scored_epoch() -> None:
+    spec, params_a, params_b, _ = _planted(16, hidden=1, seed=8, noise=2.0)
+    run = lambda select: wm_sinkhorn(spec, params_a, params_b, select=select,  # noqa: E731
+                                     generator=torch.Generator().manual_seed(0), epochs=12, iterations=3, lr=3.0)
+    best, last = run("best"), run("last")
+    curve = best.stats["curve"]
+    top = max(curve, key=lambda r: r["objective"])
+    assert best.stats["best_epoch"] == top["epoch"] and last.stats["best_epoch"] == 12
+    assert matching_objective(spec, best.perm, params_a, params_b) == pytest.approx(top["objective"])
+    assert matching_objective(spec, last.perm, params_a, params_b) == pytest.approx(curve[-1]["objective"])
+    assert [r["seconds"] for r in curve] == sorted(r["seconds"] for r in curve)
+
+
+def test_patience_counts_epochs_since_the_last_better_one() -> None:
+    """The stop epoch follows from the full run's objectives: stop once ``patience`` epochs in a row
+    have not beaten the best so far (a new best restarts the count)."""
+    spec, params_a, params_b, _ = _planted(16, hidden=1, seed=8, noise=2.0)
+    run = lambda **kw: wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0),  # noqa: E731
+                                   epochs=30, iterations=3, lr=3.0, **kw)
+    objectives = [r["objective"] for r in run().stats["curve"]]
+
+    def stop_epoch(patience: int, restart: bool) -> int:
+        best, stale = objectives[0], 0
+        for epoch, value in enumerate(objectives[1:], start=1):
+            stale = 0 if value > best and restart else stale + (value <= best)
+            best = max(best, value)
+            if stale >= patience:
+                return epoch
+        return len(objectives) - 1
+
+    assert stop_epoch(6, restart=True) != stop_epoch(6, restart=False)  # the case tells them apart
+    assert run(patience=6).stats["curve"][-1]["epoch"] == stop_epoch(6, restart=True)
+
+
+# ---- optimiser options: two steps of a fixed gradient g, by hand ---------------------------
+
+
+def _two_steps(optimizer: torch.optim.Optimizer, theta: torch.Tensor, g: float) -> list[float]:
+    values = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        (g * theta).sum().backward()
+        optimizer.step()
+        values.append(float(theta.detach()))
+    return values
+
+
+def test_sgd_momentum_of_ste() -> None:
+    theta = torch.tensor([1.0], requires_grad=True)
+    opt = ste_module.make_optimizer("sgd", [theta], lr=0.1, momentum=0.9)
+    # b1 = g, θ1 = 1 − 0.1·2 = 0.8; b2 = 0.9·2 + 2 = 3.8, θ2 = 0.8 − 0.38 = 0.42
+    assert _two_steps(opt, theta, 2.0) == pytest.approx([0.8, 0.42])
+
+
+# Adam: the gradient is g' = g + wd·θ: 0.8 then 0.75. Step 1 is −lr (m̂/√v̂ = 1): θ1 = 0.9. Step 2:
+# m = 0.9·0.08 + 0.1·0.75, v = 0.999·0.00064 + 0.001·0.5625, bias-corrected by 1 − 0.9², 1 − 0.999².
+ADAM_2 = 0.9 - 0.1 * ((0.9 * 0.08 + 0.1 * 0.75) / 0.19) / math.sqrt((0.999 * 0.00064 + 0.001 * 0.5625)
+                                                                     / (1 - 0.999 ** 2))
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("adam", [0.9, ADAM_2]),
+    # AdamW: θ ← θ(1 − lr·wd), then the step of the constant g, −lr: 0.95 − 0.1; 0.85·0.95 − 0.1
+    ("adamw", [0.85, 0.7075]),
+])
+def test_adam_and_adamw_weight_decay_of_ste_sinkhorn(name: str, expected: list[float]) -> None:
+    theta = torch.tensor([1.0], requires_grad=True)
+    opt = ste_sinkhorn_module.make_optimizer(name, [theta], lr=0.1, weight_decay=0.5)
+    assert _two_steps(opt, theta, 0.3) == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_last_short_batch_is_kept_unless_dropped() -> None:
+    gen = torch.Generator().manual_seed(0)
+    kept = minibatches(10, 4, gen, drop_last=False)
+    assert [len(b) for b in kept] == [4, 4, 2] and sorted(torch.cat(kept).tolist()) == list(range(10))
+    assert [len(b) for b in minibatches(10, 4, gen, drop_last=True)] == [4, 4]
+
+
+def _tiny_problem() -> tuple:
+    spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
+    net = torch.nn.Sequential()
+    net.add_module("l0", torch.nn.Linear(784, 8))
+    net.add_module("relu", torch.nn.ReLU())
+    net.add_module("l1", torch.nn.Linear(8, 10))
+    gen = torch.Generator().manual_seed(9)
+    params = [{k: torch.randn(v.shape, generator=gen) * 0.1 for k, v in net.state_dict().items()} for _ in range(2)]
+    data = Split(torch.randn(50, 784, generator=gen), torch.randint(0, 10, (50,), generator=gen))
+    return spec, net, params, data
+
+
+def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    run = lambda drop: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
+        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+        epochs=2, batch_size=16, drop_last=drop, optimizer="adamw", weight_decay=0.01)
+    assert [r["steps"] for r in run(False).stats["curve"]] == [0, 4, 8]
+    assert [r["steps"] for r in run(True).stats["curve"]] == [0, 3, 6]
+
+
+def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
+    """Minibatch losses are noisy: here the lowest is in epoch 2 of 4, so neither the last epoch nor
+    its projection is returned."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    epoch_perms = []
+    result = ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+                            optimizer="sgd", lr=50.0, momentum=0.9, epochs=4, batch_size=16,
+                            holdout=0.0, select="best_batch", monitor=lambda perm: epoch_perms.append(perm) or {})
+    curve = result.stats["curve"]
+    assert all(r["heldout_loss"] is None for r in curve)
+    assert result.stats["best_epoch"] == min(curve[1:], key=lambda r: r["best_batch_loss"])["epoch"] == 2
+    assert not torch.equal(result.perm["P"], epoch_perms[-1]["P"])
+    with pytest.raises(ValueError, match=r"^permute\.ste\.holdout must be above 0 when permute\.ste\.select is 'holdout'"):
+        ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator(),
+                       holdout=0.0, select="holdout")
