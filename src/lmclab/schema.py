@@ -154,7 +154,7 @@ class Ste(Block):
 
 class WmSinkhorn(Block):
     lr: Positive = key(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
-    epochs: Count = key(20, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
+    epochs: Count = key(30, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
     iterations: Count = key(10, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
     tau: Positive = key(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
     sinkhorn_iters: Count = key(20, "Sinkhorn WM: column+row normalisations per soft permutation")
