@@ -42,7 +42,7 @@ from lmclab.spec import Permutation, PermutationSpec
 
 
 RULES = {**SINKHORN_RULES, "iterations": positive_int, "select": one_of("best", "last"),
-     "patience": optional(positive_int)}
+         "patience": optional(positive_int)}
 
 
 def distance_loss(spec: PermutationSpec, scores: Mapping[str, Tensor], params_a: Mapping[str, Tensor],
@@ -82,8 +82,8 @@ def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b:
         track(epoch, total / iterations, hard_permutation(scores))
         if patience is not None and track.stale >= patience:
             break
-    best = track.best if select == "best" else track.curve[-1]
-    return SearchResult(track.perms[best["epoch"]], {
+    best, perm = (track.best, track.best_perm) if select == "best" else (track.curve[-1], track.last_perm)
+    return SearchResult(perm, {
         "curve": track.curve, "epochs": track.curve[-1]["epoch"], "best_epoch": best["epoch"],
         "seconds": time.perf_counter() - start})
 
@@ -99,19 +99,20 @@ class _Tracker:
         self.spec, self.params_a, self.params_b, self.monitor = spec, params_a, params_b, monitor
         self.start = start
         self.curve: list[dict] = []
-        self.perms: dict[int, Permutation] = {}
+        self.last_perm: Permutation | None = None
+        self.best_perm: Permutation | None = None
         self.best: dict = {}
         self.stale = 0
 
     def __call__(self, epoch: int, soft_loss: float | None, perm: Permutation) -> None:
-        previous = self.perms.get(epoch - 1)
-        changed = None if previous is None else sum(int((perm[g] != previous[g]).sum()) for g in perm)
+        last = self.last_perm
+        changed = None if last is None else sum(int((perm[g] != last[g]).sum()) for g in perm)
         objective = matching_objective(self.spec, perm, self.params_a, self.params_b)
         row = {"epoch": epoch, "soft_loss": soft_loss, "objective": objective, "changed": changed,
                "seconds": time.perf_counter() - self.start}
         self.curve.append({**row, **(self.monitor(perm) if self.monitor else {})})
-        self.perms[epoch] = perm
+        self.last_perm = perm
         if not self.best or objective > self.best["objective"]:
-            self.best, self.stale = self.curve[-1], 0
+            self.best, self.best_perm, self.stale = self.curve[-1], perm, 0
         else:
             self.stale += 1
