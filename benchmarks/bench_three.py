@@ -16,7 +16,7 @@ import yaml
 from lmclab.archs import build_model, get_arch
 from lmclab.checkpoint import load_checkpoint
 from lmclab.data import load_split
-from lmclab.landscape import landscape, plane_grid
+from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.search.merge_many import merge_many
 
 ROOT = Path(__file__).resolve().parent.parent

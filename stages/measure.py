@@ -25,8 +25,8 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.alignment import check_mode
-    from lmclab.analysis import measure_and_analyze
+    from lmclab.analysis.alignment import check_mode
+    from lmclab.analysis.compose import measure_and_analyze
     from lmclab.archs import build_model, get_arch
     from lmclab.atomic import atomic_path
     from lmclab.bn_repair import bn_repair_hook, has_batchnorm

@@ -20,8 +20,8 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
          out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.alignment import check_mode
-    from lmclab.analysis import analyze_model
+    from lmclab.analysis.alignment import check_mode
+    from lmclab.analysis.compose import analyze_model
     from lmclab.archs import build_model, get_arch
     from lmclab.atomic import atomic_path
     from lmclab.checkpoint import load_checkpoint

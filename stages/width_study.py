@@ -42,7 +42,7 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
 
     from lmclab.atomic import atomic_path
     from lmclab.plots import plot_width
-    from lmclab.width import alignment_markdown, width_tables
+    from lmclab.analysis.width import alignment_markdown, width_tables
 
     wanted = [e for e in exps.split(",") if e]
     runs = {}

@@ -1,4 +1,4 @@
-"""The analyses composed (analysis.py), their tables (summary.py) and the spectra/measure stages."""
+"""The analyses composed (lmclab.analysis.compose), their tables (summary.py) and the spectra/measure stages."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from lmclab.analysis import analyze_model, analyze_pair, r_key
+from lmclab.analysis.compose import analyze_model, analyze_pair, r_key
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.checkpoint import Checkpoint, save_checkpoint
 from lmclab.data import load_split, prepare
@@ -129,7 +129,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
 
 
 def test_width_tables_combine_runs_by_width():
-    from lmclab.width import alignment_markdown, width_tables
+    from lmclab.analysis.width import alignment_markdown, width_tables
 
     def run(width, r):
         idx = list(range(width))
@@ -161,7 +161,7 @@ def three_pairs() -> pd.DataFrame:
 
 
 def test_every_summary_over_pairs_reports_the_sample_std():
-    from lmclab.width import width_tables
+    from lmclab.analysis.width import width_tables
 
     summary = metrics_summary(three_pairs(), ["wm"])["wm"]
     assert summary["n_pairs"] == 3

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmclab.alignment import layer_matrix, layer_names, layer_svd
+from lmclab.analysis.alignment import layer_matrix, layer_names, layer_svd
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.data import Split
-from lmclab.energy import input_energy, input_patches, input_sizes, layer_inputs, theorem42
+from lmclab.analysis.energy import input_energy, input_patches, input_sizes, layer_inputs, theorem42
 
 
 def mlp(seed=0, hidden=2, width=6, input_shape=(1, 2, 3)):

@@ -10,7 +10,7 @@ from torch.func import functional_call, grad
 
 from lmclab.archs import build_model, make_config
 from lmclab.data import Split
-from lmclab.taylor import (TaylorTerms, directional_terms, gradient_and_hvp, split_loss_fns, taylor_barrier,
+from lmclab.analysis.taylor import (TaylorTerms, directional_terms, gradient_and_hvp, split_loss_fns, taylor_barrier,
                            taylor_curve, taylor_terms)
 
 

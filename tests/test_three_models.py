@@ -10,7 +10,7 @@ import torch
 from lmclab.archs import build_model, get_arch
 from lmclab.checkpoint import Checkpoint
 from lmclab.evaluate import evaluate, evaluate_ensemble
-from lmclab.landscape import landscape, plane_frame, plane_grid, plane_point
+from lmclab.analysis.landscape import landscape, plane_frame, plane_grid, plane_point
 from lmclab.metrics import lambda_grid, l2_distance
 from lmclab.search.merge_many import merge_many, summed_distance
 from lmclab.search.weight_matching import weight_matching

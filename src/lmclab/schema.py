@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
-from lmclab.alignment import MODES
+from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
 from lmclab.augment import AUGMENTATIONS
 from lmclab.data import FOLDER_LOADERS, LOADERS

@@ -64,7 +64,7 @@ def _real_gap(curve: Sequence[dict], split: str, lam: float) -> float:
 def output_scales(spectra: pd.DataFrame) -> pd.DataFrame:
     """Figure 8: per seed, the least-squares α with ``s^ref_{L,i} ≈ α s^seed_{L,i}`` of the output
     layer, the reference being the first seed; ``adjusted`` = α · s (one row per singular value)."""
-    from lmclab.alignment import output_scale  # imports torch: only here, summarize stays light
+    from lmclab.analysis.alignment import output_scale  # imports torch: only here, summarize stays light
 
     out = spectra[spectra["output"]].sort_values(["seed", "index"])
     ref_seed = out["seed"].iloc[0]

@@ -12,12 +12,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from lmclab.alignment import alignment_r, layer_names, model_factors
-from lmclab.analysis import r_key
+from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
+from lmclab.analysis.compose import r_key
 from lmclab.archs import build_model, get_arch
 from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split
-from lmclab.landscape import landscape, plane_grid
+from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.measure import Repair, barriers_from_curve, interpolation_curve
 from lmclab.metrics import l2_distance
 from lmclab.search import SearchProblem, find_permutation

@@ -1,5 +1,5 @@
 """The paper's analyses of one trained model and of one aligned pair (SPEC.md §2, §5), composed from
-:mod:`lmclab.taylor`, :mod:`lmclab.alignment` and :mod:`lmclab.energy`.
+:mod:`lmclab.analysis.taylor`, :mod:`lmclab.analysis.alignment` and :mod:`lmclab.analysis.energy`.
 
 - :func:`analyze_model` (depends only on one trained model and the data): every layer's singular
   values and input energy (Figures 1, 4, 7, 9).
@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from lmclab.alignment import alignment_r, layer_names, model_factors, output_layer, singular_values
+from lmclab.analysis.alignment import alignment_r, layer_names, model_factors, output_layer, singular_values
 from lmclab.data import Split
-from lmclab.energy import input_energy, input_sizes, theorem42
+from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.measure import Repair, measure_pair_with_repair
 from lmclab.spec import PermutationSpec
-from lmclab.taylor import taylor_barrier, taylor_curve, taylor_terms
+from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 
 
 def r_key(gamma: float, which: str = "") -> str:

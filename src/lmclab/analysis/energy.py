@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.alignment import Factors, layer_matrix, layer_svd
+from lmclab.analysis.alignment import Factors, layer_matrix, layer_svd
 from lmclab.data import Split
 
 
