@@ -26,7 +26,7 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     import pandas as pd
 
     from lmclab.analysis.alignment import check_mode
-    from lmclab.analysis.compose import measure_and_analyze
+    from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
     from lmclab.archs import build_model, get_arch
     from lmclab.atomic import atomic_path
     from lmclab.bn_repair import bn_repair_hook, has_batchnorm
@@ -47,6 +47,8 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"])
               if opts["bn_repair"] and has_batchnorm(model) else None)
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
+    factors_a, factors_b = (endpoint_factors(spec, model, p, mode=mode, input_shape=a.config.input_shape)
+                            for p in (params_a, params_b))  # shared by every method
     from tqdm import tqdm
 
     for method in tqdm(read("permute.methods"), desc=f"measure seed{seed_a}-seed{seed_b}",
@@ -56,7 +58,7 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
         curve, summary, taylor, bounds = measure_and_analyze(
             spec, model, params_a, params_b, on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
             gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
-            taylor_splits=opts["taylor_splits"], repair=repair)
+            taylor_splits=opts["taylor_splits"], repair=repair, factors_a=factors_a, factors_b=factors_b)
         for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds)):
             with atomic_path(out / method / f"{name}.parquet") as tmp:
                 pd.DataFrame(rows).to_parquet(tmp, index=False)

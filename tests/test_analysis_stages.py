@@ -11,7 +11,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from lmclab.analysis.compose import analyze_model, analyze_pair, r_key
+from lmclab.analysis.compose import analyze_model, analyze_pair, endpoint_factors, r_key
+from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
+from lmclab.analysis.energy import theorem42
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.checkpoint import Checkpoint, save_checkpoint
 from lmclab.data import load_split, prepare
@@ -51,6 +53,32 @@ def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
     assert summary["test_taylor_barrier_mid"] == 0 and all(r["taylor"] == 0 for r in taylor)
     assert [r["layer"] for r in bounds] == ["layers.0.weight", "layers.1.weight", "out.weight"]
     assert all(r["bound"] < 1e-4 and r["measured"] == 0 for r in bounds)
+
+
+def test_shared_endpoint_factors_change_nothing(prepared):
+    """The measure stage computes θa's and θb's SVDs once for every method: the analyses must be
+    bit-identical to computing them per method (Theorem 4.2 shares π(θb)'s, not θb's)."""
+    config, params_a = tiny(0)
+    params_b = tiny(1)[1]
+    spec = get_arch("mlp").permutation_spec(config)
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(2))
+    permuted_b, midpoint = merge(spec, params_a, params_b, perm)
+    model, splits = build_model("mlp", config), {"test": load_split(prepared, "test")}
+    kwargs = dict(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
+    shared = {f"factors_{k}": endpoint_factors(spec, model, p, input_shape=config.input_shape)
+              for k, p in (("a", params_a), ("b", params_b))}
+    alone = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint, splits, **kwargs)
+    reused = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint, splits, **kwargs, **shared)
+    assert {k: v for k, v in reused[0].items() if k != "analysis_seconds"} == {
+        k: v for k, v in alone[0].items() if k != "analysis_seconds"}
+    assert reused[1:] == alone[1:]
+    # and both equal the primitives computed from scratch on the right models
+    layers = layer_names(spec, params_a)
+    fa, fb, fp, fm = (model_factors(p, layers) for p in (params_a, params_b, permuted_b, midpoint))
+    for gamma in (0.0, 0.3):
+        for which, (x, y) in {"": (fa, fp), "naive": (fa, fb), "a_mid": (fa, fm), "b_mid": (fp, fm)}.items():
+            assert reused[0][r_key(gamma, which)] == alignment_r(x, y, gamma)
+    assert reused[2] == theorem42(model, params_a, permuted_b, splits["test"], layers)
 
 
 def test_analyze_model_rows(prepared):

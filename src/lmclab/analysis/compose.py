@@ -15,12 +15,13 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from lmclab.analysis.alignment import alignment_r, layer_names, model_factors, output_layer, singular_values
-from lmclab.data import Split
+from lmclab.analysis.alignment import (Factors, alignment_r, layer_names, model_factors, output_layer,
+                                      singular_values)
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
+from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
+from lmclab.data import Split
 from lmclab.measure import Repair, measure_pair_with_repair
 from lmclab.spec import PermutationSpec
-from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 
 
 def r_key(gamma: float, which: str = "") -> str:
@@ -50,14 +51,17 @@ def analyze_model(spec: PermutationSpec, model: nn.Module, params: Mapping[str, 
     return spectrum, energy
 
 
-def alignment_summary(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
-                      params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                      midpoint: Mapping[str, Tensor], gammas: Sequence[float], *, mode: str = "reshape",
-                      input_shape: Sequence[int]) -> dict[str, float]:
-    """R_γ (Theorem 4.1) for every γ: (θa, π(θb)), naive (θa, θb), (θa, mid), (π(θb), mid)."""
-    layers = layer_names(spec, params_a)
-    kwargs = _spectral_kwargs(model, layers, mode, input_shape)
-    fa, fb, fp, fm = (model_factors(p, layers, **kwargs) for p in (params_a, params_b, permuted_b, midpoint))
+def endpoint_factors(spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor], *,
+                     mode: str = "reshape", input_shape: Sequence[int]) -> dict[str, Factors]:
+    """Every layer's SVD in ``mode``: computed once per endpoint and handed to each method's
+    :func:`analyze_pair` (θa and θb are the same for every method; an SVD is most of R's cost)."""
+    layers = layer_names(spec, params)
+    return model_factors(params, layers, **_spectral_kwargs(model, layers, mode, input_shape))
+
+
+def alignment_rs(fa: Mapping[str, Factors], fb: Mapping[str, Factors], fp: Mapping[str, Factors],
+                 fm: Mapping[str, Factors], gammas: Sequence[float]) -> dict[str, float]:
+    """R_γ (Theorem 4.1) for every γ from the factors of θa, θb, π(θb) and the midpoint."""
     out: dict[str, float] = {}
     for gamma in gammas:
         out[r_key(gamma)] = alignment_r(fa, fp, gamma)
@@ -67,17 +71,29 @@ def alignment_summary(spec: PermutationSpec, model: nn.Module, params_a: Mapping
     return out
 
 
+def alignment_summary(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
+                      params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
+                      midpoint: Mapping[str, Tensor], gammas: Sequence[float], *, mode: str = "reshape",
+                      input_shape: Sequence[int]) -> dict[str, float]:
+    """R_γ (Theorem 4.1) for every γ: (θa, π(θb)), naive (θa, θb), (θa, mid), (π(θb), mid)."""
+    fa, fb, fp, fm = (endpoint_factors(spec, model, p, mode=mode, input_shape=input_shape)
+                      for p in (params_a, params_b, permuted_b, midpoint))
+    return alignment_rs(fa, fb, fp, fm, gammas)
+
+
 def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
                  params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                  midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
                  gammas: Sequence[float], mode: str = "reshape", input_shape: Sequence[int],
                  energy_split: str = "test", taylor_splits: Sequence[str] | None = None,
+                 factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
                  ) -> tuple[dict[str, float], list[dict], list[dict]]:
     """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb).
 
     summary: ``{split}_taylor_barrier_mid`` / ``_max`` and the Theorem 3.1 ingredients per split,
     the R_γ columns of :func:`alignment_summary` and ``analysis_seconds``; taylor rows:
-    ``{split, lam, taylor}``; theorem 4.2 rows: ``{layer, bound, measured}`` on ``energy_split``."""
+    ``{split, lam, taylor}``; theorem 4.2 rows: ``{layer, bound, measured}`` on ``energy_split``.
+    ``factors_a``/``factors_b``: :func:`endpoint_factors` of θa and θb in ``mode``, if already computed."""
     start = time.perf_counter()
     summary: dict[str, float] = {}
     taylor_rows = []
@@ -88,10 +104,13 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
         summary[f"{name}_taylor_barrier_mid"] = taylor_barrier(terms, 0.5)
         summary[f"{name}_taylor_barrier_max"] = max(curve)
         summary.update({f"{name}_taylor_{k}": v for k, v in terms._asdict().items()})
-    summary.update(alignment_summary(spec, model, params_a, params_b, permuted_b, midpoint, gammas,
-                                     mode=mode, input_shape=input_shape))
-    layers = layer_names(spec, params_a)
-    bound_rows = theorem42(model, params_a, permuted_b, splits[energy_split], layers)
+    factors = lambda p: endpoint_factors(spec, model, p, mode=mode, input_shape=input_shape)  # noqa: E731
+    fa = factors(params_a) if factors_a is None else factors_a
+    fb = factors(params_b) if factors_b is None else factors_b
+    fp, fm = factors(permuted_b), factors(midpoint)
+    summary.update(alignment_rs(fa, fb, fp, fm, gammas))
+    shared = {"factors_a": fa, "factors_b": fp} if mode == "reshape" else {}  # Theorem 4.2 reshapes kernels
+    bound_rows = theorem42(model, params_a, permuted_b, splits[energy_split], layer_names(spec, params_a), **shared)
     summary["analysis_seconds"] = time.perf_counter() - start
     return summary, taylor_rows, bound_rows
 
@@ -100,8 +119,9 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                         midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
-                        taylor_splits: Sequence[str] | None = None,
-                        repair: Repair | None = None) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
+                        taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
+                        factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
+                        ) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair when given), L2 distances, and the analyses of :func:`analyze_pair`.
     Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows)``."""
@@ -109,5 +129,6 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                                               repair=repair)
     analysis, taylor_rows, bound_rows = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint,
                                                      splits, lams=lams, gammas=gammas, mode=mode,
-                                                     input_shape=input_shape, taylor_splits=taylor_splits)
+                                                     input_shape=input_shape, taylor_splits=taylor_splits,
+                                                     factors_a=factors_a, factors_b=factors_b)
     return curve, {**summary, **analysis}, taylor_rows, bound_rows

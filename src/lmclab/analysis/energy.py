@@ -131,11 +131,14 @@ def theorem42_bound(fa: Factors, fb: Factors, energy_a: Tensor, energy_b: Tensor
 
 
 def theorem42(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-              split: Split, layers: Sequence[str], *, batch_size: int = 1000) -> list[dict]:
+              split: Split, layers: Sequence[str], *, batch_size: int = 1000,
+              factors_a: Mapping[str, Factors] | None = None,
+              factors_b: Mapping[str, Factors] | None = None) -> list[dict]:
     """Per layer: the Theorem 4.2 bound (σ = ReLU, C = 1) next to the measured
-    ``E‖σ(W^a z) − σ(W^b z)‖``, with ``z`` the layer's input in model a over ``split``."""
-    fa = {n: layer_svd(params_a[n].detach().cpu()) for n in layers}
-    fb = {n: layer_svd(params_b[n].detach().cpu()) for n in layers}
+    ``E‖σ(W^a z) − σ(W^b z)‖``, with ``z`` the layer's input in model a over ``split``.
+    ``factors_a``/``factors_b``: the reshaped layers' SVDs (:func:`layer_svd`), if already computed."""
+    fa = factors_a if factors_a is not None else {n: layer_svd(params_a[n].detach().cpu()) for n in layers}
+    fb = factors_b if factors_b is not None else {n: layer_svd(params_b[n].detach().cpu()) for n in layers}
     device = next(iter(params_a.values())).device
     va = {n: f.Vh[0].T.to(device) for n, f in fa.items()}
     vb = {n: f.Vh[0].T.to(device) for n, f in fb.items()}
