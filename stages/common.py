@@ -159,3 +159,38 @@ def run_warm(app: Callable[[], Any]) -> None:
         app()
     else:
         raise SystemExit(code)
+
+
+def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *, exps: str = "",
+                    workspace: bool = False) -> dict[Any, dict[str, Any]]:
+    """``{value: {table name: DataFrame}}`` for every experiment of the baseline (or those named in
+    ``exps``, comma-separated) and, with ``workspace``, the workspace's own run: ``value_of`` picks a
+    run's swept value from its ``dvc exp show`` row; the tables are its ``data/tables/<name>.parquet``
+    (read from the experiment's DVC cache). Two runs with the same value are an error."""
+    import io
+
+    import dvc.api
+    import pandas as pd
+
+    wanted = [e for e in exps.split(",") if e]
+    runs: dict[Any, dict[str, Any]] = {}
+    for row in dvc.api.exp_show():
+        name = row.get("Experiment")
+        is_exp = name is not None and (not wanted or name in wanted)
+        if not (is_exp or (workspace and row["rev"] == "workspace")):
+            continue
+        value = value_of(row)
+        if value in runs:
+            raise ValueError(f"two runs have the value {value}; pick experiments with --exps")
+        runs[value] = {}
+        for table in tables:
+            path = f"data/tables/{table}.parquet"
+            if is_exp:
+                with dvc.api.open(path, rev=name, mode="rb") as f:
+                    runs[value][table] = pd.read_parquet(io.BytesIO(f.read()))
+            else:
+                runs[value][table] = pd.read_parquet(path)
+        print(f"{value}: {name or 'workspace'}")
+    if len(runs) < 2:
+        raise ValueError("found fewer than two runs; queue a sweep first (README: Sweeps)")
+    return runs

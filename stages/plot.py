@@ -1,6 +1,6 @@
 """Stage plot: figures, ``report.md`` and the DVC plot data (``--curves``: CSV files that
-``dvc plots show``/``diff`` draw, ``lmclab.plot_data``) from the saved tables only (never
-recomputes). ~3 s."""
+``dvc plots show``/``diff`` draw, ``lmclab.plot_data``) from the saved tables and ``findings.json``
+only (never recomputes); ``data.name`` and ``model.arch`` pick the paper's rows. ~3 s."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 @one_line_errors
-def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
+def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...), out: Path = typer.Option(...),
          curves: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+    import json
+
     import pandas as pd
 
     from lmclab.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
@@ -25,7 +27,8 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
     from lmclab.plot_data import plot_tables, write_plot_tables
     from lmclab.report import write_report
 
-    opts = stage_params("plot", params)("plot")
+    read_params = stage_params("plot", params)
+    opts = read_params("plot")
     curves_table = pd.read_parquet(tables_dir / "curves.parquet")
     pairs = pd.read_parquet(tables_dir / "pairs.parquet")
     history = pd.read_parquet(tables_dir / "history.parquet")
@@ -54,7 +57,8 @@ def main(tables_dir: Path = typer.Option(...), out: Path = typer.Option(...),
         figures["search_curves"] = plot_search_curves(frame, fig("search_curves"), dpi=opts["dpi"])
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,
                  methods=list(dict.fromkeys(pairs["method"])), figures=figures, t1=read("table1"),
-                 bounds=read("theorem42"), edges=edges, evaluation=evaluation)
+                 bounds=read("theorem42"), edges=edges, evaluation=evaluation, data=read_params("data.name"),
+                 arch=read_params("model.arch"), findings=json.loads(findings.read_text()))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 ``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``;
 ``merge_many``, ``merge_many_trace``), the headline metrics ``metrics/headline.json`` (what
 ``dvc exp show`` and ``dvc metrics diff`` compare; ``lmclab.headline``) and the detail JSON files
-``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) in ``--detail-dir``. ~3 s."""
+``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) in ``--detail-dir``, and
+``findings.json`` beside the headline metrics: the paper's findings checked on this run
+(``lmclab.analysis.findings``). ~3 s."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
+    from lmclab.analysis.findings import paper_findings
     from lmclab.atomic import atomic_path
     from lmclab.headline import headline_metrics
     from lmclab.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
@@ -50,7 +53,10 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
             frame.to_parquet(tmp, index=False)
     headline = headline_metrics(history=out["history"], pairs=out["pairs"], edges=out["three_edges"],
                                 evaluation=out["merge_many"], methods=methods, three_methods=three_methods)
-    for folder, name, summary in ((metrics_dir, "headline", headline),
+    found = paper_findings(out["pairs"], out["spectrum"], out["energy"], out["three_edges"], methods, three_methods)
+    findings = {"held": sum(f.holds is True for f in found), "tested": sum(f.holds is not None for f in found),
+                "findings": [f.as_dict() for f in found]}
+    for folder, name, summary in ((metrics_dir, "headline", headline), (metrics_dir, "findings", findings),
                                   (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
                                   (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
                                   (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace))):

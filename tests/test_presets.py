@@ -31,6 +31,13 @@ def test_preset_applies_keeps_comments_and_validates(name):
         [ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln]
     check_params(tree)
     assert tree["train"]["batch_size"] == 512 and len(tree["permute"]["pairs"]) == 5
+    # every table runs the paper's WM and STE (the Sinkhorn methods, Appendix D.2) at its settings
+    assert {"wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
+    assert tree["three"]["methods"][:2] == ["wm_sinkhorn", "ste_sinkhorn"]
+    lr = 10.0 if name == "imagenet_resnet50" else 1.0  # Appendix D: lr 10 for ResNet50
+    assert tree["permute"]["ste_sinkhorn"]["lr"] == tree["permute"]["wm_sinkhorn"]["lr"] == lr
+    assert tree["permute"]["ste_sinkhorn"]["epochs"] == 5
+    assert tree["permute"]["wm_sinkhorn"]["epochs"] * tree["permute"]["wm_sinkhorn"]["iterations"] == 1000
 
 
 def test_unknown_key_and_block_are_errors():

@@ -36,7 +36,10 @@ def test_report_tables_give_mean_and_sample_std_over_pairs_and_triples() -> None
                           **{k: ONE_TWO_THREE * 3 for k in (*THREE_KEYS, "R_0.3")}})
     cells = table3(edges).splitlines()[2].split(" | ")[1:]
     loss_acc, l2, r = ["2.000 ± 1.000", "2.00 ± 1.00"], "2.00 ± 1.00", "2.000 ± 1.000"
-    assert cells == loss_acc * 3 + [l2, r, r, r + " |"]
+    assert cells == [loss_acc[0]] + loss_acc * 3 + [l2, r, r, r + " |"]  # loss b–c max and ½, acc b–c, …
+    with_paper = table3(edges, "MLP on MNIST").splitlines()
+    assert with_paper[-2].split(" | ")[:4] == ["| *paper, MLP on MNIST* (WM)", "—", "-0.031 ± 0.003", "0.475 ± 0.069"]
+    assert all(line.count("|") == with_paper[0].count("|") for line in with_paper)
 
 
 def test_figure_bands_are_the_sample_std_of_the_tables() -> None:

@@ -12,7 +12,8 @@ import pandas as pd  # noqa: E402
 
 from lmclab.atomic import atomic_path  # noqa: E402
 
-METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM", "am": "AM", "ste": "STE",
+# the paper's WM and STE are the Sinkhorn methods (Appendix D.2); wm and ste are the re-basin originals
+METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM (re-basin)", "am": "AM", "ste": "STE (re-basin)",
                  "wm_sinkhorn": "WM Sinkhorn", "ste_sinkhorn": "STE Sinkhorn"}
 
 

@@ -8,7 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from lmclab.atomic import atomic_path
+from lmclab.paper import paper_row
 from lmclab.plots import label
+from lmclab.report_paper import (findings_section, marked, paper_note, table1_paper_line, table2,
+                                 table3_paper_lines)
 
 
 def _pm(values: pd.Series, digits: int = 3) -> str:
@@ -29,7 +32,7 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
         cell = lambda k: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
         p = "—" if row is None or row["p_value"] != row["p_value"] else (
             f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
-        lines.append(f"| {label(m)} | {_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
+        lines.append(f"| {marked(m)} | {_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
                      f"{p} | {_pm(r['l2_before'])} | {_pm(r['l2_after'])} | {_pm(r['l2_reduction_pct'], 2)} |")
     return "\n".join(lines)
 
@@ -80,22 +83,24 @@ def endpoint_table(history: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def table3(edges: pd.DataFrame) -> str:
+def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
-    a–b and a–c edges for comparison; test split, max over λ, mean ± std over triples."""
+    a–b and a–c edges for comparison; test split, max over λ (and the b–c midpoint barrier, the
+    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.paper`) below."""
     r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
     r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
-    lines = ["| method | loss b–c | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |" + r_head,
-             "|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
+    lines = ["| method | loss b–c | loss b–c ½ | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |"
+             + r_head, "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
         cell = lambda e, c, d=3: _pm(r.loc[[e], c], d)  # noqa: E731
-        lines.append(f"| {label(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_acc_barrier_max', 2)} | "
+        lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_loss_barrier_mid')} | "
+                     f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
                      f"{cell('b-c', 'l2', 2)} |"
                      + ("".join(f" {cell(e, r_col)} |" for e in ('a-b', 'a-c', 'b-c')) if r_col else ""))
-    return "\n".join(lines)
+    return "\n".join(lines) + table3_paper_lines(row, 9 + (3 if r_col else 0))
 
 
 def merge_many_table(evaluation: pd.DataFrame) -> str:
@@ -108,14 +113,14 @@ def merge_many_table(evaluation: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, str]) -> str:
+def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, str], row: str | None) -> str:
     n = edges["triple"].nunique()
     return f"""
 ## Three models (Table 3 layout; test split, max over λ, {n} triple(s))
 
 θb and θc are each aligned to θa; b–c is the pair never matched to each other.
 
-{table3(edges)}
+{table3(edges, row)}
 
 ![three-model barriers]({rel["three"]})
 
@@ -169,31 +174,42 @@ def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
             "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n")
 
 
+def paper_tables(pairs: pd.DataFrame, methods: Sequence[str], t1: pd.DataFrame | None, row: str | None) -> str:
+    """Tables 1 and 2 in the paper's layout, the paper's rows marked and its own numbers below."""
+    return f"""## Table 1 layout: WM (test split, λ = ½)
+
+{table1(pairs, methods, t1=t1)}{table1_paper_line(row)}
+
+Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant at 5%).
+
+## Table 2 layout: STE (test split, λ = ½)
+
+{table2(pairs, methods, row)}
+"""
+
+
 def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
                  methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame | None = None,
                  evaluation: pd.DataFrame | None = None, t1: pd.DataFrame | None = None,
-                 bounds: pd.DataFrame | None = None) -> Path:
-    """Write ``report.md``; figure paths are made relative to the report's folder."""
+                 bounds: pd.DataFrame | None = None, data: str = "", arch: str = "",
+                 findings: dict | None = None) -> Path:
+    """Write ``report.md``; figure paths are made relative to the report's folder. ``data`` and
+    ``arch`` select the paper's rows (:mod:`lmclab.paper`); ``findings`` is ``findings.json``."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
-    n_pairs = pairs["pair"].nunique()
+    n_pairs, row = pairs["pair"].nunique(), paper_row(data, arch)
     text = f"""# {title}
 
 Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].unique()))}.
 λ = 1 is θa, λ = 0 is π(θb); barriers follow SPEC.md §2 (max over the λ grid, and at λ = ½).
-
+{paper_note(data, arch)}
 ## Endpoints
 
 {endpoint_table(history)}
 
 ![training]({rel["training"]})
-
-## Table 1 layout (test split, λ = ½)
-
-{table1(pairs, methods, t1=t1)}
-
-Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant at 5%).
-
+{findings_section(findings) if findings else ""}
+{paper_tables(pairs, methods, t1, row)}
 ## Barriers (loss in nats, accuracy in percentage points)
 
 {barrier_table(pairs, methods)}
@@ -201,7 +217,7 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 {_stale_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds)}""" + (three_section(edges, evaluation, rel) if edges is not None else "")
+{analysis_section(rel, pairs, methods, bounds)}""" + (three_section(edges, evaluation, rel, row) if edges is not None else "")
     if "search_curves" in rel:
         text += f"""
 ## Search learning curves (paper Figure 6)

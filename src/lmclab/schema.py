@@ -115,8 +115,8 @@ class Model(Block):
 
 
 class Train(Block):
-    seeds: Seeds = key([0, 1, 2, 3], "one independently trained endpoint per seed (distinct)")
-    epochs: Count = key(10, "full passes over the training split (paper: 100)")
+    seeds: Seeds = key([0, 1, 2, 3, 4, 5], "one independently trained endpoint per seed (distinct)")
+    epochs: Count = key(20, "full passes over the training split (paper: 100)")
     lr: Positive = key(0.001, "learning rate (paper: 1e-3)")
     batch_size: Count = key(512, "images per step (paper: 512)")
     optimizer: one_of(OPTIMIZERS) = key("adam", "adam (paper) or sgd with train.momentum")
@@ -154,7 +154,7 @@ class Ste(Block):
 
 class WmSinkhorn(Block):
     lr: Positive = key(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
-    epochs: Count = key(30, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
+    epochs: Count = key(25, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
     iterations: Count = key(10, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
     tau: Positive = key(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
     sinkhorn_iters: Count = key(20, "Sinkhorn WM: column+row normalisations per soft permutation")
@@ -174,9 +174,10 @@ class SteSinkhorn(Block):
 
 
 class Permute(Block):
-    pairs: group(2) = key([[0, 1], [2, 3]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
-    methods: Methods = key(["identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"],
-                           "search methods; identity is the naive (\"w/o\") baseline")
+    pairs: group(2) = key([[0, 1], [2, 3], [4, 5]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
+    methods: Methods = key(["identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"],
+                           "search methods; identity is the naive (\"w/o\") baseline; the paper's WM and STE are "
+                           "wm_sinkhorn and ste_sinkhorn")
     seed: Seed = key(0, "seeds the randomness of the searches (WM's group order)")
     identity: Identity
     wm: Wm
@@ -187,7 +188,7 @@ class Permute(Block):
 
 
 class Measure(Block):
-    num_lambdas: Annotated[int, Field(ge=2)] = key(25, "evenly spaced λ in [0, 1] with both endpoints (½ always added)")
+    num_lambdas: Annotated[int, Field(ge=2)] = key(11, "evenly spaced λ in [0, 1] with both endpoints (½ always added)")
     gammas: Annotated[list[Annotated[float, Field(ge=0, le=1)]], Field(min_length=1)] = key(
         [0, 0.3], "R_γ thresholds: keep singular triplets with s ≥ γ · (the model's largest s)")
     taylor_splits: Annotated[list[Literal["train", "test"]], Field(min_length=1)] = key(
@@ -199,8 +200,10 @@ class Measure(Block):
 
 
 class Three(Block):
-    triples: group(3) = key([[0, 1, 2]], "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa")
-    methods: Methods = key(["wm", "ste"], "methods aligning θb and θc to θa (options from permute.<method>)")
+    triples: group(3) = key([[0, 2, 4], [1, 3, 5]], "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa")
+    methods: Methods = key(["wm_sinkhorn", "ste_sinkhorn"],
+                           "methods aligning θb and θc to θa (options from permute.<method>; the paper's: "
+                           "wm_sinkhorn, ste_sinkhorn)")
     resolution: Annotated[int, Field(ge=2)] = key(9, "landscape grid points per axis of the plane")
     margin: NonNegative = key(0.2, "the grid spans [-margin, 1 + margin] in plane coordinates")
 
