@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_soft_search import run  # noqa: E402
+from bench_soft_search import permute_options, run  # noqa: E402
 from lmclab.archs import get_arch  # noqa: E402
 from lmclab.data import load_split  # noqa: E402
 from lmclab.search import SearchProblem  # noqa: E402
@@ -49,11 +48,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="method.key=value (YAML value)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "default_choice.json")
     args = parser.parse_args()
-    permute = yaml.safe_load(args.params.read_text())["permute"]
-    for item in args.set:
-        key, value = item.split("=", 1)
-        method, option = key.split(".", 1)
-        permute.setdefault(method, {})[option] = yaml.safe_load(value)
+    permute = permute_options(args.params, args.set)
     train_split = load_split(args.data_dir / "prepared", "train")
     test_split = load_split(args.data_dir / "prepared", "test")
     config = get_arch("mlp").Config(input_shape=tuple(train_split.x.shape[1:]), num_classes=10)

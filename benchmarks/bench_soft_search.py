@@ -51,6 +51,16 @@ def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:
     return row
 
 
+def permute_options(params: Path, overrides: list[str]) -> dict:
+    """The ``permute`` block of ``params`` with ``method.key=value`` overrides (YAML values)."""
+    permute = yaml.safe_load(params.read_text())["permute"]
+    for item in overrides:
+        key, value = item.split("=", 1)
+        method, option = key.split(".", 1)
+        permute.setdefault(method, {})[option] = yaml.safe_load(value)
+    return permute
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data")
@@ -60,11 +70,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="method.key=value (YAML value)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soft_search.json")
     args = parser.parse_args()
-    permute = yaml.safe_load(args.params.read_text())["permute"]
-    for item in args.set:
-        key, value = item.split("=", 1)
-        method, option = key.split(".", 1)
-        permute.setdefault(method, {})[option] = yaml.safe_load(value)
+    permute = permute_options(args.params, args.set)
     train = load_split(args.data_dir / "prepared", "train")
     test = load_split(args.data_dir / "prepared", "test")
     rows = []

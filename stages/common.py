@@ -161,22 +161,38 @@ def run_warm(app: Callable[[], Any]) -> None:
         raise SystemExit(code)
 
 
-def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *, exps: str = "",
-                    workspace: bool = False) -> dict[Any, dict[str, Any]]:
-    """``{value: {table name: DataFrame}}`` for every experiment of the baseline (or those named in
-    ``exps``, comma-separated) and, with ``workspace``, the workspace's own run: ``value_of`` picks a
-    run's swept value from its ``dvc exp show`` row; the tables are its ``data/tables/<name>.parquet``
-    (read from the experiment's DVC cache). Two runs with the same value are an error."""
+def _flat(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(value, f"{name}.") if isinstance(value, Mapping) else {name: value})
+    return out
+
+
+def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *, swept: Callable[[str], bool],
+                    exps: str = "", workspace: bool = False) -> dict[Any, dict[str, Any]]:
+    """``{value: {table name: DataFrame}}`` for the experiments of a sweep and, with ``workspace``,
+    the workspace's own run: those named in ``exps`` (comma-separated), else every experiment whose
+    parameters differ from the workspace's only in keys for which ``swept(key)`` is true (so the
+    experiments of another sweep are left out). ``value_of`` picks a run's swept value from its
+    ``dvc exp show`` row; the tables are its ``data/tables/<name>.parquet`` (read from the
+    experiment's DVC cache). Two runs with the same value are an error."""
     import io
 
     import dvc.api
     import pandas as pd
 
     wanted = [e for e in exps.split(",") if e]
+    keys = list(_flat(dvc.api.params_show()))
+    rows = dvc.api.exp_show()
+    base = next(r for r in rows if r["rev"] == "workspace")
     runs: dict[Any, dict[str, Any]] = {}
-    for row in dvc.api.exp_show():
+    for row in rows:
         name = row.get("Experiment")
-        is_exp = name is not None and (not wanted or name in wanted)
+        differs = [k for k in keys if row.get(k) != base.get(k) and not swept(k)]
+        is_exp = name is not None and (name in wanted if wanted else not differs)
+        if name is not None and not is_exp:
+            print(f"{name}: left out (differs in {', '.join(differs) or 'not named'})")
         if not (is_exp or (workspace and row["rev"] == "workspace")):
             continue
         value = value_of(row)

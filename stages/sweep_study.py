@@ -21,7 +21,7 @@ app = typer.Typer(add_completion=False)
 @one_line_errors
 def main(param: str = typer.Option(..., help="the swept params.yaml key, e.g. train.weight_decay"),
          out: Path = typer.Option(..., help="folder for sweep.md, sweep.png and the tables"),
-         exps: str = typer.Option("", help="comma-separated experiment names (default: every experiment)"),
+         exps: str = typer.Option("", help="comma-separated experiment names (default: those differing from the workspace only in --param)"),
          workspace: bool = typer.Option(False, help="also include the workspace's own run"),
          methods: str = typer.Option("identity,wm,wm_sinkhorn,ste_sinkhorn", help="methods to tabulate"),
          dpi: int = typer.Option(120)) -> None:
@@ -37,7 +37,7 @@ def main(param: str = typer.Option(..., help="the swept params.yaml key, e.g. tr
             raise ValueError(f"--param {param}: not a parameter of these experiments")
         return float(row[param])
 
-    runs = experiment_runs(value, ("pairs",), exps=exps, workspace=workspace)
+    runs = experiment_runs(value, ("pairs",), swept=lambda key: key == param, exps=exps, workspace=workspace)
     points = sweep_points({v: t["pairs"] for v, t in runs.items()}, methods.split(","))
     table = sweep_table(points)
     wm = roles(list(points["method"].unique())).get("WM")

@@ -19,7 +19,7 @@ TABLES = ("spectrum", "energy", "pairs")
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Option(
-             "", help="comma-separated experiment names (default: every experiment of the baseline)"),
+             "", help="comma-separated experiment names (default: those differing from the workspace only in width)"),
          workspace: bool = typer.Option(False, help="also include the workspace's own run"),
          dpi: int = typer.Option(120)) -> None:
     from lmclab.atomic import atomic_path
@@ -31,7 +31,8 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
         key = f"model.{arch}.width" if f"model.{arch}.width" in row else f"model.{arch}.width_multiplier"
         return row[key]
 
-    runs = experiment_runs(width, TABLES, exps=exps, workspace=workspace)
+    runs = experiment_runs(width, TABLES, swept=lambda key: key.split(".")[-1] in ("width", "width_multiplier"),
+                           exps=exps, workspace=workspace)
     combined = width_tables(runs)
     for name, frame in combined.items():
         with atomic_path(out / f"{name}.parquet") as tmp:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -140,6 +141,17 @@ def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
         assert set(headline["wm"]) == {*PAIR_METRICS, *THREE_METRICS}
     diff = _run(repo, "dvc", "metrics", "diff", "soft-lr", "one-sweep", stdout_only=True)
     assert "wm_sinkhorn.B_loss" in diff and "endpoints.acc" not in diff  # only what changed
+    _reset(repo)
+    # the sweep study reads each experiment's tables from its DVC cache, and the workspace's own run
+    _run(repo, "python", "stages/sweep_study.py", "--param", "permute.wm_sinkhorn.lr", "--exps", "soft-lr",
+         "--workspace", "--methods", "identity,wm_sinkhorn", "--out", "reports/sweep")
+    table = pd.read_parquet(repo / "reports" / "sweep" / "table.parquet")
+    assert sorted(table["value"].unique()) == [0.5, PARAMS["permute"]["wm_sinkhorn"]["lr"]]
+    soft = exps["soft-lr"]["metrics"]["metrics/headline.json"]["data"]["wm_sinkhorn"]["B_loss"]
+    assert table[(table["value"] == 0.5) & (table["method"] == "wm_sinkhorn")]["B_half_mean"].item() == \
+        pytest.approx(soft, abs=1e-6)
+    assert "| wm_sinkhorn's B_half falls as permute.wm_sinkhorn.lr grows |" in \
+        (repo / "reports" / "sweep" / "sweep.md").read_text()
     _reset(repo)
 
 

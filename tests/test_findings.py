@@ -128,6 +128,13 @@ def test_paper_findings_of_a_run_that_shows_them_and_one_that_cannot_test_all():
     assert untested == {"am_like_wm", "ste_barrier_without_alignment", "three_models",
                         "easier_when_wider_or_regularised"}
     assert by_pair(pairs, "wm_sinkhorn", "l2_reduction_pct").tolist() == [8.3, 8.2, 8.4]
+    one_pair = pairs[pairs["pair"] == PAIRS[0]]  # no test over pairs: those findings cannot be decided
+    single = {f.key: f.holds for f in paper_findings(one_pair, spectrum_table(), energy, edges_table(
+        [0.01, 0.02], [0.1, 0.2]), ["identity", "am", "wm_sinkhorn", "ste_sinkhorn"], ["wm_sinkhorn", "ste_sinkhorn"])}
+    assert [k for k, v in single.items() if v is None] == [
+        "taylor_misses", "wm_aligns_singular_vectors", "am_like_wm", "ste_barrier_without_alignment",
+        "easier_when_wider_or_regularised"]
+    assert single["wm_small_l2"] is True
 
 
 def test_report_marks_the_papers_methods_and_shows_its_rows():

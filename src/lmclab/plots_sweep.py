@@ -22,8 +22,9 @@ def plot_sweep(table: pd.DataFrame, path: Path, *, param: str, dpi: int = 120) -
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6), squeeze=False)
     values = table["value"]
     # log scale; a 0 (e.g. no weight decay) on a symlog axis, linear up to the smallest positive value
-    scale = {"value": "log"} if (values > 0).all() else {"value": "symlog",
-                                                           "linthresh": float(values[values > 0].min(initial=1.0))}
+    positive = values[values > 0]
+    scale = {"value": "log"} if len(positive) == len(values) else {
+        "value": "symlog", "linthresh": float(positive.min()) if len(positive) else 1.0}
     for ax, (q, name) in zip(axes[0], panels):
         for method, sub in table.groupby("method", sort=False):
             ax.errorbar(sub["value"], sub[f"{q}_mean"], yerr=sub[f"{q}_std"], marker="o", capsize=3,

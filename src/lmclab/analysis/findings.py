@@ -3,7 +3,8 @@
 Every :class:`Finding` carries the paper's claim, a criterion written before looking at any run
 (tests over pairs where one applies: paired t-tests of ``scipy.stats.ttest_rel`` at ``level``), the
 numbers of this run that bear on it, and ``holds``: True, False, or None when this run cannot test it
-(a method or a sweep it needs is missing). A finding that does not hold is reported as such.
+(a method or a sweep it needs is missing, or a test needs more than one pair). A finding that does
+not hold is reported as such.
 
 The paper's WM and STE are the Sinkhorn methods (Appendix D.2), so the roles are filled by
 ``wm_sinkhorn`` and ``ste_sinkhorn`` when the run has them, else by the re-basin originals
@@ -60,6 +61,11 @@ def _r(value: float) -> float:
     return round(float(value), 6)
 
 
+def verdict(condition: bool, *p_values: float) -> bool | None:
+    """``condition``, or None when a test it needs could not run (fewer than two pairs)."""
+    return None if any(np.isnan(p) for p in p_values) else bool(condition)
+
+
 def wm_small_l2(pairs: pd.DataFrame, r: dict[str, str], level: float) -> Finding:
     wm, naive = r["WM"], r["naive"]
     red, b_wm, b_naive = (by_pair(pairs, m, c) for m, c in ((wm, "l2_reduction_pct"),
@@ -77,7 +83,7 @@ def taylor_misses(pairs: pd.DataFrame, r: dict[str, str], level: float) -> Findi
     p = float(stats.ttest_rel(taylor, real).pvalue) if len(real) > 1 else float("nan")
     return Finding("taylor_misses", "the Taylor estimate of Theorem 3.1 misses the real barrier (Table 1, Diff.)",
                    f"two-sided paired t-test of Taylor vs real test B½ of {wm} over pairs, p < {level:g}",
-                   bool(p < level), {"B_half": _r(real.mean()), "taylor": _r(taylor.mean()),
+                   verdict(p < level, p), {"B_half": _r(real.mean()), "taylor": _r(taylor.mean()),
                                      "diff": _r((taylor - real).mean()), "p": _r(p)})
 
 
@@ -90,8 +96,8 @@ def wm_aligns(pairs: pd.DataFrame, r: dict[str, str], level: float) -> Finding:
     near_zero = abs(n0.mean()) <= 0.1 * r0.mean() and abs(n3.mean()) <= 0.1 * r3.mean()
     return Finding("wm_aligns_singular_vectors", "R ≈ 0 without permutation; with WM R > 0, larger at γ = 0.3",
                    f"|naive R_γ| ≤ 0.1 × {wm}'s R_γ (γ = 0, 0.3); one-sided paired t-tests over pairs, "
-                   f"p < {level:g}: {wm}'s R_γ > naive R_γ and its R_0.3 > R_0", bool(near_zero and all(
-                       v < level for v in p.values())),
+                   f"p < {level:g}: {wm}'s R_γ > naive R_γ and its R_0.3 > R_0",
+                   verdict(near_zero and all(v < level for v in p.values()), *p.values()),
                    {"naive_R_0": _r(n0.mean()), "naive_R_0.3": _r(n3.mean()), "R_0": _r(r0.mean()),
                     "R_0.3": _r(r3.mean()), **{k: _r(v) for k, v in p.items()}})
 
@@ -136,8 +142,8 @@ def am_like_wm(pairs: pd.DataFrame, r: dict[str, str], level: float) -> Finding:
     r_am, r_naive = by_pair(pairs, am, "R_0.3"), by_pair(pairs, naive, "R_0.3")
     red = by_pair(pairs, am, "l2_reduction_pct")
     p = p_greater(r_am, r_naive)
-    holds = bool(b_am.mean() <= SMALL_BARRIER * b_naive.mean() and p < level
-                 and L2_RANGE[0] < red.mean() <= L2_RANGE[1])
+    holds = verdict(b_am.mean() <= SMALL_BARRIER * b_naive.mean() and p < level
+                    and L2_RANGE[0] < red.mean() <= L2_RANGE[1], p)
     return Finding("am_like_wm", "AM behaves like WM: small barrier, small L2 reduction, aligned singular vectors",
                    f"{am}: mean test B½ ≤ {SMALL_BARRIER:g} × naive, L2 reduction in ({L2_RANGE[0]:g}, "
                    f"{L2_RANGE[1]:g}] %, R_0.3 > naive (one-sided paired t-test, p < {level:g})", holds,
@@ -151,7 +157,7 @@ def ste_barrier_without_alignment(pairs: pd.DataFrame, r: dict[str, str], level:
     b_ste, b_naive = by_pair(pairs, ste, "test_loss_barrier_mid"), by_pair(pairs, naive, "test_loss_barrier_mid")
     p_r = p_greater(by_pair(pairs, wm, "R_0.3"), by_pair(pairs, ste, "R_0.3"))
     p_l2 = p_greater(by_pair(pairs, wm, "l2_reduction_pct"), by_pair(pairs, ste, "l2_reduction_pct"))
-    holds = bool(b_ste.mean() <= SMALL_BARRIER * b_naive.mean() and p_r < level and p_l2 < level)
+    holds = verdict(b_ste.mean() <= SMALL_BARRIER * b_naive.mean() and p_r < level and p_l2 < level, p_r, p_l2)
     return Finding("ste_barrier_without_alignment", "STE reaches a small barrier while its R and L2 reduction "
                    "stay well below WM's", f"{ste}: mean test B½ ≤ {SMALL_BARRIER:g} × naive; {wm}'s R_0.3 and "
                    f"L2 reduction > {ste}'s (one-sided paired t-tests, p < {level:g})", holds,
@@ -199,6 +205,6 @@ def paper_findings(pairs: pd.DataFrame, spectrum: pd.DataFrame, energy: pd.DataF
                else needs("three_models", "WM keeps b–c small, STE does not", "a WM and an STE in three.methods"))
     out.append(needs("easier_when_wider_or_regularised", "wider models, stronger weight decay and a larger learning "
                      "rate make alignment and LMC easier (Appendix H.4, H.5)",
-                     "the width, weight-decay and learning-rate sweeps (README: Sweeps), whose reports say "
-                     "which trends hold"))
+                     "the width, weight-decay and learning-rate sweeps (README: Sweeps); their reports, "
+                     "reports/sweeps/*/sweep.md, say which trends hold"))
     return out

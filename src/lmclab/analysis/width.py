@@ -23,7 +23,7 @@ def normalised_spectrum(spectrum: pd.DataFrame) -> pd.DataFrame:
 
 
 def width_tables(runs: Mapping[int, Mapping[str, pd.DataFrame]],
-                 methods: Sequence[str] = ("identity", "wm")) -> dict[str, pd.DataFrame]:
+                 methods: Sequence[str] = ("identity", "wm", "wm_sinkhorn")) -> dict[str, pd.DataFrame]:
     """``{"spectrum", "energy", "alignment"}``: every run's rows with a ``width`` column; alignment
     holds the mean and std over pairs of every ``R_γ`` column per width and method."""
     spectra, energies, alignment = [], [], []
