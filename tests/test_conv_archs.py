@@ -22,7 +22,10 @@ CASES = {
     "resnet20-x1": {"width_multiplier": 1},
     "resnet20-x2": {"width_multiplier": 2},
     "resnet50": {},
+    "traced-resnet18": {"factory": "torchvision.models:resnet18", "in_channels": 3},  # spec by torch.fx tracing
+    "traced-mobilenet_v2": {"factory": "torchvision.models:mobilenet_v2", "in_channels": 3},
 }
+SLOW = ("resnet50", "traced-resnet18", "traced-mobilenet_v2")
 SHAPES = [(1, 28, 28), (3, 32, 32)]
 
 
@@ -48,7 +51,7 @@ def test_every_registered_architecture_is_covered():
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["1x28", "3x32"])
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "resnet50" else c for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_spec_matches_state_dict_and_permutation_is_a_symmetry(case, shape):
     arch = _arch(case)
     config = make_config(arch, input_shape=shape, num_classes=10, **CASES[case])

@@ -106,12 +106,24 @@ class Resnet50(Block):
     width_multiplier: Positive = key(1, "multiplies the inner width of every bottleneck (1 = standard)")
 
 
+class Traced(Block):
+    factory: str = key("torchvision.models:resnet18", "traced: module:callable building the nn.Module (spec derived "
+                       "by torch.fx tracing, src/lmclab/trace.py)")
+    kwargs: dict[str, int | float | str | bool | None] = key(
+        {}, "traced: keyword arguments of the factory (num_classes is added when it takes it)",
+        json_schema_extra={"expected": "a mapping of names to numbers, strings, booleans or null"})
+    in_channels: Count | None = key(3, "traced: input channels the network expects; the data's are repeated "
+                                    "(null: the data's own)")
+    partial: bool = key(False, "traced: leave what tracing cannot prove unpermuted instead of refusing")
+
+
 class Model(Block):
     arch: one_of(ARCHS) = key("mlp", "architecture (registry: src/lmclab/archs); its block model.<arch> is used")
     mlp: Mlp
     vgg: Vgg
     resnet20: Resnet20
     resnet50: Resnet50
+    traced: Traced
 
 
 class Train(Block):

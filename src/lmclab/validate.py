@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lmclab.archs import make_config
+from lmclab.archs import get_arch, make_config
 from lmclab.device import resolve_device
 from lmclab.schema import MISSING, Block, Params, defaults, field_expected
 from lmclab.search.midpoint import n_heldout
@@ -146,7 +146,9 @@ def _architecture(p: Params) -> Problems:
     options = getattr(p.model, arch).model_dump()
     for shape in ((1, 28, 28), (3, 32, 32)):
         try:
-            make_config(arch, input_shape=shape, num_classes=10, **options)
+            config = make_config(arch, input_shape=shape, num_classes=10, **options)
+            if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here
+                get_arch(arch).permutation_spec(config)
         except ValueError as exc:
             yield f"model.{arch}", str(exc)
             return

@@ -1,0 +1,95 @@
+"""Any ``nn.Module`` an importable factory builds, with its permutation spec derived by tracing
+(``lmclab.trace``): ``model.arch: traced`` with ``model.traced.factory`` = ``module:callable``
+(e.g. ``torchvision.models:resnet18``, or a user's own module on the Python path).
+
+The factory is called with ``model.traced.kwargs``, plus ``num_classes`` when it takes that keyword
+and the kwargs do not set it. ``in_channels`` is the number of input channels the network expects:
+a data set with one channel (the digits) is repeated over them (null: the data's own). Activation
+matching reads, per group, the norms after the layers that write it (or those layers: pre-activation).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.spec import PermutationSpec
+
+
+@dataclass(frozen=True)
+class Config:
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    factory: str = "torchvision.models:resnet18"
+    kwargs: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs: hashable, so specs are cached
+    in_channels: int | None = None
+    partial: bool = False
+
+    def __post_init__(self) -> None:
+        items = self.kwargs.items() if isinstance(self.kwargs, dict) else self.kwargs
+        object.__setattr__(self, "kwargs", tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v)
+                                                        for k, v in items)))
+        load_factory(self.factory)
+        if self.in_channels is not None and self.in_channels % self.input_shape[0]:
+            raise ValueError(f"model.traced.in_channels: {self.in_channels} is not a multiple of the data's "
+                             f"{self.input_shape[0]} channel(s)")
+
+
+def load_factory(path: str) -> Callable[..., nn.Module]:
+    """``module:callable`` imported; one-line error naming ``model.traced.factory`` otherwise."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model.traced.factory: expected 'module:callable', got {path!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"model.traced.factory: cannot import {path!r} ({exc})") from None
+    if not callable(factory):
+        raise ValueError(f"model.traced.factory: {path!r} is not callable")
+    return factory
+
+
+class Model(nn.Module):
+    """The factory's network as ``self.net`` (state_dict keys ``net.…``)."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        factory, kwargs = load_factory(config.factory), dict(config.kwargs)
+        takes = inspect.signature(factory).parameters
+        if "num_classes" not in kwargs and ("num_classes" in takes or any(
+                p.kind is p.VAR_KEYWORD for p in takes.values())):
+            kwargs["num_classes"] = config.num_classes
+        try:
+            self.net = factory(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model.traced: {config.factory}(**{kwargs}) failed: {exc}") from None
+        if not isinstance(self.net, nn.Module):
+            raise ValueError(f"model.traced.factory: {config.factory!r} returned {type(self.net).__name__}, "
+                             "not an nn.Module")
+        self.repeat = (config.in_channels or config.input_shape[0]) // config.input_shape[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x.repeat(1, self.repeat, 1, 1) if self.repeat > 1 else x)
+
+
+@lru_cache(maxsize=8)
+def _traced(config: Config) -> Any:
+    from lmclab.trace import trace
+
+    return trace(Model(config), torch.zeros(2, *config.input_shape), partial=config.partial)
+
+
+def permutation_spec(config: Config) -> PermutationSpec:
+    """Derived by tracing the model on a zero batch of the data's shape (cached per config)."""
+    return _traced(config).spec
+
+
+def activation_points(config: Config) -> dict[str, list[str]]:
+    return _traced(config).points

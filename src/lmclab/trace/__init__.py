@@ -1,0 +1,71 @@
+"""The permutation spec of any ``nn.Module`` that ``torch.fx`` can trace (issue 15, first part).
+
+:func:`trace_spec` follows channel groups through the traced graph, with shapes from one forward
+pass on ``example_inputs`` (``torch.fx`` ShapeProp):
+
+- a ``Linear`` or ``Conv2d`` output starts a group (its weight's axis 0, its bias); the layer's input
+  axis takes the group of the tensor it reads; a depthwise conv (groups = in = out channels) ties
+  its output to its input group instead;
+- ``BatchNorm``, ``LayerNorm`` over the feature axis, elementwise activations, dropout, pooling
+  and identity-like ops carry the group of their input (norm parameters and running statistics
+  join it);
+- an addition or product of two tensors merges their groups (union-find): every layer writing into
+  one residual stream shares one permutation; a tensor combined with an unpermuted one (the
+  model's input) cannot be permuted;
+- ``flatten`` after a conv whose spatial size is 1 × 1 carries the channel group onto the features;
+- the model's inputs and outputs are never permuted.
+
+Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow, a
+flatten of a larger spatial map (block permutations), concatenation, a grouped conv, attention —
+is refused with one line naming the graph node, its op and the module path; with
+``partial=True`` the groups reaching it are left unpermuted instead. Nothing is guessed: the
+tests check the result by invariance of the function in float64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Sequence
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from lmclab.spec import PermutationSpec
+from lmclab.trace.graph import GraphTracer, Traced
+from lmclab.trace.groups import TraceError
+
+__all__ = ["TraceError", "Traced", "trace", "trace_spec"]
+
+
+def trace_spec(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *,
+               partial: bool = False) -> PermutationSpec:
+    """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` give the
+    shapes. One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``."""
+    return trace(model, example_inputs, partial=partial).spec
+
+
+def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *,
+          partial: bool = False) -> Traced:
+    """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as exc:  # torch.fx raises many types for untraceable Python
+        raise TraceError(f"trace_spec: torch.fx cannot trace {type(model).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}") from None
+    was_training = model.training
+    gm.eval()
+    try:  # ShapeProp prints a traceback of its own before raising: the one line below says it all
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+            ShapeProp(gm).propagate(*inputs)
+    except Exception as exc:  # any error of the model's own forward
+        cause = exc.__cause__ or exc
+        raise TraceError(f"trace_spec: {type(model).__name__} does not run on inputs of shape "
+                         f"{[tuple(x.shape) for x in inputs]}: {' '.join(str(cause).split())[:200]}") from None
+    finally:
+        gm.train(was_training)
+    tracer = GraphTracer(gm, partial)
+    tracer.run()
+    return tracer.result(model)
