@@ -10,13 +10,8 @@ import pandas as pd
 from lmclab.atomic import atomic_path
 from lmclab.paper import paper_row
 from lmclab.plots import label
-from lmclab.report_paper import (findings_section, marked, paper_note, table1_paper_line, table2,
+from lmclab.report_paper import (_pm, findings_section, marked, paper_note, table1_paper_line, table2,
                                  table3_paper_lines)
-
-
-def _pm(values: pd.Series, digits: int = 3) -> str:
-    std = values.std(ddof=1) if len(values) > 1 else 0.0
-    return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
 
 
 def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",

@@ -20,6 +20,7 @@ def marked(method: str) -> str:
 
 
 def _pm(values: pd.Series, digits: int = 3) -> str:
+    """``mean ± sample std`` (0 for one value), as every table of the report prints it."""
     std = values.std(ddof=1) if len(values) > 1 else 0.0
     return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
 
