@@ -140,17 +140,25 @@ def _schedule(p: Params) -> Problems:
                                       f"got {p.train.warmup_epochs}")
 
 
+def _input_shape(p: Params) -> tuple[int, int, int]:
+    """The image shape ``data.name`` prepares (grey 28-pixel digits, CIFAR's 32-pixel colour, ImageNet's crop)."""
+    if p.data.name == "cifar10":
+        return (3, 32, 32)
+    return (3, p.data.image_size, p.data.image_size) if p.data.name == "imagenet" else (1, 28, 28)
+
+
 def _architecture(p: Params) -> Problems:
-    """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit)."""
+    """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit);
+    a traced network, for the data set's own shape, and tracing it is the check."""
     arch = p.model.arch
     options = getattr(p.model, arch).model_dump()
-    for shape in ((1, 28, 28), (3, 32, 32)):
+    for shape in ((1, 28, 28), (3, 32, 32)) if arch != "traced" else (_input_shape(p),):
         try:
             config = make_config(arch, input_shape=shape, num_classes=10, **options)
             if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here
                 get_arch(arch).permutation_spec(config)
-        except ValueError as exc:
-            yield f"model.{arch}", str(exc)
+        except ValueError as exc:  # the line names the key (a tracer's refusal does not itself)
+            yield f"model.{arch}", str(exc) if str(exc).startswith("model.") else f"model.{arch}: {exc}"
             return
 
 

@@ -1,6 +1,8 @@
 """Any ``nn.Module`` an importable factory builds, with its permutation spec derived by tracing
 (``lmclab.trace``): ``model.arch: traced`` with ``model.traced.factory`` = ``module:callable``
-(e.g. ``torchvision.models:resnet18``, or a user's own module on the Python path).
+(e.g. ``torchvision.models:resnet18``, an installed package's, or the repository's own file:
+``nets.mine:build`` for ``nets/mine.py``; list that file under the train stage's deps in dvc.yaml so
+that editing it retrains).
 
 The factory is called with ``model.traced.kwargs``, plus ``num_classes`` when it takes that keyword
 and the kwargs do not set it. ``in_channels`` is the number of input channels the network expects:
@@ -11,10 +13,14 @@ matching reads, per group, the norms after the layers that write it (or those la
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -48,12 +54,29 @@ def load_factory(path: str) -> Callable[..., nn.Module]:
     if not module_name or not attr:
         raise ValueError(f"model.traced.factory: expected 'module:callable', got {path!r}")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        factory = getattr(_import(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"model.traced.factory: cannot import {path!r} ({exc})") from None
     if not callable(factory):
         raise ValueError(f"model.traced.factory: {path!r} is not callable")
     return factory
+
+
+def _import(module_name: str) -> ModuleType:
+    """An installed module, else the repository's own file ``a/b.py`` for ``a.b`` (stages run in the
+    repository's root, which is not on the path of ``python stages/….py``)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        path = Path(*module_name.split(".")).with_suffix(".py")
+        if not path.is_file():
+            raise
+        if module_name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[module_name]
 
 
 class Model(nn.Module):
