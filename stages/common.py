@@ -169,6 +169,20 @@ def _flat(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _read_table(table: str, rev: str | None) -> Any:
+    """``data/tables/<table>.parquet`` of experiment ``rev`` (from its DVC cache), or the workspace's."""
+    import io
+
+    import dvc.api
+    import pandas as pd
+
+    path = f"data/tables/{table}.parquet"
+    if rev is None:
+        return pd.read_parquet(path)
+    with dvc.api.open(path, rev=rev, mode="rb") as f:
+        return pd.read_parquet(io.BytesIO(f.read()))
+
+
 def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *, swept: Callable[[str], bool],
                     exps: str = "", workspace: bool = False) -> dict[Any, dict[str, Any]]:
     """``{value: {table name: DataFrame}}`` for the experiments of a sweep and, with ``workspace``,
@@ -177,10 +191,7 @@ def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *,
     experiments of another sweep are left out). ``value_of`` picks a run's swept value from its
     ``dvc exp show`` row; the tables are its ``data/tables/<name>.parquet`` (read from the
     experiment's DVC cache). Two runs with the same value are an error."""
-    import io
-
     import dvc.api
-    import pandas as pd
 
     wanted = [e for e in exps.split(",") if e]
     keys = list(_flat(dvc.api.params_show()))
@@ -198,14 +209,7 @@ def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *,
         value = value_of(row)
         if value in runs:
             raise ValueError(f"two runs have the value {value}; pick experiments with --exps")
-        runs[value] = {}
-        for table in tables:
-            path = f"data/tables/{table}.parquet"
-            if is_exp:
-                with dvc.api.open(path, rev=name, mode="rb") as f:
-                    runs[value][table] = pd.read_parquet(io.BytesIO(f.read()))
-            else:
-                runs[value][table] = pd.read_parquet(path)
+        runs[value] = {table: _read_table(table, name if is_exp else None) for table in tables}
         print(f"{value}: {name or 'workspace'}")
     if len(runs) < 2:
         raise ValueError("found fewer than two runs; queue a sweep first (README: Sweeps)")

@@ -10,7 +10,7 @@ import pandas as pd
 from lmclab.atomic import atomic_path
 from lmclab.paper import paper_row
 from lmclab.plots import label
-from lmclab.report_paper import (_pm, findings_section, marked, paper_note, table1_paper_line, table2,
+from lmclab.report_paper import (findings_section, marked, mean_pm, paper_note, table1_paper_line, table2,
                                  table3_paper_lines)
 
 
@@ -27,8 +27,8 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
         cell = lambda k: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
         p = "—" if row is None or row["p_value"] != row["p_value"] else (
             f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
-        lines.append(f"| {marked(m)} | {_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
-                     f"{p} | {_pm(r['l2_before'])} | {_pm(r['l2_after'])} | {_pm(r['l2_reduction_pct'], 2)} |")
+        lines.append(f"| {marked(m)} | {mean_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
+                     f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | {mean_pm(r['l2_reduction_pct'], 2)} |")
     return "\n".join(lines)
 
 
@@ -41,7 +41,7 @@ def alignment_table(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     lines = ["| method | " + " | ".join(c[1] for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for m in methods:
         r = pairs[pairs["method"] == m]
-        lines.append(f"| {label(m)} | " + " | ".join(_pm(r[c[0]]) for c in cols) + " |")
+        lines.append(f"| {label(m)} | " + " | ".join(mean_pm(r[c[0]]) for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -64,8 +64,8 @@ def barrier_table(pairs: pd.DataFrame, methods: Sequence[str], prefix: str = "")
              "|---|" + "---|" * (len(cols) + 1)]
     for m in methods:
         r = pairs[pairs["method"] == m]
-        cells = [_pm(r[c[0]], 2 if "acc" in c[0] else 3) for c in cols]
-        lines.append(f"| {label(m)} | " + " | ".join(cells) + f" | {_pm(r['search_seconds'], 2)} |")
+        cells = [mean_pm(r[c[0]], 2 if "acc" in c[0] else 3) for c in cols]
+        lines.append(f"| {label(m)} | " + " | ".join(cells) + f" | {mean_pm(r['search_seconds'], 2)} |")
     return "\n".join(lines)
 
 
@@ -88,7 +88,7 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
              + r_head, "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
-        cell = lambda e, c, d=3: _pm(r.loc[[e], c], d)  # noqa: E731
+        cell = lambda e, c, d=3: mean_pm(r.loc[[e], c], d)  # noqa: E731
         lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_loss_barrier_mid')} | "
                      f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "

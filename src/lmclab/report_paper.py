@@ -19,7 +19,7 @@ def marked(method: str) -> str:
     return label(method) + MARK.get(method, "")
 
 
-def _pm(values: pd.Series, digits: int = 3) -> str:
+def mean_pm(values: pd.Series, digits: int = 3) -> str:
     """``mean ± sample std`` (0 for one value), as every table of the report prints it."""
     std = values.std(ddof=1) if len(values) > 1 else 0.0
     return f"{values.mean():.{digits}f} ± {std:.{digits}f}"
@@ -37,9 +37,9 @@ def table2(pairs: pd.DataFrame, methods: Sequence[str], row: str | None) -> str:
     lines = ["| method | B_½ (loss) | ‖θa−θb‖ | ‖θa−π(θb)‖ | R_0.3(θa, π(θb)) |", "|---|---|---|---|---|"]
     for m in methods:
         r = pairs[pairs["method"] == m]
-        r03 = _pm(r["R_0.3"]) if "R_0.3" in r else "—"
-        lines.append(f"| {marked(m)} | {_pm(r['test_loss_barrier_mid'])} | {_pm(r['l2_before'], 2)} | "
-                     f"{_pm(r['l2_after'], 2)} | {r03} |")
+        r03 = mean_pm(r["R_0.3"]) if "R_0.3" in r else "—"
+        lines.append(f"| {marked(m)} | {mean_pm(r['test_loss_barrier_mid'])} | {mean_pm(r['l2_before'], 2)} | "
+                     f"{mean_pm(r['l2_after'], 2)} | {r03} |")
     return "\n".join(lines) + paper_line(2, row, [str(s) for s in TABLE2[row]] if row else [])
 
 

@@ -36,6 +36,7 @@ class GraphTracer:
         self.tags: dict[fx.Node, Tag | None] = {}
         self.axes: dict[str, list[int | None]] = {}
         self.writers: dict[int, list[tuple[str, str]]] = {}  # group -> (norm | layer, module) writing it
+        self.names: dict[int, str] = {}  # union-find root -> P_k, filled by result()
 
     # ---- helpers ----------------------------------------------------------------------------
     def tag(self, arg: object) -> Tag | None:
@@ -228,7 +229,7 @@ class GraphTracer:
         return self.names.setdefault(root, f"P_{len(self.names)}")
 
     def result(self, model: nn.Module) -> Traced:
-        self.names: dict[int, str] = {}
+        """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
         axes = {key: tuple(self.name_of(g) for g in self.axes[key]) if key in self.axes else (None,) * value.dim()
                 for key, value in model.state_dict().items()}
         found: dict[str, dict[str, list[str]]] = {}
