@@ -108,7 +108,7 @@ class Resnet50(Block):
 
 class Traced(Block):
     factory: str = key("torchvision.models:resnet18", "traced: module:callable building the nn.Module (spec derived "
-                       "by torch.fx tracing, src/lmclab/trace.py)")
+                       "by torch.fx tracing, src/lmclab/trace/)")
     kwargs: dict[str, int | float | str | bool | None] = key(
         {}, "traced: keyword arguments of the factory (num_classes is added when it takes it)",
         json_schema_extra={"expected": "a mapping of names to numbers, strings, booleans or null"})

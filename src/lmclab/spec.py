@@ -7,6 +7,12 @@ channel) permutations ``P_ℓ`` of SPEC.md §1. Inputs and logits are never perm
 A *permutation* ``perm`` maps each group name to an index tensor. Applying it to ``θb`` gives
 ``π(θb)`` with ``W'_ℓ = P_ℓ W_ℓ P_{ℓ-1}ᵀ``, i.e. ``W'[i, j] = W[perm_ℓ[i], perm_{ℓ-1}[j]]``.
 
+An axis may also be *composite*: a tuple of :class:`Segment` s, consecutive stretches of the axis
+each permuted by its own group (``None``: left alone) in blocks of ``block`` entries. A flatten of a
+``C × H × W`` map onto the features of a Linear is one segment with ``block = H·W`` (unit ``c``
+owns features ``c·HW … c·HW + HW − 1``); a concatenation of channel groups is one segment per
+group. A plain group name is the one-segment, block-1 case.
+
 Architectures build specs with the small helpers :func:`dense`, :func:`conv`, :func:`norm` and
 the residual-block builders :func:`basic_block` and :func:`bottleneck`, looped over their config
 (never hand-listed line by line).
@@ -16,13 +22,71 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 Params = dict[str, Tensor]
 Permutation = dict[str, Tensor]
-Axes = tuple[str | None, ...]
+
+
+class Segment(NamedTuple):
+    """``length`` consecutive entries of an axis, permuted by ``group`` in blocks of ``block``."""
+
+    group: str | None
+    length: int
+    block: int = 1
+
+
+Entry = str | None | tuple[Segment, ...]
+Axes = tuple[Entry, ...]
+
+
+def segments(entry: Entry, size: int) -> tuple[Segment, ...]:
+    """The composite form of any axis entry of an axis of ``size`` entries."""
+    if entry is None or isinstance(entry, str):
+        return (Segment(entry, size),)
+    return tuple(entry)
+
+
+def entry_groups(entry: Entry) -> list[str]:
+    """The groups acting on an axis, each once, in order."""
+    if entry is None or isinstance(entry, str):
+        return [] if entry is None else [entry]
+    return list(dict.fromkeys(s.group for s in entry if s.group is not None))
+
+
+def group_slices(entry: Entry, group: str, size: int) -> list[tuple[int, int, int]]:
+    """``(offset, length, block)`` of every stretch of the axis that ``group`` permutes."""
+    out, offset = [], 0
+    for seg in segments(entry, size):
+        if seg.group == group:
+            out.append((offset, seg.length, seg.block))
+        offset += seg.length
+    return out
+
+
+def unit_rows(value: Tensor, axis: int, offset: int, length: int, block: int) -> Tensor:
+    """The stretch ``offset : offset + length`` of ``axis`` as a matrix with one row per unit
+    (a unit's ``block`` entries and all other axes flattened into its row)."""
+    moved = value.narrow(axis, offset, length).movedim(axis, 0)
+    return moved.reshape(length // block, -1)
+
+
+def axis_index(entry: Entry, perm: Mapping[str, Tensor], size: int) -> Tensor:
+    """The index along an axis that applies ``perm`` to it (``value.index_select(axis, ·)``)."""
+    if isinstance(entry, str):
+        return perm[entry]
+    parts, offset = [], 0
+    for seg in segments(entry, size):
+        if seg.group is None:
+            parts.append(torch.arange(offset, offset + seg.length))
+        else:
+            p = perm[seg.group].cpu()
+            parts.append(offset + (p[:, None] * seg.block + torch.arange(seg.block)).reshape(-1))
+        offset += seg.length
+    return torch.cat(parts)
 
 
 @dataclass(frozen=True)
@@ -42,8 +106,8 @@ class PermutationSpec:
         """Inverse view: group -> [(param name, axis)], in declaration order."""
         out: dict[str, list[tuple[str, int]]] = {}
         for name, name_axes in self.axes.items():
-            for axis, group in enumerate(name_axes):
-                if group is not None:
+            for axis, entry in enumerate(name_axes):
+                for group in entry_groups(entry):
                     out.setdefault(group, []).append((name, axis))
         return out
 
@@ -52,10 +116,12 @@ class PermutationSpec:
         sizes: dict[str, int] = {}
         for group, places in self.groups.items():
             for name, axis in places:
-                n = params[name].shape[axis]
-                if sizes.setdefault(group, n) != n:
-                    raise ValueError(f"group {group!r}: axis {axis} of {name!r} has size {n}, "
-                                     f"expected {sizes[group]}")
+                size = params[name].shape[axis]
+                for _, length, block in group_slices(self.axes[name][axis], group, size):
+                    n = length // block
+                    if length % block or sizes.setdefault(group, n) != n:
+                        raise ValueError(f"group {group!r}: axis {axis} of {name!r} has {length} entries "
+                                         f"in blocks of {block}, expected {sizes[group]} units")
         return sizes
 
     def matched(self, params: Mapping[str, Tensor]) -> Params:
@@ -73,6 +139,11 @@ class PermutationSpec:
             if params[name].dim() != len(name_axes):
                 raise ValueError(f"{what}: {name!r} has {params[name].dim()} axes, "
                                  f"the spec declares {len(name_axes)}")
+            for axis, entry in enumerate(name_axes):
+                total = sum(seg.length for seg in segments(entry, params[name].shape[axis]))
+                if total != params[name].shape[axis]:
+                    raise ValueError(f"{what}: axis {axis} of {name!r} has {params[name].shape[axis]} "
+                                     f"entries, the spec's segments cover {total}")
         self.group_sizes(params)
 
 
@@ -163,9 +234,9 @@ def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor],
     """``π(θ)``: permute every axis of every entry by its group's index tensor (SPEC §1)."""
     out: Params = {}
     for name, value in params.items():
-        for axis, group in enumerate(spec.axes[name]):
-            if group is not None:
-                value = value.index_select(axis, perm[group].to(value.device))
+        for axis, entry in enumerate(spec.axes[name]):
+            if entry_groups(entry):
+                value = value.index_select(axis, axis_index(entry, perm, value.shape[axis]).to(value.device))
         out[name] = value
     return out
 

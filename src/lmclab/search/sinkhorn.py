@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lmclab.search.options import positive, positive_int
 from lmclab.search.weight_matching import solve_assignment
-from lmclab.spec import Params, Permutation, PermutationSpec
+from lmclab.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 
@@ -134,6 +134,20 @@ def _apply_on_axis(value: Tensor, soft: Tensor, axis: int) -> Tensor:
     return mixed.movedim(0, axis)
 
 
+def _apply_on_segments(value: Tensor, entry: tuple[Segment, ...], soft: Mapping[str, Tensor], axis: int) -> Tensor:
+    """A composite axis: each segment mixed by its group's matrix, unit by unit (a unit's block moves whole)."""
+    parts, offset = [], 0
+    for seg in entry:
+        part = value.narrow(axis, offset, seg.length)
+        if seg.group is not None:
+            moved = part.movedim(axis, 0)
+            rows = moved.reshape(seg.length // seg.block, -1)
+            part = (soft[seg.group] @ rows).reshape(moved.shape).movedim(0, axis)
+        parts.append(part)
+        offset += seg.length
+    return torch.cat(parts, dim=axis)
+
+
 def soft_apply(spec: PermutationSpec, soft: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
     """``π_soft(θ)``: multiply every permuted axis by its group's doubly-stochastic matrix.
 
@@ -141,9 +155,11 @@ def soft_apply(spec: PermutationSpec, soft: Mapping[str, Tensor], params: Mappin
     """
     out: Params = {}
     for name, value in params.items():
-        for axis, group in enumerate(spec.axes[name]):
-            if group is not None:
-                value = _apply_on_axis(value, soft[group], axis)
+        for axis, entry in enumerate(spec.axes[name]):
+            if isinstance(entry, str):
+                value = _apply_on_axis(value, soft[entry], axis)
+            elif entry_groups(entry):
+                value = _apply_on_segments(value, entry, soft, axis)
         out[name] = value
     return out
 

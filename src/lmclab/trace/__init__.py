@@ -1,25 +1,27 @@
-"""The permutation spec of any ``nn.Module`` that ``torch.fx`` can trace (issue 15, first part).
+"""The permutation spec of any ``nn.Module`` that ``torch.fx`` can trace (issue 15).
 
 :func:`trace_spec` follows channel groups through the traced graph, with shapes from one forward
 pass on ``example_inputs`` (``torch.fx`` ShapeProp):
 
 - a ``Linear`` or ``Conv2d`` output starts a group (its weight's axis 0, its bias); the layer's input
-  axis takes the group of the tensor it reads; a depthwise conv (groups = in = out channels) ties
-  its output to its input group instead;
-- ``BatchNorm``, ``LayerNorm`` over the feature axis, elementwise activations, dropout, pooling
-  and identity-like ops carry the group of their input (norm parameters and running statistics
-  join it);
+  axis takes the layout of the tensor it reads; a depthwise conv (groups = in = out channels) ties
+  its output to its input instead;
+- ``BatchNorm``, ``LayerNorm`` over the feature axis, elementwise activations, dropout, stochastic
+  depth, pooling and identity-like ops carry the layout of their input (norm parameters and running
+  statistics join it);
 - an addition or product of two tensors merges their groups (union-find): every layer writing into
   one residual stream shares one permutation; a tensor combined with an unpermuted one (the
   model's input) cannot be permuted;
-- ``flatten`` after a conv whose spatial size is 1 × 1 carries the channel group onto the features;
+- ``flatten`` (or the equal ``reshape``) of ``C × H × W`` maps each channel onto a block of ``H·W``
+  features (a composite axis, :class:`lmclab.spec.Segment`); ``cat`` along the channel axis joins the
+  groups side by side (one segment each);
 - the model's inputs and outputs are never permuted.
 
-Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow, a
-flatten of a larger spatial map (block permutations), concatenation, a grouped conv, attention —
-is refused with one line naming the graph node, its op and the module path; with
-``partial=True`` the groups reaching it are left unpermuted instead. Nothing is guessed: the
-tests check the result by invariance of the function in float64.
+Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel
+shuffle), a grouped conv with more than one channel per group (a permutation across its groups is no
+symmetry), ``permute`` of the channel axis, attention — is refused with one line naming the graph node,
+its op and the module path; with ``partial=True`` the groups reaching it are left unpermuted instead.
+Nothing is guessed: the tests check the result by invariance of the function in float64.
 """
 
 from __future__ import annotations

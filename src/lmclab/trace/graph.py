@@ -1,17 +1,21 @@
-"""The pass of :mod:`lmclab.trace` over a ``torch.fx`` graph: one rule per kind of node."""
+"""The pass of :mod:`lmclab.trace` over a ``torch.fx`` graph: one rule per kind of node (the rules that
+change a tensor's shape live in :mod:`lmclab.trace.shapes`)."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import fx, nn
 
-from lmclab.spec import PermutationSpec, stats_of
-from lmclab.trace.groups import (CARRY_FUNCTIONS, CARRY_MODULES, FIXED, MERGE_FUNCTIONS, Groups, Tag,
+from lmclab.spec import Entry, PermutationSpec, Segment, stats_of
+from lmclab.trace.groups import (CARRY_FUNCTIONS, CARRY_MODULES, FIXED, MERGE_FUNCTIONS, POOL_FUNCTIONS,
+                                 POOL_MODULES, Groups, Seg, Tag,
                                  TraceError)
+from lmclab.trace.shapes import ShapeRules
+
+Layout = tuple[Seg, ...] | None  # the tracer's axis entry: segments of union-find elements, or unpermuted
 
 
 def _where(node: fx.Node) -> str:
@@ -28,13 +32,13 @@ def _op_name(node: fx.Node, model: nn.Module) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-class GraphTracer:
+class GraphTracer(ShapeRules):
     """One pass over the graph in topological order, tagging each node's output."""
 
     def __init__(self, gm: fx.GraphModule, partial: bool) -> None:
         self.gm, self.partial, self.groups = gm, partial, Groups()
         self.tags: dict[fx.Node, Tag | None] = {}
-        self.axes: dict[str, list[int | None]] = {}
+        self.axes: dict[str, list[Layout]] = {}
         self.writers: dict[int, list[tuple[str, str]]] = {}  # group -> (norm | layer, module) writing it
         self.names: dict[int, str] = {}  # union-find root -> P_k, filled by result()
 
@@ -49,25 +53,36 @@ class GraphTracer:
     def tagged_inputs(self, node: fx.Node) -> list[Tag]:
         return [t for a in node.all_input_nodes if (t := self.tag(a)) is not None]
 
+    def pin(self, tag: Tag | None) -> None:
+        for gid in tag.gids if tag else ():
+            self.groups.union(gid, FIXED)
+
     def refuse(self, node: fx.Node, reason: str) -> None:
         if not self.partial:
             raise TraceError(f"trace_spec: node {node.name!r}: {_op_name(node, self.gm)} in {_where(node)} "
                              f"cannot be proved permutation-equivariant ({reason}); pass partial=True to leave "
                              "its channels unpermuted")
         for t in self.tagged_inputs(node):
-            self.groups.union(t.group, FIXED)
+            self.pin(t)
         self.tags[node] = None
 
-    def record(self, name: str, groups: Sequence[int | None]) -> None:
+    def unite(self, a: Layout, b: Layout) -> bool:
+        """Merge two layouts segment by segment; False when their shapes differ."""
+        if a is None or b is None:
+            return a is None and b is None
+        if [(s.length, s.block) for s in a] != [(s.length, s.block) for s in b]:
+            return False
+        for sa, sb in zip(a, b):
+            self.groups.union(sa.gid, sb.gid)
+        return True
+
+    def record(self, name: str, layouts: Sequence[Layout]) -> None:
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
         if name in self.axes:
-            for a, b in zip(self.axes[name], groups):
-                if (a is None) != (b is None):
-                    raise TraceError(f"trace_spec: {name!r} is used on permuted and unpermuted inputs")
-                if a is not None:
-                    self.groups.union(a, b)
+            if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts)):
+                raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
             return
-        self.axes[name] = list(groups)
+        self.axes[name] = list(layouts)
 
     # ---- the pass ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -76,7 +91,7 @@ class GraphTracer:
                 self.tags[node] = None
             elif node.op == "output":
                 for t in self.tagged_inputs(node):  # outputs are never permuted
-                    self.groups.union(t.group, FIXED)
+                    self.pin(t)
             elif node.op == "call_module":
                 self.module(node, self.gm.get_submodule(str(node.target)))
             else:
@@ -84,11 +99,11 @@ class GraphTracer:
 
     def module(self, node: fx.Node, module: nn.Module) -> None:
         name, x = str(node.target), node.args[0] if node.args else None
-        t_in, shape = self.tag(x), self.shape(node)
+        t_in = self.tag(x)
         if isinstance(module, nn.Linear):
             if t_in is not None and t_in.axis != len(self.shape(x)) - 1:
                 return self.refuse(node, "a Linear across a permuted axis that is not its feature axis")
-            self.layer(node, name, module, t_in, len(shape) - 1, spatial=0)
+            self.layer(node, name, module, t_in, len(self.shape(node)) - 1, spatial=0)
         elif isinstance(module, nn.Conv2d):
             if t_in is not None and t_in.axis != 1:
                 return self.refuse(node, "a convolution whose channel axis is not the permuted one")
@@ -96,7 +111,7 @@ class GraphTracer:
         elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
             self.norm(node, name, module, t_in)
         elif isinstance(module, CARRY_MODULES):
-            self.carry(node, t_in)
+            self.carry(node, t_in, pool=isinstance(module, POOL_MODULES))
         elif isinstance(module, nn.Flatten):
             self.flatten(node, t_in, module.start_dim, module.end_dim)
         elif self.tagged_inputs(node):
@@ -105,61 +120,51 @@ class GraphTracer:
             self.tags[node] = None
 
     def layer(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None, axis: int, spatial: int) -> None:
-        """Linear or ungrouped conv: a new group on the output, the input's on the weight's axis 1."""
-        g = self.groups.new()
+        """Linear or ungrouped conv: a new group on the output, the input's layout on the weight's axis 1."""
+        g, width = self.groups.new(), self.shape(node)[axis]
         self.writers.setdefault(g, []).append(("layer", name))
-        self.record(f"{name}.weight", [g, t_in.group if t_in else None] + [None] * spatial)
+        self.record(f"{name}.weight", [(Seg(g, width),), t_in.segs if t_in else None] + [None] * spatial)
         if getattr(module, "bias", None) is not None:
-            self.record(f"{name}.bias", [g])
-        self.tags[node] = Tag(g, axis)
+            self.record(f"{name}.bias", [(Seg(g, width),)])
+        self.tags[node] = Tag.single(g, axis, width)
 
     def conv(self, node: fx.Node, name: str, module: nn.Conv2d, t_in: Tag | None) -> None:
         if module.groups == 1:
             return self.layer(node, name, module, t_in, 1, spatial=2)
         if not module.groups == module.in_channels == module.out_channels:
             return self.refuse(node, f"a grouped convolution ({module.groups} groups of "
-                                     f"{module.in_channels // module.groups} channels)")
-        g = t_in.group if t_in else self.groups.union(self.groups.new(), FIXED)  # depthwise: ties out to in
-        self.record(f"{name}.weight", [g, None, None, None])
+                                     f"{module.in_channels // module.groups} channels: a permutation across "
+                                     "its groups is no symmetry)")
+        # depthwise: output channel c reads input channel c only, so the output is permuted as the input
+        t_out = t_in or Tag.single(self.groups.union(self.groups.new(), FIXED), 1, module.out_channels)
+        self.record(f"{name}.weight", [t_out.segs, None, None, None])
         if module.bias is not None:
-            self.record(f"{name}.bias", [g])
-        self.tags[node] = Tag(g, 1) if self.groups.find(g) != FIXED else None
+            self.record(f"{name}.bias", [t_out.segs])
+        self.tags[node] = t_out
 
     def norm(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None) -> None:
         shape = self.shape(node)
         if isinstance(module, nn.LayerNorm) and t_in is not None and (
                 tuple(module.normalized_shape) != (shape[-1],) or t_in.axis != len(shape) - 1):
             return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
+        if isinstance(module, nn.BatchNorm1d) and t_in is not None and t_in.axis != 1:
+            return self.refuse(node, "a BatchNorm1d over an axis that is not the permuted one")
         if t_in is not None:
-            self.writers.setdefault(t_in.group, []).append(("norm", name))
+            if t_in.plain:  # its output holds exactly the units of one group: an activation point
+                self.writers.setdefault(t_in.gids[0], []).append(("norm", name))
             for key, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [t_in.group])
+                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [t_in.segs])
         self.tags[node] = t_in
 
-    def carry(self, node: fx.Node, t_in: Tag | None) -> None:
+    def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
         shape_in = self.shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
         shape = self.shape(node)
         if t_in is not None and (shape is None or shape_in is None or len(shape) != len(shape_in)
                                  or shape[t_in.axis] != shape_in[t_in.axis]):
             return self.refuse(node, "it changes the permuted axis")
+        if t_in is not None and pool and t_in.axis >= len(shape) - 2:
+            return self.refuse(node, "a pooling window over the permuted axis")
         self.tags[node] = t_in
-
-    def flatten(self, node: fx.Node, t_in: Tag | None, start: int, end: int) -> None:
-        if t_in is None:
-            self.tags[node] = None
-            return
-        shape_in = self.shape(node.args[0])
-        start, end = start % len(shape_in), end % len(shape_in)
-        if t_in.axis < start or t_in.axis > end:  # the permuted axis is not flattened
-            self.tags[node] = Tag(t_in.group, t_in.axis if t_in.axis < start else t_in.axis - (end - start))
-        elif t_in.axis == start and all(n == 1 for n in shape_in[start + 1:end + 1]):
-            self.tags[node] = Tag(t_in.group, start)
-        else:
-            block = 1
-            for n in shape_in[t_in.axis + 1:end + 1]:
-                block *= n
-            self.refuse(node, f"a flatten that maps each channel onto a block of {block} features "
-                              "(block permutations are not supported)")
 
     def function(self, node: fx.Node) -> None:
         target, tagged = node.target, self.tagged_inputs(node)
@@ -169,17 +174,19 @@ class GraphTracer:
         elif target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__"):
             self.merge(node)
         elif target in CARRY_FUNCTIONS or method in ("relu", "relu_", "sigmoid", "tanh", "contiguous", "clone"):
-            self.carry(node, tagged[0])
+            self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
         elif target is torch.flatten or method == "flatten":
             start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
             end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
             self.flatten(node, tagged[0], start, end)
         elif method in ("view", "reshape") or target is torch.reshape:
             self.reshape(node, tagged[0])
+        elif target in (torch.cat, torch.concat, torch.concatenate):
+            self.cat(node)
         elif target is torch.mean or method == "mean":
             self.reduce(node, tagged[0])
-        elif target in (getattr, operator.getitem) and self.shape(node) is None:
-            self.tags[node] = None  # x.shape, x.size(…)[0]: not a tensor
+        elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
+            self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:
             self.refuse(node, "an operation the tracer does not know")
 
@@ -187,50 +194,37 @@ class GraphTracer:
         """x + y, x * y: the groups of both are one; an unpermuted tensor pins the group."""
         shape = self.shape(node)
         tensors = [a for a in node.all_input_nodes if self.shape(a) is not None]
-        tagged = [self.tag(a) for a in tensors if self.tag(a) is not None]
         # broadcasting aligns trailing axes: an operand's axis k is the output's axis k + offset
         axes = {len(shape) - len(self.shape(a)) + self.tag(a).axis for a in tensors if self.tag(a) is not None}
+        tagged = [self.tag(a) for a in tensors if self.tag(a) is not None]
         if len(axes) != 1:
             return self.refuse(node, "its operands are permuted on different axes")
+        if not all(self.unite(tagged[0].segs, t.segs) for t in tagged[1:]):
+            return self.refuse(node, "its operands are permuted in blocks or segments that differ")
         axis = axes.pop()
-        g = tagged[0].group
-        for t in tagged[1:]:
-            g = self.groups.union(g, t.group)
         for a in tensors:  # an unpermuted operand that varies along the permuted axis pins it
             s, offset = self.shape(a), len(shape) - len(self.shape(a))
             if self.tag(a) is None and axis - offset >= 0 and s[axis - offset] != 1:
-                g = self.groups.union(g, FIXED)
-        self.tags[node] = Tag(g, axis)
+                self.pin(tagged[0])
+        self.tags[node] = Tag(axis, tagged[0].segs)
 
-    def reshape(self, node: fx.Node, t_in: Tag) -> None:
-        shape_in, shape = self.shape(node.args[0]), self.shape(node)
-        if shape == shape_in:
-            self.tags[node] = t_in
-        elif len(shape) == t_in.axis + 1 and shape[:t_in.axis] == shape_in[:t_in.axis] and \
-                shape[t_in.axis] == shape_in[t_in.axis] and all(n == 1 for n in shape_in[t_in.axis + 1:]):
-            self.tags[node] = t_in  # (N, C, 1, 1) -> (N, C): the same as flatten
-        else:
-            self.refuse(node, f"a reshape {shape_in} -> {shape} it cannot follow")
-
-    def reduce(self, node: fx.Node, t_in: Tag) -> None:
-        shape_in, shape = self.shape(node.args[0]), self.shape(node)
-        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or ())]
-        if not dims or t_in.axis in dims:
-            return self.refuse(node, "a mean over the permuted axis")
-        keep = len(shape) == len(shape_in)
-        self.tags[node] = Tag(t_in.group, t_in.axis - (0 if keep else sum(d < t_in.axis for d in dims)))
-
-    def name_of(self, gid: int | None) -> str | None:
+    def name_of(self, gid: int) -> str | None:
         """Groups are named ``P_0, P_1, …`` in order of first use; FIXED ones are None."""
-        root = None if gid is None else self.groups.find(gid)
-        if root is None or root == FIXED:
+        root = self.groups.find(gid)
+        return None if root == FIXED else self.names.setdefault(root, f"P_{len(self.names)}")
+
+    def entry(self, layout: Layout) -> Entry:
+        """A layout as a spec axis: a group name when plain, segments when composite, None if all pinned."""
+        if layout is None:
             return None
-        return self.names.setdefault(root, f"P_{len(self.names)}")
+        named = [Segment(self.name_of(s.gid), s.length, s.block) for s in layout]
+        if all(s.group is None for s in named):
+            return None
+        return named[0].group if len(named) == 1 and named[0].block == 1 else tuple(named)
 
     def result(self, model: nn.Module) -> Traced:
         """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
-        axes = {key: tuple(self.name_of(g) for g in self.axes[key]) if key in self.axes else (None,) * value.dim()
+        axes = {key: tuple(self.entry(lay) for lay in self.axes[key]) if key in self.axes else (None,) * value.dim()
                 for key, value in model.state_dict().items()}
         found: dict[str, dict[str, list[str]]] = {}
         for gid, modules in self.writers.items():

@@ -7,25 +7,59 @@ import operator
 from dataclasses import dataclass
 
 import torch
+import torchvision
 from torch import nn
 
 FIXED = -1  # the union-find root of every group that must not be permuted
+POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)  # windows over the last two axes
+POOL_FUNCTIONS = {torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
+                  torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d}
 CARRY_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid,
-                 nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
-                 nn.Hardtanh, nn.Softplus, nn.Mish)
+                 nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity, nn.Hardtanh, nn.Softplus, nn.Mish, *POOL_MODULES)
 CARRY_FUNCTIONS = {torch.relu, torch.nn.functional.relu, torch.nn.functional.gelu, torch.nn.functional.silu,
                    torch.sigmoid, torch.tanh, torch.nn.functional.dropout, torch.nn.functional.relu6,
-                   torch.nn.functional.hardswish, torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
-                   torch.nn.functional.adaptive_avg_pool2d, operator.neg}
+                   torch.nn.functional.hardswish, operator.neg, *POOL_FUNCTIONS,
+                   torchvision.ops.stochastic_depth}  # drops whole samples (or the whole batch), never channels
 MERGE_FUNCTIONS = {operator.add, torch.add, operator.mul, torch.mul, operator.iadd, operator.imul}
 
 
 @dataclass(frozen=True)
-class Tag:
-    """Axis ``axis`` of a node's output is permuted by union-find element ``group``."""
+class Seg:
+    """``length`` consecutive entries of an axis permuted by union-find element ``gid`` in blocks of
+    ``block`` (the tracer's form of :class:`lmclab.spec.Segment`)."""
 
-    group: int
+    gid: int
+    length: int
+    block: int = 1
+
+
+@dataclass(frozen=True)
+class Tag:
+    """Axis ``axis`` of a node's output is permuted segment by segment as ``segs`` say."""
+
     axis: int
+    segs: tuple[Seg, ...]
+
+    @staticmethod
+    def single(gid: int, axis: int, length: int) -> Tag:
+        return Tag(axis, (Seg(gid, length),))
+
+    @property
+    def gids(self) -> list[int]:
+        return [s.gid for s in self.segs]
+
+    @property
+    def plain(self) -> bool:
+        """One group on the whole axis, unit by unit."""
+        return len(self.segs) == 1 and self.segs[0].block == 1
+
+    def layout(self) -> tuple[tuple[int, int], ...]:
+        """What two tensors must share to be added: lengths and blocks, not groups."""
+        return tuple((s.length, s.block) for s in self.segs)
+
+    def blocks_of(self, factor: int, axis: int) -> Tag:
+        """The tag after the axis is flattened with the ``factor`` entries that follow each of its own."""
+        return Tag(axis, tuple(Seg(s.gid, s.length * factor, s.block * factor) for s in self.segs))
 
 
 class TraceError(ValueError):
