@@ -32,7 +32,7 @@ from lmclab.trace import TraceError, trace_spec  # noqa: E402
 from test_trace import permuted_copy, randomised  # noqa: E402  (the tests' random weights and permuted copies)
 
 MODELS = ("resnet18,resnet50,wide_resnet50_2,resnext50_32x4d,mobilenet_v2,mobilenet_v3_small,vgg11_bn,alexnet,"
-          "densenet121,efficientnet_b0,googlenet,regnet_x_400mf,shufflenet_v2_x0_5,squeezenet1_0,convnext_tiny,"
+          "densenet121,efficientnet_b0,googlenet,regnet_x_400mf,regnet_y_400mf,shufflenet_v2_x0_5,squeezenet1_0,convnext_tiny,"
           "mnasnet0_5,swin_t,vit_b_16")
 
 

@@ -14,13 +14,13 @@ from lmclab.archs import build_model, get_arch, make_config
 from lmclab.search.weight_matching import weight_matching
 from lmclab.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace, trace_spec
+from lmclab.trace.groups import FIXED, Groups, Seg
 
 HAND = [("mlp", {"hidden": 3, "width": 16}, (1, 28, 28)), ("vgg", {"width_multiplier": 0.125}, (3, 32, 32)),
         ("resnet20", {"width_multiplier": 1}, (3, 32, 32)), ("resnet50", {"width_multiplier": 0.25}, (3, 32, 32))]
 SUPPORTED = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "alexnet", "densenet121", "squeezenet1_0",
-             "googlenet", "efficientnet_b0", "mnasnet0_5"]
-REFUSED = {"regnet_x_400mf": "grouped convolution", "resnext50_32x4d": "grouped convolution",
-           "shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)", "convnext_tiny": "'permute'"}
+             "googlenet", "efficientnet_b0", "mnasnet0_5", "resnext50_32x4d", "regnet_y_400mf"]
+REFUSED = {"shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)", "convnext_tiny": "'permute'"}
 
 
 def partition(spec: PermutationSpec) -> set[frozenset]:
@@ -107,9 +107,9 @@ def assert_recovered(name: str, dtype: torch.dtype) -> None:
     assert all(torch.equal(back[k], v) for k, v in spec.matched(params_a).items())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "googlenet"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "googlenet", "regnet_x_400mf"])
 def test_weight_matching_on_the_traced_spec_recovers_a_permuted_copy(name):
-    """Distance 0 back to the model, through residual streams, depthwise convs and concatenations.
+    """Distance 0 back to the model, through residual streams, depthwise and grouped convs, concatenations.
     (Not on every model: on squeezenet1_0 coordinate descent from the identity stops in a local
     optimum — its 16-unit squeeze layers feed 64-unit expand layers whose terms drown the signal —
     a property of WM, not of the spec, which the invariance test proves.)"""
@@ -192,3 +192,81 @@ def test_activation_points_hold_exactly_the_units_of_their_group():
     assert all(widths[m] == sizes[g] for g, ms in traced.points.items() for m in ms)
     assert traced.points[traced.spec.axes["features.denseblock1.denselayer1.conv2.weight"][0]] == \
         ["features.denseblock1.denselayer1.conv2"]
+
+
+class Grouped(nn.Module):
+    """A grouped conv with 2 input and 3 output channels per group, fed by a concatenation."""
+
+    def __init__(self, widths: tuple[int, int] = (2, 6)) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, widths[0], 3), nn.Conv2d(3, widths[1], 3)
+        self.grouped = nn.Conv2d(sum(widths), 12, 3, groups=4)
+        self.head = nn.Linear(12 * 2 * 2, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(torch.cat([self.a(x), self.b(x)], 1))
+        return self.head(torch.flatten(torch.relu(self.grouped(h)), 1))
+
+
+def test_a_grouped_conv_permutes_whole_groups_alike_on_its_input_and_output():
+    torch.manual_seed(0)
+    model, x = Grouped().double(), torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    (a_out,), (b_out,) = spec.axes["a.weight"][0], spec.axes["b.weight"][0]
+    assert (a_out.length, a_out.block) == (2, 2) and (b_out.length, b_out.block) == (6, 2)  # whole groups of 2
+    assert [(s.group, s.length, s.block) for s in spec.axes["grouped.weight"][0]] == \
+        [(a_out.group, 3, 3), (b_out.group, 9, 3)]  # … move whole groups of 3 outputs alike
+    assert spec.axes["grouped.weight"][1] is None  # no permutation inside a group is a symmetry
+    perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(0))
+    permuted = apply_permutation(spec, perm, model.state_dict())
+    assert not torch.equal(permuted["grouped.weight"], model.state_dict()["grouped.weight"])
+    with torch.no_grad():
+        expected = model(x)
+        model.load_state_dict(permuted)
+        assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
+
+
+def test_a_grouped_conv_across_segment_boundaries_is_refused():
+    with pytest.raises(TraceError, match=r"node 'grouped': Conv2d in grouped .*a grouped convolution \(4 groups "
+                                         r"of 2 channels\) reading segments that do not hold whole groups"):
+        trace_spec(Grouped((3, 5)), torch.zeros(1, 3, 6, 6))
+
+
+class CoarsenedThenMerged(nn.Module):
+    """A group coarsened by a grouped conv, then added to an older group: both move in whole groups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b, self.a = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.grouped = nn.Conv2d(4, 4, 3, groups=2)
+        self.head, self.side = nn.Linear(4 * 4 * 4, 5), nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h_b = self.b(x)  # created first: the older group becomes the union's root
+        h_a = torch.relu(self.a(x))
+        out = self.head(torch.flatten(torch.relu(self.grouped(h_a)), 1))
+        return out + self.side(torch.flatten(h_a + h_b, 1))
+
+
+def test_a_coarsened_group_merged_later_keeps_its_runs():
+    torch.manual_seed(0)
+    model, x = CoarsenedThenMerged().double(), torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    assert spec.axes["b.weight"][0] == spec.axes["a.weight"][0] == spec.axes["grouped.weight"][0]
+    perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(x)
+        model.load_state_dict(apply_permutation(spec, perm, model.state_dict()))
+        assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
+
+
+def test_union_find_keeps_coarsening_through_merges_and_pins():
+    groups = Groups()
+    b, a = groups.new(), groups.new()
+    coarse = groups.coarsen(a, 4)
+    groups.union(a, b)  # b is the older root: a's runs of 4 move over to it
+    assert groups.resolve(Seg(b, 8)) == Seg(groups.find(coarse), 8, 4)
+    with pytest.raises(TraceError, match="runs of 4 and of 2 channels"):
+        groups.coarsen(b, 2)
+    groups.union(b, FIXED)
+    assert groups.find(coarse) == FIXED  # pinning a group pins its coarse group

@@ -4,8 +4,10 @@
 pass on ``example_inputs`` (``torch.fx`` ShapeProp):
 
 - a ``Linear`` or ``Conv2d`` output starts a group (its weight's axis 0, its bias); the layer's input
-  axis takes the layout of the tensor it reads; a depthwise conv (groups = in = out channels) ties
-  its output to its input instead;
+  axis takes the layout of the tensor it reads; a grouped conv (depthwise: one channel per group) ties
+  its output to its input instead: it permutes whole conv groups alike on both sides, so the group it
+  reads is coarsened to runs of whole conv groups (a permutation inside a conv group is no symmetry of
+  the kernel's shared input axis);
 - ``BatchNorm``, ``LayerNorm`` over the feature axis, elementwise activations, dropout, stochastic
   depth, pooling and identity-like ops carry the layout of their input (norm parameters and running
   statistics join it);
@@ -18,8 +20,8 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
 - the model's inputs and outputs are never permuted.
 
 Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel
-shuffle), a grouped conv with more than one channel per group (a permutation across its groups is no
-symmetry), ``permute`` of the channel axis, attention — is refused with one line naming the graph node,
+shuffle), a grouped conv reading segments that split its groups, ``permute`` of the channel axis,
+attention — is refused with one line naming the graph node,
 its op and the module path; with ``partial=True`` the groups reaching it are left unpermuted instead.
 Nothing is guessed: the tests check the result by invariance of the function in float64.
 """

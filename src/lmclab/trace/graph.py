@@ -67,13 +67,18 @@ class GraphTracer(ShapeRules):
         self.tags[node] = None
 
     def unite(self, a: Layout, b: Layout) -> bool:
-        """Merge two layouts segment by segment; False when their shapes differ."""
+        """Merge two layouts segment by segment; False when their lengths differ. Of two segments in
+        different blocks, the finer group is coarsened to the longer runs (grouped conv ⊙ its SE scale)."""
         if a is None or b is None:
             return a is None and b is None
-        if [(s.length, s.block) for s in a] != [(s.length, s.block) for s in b]:
+        a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
+        if [s.length for s in a] != [s.length for s in b] or \
+                any(max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b)):
             return False
-        for sa, sb in zip(a, b):
-            self.groups.union(sa.gid, sb.gid)
+        for x, y in zip(a, b):
+            fine, coarse = (x, y) if x.block <= y.block else (y, x)
+            gid = fine.gid if fine.block == coarse.block else self.groups.coarsen(fine.gid, coarse.block // fine.block)
+            self.groups.union(gid, coarse.gid)
         return True
 
     def record(self, name: str, layouts: Sequence[Layout]) -> None:
@@ -131,16 +136,32 @@ class GraphTracer(ShapeRules):
     def conv(self, node: fx.Node, name: str, module: nn.Conv2d, t_in: Tag | None) -> None:
         if module.groups == 1:
             return self.layer(node, name, module, t_in, 1, spatial=2)
-        if not module.groups == module.in_channels == module.out_channels:
-            return self.refuse(node, f"a grouped convolution ({module.groups} groups of "
-                                     f"{module.in_channels // module.groups} channels: a permutation across "
-                                     "its groups is no symmetry)")
-        # depthwise: output channel c reads input channel c only, so the output is permuted as the input
-        t_out = t_in or Tag.single(self.groups.union(self.groups.new(), FIXED), 1, module.out_channels)
-        self.record(f"{name}.weight", [t_out.segs, None, None, None])
+        c_in, c_out = module.in_channels // module.groups, module.out_channels // module.groups
+        if t_in is None:  # the conv's groups stay in place: a new group, pinned
+            layout: tuple[Seg, ...] = (Seg(self.groups.union(self.groups.new(), FIXED), module.out_channels, c_out),)
+        elif (layout := self.grouped_output(t_in, c_in, c_out)) is None:
+            return self.refuse(node, f"a grouped convolution ({module.groups} groups of {c_in} channels) reading "
+                                     "segments that do not hold whole groups")
+        self.record(f"{name}.weight", [layout, None, None, None])
         if module.bias is not None:
-            self.record(f"{name}.bias", [t_out.segs])
-        self.tags[node] = t_out
+            self.record(f"{name}.bias", [layout])
+        self.tags[node] = Tag(1, layout)
+
+    def grouped_output(self, t_in: Tag, c_in: int, c_out: int) -> tuple[Seg, ...] | None:
+        """A grouped conv (depthwise: ``c_in = 1``) maps its input's conv groups onto its output's: permuting
+        whole groups of ``c_in`` input channels permutes the groups of ``c_out`` outputs alike (no permutation
+        inside a group is a symmetry of the kernel's shared input axis). Each input segment is coarsened to
+        runs of whole groups; None when a segment does not hold whole groups."""
+        out = []
+        for seg in map(self.groups.resolve, t_in.segs):
+            if seg.length % c_in:
+                return None
+            if seg.block % c_in:  # runs shorter than a group: permute whole groups only
+                if c_in % seg.block:
+                    return None
+                seg = self.groups.resolve(Seg(self.groups.coarsen(seg.gid, c_in // seg.block), seg.length, c_in))
+            out.append(Seg(seg.gid, seg.length // c_in * c_out, seg.block // c_in * c_out))
+        return tuple(out)
 
     def norm(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None) -> None:
         shape = self.shape(node)
@@ -217,7 +238,7 @@ class GraphTracer(ShapeRules):
         """A layout as a spec axis: a group name when plain, segments when composite, None if all pinned."""
         if layout is None:
             return None
-        named = [Segment(self.name_of(s.gid), s.length, s.block) for s in layout]
+        named = [Segment(self.name_of(r.gid), r.length, r.block) for r in map(self.groups.resolve, layout)]
         if all(s.group is None for s in named):
             return None
         return named[0].group if len(named) == 1 and named[0].block == 1 else tuple(named)

@@ -67,10 +67,14 @@ class TraceError(ValueError):
 
 
 class Groups:
-    """Union-find over group ids; ``FIXED`` absorbs every group that must stay unpermuted."""
+    """Union-find over group ids; ``FIXED`` absorbs every group that must stay unpermuted.
+
+    A group may be *coarsened* (a grouped convolution reads it): its units are then permuted only in
+    whole runs of ``factor`` consecutive units, by a coarse group of its own (``coarse``)."""
 
     def __init__(self) -> None:
         self.parent: dict[int, int] = {FIXED: FIXED}
+        self.coarse: dict[int, tuple[int, int]] = {}  # root -> (coarse gid, factor)
 
     def new(self) -> int:
         gid = len(self.parent) - 1
@@ -83,9 +87,36 @@ class Groups:
             gid = self.parent[gid]
         return gid
 
+    def coarsen(self, gid: int, factor: int) -> int:
+        """The coarse group permuting ``gid``'s units in runs of ``factor`` (a pinned group stays pinned)."""
+        root = self.find(gid)
+        if root == FIXED:
+            return FIXED
+        if root not in self.coarse:
+            self.coarse[root] = (self.new(), factor)
+        coarse, old = self.coarse[root]
+        if old != factor:
+            raise TraceError(f"trace_spec: one group is read by grouped convolutions in runs of {old} and of "
+                             f"{factor} channels")
+        return coarse
+
     def union(self, a: int, b: int) -> int:
         ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            root, child = (ra, rb) if ra == FIXED or (rb != FIXED and ra < rb) else (rb, ra)
-            self.parent[child] = root
-        return self.find(a)
+        if ra == rb:
+            return ra
+        root, child = (ra, rb) if ra == FIXED or (rb != FIXED and ra < rb) else (rb, ra)
+        self.parent[child] = root
+        moved = self.coarse.pop(child, None)
+        if root == FIXED and moved:
+            self.union(moved[0], FIXED)
+        elif moved:  # both runs must agree: the root is coarsened alike and the coarse groups are one
+            self.union(self.coarsen(root, moved[1]), moved[0])
+        return self.find(root)
+
+    def resolve(self, seg: Seg) -> Seg:
+        """``seg`` with coarsening applied: the coarse group, in blocks ``factor`` times longer."""
+        root = self.find(seg.gid)
+        while root in self.coarse:
+            coarse, factor = self.coarse[root]
+            seg, root = Seg(coarse, seg.length, seg.block * factor), self.find(coarse)
+        return Seg(root, seg.length, seg.block)
