@@ -1,10 +1,15 @@
 """Stage train (one instance per seed): train one endpoint, write the checkpoint
 ``{arch, config, seed, state_dict}`` and the per-epoch history (Parquet). Default MLP: ~10 s;
 ResNet20 ×1 on the 4,000 mnist5k digits: roughly 10–20 s per epoch on this 2-core CPU.
-Reads ``model.arch`` and that architecture's options block ``model.<arch>``."""
+Reads ``model.arch`` and that architecture's options block ``model.<arch>``. With
+``train.nproc_per_node × train.nnodes > 1`` it relaunches itself under torchrun (data-parallel,
+``lmclab.distributed``); rank 0 writes the outputs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import typer
@@ -13,7 +18,8 @@ from common import one_line_errors, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
-              "warmup_epochs", "augment")
+              "warmup_epochs", "augment", "precision")
+LAUNCH_KEYS = ("nproc_per_node", "nnodes", "rdzv_endpoint")
 
 
 @app.command()
@@ -28,24 +34,35 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     from lmclab.checkpoint import save_checkpoint
     from lmclab.data import load_meta, load_split
     from lmclab.device import resolve_device
+    from lmclab.distributed import World, join_world, leave_world, torchrun_command
     from lmclab.training import train
 
     read = stage_params("train", params)
+    launch = {k: read(f"train.{k}") for k in LAUNCH_KEYS}
+    if launch["nproc_per_node"] * launch["nnodes"] > 1 and "LOCAL_RANK" not in os.environ:
+        args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]
+        command = torchrun_command(sys.executable, __file__, args, run_id=f"lmclab-train-seed{seed}", **launch)
+        raise SystemExit(subprocess.run(command, env={**os.environ, "LMCLAB_WARM": "0"}).returncode)
     arch = read("model.arch")
     model = read(f"model.{arch}") or {}
     opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
     device = resolve_device(read("device"))
+    world = World(device=device)
+    if "LOCAL_RANK" in os.environ:  # one of torchrun's processes
+        world = join_world(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
+                           device.type)
     meta = load_meta(data)
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
-    ckpt, rows = train(arch, config, seed,
-                       load_split(data, "train"), load_split(data, "test"), device=device,
-                       progress=show_progress(), **opts)
-    save_checkpoint(out, ckpt)
-    with atomic_path(history) as tmp:
-        pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
-    typer.echo(f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}")
-
+    ckpt, rows = train(arch, config, seed, load_split(data, "train"), load_split(data, "test"),
+                       device=world.device, world=world, progress=show_progress(), **opts)
+    if world.is_main:  # one writer
+        save_checkpoint(out, ckpt)
+        with atomic_path(history) as tmp:
+            pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
+        typer.echo(f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}"
+                   + (f" ({world.size} processes)" if world.size > 1 else ""))
+    leave_world(world)
 
 if __name__ == "__main__":
     run_warm(app)

@@ -25,7 +25,7 @@ from lmclab.search.activation_matching import STATISTICS
 from lmclab.search.ste import OPTIMIZERS as STE_OPTIMIZERS
 from lmclab.search.ste import SELECTIONS as STE_SELECTIONS
 from lmclab.search.ste_sinkhorn import OPTIMIZERS as STE_SINKHORN_OPTIMIZERS
-from lmclab.training import OPTIMIZERS, SCHEDULES
+from lmclab.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
 
 def one_of(names: Any) -> Any:
@@ -137,6 +137,11 @@ class Train(Block):
     schedule: one_of(SCHEDULES) = key("constant", "learning-rate schedule per step (linear: decay to 0)")
     warmup_epochs: Annotated[int, Field(ge=0)] = key(0, "epochs of linear warm-up to train.lr (at most train.epochs)")
     augment: one_of(["auto", *AUGMENTATIONS]) = key("auto", "auto = the paper's choice (cifar10: crop_flip, else none)")
+    nproc_per_node: Count = key(1, "data-parallel processes per machine (> 1: the stage relaunches itself under torchrun)")
+    nnodes: Count = key(1, "machines of one data-parallel run (> 1 needs train.rdzv_endpoint)")
+    rdzv_endpoint: Annotated[str, Field(pattern=r"^[\w.-]+:\d+$")] | None = key(
+        None, "host:port of torchrun's rendezvous on one of the machines (null: this machine alone)")
+    precision: one_of(PRECISIONS) = key("fp32", "fp32, or bf16 autocast of the forward pass (for GPUs)")
 
 
 class Identity(Block):

@@ -9,6 +9,7 @@ Options for the paper's appendix H.5 studies: ``weight_decay``, the optimiser (A
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,11 +20,12 @@ from lmclab.archs import build_model
 from lmclab.augment import AUGMENTATIONS, augment_batch
 from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split
-from lmclab.evaluate import evaluate
+from lmclab.distributed import World, evaluate_sharded
 
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
+PRECISIONS = ("fp32", "bf16")
 AUGMENT_STREAM = 2**32  # the augmentation generator is seeded with seed + this: its own stream
 
 
@@ -76,33 +78,37 @@ def make_optimizer(params: Any, *, optimizer: str, lr: float, momentum: float,
 def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Split, *,
           epochs: int, lr: float = 1e-3, batch_size: int = 512, optimizer: str = "adam",
           momentum: float = 0.9, weight_decay: float = 0.0, schedule: str = "constant",
-          warmup_epochs: int = 0, augment: str = "none",
-          device: torch.device = torch.device("cpu"), progress: bool = False
+          warmup_epochs: int = 0, augment: str = "none", precision: str = "fp32",
+          device: torch.device = torch.device("cpu"), world: World = World(), progress: bool = False
           ) -> tuple[Checkpoint, list[dict[str, float]]]:
     """Train with cross-entropy; return the checkpoint and one history row per epoch.
 
     History rows: ``epoch``, ``lr`` (after the epoch), ``train_loss``/``train_acc``
     (running means over the epoch's minibatches, augmented images) and ``test_loss``/``test_acc``
-    (full test split, eval mode, after the epoch).
+    (full test split, eval mode, after the epoch). ``world``: data-parallel processes under torchrun
+    (:mod:`lmclab.distributed`), each on its shard of every global batch of ``batch_size``;
+    ``precision="bf16"``: forward and loss under bfloat16 autocast.
     """
     options = dict(optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                    schedule=schedule, warmup_epochs=warmup_epochs, augment=augment)
     check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split), **options)
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision: expected one of {PRECISIONS}, got {precision!r}")
     model = build_model(arch, config, seed=seed).to(device)
-    opt = make_optimizer(model.parameters(), optimizer=optimizer, lr=lr, momentum=momentum,
+    wrapped = world.wrap(model)
+    opt = make_optimizer(wrapped.parameters(), optimizer=optimizer, lr=lr, momentum=momentum,
                          weight_decay=weight_decay)
     steps_per_epoch = math.ceil(len(train_split) / batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
         schedule, step, epochs * steps_per_epoch, warmup_epochs * steps_per_epoch))
     order = torch.Generator().manual_seed(seed)
-    augmentation = torch.Generator().manual_seed(seed + AUGMENT_STREAM)
-    data = train_split.to(device)
+    step = Step(wrapped, opt, sched, train_split.to(device), augment,
+                torch.Generator().manual_seed(seed + AUGMENT_STREAM), world, precision)
     history = []
-    bar = tqdm(range(1, epochs + 1), desc=f"train seed {seed}", disable=not progress, leave=False)
+    bar = tqdm(range(1, epochs + 1), desc=f"train seed {seed}", disable=not progress or not world.is_main, leave=False)
     for epoch in bar:
-        batches = torch.randperm(len(data), generator=order).split(batch_size)
-        loss, acc = _train_epoch(model, opt, sched, data, batches, augment, augmentation)
-        test = evaluate(model, dict(model.state_dict()), test_split)
+        loss, acc = step.epoch(torch.randperm(len(train_split), generator=order).split(batch_size))
+        test = evaluate_sharded(model, dict(model.state_dict()), test_split, world)
         row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"], "train_loss": loss, "train_acc": acc,
                "test_loss": test.loss, "test_acc": test.acc}
         history.append(row)
@@ -111,24 +117,46 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
     return Checkpoint(arch, config, seed, state), history
 
 
-def _train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, data: Split,
-                 batches: tuple[torch.Tensor, ...], augment: str,
-                 augmentation: torch.Generator) -> tuple[float, float]:
-    """One pass in training mode; returns the running-mean loss and accuracy of its minibatches.
-    A trailing minibatch of one image is skipped (BatchNorm needs two to normalise)."""
-    model.train()
-    loss_sum, correct, seen = 0.0, 0, 0
-    for idx in batches:
-        if len(idx) < 2 and seen:
-            continue
-        idx = idx.to(data.x.device)
-        logits = model(augment_batch(data.x[idx], augment, augmentation))
-        loss = F.cross_entropy(logits, data.y[idx])
-        opt.zero_grad(set_to_none=True)
+@dataclass
+class Step:
+    """The optimiser steps of one process; with ``world.size > 1`` on its shard of each global batch."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: Any
+    data: Split
+    augment: str
+    augmentation: torch.Generator
+    world: World
+    precision: str
+
+    def epoch(self, batches: tuple[torch.Tensor, ...]) -> tuple[float, float]:
+        """One pass in training mode; the running-mean loss and accuracy of its minibatches (over all
+        processes). A trailing minibatch with a shard of one image is skipped (BatchNorm needs two)."""
+        self.model.train()
+        loss_sum, correct, seen = 0.0, 0, 0
+        for idx in batches:
+            if len(idx) < 2 * self.world.size and seen:
+                continue
+            loss, n_correct, n = self.one(idx.to(self.data.x.device))
+            loss_sum, correct, seen = loss_sum + loss, correct + n_correct, seen + n
+        loss_sum, correct, seen = self.world.all_sum(loss_sum, correct, seen)
+        return loss_sum / seen, correct / seen
+
+    def one(self, idx: torch.Tensor) -> tuple[float, int, int]:
+        """One step on global batch ``idx``; this process's summed loss, correct count and images."""
+        x = augment_batch(self.data.x[idx], self.augment, self.augmentation)  # every process draws alike
+        mine = self.world.shard(torch.arange(len(idx), device=idx.device))
+        x, y = x[mine], self.data.y[idx][mine]
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            logits = self.model(x)
+            if self.world.size == 1:
+                loss = F.cross_entropy(logits, y)
+            else:  # DDP averages gradients over processes: this makes it the global batch's mean
+                loss = F.cross_entropy(logits, y, reduction="sum") * (self.world.size / len(idx))
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
-        sched.step()
-        loss_sum += loss.item() * len(idx)
-        correct += (logits.argmax(1) == data.y[idx]).sum().item()
-        seen += len(idx)
-    return loss_sum / seen, correct / seen
+        self.opt.step()
+        self.sched.step()
+        summed = loss.item() * (len(idx) / self.world.size if self.world.size > 1 else len(idx))
+        return summed, (logits.argmax(1) == y).sum().item(), len(y)

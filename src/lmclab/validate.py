@@ -36,7 +36,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         raise ParamsError(schema_lines(err, tree)) from None
     lines: dict[str, str] = {}
     for check in (_repeats, _trained_seeds, _schedule, _architecture, _search_batches, _ste_selection,
-                  _device):
+                  _device, _launch):
         for key, line in check(params):
             lines.setdefault(key, line)  # one line per key
     if lines:
@@ -138,6 +138,16 @@ def _schedule(p: Params) -> Problems:
     if p.train.warmup_epochs > p.train.epochs:
         yield "train.warmup_epochs", (f"train.warmup_epochs: expected at most train.epochs ({p.train.epochs}), "
                                       f"got {p.train.warmup_epochs}")
+
+
+def _launch(p: Params) -> Problems:
+    processes = p.train.nproc_per_node * p.train.nnodes
+    if p.train.nnodes > 1 and p.train.rdzv_endpoint is None:
+        yield "train.rdzv_endpoint", (f"train.rdzv_endpoint: expected the host:port of torchrun's rendezvous "
+                                      f"for train.nnodes = {p.train.nnodes}, got null")
+    if p.train.batch_size < 2 * processes:
+        yield "train.batch_size", (f"train.batch_size: expected at least 2 images for each of the {processes} "
+                                   f"data-parallel processes, got {p.train.batch_size}")
 
 
 def _input_shape(p: Params) -> tuple[int, int, int]:
