@@ -161,6 +161,31 @@ def run_warm(app: Callable[[], Any]) -> None:
         raise SystemExit(code)
 
 
+def relaunch_under_torchrun(script: str, args: list[str], *, run_id: str, nproc_per_node: int, nnodes: int = 1,
+                            rdzv_endpoint: str | None = None) -> None:
+    """Run this stage again as ``nproc_per_node`` × ``nnodes`` torchrun processes (data-parallel) and exit
+    with torchrun's status; a no-op for one process or when already one of torchrun's processes."""
+    import subprocess
+
+    from lmclab.distributed import torchrun_command
+
+    if nproc_per_node * nnodes == 1 or "LOCAL_RANK" in os.environ:
+        return
+    command = torchrun_command(sys.executable, script, args, run_id=run_id, nproc_per_node=nproc_per_node,
+                               nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
+    raise SystemExit(subprocess.run(command, env={**os.environ, "LMCLAB_WARM": "0"}).returncode)
+
+
+def join_torchrun(device: Any) -> Any:
+    """This process's ``lmclab.distributed.World``: its rank among torchrun's processes, or alone."""
+    from lmclab.distributed import World, join_world
+
+    if "LOCAL_RANK" not in os.environ:
+        return World(device=device)
+    return join_world(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
+                      device.type)
+
+
 def _flat(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, run_warm, stage_params
+from common import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -25,6 +25,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     from lmclab.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.data import load_split
     from lmclab.device import resolve_device
+    from lmclab.distributed import leave_world
     from lmclab.metrics import lambda_grid
     from lmclab.search import check_method
     from lmclab.three_models import connect_triple
@@ -32,15 +33,22 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     read = stage_params("connect", params, method=method)
     options = read(f"permute.{method}") or {}
     check_method(method, options)
+    relaunch_under_torchrun(__file__, [f"--method={method}", f"--seeds={seeds}", f"--models={models}", f"--data={data}",
+                                       f"--out={out}", f"--params={params}"],
+                            run_id=f"lmclab-connect-{seeds}-{method}", nproc_per_node=read("measure.nproc_per_node"))
+    world = join_torchrun(resolve_device(read("device")))
     settings = dict(seed=read("permute.seed"), lams=lambda_grid(read("measure.num_lambdas")),
                     resolution=read("three.resolution"), margin=read("three.margin"),
-                    gammas=read("measure.gammas"), device=resolve_device(read("device")))
+                    gammas=read("measure.gammas"), device=world.device, world=world)
     paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","))}
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
     result = connect_triple(
         method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
+    leave_world(world)
+    if not world.is_main:  # one writer
+        return
     atomic_save(result.perms, out / "perms.pt")
     for name, rows in (("curves", result.curves), ("landscape", result.landscape)):
         with atomic_path(out / f"{name}.parquet") as tmp:

@@ -3,7 +3,9 @@ on θa and each π(θb). Loss/accuracy along θ(λ) on train and test (BatchNorm
 with repaired statistics at every λ), barriers, L2 distances; the Taylor-approximated barrier
 (Thm 3.1) on ``measure.taylor_splits``, R_γ (Thm 4.1) and the Theorem 4.2 bound. Writes
 ``<method>/{curve,taylor,theorem42}.parquet`` and ``<method>/summary.json``. One process per pair
-(each python stage pays ~3 s of imports). Default MLP: ~5 s per method."""
+(each python stage pays ~3 s of imports). Default MLP: ~5 s per method. With
+``measure.nproc_per_node > 1`` it relaunches itself under torchrun: the curves' evaluation and BN repair
+are sharded over the processes (the analyses are computed by each), rank 0 writes."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, run_warm, show_progress, stage_params
+from common import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -33,18 +35,24 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.checkpoint import load_checkpoint
     from lmclab.data import load_split
     from lmclab.device import resolve_device
+    from lmclab.distributed import leave_world
     from lmclab.metrics import lambda_grid
 
     read = stage_params("measure", params)
     opts = read("measure")
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in dict(seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b,
+                                                          merged=merged, data=data, out=out, params=params).items()]
+    relaunch_under_torchrun(__file__, args, run_id=f"lmclab-measure-{seed_a}-{seed_b}",
+                            nproc_per_node=opts["nproc_per_node"])
     lams, mode = lambda_grid(opts["num_lambdas"]), opts["conv_spectrum"]
     check_mode(mode)
-    device = resolve_device(read("device"))
+    world = join_torchrun(resolve_device(read("device")))
+    device = world.device
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     on = lambda sd: {k: v.to(device) for k, v in sd.items()}  # noqa: E731
     model = build_model(a.arch, a.config).to(device)
     splits = {"train": load_split(data, "train"), "test": load_split(data, "test")}
-    repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"])
+    repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"], world=world)
               if opts["bn_repair"] and has_batchnorm(model) else None)
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
     factors_a, factors_b = (endpoint_factors(spec, model, p, mode=mode, input_shape=a.config.input_shape)
@@ -58,7 +66,9 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
         curve, summary, taylor, bounds = measure_and_analyze(
             spec, model, params_a, params_b, on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
             gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
-            taylor_splits=opts["taylor_splits"], repair=repair, factors_a=factors_a, factors_b=factors_b)
+            taylor_splits=opts["taylor_splits"], repair=repair, factors_a=factors_a, factors_b=factors_b, world=world)
+        if not world.is_main:  # one writer
+            continue
         for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds)):
             with atomic_path(out / method / f"{name}.parquet") as tmp:
                 pd.DataFrame(rows).to_parquet(tmp, index=False)
@@ -67,7 +77,8 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
             tmp.write_text(json.dumps(record, indent=2) + "\n")
         typer.echo(f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
                    f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
-                   f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}")
+                   f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}" + (f" ({world.size} processes)" if world.size > 1 else ""))
+    leave_world(world)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,11 @@ Reads ``model.arch`` and that architecture's options block ``model.<arch>``. Wit
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import typer
 
-from common import one_line_errors, run_warm, show_progress, stage_params
+from common import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
@@ -34,23 +31,18 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     from lmclab.checkpoint import save_checkpoint
     from lmclab.data import load_meta, load_split
     from lmclab.device import resolve_device
-    from lmclab.distributed import World, join_world, leave_world, torchrun_command
+    from lmclab.distributed import leave_world
     from lmclab.training import train
 
     read = stage_params("train", params)
-    launch = {k: read(f"train.{k}") for k in LAUNCH_KEYS}
-    if launch["nproc_per_node"] * launch["nnodes"] > 1 and "LOCAL_RANK" not in os.environ:
-        args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]
-        command = torchrun_command(sys.executable, __file__, args, run_id=f"lmclab-train-seed{seed}", **launch)
-        raise SystemExit(subprocess.run(command, env={**os.environ, "LMCLAB_WARM": "0"}).returncode)
+    args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]
+    relaunch_under_torchrun(__file__, args, run_id=f"lmclab-train-seed{seed}",
+                            **{k: read(f"train.{k}") for k in LAUNCH_KEYS})
     arch = read("model.arch")
     model = read(f"model.{arch}") or {}
     opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
     device = resolve_device(read("device"))
-    world = World(device=device)
-    if "LOCAL_RANK" in os.environ:  # one of torchrun's processes
-        world = join_world(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
-                           device.type)
+    world = join_torchrun(device)
     meta = load_meta(data)
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
@@ -63,6 +55,7 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
         typer.echo(f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}"
                    + (f" ({world.size} processes)" if world.size > 1 else ""))
     leave_world(world)
+
 
 if __name__ == "__main__":
     run_warm(app)

@@ -5,7 +5,9 @@ and the one-line refusals of impossible launches."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +17,15 @@ import pytest
 import torch
 import yaml
 
-from dvc_repo import TINY, deep_update
+from dvc_repo import TINY, deep_update, make_repo, run
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.bn_repair import bn_repair_hook
 from lmclab.checkpoint import load_checkpoint
-from lmclab.distributed import torchrun_command
+from lmclab.data import Split
+from lmclab.analysis.landscape import landscape, plane_grid
+from lmclab.distributed import World, join_world, leave_world, torchrun_command
+from lmclab.measure import measure_pair_with_repair
+from lmclab.metrics import lambda_grid
 from lmclab.validate import ParamsError, check_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,3 +92,87 @@ def test_impossible_launches_are_refused_in_one_line(train, message):
     with pytest.raises(ParamsError) as err:
         check_params(deep_update(copy.deepcopy(TINY), {"train": train}))
     assert any(line.startswith(message) for line in err.value.lines), err.value.lines
+
+
+def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    world = join_world(rank, size, rank, "cpu")
+    model, spec, params_a, params_b = bn_pair()
+    repair = bn_repair_hook(model, data, num_samples=None, batch_size=40, world=world)
+    curve, summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b, lambda_grid(5),
+                                              {"test": data}, repair=repair, world=world)
+    plane = plane_of(model, spec, params_a, params_b, data, world)
+    if world.is_main:
+        torch.save((curve, summary, plane), out)
+    leave_world(world)
+
+
+def plane_of(model, spec, params_a, params_b, data, world=World()):  # noqa: ANN001, ANN201
+    params_c = {k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
+                    if v.is_floating_point() else v) for k, v in params_b.items()}
+    return landscape(model, params_a, params_b, params_c, plane_grid(2, 0.1), data,
+                     keys=sorted(spec.matched(params_a)), world=world)
+
+
+def bn_pair():
+    config = make_config("resnet20", input_shape=(1, 28, 28), num_classes=10, width_multiplier=1)
+    model = build_model("resnet20", config, seed=0)
+    params = [build_model("resnet20", config, seed=s).state_dict() for s in (0, 1)]
+    return model, get_arch("resnet20").permutation_spec(config), *params
+
+
+@pytest.mark.slow
+def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_path: Path, splits):
+    """Two gloo processes: each evaluates its rows at every λ and repairs BN on every other batch."""
+    data = Split(splits["test"].x[:175], splits["test"].y[:175])  # repair batches of 40: 3 on one process, 2 on the other
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(sharded_curve, args=(2, port, str(tmp_path / "curve.pt"), data), nprocs=2)
+    curve, summary, plane = torch.load(tmp_path / "curve.pt")
+    model, spec, params_a, params_b = bn_pair()
+    repair = bn_repair_hook(model, data, num_samples=None, batch_size=40)
+    expected, expected_summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b,
+                                                          lambda_grid(5), {"test": data}, repair=repair)
+    assert [(r["lam"], r["repair"]) for r in curve] == [(r["lam"], r["repair"]) for r in expected]
+    for got, want in zip(curve, expected):
+        assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert summary["test_loss_barrier_mid"] == pytest.approx(expected_summary["test_loss_barrier_mid"], rel=1e-5)
+    assert any(r["loss"] != w["loss"] for r, w in zip(curve, expected) if r["repair"])  # another summation
+    whole = plane_of(model, spec, params_a, params_b, data)  # connect's landscape
+    for got, want in zip(plane, whole):
+        assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert any(got["loss"] != want["loss"] for got, want in zip(plane, whole))  # summed in two shards
+
+
+@pytest.mark.slow
+def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp_path: Path):
+    """A BatchNorm ResNet through `dvc repro`, then the measure and connect stages again with
+    measure.nproc_per_node = 2."""
+    tree = deep_update(copy.deepcopy(TINY), {"model": {"arch": "resnet20", "resnet20": {"width_multiplier": 0.25}},
+                                             "permute": {"methods": ["identity", "wm"]},
+                                             "measure": {"bn_repair_samples": 150}})
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo", tree)
+    run(repo, "dvc", "repro", "measure@pair0", "connect@triple0-wm")
+    tree["measure"]["nproc_per_node"] = 2
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(tree))
+    out = run(repo, sys.executable, "stages/measure.py", "--seed-a", "0", "--seed-b", "1", "--model-a",
+              "data/models/seed0.pt", "--model-b", "data/models/seed1.pt", "--merged", "data/merged/seed0-seed1",
+              "--data", "data/prepared", "--out", str(tmp_path / "two"), "--params", str(tmp_path / "two.yaml"))
+    assert "(2 processes)" in out
+    for method in ("identity", "wm"):
+        one = json.loads((repo / "data" / "measure" / "seed0-seed1" / method / "summary.json").read_text())
+        two = json.loads((tmp_path / "two" / method / "summary.json").read_text())
+        assert one["bn_repair"] and two["bn_repair"]
+        for key in ("test_loss_barrier_mid", "test_acc_barrier_max", "train_loss_barrier_mid", "l2_after"):
+            assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    out = run(repo, sys.executable, "stages/connect.py", "--method", "wm", "--seeds", "0,1,2", "--models", "data/models",
+              "--data", "data/prepared", "--out", str(tmp_path / "three"), "--params", str(tmp_path / "two.yaml"))
+    one = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())["edges"]
+    two = json.loads((tmp_path / "three" / "edges.json").read_text())["edges"]
+    for a, b in zip(one, two):
+        assert b["test_loss_barrier_max"] == pytest.approx(a["test_loss_barrier_max"], rel=1e-5, abs=1e-6)
+    landscape_one = pd.read_parquet(repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "landscape.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "three" / "landscape.parquet"), landscape_one, rtol=1e-5)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.data import Split
+from lmclab.distributed import World
 from lmclab.spec import Params
 
 
@@ -38,8 +39,10 @@ def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
 
 @torch.no_grad()
 def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
-              batch_size: int = 500) -> Params:
-    """``params`` with every BatchNorm's running statistics recomputed on ``data``."""
+              batch_size: int = 500, world: World = World()) -> Params:
+    """``params`` with every BatchNorm's running statistics recomputed on ``data``. With ``world``
+    (data-parallel processes) each process runs every ``world.size``-th batch and the averages over
+    batches are combined, weighted by each process's number of batches: the same statistics."""
     if batch_size < 1:
         raise ValueError(f"BN repair batch_size must be positive, got {batch_size}")
     work = copy.deepcopy(model)
@@ -50,16 +53,22 @@ def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
         m.momentum = None  # cumulative moving average over the repair batches
     device = next(iter(params.values())).device
     work.to(device).train()
-    for start in range(0, len(data), batch_size):
-        x = data.x[start:start + batch_size]
-        if len(x) > 1 or start == 0:  # a trailing single image has no batch variance
-            work(x.to(device))
+    starts = [s for s in range(0, len(data), batch_size)
+              if min(batch_size, len(data) - s) > 1 or s == 0]  # a batch of one image has no variance
+    for start in starts[world.rank::world.size]:
+        work(data.x[start:start + batch_size].to(device))
+    for m in norms if world.size > 1 else ():
+        count = m.num_batches_tracked.to(m.running_mean.dtype)
+        total = world.reduce(count)
+        m.running_mean.copy_(world.reduce(m.running_mean * count) / total)
+        m.running_var.copy_(world.reduce(m.running_var * count) / total)
+        m.num_batches_tracked.copy_(total.long())
     repaired = work.state_dict()
     return {k: repaired[k].detach() if k in repaired else v for k, v in params.items()}
 
 
 def bn_repair_hook(model: nn.Module, data: Split, *, num_samples: int | None,
-                   batch_size: int = 500) -> Callable[[Params], Params]:
+                   batch_size: int = 500, world: World = World()) -> Callable[[Params], Params]:
     """The ``repair`` callable for :func:`lmclab.measure.measure_pair` (fixed subset, seed 0)."""
     subset = repair_subset(data, num_samples)
-    return lambda params: repair_bn(model, params, subset, batch_size=batch_size)
+    return lambda params: repair_bn(model, params, subset, batch_size=batch_size, world=world)

@@ -48,6 +48,14 @@ class World:
         dist.all_reduce(total)
         return total.tolist()
 
+    def reduce(self, tensor: Tensor) -> Tensor:
+        """``tensor`` summed over the processes (a new tensor; itself when alone)."""
+        if self.size == 1:
+            return tensor
+        total = tensor.detach().to(self.device, copy=True)
+        dist.all_reduce(total)
+        return total.to(tensor.device)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` as DDP would train it (itself when alone); synchronised BatchNorm on GPUs."""
         if self.size == 1:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from torch import Tensor, nn
 
 from lmclab.data import Split
-from lmclab.evaluate import evaluate
+from lmclab.distributed import World, evaluate_sharded
 from lmclab.merge import interpolate
 from lmclab.metrics import barrier, l2_distance, midpoint_barrier, reduction_rate
 from lmclab.spec import Params, PermutationSpec
@@ -17,15 +17,16 @@ Repair = Callable[[Params], Params]  # e.g. BatchNorm statistics repair of an in
 
 def interpolation_curve(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
                         lams: Sequence[float], splits: Mapping[str, Split], *,
-                        repair: Repair | None = None) -> list[dict]:
-    """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows)."""
+                        repair: Repair | None = None, world: World = World()) -> list[dict]:
+    """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows);
+    ``world``: each data-parallel process evaluates its shard of every split (the same numbers)."""
     rows = []
     for lam in lams:
         params = interpolate(params_a, params_b, lam)
         if repair is not None:
             params = repair(params)
         for split, data in splits.items():
-            ev = evaluate(model, params, data)
+            ev = evaluate_sharded(model, params, data, world)
             rows.append({"lam": float(lam), "split": split, "loss": ev.loss, "acc": ev.acc})
     return rows
 
@@ -50,11 +51,11 @@ def barriers_from_curve(rows: Sequence[dict]) -> dict[str, float]:
 def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
                  params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                  lams: Sequence[float], splits: Mapping[str, Split], *,
-                 repair: Repair | None = None) -> tuple[list[dict], dict[str, float]]:
+                 repair: Repair | None = None, world: World = World()) -> tuple[list[dict], dict[str, float]]:
     """Curve between θa and π(θb); barriers; ``‖θa−θb‖``, ``‖θa−π(θb)‖`` and the reduction %."""
     if 0.5 not in lams or 0.0 not in lams or 1.0 not in lams:
         raise ValueError("the λ grid must contain 0, ½ and 1")
-    curve = interpolation_curve(model, params_a, permuted_b, lams, splits, repair=repair)
+    curve = interpolation_curve(model, params_a, permuted_b, lams, splits, repair=repair, world=world)
     summary = barriers_from_curve(curve)
     before, after = l2_distance(spec, params_a, params_b), l2_distance(spec, params_a, permuted_b)
     summary.update(l2_before=before, l2_after=after, l2_reduction_pct=reduction_rate(before, after))
@@ -64,17 +65,17 @@ def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
 def measure_pair_with_repair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
                              params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                              lams: Sequence[float], splits: Mapping[str, Split], *,
-                             repair: Repair | None) -> tuple[list[dict], dict[str, float]]:
+                             repair: Repair | None, world: World = World()) -> tuple[list[dict], dict[str, float]]:
     """:func:`measure_pair` without and, if ``repair`` is given, with BN repair at every λ.
 
     Curve rows carry ``repair`` (bool). With repair, the summary's barriers are the repaired
     ones (what the paper reports for BN networks) and the stale-statistics barriers are kept
     under ``norepair_<key>``; ``bn_repair`` says which case it is."""
-    curve, summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits)
+    curve, summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits, world=world)
     rows = [{**r, "repair": False} for r in curve]
     if repair is None:
         return rows, {**summary, "bn_repair": False}
     fixed, fixed_summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits,
-                                        repair=repair)
+                                        repair=repair, world=world)
     stale = {f"norepair_{k}": v for k, v in summary.items() if not k.startswith("l2_")}
     return rows + [{**r, "repair": True} for r in fixed], {**fixed_summary, **stale, "bn_repair": True}

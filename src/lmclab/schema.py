@@ -214,6 +214,7 @@ class Measure(Block):
         "reshape", "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, fft = exact circular-conv spectrum")
     bn_repair: bool = key(True, "BatchNorm nets: also measure every λ with statistics recomputed on training data")
     bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
+    nproc_per_node: Count = key(1, "data-parallel processes sharding the evaluation of measure and connect and the BN repair (torchrun)")
 
 
 class Three(Block):

@@ -18,6 +18,7 @@ from lmclab.archs import build_model, get_arch
 from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split
 from lmclab.analysis.landscape import landscape, plane_grid
+from lmclab.distributed import World
 from lmclab.measure import Repair, barriers_from_curve, interpolation_curve
 from lmclab.metrics import l2_distance
 from lmclab.search import SearchProblem, find_permutation
@@ -28,7 +29,7 @@ EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched 
 
 def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]],
                          lams: Sequence[float], splits: Mapping[str, Split], *, gammas: Sequence[float] = (0.3,),
-                         repair: Repair | None = None) -> tuple[list[dict], list[dict]]:
+                         repair: Repair | None = None, world: World = World()) -> tuple[list[dict], list[dict]]:
     """Curves and barriers for every pair of ``models`` = {"a": θa, "b": π_b(θb), "c": π_c(θc)}.
 
     Along edge (x, y), ``λ = 1`` is model x and ``λ = 0`` model y. Returns (curve rows, one
@@ -38,7 +39,7 @@ def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mappin
     factors = {k: model_factors(p, layers) for k, p in models.items()}
     curves, summaries = [], []
     for x, y in EDGES:
-        rows = interpolation_curve(model, models[x], models[y], lams, splits, repair=repair)
+        rows = interpolation_curve(model, models[x], models[y], lams, splits, repair=repair, world=world)
         edge = f"{x}-{y}"
         curves += [{"edge": edge, **r} for r in rows]
         summaries.append({"edge": edge, **barriers_from_curve(rows),
@@ -58,8 +59,9 @@ class TripleResult(NamedTuple):
 def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, test: Split, *,
                    options: Mapping, seed: int, lams: Sequence[float], resolution: int, margin: float,
                    device: torch.device, gammas: Sequence[float] = (0.3,),
-                   repair: Repair | None = None) -> TripleResult:
-    """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape."""
+                   repair: Repair | None = None, world: World = World()) -> TripleResult:
+    """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape (with
+    ``world``, every process searches alike and evaluates its shard of the data)."""
     grid = plane_grid(resolution, margin)  # validates before any search
     a = ckpts["a"]
     spec = get_arch(a.arch).permutation_spec(a.config)
@@ -72,8 +74,8 @@ def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, t
         models[k] = apply_permutation(spec, result.perm, on[k])
     model = build_model(a.arch, a.config).to(device)
     curves, edges = three_model_barriers(spec, model, models, lams, {"train": train, "test": test},
-                                         gammas=gammas, repair=repair)
+                                         gammas=gammas, repair=repair, world=world)
     plane = landscape(model, models["a"], models["b"], models["c"], grid, test,
-                      keys=sorted(spec.matched(on["a"])), repair=repair)
+                      keys=sorted(spec.matched(on["a"])), repair=repair, world=world)
     return TripleResult({k: {g: p.cpu() for g, p in perm.items()} for k, perm in perms.items()},
                         edges, curves, plane, search)

@@ -20,6 +20,7 @@ from lmclab.analysis.alignment import (Factors, alignment_r, layer_names, model_
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.data import Split
+from lmclab.distributed import World
 from lmclab.measure import Repair, measure_pair_with_repair
 from lmclab.spec import PermutationSpec
 
@@ -121,12 +122,13 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
                         taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
                         factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                        ) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
+                        world: World = World()) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
-    repair when given), L2 distances, and the analyses of :func:`analyze_pair`.
+    repair when given; sharded over ``world``'s processes), L2 distances, and the analyses of
+    :func:`analyze_pair` (every process computes them whole).
     Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows)``."""
     curve, summary = measure_pair_with_repair(spec, model, params_a, params_b, permuted_b, lams, splits,
-                                              repair=repair)
+                                              repair=repair, world=world)
     analysis, taylor_rows, bound_rows = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint,
                                                      splits, lams=lams, gammas=gammas, mode=mode,
                                                      input_shape=input_shape, taylor_splits=taylor_splits,

@@ -15,7 +15,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from lmclab.data import Split
-from lmclab.evaluate import evaluate
+from lmclab.distributed import World, evaluate_sharded
 from lmclab.spec import Params
 
 Repair = Callable[[Params], Params]
@@ -52,8 +52,9 @@ def plane_frame(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
 
 def landscape(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
               params_c: Mapping[str, Tensor], grid: list[float], split: Split, *, keys: list[str],
-              repair: Repair | None = None) -> list[dict]:
-    """Loss and accuracy at every ``(u, v)`` of ``grid × grid``, with orthonormal ``(x, y)``."""
+              repair: Repair | None = None, world: World = World()) -> list[dict]:
+    """Loss and accuracy at every ``(u, v)`` of ``grid × grid``, with orthonormal ``(x, y)``;
+    ``world``: each data-parallel process evaluates its shard of ``split`` (the same numbers)."""
     norm_b, along, perp = plane_frame(params_a, params_b, params_c, keys)
     rows = []
     for u in grid:
@@ -61,7 +62,7 @@ def landscape(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mappin
             params = plane_point(params_a, params_b, params_c, u, v)
             if repair is not None:
                 params = repair(params)
-            ev = evaluate(model, params, split)
+            ev = evaluate_sharded(model, params, split, world)
             rows.append({"u": u, "v": v, "x": u * norm_b + v * along, "y": v * perp,
                          "loss": ev.loss, "acc": ev.acc})
     return rows
