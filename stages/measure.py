@@ -2,7 +2,7 @@
 on θa and each π(θb). Loss/accuracy along θ(λ) on train and test (BatchNorm nets: with stale and
 with repaired statistics at every λ), barriers, L2 distances; the Taylor-approximated barrier
 (Thm 3.1) on ``measure.taylor_splits``, R_γ (Thm 4.1) and the Theorem 4.2 bound. Writes
-``<method>/{curve,taylor,theorem42}.parquet`` and ``<method>/summary.json``. One process per pair
+``<method>/{curve,taylor,theorem42,cka}.parquet`` and ``<method>/summary.json``. One process per pair
 (each python stage pays ~3 s of imports). Default MLP: ~5 s per method. With
 ``measure.nproc_per_node > 1`` it relaunches itself under torchrun: the curves' evaluation and BN repair
 are sharded over the processes (the analyses are computed by each), rank 0 writes."""
@@ -63,13 +63,13 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
                        unit="method", disable=not show_progress(), leave=False):
         permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
         midpoint = load_checkpoint(merged / method / "midpoint.pt")
-        curve, summary, taylor, bounds = measure_and_analyze(
+        curve, summary, taylor, bounds, cka = measure_and_analyze(
             spec, model, params_a, params_b, on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
             gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
             taylor_splits=opts["taylor_splits"], repair=repair, factors_a=factors_a, factors_b=factors_b, world=world)
         if not world.is_main:  # one writer
             continue
-        for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds)):
+        for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds), ("cka", cka)):
             with atomic_path(out / method / f"{name}.parquet") as tmp:
                 pd.DataFrame(rows).to_parquet(tmp, index=False)
         record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}

@@ -25,6 +25,7 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
                               plot_output_scale, plot_search_curves, plot_spectra, plot_taylor,
                               plot_three_barriers, plot_training)
     from lmclab.plot_data import plot_tables, write_plot_tables
+    from lmclab.plots_cka import plot_cka
     from lmclab.report import write_report
 
     read_params = stage_params("plot", params)
@@ -53,6 +54,8 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
                    spectra=plot_spectra(read("spectrum"), fig("spectra"), dpi=opts["dpi"]),
                    output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
                    energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]))
+    if (tables_dir / "cka.parquet").is_file():
+        figures["cka"] = plot_cka(read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])), dpi=opts["dpi"])
     if len(frame := read("search_curves")):
         figures["search_curves"] = plot_search_curves(frame, fig("search_curves"), dpi=opts["dpi"])
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,

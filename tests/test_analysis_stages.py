@@ -135,7 +135,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
     params.write_text(yaml.safe_dump({"device": "cpu", "train": {"seeds": [0, 1]}, "permute": {"methods": ["wm"]},
                                       "measure": {"taylor_splits": ["train", "test"],
         "num_lambdas": 3, "gammas": [0, 0.5], "conv_spectrum": "reshape", "bn_repair": True,
-        "bn_repair_samples": None}}))
+        "bn_repair_samples": None, "nproc_per_node": 1}}))
     runner = CliRunner()
     res = runner.invoke(spectra.app, ["--models", str(tmp_path), "--data", str(prepared), "--out",
                                       str(tmp_path / "spectra"), "--params", str(params)])
@@ -148,6 +148,8 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "analysis" / "wm" / "summary.json").read_text())
     assert {"R_0", "R_0.5", "R_0.5_naive", "train_taylor_barrier_mid", "test_taylor_barrier_max"} <= set(summary)
+    assert {"cka_a_b", "cka_a_pi_b", "cka_a_mid", "cka_pi_b_mid"} <= set(summary)
+    assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "cka.parquet")) == 4 * config.hidden
     assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "taylor.parquet")) == 2 * 3
     assert {"test_loss_barrier_mid", "l2_reduction_pct"} <= set(summary)
     assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "curve.parquet")) == 2 * 3

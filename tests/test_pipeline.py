@@ -58,6 +58,10 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     assert summary["identity"]["l2_reduction_pct"]["mean"] == 0.0
     assert summary["wm"]["l2_reduction_pct"]["mean"] > 0
     assert (repo / "reports/report.md").is_file() and (repo / "reports/figures/interpolation.png").is_file()
+    cka = pd.read_parquet(repo / "data/tables/cka.parquet")  # the CKA of every hidden layer, every pair of models
+    assert set(cka["pair"]) == {"a-b", "a-pi_b", "a-mid", "pi_b-mid"} and set(cka["method"]) == {"identity", "wm", "am"}
+    assert "## Functional similarity: CKA" in (repo / "reports/report.md").read_text()
+    assert (repo / "reports/figures/cka.png").is_file() and 0 < summary["wm"]["cka_a_mid"]["mean"] <= 1
 
     assert _ran(_run(repo, "dvc", "repro")) == set()  # everything cached
     _run(repo, "git", "add", "-A")

@@ -183,6 +183,26 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 """
 
 
+def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
+    """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
+    keys = [("cka_a_b", "θa, θb"), ("cka_a_pi_b", "θa, π(θb)"), ("cka_a_mid", "θa, θ(½)"), ("cka_pi_b_mid", "π(θb), θ(½)")]
+    rows = [f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
+            for m in methods if "cka_a_b" in pairs]
+    return f"""
+## Functional similarity: CKA of the hidden layers
+
+Linear CKA (Kornblith et al. 2019) between hidden representations on the test split, mean over the
+hidden layers. It is blind to permutations, so (θa, θb) and (θa, π(θb)) agree; what alignment changes
+is how much the merged midpoint θ(½) still computes what the endpoints compute.
+
+| method | {" | ".join(name for _, name in keys)} |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+![cka]({figure})
+"""
+
+
 def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
                  methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame | None = None,
                  evaluation: pd.DataFrame | None = None, t1: pd.DataFrame | None = None,
@@ -213,6 +233,8 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 
 ![interpolation]({rel["interpolation"]})
 {analysis_section(rel, pairs, methods, bounds)}""" + (three_section(edges, evaluation, rel, row) if edges is not None else "")
+    if "cka" in rel:
+        text += cka_section(rel["cka"], pairs, methods)
     if "search_curves" in rel:
         text += f"""
 ## Search learning curves (paper Figure 6)

@@ -34,8 +34,8 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
     Returns ``curves`` (long: one row per pair, method, split, λ), ``pairs`` (wide: one row
     per pair and method with every scalar), ``search_curves`` (long: one row per pair, method and
     search epoch of the iterative searches), ``search_objective`` (WM's ⟨θa, π(θb)⟩ after each
-    sweep, sweep 0 = before the first) and, when the records carry them, ``taylor`` and ``theorem42``."""
-    curves, pairs, taylor, bounds = [], [], [], []
+    sweep, sweep 0 = before the first) and, when the records carry them, ``taylor``, ``theorem42`` and ``cka``."""
+    curves, pairs, taylor, bounds, cka = [], [], [], [], []
     for rec in records:
         key = {"pair": pair_name(rec["seed_a"], rec["seed_b"]), "seed_a": rec["seed_a"],
                "seed_b": rec["seed_b"], "method": rec["method"]}
@@ -46,10 +46,13 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
         taylor += [{**key, **row, "barrier": _real_gap(rec["curve"], row["split"], row["lam"])}
                    for row in rec.get("taylor", [])]
         bounds += [{**key, **row} for row in rec.get("theorem42", [])]
+        cka += [{**key, **row} for row in rec.get("cka", [])]
     out = {"curves": pd.DataFrame(curves), "pairs": pd.DataFrame(pairs), "search_curves": search_curves(records),
            "search_objective": search_objective(records)}
     if taylor:  # records carry the analyze stage's outputs (Taylor curve, Theorem 4.2 rows)
         out.update(taylor=pd.DataFrame(taylor), theorem42=pd.DataFrame(bounds))
+    if cka:  # the measure stage's CKA rows (layer × pair of models)
+        out["cka"] = pd.DataFrame(cka)
     return out
 
 
@@ -122,7 +125,7 @@ def metrics_summary(pairs: pd.DataFrame, method_order: Sequence[str]) -> dict:
     for method in method_order:
         rows = pairs[pairs["method"] == method]
         entry: dict = {"n_pairs": int(len(rows))}
-        extra = [k for k in rows.columns if k == "test_taylor_barrier_mid" or k.startswith("R_")]
+        extra = [k for k in rows.columns if k == "test_taylor_barrier_mid" or k.startswith(("R_", "cka_"))]
         for key in (*SUMMARY_KEYS, *extra):
             values = rows[key].astype(float)
             std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
@@ -190,7 +193,7 @@ def collect_pairs(measure_dir: Path, perms_dir: Path, pairs: Sequence[Sequence[i
                 "summary": {k: v for k, v in rec.items() if k not in ("seed_a", "seed_b", "method")},
                 "search": json.loads((perms_dir / where / "stats.json").read_text()),
                 **{name: pd.read_parquet(measure_dir / where / f"{name}.parquet").to_dict("records")
-                   for name in ("taylor", "theorem42")}})
+                   for name in ("taylor", "theorem42", "cka")}})
     return records
 
 

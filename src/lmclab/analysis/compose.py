@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from lmclab.analysis.alignment import (Factors, alignment_r, layer_names, model_factors, output_layer,
                                       singular_values)
+from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.data import Split
@@ -122,15 +123,17 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
                         taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
                         factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                        world: World = World()) -> tuple[list[dict], dict[str, float], list[dict], list[dict]]:
+                        world: World = World()) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
-    repair when given; sharded over ``world``'s processes), L2 distances, and the analyses of
-    :func:`analyze_pair` (every process computes them whole).
-    Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows)``."""
+    repair when given; sharded over ``world``'s processes), L2 distances, the analyses of
+    :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the
+    test split (:mod:`lmclab.analysis.cka`; the summary gets their means over layers).
+    Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows, CKA rows)``."""
     curve, summary = measure_pair_with_repair(spec, model, params_a, params_b, permuted_b, lams, splits,
                                               repair=repair, world=world)
     analysis, taylor_rows, bound_rows = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint,
                                                      splits, lams=lams, gammas=gammas, mode=mode,
                                                      input_shape=input_shape, taylor_splits=taylor_splits,
                                                      factors_a=factors_a, factors_b=factors_b)
-    return curve, {**summary, **analysis}, taylor_rows, bound_rows
+    cka = cka_rows(spec, model, {"a": params_a, "b": params_b, "pi_b": permuted_b, "mid": midpoint}, splits["test"])
+    return curve, {**summary, **analysis, **cka_means(cka)}, taylor_rows, bound_rows, cka
