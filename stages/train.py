@@ -15,7 +15,7 @@ from common import join_torchrun, one_line_errors, relaunch_under_torchrun, run_
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
-              "warmup_epochs", "augment", "precision")
+              "warmup_epochs", "augment", "precision", "mixup_alpha")
 LAUNCH_KEYS = ("nproc_per_node", "nnodes", "rdzv_endpoint")
 
 

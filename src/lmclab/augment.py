@@ -8,6 +8,7 @@ All randomness comes from the ``generator`` passed in, so training stays determi
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -15,6 +16,7 @@ from torch import Tensor
 AUGMENTATIONS = ("none", "crop_flip")
 DEFAULT_FOR_DATA = {"cifar10": "crop_flip"}  # every other data set: none
 PAD = 4
+MIXUP_STREAM = 2**33  # the mixup draws are seeded with seed + this: a stream of their own
 
 
 def resolve_augment(augment: str, data_name: str) -> str:
@@ -47,3 +49,22 @@ def augment_batch(x: Tensor, augment: str, generator: torch.Generator) -> Tensor
     if augment == "crop_flip":
         return crop_flip(x, generator)
     raise ValueError(f"train.augment: expected one of {AUGMENTATIONS}, got {augment!r}")
+
+
+class Mixup:
+    """Mixup (Zhang et al. 2018): each batch becomes ``λ x + (1 − λ) x[partner]`` with ``λ ~ Beta(α, α)``
+    and the one-hot targets mixed alike — trained as ``λ CE(y) + (1 − λ) CE(y[partner])``, the same loss.
+    Drawn from ``seed`` alone (its own stream), so training stays deterministic per seed."""
+
+    def __init__(self, alpha: float, seed: int) -> None:
+        if alpha <= 0:
+            raise ValueError(f"train.mixup_alpha must be positive to mix (0 = off), got {alpha}")
+        self.alpha = alpha
+        self.rng = np.random.default_rng(seed + MIXUP_STREAM)
+        self.generator = torch.Generator().manual_seed(seed + MIXUP_STREAM)
+
+    def mix(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, float]:
+        """The mixed batch, the partners' labels and ``λ``."""
+        lam = float(self.rng.beta(self.alpha, self.alpha))
+        partner = torch.randperm(len(x), generator=self.generator).to(x.device)
+        return lam * x + (1 - lam) * x[partner], y[partner], lam

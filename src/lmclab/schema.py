@@ -137,6 +137,7 @@ class Train(Block):
     schedule: one_of(SCHEDULES) = key("constant", "learning-rate schedule per step (linear: decay to 0)")
     warmup_epochs: Annotated[int, Field(ge=0)] = key(0, "epochs of linear warm-up to train.lr (at most train.epochs)")
     augment: one_of(["auto", *AUGMENTATIONS]) = key("auto", "auto = the paper's choice (cifar10: crop_flip, else none)")
+    mixup_alpha: NonNegative = key(0.0, "mixup: inputs and one-hot targets mixed with λ ~ Beta(α, α) (0 = off)")
     nproc_per_node: Count = key(1, "data-parallel processes per machine (> 1: the stage relaunches itself under torchrun)")
     nnodes: Count = key(1, "machines of one data-parallel run (> 1 needs train.rdzv_endpoint)")
     rdzv_endpoint: Annotated[str, Field(pattern=r"^[\w.-]+:\d+$")] | None = key(

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lmclab.archs import build_model
-from lmclab.augment import AUGMENTATIONS, augment_batch
+from lmclab.analysis.collapse import neural_collapse
+from lmclab.archs import build_model, get_arch
+from lmclab.augment import AUGMENTATIONS, Mixup, augment_batch
 from lmclab.checkpoint import Checkpoint
 from lmclab.data import Split
 from lmclab.distributed import World, evaluate_sharded
@@ -78,7 +79,7 @@ def make_optimizer(params: Any, *, optimizer: str, lr: float, momentum: float,
 def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Split, *,
           epochs: int, lr: float = 1e-3, batch_size: int = 512, optimizer: str = "adam",
           momentum: float = 0.9, weight_decay: float = 0.0, schedule: str = "constant",
-          warmup_epochs: int = 0, augment: str = "none", precision: str = "fp32",
+          warmup_epochs: int = 0, augment: str = "none", mixup_alpha: float = 0.0, precision: str = "fp32",
           device: torch.device = torch.device("cpu"), world: World = World(), progress: bool = False
           ) -> tuple[Checkpoint, list[dict[str, float]]]:
     """Train with cross-entropy; return the checkpoint and one history row per epoch.
@@ -87,13 +88,17 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
     (running means over the epoch's minibatches, augmented images) and ``test_loss``/``test_acc``
     (full test split, eval mode, after the epoch). ``world``: data-parallel processes under torchrun
     (:mod:`lmclab.distributed`), each on its shard of every global batch of ``batch_size``;
-    ``precision="bf16"``: forward and loss under bfloat16 autocast.
+    ``precision="bf16"``: forward and loss under bfloat16 autocast; ``mixup_alpha > 0``: mixup
+    (:class:`lmclab.augment.Mixup`). The last row also holds the neural-collapse statistics of the
+    final model's last-layer features on the training split (:mod:`lmclab.analysis.collapse`).
     """
     options = dict(optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
                    schedule=schedule, warmup_epochs=warmup_epochs, augment=augment)
     check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split), **options)
     if precision not in PRECISIONS:
         raise ValueError(f"train.precision: expected one of {PRECISIONS}, got {precision!r}")
+    if mixup_alpha < 0:
+        raise ValueError(f"train.mixup_alpha must be ≥ 0 (0 = off), got {mixup_alpha}")
     model = build_model(arch, config, seed=seed).to(device)
     wrapped = world.wrap(model)
     opt = make_optimizer(wrapped.parameters(), optimizer=optimizer, lr=lr, momentum=momentum,
@@ -103,7 +108,8 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
         schedule, step, epochs * steps_per_epoch, warmup_epochs * steps_per_epoch))
     order = torch.Generator().manual_seed(seed)
     step = Step(wrapped, opt, sched, train_split.to(device), augment,
-                torch.Generator().manual_seed(seed + AUGMENT_STREAM), world, precision)
+                torch.Generator().manual_seed(seed + AUGMENT_STREAM), world, precision,
+                Mixup(mixup_alpha, seed) if mixup_alpha > 0 else None)
     history = []
     bar = tqdm(range(1, epochs + 1), desc=f"train seed {seed}", disable=not progress or not world.is_main, leave=False)
     for epoch in bar:
@@ -114,6 +120,8 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
         history.append(row)
         bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test.acc:.3f}")
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    spec = get_arch(arch).permutation_spec(config)
+    history[-1].update(neural_collapse(spec, model, dict(model.state_dict()), train_split))
     return Checkpoint(arch, config, seed, state), history
 
 
@@ -129,6 +137,7 @@ class Step:
     augmentation: torch.Generator
     world: World
     precision: str
+    mixup: Mixup | None = None
 
     def epoch(self, batches: tuple[torch.Tensor, ...]) -> tuple[float, float]:
         """One pass in training mode; the running-mean loss and accuracy of its minibatches (over all
@@ -145,18 +154,27 @@ class Step:
 
     def one(self, idx: torch.Tensor) -> tuple[float, int, int]:
         """One step on global batch ``idx``; this process's summed loss, correct count and images."""
-        x = augment_batch(self.data.x[idx], self.augment, self.augmentation)  # every process draws alike
+        x, y = augment_batch(self.data.x[idx], self.augment, self.augmentation), self.data.y[idx]  # alike everywhere
+        partner, lam = y, 1.0
+        if self.mixup is not None:
+            x, partner, lam = self.mixup.mix(x, y)
         mine = self.world.shard(torch.arange(len(idx), device=idx.device))
-        x, y = x[mine], self.data.y[idx][mine]
+        x, y, partner = x[mine], y[mine], partner[mine]
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             logits = self.model(x)
-            if self.world.size == 1:
-                loss = F.cross_entropy(logits, y)
-            else:  # DDP averages gradients over processes: this makes it the global batch's mean
-                loss = F.cross_entropy(logits, y, reduction="sum") * (self.world.size / len(idx))
+            loss = self.loss(logits, y, len(idx))
+            if self.mixup is not None:
+                loss = lam * loss + (1 - lam) * self.loss(logits, partner, len(idx))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         self.sched.step()
         summed = loss.item() * (len(idx) / self.world.size if self.world.size > 1 else len(idx))
         return summed, (logits.argmax(1) == y).sum().item(), len(y)
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:
+        """Cross-entropy; DDP averages gradients over processes, so there each shard's sum is scaled
+        to make it the global batch's mean."""
+        if self.world.size == 1:
+            return F.cross_entropy(logits, y)
+        return F.cross_entropy(logits, y, reduction="sum") * (self.world.size / batch)
