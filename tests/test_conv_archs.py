@@ -24,6 +24,7 @@ CASES = {
     "resnet50": {},
     "traced-resnet18": {"factory": "torchvision.models:resnet18", "in_channels": 3},  # spec by torch.fx tracing
     "traced-mobilenet_v2": {"factory": "torchvision.models:mobilenet_v2", "in_channels": 3},
+    "mixer": {"patch_size": 4, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2},  # LayerNorm, no BN
 }
 SLOW = ("resnet50", "traced-resnet18", "traced-mobilenet_v2")
 SHAPES = [(1, 28, 28), (3, 32, 32)]
@@ -85,7 +86,8 @@ def test_spec_matches_state_dict_and_permutation_is_a_symmetry(case, shape):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "resnet50"])
 def test_activation_points_carry_their_groups(case):
-    """Every group has hook points; each point's output has that group's size on dim 1."""
+    """Every group has hook points; each point's output has that group's size on its unit axis
+    (dim 1, or the one after ``@``)."""
     arch = _arch(case)
     config = make_config(arch, input_shape=(1, 28, 28), num_classes=10, **CASES[case])
     model = build_model(arch, config, seed=0).eval()
@@ -95,7 +97,9 @@ def test_activation_points_carry_their_groups(case):
     modules, seen = dict(model.named_modules()), {}
     for ps in points.values():
         for p in ps:
-            modules[p].register_forward_hook(lambda _m, _i, out, p=p: seen.__setitem__(p, out.shape[1]))
+            name, _, axis = p.partition("@")
+            modules[name].register_forward_hook(
+                lambda _m, _i, out, p=p, axis=int(axis or 1): seen.__setitem__(p, out.shape[axis]))
     with torch.no_grad():
         model(torch.randn(2, 1, 28, 28))
     sizes = spec.group_sizes(model.state_dict())

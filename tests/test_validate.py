@@ -63,7 +63,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"three__triples": [[0, 1]]}, "three.triples: expected a non-empty list of lists of 3 integers ≥ 0, got [[0, 1]]"),
     # names not in a registry
     ({"data__name": "imagenet21k"}, "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, got 'imagenet21k'"),
-    ({"model__arch": "transformer"}, "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, got 'transformer'"),
+    ({"model__arch": "transformer"}, "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, got 'transformer'"),
     ({"permute__methods": ["wm", "magic"]}, "permute.methods: expected a non-empty list of values among identity, wm, am, ste, wm_sinkhorn, ste_sinkhorn, got ['wm', 'magic']"),
     ({"train__optimizer": "lbfgs"}, "train.optimizer: expected one of adam, sgd, got 'lbfgs'"),
     ({"measure__taylor_splits": ["val"]}, "measure.taylor_splits: expected a non-empty list of values among train, test, got ['val']"),

@@ -106,6 +106,14 @@ class Resnet50(Block):
     width_multiplier: Positive = key(1, "multiplies the inner width of every bottleneck (1 = standard)")
 
 
+class Mixer(Block):
+    patch_size: Count = key(7, "mixer: side of the square patches (must divide the image: 7 → 16 tokens of a 28-pixel digit)")
+    hidden: Count = key(64, "mixer: channels of the residual stream")
+    token_mlp: Count = key(32, "mixer: hidden units of each token-mixing MLP")
+    channel_mlp: Count = key(128, "mixer: hidden units of each channel-mixing MLP")
+    depth: Count = key(2, "mixer: blocks")
+
+
 class Traced(Block):
     factory: str = key("torchvision.models:resnet18", "traced: module:callable building the nn.Module (spec derived "
                        "by torch.fx tracing, src/lmclab/trace/)")
@@ -124,6 +132,7 @@ class Model(Block):
     resnet20: Resnet20
     resnet50: Resnet50
     traced: Traced
+    mixer: Mixer
 
 
 class Train(Block):

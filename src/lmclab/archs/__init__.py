@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmclab.archs import mlp, resnet20, resnet50, traced, vgg
+from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
 
 ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50,
-                               "traced": traced}
+                               "traced": traced, "mixer": mixer}
 
 
 def get_arch(name: str) -> ModuleType:

@@ -9,8 +9,9 @@ similarity of the units' activations over the training data:
   as in Ainsworth et al.'s code; insensitive to each unit's scale and offset.
 
 Activations are read with forward hooks on the modules the architecture lists in
-``activation_points`` (channel axis 1; conv feature maps count every spatial position as a
-sample). A group with several points (a residual stream) sums their statistics.
+``activation_points`` (units on axis 1, or on the axis named after ``@`` — ``blocks.0.act@-1`` for
+token-major tensors such as a Mixer's; every other position of a feature map counts as a sample).
+A group with several points (a residual stream) sums their statistics.
 """
 
 from __future__ import annotations
@@ -55,16 +56,22 @@ class _Moments:
         return cov / (torch.outer(std_a, std_b) + 1e-12)
 
 
-def _as_samples(z: Tensor) -> Tensor:
-    """(batch, units, *spatial) -> (batch·spatial, units)."""
-    return z.movedim(1, -1).reshape(-1, z.shape[1])
+def _as_samples(z: Tensor, axis: int = 1) -> Tensor:
+    """(batch, …) with the units on ``axis`` -> (every other position, units)."""
+    return z.movedim(axis, -1).reshape(-1, z.shape[axis])
+
+
+def _point(name: str) -> tuple[str, int]:
+    """An activation point ``module`` (units on axis 1) or ``module@axis`` (e.g. ``@-1``: the last axis)."""
+    module, _, axis = name.partition("@")
+    return module, int(axis) if axis else 1
 
 
 @torch.no_grad()
 def _record(model: nn.Module, params: Mapping[str, Tensor], points: list[str], x: Tensor) -> dict[str, Tensor]:
     seen: dict[str, Tensor] = {}
     modules = dict(model.named_modules())
-    hooks = [modules[p].register_forward_hook(lambda _m, _i, out, p=p: seen.__setitem__(p, out))
+    hooks = [modules[_point(p)[0]].register_forward_hook(lambda _m, _i, out, p=p: seen.__setitem__(p, out))
              for p in points]
     try:
         functional_call(model, dict(params), (x,))
@@ -97,7 +104,7 @@ def activation_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
         za, zb = _record(model, params_a, all_points, x), _record(model, params_b, all_points, x)
         for g, ps in points.items():
             for p in ps:
-                moments[g].add(_as_samples(za[p]), _as_samples(zb[p]))
+                moments[g].add(_as_samples(za[p], _point(p)[1]), _as_samples(zb[p], _point(p)[1]))
     perm = {g: solve_assignment(m.similarity(statistic)) for g, m in moments.items()}
     return SearchResult(perm, {"seconds": time.perf_counter() - start, "samples": n,
                                "statistic": statistic})

@@ -1,0 +1,102 @@
+"""MLP-Mixer (Tolstikhin et al. 2021), small enough for the offline digits (issue 17).
+
+Patches of ``patch_size`` pixels are embedded into ``hidden`` channels (a strided conv), giving
+``(batch, tokens, hidden)``. Each of ``depth`` blocks adds a token-mixing MLP (LayerNorm over channels,
+then ``Linear(tokens → token_mlp) → GELU → Linear(token_mlp → tokens)`` along the token axis) and a
+channel-mixing MLP (LayerNorm, ``Linear(hidden → channel_mlp) → GELU → Linear(channel_mlp → hidden)``)
+to the residual stream; a final LayerNorm, the mean over tokens and a linear head give the logits.
+
+Permutation symmetries: one residual-stream group ``P_stream`` over the ``hidden`` channels, shared by
+the embedding, every LayerNorm, every channel MLP's input and output and the head's input; per block a
+token-hidden group ``P_token_k`` (the token MLP's hidden units; it acts along the token axis, the same for
+every channel) and a channel-hidden group ``P_channel_k``. The token axis itself is never permuted (the
+patches have positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from lmclab.spec import PermutationSpec, build_spec, dense, norm
+
+STREAM = "P_stream"
+
+
+@dataclass(frozen=True)
+class Config:
+    """``input_shape`` (C, H, W) with H and W multiples of ``patch_size``."""
+
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    patch_size: int = 7
+    hidden: int = 64
+    token_mlp: int = 32
+    channel_mlp: int = 128
+    depth: int = 2
+
+    def __post_init__(self) -> None:
+        for key in ("patch_size", "hidden", "token_mlp", "channel_mlp", "depth"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.mixer.{key} must be a positive integer, got {getattr(self, key)}")
+        if any(side % self.patch_size for side in self.input_shape[1:]):
+            raise ValueError(f"model.mixer.patch_size: {self.patch_size} does not divide the image "
+                             f"{self.input_shape[1]} × {self.input_shape[2]}")
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_shape[1] // self.patch_size) * (self.input_shape[2] // self.patch_size)
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(config.hidden), nn.LayerNorm(config.hidden)
+        self.token_fc1, self.token_fc2 = nn.Linear(config.tokens, config.token_mlp), nn.Linear(config.token_mlp, config.tokens)
+        self.channel_fc1 = nn.Linear(config.hidden, config.channel_mlp)
+        self.channel_fc2 = nn.Linear(config.channel_mlp, config.hidden)
+        self.token_act, self.channel_act = nn.GELU(), nn.GELU()
+
+    def forward(self, x: Tensor) -> Tensor:  # x: (batch, tokens, hidden)
+        y = self.token_act(self.token_fc1(self.norm1(x).transpose(1, 2)))  # (batch, hidden, token_mlp)
+        x = x + self.token_fc2(y).transpose(1, 2)
+        return x + self.channel_fc2(self.channel_act(self.channel_fc1(self.norm2(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        p = config.patch_size
+        self.embed = nn.Conv2d(config.input_shape[0], config.hidden, p, stride=p)
+        self.blocks = nn.ModuleList(MixerBlock(config) for _ in range(config.depth))
+        self.norm = nn.LayerNorm(config.hidden)
+        self.head = nn.Linear(config.hidden, config.num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed(x).flatten(2).transpose(1, 2)  # (batch, tokens, hidden)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).mean(1))
+
+
+def permutation_spec(config: Config) -> PermutationSpec:
+    """The stream on every channel axis; per block its token-hidden and channel-hidden groups."""
+    parts = [{"embed.weight": (STREAM, None, None, None), "embed.bias": (STREAM,)}]
+    for k in range(config.depth):
+        b = f"blocks.{k}"
+        parts += [norm(f"{b}.norm1", STREAM, running_stats=False), norm(f"{b}.norm2", STREAM, running_stats=False),
+                  dense(f"{b}.token_fc1", f"P_token_{k}", None), dense(f"{b}.token_fc2", None, f"P_token_{k}"),
+                  dense(f"{b}.channel_fc1", f"P_channel_{k}", STREAM), dense(f"{b}.channel_fc2", STREAM, f"P_channel_{k}")]
+    parts += [norm("norm", STREAM, running_stats=False), dense("head", None, STREAM)]
+    return build_spec(*parts)
+
+
+def activation_points(config: Config) -> dict[str, list[str]]:
+    """Units on the last axis (``@-1``): the stream at every channel-mixing LayerNorm and the final one
+    (each normalises the stream per token, like BatchNorm after a conv), the hidden groups at their GELUs."""
+    points: dict[str, list[str]] = {STREAM: [f"blocks.{k}.norm2@-1" for k in range(config.depth)] + ["norm@-1"]}
+    for k in range(config.depth):
+        points[f"P_token_{k}"] = [f"blocks.{k}.token_act@-1"]
+        points[f"P_channel_{k}"] = [f"blocks.{k}.channel_act@-1"]
+    return points

@@ -1,0 +1,56 @@
+"""MLP-Mixer (issue 17): its hand-written spec (one stream group across blocks, token- and channel-hidden
+groups, the token axis never permuted), weight and activation matching recovering a permuted copy, and
+the tracer's refusal (a Mixer's tensors are permuted on two axes at once)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.data import Split
+from lmclab.search.activation_matching import activation_matching
+from lmclab.search.weight_matching import weight_matching
+from lmclab.spec import apply_permutation, random_permutation
+from lmclab.trace import TraceError, trace_spec
+
+CONFIG = make_config("mixer", input_shape=(1, 28, 28), num_classes=10, patch_size=7, hidden=16, token_mlp=8,
+                     channel_mlp=24, depth=2)
+
+
+def permuted_pair():
+    model = build_model("mixer", CONFIG, seed=0)
+    spec = get_arch("mixer").permutation_spec(CONFIG)
+    params = model.state_dict()
+    perm = random_permutation(spec.group_sizes(params), torch.Generator().manual_seed(1))
+    return model, spec, params, apply_permutation(spec, perm, params)
+
+
+def test_the_stream_is_shared_and_the_token_axis_is_never_permuted():
+    spec = get_arch("mixer").permutation_spec(CONFIG)
+    assert spec.group_sizes(build_model("mixer", CONFIG).state_dict()) == {
+        "P_stream": 16, "P_token_0": 8, "P_channel_0": 24, "P_token_1": 8, "P_channel_1": 24}
+    assert spec.axes["blocks.0.token_fc1.weight"] == ("P_token_0", None)  # reads the 16 tokens, unpermuted
+    assert spec.axes["blocks.1.token_fc2.bias"] == (None,)
+    assert spec.axes["blocks.1.channel_fc2.weight"] == ("P_stream", "P_channel_1")
+    assert spec.axes["embed.weight"][0] == spec.axes["head.weight"][1] == spec.axes["norm.weight"][0] == "P_stream"
+
+
+def test_weight_matching_recovers_a_permuted_mixer():
+    _, spec, params, permuted = permuted_pair()
+    back = apply_permutation(spec, weight_matching(spec, params, permuted).perm, permuted)
+    assert all(torch.equal(back[k], v) for k, v in params.items())
+
+
+def test_activation_matching_reads_units_on_the_last_axis():
+    model, spec, params, permuted = permuted_pair()
+    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long))
+    found = activation_matching(spec, params, permuted, model=model, points=get_arch("mixer").activation_points(CONFIG),
+                                data=data)
+    back = apply_permutation(spec, found.perm, permuted)
+    assert all(torch.allclose(back[k], v) for k, v in params.items())
+
+
+def test_the_tracer_refuses_a_mixer_at_its_first_transpose():
+    with pytest.raises(TraceError, match=r"node 'transpose': transpose in \(top level\)"):
+        trace_spec(build_model("mixer", CONFIG), torch.zeros(2, 1, 28, 28))
