@@ -54,3 +54,15 @@ def test_activation_matching_reads_units_on_the_last_axis():
 def test_the_tracer_refuses_a_mixer_at_its_first_transpose():
     with pytest.raises(TraceError, match=r"node 'transpose': transpose in \(top level\)"):
         trace_spec(build_model("mixer", CONFIG), torch.zeros(2, 1, 28, 28))
+
+
+def test_validate_checks_the_patches_against_the_data_sets_own_image(tmp_path):
+    import copy
+
+    from dvc_repo import TINY, deep_update
+    from lmclab.validate import ParamsError, check_params
+
+    digits = deep_update(copy.deepcopy(TINY), {"model": {"arch": "mixer"}})
+    check_params(digits)  # 7-pixel patches tile a 28-pixel digit
+    with pytest.raises(ParamsError, match=r"model.mixer.patch_size: 7 does not divide the image 32 × 32"):
+        check_params(deep_update(digits, {"data": {"name": "cifar10"}}))
