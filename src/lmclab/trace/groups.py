@@ -53,10 +53,6 @@ class Tag:
         """One group on the whole axis, unit by unit."""
         return len(self.segs) == 1 and self.segs[0].block == 1
 
-    def layout(self) -> tuple[tuple[int, int], ...]:
-        """What two tensors must share to be added: lengths and blocks, not groups."""
-        return tuple((s.length, s.block) for s in self.segs)
-
     def blocks_of(self, factor: int, axis: int) -> Tag:
         """The tag after the axis is flattened with the ``factor`` entries that follow each of its own."""
         return Tag(axis, tuple(Seg(s.gid, s.length * factor, s.block * factor) for s in self.segs))
