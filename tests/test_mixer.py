@@ -1,6 +1,6 @@
 """MLP-Mixer (issue 17): its hand-written spec (one stream group across blocks, token- and channel-hidden
 groups, the token axis never permuted), weight and activation matching recovering a permuted copy, and
-the tracer's refusal (a Mixer's tensors are permuted on two axes at once)."""
+the same spec derived by tracing (a Mixer's tensors are permuted on two axes at once)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lmclab.data import Split
 from lmclab.search.activation_matching import activation_matching
 from lmclab.search.weight_matching import weight_matching
 from lmclab.spec import apply_permutation, random_permutation
-from lmclab.trace import TraceError, trace_spec
+from lmclab.trace import trace
 
 CONFIG = make_config("mixer", input_shape=(1, 28, 28), num_classes=10, patch_size=7, hidden=16, token_mlp=8,
                      channel_mlp=24, depth=2)
@@ -51,9 +51,21 @@ def test_activation_matching_reads_units_on_the_last_axis():
     assert all(torch.allclose(back[k], v) for k, v in params.items())
 
 
-def test_the_tracer_refuses_a_mixer_at_its_first_transpose():
-    with pytest.raises(TraceError, match=r"node 'transpose': transpose in \(top level\)"):
-        trace_spec(build_model("mixer", CONFIG), torch.zeros(2, 1, 28, 28))
+def test_the_traced_spec_and_points_match_the_hand_written_ones():
+    """Tracing follows the channels through the transposes (two permuted axes at once: the stream and the
+    token-hidden units), the token MLP over the unpermuted token axis and the mean over tokens; its
+    activation points (units on the last axis) recover a permuted Mixer like the hand-written ones."""
+    model, spec, params, permuted = permuted_pair()
+    traced = trace(model, torch.zeros(2, 1, 28, 28))
+    names = {traced.spec.axes[f"blocks.{k}.{layer}.weight"][0]: f"P_{kind}_{k}" for k in range(2)
+             for layer, kind in (("token_fc1", "token"), ("channel_fc1", "channel"))}
+    names[traced.spec.axes["embed.weight"][0]] = "P_stream"
+    assert {k: tuple(names.get(g) for g in axes) for k, axes in traced.spec.axes.items()} == spec.axes
+    assert traced.points[traced.spec.axes["blocks.1.token_fc1.weight"][0]] == ["blocks.1.token_fc1@-1"]
+    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long))
+    found = activation_matching(traced.spec, params, permuted, model=model, points=traced.points, data=data)
+    back = apply_permutation(traced.spec, found.perm, permuted)
+    assert all(torch.allclose(back[k], v) for k, v in params.items())
 
 
 def test_validate_checks_the_patches_against_the_data_sets_own_image(tmp_path):

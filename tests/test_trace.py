@@ -17,10 +17,12 @@ from lmclab.trace import TraceError, trace, trace_spec
 from lmclab.trace.groups import FIXED, Groups, Seg
 
 HAND = [("mlp", {"hidden": 3, "width": 16}, (1, 28, 28)), ("vgg", {"width_multiplier": 0.125}, (3, 32, 32)),
-        ("resnet20", {"width_multiplier": 1}, (3, 32, 32)), ("resnet50", {"width_multiplier": 0.25}, (3, 32, 32))]
+        ("resnet20", {"width_multiplier": 1}, (3, 32, 32)), ("resnet50", {"width_multiplier": 0.25}, (3, 32, 32)),
+        ("mixer", {"patch_size": 7, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2}, (1, 28, 28))]
 SUPPORTED = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "alexnet", "densenet121", "squeezenet1_0",
-             "googlenet", "efficientnet_b0", "mnasnet0_5", "resnext50_32x4d", "regnet_y_400mf"]
-REFUSED = {"shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)", "convnext_tiny": "'permute'"}
+             "googlenet", "efficientnet_b0", "mnasnet0_5", "resnext50_32x4d", "regnet_y_400mf", "convnext_tiny"]
+REFUSED = {"shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)",
+           "swin_t": r"node 'shifted_window_attention'"}
 
 
 def partition(spec: PermutationSpec) -> set[frozenset]:
@@ -50,7 +52,8 @@ def permuted_copy(name: str, model: nn.Module, spec: PermutationSpec, seed: int)
 def randomised(name: str, size: int = 64) -> nn.Module:
     """A float64 torchvision model in eval mode whose logits depend on the input: He-normal weights
     (GoogLeNet's own init gives constant logits), BatchNorm statistics measured on a random batch
-    (MobileNets' ReLU6 would saturate otherwise), random BatchNorm affine terms."""
+    (MobileNets' ReLU6 would saturate otherwise), random BatchNorm and LayerNorm affine terms, layer scales
+    near 1 (ConvNeXt's start at 1e-6, which would hide its blocks)."""
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None, num_classes=10).double()
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
@@ -62,9 +65,12 @@ def randomised(name: str, size: int = 64) -> nn.Module:
             m.reset_running_stats()
             m.momentum = None  # a plain average over the calibration batch
         model.train()(torch.randn(4, 3, size, size, dtype=torch.float64))
-        for m in norms:
+        for m in norms + [m for m in model.modules() if isinstance(m, nn.LayerNorm)]:
             m.weight.uniform_(0.5, 1.5)
             m.bias.normal_(0, 0.1)
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scale"):
+                p.uniform_(0.5, 1.5)
     return model.eval()
 
 
@@ -107,9 +113,11 @@ def assert_recovered(name: str, dtype: torch.dtype) -> None:
     assert all(torch.equal(back[k], v) for k, v in spec.matched(params_a).items())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "googlenet", "regnet_x_400mf"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "googlenet", "regnet_x_400mf",
+                                  "convnext_tiny"])
 def test_weight_matching_on_the_traced_spec_recovers_a_permuted_copy(name):
-    """Distance 0 back to the model, through residual streams, depthwise and grouped convs, concatenations.
+    """Distance 0 back to the model, through residual streams, depthwise and grouped convs, concatenations,
+    channels-last blocks with layer scales.
     (Not on every model: on squeezenet1_0 coordinate descent from the identity stops in a local
     optimum — its 16-unit squeeze layers feed 64-unit expand layers whose terms drown the signal —
     a property of WM, not of the spec, which the invariance test proves.)"""
@@ -270,3 +278,65 @@ def test_union_find_keeps_coarsening_through_merges_and_pins():
         groups.coarsen(b, 2)
     groups.union(b, FIXED)
     assert groups.find(coarse) == FIXED  # pinning a group pins its coarse group
+
+
+class TwoAxes(nn.Module):
+    """Tensors permuted on two axes at once (the Mixer's pattern, with swapaxes, a scale parameter and
+    a reshape of the unpermuted axis): Linear ``a`` permutes the features, ``b`` mixes the 4 unpermuted
+    positions into 3 hidden units that ride along with ``a``'s permutation on another axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.e, self.head = nn.Linear(5, 6), nn.Linear(4, 3), nn.Linear(3, 4), nn.Linear(6, 2)
+        self.scale = nn.Parameter(torch.rand(3) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, 4, 5)
+        h = torch.relu(self.a(x))  # (N, 4, 6): a's group on axis 2
+        t = torch.relu(self.b(h.swapaxes(1, 2))) * self.scale  # (N, 6, 3): a's on axis 1, b's on axis 2
+        h = h + self.e(t).swapaxes(1, 2)  # e's output meets the unpermuted positions: pinned
+        return self.head(h.reshape(-1, 2, 2, 6).mean((1, 2)))
+
+
+def test_a_tensor_permuted_on_two_axes_keeps_both_through_swaps_scales_and_means():
+    torch.manual_seed(0)
+    model, x = TwoAxes().double(), torch.randn(5, 4, 5, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    (p_a, _), (p_b, _) = spec.axes["a.weight"], spec.axes["b.weight"]
+    assert spec.axes["head.weight"] == (None, p_a) and spec.axes["scale"] == (p_b,) and {p_a, p_b} == set(spec.groups)
+    assert spec.axes["b.weight"][1] is None and spec.axes["e.weight"] == (None, p_b) and spec.axes["e.bias"] == (None,)
+    perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(x)
+        model.load_state_dict(apply_permutation(spec, perm, model.state_dict()))
+        assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
+
+
+class Forward(nn.Module):
+    """Linears ``a`` (5 → 6 on the last axis) and ``b`` (4 → 3), a 1×1 conv, and a forward given as a function."""
+
+    def __init__(self, forward) -> None:
+        super().__init__()
+        self.a, self.b, self.conv, self.f = nn.Linear(5, 6), nn.Linear(4, 3), nn.Conv2d(3, 2, 1), forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(self, x)
+
+
+@pytest.mark.parametrize("forward,message", [
+    (lambda m, x: m.b(m.a(x).swapaxes(1, 2)).flatten(1), r"node 'flatten'.*a flatten of two permuted axes into one"),
+    (lambda m, x: m.a(x).mean(2), r"node 'mean'.*a mean over a permuted axis"),
+    (lambda m, x: m.conv(m.a(x.reshape(-1, 1, 4, 5).expand(-1, 3, -1, -1))),
+     r"node 'conv': Conv2d in conv .*a convolution over a permuted axis that is not its channel axis"),
+], ids=["flatten-two-permuted-axes", "mean-over-permuted-axis", "conv-over-permuted-width"])
+def test_what_mixes_a_permuted_axis_with_others_is_refused(forward, message):
+    with pytest.raises(TraceError, match=message):
+        trace_spec(Forward(forward), torch.zeros(2, 4, 5))
+
+
+def test_convnext_keeps_every_symmetry_through_its_channels_last_blocks_and_layer_scales():
+    """4 stages' streams and 18 blocks' hidden units; a layer scale moves with its block's stream."""
+    spec = trace_spec(torchvision.models.convnext_tiny(weights=None, num_classes=10).eval(), torch.zeros(1, 3, 64, 64))
+    assert len(spec.groups) == 4 + 18
+    assert spec.axes["features.1.0.layer_scale"] == (spec.axes["features.1.0.block.0.weight"][0], None, None)
+    assert spec.axes["features.1.0.block.3.weight"][1] == spec.axes["features.1.2.block.5.weight"][0]
+    assert spec.axes["classifier.0.weight"] == (spec.axes["features.7.2.block.5.weight"][0],)  # LayerNorm2d

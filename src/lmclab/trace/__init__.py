@@ -8,20 +8,24 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   its output to its input instead: it permutes whole conv groups alike on both sides, so the group it
   reads is coarsened to runs of whole conv groups (a permutation inside a conv group is no symmetry of
   the kernel's shared input axis);
-- ``BatchNorm``, ``LayerNorm`` over the feature axis, elementwise activations, dropout, stochastic
-  depth, pooling and identity-like ops carry the layout of their input (norm parameters and running
-  statistics join it);
-- an addition or product of two tensors merges their groups (union-find): every layer writing into
-  one residual stream shares one permutation; a tensor combined with an unpermuted one (the
-  model's input) cannot be permuted;
+- ``BatchNorm``, ``LayerNorm`` over the feature axis (module or ``F.layer_norm``), elementwise
+  activations, dropout, stochastic depth, pooling and identity-like ops carry the layout of their
+  input (norm parameters and running statistics join it);
+- a tensor may be permuted on several axes at once, each by its own groups (an MLP-Mixer's token MLP
+  output: the stream's channels on axis 1, the token-hidden units on axis 2): ``transpose``/``permute``
+  move them, a ``Linear`` over another axis keeps them, a mean over unpermuted axes keeps them;
+- an addition or product of two tensors merges their groups axis by axis (union-find): every layer
+  writing into one residual stream shares one permutation; a parameter combined with it (a layer
+  scale) is permuted alike; a tensor combined with an unpermuted one (the model's input) cannot be
+  permuted;
 - ``flatten`` (or the equal ``reshape``) of ``C × H × W`` maps each channel onto a block of ``H·W``
   features (a composite axis, :class:`lmclab.spec.Segment`); ``cat`` along the channel axis joins the
   groups side by side (one segment each);
 - the model's inputs and outputs are never permuted.
 
 Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel
-shuffle), a grouped conv reading segments that split its groups, ``permute`` of the channel axis,
-attention — is refused with one line naming the graph node,
+shuffle), a grouped conv reading segments that split its groups, a flatten or mean over a permuted
+axis mixed with others, attention — is refused with one line naming the graph node,
 its op and the module path; with ``partial=True`` the groups reaching it are left unpermuted instead.
 Nothing is guessed: the tests check the result by invariance of the function in float64.
 """

@@ -11,11 +11,8 @@ from torch import fx, nn
 
 from lmclab.spec import Entry, PermutationSpec, Segment, stats_of
 from lmclab.trace.groups import (CARRY_FUNCTIONS, CARRY_MODULES, FIXED, MERGE_FUNCTIONS, POOL_FUNCTIONS,
-                                 POOL_MODULES, Groups, Seg, Tag,
-                                 TraceError)
+                                 POOL_MODULES, Groups, Layout, Seg, Tag, TraceError)
 from lmclab.trace.shapes import ShapeRules
-
-Layout = tuple[Seg, ...] | None  # the tracer's axis entry: segments of union-find elements, or unpermuted
 
 
 def _where(node: fx.Node) -> str:
@@ -39,7 +36,8 @@ class GraphTracer(ShapeRules):
         self.gm, self.partial, self.groups = gm, partial, Groups()
         self.tags: dict[fx.Node, Tag | None] = {}
         self.axes: dict[str, list[Layout]] = {}
-        self.writers: dict[int, list[tuple[str, str]]] = {}  # group -> (norm | layer, module) writing it
+        self.writers: dict[int, list[tuple[str, str]]] = {}  # group -> (norm | layer, activation point)
+        self.state_keys = set(gm.state_dict())
         self.names: dict[int, str] = {}  # union-find root -> P_k, filled by result()
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -50,12 +48,22 @@ class GraphTracer(ShapeRules):
         meta = node.meta.get("tensor_meta")
         return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
 
+    def live(self, tag: Tag) -> list[int]:
+        """The axes of ``tag`` still permuted: some segment's group is not pinned (so far)."""
+        return [a for a in tag.permuted if any(self.groups.find(s.gid) != FIXED for s in tag.at(a))]
+
     def tagged_inputs(self, node: fx.Node) -> list[Tag]:
         return [t for a in node.all_input_nodes if (t := self.tag(a)) is not None]
 
-    def pin(self, tag: Tag | None) -> None:
-        for gid in tag.gids if tag else ():
+    def pin(self, gids: Sequence[int]) -> None:
+        for gid in gids:
             self.groups.union(gid, FIXED)
+
+    def write(self, gid: int, kind: str, name: str, axis: int, ndim: int) -> None:
+        """Module ``name``'s output holds group ``gid``'s units on ``axis``: an activation point (``@`` names
+        the axis when it is not 1, as :mod:`lmclab.search.activation_matching` reads it)."""
+        point = name if axis == 1 else f"{name}@{axis - ndim}"
+        self.writers.setdefault(gid, []).append((kind, point))
 
     def refuse(self, node: fx.Node, reason: str) -> None:
         if not self.partial:
@@ -63,7 +71,7 @@ class GraphTracer(ShapeRules):
                              f"cannot be proved permutation-equivariant ({reason}); pass partial=True to leave "
                              "its channels unpermuted")
         for t in self.tagged_inputs(node):
-            self.pin(t)
+            self.pin(t.gids)
         self.tags[node] = None
 
     def unite(self, a: Layout, b: Layout) -> bool:
@@ -96,7 +104,7 @@ class GraphTracer(ShapeRules):
                 self.tags[node] = None
             elif node.op == "output":
                 for t in self.tagged_inputs(node):  # outputs are never permuted
-                    self.pin(t)
+                    self.pin(t.gids)
             elif node.op == "call_module":
                 self.module(node, self.gm.get_submodule(str(node.target)))
             else:
@@ -106,12 +114,10 @@ class GraphTracer(ShapeRules):
         name, x = str(node.target), node.args[0] if node.args else None
         t_in = self.tag(x)
         if isinstance(module, nn.Linear):
-            if t_in is not None and t_in.axis != len(self.shape(x)) - 1:
-                return self.refuse(node, "a Linear across a permuted axis that is not its feature axis")
             self.layer(node, name, module, t_in, len(self.shape(node)) - 1, spatial=0)
         elif isinstance(module, nn.Conv2d):
-            if t_in is not None and t_in.axis != 1:
-                return self.refuse(node, "a convolution whose channel axis is not the permuted one")
+            if t_in is not None and self.live(t_in) not in ([], [1]):
+                return self.refuse(node, "a convolution over a permuted axis that is not its channel axis")
             self.conv(node, name, module, t_in)
         elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
             self.norm(node, name, module, t_in)
@@ -125,13 +131,16 @@ class GraphTracer(ShapeRules):
             self.tags[node] = None
 
     def layer(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None, axis: int, spatial: int) -> None:
-        """Linear or ungrouped conv: a new group on the output, the input's layout on the weight's axis 1."""
-        g, width = self.groups.new(), self.shape(node)[axis]
-        self.writers.setdefault(g, []).append(("layer", name))
-        self.record(f"{name}.weight", [(Seg(g, width),), t_in.segs if t_in else None] + [None] * spatial)
+        """Linear (``axis`` last) or ungrouped conv (``axis`` 1): a new group on the output's ``axis``, the
+        input's layout of it on the weight's axis 1. The input's other permuted axes pass through: a Linear
+        maps every position of them alike (a Mixer's token MLP keeps the channels' permutation)."""
+        g, shape = self.groups.new(), self.shape(node)
+        self.write(g, "layer", name, axis, len(shape))
+        self.record(f"{name}.weight", [(Seg(g, shape[axis]),), t_in.at(axis) if t_in else None] + [None] * spatial)
         if getattr(module, "bias", None) is not None:
-            self.record(f"{name}.bias", [(Seg(g, width),)])
-        self.tags[node] = Tag.single(g, axis, width)
+            self.record(f"{name}.bias", [(Seg(g, shape[axis]),)])
+        base = t_in.layouts if t_in else (None,) * len(shape)
+        self.tags[node] = Tag.of(base[:axis] + ((Seg(g, shape[axis]),),) + base[axis + 1:])
 
     def conv(self, node: fx.Node, name: str, module: nn.Conv2d, t_in: Tag | None) -> None:
         if module.groups == 1:
@@ -145,7 +154,7 @@ class GraphTracer(ShapeRules):
         self.record(f"{name}.weight", [layout, None, None, None])
         if module.bias is not None:
             self.record(f"{name}.bias", [layout])
-        self.tags[node] = Tag(1, layout)
+        self.tags[node] = Tag.of((None, layout, None, None))
 
     def grouped_output(self, t_in: Tag, c_in: int, c_out: int) -> tuple[Seg, ...] | None:
         """A grouped conv (depthwise: ``c_in = 1``) maps its input's conv groups onto its output's: permuting
@@ -153,7 +162,7 @@ class GraphTracer(ShapeRules):
         inside a group is a symmetry of the kernel's shared input axis). Each input segment is coarsened to
         runs of whole groups; None when a segment does not hold whole groups."""
         out = []
-        for seg in map(self.groups.resolve, t_in.segs):
+        for seg in map(self.groups.resolve, t_in.at(1)):
             if seg.length % c_in:
                 return None
             if seg.block % c_in:  # runs shorter than a group: permute whole groups only
@@ -164,27 +173,28 @@ class GraphTracer(ShapeRules):
         return tuple(out)
 
     def norm(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None) -> None:
+        """BatchNorm (channels on axis 1, statistics over all other axes) or LayerNorm over the last axis: its
+        parameters and statistics take the layout of that axis; other permuted axes pass through."""
         shape = self.shape(node)
-        if isinstance(module, nn.LayerNorm) and t_in is not None and (
-                tuple(module.normalized_shape) != (shape[-1],) or t_in.axis != len(shape) - 1):
+        axis = len(shape) - 1 if isinstance(module, nn.LayerNorm) else 1
+        if isinstance(module, nn.LayerNorm) and t_in is not None and len(module.normalized_shape) > 1 and \
+                any(a >= len(shape) - len(module.normalized_shape) for a in self.live(t_in)):
             return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
-        if isinstance(module, nn.BatchNorm1d) and t_in is not None and t_in.axis != 1:
-            return self.refuse(node, "a BatchNorm1d over an axis that is not the permuted one")
         if t_in is not None:
-            if t_in.plain:  # its output holds exactly the units of one group: an activation point
-                self.writers.setdefault(t_in.gids[0], []).append(("norm", name))
+            if t_in.plain(axis):  # the axis holds exactly the units of one group: an activation point
+                self.write(t_in.at(axis)[0].gid, "norm", name, axis, len(shape))
             for key, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [t_in.segs])
+                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [t_in.at(axis)])
         self.tags[node] = t_in
 
     def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
         shape_in = self.shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
         shape = self.shape(node)
         if t_in is not None and (shape is None or shape_in is None or len(shape) != len(shape_in)
-                                 or shape[t_in.axis] != shape_in[t_in.axis]):
-            return self.refuse(node, "it changes the permuted axis")
-        if t_in is not None and pool and t_in.axis >= len(shape) - 2:
-            return self.refuse(node, "a pooling window over the permuted axis")
+                                 or any(shape[a] != shape_in[a] for a in t_in.permuted)):
+            return self.refuse(node, "it changes a permuted axis")
+        if t_in is not None and pool and any(a >= len(shape) - 2 for a in self.live(t_in)):
+            return self.refuse(node, "a pooling window over a permuted axis")
         self.tags[node] = t_in
 
     def function(self, node: fx.Node) -> None:
@@ -206,28 +216,39 @@ class GraphTracer(ShapeRules):
             self.cat(node)
         elif target is torch.mean or method == "mean":
             self.reduce(node, tagged[0])
+        elif target in (torch.transpose, torch.permute, torch.swapaxes) or method in ("transpose", "permute", "swapaxes"):
+            self.move(node, tagged[0])
+        elif target is torch.nn.functional.layer_norm:
+            self.functional_norm(node, tagged[0])
         elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
             self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:
             self.refuse(node, "an operation the tracer does not know")
 
     def merge(self, node: fx.Node) -> None:
-        """x + y, x * y: the groups of both are one; an unpermuted tensor pins the group."""
-        shape = self.shape(node)
+        """x + y, x * y (broadcast): on each axis the groups of the operands permuted there are one. An operand
+        not permuted on such an axis, yet varying along it, pins the groups; unless it is a parameter or
+        buffer of the model (a layer scale): it is then permuted alike."""
+        shape, out = self.shape(node), []
         tensors = [a for a in node.all_input_nodes if self.shape(a) is not None]
-        # broadcasting aligns trailing axes: an operand's axis k is the output's axis k + offset
-        axes = {len(shape) - len(self.shape(a)) + self.tag(a).axis for a in tensors if self.tag(a) is not None}
-        tagged = [self.tag(a) for a in tensors if self.tag(a) is not None]
-        if len(axes) != 1:
-            return self.refuse(node, "its operands are permuted on different axes")
-        if not all(self.unite(tagged[0].segs, t.segs) for t in tagged[1:]):
-            return self.refuse(node, "its operands are permuted in blocks or segments that differ")
-        axis = axes.pop()
-        for a in tensors:  # an unpermuted operand that varies along the permuted axis pins it
+        for axis in range(len(shape)):
+            here = [lay for a in tensors if (lay := self.broadcast(a, axis, len(shape))) is not None]
+            if here and not all(self.unite(here[0], lay) for lay in here[1:]):
+                return self.refuse(node, "its operands are permuted in blocks or segments that differ")
+            out.append(here[0] if here else None)
+        for a in tensors:
             s, offset = self.shape(a), len(shape) - len(self.shape(a))
-            if self.tag(a) is None and axis - offset >= 0 and s[axis - offset] != 1:
-                self.pin(tagged[0])
-        self.tags[node] = Tag(axis, tagged[0].segs)
+            if self.tag(a) is None and a.op == "get_attr" and a.target in self.state_keys:
+                self.record(str(a.target), [None if n == 1 else out[k + offset] for k, n in enumerate(s)])
+                continue
+            self.pin([seg.gid for k, n in enumerate(s) if n != 1 and self.broadcast(a, k + offset, len(shape)) is None
+                      for seg in out[k + offset] or ()])
+        self.tags[node] = Tag.of(out)
+
+    def broadcast(self, arg: fx.Node, axis: int, ndim: int) -> Layout:
+        """The layout of ``arg`` on axis ``axis`` of a broadcast result of ``ndim`` axes (trailing axes align)."""
+        t, k = self.tag(arg), axis - (ndim - len(self.shape(arg)))
+        return None if t is None or k < 0 else t.at(k)
 
     def name_of(self, gid: int) -> str | None:
         """Groups are named ``P_0, P_1, …`` in order of first use; FIXED ones are None."""
@@ -248,10 +269,10 @@ class GraphTracer(ShapeRules):
         axes = {key: tuple(self.entry(lay) for lay in self.axes[key]) if key in self.axes else (None,) * value.dim()
                 for key, value in model.state_dict().items()}
         found: dict[str, dict[str, list[str]]] = {}
-        for gid, modules in self.writers.items():
+        for gid, points in self.writers.items():
             if (name := self.name_of(gid)) is not None:
-                for kind, module in modules:
-                    found.setdefault(name, {}).setdefault(kind, []).append(module)
+                for kind, point in points:
+                    found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
         return Traced(PermutationSpec(axes=axes, stats=stats_of(axes)), points)
 

@@ -4,6 +4,7 @@ and the tables of modules and functions that carry or merge a group."""
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,29 +34,49 @@ class Seg:
     block: int = 1
 
 
+Layout = tuple[Seg, ...] | None  # one axis: segments of union-find elements, or never permuted
+
+
 @dataclass(frozen=True)
 class Tag:
-    """Axis ``axis`` of a node's output is permuted segment by segment as ``segs`` say."""
+    """Per axis of a node's output, the segments permuting it (None: not permuted). Several axes may be
+    permuted at once, each by its own groups (a Mixer's ``(batch, channels, token-hidden units)``)."""
 
-    axis: int
-    segs: tuple[Seg, ...]
+    layouts: tuple[Layout, ...]
 
     @staticmethod
-    def single(gid: int, axis: int, length: int) -> Tag:
-        return Tag(axis, (Seg(gid, length),))
+    def of(layouts: Sequence[Layout]) -> Tag | None:
+        """The tag of ``layouts``; None when no axis is permuted."""
+        return Tag(tuple(layouts)) if any(lay is not None for lay in layouts) else None
+
+    @staticmethod
+    def single(gid: int, axis: int, length: int, ndim: int) -> Tag:
+        return Tag(tuple((Seg(gid, length),) if a == axis else None for a in range(ndim)))
+
+    @property
+    def permuted(self) -> list[int]:
+        """The axes that are permuted."""
+        return [a for a, lay in enumerate(self.layouts) if lay is not None]
 
     @property
     def gids(self) -> list[int]:
-        return [s.gid for s in self.segs]
+        return [s.gid for lay in self.layouts if lay is not None for s in lay]
 
-    @property
-    def plain(self) -> bool:
-        """One group on the whole axis, unit by unit."""
-        return len(self.segs) == 1 and self.segs[0].block == 1
+    def at(self, axis: int) -> Layout:
+        return self.layouts[axis]
 
-    def blocks_of(self, factor: int, axis: int) -> Tag:
-        """The tag after the axis is flattened with the ``factor`` entries that follow each of its own."""
-        return Tag(axis, tuple(Seg(s.gid, s.length * factor, s.block * factor) for s in self.segs))
+    def plain(self, axis: int) -> bool:
+        """One group on the whole of ``axis``, unit by unit."""
+        lay = self.layouts[axis]
+        return lay is not None and len(lay) == 1 and lay[0].block == 1
+
+    def replaced(self, axis: int, layout: Layout) -> Tag | None:
+        return Tag.of(self.layouts[:axis] + (layout,) + self.layouts[axis + 1:])
+
+
+def blocks_of(layout: Layout, factor: int) -> Layout:
+    """A layout after its axis is flattened with the ``factor`` entries that follow each of its own."""
+    return None if layout is None else tuple(Seg(s.gid, s.length * factor, s.block * factor) for s in layout)
 
 
 class TraceError(ValueError):

@@ -1,11 +1,13 @@
 """The rules of :mod:`lmclab.trace` for nodes that change a tensor's shape: flatten and the reshapes
-equal to it, concatenation and means. Mixed into :class:`lmclab.trace.graph.GraphTracer`.
+equal to it, transposes, concatenation and means. Mixed into :class:`lmclab.trace.graph.GraphTracer`.
 
 - ``flatten`` of ``(N, C, H, W)`` from axis 1 maps channel ``c`` onto features ``c·HW … c·HW + HW − 1``:
-  each segment of the channel axis becomes a segment in blocks ``HW`` times longer;
-- ``cat`` along the permuted axis joins the segments of its operands (an unpermuted operand becomes a
-  segment that is never permuted); along another axis its operands must be permuted alike;
-- a mean over other axes keeps the permuted one.
+  each segment of the channel axis becomes a segment in blocks ``HW`` times longer; permuted axes
+  outside the flattened ones move with it;
+- ``transpose``/``permute`` move the permuted axes with their layouts;
+- ``cat`` along a permuted axis joins the segments of its operands (an unpermuted operand becomes a
+  segment that is never permuted); on every other axis its operands must be permuted alike;
+- a mean over other axes keeps the permuted ones.
 """
 
 from __future__ import annotations
@@ -14,56 +16,103 @@ import math
 
 from torch import fx
 
-from lmclab.trace.groups import FIXED, Seg, Tag
+from lmclab.trace.groups import FIXED, Layout, Seg, Tag, blocks_of
+
+
+def _axis_order(node: fx.Node, ndim: int) -> list[int]:
+    """For ``transpose``/``swapaxes``/``permute``: output axis ``i`` is input axis ``order[i]``."""
+    args = list(node.args[1:]) or list(node.kwargs.values())
+    if getattr(node.target, "__name__", node.target) == "permute":
+        dims = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+        return [d % ndim for d in dims]
+    d0, d1 = (d % ndim for d in args[:2])
+    order = list(range(ndim))
+    order[d0], order[d1] = d1, d0
+    return order
 
 
 class ShapeRules:
-    """Needs the tracer's ``tag``, ``shape``, ``refuse``, ``unite`` and ``groups``."""
+    """Needs the tracer's ``tag``, ``shape``, ``live``, ``refuse``, ``unite``, ``record`` and ``groups``."""
 
     def flatten(self, node: fx.Node, t_in: Tag | None, start: int, end: int) -> None:
         if t_in is None:
             self.tags[node] = None
             return
-        shape_in = self.shape(node.args[0])
+        shape_in, lays = self.shape(node.args[0]), t_in.layouts
         start, end = start % len(shape_in), end % len(shape_in)
-        if t_in.axis < start or t_in.axis > end:  # the permuted axis is not flattened
-            self.tags[node] = Tag(t_in.axis if t_in.axis < start else t_in.axis - (end - start), t_in.segs)
-        elif any(n != 1 for n in shape_in[start:t_in.axis]):
-            self.refuse(node, "a flatten that interleaves the permuted axis with the axes before it")
-        else:
-            self.tags[node] = t_in.blocks_of(math.prod(shape_in[t_in.axis + 1:end + 1]), start)
+        inside = [a for a in self.live(t_in) if start <= a <= end]
+        if len(inside) > 1:
+            return self.refuse(node, "a flatten of two permuted axes into one")
+        if inside and any(n != 1 for n in shape_in[start:inside[0]]):
+            return self.refuse(node, "a flatten that interleaves the permuted axis with the axes before it")
+        merged = blocks_of(lays[inside[0]], math.prod(shape_in[inside[0] + 1:end + 1])) if inside else None
+        self.tags[node] = Tag.of(lays[:start] + (merged,) + lays[end + 1:])
 
     def reshape(self, node: fx.Node, t_in: Tag) -> None:
-        shape_in, shape, axis = self.shape(node.args[0]), self.shape(node), t_in.axis
-        if shape == shape_in:
-            self.tags[node] = t_in
-        elif len(shape) == axis + 1 and shape[:axis] == shape_in[:axis] and shape[axis] == math.prod(shape_in[axis:]):
-            self.tags[node] = t_in.blocks_of(math.prod(shape_in[axis + 1:]), axis)  # = flatten(x, axis)
+        """A reshape that keeps the permuted axes (reshaping only others) or flattens one into the axes
+        after it; anything else (a channel shuffle) is refused."""
+        shape_in, shape = self.shape(node.args[0]), self.shape(node)
+        n, head, tail = min(len(shape_in), len(shape)), 0, 0
+        while head < n and shape_in[head] == shape[head]:
+            head += 1
+        while tail < n - head and shape_in[-1 - tail] == shape[-1 - tail]:
+            tail += 1
+        lays = t_in.layouts
+        if not any(head <= a < len(shape_in) - tail for a in self.live(t_in)):  # permuted axes untouched
+            self.tags[node] = Tag.of(lays[:head] + (None,) * (len(shape) - head - tail) + lays[len(lays) - tail:])
+        elif len(shape) - head - tail == 1:  # = flatten(x, head, -1 - tail)
+            self.flatten(node, t_in, head, len(shape_in) - 1 - tail)
         else:
             self.refuse(node, f"a reshape {shape_in} -> {shape} it cannot follow")
+
+    def move(self, node: fx.Node, t_in: Tag) -> None:
+        """transpose, swapaxes, permute: each permuted axis takes its layout along."""
+        self.tags[node] = Tag.of([t_in.at(a) for a in _axis_order(node, len(self.shape(node)))])
 
     def cat(self, node: fx.Node) -> None:
         tensors = list(node.args[0])
         shape = self.shape(node)
         dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(shape)
         tags = [self.tag(a) for a in tensors]
-        if any(t is not None and t.axis != dim for t in tags):
-            if any(t is None for t in tags) or not all(self.unite(tags[0].segs, t.segs) and t.axis == tags[0].axis
-                                                       for t in tags[1:]):
+        out: list[Layout] = []
+        for axis in range(len(shape)):
+            lays = [t.at(axis) if t is not None else None for t in tags]
+            if axis == dim or all(lay is None for lay in lays):
+                out.append(self.joined(tensors, lays, dim) if axis == dim else None)
+            elif any(lay is None for lay in lays) or not all(self.unite(lays[0], lay) for lay in lays[1:]):
                 return self.refuse(node, "a concatenation of tensors permuted on another axis, not alike")
-            self.tags[node] = tags[0]
-            return
-        segs: list[Seg] = []
-        for a, t in zip(tensors, tags):
-            segs.extend(t.segs if t is not None else (Seg(self.groups.union(self.groups.new(), FIXED),
-                                                          self.shape(a)[dim]),))
-        self.tags[node] = Tag(dim, tuple(segs))
+            else:
+                out.append(lays[0])
+        self.tags[node] = Tag.of(out)
+
+    def joined(self, tensors: list[fx.Node], lays: list[Layout], dim: int) -> Layout:
+        """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand."""
+        if all(lay is None for lay in lays):
+            return None
+        return tuple(seg for a, lay in zip(tensors, lays) for seg in (
+            lay if lay is not None else (Seg(self.groups.union(self.groups.new(), FIXED), self.shape(a)[dim]),)))
 
     def reduce(self, node: fx.Node, t_in: Tag) -> None:
         shape_in, shape = self.shape(node.args[0]), self.shape(node)
         dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or ())]
-        if not dims or t_in.axis in dims:
-            return self.refuse(node, "a mean over the permuted axis")
+        if not dims or any(a in dims for a in self.live(t_in)):
+            return self.refuse(node, "a mean over a permuted axis")
         keep = len(shape) == len(shape_in)
-        self.tags[node] = Tag(t_in.axis - (0 if keep else sum(d < t_in.axis for d in dims)), t_in.segs)
+        self.tags[node] = Tag.of([None if a in dims else lay for a, lay in enumerate(t_in.layouts)
+                                  if keep or a not in dims])
+
+    def functional_norm(self, node: fx.Node, t_in: Tag) -> None:
+        """``F.layer_norm(x, (last,), weight, bias)`` (torchvision's LayerNorm2d): as the module, its
+        ``weight``/``bias`` parameters take the layout of the last axis."""
+        args = dict(zip(("input", "normalized_shape", "weight", "bias"), node.args)) | node.kwargs
+        ndim, k = len(self.shape(node)), len(args["normalized_shape"])
+        if k > 1 and any(a >= ndim - k for a in self.live(t_in)):
+            return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
+        for key in ("weight", "bias"):
+            param = args.get(key)
+            if isinstance(param, fx.Node):
+                if param.op != "get_attr" or param.target not in self.state_keys:
+                    return self.refuse(node, f"a layer_norm whose {key} is not a parameter of the model")
+                self.record(str(param.target), [t_in.at(-1)])
+        self.tags[node] = t_in
