@@ -12,7 +12,8 @@ at batch 512 on the prepared split of a `dvc repro` workspace (mnist5k by defaul
   minibatch's permutation, no held-out data.
 
 Each permutation is scored by the same code: ⟨θa, π(θb)⟩, L2 reduction %, test B½. Also the FLOP
-floor of one ``wm_sinkhorn`` step (its matrix products, at this machine's measured GEMM rate).
+floor of one ``wm_sinkhorn`` and one ``ste_sinkhorn`` step (their matrix products, at this machine's
+measured float32 and bfloat16 GEMM rates).
 
     python benchmarks/bench_sinkhorn.py --data-dir data --repeats 3 [--methods wm_sinkhorn,ste_sinkhorn,ste]
 
@@ -121,9 +122,18 @@ def step_flops(pair: Pair) -> float:
     return total
 
 
-def gemm_rate(n: int = 512, m: int = 784, repeats: int = 50) -> float:
-    """FLOP/s of an (n × n) @ (n × m) float32 product on this machine (median of ``repeats``)."""
-    x, y = torch.randn(n, n), torch.randn(n, m)
+def model_flops(pair: Pair, batch: int = 512) -> float:
+    """Matrix-product FLOPs of the midpoint MLP's forward and backward on ``batch`` images (the rest of
+    a ``ste_sinkhorn`` step, whose π_soft(θb) costs :func:`step_flops`): per layer 2·batch·in·out forward,
+    as much for the weight gradient, and as much for the input gradient of every layer but the first."""
+    layers = [v.shape for k, v in pair.params_a.items() if k.endswith("weight")]
+    return sum(2.0 * batch * out * inp * (2 if i == 0 else 3) for i, (out, inp) in enumerate(layers))
+
+
+def gemm_rate(n: int = 512, m: int = 784, repeats: int = 50, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an (n × n) @ (n × m) product in ``dtype`` on this machine (median of ``repeats``)."""
+    x, y = torch.randn(n, n).to(dtype), torch.randn(n, m).to(dtype)
+    x @ y  # the first product of a dtype may compile its kernel
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -142,7 +152,8 @@ def main() -> None:
     args = parser.parse_args()
     pair = Pair(args.data_dir, args.cache)
     rows = [run(pair, method, seed) for seed in range(args.repeats) for method in args.methods.split(",")]
-    floor = {"step_gflop": step_flops(pair) / 1e9, "gemm_gflops": gemm_rate() / 1e9}
+    floor = {"step_gflop": step_flops(pair) / 1e9, "ste_step_gflop": (step_flops(pair) + model_flops(pair)) / 1e9,
+             "gemm_gflops": gemm_rate() / 1e9, "gemm_gflops_bf16": gemm_rate(dtype=torch.bfloat16) / 1e9}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "settings": SETTINGS,
                                     "floor": floor, "rows": rows}, indent=2) + "\n")

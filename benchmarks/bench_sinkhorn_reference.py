@@ -9,7 +9,7 @@ scoring of both final permutations come from ``bench_sinkhorn.py``.
 
     python benchmarks/bench_sinkhorn_reference.py --reference /tmp/sinkhorn-rebasin \\
         --site /tmp/ref-site --which wm --repeats 3      # DistL2Loss vs wm_sinkhorn (~15 min)
-    python benchmarks/bench_sinkhorn_reference.py ... --which mid --repeats 5   # MidLoss vs ste_sinkhorn
+    python benchmarks/bench_sinkhorn_reference.py ... --which mid --repeats 5   # MidLoss vs ste_sinkhorn (fp32, bf16)
 
 Prints one JSON row per run (``curve``: objective and seconds after each reference epoch).
 """
@@ -110,12 +110,17 @@ def main() -> None:
     # the first optimiser of a process imports torch._dynamo (~1.5 s): pay it before timing
     bench.run(pair, "wm_sinkhorn", 99, epochs=1, iterations=2)
     reference_wm(pair, 99, epochs=1, iterations=2)
+    if args.which == "mid":  # and the first bfloat16 products compile their kernels
+        reference_mid(pair, 99, epochs=1)
+        for precision in ("fp32", "bf16"):
+            bench.run(pair, "ste_sinkhorn", 99, epochs=1, precision=precision)
     for seed in range(args.repeats):
         if args.which == "wm":
             rows = [reference_wm(pair, seed), bench.run(pair, "wm_sinkhorn", seed),
                     {**bench.run(pair, "wm_sinkhorn", seed, patience=10), "method": "wm_sinkhorn, patience 10"}]
         else:
-            rows = [reference_mid(pair, seed), bench.run(pair, "ste_sinkhorn", seed)]
+            rows = [reference_mid(pair, seed), bench.run(pair, "ste_sinkhorn", seed),
+                    {**bench.run(pair, "ste_sinkhorn", seed, precision="bf16"), "method": "ste_sinkhorn, bf16"}]
         for row in rows:
             print(json.dumps(row), flush=True)
 

@@ -235,6 +235,23 @@ def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:
     assert [r["steps"] for r in run(True).stats["curve"]] == [0, 3, 6]
 
 
+def test_bf16_runs_the_midpoint_products_in_bfloat16_and_follows_the_float32_run() -> None:
+    """``precision: bf16`` autocasts π_soft(θb) and the midpoint forward (the layers' outputs are bfloat16);
+    the per-epoch losses stay within bfloat16 rounding of the float32 run's."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    seen: list[torch.dtype] = []
+    net.l0.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    run = lambda precision: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
+        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+        epochs=3, batch_size=16, optimizer="adamw", lr=0.1, precision=precision).stats["curve"][1:]
+    fp32 = [r["train_loss"] for r in run("fp32")]
+    assert set(seen) == {torch.float32}
+    seen.clear()
+    bf16 = [r["train_loss"] for r in run("bf16")]
+    assert set(seen) == {torch.bfloat16}
+    assert bf16 == pytest.approx(fp32, rel=2e-2) and bf16 != fp32
+
+
 def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
     """Minibatch losses are noisy: here the lowest is in epoch 2 of 4, so neither the last epoch nor
     its projection is returned."""

@@ -287,6 +287,7 @@ def test_midpoint_methods_run_on_batchnorm_nets(mnist: tuple[Split, Split], meth
     ("wm_sinkhorn", {"sinkhorn_iters": 0}, "permute.wm_sinkhorn.sinkhorn_iters must be a positive integer"),
     ("wm_sinkhorn", {"tau": -1.0}, "permute.wm_sinkhorn.tau must be a positive number"),
     ("ste_sinkhorn", {"lr": 0}, "permute.ste_sinkhorn.lr must be a positive number"),
+    ("ste_sinkhorn", {"precision": "fp16"}, "permute.ste_sinkhorn.precision must be one of"),
     ("ste", {"holdout": 1.5}, "permute.ste.holdout must be a number in \\[0, 1\\)"),
     ("ste", {"optimizer": "lbfgs"}, "permute.ste.optimizer must be one of"),
     ("ste", {"epochs": 0}, "permute.ste.epochs must be a positive integer"),

@@ -198,6 +198,7 @@ class SteSinkhorn(Block):
     drop_last: bool = key(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
     tau: Positive = key(1.0, "Sinkhorn STE: temperature")
     sinkhorn_iters: Count = key(20, "Sinkhorn STE: column+row normalisations per soft permutation")
+    precision: one_of(PRECISIONS) = key("fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)")
 
 
 class Permute(Block):

@@ -134,11 +134,13 @@ def _wm_sinkhorn(problem: SearchProblem, *, seed: int, lr: float = 1.0, epochs: 
 
 def _ste_sinkhorn(problem: SearchProblem, *, seed: int, optimizer: str = "adam", lr: float = 1.0,
                   weight_decay: float = 0.0, epochs: int = 5, batch_size: int = 512,
-                  drop_last: bool = False, tau: float = 1.0, sinkhorn_iters: int = 20) -> SearchResult:
+                  drop_last: bool = False, tau: float = 1.0, sinkhorn_iters: int = 20,
+                  precision: str = "fp32") -> SearchResult:
     return _monitored(problem, ste_sinkhorn_module.ste_sinkhorn, model=problem.model(),
                       data=problem.train, generator=torch.Generator().manual_seed(seed),
                       optimizer=optimizer, lr=lr, weight_decay=weight_decay, epochs=epochs,
-                      batch_size=batch_size, drop_last=drop_last, tau=tau, sinkhorn_iters=sinkhorn_iters)
+                      batch_size=batch_size, drop_last=drop_last, tau=tau, sinkhorn_iters=sinkhorn_iters,
+                      precision=precision)
 
 
 METHODS: dict[str, Callable[..., SearchResult]] = {

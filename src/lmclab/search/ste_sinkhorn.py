@@ -9,6 +9,11 @@ the last, smaller batch is kept as the authors' ``DataLoader`` keeps it (``drop_
 The hard permutation is the linear assignment on the final scores (the authors' choice: the
 midpoint loss has no data-free score to select an epoch by); after every epoch the monitor (if any)
 records its L2 distance and merged test metrics.
+
+``precision="bf16"`` runs π_soft(θb) and the midpoint model's forward (and so their backward) under
+bfloat16 autocast: the matrix products in bfloat16 with float32 accumulation; Sinkhorn, the loss and
+the optimiser stay float32. On a CPU with native bfloat16 (AVX512-BF16, AMX) or a GPU the products
+run several times faster (README "Sinkhorn methods"); elsewhere they are emulated and slower.
 """
 
 from __future__ import annotations
@@ -28,20 +33,22 @@ from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, so
 from lmclab.spec import PermutationSpec
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+PRECISIONS = ("fp32", "bf16")
 RULES = {**SINKHORN_RULES, "batch_size": positive_int, "optimizer": one_of(*OPTIMIZERS),
-         "weight_decay": non_negative, "drop_last": boolean}
+         "weight_decay": non_negative, "drop_last": boolean, "precision": one_of(*PRECISIONS)}
 
 
 def ste_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
                  *, model: nn.Module, data: Split, generator: torch.Generator, optimizer: str = "adam",
                  lr: float = 1.0, weight_decay: float = 0.0, epochs: int = 5, batch_size: int = 512,
-                 drop_last: bool = False, tau: float = 1.0, sinkhorn_iters: int = 20,
+                 drop_last: bool = False, tau: float = 1.0, sinkhorn_iters: int = 20, precision: str = "fp32",
                  monitor: Monitor | None = None) -> SearchResult:
     """Optimise the Sinkhorn scores against the midpoint loss; ``stats['curve']``: one row per epoch
     (``steps``: optimiser steps so far)."""
     check_options("ste_sinkhorn", RULES, {
         "optimizer": optimizer, "lr": lr, "weight_decay": weight_decay, "epochs": epochs,
-        "batch_size": batch_size, "drop_last": drop_last, "tau": tau, "sinkhorn_iters": sinkhorn_iters})
+        "batch_size": batch_size, "drop_last": drop_last, "tau": tau, "sinkhorn_iters": sinkhorn_iters,
+        "precision": precision})
     check_batch("ste_sinkhorn", batch_size, len(data))
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
@@ -56,7 +63,7 @@ def ste_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b
     for epoch in range(1, epochs + 1):
         batches = minibatches(len(data), batch_size, generator, drop_last=drop_last)
         total = sum(_step(opt, spec, scores, model, params_a, params_b, data.x[i], data.y[i],
-                          tau=tau, n_iter=sinkhorn_iters) * len(i) for i in batches)
+                          tau=tau, n_iter=sinkhorn_iters, bf16=precision == "bf16") * len(i) for i in batches)
         row = {"epoch": epoch, "train_loss": total / sum(len(i) for i in batches),
                "steps": curve[-1]["steps"] + len(batches)}
         curve.append({**row, **(monitor(hard_permutation(scores)) if monitor else {})})
@@ -72,10 +79,11 @@ def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float,
 
 def _step(opt: torch.optim.Optimizer, spec: PermutationSpec, scores: Mapping[str, Tensor],
           model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-          x: Tensor, y: Tensor, *, tau: float, n_iter: int) -> float:
+          x: Tensor, y: Tensor, *, tau: float, n_iter: int, bf16: bool = False) -> float:
     """One optimiser step on the minibatch's midpoint loss; returns the loss."""
-    permuted_b = soft_apply(spec, soft_permutation(scores, tau=tau, n_iter=n_iter), params_b)
-    loss = midpoint_loss(model, spec, params_a, permuted_b, x, y)
+    soft = soft_permutation(scores, tau=tau, n_iter=n_iter)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = midpoint_loss(model, spec, params_a, soft_apply(spec, soft, params_b), x, y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
