@@ -340,3 +340,24 @@ def test_convnext_keeps_every_symmetry_through_its_channels_last_blocks_and_laye
     assert spec.axes["features.1.0.layer_scale"] == (spec.axes["features.1.0.block.0.weight"][0], None, None)
     assert spec.axes["features.1.0.block.3.weight"][1] == spec.axes["features.1.2.block.5.weight"][0]
     assert spec.axes["classifier.0.weight"] == (spec.axes["features.7.2.block.5.weight"][0],)  # LayerNorm2d
+
+
+class PinnedWidth(nn.Module):
+    """A Linear over the width whose output meets the input (so its group is pinned), then a conv (whose
+    narrower output must not keep the pinned width's layout), a Linear over the new width added back, a pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.conv, self.b, self.head = nn.Linear(5, 5), nn.Conv2d(3, 4, 3), nn.Linear(3, 3), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, 3, 4, 5)
+        h = torch.relu(self.conv(self.a(x) + x))  # (N, 4, 2, 3)
+        h = h + self.b(h)  # b's group meets h's unpermuted width: pinned
+        return self.head(torch.nn.functional.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+def test_an_axis_whose_groups_are_pinned_no_longer_blocks_convs_and_pools():
+    spec = trace_spec(PinnedWidth(), torch.zeros(2, 3, 4, 5))
+    assert spec.axes["a.weight"] == spec.axes["b.weight"] == (None, None)
+    assert spec.axes["conv.weight"] == ("P_0", None, None, None)
+    assert spec.axes["head.weight"] == (None, "P_0") and list(spec.groups) == ["P_0"]

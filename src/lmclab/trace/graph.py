@@ -139,14 +139,14 @@ class GraphTracer(ShapeRules):
         self.record(f"{name}.weight", [(Seg(g, shape[axis]),), t_in.at(axis) if t_in else None] + [None] * spatial)
         if getattr(module, "bias", None) is not None:
             self.record(f"{name}.bias", [(Seg(g, shape[axis]),)])
-        base = t_in.layouts if t_in else (None,) * len(shape)
+        base = t_in.layouts if t_in and not spatial else (None,) * len(shape)  # a conv's spatial axes: none
         self.tags[node] = Tag.of(base[:axis] + ((Seg(g, shape[axis]),),) + base[axis + 1:])
 
     def conv(self, node: fx.Node, name: str, module: nn.Conv2d, t_in: Tag | None) -> None:
         if module.groups == 1:
             return self.layer(node, name, module, t_in, 1, spatial=2)
         c_in, c_out = module.in_channels // module.groups, module.out_channels // module.groups
-        if t_in is None:  # the conv's groups stay in place: a new group, pinned
+        if t_in is None or t_in.at(1) is None:  # the conv's groups stay in place: a new group, pinned
             layout: tuple[Seg, ...] = (Seg(self.groups.union(self.groups.new(), FIXED), module.out_channels, c_out),)
         elif (layout := self.grouped_output(t_in, c_in, c_out)) is None:
             return self.refuse(node, f"a grouped convolution ({module.groups} groups of {c_in} channels) reading "
@@ -190,12 +190,15 @@ class GraphTracer(ShapeRules):
     def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
         shape_in = self.shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
         shape = self.shape(node)
-        if t_in is not None and (shape is None or shape_in is None or len(shape) != len(shape_in)
-                                 or any(shape[a] != shape_in[a] for a in t_in.permuted)):
-            return self.refuse(node, "it changes a permuted axis")
-        if t_in is not None and pool and any(a >= len(shape) - 2 for a in self.live(t_in)):
-            return self.refuse(node, "a pooling window over a permuted axis")
-        self.tags[node] = t_in
+        if t_in is None:
+            self.tags[node] = None
+        elif shape is None or shape_in is None or len(shape) != len(shape_in) or \
+                any(shape[a] != shape_in[a] for a in self.live(t_in)):
+            self.refuse(node, "it changes a permuted axis")
+        elif pool and any(a >= len(shape) - 2 for a in self.live(t_in)):
+            self.refuse(node, "a pooling window over a permuted axis")
+        else:  # an axis whose groups are all pinned may change its length: it is no longer tagged
+            self.tags[node] = Tag.of([lay if shape[a] == shape_in[a] else None for a, lay in enumerate(t_in.layouts)])
 
     def function(self, node: fx.Node) -> None:
         target, tagged = node.target, self.tagged_inputs(node)
