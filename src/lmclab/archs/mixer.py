@@ -10,7 +10,8 @@ Permutation symmetries: one residual-stream group ``P_stream`` over the ``hidden
 the embedding, every LayerNorm, every channel MLP's input and output and the head's input; per block a
 token-hidden group ``P_token_k`` (the token MLP's hidden units; it acts along the token axis, the same for
 every channel) and a channel-hidden group ``P_channel_k``. The token axis itself is never permuted (the
-patches have positions).
+patches have positions). :func:`lmclab.trace.trace_spec` derives the same spec from the graph (the
+tests check it equal to :func:`permutation_spec`).
 """
 
 from __future__ import annotations
