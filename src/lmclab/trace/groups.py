@@ -49,10 +49,6 @@ class Tag:
         """The tag of ``layouts``; None when no axis is permuted."""
         return Tag(tuple(layouts)) if any(lay is not None for lay in layouts) else None
 
-    @staticmethod
-    def single(gid: int, axis: int, length: int, ndim: int) -> Tag:
-        return Tag(tuple((Seg(gid, length),) if a == axis else None for a in range(ndim)))
-
     @property
     def permuted(self) -> list[int]:
         """The axes that are permuted."""
@@ -69,9 +65,6 @@ class Tag:
         """One group on the whole of ``axis``, unit by unit."""
         lay = self.layouts[axis]
         return lay is not None and len(lay) == 1 and lay[0].block == 1
-
-    def replaced(self, axis: int, layout: Layout) -> Tag | None:
-        return Tag.of(self.layouts[:axis] + (layout,) + self.layouts[axis + 1:])
 
 
 def blocks_of(layout: Layout, factor: int) -> Layout:

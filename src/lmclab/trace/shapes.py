@@ -21,7 +21,7 @@ from lmclab.trace.groups import FIXED, Layout, Seg, Tag, blocks_of
 
 def _axis_order(node: fx.Node, ndim: int) -> list[int]:
     """For ``transpose``/``swapaxes``/``permute``: output axis ``i`` is input axis ``order[i]``."""
-    args = list(node.args[1:]) or list(node.kwargs.values())
+    args = list(node.args[1:]) + list(node.kwargs.values())
     if getattr(node.target, "__name__", node.target) == "permute":
         dims = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
         return [d % ndim for d in dims]
