@@ -25,6 +25,7 @@ from lmclab.search.activation_matching import STATISTICS
 from lmclab.search.ste import OPTIMIZERS as STE_OPTIMIZERS
 from lmclab.search.ste import SELECTIONS as STE_SELECTIONS
 from lmclab.search.ste_sinkhorn import OPTIMIZERS as STE_SINKHORN_OPTIMIZERS
+from lmclab.search.ste_sinkhorn import PRECISIONS as STE_SINKHORN_PRECISIONS
 from lmclab.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
 
@@ -198,7 +199,7 @@ class SteSinkhorn(Block):
     drop_last: bool = key(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
     tau: Positive = key(1.0, "Sinkhorn STE: temperature")
     sinkhorn_iters: Count = key(20, "Sinkhorn STE: column+row normalisations per soft permutation")
-    precision: one_of(PRECISIONS) = key("fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)")
+    precision: one_of(STE_SINKHORN_PRECISIONS) = key("fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)")
 
 
 class Permute(Block):
