@@ -23,13 +23,13 @@ sys.path.insert(0, str(HERE.parent / "src"))
 import torch  # noqa: E402
 
 from lmclab.archs import build_model, get_arch, make_config  # noqa: E402
-from lmclab.bn_repair import bn_repair_hook  # noqa: E402
-from lmclab.data import load_split, prepare  # noqa: E402
-from lmclab.evaluate import evaluate  # noqa: E402
-from lmclab.measure import measure_pair_with_repair  # noqa: E402
+from lmclab.core.bn_repair import bn_repair_hook  # noqa: E402
+from lmclab.core.data import load_split, prepare  # noqa: E402
+from lmclab.core.evaluate import evaluate  # noqa: E402
+from lmclab.core.interpolation import measure_pair_with_repair  # noqa: E402
 from lmclab.search import SearchProblem, find_permutation  # noqa: E402
-from lmclab.spec import apply_permutation  # noqa: E402
-from lmclab.training import train  # noqa: E402
+from lmclab.core.spec import apply_permutation  # noqa: E402
+from lmclab.train.training import train  # noqa: E402
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from lmclab.checkpoint import load_checkpoint  # noqa: E402
+from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
 
 
 def run(tmp: Path, tree: dict, nproc: int) -> tuple[float, dict]:

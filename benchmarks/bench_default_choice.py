@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_soft_search import permute_options, run  # noqa: E402
 from lmclab.archs import get_arch  # noqa: E402
-from lmclab.data import load_split  # noqa: E402
+from lmclab.core.data import load_split  # noqa: E402
 from lmclab.search import SearchProblem  # noqa: E402
-from lmclab.training import train  # noqa: E402
+from lmclab.train.training import train  # noqa: E402
 
 
 def mean_std(values: list[float]) -> str:

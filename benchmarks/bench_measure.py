@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from lmclab.analysis.compose import endpoint_factors, measure_and_analyze  # noqa: E402
 from lmclab.archs import build_model, get_arch  # noqa: E402
-from lmclab.checkpoint import load_checkpoint  # noqa: E402
-from lmclab.data import load_split  # noqa: E402
-from lmclab.merge import interpolate  # noqa: E402
-from lmclab.metrics import lambda_grid  # noqa: E402
+from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
+from lmclab.core.data import load_split  # noqa: E402
+from lmclab.core.merge import interpolate  # noqa: E402
+from lmclab.core.metrics import lambda_grid  # noqa: E402
 
 
 @torch.no_grad()

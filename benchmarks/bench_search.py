@@ -17,8 +17,8 @@ import torch
 import typer
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.checkpoint import load_checkpoint
-from lmclab.data import load_split, prepare
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import load_split, prepare
 from lmclab.search import SearchProblem, find_permutation
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,17 +36,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from lmclab.archs import get_arch  # noqa: E402
-from lmclab.checkpoint import atomic_save  # noqa: E402
-from lmclab.data import Split, load_meta, load_split  # noqa: E402
-from lmclab.evaluate import evaluate  # noqa: E402
-from lmclab.merge import merge  # noqa: E402
-from lmclab.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
+from lmclab.archs.checkpoint import atomic_save  # noqa: E402
+from lmclab.core.data import Split, load_meta, load_split  # noqa: E402
+from lmclab.core.evaluate import evaluate  # noqa: E402
+from lmclab.core.merge import merge  # noqa: E402
+from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
 from lmclab.search.ste import ste  # noqa: E402
 from lmclab.search.ste_sinkhorn import ste_sinkhorn  # noqa: E402
 from lmclab.search.weight_matching import matching_objective  # noqa: E402
 from lmclab.search.wm_sinkhorn import wm_sinkhorn  # noqa: E402
-from lmclab.spec import PermutationSpec, apply_permutation  # noqa: E402
-from lmclab.training import train  # noqa: E402
+from lmclab.core.spec import PermutationSpec, apply_permutation  # noqa: E402
+from lmclab.train.training import train  # noqa: E402
 
 SETTINGS = {  # the reference's settings (README "Sinkhorn methods")
     "wm_sinkhorn": {"lr": 1.0, "epochs": 100, "iterations": 10, "tau": 1.0, "sinkhorn_iters": 20},

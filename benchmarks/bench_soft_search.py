@@ -25,11 +25,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from lmclab.checkpoint import load_checkpoint  # noqa: E402
-from lmclab.data import load_split  # noqa: E402
-from lmclab.evaluate import evaluate  # noqa: E402
-from lmclab.merge import merge  # noqa: E402
-from lmclab.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
+from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
+from lmclab.core.data import load_split  # noqa: E402
+from lmclab.core.evaluate import evaluate  # noqa: E402
+from lmclab.core.merge import merge  # noqa: E402
+from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
 from lmclab.search import SearchProblem, find_permutation  # noqa: E402
 
 

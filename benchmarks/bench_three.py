@@ -14,8 +14,8 @@ import typer
 import yaml
 
 from lmclab.archs import build_model, get_arch
-from lmclab.checkpoint import load_checkpoint
-from lmclab.data import load_split
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import load_split
 from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.search.merge_many import merge_many
 

@@ -46,7 +46,7 @@ def invariance(name: str, model: torch.nn.Module, spec, x: torch.Tensor) -> floa
 
 def renamed(spec, like):
     """``spec`` with its groups named as the groups of ``like`` that act on the same (parameter, axis) pairs."""
-    from lmclab.spec import PermutationSpec
+    from lmclab.core.spec import PermutationSpec
     names = {g: h for g, places in spec.groups.items() for h, other in like.groups.items() if set(places) == set(other)}
     return PermutationSpec(axes={k: tuple(names.get(e, e) for e in axes) for k, axes in spec.axes.items()},
                            stats=spec.stats)

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import torch  # noqa: E402
 
 from lmclab.archs import build_model, make_config  # noqa: E402
-from lmclab.data import load_split, prepare  # noqa: E402
-from lmclab.training import make_optimizer  # noqa: E402
+from lmclab.core.data import load_split, prepare  # noqa: E402
+from lmclab.train.training import make_optimizer  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Stage-side plumbing shared by the thin stage scripts: reading params.yaml as DVC does (YAML 1.2)
 and only through the keys the stage declares under ``params:`` in dvc.yaml, turning library errors
-into one-line messages, and running a stage in a warm-started process (``lmclab.warmstart``) that
-dies with whatever started it (``lmclab.lifetime``)."""
+into one-line messages, and running a stage in a warm-started process (``lmclab.runtime.warmstart``) that
+dies with whatever started it (``lmclab.runtime.lifetime``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT / "src"))
 
-from lmclab.lifetime import die_with_parent  # noqa: E402 (standard library only: no heavy import here)
-from lmclab.warmstart import run_script  # noqa: E402
+from lmclab.runtime.lifetime import die_with_parent  # noqa: E402 (standard library only: no heavy import here)
+from lmclab.runtime.warmstart import run_script  # noqa: E402
 
 DVC_YAML = ROOT / "dvc.yaml"  # the pipeline these stage scripts belong to
 PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")
@@ -149,7 +149,7 @@ def one_line_errors(fn: Callable) -> Callable:
 
 
 def run_warm(app: Callable[[], Any]) -> None:
-    """Run the stage's typer ``app`` in a warm worker (``lmclab.warmstart``; ~3 s of imports saved),
+    """Run the stage's typer ``app`` in a warm worker (``lmclab.runtime.warmstart``; ~3 s of imports saved),
     or here when warm start is off (``LMCLAB_WARM=0``), unavailable, or this is the worker. Either
     way the stage is SIGKILLed when the process that started it (``dvc``) dies, so no stage outlives
     its ``dvc`` and writes outputs behind a rerun's back."""
@@ -167,7 +167,7 @@ def relaunch_under_torchrun(script: str, args: list[str], *, run_id: str, nproc_
     with torchrun's status; a no-op for one process or when already one of torchrun's processes."""
     import subprocess
 
-    from lmclab.distributed import torchrun_command
+    from lmclab.core.distributed import torchrun_command
 
     if nproc_per_node * nnodes == 1 or "LOCAL_RANK" in os.environ:
         return
@@ -177,8 +177,8 @@ def relaunch_under_torchrun(script: str, args: list[str], *, run_id: str, nproc_
 
 
 def join_torchrun(device: Any) -> Any:
-    """This process's ``lmclab.distributed.World``: its rank among torchrun's processes, or alone."""
-    from lmclab.distributed import World, join_world
+    """This process's ``lmclab.core.distributed.World``: its rank among torchrun's processes, or alone."""
+    from lmclab.core.distributed import World, join_world
 
     if "LOCAL_RANK" not in os.environ:
         return World(device=device)

@@ -21,14 +21,14 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.atomic import atomic_path
-    from lmclab.checkpoint import atomic_save, check_same_architecture, load_checkpoint
-    from lmclab.data import load_split
-    from lmclab.device import resolve_device
-    from lmclab.distributed import leave_world
-    from lmclab.metrics import lambda_grid
+    from lmclab.core.atomic import atomic_path
+    from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
+    from lmclab.core.data import load_split
+    from lmclab.core.device import resolve_device
+    from lmclab.core.distributed import leave_world
+    from lmclab.core.metrics import lambda_grid
     from lmclab.search import check_method
-    from lmclab.three_models import connect_triple
+    from lmclab.analysis.three_models import connect_triple
 
     read = stage_params("connect", params, method=method)
     options = read(f"permute.{method}") or {}

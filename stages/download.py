@@ -16,7 +16,7 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
-    from lmclab.data import prepare
+    from lmclab.core.data import prepare
 
     data = stage_params("download", params)("data")
     meta = prepare(data["name"], Path(data["root"]), out, max_train=data.get("max_train"),

@@ -30,13 +30,13 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.analysis.alignment import check_mode
     from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
     from lmclab.archs import build_model, get_arch
-    from lmclab.atomic import atomic_path
-    from lmclab.bn_repair import bn_repair_hook, has_batchnorm
-    from lmclab.checkpoint import load_checkpoint
-    from lmclab.data import load_split
-    from lmclab.device import resolve_device
-    from lmclab.distributed import leave_world
-    from lmclab.metrics import lambda_grid
+    from lmclab.core.atomic import atomic_path
+    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
+    from lmclab.archs.checkpoint import load_checkpoint
+    from lmclab.core.data import load_split
+    from lmclab.core.device import resolve_device
+    from lmclab.core.distributed import leave_world
+    from lmclab.core.metrics import lambda_grid
 
     read = stage_params("measure", params)
     opts = read("measure")

@@ -24,11 +24,11 @@ def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
     import torch
 
     from lmclab.archs import build_model, get_arch
-    from lmclab.bn_repair import bn_repair_hook, has_batchnorm
-    from lmclab.checkpoint import Checkpoint, check_same_architecture, load_checkpoint, save_checkpoint
-    from lmclab.data import load_split
-    from lmclab.merge import merge
-    from lmclab.spec import check_permutation
+    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
+    from lmclab.archs.checkpoint import Checkpoint, check_same_architecture, load_checkpoint, save_checkpoint
+    from lmclab.core.data import load_split
+    from lmclab.core.merge import merge
+    from lmclab.core.spec import check_permutation
 
     read = stage_params("merge", params)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)

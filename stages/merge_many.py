@@ -20,11 +20,11 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.atomic import atomic_path
-    from lmclab.checkpoint import Checkpoint, atomic_save, check_same_architecture, load_checkpoint, save_checkpoint
-    from lmclab.data import load_split
-    from lmclab.device import resolve_device
-    from lmclab.ensemble import merge_and_compare
+    from lmclab.core.atomic import atomic_path
+    from lmclab.archs.checkpoint import Checkpoint, atomic_save, check_same_architecture, load_checkpoint, save_checkpoint
+    from lmclab.core.data import load_split
+    from lmclab.core.device import resolve_device
+    from lmclab.analysis.ensemble import merge_and_compare
 
     read = stage_params("merge_many", params)
     opts = read("merge_many")

@@ -23,7 +23,7 @@ def main(out: Path = typer.Option(..., help="folder for mixup.md and table.parqu
          workspace: bool = typer.Option(False, help="also include the workspace's own run"),
          methods: str = typer.Option("identity,wm,wm_sinkhorn", help="methods to tabulate")) -> None:
     from lmclab.analysis.mixup import mixup_markdown, mixup_table
-    from lmclab.atomic import atomic_path
+    from lmclab.core.atomic import atomic_path
 
     def value(row: dict) -> float:
         if PARAM not in row:

@@ -1,4 +1,4 @@
-"""Write the README's parameter table from the schema of params.yaml (``lmclab.schema``): one row
+"""Write the README's parameter table from the schema of params.yaml (``lmclab.pipeline.schema``): one row
 per key with its default, what it expects and its meaning — not a DVC stage (~2 s).
 
     python stages/params_table.py             # rewrite the table in README.md
@@ -18,12 +18,12 @@ from common import ROOT, one_line_errors
 from preset import flow
 
 app = typer.Typer(add_completion=False)
-START = "<!-- parameter table: generated from src/lmclab/schema.py by stages/params_table.py -->"
+START = "<!-- parameter table: generated from src/lmclab/pipeline/schema.py by stages/params_table.py -->"
 END = "<!-- end of parameter table -->"
 
 
 def markdown() -> str:
-    from lmclab.schema import key_rows
+    from lmclab.pipeline.schema import key_rows
 
     lines = ["| key | default | expected | meaning |", "|---|---|---|---|"]
     lines += [f"| `{key}` | {flow(default)} | {expected} | {meaning.replace('<', '&lt;')} |"

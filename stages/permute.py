@@ -21,10 +21,10 @@ app = typer.Typer(add_completion=False)
 def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
          model_b: Path = typer.Option(...), data: Path = typer.Option(...),
          out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
-    from lmclab.atomic import atomic_path
-    from lmclab.checkpoint import atomic_save, check_same_architecture, load_checkpoint
-    from lmclab.data import load_split
-    from lmclab.device import resolve_device
+    from lmclab.core.atomic import atomic_path
+    from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
+    from lmclab.core.data import load_split
+    from lmclab.core.device import resolve_device
     from lmclab.search import SearchProblem, check_method, find_permutation
 
     read = stage_params("permute", params, method=method)

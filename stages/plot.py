@@ -1,5 +1,5 @@
 """Stage plot: figures, ``report.md`` and the DVC plot data (``--curves``: CSV files that
-``dvc plots show``/``diff`` draw, ``lmclab.plot_data``) from the saved tables and ``findings.json``
+``dvc plots show``/``diff`` draw, ``lmclab.report.plot_data``) from the saved tables and ``findings.json``
 only (never recomputes); ``data.name`` and ``model.arch`` pick the paper's rows. ~3 s."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
 
     import pandas as pd
 
-    from lmclab.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
+    from lmclab.report.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
                               plot_output_scale, plot_search_curves, plot_spectra, plot_taylor,
                               plot_three_barriers, plot_training)
-    from lmclab.plot_data import plot_tables, write_plot_tables
-    from lmclab.plots_cka import plot_cka
-    from lmclab.report import write_report
+    from lmclab.report.plot_data import plot_tables, write_plot_tables
+    from lmclab.report.plots_cka import plot_cka
+    from lmclab.report.document import write_report
 
     read_params = stage_params("plot", params)
     opts = read_params("plot")

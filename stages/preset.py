@@ -96,8 +96,8 @@ def apply_preset(name: str, params_text: str) -> str:
 @one_line_errors
 def main(name: str, params: Path = Path("params.yaml"),
          set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing")) -> None:
-    from lmclab.atomic import atomic_path
-    from lmclab.validate import ParamsError, check_params
+    from lmclab.core.atomic import atomic_path
+    from lmclab.pipeline.validate import ParamsError, check_params
 
     new_text = apply_preset(name, params.read_text())
     try:

@@ -23,10 +23,10 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
     from lmclab.analysis.alignment import check_mode
     from lmclab.analysis.compose import analyze_model
     from lmclab.archs import build_model, get_arch
-    from lmclab.atomic import atomic_path
-    from lmclab.checkpoint import load_checkpoint
-    from lmclab.data import load_split
-    from lmclab.device import resolve_device
+    from lmclab.core.atomic import atomic_path
+    from lmclab.archs.checkpoint import load_checkpoint
+    from lmclab.core.data import load_split
+    from lmclab.core.device import resolve_device
 
     read = stage_params("spectra", params)
     mode = read("measure.conv_spectrum")

@@ -2,7 +2,7 @@
 ``pairs``, ``history``; from the analyses ``taylor``, ``theorem42``, ``spectrum``, ``energy``,
 ``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``;
 ``merge_many``, ``merge_many_trace``), the headline metrics ``metrics/headline.json`` (what
-``dvc exp show`` and ``dvc metrics diff`` compare; ``lmclab.headline``) and the detail JSON files
+``dvc exp show`` and ``dvc metrics diff`` compare; ``lmclab.report.headline``) and the detail JSON files
 ``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) in ``--detail-dir``, and
 ``findings.json`` beside the headline metrics: the paper's findings checked on this run
 (``lmclab.analysis.findings``). ~3 s."""
@@ -29,9 +29,9 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     import pandas as pd
 
     from lmclab.analysis.findings import paper_findings
-    from lmclab.atomic import atomic_path
-    from lmclab.headline import headline_metrics
-    from lmclab.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
+    from lmclab.core.atomic import atomic_path
+    from lmclab.report.headline import headline_metrics
+    from lmclab.report.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
                                 output_scales, table1, tables, three_summary, three_tables)
 
     read = stage_params("summarize", params)

@@ -29,8 +29,8 @@ def main(param: str = typer.Option(..., help="the swept params.yaml key, e.g. tr
 
     from lmclab.analysis.findings import roles
     from lmclab.analysis.sweep import sweep_markdown, sweep_points, sweep_table, trends
-    from lmclab.atomic import atomic_path
-    from lmclab.plots_sweep import plot_sweep
+    from lmclab.core.atomic import atomic_path
+    from lmclab.report.plots_sweep import plot_sweep
 
     def value(row: dict) -> float:
         if param not in row:

@@ -3,7 +3,7 @@
 ResNet20 ×1 on the 4,000 mnist5k digits: roughly 10–20 s per epoch on this 2-core CPU.
 Reads ``model.arch`` and that architecture's options block ``model.<arch>``. With
 ``train.nproc_per_node × train.nnodes > 1`` it relaunches itself under torchrun (data-parallel,
-``lmclab.distributed``); rank 0 writes the outputs."""
+``lmclab.core.distributed``); rank 0 writes the outputs."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     import pandas as pd
 
     from lmclab.archs import make_config
-    from lmclab.atomic import atomic_path
-    from lmclab.augment import resolve_augment
-    from lmclab.checkpoint import save_checkpoint
-    from lmclab.data import load_meta, load_split
-    from lmclab.device import resolve_device
-    from lmclab.distributed import leave_world
-    from lmclab.training import train
+    from lmclab.core.atomic import atomic_path
+    from lmclab.train.augment import resolve_augment
+    from lmclab.archs.checkpoint import save_checkpoint
+    from lmclab.core.data import load_meta, load_split
+    from lmclab.core.device import resolve_device
+    from lmclab.core.distributed import leave_world
+    from lmclab.train.training import train
 
     read = stage_params("train", params)
     args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]

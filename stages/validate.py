@@ -1,4 +1,4 @@
-"""Stage validate: check every parameter against the schema (``lmclab.schema``) and the checks that
+"""Stage validate: check every parameter against the schema (``lmclab.pipeline.schema``) and the checks that
 span several keys, before any heavy work; writes a marker file (~3 s). Each bad key is one line
 ``error: <key>: expected …, got …`` on stderr, and the stage exits 1.
 
@@ -20,8 +20,8 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
-    from lmclab.atomic import atomic_path
-    from lmclab.validate import ParamsError, check_params
+    from lmclab.core.atomic import atomic_path
+    from lmclab.pipeline.validate import ParamsError, check_params
 
     try:
         check_params(stage_params("validate", params)(""))

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lmclab.archs import make_config
-from lmclab.checkpoint import Checkpoint
-from lmclab.data import Split, load_split, prepare
-from lmclab.training import train
+from lmclab.archs.checkpoint import Checkpoint
+from lmclab.core.data import Split, load_split, prepare
+from lmclab.train.training import train
 
 # small configurations for the float32 invariance tests (every arch: tests/test_conv_archs.py)
 SMALL_CONFIGS: dict[str, dict] = {

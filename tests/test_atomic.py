@@ -1,4 +1,4 @@
-"""lmclab.atomic: an output file is either the old one or the complete new one, never a part."""
+"""lmclab.core.atomic: an output file is either the old one or the complete new one, never a part."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lmclab.atomic import atomic_path
+from lmclab.core.atomic import atomic_path
 
 
 def test_a_writer_that_raises_leaves_the_old_file_and_no_temporary_file(tmp_path: Path) -> None:

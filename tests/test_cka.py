@@ -10,9 +10,9 @@ import torch
 
 from lmclab.analysis.cka import PAIRS, cka_rows, hidden_layers, linear_cka
 from lmclab.archs import build_model, get_arch
-from lmclab.merge import interpolate
+from lmclab.core.merge import interpolate
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import apply_permutation
+from lmclab.core.spec import apply_permutation
 
 
 def features(n: int, d: int, seed: int) -> torch.Tensor:

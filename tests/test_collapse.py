@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from lmclab.analysis.collapse import collapse_stats
-from lmclab.augment import Mixup
-from lmclab.training import train
+from lmclab.train.augment import Mixup
+from lmclab.train.training import train
 
 
 def simplex(c: int, scale: float = 3.0) -> torch.Tensor:
@@ -62,8 +62,8 @@ def test_mixup_training_is_deterministic_per_seed_and_writes_collapse_statistics
 def test_a_mixup_step_minimises_the_mixed_cross_entropy(splits):
     from torch.nn import functional as F
 
-    from lmclab.distributed import World
-    from lmclab.training import Step
+    from lmclab.core.distributed import World
+    from lmclab.train.training import Step
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the step leaves the model as it is

@@ -10,9 +10,9 @@ from torch import nn
 from torch.func import functional_call
 
 from lmclab.archs import ARCHS, build_model, get_arch, make_config
-from lmclab.bn_repair import repair_bn
-from lmclab.data import Split
-from lmclab.spec import apply_permutation, compose, invert, random_permutation
+from lmclab.core.bn_repair import repair_bn
+from lmclab.core.data import Split
+from lmclab.core.spec import apply_permutation, compose, invert, random_permutation
 
 CASES = {
     "mlp": {"hidden": 2, "width": 16},

@@ -11,7 +11,7 @@ import torchvision
 from PIL import Image
 
 from cifar_fixture import patch_class, write_cifar10
-from lmclab.data import load_meta, load_split, prepare
+from lmclab.core.data import load_meta, load_split, prepare
 
 
 @pytest.fixture

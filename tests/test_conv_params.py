@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common import ROOT, load_yaml
-from lmclab.validate import check_params
+from lmclab.pipeline.validate import check_params
 from test_validate import _params
 
 BASE = load_yaml(ROOT / "params.yaml")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmclab.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
+from lmclab.core.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
 from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
 
 

@@ -19,14 +19,14 @@ import yaml
 
 from dvc_repo import TINY, deep_update, make_repo, run
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.bn_repair import bn_repair_hook
-from lmclab.checkpoint import load_checkpoint
-from lmclab.data import Split
+from lmclab.core.bn_repair import bn_repair_hook
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import Split
 from lmclab.analysis.landscape import landscape, plane_grid
-from lmclab.distributed import World, join_world, leave_world, torchrun_command
-from lmclab.measure import measure_pair_with_repair
-from lmclab.metrics import lambda_grid
-from lmclab.validate import ParamsError, check_params
+from lmclab.core.distributed import World, join_world, leave_world, torchrun_command
+from lmclab.core.interpolation import measure_pair_with_repair
+from lmclab.core.metrics import lambda_grid
+from lmclab.pipeline.validate import ParamsError, check_params
 
 ROOT = Path(__file__).resolve().parent.parent
 # max |Δθ| after 2 epochs of Adam on 800 digits: measured 3.0e-8 (float32 summation in another order);

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from common import load_yaml
-from lmclab.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
-from lmclab.metric_gate import parse_tolerances, tolerance_for
+from lmclab.report.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
+from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 from dvc_repo import ROOT, TINY, make_repo
 from dvc_repo import deep_update as _deep_update
 from dvc_repo import dvc_env as _env

@@ -9,7 +9,7 @@ from torch import nn
 
 from lmclab.analysis.alignment import layer_matrix, layer_names, layer_svd
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.data import Split
+from lmclab.core.data import Split
 from lmclab.analysis.energy import input_energy, input_patches, input_sizes, layer_inputs, theorem42
 
 

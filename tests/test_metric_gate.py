@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lmclab.headline import headline_metrics
-from lmclab.metric_gate import Tolerance, judge, judge_all, parse_tolerances, summary_line, verdict_table
-from lmclab.plot_data import interpolation_points, plot_tables, write_plot_tables
+from lmclab.report.headline import headline_metrics
+from lmclab.report.metric_gate import Tolerance, judge, judge_all, parse_tolerances, summary_line, verdict_table
+from lmclab.report.plot_data import interpolation_points, plot_tables, write_plot_tables
 
 RULES = parse_tolerances({"rules": {"wm.sec": {"rel": 0.5}, "*.sec": {"abs": 1.0}, "*.B_loss": {"abs": 0.05},
                                     "*.L2_red": {"abs": 0.1, "rel": 0.1}}})

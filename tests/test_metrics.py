@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from lmclab.archs import build_model, get_arch
-from lmclab.data import Split
-from lmclab.measure import barriers_from_curve, interpolation_curve, measure_pair
-from lmclab.merge import interpolate, merge
-from lmclab.metrics import barrier, l2_distance, lambda_grid, midpoint_barrier, reduction_rate
-from lmclab.spec import build_spec, dense, identity_permutation
+from lmclab.core.data import Split
+from lmclab.core.interpolation import barriers_from_curve, interpolation_curve, measure_pair
+from lmclab.core.merge import interpolate, merge
+from lmclab.core.metrics import barrier, l2_distance, lambda_grid, midpoint_barrier, reduction_rate
+from lmclab.core.spec import build_spec, dense, identity_permutation
 
 
 def test_lambda_grid_contains_endpoints_and_half() -> None:

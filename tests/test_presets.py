@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from common import ROOT, parse_yaml
-from lmclab.validate import check_params
+from lmclab.pipeline.validate import check_params
 from preset import PRESETS, apply_preset, flatten, set_values
 
 NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lmclab.plots import mean_std
-from lmclab.report import alignment_table, barrier_table, endpoint_table, table1, table3
-from lmclab.summary import THREE_KEYS
-from lmclab.summary import table1 as summary_table1
+from lmclab.report.plots import mean_std
+from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1, table3
+from lmclab.report.summary import THREE_KEYS
+from lmclab.report.summary import table1 as summary_table1
 from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
 

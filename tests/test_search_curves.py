@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.plots import plot_search_curves
-from lmclab.report import write_report
-from lmclab.summary import SEARCH_CURVE_COLUMNS, tables
+from lmclab.report.plots import plot_search_curves
+from lmclab.report.document import write_report
+from lmclab.report.summary import SEARCH_CURVE_COLUMNS, tables
 
 
 def _record(seed_a: int, seed_b: int, method: str, curve: list[dict] | None) -> dict:

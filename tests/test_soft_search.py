@@ -10,10 +10,10 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from lmclab.archs import ARCHS, build_model, make_config
-from lmclab.data import Split, load_split, prepare
-from lmclab.evaluate import evaluate
-from lmclab.merge import merge
-from lmclab.metrics import l2_distance
+from lmclab.core.data import Split, load_split, prepare
+from lmclab.core.evaluate import evaluate
+from lmclab.core.merge import merge
+from lmclab.core.metrics import l2_distance
 from lmclab.search import SearchProblem, check_method, find_permutation
 from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
 from lmclab.search.midpoint import heldout_loss, midpoint_loss, minibatches
@@ -21,10 +21,10 @@ from lmclab.search.ste import projector, ste, ste_step
 from lmclab.search.ste_sinkhorn import ste_sinkhorn
 from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
-from lmclab.spec import (apply_permutation, build_spec, check_permutation, dense, invert, norm,
+from lmclab.core.spec import (apply_permutation, build_spec, check_permutation, dense, invert, norm,
                          random_permutation)
-from lmclab.training import train
-from lmclab.validate import check_params
+from lmclab.train.training import train
+from lmclab.pipeline.validate import check_params
 from test_validate import _params
 
 CONFIG = {"hidden": 2, "width": 64}

@@ -8,7 +8,7 @@ from torch.func import functional_call
 
 from conftest import SMALL_CONFIGS, random_params
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.spec import (PermutationSpec, apply_permutation, build_spec, check_permutation, compose,
+from lmclab.core.spec import (PermutationSpec, apply_permutation, build_spec, check_permutation, compose,
                          dense, identity_permutation, invert, random_permutation)
 
 INPUTS = {"mlp": (1, 28, 28)}

@@ -100,7 +100,7 @@ def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp
     import merge_many
     import permute
     from lmclab.archs import build_model, make_config
-    from lmclab.checkpoint import Checkpoint, save_checkpoint
+    from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
     from test_pipeline import TINY
 
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)

@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from lmclab.archs import build_model, make_config
-from lmclab.data import Split
+from lmclab.core.data import Split
 from lmclab.analysis.taylor import (TaylorTerms, directional_terms, gradient_and_hvp, split_loss_fns, taylor_barrier,
                            taylor_curve, taylor_terms)
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lmclab.archs import make_config
-from lmclab.checkpoint import (CheckpointError, check_same_architecture, load_checkpoint,
+from lmclab.archs.checkpoint import (CheckpointError, check_same_architecture, load_checkpoint,
                                save_checkpoint)
-from lmclab.training import train
+from lmclab.train.training import train
 
 
 def _train(splits, seed: int, epochs: int = 2):  # noqa: ANN001, ANN202

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lmclab.archs import make_config
-from lmclab.augment import crop_flip, resolve_augment
-from lmclab.data import Split
-from lmclab.training import lr_factor, train
+from lmclab.train.augment import crop_flip, resolve_augment
+from lmclab.core.data import Split
+from lmclab.train.training import lr_factor, train
 
 
 def test_crop_flip_is_a_shifted_possibly_flipped_window_of_the_padded_image():

@@ -10,10 +10,10 @@ import inspect
 import pytest
 
 from lmclab.archs import ARCHS
-from lmclab.schema import Block, Params, defaults, key_rows
+from lmclab.pipeline.schema import Block, Params, defaults, key_rows
 from lmclab.search import METHODS
 from common import ROOT, load_yaml
-from lmclab.validate import ParamsError, check_params
+from lmclab.pipeline.validate import ParamsError, check_params
 from test_pipeline import TINY
 
 DELETE = object()  # remove the key instead of setting it

@@ -1,6 +1,6 @@
-"""Warm start (lmclab.warmstart): a stage run in a fork of the preloaded server behaves exactly like
+"""Warm start (lmclab.runtime.warmstart): a stage run in a fork of the preloaded server behaves exactly like
 ``python script`` — argv, cwd, environment, stdio, exit codes, tracebacks, signals — and gives the
-same results as a fresh process; it trusts only its own user (lmclab.trust: a private directory,
+same results as a fresh process; it trusts only its own user (lmclab.runtime.trust: a private directory,
 0600 socket and lock, SO_PEERCRED on both ends) and a worker dies with its client and its session."""
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = '''
 import os, sys, time
-from lmclab.warmstart import WORKER_ENV, run_script
+from lmclab.runtime.warmstart import WORKER_ENV, run_script
 if __name__ == "__main__":
     code = run_script(sys.argv[0], sys.argv[1:])
     if code is not None:
         sys.exit(code)
     import helper
-    print("warm" if WORKER_ENV in os.environ else "cold", "torch" in sys.modules, "lmclab.spec" in sys.modules,
+    print("warm" if WORKER_ENV in os.environ else "cold", "torch" in sys.modules, "lmclab.core.spec" in sys.modules,
           os.getcwd(), os.environ.get("PROBE"), sys.argv[1:], helper.VALUE, flush=True)
     print("to stderr", file=sys.stderr)
     if sys.argv[1] == "raise":
@@ -254,7 +254,7 @@ def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_pa
 
 @needs_root
 def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_env) -> None:  # noqa: ANN001
-    name = subprocess.run([sys.executable, "-c", "from lmclab.warmstart import socket_name; print(socket_name())"],
+    name = subprocess.run([sys.executable, "-c", "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
                           env=warm_env, capture_output=True, text=True, check=True).stdout.strip()
     path = Path(warm_env["LMCLAB_WARM_DIR"]) / name
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -5,7 +5,7 @@
 After ``dvc repro`` (or ``dvc exp run``): runs ``dvc params diff`` and ``dvc metrics diff --all``
 between ``--baseline`` (any git rev or experiment name; default HEAD, i.e. the committed metrics)
 and ``--new`` (default: the workspace), judges every headline metric against the committed
-tolerance file (``lmclab.metric_gate``), lists the report figures that changed, writes the Markdown
+tolerance file (``lmclab.report.metric_gate``), lists the report figures that changed, writes the Markdown
 (CI posts it as a pull-request comment) and exits 1 when a metric is beyond its tolerance, naming
 it. ``make metrics-diff`` runs it with the defaults.
 """
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "stages")]
 
 from common import load_yaml  # noqa: E402 (YAML 1.2, as DVC reads: 1e-3 is a float)
-from lmclab.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table  # noqa: E402
+from lmclab.report.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table  # noqa: E402
 
 app = typer.Typer(add_completion=False)
 

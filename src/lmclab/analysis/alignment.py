@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lmclab.spec import PermutationSpec
+from lmclab.core.spec import PermutationSpec
 
 MODES = ("reshape", "fft")
 

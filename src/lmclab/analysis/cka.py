@@ -7,7 +7,7 @@ up to an orthogonal transform and an isotropic scaling — a permutation of the 
 ``CKA(θa, θb) = CKA(θa, π(θb))`` at every layer: alignment changes which units face each other, not how
 similar the representations are. What alignment changes is the *merged* model: ``CKA(θa, θ(½))``.
 
-The layers are read off the :class:`lmclab.spec.PermutationSpec`: every Linear/Conv whose output axis
+The layers are read off the :class:`lmclab.core.spec.PermutationSpec`: every Linear/Conv whose output axis
 is permuted (the hidden layers), at its output (pre-activation), flattened per sample.
 """
 
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.data import Split
-from lmclab.spec import PermutationSpec
+from lmclab.core.data import Split
+from lmclab.core.spec import PermutationSpec
 
 PAIRS = (("a", "b"), ("a", "pi_b"), ("a", "mid"), ("pi_b", "mid"))  # θa, θb, π(θb), the merged midpoint
 

@@ -1,6 +1,6 @@
 """Neural collapse of the last-layer features (Papyan, Han & Donoho 2020; issue 17), measured on the
 training split at the end of training: the features are the inputs of the logits layer (read off the
-:class:`lmclab.spec.PermutationSpec`: the last layer whose output axis is never permuted).
+:class:`lmclab.core.spec.PermutationSpec`: the last layer whose output axis is never permuted).
 
 - ``nc1 = tr(Σ_W Σ_B⁺) / C``: within-class variability relative to between-class (→ 0 under collapse);
 - ``nc2_etf``: distance of the centred class means from a simplex equiangular tight frame,
@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.analysis.alignment import layer_names, output_layer
-from lmclab.data import Split
-from lmclab.spec import PermutationSpec
+from lmclab.core.data import Split
+from lmclab.core.spec import PermutationSpec
 
 
 def collapse_stats(features: Tensor, labels: Tensor) -> dict[str, float]:

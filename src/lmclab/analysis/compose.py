@@ -20,10 +20,10 @@ from lmclab.analysis.alignment import (Factors, alignment_r, layer_names, model_
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
-from lmclab.data import Split
-from lmclab.distributed import World
-from lmclab.measure import Repair, measure_pair_with_repair
-from lmclab.spec import PermutationSpec
+from lmclab.core.data import Split
+from lmclab.core.distributed import World
+from lmclab.core.interpolation import Repair, measure_pair_with_repair
+from lmclab.core.spec import PermutationSpec
 
 
 def r_key(gamma: float, which: str = "") -> str:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.analysis.alignment import Factors, layer_matrix, layer_svd
-from lmclab.data import Split
+from lmclab.core.data import Split
 
 
 def layer_module(model: nn.Module, layer: str) -> nn.Module:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 from torch import Tensor, nn
 
-from lmclab.data import Split
-from lmclab.distributed import World, evaluate_sharded
-from lmclab.spec import Params
+from lmclab.core.data import Split
+from lmclab.core.distributed import World, evaluate_sharded
+from lmclab.core.spec import Params
 
 Repair = Callable[[Params], Params]
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp
 
-from lmclab.data import Split
-from lmclab.spec import Params
+from lmclab.core.data import Split
+from lmclab.core.spec import Params
 
 LossFn = Callable[[Params], Tensor]
 

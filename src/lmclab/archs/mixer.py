@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lmclab.spec import PermutationSpec, build_spec, dense, norm
+from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
 
 STREAM = "P_stream"
 

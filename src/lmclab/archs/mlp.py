@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lmclab.spec import PermutationSpec, build_spec, dense
+from lmclab.core.spec import PermutationSpec, build_spec, dense
 
 
 @dataclass(frozen=True)

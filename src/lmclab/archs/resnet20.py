@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lmclab.spec import PermutationSpec, basic_block, build_spec, conv_bn, dense
+from lmclab.core.spec import PermutationSpec, basic_block, build_spec, conv_bn, dense
 
 STAGE_WIDTHS = (16, 32, 64)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lmclab.spec import PermutationSpec, bottleneck, build_spec, conv_bn, dense
+from lmclab.core.spec import PermutationSpec, bottleneck, build_spec, conv_bn, dense
 
 BLOCKS = (3, 4, 6, 3)
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmclab.spec import PermutationSpec
+from lmclab.core.spec import PermutationSpec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmclab.spec import PermutationSpec, build_spec, conv_bn, dense
+from lmclab.core.spec import PermutationSpec, build_spec, conv_bn, dense
 
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")

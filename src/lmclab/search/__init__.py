@@ -18,10 +18,10 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from lmclab.archs import build_model, get_arch
-from lmclab.data import Split
-from lmclab.evaluate import evaluate
-from lmclab.merge import merge
-from lmclab.metrics import l2_distance
+from lmclab.core.data import Split
+from lmclab.core.evaluate import evaluate
+from lmclab.core.merge import merge
+from lmclab.core.metrics import l2_distance
 from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
 from lmclab.search import wm_sinkhorn as wm_sinkhorn_module
@@ -30,7 +30,7 @@ from lmclab.search.midpoint import Monitor
 from lmclab.search.options import check_options
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import Params, Permutation, PermutationSpec, identity_permutation
+from lmclab.core.spec import Params, Permutation, PermutationSpec, identity_permutation
 
 
 @dataclass(frozen=True)

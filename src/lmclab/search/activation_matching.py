@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.data import Split
+from lmclab.core.data import Split
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import solve_assignment
-from lmclab.spec import PermutationSpec
+from lmclab.core.spec import PermutationSpec
 
 STATISTICS = ("cross_moment", "pearson")
 

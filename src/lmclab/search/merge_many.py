@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
+from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
 
 
 class MergeManyResult(NamedTuple):

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.data import Split
-from lmclab.merge import interpolate
-from lmclab.spec import Permutation, PermutationSpec
+from lmclab.core.data import Split
+from lmclab.core.merge import interpolate
+from lmclab.core.spec import Permutation, PermutationSpec
 
 Monitor = Callable[[Permutation], dict[str, float]]  # one learning-curve row per call
 

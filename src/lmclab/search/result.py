@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from lmclab.spec import Permutation
+from lmclab.core.spec import Permutation
 
 
 class SearchResult(NamedTuple):

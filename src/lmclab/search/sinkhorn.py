@@ -7,7 +7,7 @@ initialised at the identity plus seeded Gaussian noise (std 0.1, as in the autho
 authors' order (so the rows of ``S`` sum to 1 exactly and the columns approximately; 20 iterations
 at ``τ = 1`` are far from converged for n = 512, so the order is part of the map). ``S[i, j]`` is
 the weight of unit ``j`` of θb at position ``i``, so a hard permutation is the matrix with
-``S[i, perm[i]] = 1`` and :func:`soft_apply` generalises :func:`lmclab.spec.apply_permutation`:
+``S[i, perm[i]] = 1`` and :func:`soft_apply` generalises :func:`lmclab.core.spec.apply_permutation`:
 every axis the spec lists is multiplied by its group's ``S`` (``W' = S_ℓ W S_{ℓ-1}ᵀ`` for a dense
 layer, kernels on their channel axes, biases, norm parameters and running statistics alike). The
 hard permutation is the linear assignment maximising ``Σ_i scores[i, perm[i]]`` (equal to the
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from lmclab.search.options import positive, positive_int
 from lmclab.search.weight_matching import solve_assignment
-from lmclab.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
+from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 

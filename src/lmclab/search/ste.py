@@ -25,12 +25,12 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from lmclab.data import Split
+from lmclab.core.data import Split
 from lmclab.search.midpoint import Monitor, heldout_loss, midpoint_loss, minibatches, split_holdout
 from lmclab.search.options import check_batch, check_options, one_of, positive, positive_int, unit_interval
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
-from lmclab.spec import Params, Permutation, PermutationSpec, apply_permutation
+from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 Projector = Callable[[Mapping[str, Tensor], Permutation | None], Permutation]  # (θ̃, previous π) ↦ π

@@ -24,13 +24,13 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from lmclab.data import Split
+from lmclab.core.data import Split
 from lmclab.search.midpoint import Monitor, midpoint_loss, minibatches
 from lmclab.search.options import boolean, check_batch, check_options, non_negative, one_of, positive_int
 from lmclab.search.result import SearchResult
 from lmclab.search.sinkhorn import RULES as SINKHORN_RULES
 from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
-from lmclab.spec import PermutationSpec
+from lmclab.core.spec import PermutationSpec
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 PRECISIONS = ("fp32", "bf16")

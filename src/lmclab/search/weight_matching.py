@@ -24,7 +24,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from lmclab.search.result import SearchResult
-from lmclab.spec import (Permutation, PermutationSpec, apply_permutation, axis_index, entry_groups, group_slices,
+from lmclab.core.spec import (Permutation, PermutationSpec, apply_permutation, axis_index, entry_groups, group_slices,
                          identity_permutation, unit_rows)
 
 

@@ -38,7 +38,7 @@ from lmclab.search.result import SearchResult
 from lmclab.search.sinkhorn import RULES as SINKHORN_RULES
 from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
 from lmclab.search.weight_matching import matching_objective
-from lmclab.spec import Permutation, PermutationSpec
+from lmclab.core.spec import Permutation, PermutationSpec
 
 
 RULES = {**SINKHORN_RULES, "iterations": positive_int, "select": one_of("best", "last"),

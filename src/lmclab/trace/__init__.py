@@ -19,7 +19,7 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   scale) is permuted alike; a tensor combined with an unpermuted one (the model's input) cannot be
   permuted;
 - ``flatten`` (or the equal ``reshape``) of ``C × H × W`` maps each channel onto a block of ``H·W``
-  features (a composite axis, :class:`lmclab.spec.Segment`); ``cat`` along the channel axis joins the
+  features (a composite axis, :class:`lmclab.core.spec.Segment`); ``cat`` along the channel axis joins the
   groups side by side (one segment each);
 - the model's inputs and outputs are never permuted.
 
@@ -40,7 +40,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from lmclab.spec import PermutationSpec
+from lmclab.core.spec import PermutationSpec
 from lmclab.trace.graph import GraphTracer, Traced
 from lmclab.trace.groups import TraceError
 

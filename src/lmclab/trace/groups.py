@@ -27,7 +27,7 @@ MERGE_FUNCTIONS = {operator.add, torch.add, operator.mul, torch.mul, operator.ia
 @dataclass(frozen=True)
 class Seg:
     """``length`` consecutive entries of an axis permuted by union-find element ``gid`` in blocks of
-    ``block`` (the tracer's form of :class:`lmclab.spec.Segment`)."""
+    ``block`` (the tracer's form of :class:`lmclab.core.spec.Segment`)."""
 
     gid: int
     length: int

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from lmclab.plots import _save, label  # noqa: E402
+from lmclab.report.plots import _save, label  # noqa: E402
 
 
 def cka_grid(cka: pd.DataFrame, methods: list[str]) -> pd.DataFrame:

@@ -6,11 +6,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 from torch import Tensor, nn
 
-from lmclab.data import Split
-from lmclab.distributed import World, evaluate_sharded
-from lmclab.merge import interpolate
-from lmclab.metrics import barrier, l2_distance, midpoint_barrier, reduction_rate
-from lmclab.spec import Params, PermutationSpec
+from lmclab.core.data import Split
+from lmclab.core.distributed import World, evaluate_sharded
+from lmclab.core.merge import interpolate
+from lmclab.core.metrics import barrier, l2_distance, midpoint_barrier, reduction_rate
+from lmclab.core.spec import Params, PermutationSpec
 
 Repair = Callable[[Params], Params]  # e.g. BatchNorm statistics repair of an interpolated model
 

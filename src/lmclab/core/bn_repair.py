@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from lmclab.data import Split
-from lmclab.distributed import World
-from lmclab.spec import Params
+from lmclab.core.data import Split
+from lmclab.core.distributed import World
+from lmclab.core.spec import Params
 
 
 def has_batchnorm(model: nn.Module) -> bool:
@@ -69,6 +69,6 @@ def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
 
 def bn_repair_hook(model: nn.Module, data: Split, *, num_samples: int | None,
                    batch_size: int = 500, world: World = World()) -> Callable[[Params], Params]:
-    """The ``repair`` callable for :func:`lmclab.measure.measure_pair` (fixed subset, seed 0)."""
+    """The ``repair`` callable for :func:`lmclab.core.interpolation.measure_pair` (fixed subset, seed 0)."""
     subset = repair_subset(data, num_samples)
     return lambda params: repair_bn(model, params, subset, batch_size=batch_size, world=world)

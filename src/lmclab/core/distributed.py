@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lmclab.data import Split
-from lmclab.evaluate import Evaluation, evaluate
+from lmclab.core.data import Split
+from lmclab.core.evaluate import Evaluation, evaluate
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 
@@ -91,7 +91,7 @@ def shard_split(split: Split, world: World) -> Split:
 
 
 def evaluate_sharded(model: nn.Module, params: dict[str, Tensor], split: Split, world: World) -> Evaluation:
-    """:func:`lmclab.evaluate.evaluate` of the whole ``split``, each process evaluating its shard."""
+    """:func:`lmclab.core.evaluate.evaluate` of the whole ``split``, each process evaluating its shard."""
     if world.size == 1:
         return evaluate(model, params, split)
     shard = shard_split(split, world)

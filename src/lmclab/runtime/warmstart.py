@@ -11,7 +11,7 @@ a *worker* that takes over the client's working directory, environment, umask, s
 with its exit code; the session reports the code to the client, which exits with it. Signals the
 client receives (Ctrl-C, DVC stopping a stage) are forwarded to the worker; a killed client takes
 its worker along (SIGKILL when its end of the socket closes) and a worker dies with its session
-(``lmclab.lifetime``). Only the current user is trusted (``lmclab.trust``: private directory, 0600
+(``lmclab.runtime.lifetime``). Only the current user is trusted (``lmclab.runtime.trust``: private directory, 0600
 socket and lock, ``SO_PEERCRED`` on both ends). Nothing of lmclab or of the stage is imported before
 the fork, so an edited source file is always the one that runs; the socket's name hashes the
 interpreter, its installed packages (site-packages modification times), the server's own source files
@@ -41,9 +41,9 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from lmclab import lifetime, trust
-from lmclab.lifetime import die_with_parent
-from lmclab.trust import owner_only_umask, peer_problem, private_dir_problem, warm_dir
+from lmclab.runtime import lifetime, trust
+from lmclab.runtime.lifetime import die_with_parent
+from lmclab.runtime.trust import owner_only_umask, peer_problem, private_dir_problem, warm_dir
 
 PRELOAD = ("numpy", "torch", "scipy.optimize", "scipy.linalg", "pandas", "pyarrow.parquet", "typer", "yaml",
            "tqdm", "matplotlib.pyplot")
@@ -121,8 +121,8 @@ def _connect(path: Path, retries: int = 0) -> socket.socket | None:
 def _spawn_server(path: Path) -> bool:
     """Start a detached server (no inherited pipes: DVC and pytest must not wait for it)."""
     try:
-        src = str(Path(__file__).resolve().parent.parent)
-        code = f"import sys; sys.path[0] = {src!r}; from lmclab.warmstart import serve; serve({str(path)!r})"
+        src = str(Path(__file__).resolve().parents[2])
+        code = f"import sys; sys.path[0] = {src!r}; from lmclab.runtime.warmstart import serve; serve({str(path)!r})"
         subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
         return True

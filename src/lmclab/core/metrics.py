@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torch import Tensor
 
-from lmclab.spec import PermutationSpec
+from lmclab.core.spec import PermutationSpec
 
 
 def lambda_grid(num_lambdas: int) -> list[float]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
-from lmclab.spec import Params, PermutationSpec, apply_permutation
+from lmclab.core.spec import Params, PermutationSpec, apply_permutation
 
 
 def interpolate(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], lam: float) -> Params:

@@ -1,5 +1,5 @@
 """The report's comparison with the paper: Tables 1–3 in its layout with the paper's rows marked and
-its numbers beside this run's (:mod:`lmclab.paper`), and the findings section
+its numbers beside this run's (:mod:`lmclab.report.paper`), and the findings section
 (:mod:`lmclab.analysis.findings`, read from the saved ``findings.json``)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from lmclab.paper import PAPER_METHOD, TABLE1, TABLE2, TABLE3, caveat, paper_row
-from lmclab.plots import label
+from lmclab.report.paper import PAPER_METHOD, TABLE1, TABLE2, TABLE3, caveat, paper_row
+from lmclab.report.plots import label
 
 MARK = {"wm_sinkhorn": " **← the paper's WM**", "ste_sinkhorn": " **← the paper's STE**"}
 
@@ -44,7 +44,7 @@ def table2(pairs: pd.DataFrame, methods: Sequence[str], row: str | None) -> str:
 
 
 def table1_paper_line(row: str | None) -> str:
-    """Table 1's paper row in the columns of :func:`lmclab.report.table1` (no p-value in the paper)."""
+    """Table 1's paper row in the columns of :func:`lmclab.report.document.table1` (no p-value in the paper)."""
     if row is None:
         return ""
     b, t, d, before, after, red = TABLE1[row]
@@ -52,7 +52,7 @@ def table1_paper_line(row: str | None) -> str:
 
 
 def table3_paper_lines(row: str | None, n_cols: int) -> str:
-    """Table 3's paper rows under the columns of :func:`lmclab.report.table3` (method, loss b–c max,
+    """Table 3's paper rows under the columns of :func:`lmclab.report.document.table3` (method, loss b–c max,
     loss b–c ½, acc b–c, …): the paper's loss barrier is the midpoint one (negative for its MLPs)."""
     if row is None:
         return ""

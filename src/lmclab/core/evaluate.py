@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.data import Split
+from lmclab.core.data import Split
 
 
 class Evaluation(NamedTuple):

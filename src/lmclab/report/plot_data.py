@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.atomic import atomic_path
+from lmclab.core.atomic import atomic_path
 
 # file stem -> the columns it holds (the x and y fields named in dvc.yaml's ``plots:``)
 COLUMNS = {
@@ -59,7 +59,7 @@ def plot_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
 
 
 def write_plot_tables(tables: Mapping[str, pd.DataFrame], folder: Path) -> list[Path]:
-    """One ``<name>.csv`` per table, each written atomically (``lmclab.atomic``)."""
+    """One ``<name>.csv`` per table, each written atomically (``lmclab.core.atomic``)."""
     paths = []
     for name, frame in tables.items():
         with atomic_path(folder / f"{name}.csv") as tmp:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lmclab.archs import get_arch, make_config
-from lmclab.atomic import atomic_path
+from lmclab.core.atomic import atomic_path
 
 FORMAT = "lmclab-checkpoint-1"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.atomic import atomic_path
-from lmclab.paper import paper_row
-from lmclab.plots import label
-from lmclab.report_paper import (findings_section, marked, mean_pm, paper_note, table1_paper_line, table2,
+from lmclab.core.atomic import atomic_path
+from lmclab.report.paper import paper_row
+from lmclab.report.plots import label
+from lmclab.report.report_paper import (findings_section, marked, mean_pm, paper_note, table1_paper_line, table2,
                                  table3_paper_lines)
 
 
@@ -81,7 +81,7 @@ def endpoint_table(history: pd.DataFrame) -> str:
 def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
     a–b and a–c edges for comparison; test split, max over λ (and the b–c midpoint barrier, the
-    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.paper`) below."""
+    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.report.paper`) below."""
     r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
     r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
     lines = ["| method | loss b–c | loss b–c ½ | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |"
@@ -209,7 +209,7 @@ def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.Dat
                  bounds: pd.DataFrame | None = None, data: str = "", arch: str = "",
                  findings: dict | None = None) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder. ``data`` and
-    ``arch`` select the paper's rows (:mod:`lmclab.paper`); ``findings`` is ``findings.json``."""
+    ``arch`` select the paper's rows (:mod:`lmclab.report.paper`); ``findings`` is ``findings.json``."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
     n_pairs, row = pairs["pair"].nunique(), paper_row(data, arch)

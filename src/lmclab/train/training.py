@@ -18,10 +18,10 @@ from tqdm import tqdm
 
 from lmclab.analysis.collapse import neural_collapse
 from lmclab.archs import build_model, get_arch
-from lmclab.augment import AUGMENTATIONS, Mixup, augment_batch
-from lmclab.checkpoint import Checkpoint
-from lmclab.data import Split
-from lmclab.distributed import World, evaluate_sharded
+from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
+from lmclab.archs.checkpoint import Checkpoint
+from lmclab.core.data import Split
+from lmclab.core.distributed import World, evaluate_sharded
 
 
 OPTIMIZERS = ("adam", "sgd")
@@ -87,9 +87,9 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
     History rows: ``epoch``, ``lr`` (after the epoch), ``train_loss``/``train_acc``
     (running means over the epoch's minibatches, augmented images) and ``test_loss``/``test_acc``
     (full test split, eval mode, after the epoch). ``world``: data-parallel processes under torchrun
-    (:mod:`lmclab.distributed`), each on its shard of every global batch of ``batch_size``;
+    (:mod:`lmclab.core.distributed`), each on its shard of every global batch of ``batch_size``;
     ``precision="bf16"``: forward and loss under bfloat16 autocast; ``mixup_alpha > 0``: mixup
-    (:class:`lmclab.augment.Mixup`). The last row also holds the neural-collapse statistics of the
+    (:class:`lmclab.train.augment.Mixup`). The last row also holds the neural-collapse statistics of the
     final model's last-layer features on the training split (:mod:`lmclab.analysis.collapse`).
     """
     options = dict(optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,

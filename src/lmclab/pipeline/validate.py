@@ -1,6 +1,6 @@
 """Check a whole run's parameters up front, so bad input fails in seconds, not after training.
 
-Types, ranges, defaults and the known keys are the schema's (``lmclab.schema``); this module turns
+Types, ranges, defaults and the known keys are the schema's (``lmclab.pipeline.schema``); this module turns
 each schema error into one line naming the dotted key, its value and what it expects, and adds the
 checks that span several keys: the seeds of pairs, triples and MergeMany are trained seeds, lists
 hold no repeats, the chosen architecture's config builds, search batches fit capped data, the
@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from lmclab.archs import get_arch, make_config
-from lmclab.device import resolve_device
-from lmclab.schema import MISSING, Block, Params, defaults, field_expected
+from lmclab.core.device import resolve_device
+from lmclab.pipeline.schema import MISSING, Block, Params, defaults, field_expected
 from lmclab.search.midpoint import n_heldout
 
 

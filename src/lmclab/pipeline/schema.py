@@ -2,7 +2,7 @@
 
 Strict types (a string where a number belongs is refused; an integer where a number belongs is
 fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing
-key is named with its default). ``lmclab.validate`` runs it and turns each error into one line;
+key is named with its default). ``lmclab.pipeline.validate`` runs it and turns each error into one line;
 ``key_rows`` gives the README's parameter table. Names (data sets, architectures, methods, …) come
 from the library's registries, so adding one to a registry is enough for the schema to accept it.
 """
@@ -18,15 +18,15 @@ from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
-from lmclab.augment import AUGMENTATIONS
-from lmclab.data import FOLDER_LOADERS, LOADERS
+from lmclab.train.augment import AUGMENTATIONS
+from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.search import METHODS
 from lmclab.search.activation_matching import STATISTICS
 from lmclab.search.ste import OPTIMIZERS as STE_OPTIMIZERS
 from lmclab.search.ste import SELECTIONS as STE_SELECTIONS
 from lmclab.search.ste_sinkhorn import OPTIMIZERS as STE_SINKHORN_OPTIMIZERS
 from lmclab.search.ste_sinkhorn import PRECISIONS as STE_SINKHORN_PRECISIONS
-from lmclab.training import OPTIMIZERS, PRECISIONS, SCHEDULES
+from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
 
 def one_of(names: Any) -> Any:
@@ -54,7 +54,7 @@ def key(default: Any, meaning: str, **constraints: Any) -> Any:
 
 class Missing:
     """Stands for a key absent from params.yaml: it fails every type, so the error is reported
-    at the key's own place (``lmclab.validate`` names it with its default)."""
+    at the key's own place (``lmclab.pipeline.validate`` names it with its default)."""
 
     def __repr__(self) -> str:
         return "<missing>"

@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from lmclab.archs import build_model, get_arch
-from lmclab.checkpoint import Checkpoint
-from lmclab.data import Split
-from lmclab.evaluate import evaluate, evaluate_ensemble
+from lmclab.archs.checkpoint import Checkpoint
+from lmclab.core.data import Split
+from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
-from lmclab.spec import Params
+from lmclab.core.spec import Params
 
 Repair = Callable[[Params], Params]
 

@@ -1,0 +1,1 @@
+"""Tables, headline metrics, figures and the report of a run, and the metric gate."""

@@ -1,0 +1,1 @@
+"""Training endpoints: the training loop, its optimisers and schedules, augmentation and mixup."""
