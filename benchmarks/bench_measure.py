@@ -22,7 +22,6 @@ import yaml
 from torch.func import functional_call
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
 
 from lmclab.analysis.compose import endpoint_factors, measure_and_analyze  # noqa: E402
 from lmclab.archs import build_model, get_arch  # noqa: E402

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
 
 from lmclab.archs import get_arch  # noqa: E402
 from lmclab.archs.checkpoint import atomic_save  # noqa: E402

@@ -23,7 +23,6 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
 
 from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
 from lmclab.core.data import load_split  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT / "tests"))  # the test fixtures
 
 from lmclab.trace import TraceError, trace_spec  # noqa: E402
 from test_trace import permuted_copy, randomised  # noqa: E402  (the tests' random weights and permuted copies)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import typer
 
-from common import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, show_progress, stage_params
+import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from lmclab.pipeline.stage import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 

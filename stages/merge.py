@@ -11,7 +11,8 @@ from pathlib import Path
 
 import typer
 
-from common import one_line_errors, run_warm, stage_params
+import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
 

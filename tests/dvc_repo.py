@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from common import load_yaml
+from lmclab.pipeline.stage import load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERRIDES = {  # a tiny run of the repository's own params.yaml

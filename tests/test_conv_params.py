@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import ROOT, load_yaml
+from dvc_repo import ROOT
+from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import check_params
 from test_validate import _params
 

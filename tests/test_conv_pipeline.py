@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cifar_fixture import write_cifar10, write_sitecustomize
-from common import ROOT
+from dvc_repo import ROOT
 from preset import set_values
 
 pytestmark = pytest.mark.slow  # ~1–2 min: a dozen python processes each importing torch

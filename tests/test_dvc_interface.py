@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from common import load_yaml
+from lmclab.pipeline.stage import load_yaml
 from lmclab.report.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
 from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 from dvc_repo import ROOT, TINY, make_repo
@@ -143,7 +143,7 @@ def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
     assert "wm_sinkhorn.B_loss" in diff and "endpoints.acc" not in diff  # only what changed
     _reset(repo)
     # the sweep study reads each experiment's tables from its DVC cache, and the workspace's own run
-    _run(repo, "python", "stages/sweep_study.py", "--param", "permute.wm_sinkhorn.lr", "--exps", "soft-lr",
+    _run(repo, "python", "tools/sweep_study.py", "--param", "permute.wm_sinkhorn.lr", "--exps", "soft-lr",
          "--workspace", "--methods", "identity,wm_sinkhorn", "--out", "reports/sweep")
     table = pd.read_parquet(repo / "reports" / "sweep" / "table.parquet")
     assert sorted(table["value"].unique()) == [0.5, PARAMS["permute"]["wm_sinkhorn"]["lr"]]

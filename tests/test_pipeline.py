@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from common import StageParams, load_yaml
+from lmclab.pipeline.stage import StageParams, load_yaml
 from dvc_repo import ROOT, TINY, make_repo  # noqa: F401 (TINY: imported by other tests from here)
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run

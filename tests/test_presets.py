@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import ROOT, parse_yaml
+from dvc_repo import ROOT
+from lmclab.pipeline.stage import parse_yaml
 from lmclab.pipeline.validate import check_params
 from preset import PRESETS, apply_preset, flatten, set_values
 

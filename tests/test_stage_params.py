@@ -11,9 +11,10 @@ import pytest
 import yaml
 from dvc.utils.serialize import parse_yaml as dvc_parse_yaml
 
-from common import DVC_YAML, ROOT, StageParams, declared_keys, load_yaml, parse_yaml
+from dvc_repo import ROOT
+from lmclab.pipeline.stage import StageParams, declared_keys, load_yaml, parse_yaml
 
-PIPELINE = load_yaml(DVC_YAML)
+PIPELINE = load_yaml(ROOT / "dvc.yaml")
 STAGES = sorted(PIPELINE["stages"])
 
 
@@ -43,7 +44,7 @@ def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
 
 def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
     read = StageParams("permute", _write(tmp_path, {"permute": {"seed": 1, "wm": {"tol": 0.5}, "am": {}},
-                                                     "device": "cpu", "train": {"lr": 1}}), method="wm").read
+                                                     "device": "cpu", "train": {"lr": 1}}), dvc_yaml=ROOT / "dvc.yaml", method="wm").read
     assert read("permute.seed") == 1 and read("permute.wm") == {"tol": 0.5} and read("permute.wm.tol") == 0.5
     for key in ("train.lr", "permute.am", "train"):
         with pytest.raises(SystemExit, match=rf"^error: stage permute reads params key {key}, which its params: "):
@@ -53,7 +54,7 @@ def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
 def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
     tree = {"measure": {"num_lambdas": 3, "gammas": [0], "secret": 1, "bn_repair": True,
                         "bn_repair_samples": None, "taylor_splits": ["test"], "conv_spectrum": "fft"}}
-    opts = StageParams("measure", _write(tmp_path, tree)).read("measure")
+    opts = StageParams("measure", _write(tmp_path, tree), dvc_yaml=ROOT / "dvc.yaml").read("measure")
     assert opts["gammas"] == [0] and opts.get("bn_repair_samples", 5) is None and len(opts) == 7
     with pytest.raises(SystemExit, match="reads params key measure.secret"):
         opts["secret"]
@@ -63,7 +64,7 @@ def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
 
 def test_a_missing_declared_key_is_one_line(tmp_path) -> None:
     with pytest.raises(SystemExit, match=r"params.yaml: missing key permute.seed$"):
-        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), method="wm").read("permute.seed")
+        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), dvc_yaml=ROOT / "dvc.yaml", method="wm").read("permute.seed")
 
 
 def _script(stage: str) -> str:

@@ -12,7 +12,8 @@ import pytest
 from lmclab.archs import ARCHS
 from lmclab.pipeline.schema import Block, Params, defaults, key_rows
 from lmclab.search import METHODS
-from common import ROOT, load_yaml
+from dvc_repo import ROOT
+from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 from test_pipeline import TINY
 
@@ -137,7 +138,7 @@ def test_every_key_has_a_meaning() -> None:
 
 
 def test_the_readme_parameter_table_is_the_schemas() -> None:
-    """Regenerate with `python stages/params_table.py` after changing the schema."""
+    """Regenerate with `python tools/params_table.py` after changing the schema."""
     from params_table import with_table
 
     readme = (ROOT / "README.md").read_text()

@@ -20,9 +20,8 @@ from pathlib import Path
 import typer
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "stages")]
 
-from common import load_yaml  # noqa: E402 (YAML 1.2, as DVC reads: 1e-3 is a float)
+from lmclab.pipeline.stage import load_yaml: E402 (YAML 1.2, as DVC reads: 1e-3 is a float)
 from lmclab.report.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table  # noqa: E402
 
 app = typer.Typer(add_completion=False)

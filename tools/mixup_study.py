@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from common import experiment_runs, one_line_errors
+from lmclab.pipeline.stage import experiment_runs, one_line_errors
 
 app = typer.Typer(add_completion=False)
 PARAM = "train.mixup_alpha"

@@ -1,8 +1,8 @@
 """Write the README's parameter table from the schema of params.yaml (``lmclab.pipeline.schema``): one row
 per key with its default, what it expects and its meaning — not a DVC stage (~2 s).
 
-    python stages/params_table.py             # rewrite the table in README.md
-    python stages/params_table.py --check     # exit 1 if README.md's table differs from the schema
+    python tools/params_table.py             # rewrite the table in README.md
+    python tools/params_table.py --check     # exit 1 if README.md's table differs from the schema
 
 tests/test_validate.py checks the same, so the table and the schema cannot drift apart.
 """
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import typer
 
-from common import ROOT, one_line_errors
+from lmclab.pipeline.stage import one_line_errors
 from preset import flow
 
+ROOT = Path(__file__).resolve().parent.parent
 app = typer.Typer(add_completion=False)
-START = "<!-- parameter table: generated from src/lmclab/pipeline/schema.py by stages/params_table.py -->"
+START = "<!-- parameter table: generated from src/lmclab/pipeline/schema.py by tools/params_table.py -->"
 END = "<!-- end of parameter table -->"
 
 

@@ -1,7 +1,7 @@
 """Apply a named paper preset (``presets/<name>.yaml``) to params.yaml — not a DVC stage.
 
-    python stages/preset.py cifar10_resnet20            # rewrite params.yaml in place
-    python stages/preset.py cifar10_resnet20 --set-params  # print `dvc exp run -S` flags instead
+    python tools/preset.py cifar10_resnet20            # rewrite params.yaml in place
+    python tools/preset.py cifar10_resnet20 --set-params  # print `dvc exp run -S` flags instead
 
 Only values change: every other line, comment and key order of params.yaml is kept. Each preset
 key must already exist in params.yaml (a typo is an error, not a new key); the result is
@@ -19,8 +19,9 @@ from typing import Any
 import typer
 import yaml
 
-from common import ROOT, one_line_errors, parse_yaml
+from lmclab.pipeline.stage import one_line_errors, parse_yaml
 
+ROOT = Path(__file__).resolve().parent.parent
 app = typer.Typer(add_completion=False)
 PRESETS = ROOT / "presets"
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")

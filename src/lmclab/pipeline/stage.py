@@ -1,4 +1,5 @@
-"""Stage-side plumbing shared by the thin stage scripts: reading params.yaml as DVC does (YAML 1.2)
+"""Stage-side plumbing shared by the thin stage scripts in ``stages/`` (run by DVC in the directory of
+``dvc.yaml``): reading params.yaml as DVC does (YAML 1.2)
 and only through the keys the stage declares under ``params:`` in dvc.yaml, turning library errors
 into one-line messages, and running a stage in a warm-started process (``lmclab.runtime.warmstart``) that
 dies with whatever started it (``lmclab.runtime.lifetime``)."""
@@ -15,14 +16,10 @@ from typing import Any
 
 STARTED_BY = os.getppid()  # read first: if this starter (dvc) is gone by run_warm, the stage must not run
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "src") not in sys.path:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT / "src"))
+from lmclab.runtime.lifetime import die_with_parent  # standard library only: no heavy import here
+from lmclab.runtime.warmstart import run_script
 
-from lmclab.runtime.lifetime import die_with_parent  # noqa: E402 (standard library only: no heavy import here)
-from lmclab.runtime.warmstart import run_script  # noqa: E402
-
-DVC_YAML = ROOT / "dvc.yaml"  # the pipeline these stage scripts belong to
+DVC_YAML = "dvc.yaml"  # the pipeline a stage belongs to, beside its params.yaml (DVC runs stages there)
 PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")
 
 
@@ -85,10 +82,12 @@ class StageParams:
     read whole) that the stage's ``params:`` do not cover is refused: DVC would not rerun the stage
     when that key changes, and would serve a stale result."""
 
-    def __init__(self, stage: str, path: Path = Path("params.yaml"), **item: Any) -> None:
+    def __init__(self, stage: str, path: Path = Path("params.yaml"), *, dvc_yaml: Path | None = None,
+                 **item: Any) -> None:
         self.stage, self.path = stage, Path(path)
         self.tree = load_yaml(self.path) or {}
-        self.declared = declared_keys(load_yaml(DVC_YAML) or {}, stage, self.tree, item)
+        pipeline = load_yaml(dvc_yaml or self.path.parent / DVC_YAML) or {}  # beside params.yaml by default
+        self.declared = declared_keys(pipeline, stage, self.tree, item)
 
     def covers(self, key: str) -> bool:
         return any(d in ("", key) or key.startswith(d + ".") for d in self.declared)
@@ -99,7 +98,7 @@ class StageParams:
         partly = any(d.startswith(key + ".") for d in self.declared)
         if not (self.covers(key) or partly):
             raise SystemExit(f"error: stage {self.stage} reads params key {key}, which its params: "
-                             f"in {DVC_YAML.name} do not declare (DVC would not rerun it when {key} changes)")
+                             f"in {DVC_YAML} do not declare (DVC would not rerun it when {key} changes)")
         value = _lookup(self.tree, key)
         if value is ABSENT:
             raise SystemExit(f"error: {self.path}: missing key {key}")
