@@ -1,0 +1,103 @@
+"""Static import analysis of the repository's Python files, which keeps the cache and the layers honest:
+which files of the repository a script imports, directly or through any chain of imports (imports
+inside functions included), and which modules each module names. Used by `tools/stage_deps.py` and
+the tests that check dvc.yaml's `deps:` and the import contract."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+
+def imported_modules(path: Path, package: str | None = None) -> Iterator[str]:
+    """Every dotted module name that ``path`` imports anywhere in its body (``from a import b`` yields
+    ``a`` and ``a.b``, since ``b`` may be a submodule); ``package`` resolves relative imports."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = (package or "").rsplit(".", node.level - 1)[0] if node.level > 1 else package or ""
+                base = f"{parent}.{base}".strip(".")
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+
+
+def module_file(name: str, roots: Iterable[Path]) -> Path | None:
+    """The file that ``import name`` runs from one of ``roots`` (a package's ``__init__.py``), or None."""
+    for root in roots:
+        base = root.joinpath(*name.split("."))
+        for candidate in (base / "__init__.py", base.with_suffix(".py")):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _package_of(path: Path, roots: Iterable[Path]) -> str | None:
+    for root in roots:
+        if path.is_relative_to(root):
+            parts = path.relative_to(root).with_suffix("").parts
+            return ".".join(parts if path.name == "__init__.py" else parts[:-1]).removesuffix(".__init__")
+    return None
+
+
+def import_closure(script: Path, roots: list[Path]) -> set[Path]:
+    """``script`` and every file under ``roots`` that importing it may run: each module imported
+    anywhere in a file of the closure, and every package ``__init__.py`` on the way to it."""
+    seen: set[Path] = set()
+    todo = [script.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in imported_modules(path, _package_of(path, roots)):
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # a.b.c runs a/__init__, a/b/__init__, a/b/c
+                found = module_file(".".join(parts[:i]), roots)
+                if found is not None and found.resolve() not in seen:
+                    todo.append(found.resolve())
+    return seen
+
+
+def stage_script(cmd: str) -> str | None:
+    """The script a stage's ``cmd`` runs (``python <script> …``), or None."""
+    words = cmd.split()
+    return words[1] if len(words) > 1 and words[0] in ("python", "python3") and words[1].endswith(".py") else None
+
+
+def covered(path: str, listed: Iterable[str]) -> bool:
+    """``path`` is one of ``listed`` or inside a listed directory."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in listed)
+
+
+def code_closure(repo: Path, script: str) -> set[str]:
+    """Repository-relative paths of the files running ``script`` imports (``src/`` and the script's folder)."""
+    path = repo / script
+    files = import_closure(path, [repo / "src", path.parent])
+    return {f.relative_to(repo.resolve()).as_posix() for f in files}
+
+
+def minimal_cover(files: set[str], repo: Path, top: str = "src/lmclab") -> list[str]:
+    """The fewest paths covering ``files``: a package folder all of whose Python files are in
+    ``files`` stands for them, otherwise its files (and sub-folders) are listed one by one."""
+    out: list[str] = []
+
+    def visit(folder: Path) -> None:
+        rel = folder.relative_to(repo).as_posix()
+        inside = {p.relative_to(repo).as_posix() for p in folder.rglob("*.py")}
+        if inside and inside <= files:
+            out.append(rel)
+            return
+        for child in sorted(folder.iterdir()):
+            child_rel = child.relative_to(repo).as_posix()
+            if child.is_dir() and child.name != "__pycache__":
+                visit(child)
+            elif child_rel in files:
+                out.append(child_rel)
+
+    visit(repo / top)
+    out += sorted(f for f in files if not f.startswith(top + "/"))
+    return out
