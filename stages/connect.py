@@ -9,8 +9,9 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
-from lmclab.pipeline.stage import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, stage_params
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
+from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
 
@@ -31,7 +32,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     from lmclab.search import check_method
     from lmclab.analysis.three_models import connect_triple
 
-    read = stage_params("connect", params, method=method)
+    read = stage_params("connect", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
     check_method(method, options)
     relaunch_under_torchrun(__file__, [f"--method={method}", f"--seeds={seeds}", f"--models={models}", f"--data={data}",

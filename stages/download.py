@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False)
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     from lmclab.core.data import prepare
 
-    data = stage_params("download", params)("data")
+    data = stage_params("download", params, dvc_yaml=DVC_YAML)("data")
     meta = prepare(data["name"], Path(data["root"]), out, max_train=data.get("max_train"),
                    max_test=data.get("max_test"), image_size=data["image_size"])
     typer.echo(f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
-from lmclab.pipeline.stage import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, show_progress, stage_params
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
+from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
 
@@ -39,7 +40,7 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.core.distributed import leave_world
     from lmclab.core.metrics import lambda_grid
 
-    read = stage_params("measure", params)
+    read = stage_params("measure", params, dvc_yaml=DVC_YAML)
     opts = read("measure")
     args = [f"--{k.replace('_', '-')}={v}" for k, v in dict(seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b,
                                                           merged=merged, data=data, out=out, params=params).items()]

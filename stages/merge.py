@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -31,7 +31,7 @@ def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
     from lmclab.core.merge import merge
     from lmclab.core.spec import check_permutation
 
-    read = stage_params("merge", params)
+    read = stage_params("merge", params, dvc_yaml=DVC_YAML)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
     spec = get_arch(a.arch).permutation_spec(a.config)

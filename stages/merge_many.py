@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -27,7 +27,7 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
     from lmclab.core.device import resolve_device
     from lmclab.analysis.ensemble import merge_and_compare
 
-    read = stage_params("merge_many", params)
+    read = stage_params("merge_many", params, dvc_yaml=DVC_YAML)
     opts = read("merge_many")
     paths = [models / f"seed{s}.pt" for s in opts["seeds"]]
     ckpts = [load_checkpoint(p) for p in paths]

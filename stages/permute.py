@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -28,7 +28,7 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     from lmclab.core.device import resolve_device
     from lmclab.search import SearchProblem, check_method, find_permutation
 
-    read = stage_params("permute", params, method=method)
+    read = stage_params("permute", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
     check_method(method, options)
     seed, device = read("permute.seed"), resolve_device(read("device"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -29,7 +29,7 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
     from lmclab.report.plots_cka import plot_cka
     from lmclab.report.document import write_report
 
-    read_params = stage_params("plot", params)
+    read_params = stage_params("plot", params, dvc_yaml=DVC_YAML)
     opts = read_params("plot")
     curves_table = pd.read_parquet(tables_dir / "curves.parquet")
     pairs = pd.read_parquet(tables_dir / "pairs.parquet")

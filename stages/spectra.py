@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -29,7 +29,7 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
 
-    read = stage_params("spectra", params)
+    read = stage_params("spectra", params, dvc_yaml=DVC_YAML)
     mode = read("measure.conv_spectrum")
     check_mode(mode)
     device = resolve_device(read("device"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -35,7 +35,7 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     from lmclab.report.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
                                 output_scales, table1, tables, three_summary, three_tables)
 
-    read = stage_params("summarize", params)
+    read = stage_params("summarize", params, dvc_yaml=DVC_YAML)
     methods, seeds = read("permute.methods"), read("train.seeds")
     three_methods = read("three.methods")
     out = tables(collect_pairs(measure_dir, perms_dir, read("permute.pairs"), methods))

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
-from lmclab.pipeline.stage import join_torchrun, one_line_errors, relaunch_under_torchrun, run_warm, show_progress, stage_params
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
+from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
@@ -35,7 +36,7 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     from lmclab.core.distributed import leave_world
     from lmclab.train.training import train
 
-    read = stage_params("train", params)
+    read = stage_params("train", params, dvc_yaml=DVC_YAML)
     args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]
     relaunch_under_torchrun(__file__, args, run_id=f"lmclab-train-seed{seed}",
                             **{k: read(f"train.{k}") for k in LAUNCH_KEYS})

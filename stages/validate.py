@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-import _repo_src  # noqa: F401 (first: this repository's src/ on sys.path)
+from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -25,7 +25,7 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
     from lmclab.pipeline.validate import ParamsError, check_params
 
     try:
-        check_params(stage_params("validate", params)(""))
+        check_params(stage_params("validate", params, dvc_yaml=DVC_YAML)(""))
     except ParamsError as err:
         raise SystemExit("\n".join(f"error: {line}" for line in err.lines)) from None
     with atomic_path(out) as tmp:

@@ -111,6 +111,46 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     assert "metrics/headline.json" in diff and "am.L2_red" in diff
 
 
+def _changed_stages(repo: Path) -> set[str]:
+    """The stages ``dvc status`` reports as changed (a dependency, a param or an output)."""
+    return set(json.loads(_run(repo, "dvc", "status", "--json", stdout_only=True) or "{}"))
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: {old!r} not found"
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.slow
+def test_an_edit_to_code_a_stage_imports_marks_that_stage_changed(repo: Path) -> None:
+    """The cache cannot serve results of old code: the stage scripts' import closures are their deps."""
+    _set(repo, "permute.methods", ["identity", "wm", "am"])  # as TINY has them (an earlier test may drop am)
+    _run(repo, "dvc", "repro")
+    assert _changed_stages(repo) == set()
+    data, mlp = repo / "src/lmclab/core/data.py", repo / "src/lmclab/archs/mlp.py"
+    saved = {p: p.read_text() for p in (data, mlp, repo / "src/lmclab/pipeline/stage.py")}
+    try:
+        _edit(data, "def load_split(", "def load_split(  # edited\n")  # what train and every analysis read
+        changed = _changed_stages(repo)
+        assert {"download", "train@0", "train@1", "train@2", "permute@pair0-am", "merge@pair0",
+                "measure@pair0", "spectra", "merge_many"} <= changed and "plot" not in changed
+        data.write_text(saved[data])
+        _edit(mlp, "def activation_points(", "def activation_points(  # edited\n")  # AM builds the model
+        changed = _changed_stages(repo)
+        assert {"train@0", "permute@pair0-am", "permute@pair0-wm", "connect@triple0-wm"} <= changed
+        assert not {"download", "summarize", "plot"} & changed
+        mlp.write_text(saved[mlp])
+        (repo / "src/lmclab/pipeline/stage.py").write_text(saved[repo / "src/lmclab/pipeline/stage.py"] + "# edited\n")
+        assert {s.split("@")[0] for s in _changed_stages(repo)} == {
+            "validate", "download", "train", "permute", "merge", "measure", "spectra", "connect",
+            "merge_many", "summarize", "plot"}
+    finally:
+        for path, text in saved.items():
+            path.write_text(text)
+    assert _changed_stages(repo) == set()
+
+
 def _experiment_metrics_by_width(repo: Path) -> dict[int, dict]:
     """``model.mlp.width`` -> metrics files of every experiment of HEAD (`dvc exp show --json`)."""
     found = {}
@@ -160,7 +200,7 @@ def test_floats_as_dvc_writes_them_reach_the_stages_as_numbers(repo: Path) -> No
     assert {"validate", "permute@pair0-wm", "connect@triple0-wm", "merge_many"} <= ran
     text = (repo / "params.yaml").read_text()
     assert "tol: 1e-06" in text and yaml.safe_load(text)["permute"]["wm"]["tol"] == "1e-06"  # the trap
-    read = StageParams("validate", repo / "params.yaml").read  # the stages' reader
+    read = StageParams("validate", repo / "params.yaml", dvc_yaml=repo / "dvc.yaml").read  # the stages' reader
     assert [read(k) for k in sets] == [1e-6, 1e-3, 0.5, 500.0] and all(type(read(k)) is float for k in sets)
     landscape = pd.read_parquet(repo / "data/connect/seed0-seed1-seed2/wm/landscape.parquet")
     assert landscape["u"].min() == -0.5  # connect read three.margin = .5 as a number

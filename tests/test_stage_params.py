@@ -86,7 +86,7 @@ def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
     tree = load_yaml(ROOT / "params.yaml")
     items = [{"method": m} for m in tree["permute"]["methods"]] if "item.method" in str(PIPELINE["stages"][stage]) else [{}]
     for item in items:
-        read = StageParams(stage, ROOT / "params.yaml", **item).read
+        read = StageParams(stage, ROOT / "params.yaml", dvc_yaml=ROOT / "dvc.yaml", **item).read
         for key in declared_keys(PIPELINE, stage, tree, item):
             read(key)
 

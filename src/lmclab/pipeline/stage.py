@@ -19,7 +19,7 @@ STARTED_BY = os.getppid()  # read first: if this starter (dvc) is gone by run_wa
 from lmclab.runtime.lifetime import die_with_parent  # standard library only: no heavy import here
 from lmclab.runtime.warmstart import run_script
 
-DVC_YAML = "dvc.yaml"  # the pipeline a stage belongs to, beside its params.yaml (DVC runs stages there)
+DVC_YAML = "dvc.yaml"  # named in errors; each stage script passes its own repository's file
 PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")
 
 
@@ -82,12 +82,10 @@ class StageParams:
     read whole) that the stage's ``params:`` do not cover is refused: DVC would not rerun the stage
     when that key changes, and would serve a stale result."""
 
-    def __init__(self, stage: str, path: Path = Path("params.yaml"), *, dvc_yaml: Path | None = None,
-                 **item: Any) -> None:
+    def __init__(self, stage: str, path: Path, *, dvc_yaml: Path, **item: Any) -> None:
         self.stage, self.path = stage, Path(path)
         self.tree = load_yaml(self.path) or {}
-        pipeline = load_yaml(dvc_yaml or self.path.parent / DVC_YAML) or {}  # beside params.yaml by default
-        self.declared = declared_keys(pipeline, stage, self.tree, item)
+        self.declared = declared_keys(load_yaml(dvc_yaml) or {}, stage, self.tree, item)
 
     def covers(self, key: str) -> bool:
         return any(d in ("", key) or key.startswith(d + ".") for d in self.declared)
@@ -124,9 +122,9 @@ class DeclaredBlock(Mapping):
         return len(self._value)
 
 
-def stage_params(stage: str, path: Path = Path("params.yaml"), **item: Any) -> Callable[[str], Any]:
+def stage_params(stage: str, path: Path, *, dvc_yaml: Path, **item: Any) -> Callable[[str], Any]:
     """``read(key)`` for stage ``stage`` (matrix stages pass their ``item`` values, e.g. ``method``)."""
-    return StageParams(stage, path, **item).read
+    return StageParams(stage, path, dvc_yaml=dvc_yaml, **item).read
 
 
 def show_progress() -> bool:
@@ -158,31 +156,6 @@ def run_warm(app: Callable[[], Any]) -> None:
         app()
     else:
         raise SystemExit(code)
-
-
-def relaunch_under_torchrun(script: str, args: list[str], *, run_id: str, nproc_per_node: int, nnodes: int = 1,
-                            rdzv_endpoint: str | None = None) -> None:
-    """Run this stage again as ``nproc_per_node`` × ``nnodes`` torchrun processes (data-parallel) and exit
-    with torchrun's status; a no-op for one process or when already one of torchrun's processes."""
-    import subprocess
-
-    from lmclab.core.distributed import torchrun_command
-
-    if nproc_per_node * nnodes == 1 or "LOCAL_RANK" in os.environ:
-        return
-    command = torchrun_command(sys.executable, script, args, run_id=run_id, nproc_per_node=nproc_per_node,
-                               nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
-    raise SystemExit(subprocess.run(command, env={**os.environ, "LMCLAB_WARM": "0"}).returncode)
-
-
-def join_torchrun(device: Any) -> Any:
-    """This process's ``lmclab.core.distributed.World``: its rank among torchrun's processes, or alone."""
-    from lmclab.core.distributed import World, join_world
-
-    if "LOCAL_RANK" not in os.environ:
-        return World(device=device)
-    return join_world(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
-                      device.type)
 
 
 def _flat(tree: Mapping, prefix: str = "") -> dict[str, Any]:
