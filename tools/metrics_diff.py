@@ -19,10 +19,10 @@ from pathlib import Path
 
 import typer
 
-ROOT = Path(__file__).resolve().parent.parent
+from lmclab.pipeline.stage import load_yaml  # YAML 1.2, as DVC reads: 1e-3 is a float
+from lmclab.report.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table
 
-from lmclab.pipeline.stage import load_yaml: E402 (YAML 1.2, as DVC reads: 1e-3 is a float)
-from lmclab.report.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 app = typer.Typer(add_completion=False)
 
