@@ -1,3 +1,26 @@
-"""lmclab: linear mode connectivity and permutation-based model merging (see README, SPEC.md)."""
+"""lmclab: linear mode connectivity and permutation-based model merging.
+
+The public API (:mod:`lmclab.api`) is re-exported here lazily: ``lmclab.find_permutation`` imports
+it on first use, so ``import lmclab.core.spec`` (and every pipeline stage) loads only what it uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+API = ("Alignment", "Curve", "apply_permutation", "as_split", "find_permutation", "interpolate",
+       "l2_reduction", "merge")
+__all__ = [*API, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        import importlib
+
+        return getattr(importlib.import_module("lmclab.api"), name)
+    raise AttributeError(f"module 'lmclab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

@@ -1,0 +1,88 @@
+"""Models and permutations on disk, for the ``lmclab`` command: a plain state dict (``.pt``/``.pth``,
+also one nested under ``"state_dict"`` or ``"model"``, or ``.safetensors``) or an lmclab checkpoint
+(which carries its architecture, so its spec and activation points come from the registry), and the
+permutation file ``lmclab match`` writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.archs import build_model, get_arch
+from lmclab.archs.checkpoint import FORMAT, atomic_save, load_checkpoint
+from lmclab.archs.traced import load_factory
+from lmclab.core.spec import PermutationSpec
+
+PERM_FORMAT = "lmclab-permutation-1"
+
+
+class Loaded(NamedTuple):
+    """A model file: its parameters, and for an lmclab checkpoint its module, spec and points."""
+
+    params: dict[str, Tensor]
+    model: nn.Module | None = None
+    spec: PermutationSpec | None = None
+    points: dict[str, list[str]] | None = None
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # zip/pickle errors of truncated files, pickled modules
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a readable state dict (save model.state_dict(), not the module: {first[:120]})") from None
+
+
+def load_model_file(path: Path) -> Loaded:
+    """The model stored at ``path`` (module docstring); one-line errors naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return Loaded(load_file(str(path)))
+    blob = _torch_load(path)
+    if isinstance(blob, dict) and blob.get("format") == FORMAT:
+        ckpt = load_checkpoint(path)
+        arch = get_arch(ckpt.arch)
+        return Loaded(ckpt.state_dict, build_model(ckpt.arch, ckpt.config), arch.permutation_spec(ckpt.config),
+                      arch.activation_points(ckpt.config))
+    for key in ("state_dict", "model"):
+        if isinstance(blob, dict) and isinstance(blob.get(key), dict):
+            blob = blob[key]
+    if not (isinstance(blob, dict) and blob and all(isinstance(v, Tensor) for v in blob.values())):
+        raise ValueError(f"{path}: expected a state dict (a mapping of names to tensors)")
+    return Loaded(dict(blob))
+
+
+def build_factory(factory: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``module:callable(**kwargs)`` (a module path or a ``.py`` file before the colon)."""
+    try:
+        net = load_factory(factory)(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"factory: {factory}(**{kwargs}) failed: {exc}") from None
+    if not isinstance(net, nn.Module):
+        raise ValueError(f"factory: {factory!r} returned {type(net).__name__}, not an nn.Module")
+    return net
+
+
+def save_permutation(path: Path, perm: dict[str, Tensor], *, method: str, stats: dict[str, Any]) -> None:
+    """The permutation and what found it, written atomically."""
+    plain = {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
+    atomic_save({"format": PERM_FORMAT, "method": method, "stats": plain,
+                 "perm": {g: p.cpu() for g, p in perm.items()}}, Path(path))
+
+
+def load_permutation(path: Path) -> dict[str, Tensor]:
+    """The group → index tensor mapping of a file ``lmclab match`` wrote."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    blob = _torch_load(path)
+    if not isinstance(blob, dict) or blob.get("format") != PERM_FORMAT:
+        raise ValueError(f"{path}: not a permutation written by `lmclab match` (expected format {PERM_FORMAT})")
+    return blob["perm"]

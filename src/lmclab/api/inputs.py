@@ -1,0 +1,103 @@
+"""What the public API accepts, turned into what the library works on: a model or a state dict into
+a parameter dict, any data (a ``DataLoader``, an iterable of ``(input, target)`` batches, a dataset
+of samples, a pair of tensors) into a :class:`~lmclab.core.data.Split`, and a model into its
+permutation spec (given, or traced with :mod:`lmclab.trace`). Errors name the API's own arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.core.data import Split
+from lmclab.core.device import resolve_device
+from lmclab.core.spec import Params, PermutationSpec
+
+Model = nn.Module | Mapping[str, Tensor]  # a module, or its state_dict
+Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
+
+
+def params_of(model: Model, name: str, device: torch.device) -> Params:
+    """The state dict of ``model`` (a module or a mapping of tensors), detached, on ``device``."""
+    if isinstance(model, nn.Module):
+        state = model.state_dict()
+    elif isinstance(model, Mapping) and all(isinstance(v, Tensor) for v in model.values()):
+        state = model
+    else:
+        raise TypeError(f"{name} must be an nn.Module or a state dict of tensors, got {type(model).__name__}")
+    return {k: v.detach().to(device) for k, v in state.items()}
+
+
+def skeleton(model: nn.Module | None, model_a: Model, why: str) -> nn.Module:
+    """The module whose forward pass the method runs: ``model``, else ``model_a`` if it is one."""
+    found = model if model is not None else model_a if isinstance(model_a, nn.Module) else None
+    if found is None:
+        raise ValueError(f"model: {why} needs the nn.Module the state dicts belong to (pass model=, "
+                         "or model_a as a module)")
+    return found
+
+
+def as_split(data: Data, name: str = "data") -> Split:
+    """All of ``data`` as one :class:`Split` (inputs ``x``, integer class targets ``y``)."""
+    if isinstance(data, Split):
+        return data
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        return Split(data[0].float(), data[1].long())
+    if not isinstance(data, Iterable):
+        raise TypeError(f"{name} must be a DataLoader, an iterable of (input, target) batches or a pair of "
+                        f"tensors, got {type(data).__name__}")
+    xs, ys = [], []
+    for item in data:
+        if not (isinstance(item, (tuple, list)) and len(item) >= 2):
+            raise TypeError(f"{name}: expected (input, target) items, got {type(item).__name__}")
+        x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
+        sample = y.dim() == 0  # a dataset of samples rather than a loader of batches
+        xs.append(x.unsqueeze(0) if sample else x)
+        ys.append(y.unsqueeze(0) if sample else y)
+    if not xs:
+        raise ValueError(f"{name} is empty")
+    return Split(torch.cat(xs).float(), torch.cat(ys).long())
+
+
+def first_inputs(data: Data) -> Tensor:
+    """Two inputs of ``data`` (the first batch's), enough to trace shapes."""
+    if isinstance(data, Split):
+        return data.x[:2]
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        return data[0][:2]
+    item = next(iter(data), None)
+    if item is None:
+        raise ValueError("data is empty")
+    x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
+    return (x.unsqueeze(0) if y.dim() == 0 else x[:2]).float()
+
+
+class Problem(NamedTuple):
+    """A pair resolved for the library: the spec, its activation points, the skeleton, the device."""
+
+    spec: PermutationSpec
+    points: dict[str, list[str]] | None
+    model: nn.Module | None
+    device: torch.device
+
+
+def resolve(model_a: Model, model_b: Model, *, spec: PermutationSpec | None, model: nn.Module | None,
+            example_inputs: Tensor | None, data: Data | None, device: str, needs_forward: bool) -> Problem:
+    """The spec (given, or traced from the skeleton on ``example_inputs`` — else on two inputs of
+    ``data``), the activation points of a traced spec, and the skeleton on ``device``."""
+    dev = resolve_device(device)
+    net = skeleton(model, model_a, "tracing the permutation spec" if spec is None else "this method") \
+        if spec is None or needs_forward else None
+    points = None
+    if spec is None:
+        from lmclab.trace import trace
+
+        if example_inputs is None:
+            if data is None:
+                raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
+            example_inputs = first_inputs(data)
+        traced = trace(net.cpu(), example_inputs.cpu())
+        spec, points = traced.spec, traced.points
+    return Problem(spec, points, net.to(dev) if net is not None else None, dev)

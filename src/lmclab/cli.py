@@ -1,0 +1,256 @@
+"""The ``lmclab`` command: the public API (:mod:`lmclab.api`) on model files, from a shell.
+
+    lmclab match A B --method wm [--factory pkg.mod:fn --kwargs '{…}'] --out perm.pt
+    lmclab merge A B [--perm perm.pt] [--lam 0.5] --out merged.pt
+    lmclab barrier A B [--perm perm.pt] --data mnist5k|cifar10|PREPARED_DIR
+    lmclab trace pkg.mod:fn --input-shape 3,32,32
+    lmclab validate params.yaml
+
+A and B are plain state dicts (``.pt``/``.pth``/``.safetensors``; the module comes from
+``--factory``) or lmclab checkpoints (which carry their architecture). Bad input is one line on
+stderr and exit status 1."""
+
+from __future__ import annotations
+
+import json
+from functools import wraps
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+
+FACTORY = typer.Option(None, help="module:callable building the nn.Module of plain state dicts")
+KWARGS = typer.Option("{}", help="JSON keyword arguments of --factory")
+SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,32 (to trace the spec)")
+DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
+
+
+def one_line(fn: Callable) -> Callable:
+    """Bad input (ValueError, TypeError, FileNotFoundError, a refused trace) as ``error: …``, exit 1."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from lmclab.trace import TraceError
+
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, FileNotFoundError, TraceError) as exc:
+            typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ValueError(f"--input-shape: expected positive integers separated by commas, got {text!r}")
+    return shape
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    """``--option key=value`` pairs, values read as YAML (numbers, booleans, null, strings)."""
+    from ruamel.yaml import YAML
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option: expected key=value, got {pair!r}")
+        out[key] = YAML(typ="safe", pure=True).load(value)
+    return out
+
+
+def _load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any, Any, Any]:
+    """Both models' parameters, the module they run in, and (checkpoints) their spec and points."""
+    from lmclab.api.files import build_factory, load_model_file
+
+    la, lb = load_model_file(a), load_model_file(b)
+    if factory is not None:
+        try:
+            parsed = json.loads(kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--kwargs: not valid JSON ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"--kwargs: expected a JSON object, got {kwargs!r}")
+        return la.params, lb.params, (build_factory(factory, parsed), None, None)
+    if la.model is None:
+        raise ValueError(f"{a}: a plain state dict needs --factory module:callable to build its module")
+    return la.params, lb.params, (la.model, la.spec, la.points)
+
+
+def _data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
+    """A data set by name (prepared into a private temporary folder) or a prepared folder's ``split``."""
+    import tempfile
+
+    from lmclab.core.data import LOADERS, Split, load_split, prepare
+
+    if source in LOADERS:
+        with tempfile.TemporaryDirectory(prefix="lmclab-") as tmp:  # mode 0700: this user only
+            prepare(source, root, Path(tmp) / "prepared")
+            data = load_split(Path(tmp) / "prepared", split)
+    elif Path(source).is_dir():
+        data = load_split(Path(source), split)
+    else:
+        raise ValueError(f"--data: expected one of {sorted(LOADERS)} or a prepared data folder, got {source!r}")
+    if in_channels is not None:
+        if in_channels % data.x.shape[1]:
+            raise ValueError(f"--in-channels: {in_channels} is not a multiple of the data's {data.x.shape[1]}")
+        data = Split(data.x.repeat(1, in_channels // data.x.shape[1], 1, 1), data.y)
+    return data
+
+
+@app.command()
+@one_line
+def match(model_a: Path = typer.Argument(..., help="θa: state dict or lmclab checkpoint"),
+          model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
+          method: str = typer.Option("wm", help="wm, am, ste, wm_sinkhorn, ste_sinkhorn or identity"),
+          out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
+          factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE,
+          data: str = typer.Option(None, help="training data of am/ste/ste_sinkhorn: a data set name or prepared folder"),
+          data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
+          in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
+          option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
+          seed: int = 0, device: str = DEVICE) -> None:
+    """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
+    import torch
+
+    from lmclab.api import find_permutation, l2_reduction
+    from lmclab.api.files import save_permutation
+
+    params_a, params_b, (net, spec, points) = _load_pair(model_a, model_b, factory, kwargs)
+    shape = _shape(input_shape)
+    train = _data(data, "train", data_root, in_channels) if data is not None else None
+    res = find_permutation(params_a, params_b, method=method, spec=spec, model=net, points=points, data=train,
+                           example_inputs=torch.zeros(2, *shape) if shape else None, seed=seed,
+                           device=device, **_options(option))
+    save_permutation(out, res.perm, method=method, stats=res.stats)
+    typer.echo(f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s; "
+               f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}")
+
+
+@app.command()
+@one_line
+def merge(model_a: Path = typer.Argument(...), model_b: Path = typer.Argument(...),
+          out: Path = typer.Option(..., help="the merged state dict (.pt or .safetensors)"),
+          perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: naive average)"),
+          lam: float = typer.Option(0.5, help="λ of λ·θa + (1−λ)·π(θb)"),
+          factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE) -> None:
+    """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
+    from lmclab.api import merge as merge_models
+
+    merged = merge_models(*_aligned(model_a, model_b, perm, factory, kwargs, input_shape)[:2], lam=lam)
+    _save_state(out, merged)
+    typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
+
+
+def _aligned(model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str,
+             input_shape: str | None) -> tuple[Any, Any, Any]:
+    """θa, π(θb) (θb without ``perm``) and the module they run in."""
+    import torch
+
+    from lmclab.api import apply_permutation
+    from lmclab.api.files import load_permutation
+
+    params_a, params_b, (net, spec, _) = _load_pair(model_a, model_b, factory, kwargs)
+    if perm is None:
+        return params_a, params_b, net
+    if spec is None:
+        from lmclab.trace import trace_spec
+
+        shape = _shape(input_shape)
+        if shape is None:
+            raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
+        spec = trace_spec(net, torch.zeros(2, *shape))
+    return params_a, apply_permutation(spec, params_b, load_permutation(perm)), net
+
+
+def _save_state(path: Path, state: dict) -> None:
+    from lmclab.archs.checkpoint import atomic_save
+
+    state = {k: v.contiguous() for k, v in state.items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        from lmclab.core.atomic import atomic_path
+
+        with atomic_path(path) as tmp:
+            save_file(state, str(tmp))
+    else:
+        atomic_save(state, path)
+
+
+@app.command()
+@one_line
+def barrier(model_a: Path = typer.Argument(...), model_b: Path = typer.Argument(...),
+            data: str = typer.Option(..., help="a data set name (mnist5k, cifar10, …) or a prepared data folder"),
+            perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: the naive pair)"),
+            split: str = typer.Option("test", help="train or test"),
+            lams: int = typer.Option(11, help="evenly spaced λ values (½ added if missing)"),
+            repair: bool = typer.Option(False, help="re-estimate BatchNorm statistics at each λ on the train split"),
+            data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
+            in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
+            factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE,
+            json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
+            device: str = DEVICE) -> None:
+    """Loss and accuracy barriers on the line between A and π(B)."""
+    from lmclab.api import interpolate
+
+    params_a, params_b, net = _aligned(model_a, model_b, perm, factory, kwargs, input_shape)
+    test = _data(data, split, data_root, in_channels)
+    repair_data = _data(data, "train", data_root, in_channels) if repair else None
+    curve = interpolate(params_a, params_b, model=net, data={split: test}, lams=lams,
+                        repair="bn" if repair else None, repair_data=repair_data, device=device)
+    found = curve.barriers()
+    for q, unit in (("loss", ""), ("acc", " points")):
+        typer.echo(f"{split} {q}: A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
+                   f"midpoint {found[f'{split}_{q}_mid']:.4f}; barrier max {found[f'{split}_{q}_barrier_max']:.4f}"
+                   f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}")
+    if json_out is not None:
+        json_out.write_text(json.dumps({"barriers": found, "curve": curve.rows}, indent=2) + "\n")
+
+
+@app.command()
+@one_line
+def trace(factory: str = typer.Argument(..., help="module:callable building the nn.Module"),
+          input_shape: str = typer.Option(..., help="input shape without the batch axis, e.g. 3,32,32"),
+          kwargs: str = KWARGS, partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted")) -> None:
+    """Print the permutation spec tracing derives (groups, their sizes and places), or the refusal."""
+    import torch
+
+    from lmclab.api.files import build_factory
+    from lmclab.trace import trace as trace_model
+
+    net = build_factory(factory, json.loads(kwargs))
+    traced = trace_model(net, torch.zeros(2, *_shape(input_shape)), partial=partial)
+    sizes = traced.spec.group_sizes(net.state_dict())
+    for group, places in traced.spec.groups.items():
+        where = ", ".join(f"{name}[{axis}]" for name, axis in places)
+        typer.echo(f"{group} ({sizes[group]} units): {where}")
+    typer.echo(f"{len(sizes)} groups over {len(traced.spec.axes)} tensors")
+
+
+@app.command()
+@one_line
+def validate(params: Path = typer.Argument(Path("params.yaml"), help="a params.yaml of the pipeline")) -> None:
+    """Check a params.yaml against the pipeline's schema: one line per bad key."""
+    from lmclab.pipeline.stage import load_yaml
+    from lmclab.pipeline.validate import ParamsError, check_params
+
+    try:
+        check_params(load_yaml(params) or {})
+    except ParamsError as err:
+        typer.echo("\n".join(f"error: {line}" for line in err.lines), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{params}: valid")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,145 @@
+"""The public API on models lmclab has never seen: plain ``nn.Module``s and state dicts, specs traced
+from the model, data as loaders, tensors or datasets; planted permutations must be recovered exactly."""
+
+from __future__ import annotations
+
+import doctest
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lmclab
+import lmclab.api.functions
+from lmclab.core.spec import random_permutation
+from lmclab.trace import trace_spec
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _planted(model: nn.Module, x: torch.Tensor, seed: int = 7) -> tuple[dict, dict]:
+    """θb = π(θa) for a random π of the traced spec, and π."""
+    spec = trace_spec(model, x)
+    perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(seed))
+    return lmclab.apply_permutation(spec, model.state_dict(), perm), perm
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_top_level_names_are_the_api() -> None:
+    assert sorted(lmclab.__all__) == sorted([*lmclab.api.__all__, "__version__"])
+    assert lmclab.find_permutation is lmclab.api.functions.find_permutation
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lmclab.nothing  # noqa: B018
+
+
+def test_importing_one_module_does_not_load_the_api() -> None:
+    """Lazy re-exports: a stage importing lmclab.core.spec depends on no more than it uses."""
+    code = "import sys, lmclab.core.spec; print(any(m.startswith(('lmclab.api', 'lmclab.search')) for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("method", ["wm", "wm_sinkhorn"])
+def test_a_planted_permutation_of_an_mlp_is_recovered_data_free(method: str) -> None:
+    a, x = _mlp(0), torch.randn(8, 12)
+    b, _ = _planted(a, x)
+    res = lmclab.find_permutation(a, b, method=method, example_inputs=x, device="cpu")
+    assert _same(res.apply(b), a.state_dict())
+    assert lmclab.l2_reduction(a, b, res) == pytest.approx(100.0)
+    assert res.method == method and res.stats["seconds"] >= 0
+
+
+def test_state_dicts_need_their_module_and_then_match_like_modules() -> None:
+    a, x = _mlp(0), torch.randn(8, 12)
+    b, _ = _planted(a, x)
+    with pytest.raises(ValueError, match=r"^model: tracing the permutation spec needs the nn.Module"):
+        lmclab.find_permutation(a.state_dict(), b, example_inputs=x)
+    res = lmclab.find_permutation(a.state_dict(), b, model=_mlp(3), example_inputs=x, device="cpu")
+    assert _same(res.apply(b), a.state_dict())
+
+
+def test_activation_matching_takes_a_dataloader_and_recovers_the_planted_permutation() -> None:
+    a, x = _mlp(0), torch.randn(256, 12)
+    b, _ = _planted(a, x[:2])
+    loader = DataLoader(TensorDataset(x, torch.randint(0, 3, (256,))), batch_size=64)
+    res = lmclab.find_permutation(a, b, method="am", data=loader, device="cpu")  # spec traced on the first batch
+    assert _same(res.apply(b), a.state_dict())
+
+
+def test_a_torchvision_resnet18_is_traced_matched_and_measured() -> None:
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    a, x = resnet18(num_classes=10).eval(), torch.randn(4, 3, 32, 32)
+    b, _ = _planted(a, x)
+    res = lmclab.find_permutation(a, b, method="wm", example_inputs=x, device="cpu")
+    pi_b = res.apply(b)
+    assert _same(pi_b, a.state_dict())
+    curve = lmclab.interpolate(a, pi_b, data=TensorDataset(x, torch.arange(4)), lams=3, device="cpu")
+    assert curve.barrier() == pytest.approx(0.0, abs=1e-5) and curve.barrier("acc", "mid") == pytest.approx(0.0)
+
+
+def test_the_curve_of_two_different_models_has_the_barrier_of_its_own_rows() -> None:
+    a, b = _mlp(0), _mlp(1)
+    x, y = torch.randn(200, 12), torch.randint(0, 3, (200,))
+    curve = lmclab.interpolate(a, b, data={"test": (x, y), "train": DataLoader(TensorDataset(x, y), batch_size=50)},
+                               lams=[0, 0.25, 0.5, 0.75, 1], device="cpu")
+    assert curve.splits == ["test", "train"] and curve.lams == [0.0, 0.25, 0.5, 0.75, 1.0]
+    test = {r["lam"]: r["loss"] for r in curve.rows if r["split"] == "test"}
+    line = {lam: lam * test[1.0] + (1 - lam) * test[0.0] for lam in test}
+    assert curve.barrier("loss", "max") == pytest.approx(max(test[v] - line[v] for v in test))
+    assert curve.barrier("loss", "mid") == pytest.approx(test[0.5] - line[0.5])
+    assert curve.barrier(split="train") == pytest.approx(curve.barrier())  # the same data, batched
+    merged = lmclab.merge(a, b, lam=0.5)
+    assert torch.equal(merged["1.weight"], (a.state_dict()["1.weight"] + b.state_dict()["1.weight"]) / 2)
+
+
+def test_bn_repair_recomputes_the_statistics_of_the_interpolated_model() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(300, 6) * 3 + 1, torch.randint(0, 2, (300,))
+    stale = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, device="cpu")
+    fixed = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, repair="bn", repair_data=(x, y), device="cpu")
+    assert [r["loss"] for r in stale.rows] != pytest.approx([r["loss"] for r in fixed.rows])
+    with pytest.raises(ValueError, match="^repair: 'bn' needs a model with BatchNorm"):
+        lmclab.interpolate(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), repair="bn", repair_data=(x, y))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"method": "nope"}, r"^method: unknown method 'nope'"),
+    ({"method": "am"}, r"^data: method 'am' needs training data"),
+    ({"method": "wm"}, r"^example_inputs: needed to trace the permutation spec"),
+    ({"method": "wm", "example_inputs": torch.randn(2, 12), "max_iter": 0}, r"^max_iter must be"),
+    ({"method": "wm", "example_inputs": torch.randn(2, 12), "nonsense": 1}, r"nonsense"),
+])
+def test_bad_arguments_are_one_line_naming_the_argument(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as err:
+        lmclab.find_permutation(_mlp(0), _mlp(1), **kwargs)
+    assert "\n" not in str(err.value) and "permute." not in str(err.value)
+
+
+def test_a_state_dict_of_another_model_is_refused_naming_it() -> None:
+    other = nn.Sequential(nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3))
+    with pytest.raises(ValueError, match="^model_b: keys do not match"):
+        lmclab.find_permutation(_mlp(0), other.state_dict(), example_inputs=torch.randn(2, 12))
+
+
+def test_lams_must_hold_both_endpoints_and_the_midpoint() -> None:
+    with pytest.raises(ValueError, match=r"^lams must lie in \[0, 1\] and hold 0, 0.5 and 1"):
+        lmclab.interpolate(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), lams=[0, 1])
+
+
+@pytest.mark.parametrize("module", ["lmclab.api.functions", "lmclab.api.curves", "lmclab.api"])
+def test_the_docstring_examples_run(module: str) -> None:
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
