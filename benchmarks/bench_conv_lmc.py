@@ -21,12 +21,12 @@ HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
 
-from lmclab.archs import build_model, get_arch, make_config  # noqa: E402
+from lmclab.archs import build_model, get_arch, make_config, search_problem  # noqa: E402
 from lmclab.core.bn_repair import bn_repair_hook  # noqa: E402
 from lmclab.core.data import load_split, prepare  # noqa: E402
 from lmclab.core.evaluate import evaluate  # noqa: E402
 from lmclab.core.interpolation import measure_pair_with_repair  # noqa: E402
-from lmclab.search import SearchProblem, find_permutation  # noqa: E402
+from lmclab.search import run_search  # noqa: E402
 from lmclab.core.spec import apply_permutation  # noqa: E402
 from lmclab.train.training import train  # noqa: E402
 
@@ -54,8 +54,9 @@ def main() -> None:
     out = {"config": vars(args), "train_seconds_two_models": round(train_seconds, 1),
            "endpoint_test_acc_a_b": [round(100 * evaluate(model, p, splits["test"]).acc, 2) for p in endpoints]}
     for method in ("identity", "wm", "am"):
-        problem = SearchProblem("resnet20", config, endpoints[0], endpoints[1], splits["train"], torch.device("cpu"))
-        result = find_permutation(method, problem, seed=0, options={})
+        problem = search_problem("resnet20", config, endpoints[0], endpoints[1], device=torch.device("cpu"),
+                                 train=splits["train"])
+        result = run_search(method, problem, seed=0, options={})
         permuted_b = apply_permutation(spec, result.perm, endpoints[1])
         rows, summary = measure_pair_with_repair(spec, model, endpoints[0], endpoints[1], permuted_b,
                                                  [0.0, 0.5, 1.0], {"test": splits["test"]}, repair=repair)

@@ -27,9 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_soft_search import permute_options, run  # noqa: E402
-from lmclab.archs import get_arch  # noqa: E402
+from lmclab.archs import get_arch, search_problem  # noqa: E402
 from lmclab.core.data import load_split  # noqa: E402
-from lmclab.search import SearchProblem  # noqa: E402
 from lmclab.train.training import train  # noqa: E402
 
 
@@ -57,8 +56,8 @@ def main() -> None:
         models = [train("mlp", config, seed, train_split, test_split, epochs=epochs)[0] for seed in range(args.seeds)]
         train_s = (time.perf_counter() - start) / args.seeds
         for a, b in zip(models[0::2], models[1::2]):
-            problem = SearchProblem("mlp", config, a.state_dict, b.state_dict, train_split,
-                                    torch.device("cpu"), test=test_split)
+            problem = search_problem("mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"),
+                                     train=train_split, test=test_split)
             for method in args.methods.split(","):
                 row = {"epochs": epochs, "train_s_per_seed": train_s, "pair": f"{a.seed}-{b.seed}",
                        **run(problem, method, permute.get(method) or {}, permute["seed"])}

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import typer
 
-from lmclab.archs import build_model, get_arch, make_config
+from lmclab.archs import build_model, get_arch, make_config, search_problem
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split, prepare
-from lmclab.search import SearchProblem, find_permutation
+from lmclab.search import run_search
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,14 +40,15 @@ def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmark
     if not (prepared / "meta.json").is_file():
         prepared = Path("/tmp/lmclab-bench-prepared")
         prepare("mnist5k", Path("/tmp/lmclab-bench-raw"), prepared)
-    problem = SearchProblem("mlp", config, params_a, params_b, load_split(prepared, "train"), torch.device("cpu"))
+    problem = search_problem("mlp", config, params_a, params_b, device=torch.device("cpu"),
+                             train=load_split(prepared, "train"))
     results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
                "model": f"mlp {config.hidden} x {config.width}, {source}", "methods": {}}
     for method in methods.split(","):
         times, sweeps = [], []
         for _ in range(repeats):
             start = time.perf_counter()
-            result = find_permutation(method, problem, seed=0, options={})
+            result = run_search(method, problem, seed=0, options={})
             times.append(time.perf_counter() - start)
             sweeps.append(result.stats.get("sweeps", 0))
         results["methods"][method] = {"median_s": statistics.median(times), "min_s": min(times),

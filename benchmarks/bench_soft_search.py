@@ -29,14 +29,15 @@ from lmclab.core.data import load_split  # noqa: E402
 from lmclab.core.evaluate import evaluate  # noqa: E402
 from lmclab.core.merge import merge  # noqa: E402
 from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
-from lmclab.search import SearchProblem, find_permutation  # noqa: E402
+from lmclab.archs import search_problem  # noqa: E402
+from lmclab.search import SearchProblem, run_search  # noqa: E402
 
 
 def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:
     start = time.perf_counter()
-    result = find_permutation(method, problem, seed=seed, options=options)
+    result = run_search(method, problem, seed=seed, options=options)
     wall = time.perf_counter() - start
-    spec, model = problem.spec, problem.model()
+    spec, model = problem.spec, problem.model
     permuted_b, merged = merge(spec, problem.params_a, problem.params_b, result.perm)
     loss_a, loss_b, loss_mid = (evaluate(model, p, problem.test).loss
                                 for p in (problem.params_a, permuted_b, merged))
@@ -77,8 +78,8 @@ def main() -> None:
         seed_a, seed_b = pair.split("-")
         a = load_checkpoint(args.data_dir / "models" / f"seed{seed_a}.pt")
         b = load_checkpoint(args.data_dir / "models" / f"seed{seed_b}.pt")
-        problem = SearchProblem(a.arch, a.config, a.state_dict, b.state_dict, train,
-                                torch.device("cpu"), test=test)
+        problem = search_problem(a.arch, a.config, a.state_dict, b.state_dict, device=torch.device("cpu"),
+                                 train=train, test=test)
         for method in args.methods.split(","):
             row = {"pair": pair, **run(problem, method, permute.get(method) or {}, permute["seed"])}
             rows.append(row)

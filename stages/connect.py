@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
-from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
+from lmclab.pipeline.stage import one_line_errors, run_warm, search_errors, stage_params
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
@@ -34,7 +34,8 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
 
     read = stage_params("connect", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
-    check_method(method, options)
+    with search_errors(method):  # the library's errors, under their params.yaml keys
+        check_method(method, options)
     relaunch_under_torchrun(__file__, [f"--method={method}", f"--seeds={seeds}", f"--models={models}", f"--data={data}",
                                        f"--out={out}", f"--params={params}"],
                             run_id=f"lmclab-connect-{seeds}-{method}", nproc_per_node=read("measure.nproc_per_node"))
@@ -46,8 +47,9 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
-    result = connect_triple(
-        method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
+    with search_errors(method):
+        result = connect_triple(
+            method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
     leave_world(world)
     if not world.is_main:  # one writer
         return

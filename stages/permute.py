@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
-from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
+from lmclab.pipeline.stage import one_line_errors, run_warm, search_errors, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
 
@@ -26,19 +26,21 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
-    from lmclab.search import SearchProblem, check_method, find_permutation
+    from lmclab.archs import search_problem
+    from lmclab.search import check_method, run_search
 
     read = stage_params("permute", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
-    check_method(method, options)
+    with search_errors(method):  # the library's errors, under their params.yaml keys
+        check_method(method, options)
     seed, device = read("permute.seed"), resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
-    problem = SearchProblem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
-                            {k: v.to(device) for k, v in b.state_dict.items()},
-                            load_split(data, "train"), device, test=load_split(data, "test"),
-                            progress=show_progress())
-    result = find_permutation(method, problem, seed=seed, options=options)
+    problem = search_problem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
+                             {k: v.to(device) for k, v in b.state_dict.items()}, device=device,
+                             train=load_split(data, "train"), test=load_split(data, "test"), progress=show_progress())
+    with search_errors(method):
+        result = run_search(method, problem, seed=seed, options=options)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")
     with atomic_path(out / "stats.json") as tmp:
         tmp.write_text(json.dumps({"method": method, **result.stats}, indent=2) + "\n")

@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from lmclab.archs import build_model, get_arch, make_config
+from lmclab.archs import build_model, get_arch, make_config, search_problem
 from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_bn, repair_subset
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.interpolation import measure_pair, measure_pair_with_repair
 from lmclab.core.metrics import l2_distance
-from lmclab.search import SearchProblem, find_permutation
+from lmclab.search import run_search
 from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.train.training import train
@@ -79,9 +79,9 @@ def test_am_uses_residual_activation_points(trained, digits):
     spec = get_arch("resnet20").permutation_spec(config)
     params_b = apply_permutation(spec, random_permutation(spec.group_sizes(params_a),
                                                           torch.Generator().manual_seed(4)), params_a)
-    problem = SearchProblem("resnet20", config, params_a, params_b, Split(digits["train"].x[:300],
-                            digits["train"].y[:300]), torch.device("cpu"))
-    result = find_permutation("am", problem, seed=0, options={})
+    problem = search_problem("resnet20", config, params_a, params_b, device=torch.device("cpu"),
+                             train=Split(digits["train"].x[:300], digits["train"].y[:300]))
+    result = run_search("am", problem, seed=0, options={})
     after = l2_distance(spec, params_a, apply_permutation(spec, result.perm, params_b))
     assert after < 0.05 * l2_distance(spec, params_a, params_b)
 

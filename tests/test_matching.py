@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from lmclab.archs import get_arch, make_config
-from lmclab.search import SearchProblem, check_method, find_permutation
+from lmclab.archs import get_arch, make_config, search_problem
+from lmclab.search import SearchProblem, check_method, run_search
 from lmclab.search.activation_matching import _record, activation_matching
 from lmclab.search.weight_matching import group_cost, matching_objective, solve_assignment, weight_matching
 from lmclab.core.spec import apply_permutation, invert, random_permutation
@@ -159,22 +159,39 @@ def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
     obj = weight_matching(spec, params_a, params_b, tol=0.0, max_iter=50).stats["objective"]
     assert len(obj) - 1 < 50 and obj[-1] == obj[-2]
     assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1]))  # every earlier sweep improved
-    with pytest.raises(ValueError, match="permute.wm.tol must be non-negative"):
+    with pytest.raises(ValueError, match=r"^tol must be a non-negative number, got -0.001$"):
         weight_matching(spec, params_a, params_b, tol=-1e-3)
 
 
-def test_find_permutation_dispatch_and_option_errors(trained, splits) -> None:  # noqa: ANN001
+def test_run_search_dispatch_and_option_errors(trained, splits) -> None:  # noqa: ANN001
     a, b = trained(0), trained(1)
-    problem = SearchProblem("mlp", a.config, a.state_dict, b.state_dict, splits["train"], torch.device("cpu"))
-    ident = find_permutation("identity", problem, seed=0)
+    problem = search_problem("mlp", a.config, a.state_dict, b.state_dict, device=torch.device("cpu"),
+                             train=splits["train"])
+    ident = run_search("identity", problem, seed=0)
     assert all(torch.equal(p, torch.arange(len(p))) for p in ident.perm.values())
-    wm = find_permutation("wm", problem, seed=0, options={"max_iter": 5})
+    wm = run_search("wm", problem, seed=0, options={"max_iter": 5})
     assert wm.stats["sweeps"] <= 5 and wm.stats["seconds"] >= 0
-    with pytest.raises(ValueError, match=r"^permute.methods: unknown method 'nope'"):
+    with pytest.raises(ValueError, match=r"^method: unknown method 'nope'"):
         check_method("nope")
-    with pytest.raises(ValueError, match=r"^permute.wm: unknown option\(s\) \['iters'\]"):
+    with pytest.raises(ValueError, match=r"^options: unknown option\(s\) \['iters'\]"):
         check_method("wm", {"iters": 3})
-    with pytest.raises(ValueError, match="permute.wm.max_iter"):
-        find_permutation("wm", problem, seed=0, options={"max_iter": 0})
-    with pytest.raises(ValueError, match="permute.am.statistic"):
-        find_permutation("am", problem, seed=0, options={"statistic": "cosine"})
+    with pytest.raises(ValueError, match=r"^max_iter must be a positive integer, got 0$"):
+        run_search("wm", problem, seed=0, options={"max_iter": 0})
+    with pytest.raises(ValueError, match=r"^statistic must be one of \['cross_moment', 'pearson'\], got 'cosine'$"):
+        run_search("am", problem, seed=0, options={"statistic": "cosine"})
+
+
+def test_run_search_needs_no_architecture_registry(trained, splits) -> None:  # noqa: ANN001
+    """A hand-built problem (spec, parameters, skeleton, points) is all a search sees."""
+    a, b = trained(0), trained(1)
+    spec, (_, perm, params_b) = _spec(a), _planted(a, seed=3)
+    problem = SearchProblem(spec, a.state_dict, params_b, model=get_arch("mlp").Model(a.config),
+                            points=get_arch("mlp").activation_points(a.config), train=splits["train"])
+    found = run_search("wm", problem, seed=0).perm
+    assert all(torch.equal(found[g], p) for g, p in invert(perm).items())
+    am = activation_matching(spec, a.state_dict, params_b, model=problem.model, points=problem.points,
+                             data=splits["train"]).perm
+    assert all(torch.equal(run_search("am", problem, seed=0).perm[g], p) for g, p in am.items())
+    with pytest.raises(ValueError, match=r"^SearchProblem.points: activation_matching needs it, got None$"):
+        run_search("am", SearchProblem(spec, a.state_dict, b.state_dict, model=problem.model, train=splits["train"]),
+                   seed=0)

@@ -264,6 +264,6 @@ def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
     assert all(r["heldout_loss"] is None for r in curve)
     assert result.stats["best_epoch"] == min(curve[1:], key=lambda r: r["best_batch_loss"])["epoch"] == 2
     assert not torch.equal(result.perm["P"], epoch_perms[-1]["P"])
-    with pytest.raises(ValueError, match=r"^permute\.ste\.holdout must be above 0 when permute\.ste\.select is 'holdout'"):
+    with pytest.raises(ValueError, match=r"^holdout must be above 0 when select is 'holdout'"):
         ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator(),
                        holdout=0.0, select="holdout")

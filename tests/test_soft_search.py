@@ -9,12 +9,13 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from lmclab.archs import ARCHS, build_model, make_config
+from lmclab.archs import ARCHS, build_model, make_config, search_problem
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import merge
 from lmclab.core.metrics import l2_distance
-from lmclab.search import SearchProblem, check_method, find_permutation
+from lmclab.pipeline.stage import search_errors
+from lmclab.search import SearchProblem, check_method, run_search
 from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
 from lmclab.search.midpoint import heldout_loss, midpoint_loss, minibatches
 from lmclab.search.ste import projector, ste, ste_step
@@ -46,13 +47,13 @@ def pair(mnist: tuple[Split, Split]) -> SearchProblem:
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, **CONFIG)
     a, b = (train("mlp", config, seed, train_split, test_split, epochs=3, progress=False)[0]
             for seed in (0, 1))
-    return SearchProblem("mlp", config, a.state_dict, b.state_dict, train_split, torch.device("cpu"),
-                         test=test_split)
+    return search_problem("mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"),
+                          train=train_split, test=test_split)
 
 
 def _midpoint_train_loss(problem: SearchProblem, perm: dict) -> float:
     _, merged = merge(problem.spec, problem.params_a, problem.params_b, perm)
-    return evaluate(problem.model(), merged, problem.train).loss
+    return evaluate(problem.model, merged, problem.train).loss
 
 
 # ---- soft permutations act on every axis of the spec ------------------------------------------
@@ -208,8 +209,8 @@ def test_wm_sinkhorn_recovers_planted_permutation(pair: SearchProblem) -> None:
 
 @pytest.mark.slow
 def test_wm_sinkhorn_l2_within_few_percent_of_wm(pair: SearchProblem) -> None:
-    wm = find_permutation("wm", pair, seed=0)
-    sinkhorn = find_permutation("wm_sinkhorn", pair, seed=0, options=FAST["wm_sinkhorn"])
+    wm = run_search("wm", pair, seed=0)
+    sinkhorn = run_search("wm_sinkhorn", pair, seed=0, options=FAST["wm_sinkhorn"])
     spec = pair.spec
     before = l2_distance(spec, pair.params_a, pair.params_b)
     l2_wm = l2_distance(spec, pair.params_a, apply_permutation(spec, wm.perm, pair.params_b))
@@ -229,15 +230,15 @@ def test_wm_sinkhorn_l2_within_few_percent_of_wm(pair: SearchProblem) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
 def test_midpoint_loss_below_identity_and_permutation_valid(pair: SearchProblem, method: str) -> None:
-    result = find_permutation(method, pair, seed=0, options=FAST[method])
+    result = run_search(method, pair, seed=0, options=FAST[method])
     spec = pair.spec
     check_permutation(result.perm, spec.group_sizes(pair.params_b))
     x = pair.test.x[:64]
     permuted_b = apply_permutation(spec, result.perm, pair.params_b)
-    model = pair.model().eval()
+    model = pair.model.eval()
     torch.testing.assert_close(functional_call(model, permuted_b, (x,)),
                                functional_call(model, dict(pair.params_b), (x,)))
-    identity = find_permutation("identity", pair, seed=0).perm
+    identity = run_search("identity", pair, seed=0).perm
     assert _midpoint_train_loss(pair, result.perm) < _midpoint_train_loss(pair, identity)
     assert len(result.stats["curve"]) == FAST[method]["epochs"] + 1
 
@@ -246,7 +247,7 @@ def test_midpoint_loss_below_identity_and_permutation_valid(pair: SearchProblem,
 @pytest.mark.parametrize("method", ["ste", "wm_sinkhorn", "ste_sinkhorn"])
 def test_same_seed_same_permutation(pair: SearchProblem, method: str) -> None:
     options = {**FAST[method], "epochs": 1}
-    first, second = (find_permutation(method, pair, seed=5, options=options) for _ in range(2))
+    first, second = (run_search(method, pair, seed=5, options=options) for _ in range(2))
     for g in first.perm:
         assert torch.equal(first.perm[g], second.perm[g])
 
@@ -293,7 +294,7 @@ def test_midpoint_methods_run_on_batchnorm_nets(mnist: tuple[Split, Split], meth
     ("ste", {"epochs": 0}, "permute.ste.epochs must be a positive integer"),
 ])
 def test_bad_options_fail_up_front(method: str, options: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message) as err:
+    with pytest.raises(ValueError, match=message) as err, search_errors(method):
         check_method(method, options)
     assert "\n" not in str(err.value)
     params = _params()
@@ -315,5 +316,6 @@ def test_batch_larger_than_capped_data_fails_in_validate(method: str, batch_size
 
 @pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
 def test_batch_larger_than_data_is_one_line_error(pair: SearchProblem, method: str) -> None:
-    with pytest.raises(ValueError, match=rf"permute.{method}.batch_size must be at most the \d+ "):
-        find_permutation(method, pair, seed=0, options={"batch_size": 10**6})
+    with pytest.raises(ValueError, match=rf"^permute.{method}.batch_size must be at most the \d+ "), \
+            search_errors(method):
+        run_search(method, pair, seed=0, options={"batch_size": 10**6})

@@ -120,8 +120,10 @@ def test_the_schema_defaults_are_the_repository_params() -> None:
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_each_method_block_lists_exactly_the_options_its_search_takes(method: str) -> None:
-    accepted = [p for p in inspect.signature(METHODS[method]).parameters if p not in ("problem", "seed")]
+    takes = inspect.signature(METHODS[method]).parameters
+    accepted = [p for p in takes if p in METHODS[method].options.model_fields]
     assert list(Params.model_fields["permute"].annotation.model_fields[method].annotation.model_fields) == accepted
+    assert accepted == list(METHODS[method].options.model_fields)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

@@ -14,14 +14,14 @@ from torch import Tensor, nn
 
 from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
 from lmclab.analysis.compose import r_key
-from lmclab.archs import build_model, get_arch
+from lmclab.archs import search_problem
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.core.distributed import World
 from lmclab.core.interpolation import Repair, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
-from lmclab.search import SearchProblem, find_permutation
+from lmclab.search import run_search
 from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation
 
 EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched directly
@@ -64,15 +64,14 @@ def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, t
     ``world``, every process searches alike and evaluates its shard of the data)."""
     grid = plane_grid(resolution, margin)  # validates before any search
     a = ckpts["a"]
-    spec = get_arch(a.arch).permutation_spec(a.config)
     on = {k: {n: v.to(device) for n, v in c.state_dict.items()} for k, c in ckpts.items()}
     models, perms, search = {"a": on["a"]}, {}, {}
     for k in "bc":
-        problem = SearchProblem(a.arch, a.config, on["a"], on[k], train, device)
-        result = find_permutation(method, problem, seed=seed, options=options)
+        problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train)
+        result = run_search(method, problem, seed=seed, options=options)
         perms[k], search[k] = result.perm, result.stats
-        models[k] = apply_permutation(spec, result.perm, on[k])
-    model = build_model(a.arch, a.config).to(device)
+        models[k] = apply_permutation(problem.spec, result.perm, on[k])
+    spec, model = problem.spec, problem.model
     curves, edges = three_model_barriers(spec, model, models, lams, {"train": train, "test": test},
                                          gammas=gammas, repair=repair, world=world)
     plane = landscape(model, models["a"], models["b"], models["c"], grid, test,

@@ -11,33 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
 from lmclab.train.augment import AUGMENTATIONS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
+from lmclab.core.options import Count, NonNegative, Positive, one_of
 from lmclab.search import METHODS
-from lmclab.search.activation_matching import STATISTICS
-from lmclab.search.ste import OPTIMIZERS as STE_OPTIMIZERS
-from lmclab.search.ste import SELECTIONS as STE_SELECTIONS
-from lmclab.search.ste_sinkhorn import OPTIMIZERS as STE_SINKHORN_OPTIMIZERS
-from lmclab.search.ste_sinkhorn import PRECISIONS as STE_SINKHORN_PRECISIONS
 from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
-
-def one_of(names: Any) -> Any:
-    """``Literal[...]`` of a registry's names, in its order."""
-    return Literal[tuple(names)]  # type: ignore[valid-type]
-
-
-Count = Annotated[int, Field(ge=1)]
 Seed = Annotated[int, Field(ge=0)]
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
 Method = one_of(METHODS)
 Seeds = Annotated[list[Seed], Field(min_length=1)]
 Methods = Annotated[list[Method], Field(min_length=1)]
@@ -155,51 +142,43 @@ class Train(Block):
     precision: one_of(PRECISIONS) = key("fp32", "fp32, or bf16 autocast of the forward pass (for GPUs)")
 
 
-class Identity(Block):
-    """identity (the naive "w/o" baseline) takes no options"""
+# ---- permute.<method>: the method's own options model (lmclab.search), defaults aside ---------
+
+class Override(NamedTuple):
+    """A params.yaml default that differs from the library's, and why."""
+
+    default: Any
+    reason: str
 
 
-class Wm(Block):
-    max_iter: Count = key(100, "weight matching: sweeps over all permutation groups at most")
-    tol: NonNegative = key(1.0e-7, "weight matching: stop when a sweep raises ⟨θa, π(θb)⟩ by ≤ this fraction")
+_SINKHORN_BUDGET = ("params.yaml runs 25 × 10 Sinkhorn WM steps to fit the default run's time budget "
+                    "(⟨θa, π(θb)⟩ within 0.1 % of 30 × 10); the paper and wm_sinkhorn() use 10 × 100")
+# the only pipeline defaults of the search options that are not the library's
+PIPELINE_DEFAULTS: dict[str, Override] = {
+    "permute.wm_sinkhorn.epochs": Override(25, _SINKHORN_BUDGET),
+    "permute.wm_sinkhorn.iterations": Override(10, _SINKHORN_BUDGET),
+}
 
 
-class Am(Block):
-    statistic: one_of(STATISTICS) = key("cross_moment", "activation matching: cross_moment = E[a bᵀ] (L2 objective), pearson")
-    batch_size: Count = key(1000, "activation matching: images per forward pass")
-    max_samples: Count | None = key(None, "activation matching: training images used (null: all)")
+def method_block(method: str) -> type[Block]:
+    """The block ``permute.<method>``: the fields of ``METHODS[method].options`` — each option's one
+    definition of type, range, meaning and default — with only the defaults of PIPELINE_DEFAULTS changed."""
+    options = METHODS[method].options
+    fields: dict[str, Any] = {}
+    for name, field in options.model_fields.items():
+        override = PIPELINE_DEFAULTS.get(f"permute.{method}.{name}")
+        if override is not None:
+            field = FieldInfo.merge_field_infos(field, default=override.default)
+        fields[name] = (field.annotation, field)
+    return create_model(options.__name__, __base__=Block, __doc__=options.__doc__, __module__=__name__, **fields)
 
 
-class Ste(Block):
-    optimizer: one_of(STE_OPTIMIZERS) = key("adam", "STE: optimiser of the continuous copy θ̃")
-    lr: Positive = key(0.001, "STE: learning rate of θ̃")
-    momentum: Annotated[float, Field(ge=0, lt=1)] = key(0.0, "STE: SGD momentum (original STE v2: 0.9; ignored by adam)")
-    epochs: Count = key(5, "STE: passes over the training split minus the held-out part (paper: 5)")
-    batch_size: Count = key(512, "STE: images per step (paper: 512)")
-    holdout: Annotated[float, Field(ge=0, lt=1)] = key(0.1, "STE: fraction of the training split held out (select: holdout)")
-    select: one_of(STE_SELECTIONS) = key("holdout", "STE: best epoch on held-out data, or best_batch (original)")
-    wm_max_iter: Count = key(100, "STE: WM sweeps at most per projection")
-
-class WmSinkhorn(Block):
-    lr: Positive = key(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
-    epochs: Count = key(25, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
-    iterations: Count = key(10, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
-    tau: Positive = key(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
-    sinkhorn_iters: Count = key(20, "Sinkhorn WM: column+row normalisations per soft permutation")
-    select: one_of(["best", "last"]) = key("best", "Sinkhorn WM: best epoch by ⟨θa, π(θb)⟩, or last (authors' code)")
-    patience: Count | None = key(None, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never)")
-
-
-class SteSinkhorn(Block):
-    optimizer: one_of(STE_SINKHORN_OPTIMIZERS) = key("adam", "Sinkhorn STE: adam (paper) or adamw (authors' example)")
-    lr: Positive = key(1.0, "Sinkhorn STE: learning rate on the score matrices (paper: 1)")
-    weight_decay: NonNegative = key(0.0, "Sinkhorn STE: weight decay of the scores (authors' AdamW: 0.01)")
-    epochs: Count = key(5, "Sinkhorn STE: passes over the training split (paper: 5)")
-    batch_size: Count = key(512, "Sinkhorn STE: images per step (paper: 512)")
-    drop_last: bool = key(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
-    tau: Positive = key(1.0, "Sinkhorn STE: temperature")
-    sinkhorn_iters: Count = key(20, "Sinkhorn STE: column+row normalisations per soft permutation")
-    precision: one_of(STE_SINKHORN_PRECISIONS) = key("fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)")
+Identity = method_block("identity")
+Wm = method_block("wm")
+Am = method_block("am")
+Ste = method_block("ste")
+WmSinkhorn = method_block("wm_sinkhorn")
+SteSinkhorn = method_block("ste_sinkhorn")
 
 
 class Permute(Block):
@@ -324,9 +303,19 @@ def key_rows(block: type[Block] = Params, prefix: str = "") -> list[tuple[str, A
             rows += key_rows(tp, f"{prefix}{name}.")
         else:
             empty = isinstance(tp, type) and issubclass(tp, Block)  # a block without keys: its docstring says why
+            meaning = (tp.__doc__ if empty else field.description) or ""
             rows.append((f"{prefix}{name}", {} if empty else field.default, field_expected(field),
-                         (tp.__doc__ if empty else field.description) or ""))
+                         meaning + _override_note(f"{prefix}{name}")))
     return rows
+
+
+def _override_note(key: str) -> str:
+    """For a key of PIPELINE_DEFAULTS: its library default and why params.yaml's differs."""
+    if key not in PIPELINE_DEFAULTS:
+        return ""
+    _, method, name = key.split(".")
+    library = METHODS[method].options.model_fields[name].default
+    return f" — differs from the library default ({library}): {PIPELINE_DEFAULTS[key].reason}"
 
 
 def defaults(block: type[Block] = Params) -> dict[str, Any]:

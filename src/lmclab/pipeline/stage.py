@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,26 @@ def one_line_errors(fn: Callable) -> Callable:
             raise SystemExit(f"error: {str(exc).splitlines()[0]}") from None
 
     return wrapper
+
+
+def search_key(method: str, methods_key: str = "permute.methods") -> Callable[[str], str]:
+    """The params.yaml key of each argument the search library's errors name: an option of
+    ``method`` is ``permute.<method>.<option>``, its ``options`` the block ``permute.<method>``, the
+    ``method`` itself an entry of ``methods_key``."""
+    block = f"permute.{method}"
+    return lambda name: {"method": methods_key, "options": block}.get(name, f"{block}.{name}")
+
+
+@contextmanager
+def search_errors(method: str, methods_key: str = "permute.methods") -> Iterator[None]:
+    """Report the search library's one-line errors under params.yaml's keys:
+    ``max_iter must be …`` becomes ``permute.wm.max_iter must be …`` (:func:`search_key`)."""
+    from lmclab.core.options import OptionError
+
+    try:
+        yield
+    except OptionError as err:
+        raise ValueError(err.keyed(search_key(method, methods_key))) from None
 
 
 def run_warm(app: Callable[[], Any]) -> None:

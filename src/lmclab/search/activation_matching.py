@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.core.data import Split
+from lmclab.core.options import Count, Options, one_of, option, takes
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import solve_assignment
 from lmclab.core.spec import PermutationSpec
@@ -81,16 +82,22 @@ def _record(model: nn.Module, params: Mapping[str, Tensor], points: list[str], x
     return seen
 
 
+class AMOptions(Options):
+    """Options of :func:`activation_matching`."""
+
+    statistic: one_of(STATISTICS) = option(
+        "cross_moment", "activation matching: cross_moment = E[a bᵀ] (L2 objective), pearson")
+    batch_size: Count = option(1000, "activation matching: images per forward pass")
+    max_samples: Count | None = option(None, "activation matching: training images used (null: all)")
+
+
+@takes(AMOptions)
 def activation_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
                         params_b: Mapping[str, Tensor], *, model: nn.Module,
-                        points: Mapping[str, list[str]], data: Split,
-                        statistic: str = "cross_moment", batch_size: int = 1000,
-                        max_samples: int | None = None) -> SearchResult:
-    """One exact LAP per group on the activation similarity over ``data`` (eval mode)."""
-    if statistic not in STATISTICS:
-        raise ValueError(f"permute.am.statistic: expected one of {STATISTICS}, got {statistic!r}")
-    if batch_size < 1:
-        raise ValueError(f"permute.am.batch_size must be positive, got {batch_size}")
+                        points: Mapping[str, list[str]], data: Split, options: AMOptions) -> SearchResult:
+    """One exact LAP per group on the activation similarity over ``data`` (eval mode; options:
+    :class:`AMOptions`)."""
+    statistic, batch_size, max_samples = options.statistic, options.batch_size, options.max_samples
     if set(points) != set(spec.groups):
         raise ValueError(f"activation points {sorted(points)} do not cover the groups {sorted(spec.groups)}")
     start = time.perf_counter()

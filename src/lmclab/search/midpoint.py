@@ -18,6 +18,7 @@ from torch.func import functional_call
 
 from lmclab.core.data import Split
 from lmclab.core.merge import interpolate
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Permutation, PermutationSpec
 
 Monitor = Callable[[Permutation], dict[str, float]]  # one learning-curve row per call
@@ -54,6 +55,13 @@ def split_holdout(data: Split, fraction: float, generator: torch.Generator) -> t
     n_hold = n_heldout(len(data), fraction)
     hold, rest = order[:n_hold], order[n_hold:]
     return Split(data.x[rest], data.y[rest]), Split(data.x[hold], data.y[hold])
+
+
+def check_batch(batch_size: int, n_samples: int) -> None:
+    """The batch must fit in the data it is drawn from (known only once the data is loaded)."""
+    if batch_size > n_samples:
+        raise OptionError(f"{{batch_size}} must be at most the {n_samples} training samples available for "
+                          f"the search, got {batch_size}")
 
 
 def minibatches(n: int, batch_size: int, generator: torch.Generator, *,

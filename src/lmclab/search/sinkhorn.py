@@ -32,7 +32,6 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmclab.search.options import positive, positive_int
 from lmclab.search.weight_matching import solve_assignment
 from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
 
@@ -43,9 +42,6 @@ def scaling_max_range(dtype: torch.dtype) -> float:
     """Largest range of ``scores/τ`` evaluated by scaling vectors: they grow like ``exp(range)`` and
     their squares enter the backward, so ``exp(2·range)`` must stay finite (float32: 39.9)."""
     return 0.45 * math.log(torch.finfo(dtype).max)
-
-# options every Sinkhorn method takes
-RULES = {"tau": positive, "sinkhorn_iters": positive_int, "lr": positive, "epochs": positive_int}
 
 
 def log_sinkhorn(scores: Tensor, *, tau: float, n_iter: int) -> Tensor:

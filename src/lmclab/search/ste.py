@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 
 import torch
+from pydantic import model_validator
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.search.midpoint import Monitor, heldout_loss, midpoint_loss, minibatches, split_holdout
-from lmclab.search.options import check_batch, check_options, one_of, positive, positive_int, unit_interval
+from lmclab.core.options import Count, Fraction, OptionError, Options, Positive, one_of, option, takes
+from lmclab.search.midpoint import Monitor, check_batch, heldout_loss, midpoint_loss, minibatches, split_holdout
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
@@ -37,39 +38,43 @@ Projector = Callable[[Mapping[str, Tensor], Permutation | None], Permutation]  #
 SELECTIONS = ("holdout", "best_batch")
 
 
-RULES = {"optimizer": one_of(*OPTIMIZERS), "lr": positive, "momentum": unit_interval, "epochs": positive_int,
-         "batch_size": positive_int, "holdout": unit_interval, "select": one_of(*SELECTIONS),
-         "wm_max_iter": positive_int}
+class STEOptions(Options):
+    """Options of :func:`ste`."""
+
+    optimizer: one_of(OPTIMIZERS) = option("adam", "STE: optimiser of the continuous copy θ̃")
+    lr: Positive = option(0.001, "STE: learning rate of θ̃")
+    momentum: Fraction = option(0.0, "STE: SGD momentum (original STE v2: 0.9; ignored by adam)")
+    epochs: Count = option(5, "STE: passes over the training split minus the held-out part (paper: 5)")
+    batch_size: Count = option(512, "STE: images per step (paper: 512)")
+    holdout: Fraction = option(0.1, "STE: fraction of the training split held out (select: holdout)")
+    select: one_of(SELECTIONS) = option("holdout", "STE: best epoch on held-out data, or best_batch (original)")
+    wm_max_iter: Count = option(100, "STE: WM sweeps at most per projection")
+
+    @model_validator(mode="after")
+    def _selection_has_heldout_data(self) -> STEOptions:
+        if self.select == "holdout" and self.holdout == 0:
+            raise OptionError("{holdout} must be above 0 when {select} is 'holdout' "
+                              "(or choose select: best_batch), got 0")
+        return self
 
 
-def check_selection(select: str, holdout: float) -> None:
-    """``select: holdout`` needs held-out data."""
-    if select == "holdout" and holdout == 0:
-        raise ValueError("permute.ste.holdout must be above 0 when permute.ste.select is 'holdout' "
-                         "(or choose select: best_batch), got 0")
-
-
+@takes(STEOptions)
 def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], *,
-        model: nn.Module, data: Split, generator: torch.Generator, optimizer: str = "adam",
-        lr: float = 1e-3, momentum: float = 0.0, epochs: int = 5, batch_size: int = 512,
-        holdout: float = 0.1, select: str = "holdout", wm_max_iter: int = 100,
+        model: nn.Module, data: Split, generator: torch.Generator, options: STEOptions,
         monitor: Monitor | None = None) -> SearchResult:
-    """STE search; ``stats['curve']`` has one row per epoch: mean and lowest minibatch loss, held-out
-    midpoint loss of the epoch's projection (None without held-out data)."""
-    check_options("ste", RULES, {"optimizer": optimizer, "lr": lr, "momentum": momentum, "epochs": epochs,
-                                 "batch_size": batch_size, "holdout": holdout, "select": select,
-                                 "wm_max_iter": wm_max_iter})
-    check_selection(select, holdout)
+    """STE search (options: :class:`STEOptions`); ``stats['curve']`` has one row per epoch: mean and
+    lowest minibatch loss, held-out midpoint loss of the epoch's projection (None without held-out data)."""
+    holdout, batch_size, epochs = options.holdout, options.batch_size, options.epochs
     device = next(iter(params_a.values())).device
     train, held = split_holdout(data, holdout, generator)
-    check_batch("ste", batch_size, len(train))
+    check_batch(batch_size, len(train))
     start = time.perf_counter()
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
     train, held = train.to(device), held.to(device)
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
-    opt = make_optimizer(optimizer, tilde.values(), lr=lr, momentum=momentum)
-    project = projector(spec, params_b, wm_max_iter, generator)
+    opt = make_optimizer(options.optimizer, tilde.values(), lr=options.lr, momentum=options.momentum)
+    project = projector(spec, params_b, options.wm_max_iter, generator)
     score = partial(_score, model=model, spec=spec, params_a=params_a, params_b=params_b, held=held,
                     batch_size=batch_size, monitor=monitor)
     epoch_perms = [project(tilde, None)]
@@ -84,7 +89,7 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
         epoch_perms.append(project(tilde, perm))
         row = score(epoch, epoch_perms[-1], sum(losses) / len(losses))
         curve.append({**row, "best_batch_loss": min(losses)})
-    if select == "best_batch":
+    if options.select == "best_batch":
         best_perm, best_epoch = batch_best[1], batch_best[2]
     else:
         best_epoch = min(curve, key=lambda row: row["heldout_loss"])["epoch"]

@@ -25,49 +25,57 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.search.midpoint import Monitor, midpoint_loss, minibatches
-from lmclab.search.options import boolean, check_batch, check_options, non_negative, one_of, positive_int
+from lmclab.core.options import Count, NonNegative, Options, Positive, one_of, option, takes
+from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import RULES as SINKHORN_RULES
 from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
 from lmclab.core.spec import PermutationSpec
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 PRECISIONS = ("fp32", "bf16")
-RULES = {**SINKHORN_RULES, "batch_size": positive_int, "optimizer": one_of(*OPTIMIZERS),
-         "weight_decay": non_negative, "drop_last": boolean, "precision": one_of(*PRECISIONS)}
 
 
+class STESinkhornOptions(Options):
+    """Options of :func:`ste_sinkhorn` (defaults: the paper's Adam, lr 1, batch 512, 5 epochs)."""
+
+    optimizer: one_of(OPTIMIZERS) = option("adam", "Sinkhorn STE: adam (paper) or adamw (authors' example)")
+    lr: Positive = option(1.0, "Sinkhorn STE: learning rate on the score matrices (paper: 1)")
+    weight_decay: NonNegative = option(0.0, "Sinkhorn STE: weight decay of the scores (authors' AdamW: 0.01)")
+    epochs: Count = option(5, "Sinkhorn STE: passes over the training split (paper: 5)")
+    batch_size: Count = option(512, "Sinkhorn STE: images per step (paper: 512)")
+    drop_last: bool = option(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
+    tau: Positive = option(1.0, "Sinkhorn STE: temperature")
+    sinkhorn_iters: Count = option(20, "Sinkhorn STE: column+row normalisations per soft permutation")
+    precision: one_of(PRECISIONS) = option("fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the "
+                                                   "midpoint (CPUs with AVX512-BF16, GPUs)")
+
+
+@takes(STESinkhornOptions)
 def ste_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                 *, model: nn.Module, data: Split, generator: torch.Generator, optimizer: str = "adam",
-                 lr: float = 1.0, weight_decay: float = 0.0, epochs: int = 5, batch_size: int = 512,
-                 drop_last: bool = False, tau: float = 1.0, sinkhorn_iters: int = 20, precision: str = "fp32",
+                 *, model: nn.Module, data: Split, generator: torch.Generator, options: STESinkhornOptions,
                  monitor: Monitor | None = None) -> SearchResult:
-    """Optimise the Sinkhorn scores against the midpoint loss; ``stats['curve']``: one row per epoch
-    (``steps``: optimiser steps so far)."""
-    check_options("ste_sinkhorn", RULES, {
-        "optimizer": optimizer, "lr": lr, "weight_decay": weight_decay, "epochs": epochs,
-        "batch_size": batch_size, "drop_last": drop_last, "tau": tau, "sinkhorn_iters": sinkhorn_iters,
-        "precision": precision})
-    check_batch("ste_sinkhorn", batch_size, len(data))
+    """Optimise the Sinkhorn scores against the midpoint loss (options: :class:`STESinkhornOptions`);
+    ``stats['curve']``: one row per epoch (``steps``: optimiser steps so far)."""
+    o = options
+    check_batch(o.batch_size, len(data))
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
     scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator,
                                                               device).items()}
-    opt = make_optimizer(optimizer, scores.values(), lr=lr, weight_decay=weight_decay)
+    opt = make_optimizer(o.optimizer, scores.values(), lr=o.lr, weight_decay=o.weight_decay)
     data = data.to(device)
     curve = [{"epoch": 0, "train_loss": None, "steps": 0,
               **(monitor(hard_permutation(scores)) if monitor else {})}]
-    for epoch in range(1, epochs + 1):
-        batches = minibatches(len(data), batch_size, generator, drop_last=drop_last)
+    for epoch in range(1, o.epochs + 1):
+        batches = minibatches(len(data), o.batch_size, generator, drop_last=o.drop_last)
         total = sum(_step(opt, spec, scores, model, params_a, params_b, data.x[i], data.y[i],
-                          tau=tau, n_iter=sinkhorn_iters, bf16=precision == "bf16") * len(i) for i in batches)
+                          tau=o.tau, n_iter=o.sinkhorn_iters, bf16=o.precision == "bf16") * len(i) for i in batches)
         row = {"epoch": epoch, "train_loss": total / sum(len(i) for i in batches),
                "steps": curve[-1]["steps"] + len(batches)}
         curve.append({**row, **(monitor(hard_permutation(scores)) if monitor else {})})
-    return SearchResult(hard_permutation(scores), {"curve": curve, "epochs": epochs,
+    return SearchResult(hard_permutation(scores), {"curve": curve, "epochs": o.epochs,
                                                    "seconds": time.perf_counter() - start})
 
 

@@ -23,6 +23,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from lmclab.core.options import Count, NonNegative, Options, option, takes
 from lmclab.search.result import SearchResult
 from lmclab.core.spec import (Permutation, PermutationSpec, apply_permutation, axis_index, entry_groups, group_slices,
                          identity_permutation, unit_rows)
@@ -97,15 +98,21 @@ def matching_objective(spec: PermutationSpec, perm: Mapping[str, Tensor],
                for k, v in permuted.items())
 
 
+class WMOptions(Options):
+    """Options of :func:`weight_matching`."""
+
+    max_iter: Count = option(100, "weight matching: sweeps over all permutation groups at most")
+    tol: NonNegative = option(1.0e-7, "weight matching: stop when a sweep raises ⟨θa, π(θb)⟩ by ≤ this fraction")
+
+
+@takes(WMOptions)
 def weight_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                    params_b: Mapping[str, Tensor], *, max_iter: int = 100, tol: float = 1e-7,
+                    params_b: Mapping[str, Tensor], *, options: WMOptions,
                     generator: torch.Generator | None = None,
                     init_perm: Mapping[str, Tensor] | None = None) -> SearchResult:
-    """Coordinate-descent WM; ``stats['objective']`` holds ⟨θa, π(θb)⟩ after each sweep."""
-    if max_iter < 1:
-        raise ValueError(f"permute.wm.max_iter must be a positive number of sweeps, got {max_iter}")
-    if tol < 0:
-        raise ValueError(f"permute.wm.tol must be non-negative, got {tol}")
+    """Coordinate-descent WM (options: :class:`WMOptions`); ``stats['objective']`` holds ⟨θa, π(θb)⟩
+    after each sweep."""
+    max_iter, tol = options.max_iter, options.tol
     start = time.perf_counter()
     generator = generator or torch.Generator().manual_seed(0)
     sizes = spec.group_sizes(params_a)

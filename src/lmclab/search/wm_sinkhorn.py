@@ -32,17 +32,27 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from lmclab.core.options import Count, Options, Positive, one_of, option, takes
 from lmclab.search.midpoint import Monitor
-from lmclab.search.options import check_options, one_of, optional, positive_int
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import RULES as SINKHORN_RULES
 from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
 from lmclab.search.weight_matching import matching_objective
 from lmclab.core.spec import Permutation, PermutationSpec
 
+SELECTIONS = ("best", "last")
 
-RULES = {**SINKHORN_RULES, "iterations": positive_int, "select": one_of("best", "last"),
-         "patience": optional(positive_int)}
+
+class WMSinkhornOptions(Options):
+    """Options of :func:`wm_sinkhorn` (defaults: the paper's 10 epochs × 100 Adam steps at lr 1)."""
+
+    lr: Positive = option(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
+    epochs: Count = option(10, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
+    iterations: Count = option(100, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
+    tau: Positive = option(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
+    sinkhorn_iters: Count = option(20, "Sinkhorn WM: column+row normalisations per soft permutation")
+    select: one_of(SELECTIONS) = option("best", "Sinkhorn WM: best epoch by ⟨θa, π(θb)⟩, or last (authors' code)")
+    patience: Count | None = option(
+        None, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never)")
 
 
 def distance_loss(spec: PermutationSpec, scores: Mapping[str, Tensor], params_a: Mapping[str, Tensor],
@@ -53,28 +63,26 @@ def distance_loss(spec: PermutationSpec, scores: Mapping[str, Tensor], params_a:
     return total / sum(v.numel() for v in permuted.values())
 
 
+@takes(WMSinkhornOptions)
 def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                *, generator: torch.Generator, lr: float = 1.0, epochs: int = 10,
-                iterations: int = 100, tau: float = 1.0, sinkhorn_iters: int = 20,
-                select: str = "best", patience: int | None = None,
+                *, generator: torch.Generator, options: WMSinkhornOptions,
                 monitor: Monitor | None = None) -> SearchResult:
-    """Adam on the Sinkhorn scores; ``stats['curve']`` has one row per epoch (epoch 0: the start)."""
-    check_options("wm_sinkhorn", RULES, {"lr": lr, "epochs": epochs, "iterations": iterations,
-                                         "tau": tau, "sinkhorn_iters": sinkhorn_iters,
-                                         "select": select, "patience": patience})
+    """Adam on the Sinkhorn scores (options: :class:`WMSinkhornOptions`); ``stats['curve']`` has one
+    row per epoch (epoch 0: the start)."""
+    iterations, tau, n_iter, patience = options.iterations, options.tau, options.sinkhorn_iters, options.patience
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
     matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
     params_a = {k: v.detach() for k, v in params_a.items()}
     scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator,
                                                               device).items()}
-    optimizer = torch.optim.Adam(scores.values(), lr=lr)
+    optimizer = torch.optim.Adam(scores.values(), lr=options.lr)
     track = _Tracker(spec, params_a, params_b, monitor, start)
     track(0, None, hard_permutation(scores))
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, options.epochs + 1):
         total = 0.0
         for _ in range(iterations):
-            loss = distance_loss(spec, scores, params_a, matched_b, tau=tau, n_iter=sinkhorn_iters)
+            loss = distance_loss(spec, scores, params_a, matched_b, tau=tau, n_iter=n_iter)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -82,7 +90,7 @@ def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b:
         track(epoch, total / iterations, hard_permutation(scores))
         if patience is not None and track.stale >= patience:
             break
-    best, perm = (track.best, track.best_perm) if select == "best" else (track.curve[-1], track.last_perm)
+    best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
     return SearchResult(perm, {
         "curve": track.curve, "epochs": track.curve[-1]["epoch"], "best_epoch": best["epoch"],
         "seconds": time.perf_counter() - start})

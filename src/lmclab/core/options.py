@@ -1,0 +1,152 @@
+"""Typed keyword options of the library's functions: one pydantic model per function holds each
+option's type, range, default and one-line meaning — the only definition (the pipeline's schema of
+params.yaml embeds the models; ``lmclab.pipeline.schema``).
+
+:func:`takes` gives a function its model's fields as keyword arguments: its signature lists them
+with their defaults, and every call validates them in one place. A bad value is one
+:class:`OptionError` line naming the argument (``max_iter must be a positive integer, got 0``); a
+caller that knows the arguments under other names renders it with :meth:`OptionError.keyed` (the
+pipeline: ``permute.wm.max_iter must be a positive integer, got 0``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from functools import wraps
+from types import UnionType
+from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Count = Annotated[int, Field(ge=1)]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, lt=1)]  # in [0, 1): a momentum, a fraction that may be 0
+
+
+def one_of(names: Any) -> Any:
+    """``Literal[...]`` of a registry's names, in its order."""
+    return Literal[tuple(names)]  # type: ignore[valid-type]
+
+
+def option(default: Any, meaning: str) -> Any:
+    """A field with its library default (the paper's, where it has one) and its one-line meaning."""
+    return Field(default, description=meaning)
+
+
+class OptionError(ValueError):
+    """A bad option, one line whose ``template`` writes each argument it names in braces
+    (``{max_iter} must be …``): ``str(err)`` names them as the function does."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        super().__init__(self.keyed(str))
+
+    def keyed(self, key: Callable[[str], str]) -> str:
+        """The line with each argument ``name`` written as ``key(name)``."""
+        return self.template.format_map(_Names(key))
+
+
+class _Names(dict):
+    def __init__(self, key: Callable[[str], str]) -> None:
+        super().__init__()
+        self.key = key
+
+    def __missing__(self, name: str) -> str:
+        return self.key(name)
+
+
+def got(value: Any) -> str:
+    """``repr(value)`` for an :class:`OptionError` template (braces escaped)."""
+    return repr(value).replace("{", "{{").replace("}", "}}")
+
+
+class Options(BaseModel):
+    """A function's keyword options: strict types (an integer is fine where a number belongs),
+    finite numbers, no unknown names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    @classmethod
+    def check(cls, values: Mapping[str, Any]) -> Self:
+        """``values`` validated, or the :class:`OptionError` of the first bad one."""
+        try:
+            return cls.model_validate(dict(values))
+        except ValidationError as err:
+            raise _one_line(cls, err, values) from None
+
+
+def _one_line(model: type[Options], err: ValidationError, values: Mapping[str, Any]) -> OptionError:
+    errors = err.errors()
+    unknown = sorted(e["loc"][0] for e in errors if e["type"] == "extra_forbidden")
+    if unknown:
+        return OptionError(f"{{options}}: unknown option(s) {got(unknown)}; "
+                           f"expected some of {got(list(model.model_fields))}")
+    if not errors[0]["loc"]:  # a check across options (a model validator) words its own line
+        return errors[0]["ctx"]["error"]
+    name = errors[0]["loc"][0]
+    field = model.model_fields[name]
+    return OptionError(f"{{{name}}} must be {must_be(field.annotation, field.metadata)}, got {got(values[name])}")
+
+
+def must_be(annotation: Any, metadata: Sequence[Any] = ()) -> str:
+    """What a field accepts, as an error line says it: ``a positive integer``, ``a number in [0, 1)``,
+    ``one of ['adam', 'sgd']``, ``… or null``."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        extra = [m for a in args[1:] for m in getattr(a, "metadata", [a])]
+        return must_be(args[0], [*metadata, *extra])
+    if origin in (Union, UnionType):
+        (inner,) = (a for a in args if a is not type(None))
+        return f"{must_be(inner, metadata)} or null"
+    if origin is Literal:
+        return f"one of {list(args)}"
+    if annotation is bool:
+        return "true or false"
+    kind = "integer" if annotation is int else "number"
+    bound = {name: getattr(m, name) for m in metadata for name in ("ge", "gt", "le", "lt") if hasattr(m, name)}
+    low = ("[", bound["ge"]) if "ge" in bound else (("(", bound["gt"]) if "gt" in bound else None)
+    high = ("]", bound["le"]) if "le" in bound else ((")", bound["lt"]) if "lt" in bound else None)
+    if low and high:
+        return f"a {kind} in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low == ("(", 0) or (kind == "integer" and low == ("[", 1)):
+        return f"a positive {kind}"
+    if low == ("[", 0):
+        return f"a non-negative {kind}"
+    if low or high:
+        sign = {"[": "≥", "(": ">", "]": "≤", ")": "<"}[(low or high)[0]]
+        return f"a {kind} {sign} {(low or high)[1]}"
+    return f"an {kind}" if kind == "integer" else f"a {kind}"
+
+
+def takes(model: type[Options]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Let ``fn(…, *, options: model, …)`` be called with ``model``'s fields as keyword arguments
+    instead: its signature lists them (type, default), a call validates them (:meth:`Options.check`)
+    and ``fn`` receives the validated ``options``. The decorated function's ``options`` is ``model``."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = list(inspect.signature(fn).parameters.values())
+        at = [p.name for p in own].index("options")
+        fields = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                    annotation=_plain(f.annotation)) for name, f in model.model_fields.items()]
+        public = inspect.signature(fn).replace(parameters=[*own[:at], *fields, *own[at + 1:]])
+
+        @wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = public.bind(*args, **kwargs)  # an unknown keyword is Python's own TypeError
+            given = {name: bound.arguments.pop(name) for name in model.model_fields if name in bound.arguments}
+            return fn(*bound.args, **bound.kwargs, options=model.check(given))
+
+        call.__signature__ = public  # type: ignore[attr-defined]
+        call.options = model  # type: ignore[attr-defined]
+        return call
+
+    return wrap
+
+
+def _plain(annotation: Any) -> Any:
+    """``annotation`` without its ``Annotated`` constraints (for a readable signature)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _plain(args[0])
+    return Union[tuple(_plain(a) for a in args)] if origin in (Union, UnionType) else annotation
