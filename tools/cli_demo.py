@@ -53,7 +53,8 @@ def _train(work: Path, seeds: tuple[int, int], epochs: int) -> dict:
 
 
 def _run(work: Path, *args: str) -> dict:
-    command = [str(Path(sys.executable).parent / "lmclab"), *args]
+    script = Path(sys.executable).parent / "lmclab"  # the installed command (`make setup`)
+    command = [str(script) if script.is_file() else sys.executable, *([] if script.is_file() else ["-m", "lmclab"]), *args]
     proc = subprocess.run(command, cwd=work, capture_output=True, text=True, check=True)
     return {"command": "lmclab " + shlex.join(args), "printed": proc.stdout.strip()}
 

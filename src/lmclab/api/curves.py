@@ -63,8 +63,9 @@ def interpolate(model_a: Model, model_b: Model, *, data: Data | Mapping[str, Dat
     dev = resolve_device(device)
     net = skeleton(model, model_a, "evaluating the models").to(dev)
     params_a, params_b = params_of(model_a, "model_a", dev), params_of(model_b, "model_b", dev)
-    sources = data if isinstance(data, Mapping) else {"test": data}
-    splits = {name: as_split(source, f"data[{name!r}]").to(dev) for name, source in sources.items()}
+    named = isinstance(data, Mapping)
+    sources = data if named else {"test": data}
+    splits = {name: as_split(source, f"data[{name!r}]" if named else "data").to(dev) for name, source in sources.items()}
     hook = None
     if repair == "bn":
         if not has_batchnorm(net):

@@ -45,11 +45,15 @@ def as_split(data: Data, name: str = "data") -> Split:
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
         return Split(data[0].float(), data[1].long())
-    if not isinstance(data, Iterable):
-        raise TypeError(f"{name} must be a DataLoader, an iterable of (input, target) batches or a pair of "
-                        f"tensors, got {type(data).__name__}")
+    if isinstance(data, Iterable):
+        items = iter(data)
+    elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):  # a map-style Dataset of samples
+        items = (data[i] for i in range(len(data)))
+    else:
+        raise TypeError(f"{name} must be a DataLoader, a Dataset, an iterable of (input, target) batches or a "
+                        f"pair of tensors, got {type(data).__name__}")
     xs, ys = [], []
-    for item in data:
+    for item in items:
         if not (isinstance(item, (tuple, list)) and len(item) >= 2):
             raise TypeError(f"{name}: expected (input, target) items, got {type(item).__name__}")
         x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
@@ -67,7 +71,7 @@ def first_inputs(data: Data) -> Tensor:
         return data.x[:2]
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
         return data[0][:2]
-    item = next(iter(data), None)
+    item = next(iter(data), None) if isinstance(data, Iterable) else (data[0] if len(data) else None)
     if item is None:
         raise ValueError("data is empty")
     x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
