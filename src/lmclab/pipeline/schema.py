@@ -1,4 +1,6 @@
-"""The typed schema of ``params.yaml``: every key's type, range, default and meaning, in one place.
+"""The typed schema of ``params.yaml``: every key's type, range, default and meaning, in one place —
+for the search blocks ``permute.<method>``, the place is the method's own options model
+(``lmclab.search``), embedded here with only the defaults of ``PIPELINE_DEFAULTS`` changed.
 
 Strict types (a string where a number belongs is refused; an integer where a number belongs is
 fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing

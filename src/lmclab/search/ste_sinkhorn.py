@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -56,26 +57,27 @@ def ste_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b
                  monitor: Monitor | None = None) -> SearchResult:
     """Optimise the Sinkhorn scores against the midpoint loss (options: :class:`STESinkhornOptions`);
     ``stats['curve']``: one row per epoch (``steps``: optimiser steps so far)."""
-    o = options
-    check_batch(o.batch_size, len(data))
+    epochs, batch_size = options.epochs, options.batch_size
+    check_batch(batch_size, len(data))
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
     scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator,
                                                               device).items()}
-    opt = make_optimizer(o.optimizer, scores.values(), lr=o.lr, weight_decay=o.weight_decay)
+    opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
     data = data.to(device)
     curve = [{"epoch": 0, "train_loss": None, "steps": 0,
               **(monitor(hard_permutation(scores)) if monitor else {})}]
-    for epoch in range(1, o.epochs + 1):
-        batches = minibatches(len(data), o.batch_size, generator, drop_last=o.drop_last)
-        total = sum(_step(opt, spec, scores, model, params_a, params_b, data.x[i], data.y[i],
-                          tau=o.tau, n_iter=o.sinkhorn_iters, bf16=o.precision == "bf16") * len(i) for i in batches)
+    step = partial(_step, opt, spec, scores, model, params_a, params_b, tau=options.tau,
+                   n_iter=options.sinkhorn_iters, bf16=options.precision == "bf16")
+    for epoch in range(1, epochs + 1):
+        batches = minibatches(len(data), batch_size, generator, drop_last=options.drop_last)
+        total = sum(step(data.x[i], data.y[i]) * len(i) for i in batches)
         row = {"epoch": epoch, "train_loss": total / sum(len(i) for i in batches),
                "steps": curve[-1]["steps"] + len(batches)}
         curve.append({**row, **(monitor(hard_permutation(scores)) if monitor else {})})
-    return SearchResult(hard_permutation(scores), {"curve": curve, "epochs": o.epochs,
+    return SearchResult(hard_permutation(scores), {"curve": curve, "epochs": epochs,
                                                    "seconds": time.perf_counter() - start})
 
 
