@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
 
-from lmclab.archs import build_model, get_arch, make_config, search_problem  # noqa: E402
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.search.registered import search_problem  # noqa: E402
 from lmclab.core.bn_repair import bn_repair_hook  # noqa: E402
 from lmclab.core.data import load_split, prepare  # noqa: E402
 from lmclab.core.evaluate import evaluate  # noqa: E402

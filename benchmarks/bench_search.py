@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import typer
 
-from lmclab.archs import build_model, get_arch, make_config, search_problem
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.search.registered import search_problem
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split, prepare
 from lmclab.search import run_search

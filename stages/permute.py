@@ -26,7 +26,7 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
-    from lmclab.archs import search_problem
+    from lmclab.search.registered import search_problem
     from lmclab.search import check_method, run_search
 
     read = stage_params("permute", params, dvc_yaml=DVC_YAML, method=method)

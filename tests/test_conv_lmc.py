@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from lmclab.archs import build_model, get_arch, make_config, search_problem
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.search.registered import search_problem
 from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_bn, repair_subset
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate

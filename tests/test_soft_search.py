@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad
 
-from lmclab.archs import ARCHS, build_model, make_config, search_problem
+from lmclab.archs import ARCHS, build_model, make_config
+from lmclab.search.registered import search_problem
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import merge

@@ -109,7 +109,6 @@ def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp
         save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed,
                                                                 build_model("mlp", config, seed=seed).state_dict()))
     params = _write(tmp_path, {**TINY, "three": {**TINY["three"], "resolution": 2}})
-    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())  # StageParams reads the one beside params.yaml
     common = ["--data", str(prepared), "--params", str(params)]
     runs = {permute: ["--method", "wm", "--model-a", str(tmp_path / "seed0.pt"), "--model-b",
                       str(tmp_path / "seed1.pt"), "--out", str(tmp_path / "perm")],

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
 from lmclab.analysis.compose import r_key
-from lmclab.archs import search_problem
+from lmclab.search.registered import search_problem
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.analysis.landscape import landscape, plane_grid

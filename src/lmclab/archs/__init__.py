@@ -1,21 +1,18 @@
 """Registry of architectures. Each module declares ``Config``, ``Model``, ``permutation_spec``
 and ``activation_points``; adding an architecture is one file and one line here.
-:func:`search_problem` hands a search what it needs of one (the searches never see the registry)."""
+The searches never see the registry: :func:`lmclab.search.registered.search_problem` hands them what they need of one."""
 
 from __future__ import annotations
 
 import dataclasses
 from types import ModuleType
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
 
-if TYPE_CHECKING:
-    from lmclab.search import SearchProblem
 
 ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50,
                                "traced": traced, "mixer": mixer}
@@ -47,14 +44,3 @@ def build_model(arch: str, config: Any, seed: int | None = None) -> nn.Module:
         torch.manual_seed(seed)
         return module.Model(config)
 
-
-def search_problem(arch: str, config: Any, params_a: Mapping[str, torch.Tensor], params_b: Mapping[str, torch.Tensor],
-                   *, device: torch.device, **given: Any) -> SearchProblem:
-    """The :class:`~lmclab.search.SearchProblem` of two ``arch`` models: its permutation spec, a model
-    skeleton on ``device`` and its activation points; ``given``: ``train``, ``test``, ``repair``, ``progress``."""
-    from lmclab.search import SearchProblem
-
-    module = get_arch(arch)
-    return SearchProblem(module.permutation_spec(config), params_a, params_b,
-                         model=build_model(arch, config).to(device), points=module.activation_points(config),
-                         device=device, **given)

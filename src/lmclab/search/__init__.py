@@ -47,7 +47,7 @@ class SearchProblem:
     data-driven methods. ``test`` (optional) lets iterative methods record learning curves of the
     merged model; ``repair`` (optional) maps a merged parameter dict to one with repaired BatchNorm
     statistics before it is evaluated there; ``progress`` shows a bar per search epoch.
-    ``lmclab.archs.search_problem`` builds one for a registered architecture."""
+    ``lmclab.search.registered.search_problem`` builds one for a registered architecture."""
 
     spec: PermutationSpec
     params_a: Mapping[str, Tensor]
