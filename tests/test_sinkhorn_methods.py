@@ -13,7 +13,7 @@ from lmclab.archs import get_arch, make_config
 from lmclab.core.data import Split
 from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
-from lmclab.search.midpoint import minibatches
+from lmclab.search.midpoint import midpoint_loss, minibatches
 from lmclab.search.sinkhorn import (log_sinkhorn, scaling_max_range, scaling_sinkhorn, sinkhorn,
                                     soft_apply, soft_permutation)
 from lmclab.search.weight_matching import matching_objective
@@ -250,6 +250,29 @@ def test_bf16_runs_the_midpoint_products_in_bfloat16_and_follows_the_float32_run
     bf16 = [r["train_loss"] for r in run("bf16")]
     assert set(seen) == {torch.bfloat16}
     assert bf16 == pytest.approx(fp32, rel=2e-2) and bf16 != fp32
+
+
+def test_bf16_computes_the_soft_permuted_parameters_under_autocast(monkeypatch) -> None:
+    """π_soft(θb) is inside the autocast region: the permuted parameters that reach the midpoint loss
+    are bfloat16 (products of S and θb in bfloat16), the unpermuted ones untouched float32."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    seen: list[dict[str, torch.dtype]] = []
+
+    def recording(model, spec, params_a, permuted_b, x, y):  # noqa: ANN001, ANN202
+        seen.append({k: v.dtype for k, v in permuted_b.items()})
+        return midpoint_loss(model, spec, params_a, permuted_b, x, y)
+
+    monkeypatch.setattr(ste_sinkhorn_module, "midpoint_loss", recording)
+    run = lambda precision: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
+        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+        epochs=1, batch_size=25, precision=precision)
+    run("bf16")
+    permuted = {"l0.weight": torch.bfloat16, "l0.bias": torch.bfloat16, "l1.weight": torch.bfloat16,
+                "l1.bias": torch.float32}
+    assert len(seen) == 2 and all(dtypes == permuted for dtypes in seen)
+    seen.clear()
+    run("fp32")
+    assert len(seen) == 2 and all(set(dtypes.values()) == {torch.float32} for dtypes in seen)
 
 
 def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
