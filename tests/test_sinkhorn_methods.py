@@ -290,3 +290,25 @@ def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
     with pytest.raises(ValueError, match=r"^permute\.ste\.holdout must be above 0 when permute\.ste\.select is 'holdout'"):
         ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator(),
                        holdout=0.0, select="holdout")
+
+
+def test_ste_best_batch_returns_the_permutation_of_the_step_with_the_lowest_loss(monkeypatch) -> None:
+    """Every step's projection and loss are recorded: the one returned is the lowest loss's, which here
+    differs from the projection at the end of its epoch (so returning that would fail)."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    steps, epoch_perms, step = [], [], ste_module.ste_step
+
+    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        perm, loss = step(*args, **kwargs)
+        steps.append((perm, loss))
+        return perm, loss
+
+    monkeypatch.setattr(ste_module, "ste_step", recording)
+    result = ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+                            optimizer="sgd", lr=1.0, momentum=0.9, epochs=4, batch_size=16, holdout=0.0,
+                            select="best_batch", monitor=lambda perm: epoch_perms.append(perm) or {})
+    best = min(range(len(steps)), key=lambda i: steps[i][1])  # 3 steps per epoch
+    best_perm = steps[best][0]
+    assert len(steps) == 12 and torch.equal(result.perm["P"], best_perm["P"])
+    assert result.stats["best_epoch"] == 1 + best // 3 == 3
+    assert not torch.equal(best_perm["P"], epoch_perms[result.stats["best_epoch"]]["P"])
