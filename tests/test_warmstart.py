@@ -197,6 +197,19 @@ def test_an_untrusted_directory_runs_the_stage_cold_after_one_line_naming_it(
     assert list(untouched.iterdir()) == []  # no socket, no lock, no server
 
 
+@pytest.mark.parametrize("mode", [0o770, 0o750, 0o711, 0o777, 0o700], ids=lambda mode: f"{mode:04o}")
+def test_only_a_0700_directory_is_private(tmp_path, monkeypatch, mode) -> None:  # noqa: ANN001
+    """Group access is refused too, not only world-writable modes (group members are other users)."""
+    from lmclab.runtime.trust import warm_dir
+
+    path = tmp_path / "warm"
+    path.mkdir()
+    os.chmod(path, mode)
+    monkeypatch.setenv("LMCLAB_WARM_DIR", str(path))
+    expected = None if mode == 0o700 else f"has mode {mode:04o}, expected 0700"
+    assert warm_dir() == (path, expected)
+
+
 @pytest.mark.parametrize("where", ["default", "XDG_RUNTIME_DIR"])
 def test_a_new_directory_is_made_private_with_a_0600_socket_and_lock(tmp_path, default_env, where) -> None:  # noqa: ANN001
     base, env = default_env
