@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def params(tmp_path: Path, **train: object) -> Path:
                                              "train": {"epochs": 2, "batch_size": 63, **train}})  # shards of 32 and 31
     path = tmp_path / f"params-{train.get('nproc_per_node', 1)}-{train.get('precision', 'fp32')}.yaml"
     path.write_text(yaml.safe_dump(tree))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path)  # a stage reads the params its dvc.yaml declares, beside them
     return path
 
 
@@ -255,6 +257,7 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
     run(repo, "dvc", "repro", "measure@pair0", "connect@triple0-wm")
     tree["measure"]["nproc_per_node"] = 2
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(tree))
+    shutil.copy(repo / "dvc.yaml", tmp_path)  # read beside two.yaml
     out = run(repo, sys.executable, "stages/measure.py", "--seed-a", "0", "--seed-b", "1", "--model-a",
               "data/models/seed0.pt", "--model-b", "data/models/seed1.pt", "--merged", "data/merged/seed0-seed1",
               "--data", "data/prepared", "--out", str(tmp_path / "two"), "--params", str(tmp_path / "two.yaml"))

@@ -199,6 +199,7 @@ def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_
     params["train"].update(epochs=2, batch_size=100)
     params["device"] = "cpu"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path)  # a stage reads the params its dvc.yaml declares, beside params.yaml
     outputs = {}
     for mode in ("1", "0"):
         out = tmp_path / f"seed3-{mode}.pt"
