@@ -1,7 +1,8 @@
 """Warm start (lmclab.runtime.warmstart): a stage run in a fork of the preloaded server behaves exactly like
 ``python script`` — argv, cwd, environment, stdio, exit codes, tracebacks, signals — and gives the
 same results as a fresh process; it trusts only its own user (lmclab.runtime.trust: a private directory,
-0600 socket and lock, SO_PEERCRED on both ends) and a worker dies with its client and its session."""
+0600 socket and lock, SO_PEERCRED on both ends) and a worker dies with its client and its session; --help
+and refused command lines start no server, and a stopped or idle server leaves no socket or lock behind."""
 
 from __future__ import annotations
 
