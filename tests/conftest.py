@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,30 @@ from lmclab.train.training import train
 SMALL_CONFIGS: dict[str, dict] = {
     "mlp": {"hidden": 3, "width": 12},
 }
+
+
+# what the library and the stages read from the environment: set by the caller, they would change what runs
+# (LMCLAB_WARM=0 turns warm start off; torchrun's variables make a stage join a process group)
+CALLER_ENV = ("LMCLAB_",)
+TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def clean_environment() -> Iterator[None]:
+    """Tests never depend on the caller's environment: its LMCLAB_* and torchrun variables are removed for
+    the session (subprocesses inherit the cleaned environment; a test sets what it needs explicitly), and
+    the stages' warm-start servers live in a private directory of the session, stopped at its end."""
+    warm = Path(tempfile.mkdtemp(prefix="lmclab-warm-tests-"))  # 0700; short: a socket's path is limited
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [k for k in os.environ if k.startswith(CALLER_ENV) or k in TORCHRUN_ENV]:
+            mp.delenv(name)
+        mp.setenv("LMCLAB_WARM_DIR", str(warm))
+        yield
+    for lock in warm.glob("*.lock"):
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(lock.read_text()), signal.SIGTERM)
+    shutil.rmtree(warm, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

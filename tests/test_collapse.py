@@ -23,6 +23,17 @@ def test_features_collapsed_onto_a_simplex_etf_give_zero_statistics():
     assert stats["nc_equinorm"] == pytest.approx(0, abs=1e-12)
 
 
+def test_simplex_directions_of_unequal_norms_are_an_etf_that_is_not_equinorm():
+    """Class means s_c·u_c with u_c the simplex directions and norms s = (1, 2, 3, 6); n_c ∝ 1/s_c samples
+    put the global mean at the simplex's centre. Normalised means form the ETF (distance 0); the norms'
+    coefficient of variation is std(s)/mean(s)."""
+    norms = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.float64)
+    y = torch.repeat_interleave(torch.arange(4), torch.tensor([6, 3, 2, 1])).repeat(5)  # n_c·s_c = 6
+    stats = collapse_stats(norms[y, None] * simplex(4, scale=1.0)[y] + 2.0, y)  # shifted off the origin
+    assert stats["nc2_etf"] == pytest.approx(0, abs=1e-12) and stats["nc1"] == pytest.approx(0, abs=1e-12)
+    assert stats["nc_equinorm"] == pytest.approx(float(norms.std() / norms.mean()), rel=1e-12)
+
+
 def test_within_class_spread_and_unequal_means_are_measured():
     y = torch.arange(4).repeat(500)
     noise = torch.randn(2000, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -1,6 +1,7 @@
 """Data-parallel training under torchrun (issue 16): two gloo processes of the train stage give the
 single-process model on the same global batch (up to float reduction order), the launcher's command,
-and the one-line refusals of impossible launches."""
+and the one-line refusals of impossible launches. The arithmetic behind it — each shard's loss scaling
+and the batch-weighted BatchNorm statistics — is also checked fast, in one process against closed forms."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 
 from dvc_repo import TINY, deep_update, make_repo, run
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.core.bn_repair import bn_repair_hook
+from lmclab.core.bn_repair import bn_repair_hook, repair_bn
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import Split
 from lmclab.analysis.landscape import landscape, plane_grid
@@ -27,6 +31,7 @@ from lmclab.core.distributed import World, join_world, leave_world, torchrun_com
 from lmclab.core.interpolation import measure_pair_with_repair
 from lmclab.core.metrics import lambda_grid
 from lmclab.pipeline.validate import ParamsError, check_params
+from lmclab.train.training import Step
 
 ROOT = Path(__file__).resolve().parent.parent
 # max |Δθ| after 2 epochs of Adam on 800 digits: measured 3.0e-8 (float32 summation in another order);
@@ -92,6 +97,98 @@ def test_impossible_launches_are_refused_in_one_line(train, message):
     with pytest.raises(ParamsError) as err:
         check_params(deep_update(copy.deepcopy(TINY), {"train": train}))
     assert any(line.startswith(message) for line in err.value.lines), err.value.lines
+
+
+class Hub:
+    """An all-reduce among threads that stand for the processes: each rank's tensor summed over ranks."""
+
+    def __init__(self, size: int) -> None:
+        self.barrier, self.slots = threading.Barrier(size, timeout=20), [torch.zeros(())] * size
+
+    def all_reduce(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
+        self.slots[rank] = tensor.detach().clone()
+        self.barrier.wait()
+        total = sum(self.slots[1:], self.slots[0].clone())
+        self.barrier.wait()  # everyone has read before a rank writes its next tensor
+        return total
+
+
+@dataclass(frozen=True)
+class ThreadWorld(World):
+    """A :class:`World` whose sums over processes go through a :class:`Hub` (no process group)."""
+
+    hub: Hub | None = None
+
+    def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.hub.all_reduce(self.rank, tensor)
+
+    def all_sum(self, *values: float) -> list[float]:
+        return self.reduce(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def on_threads(size: int, fn):  # noqa: ANN001, ANN201
+    """``[fn(world) for each rank]``, the ranks running at once on threads joined by one hub."""
+    hub, results = Hub(size), [None] * size
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(ThreadWorld(rank, size, hub=hub))
+        except BaseException as exc:  # noqa: BLE001 (re-raised below)
+            hub.barrier.abort()
+            results[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def test_each_shards_scaled_loss_gives_ddp_the_global_batchs_mean_gradient():
+    """A global batch of 63 in shards of 32 and 31: DDP averages the shards' gradients, so each shard's loss
+    must be its summed cross-entropy × W/B; the mean of the gradients is then that of the global mean loss,
+    and the reported sums add up to the global summed loss."""
+    gen = torch.Generator().manual_seed(0)
+    data = Split(torch.randn(70, 2, 3, dtype=torch.float64, generator=gen), torch.randint(0, 4, (70,), generator=gen))
+    template = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 4)).double()
+    idx = torch.randperm(70, generator=gen)[:63]
+
+    def shard_gradient(world: World) -> tuple[list[torch.Tensor], float, int]:
+        model = copy.deepcopy(template)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the step leaves the model as it is
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        summed, _, n = Step(model, opt, sched, data, "none", torch.Generator(), world, "fp32").one(idx)
+        return [p.grad for p in model.parameters()], summed, n
+
+    (g0, s0, n0), (g1, s1, n1) = shard_gradient(World(0, 2)), shard_gradient(World(1, 2))
+    loss = F.cross_entropy(template(data.x[idx]), data.y[idx])
+    expected = torch.autograd.grad(loss, list(template.parameters()))
+    assert (n0, n1) == (32, 31)
+    for a, b, want in zip(g0, g1, expected):
+        torch.testing.assert_close((a + b) / 2, want, rtol=1e-12, atol=1e-14)
+    assert s0 + s1 == pytest.approx(loss.item() * 63, rel=1e-12)
+
+
+def test_bn_repair_weights_each_process_by_its_number_of_batches():
+    """Five repair batches of 4 with different means: rank 0 runs 3 of them, rank 1 runs 2. The combined
+    statistics are the single process's cumulative average: the mean over all 5 batches of the batch means
+    and of the unbiased batch variances (weighting the ranks equally would give another mean)."""
+    gen = torch.Generator().manual_seed(0)
+    row = torch.arange(20, dtype=torch.float64)[:, None]
+    x = torch.randn(20, 3, dtype=torch.float64, generator=gen) * (1 + row // 4) + row  # batches' moments differ
+    data, model = Split(x, torch.zeros(20, dtype=torch.long)), torch.nn.Sequential(torch.nn.BatchNorm1d(3)).double()
+    batches = x.split(4)
+    mean, var = torch.stack([b.mean(0) for b in batches]).mean(0), torch.stack([b.var(0) for b in batches]).mean(0)
+    alone = repair_bn(model, model.state_dict(), data, batch_size=4)
+    ranks = on_threads(2, lambda world: repair_bn(model, model.state_dict(), data, batch_size=4, world=world))
+    for params in (alone, *ranks):
+        torch.testing.assert_close(params["0.running_mean"], mean, rtol=1e-12, atol=0)
+        torch.testing.assert_close(params["0.running_var"], var, rtol=1e-12, atol=0)
+        assert int(params["0.num_batches_tracked"]) == 5
 
 
 def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> None:

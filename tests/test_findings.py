@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from lmclab.analysis.findings import (by_pair, energy_concentrates, p_greater, paper_findings, roles,
-                                      spectra_coincide, taylor_misses, three_models, wm_small_l2)
+                                      spectra_coincide, taylor_misses, three_models, wm_aligns, wm_small_l2)
 from lmclab.report.paper import TABLE1, paper_row
 from lmclab.report.report_paper import findings_section, marked, table2, table3_paper_lines
 
@@ -57,6 +57,16 @@ def test_taylor_misses_is_a_paired_t_test_over_pairs():
     assert found.holds and found.numbers["diff"] == pytest.approx(0.1)
     close = method((-0.03, -0.02, -0.025), (8, 8, 8), taylor=(-0.02, -0.03, -0.024))  # Taylor on both sides
     assert not taylor_misses(pairs_table(wm=close), r, 0.05).holds
+
+
+def test_wm_aligns_needs_the_naive_r_near_zero_in_magnitude():
+    """R ≈ 0 without permutation: a clearly negative naive R (anti-aligned) is not near zero."""
+    r = {"WM": "wm", "naive": "identity"}
+    assert wm_aligns(pairs_table(identity=NAIVE, wm=WM), r, 0.05).holds
+    opposed = method((0.9, 1.0, 0.8), (0, 0, 0), r0=(-0.05, -0.06, -0.04), r3=(-0.08, -0.07, -0.09))
+    found = wm_aligns(pairs_table(identity=opposed, wm=WM), r, 0.05)
+    assert found.numbers["naive_R_0"] == pytest.approx(-0.05)  # the t-tests pass: only |naive R| decides
+    assert found.holds is False
 
 
 def test_p_greater_is_one_sided_and_paired():

@@ -13,7 +13,7 @@ from lmclab.archs import get_arch, make_config
 from lmclab.core.data import Split
 from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
-from lmclab.search.midpoint import minibatches
+from lmclab.search.midpoint import midpoint_loss, minibatches
 from lmclab.search.sinkhorn import (log_sinkhorn, scaling_max_range, scaling_sinkhorn, sinkhorn,
                                     soft_apply, soft_permutation)
 from lmclab.search.weight_matching import matching_objective
@@ -252,6 +252,29 @@ def test_bf16_runs_the_midpoint_products_in_bfloat16_and_follows_the_float32_run
     assert bf16 == pytest.approx(fp32, rel=2e-2) and bf16 != fp32
 
 
+def test_bf16_computes_the_soft_permuted_parameters_under_autocast(monkeypatch) -> None:
+    """π_soft(θb) is inside the autocast region: the permuted parameters that reach the midpoint loss
+    are bfloat16 (products of S and θb in bfloat16), the unpermuted ones untouched float32."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    seen: list[dict[str, torch.dtype]] = []
+
+    def recording(model, spec, params_a, permuted_b, x, y):  # noqa: ANN001, ANN202
+        seen.append({k: v.dtype for k, v in permuted_b.items()})
+        return midpoint_loss(model, spec, params_a, permuted_b, x, y)
+
+    monkeypatch.setattr(ste_sinkhorn_module, "midpoint_loss", recording)
+    run = lambda precision: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
+        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+        epochs=1, batch_size=25, precision=precision)
+    run("bf16")
+    permuted = {"l0.weight": torch.bfloat16, "l0.bias": torch.bfloat16, "l1.weight": torch.bfloat16,
+                "l1.bias": torch.float32}
+    assert len(seen) == 2 and all(dtypes == permuted for dtypes in seen)
+    seen.clear()
+    run("fp32")
+    assert len(seen) == 2 and all(set(dtypes.values()) == {torch.float32} for dtypes in seen)
+
+
 def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
     """Minibatch losses are noisy: here the lowest is in epoch 2 of 4, so neither the last epoch nor
     its projection is returned."""
@@ -267,3 +290,25 @@ def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
     with pytest.raises(ValueError, match=r"^holdout must be above 0 when select is 'holdout'"):
         ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator(),
                        holdout=0.0, select="holdout")
+
+
+def test_ste_best_batch_returns_the_permutation_of_the_step_with_the_lowest_loss(monkeypatch) -> None:
+    """Every step's projection and loss are recorded: the one returned is the lowest loss's, which here
+    differs from the projection at the end of its epoch (so returning that would fail)."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    steps, epoch_perms, step = [], [], ste_module.ste_step
+
+    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        perm, loss = step(*args, **kwargs)
+        steps.append((perm, loss))
+        return perm, loss
+
+    monkeypatch.setattr(ste_module, "ste_step", recording)
+    result = ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
+                            optimizer="sgd", lr=1.0, momentum=0.9, epochs=4, batch_size=16, holdout=0.0,
+                            select="best_batch", monitor=lambda perm: epoch_perms.append(perm) or {})
+    best = min(range(len(steps)), key=lambda i: steps[i][1])  # 3 steps per epoch
+    best_perm = steps[best][0]
+    assert len(steps) == 12 and torch.equal(result.perm["P"], best_perm["P"])
+    assert result.stats["best_epoch"] == 1 + best // 3 == 3
+    assert not torch.equal(best_perm["P"], epoch_perms[result.stats["best_epoch"]]["P"])

@@ -4,6 +4,8 @@ permutations, determinism, one-line errors, and spec-level correctness of soft p
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
 from torch import nn
@@ -303,6 +305,25 @@ def test_bad_options_fail_up_front(method: str, options: dict, message: str) -> 
     (option,) = options
     with pytest.raises(ValueError, match=rf"^permute\.{method}\.{option}: expected .*, got {options[option]!r}$"):
         check_params(params)
+
+
+def test_ste_refuses_to_hold_out_the_whole_training_split() -> None:
+    """``holdout: 1.0`` would leave no image to train on: validate refuses it (the schema's bound) and so do
+    check_method and ste() itself, naming the key, before any search."""
+    params = _params()
+    params["permute"].update({"methods": ["ste"], "ste": {**params["permute"]["ste"], "holdout": 1.0}})
+    with pytest.raises(ValueError) as err:
+        check_params(params)
+    assert err.value.lines == ["permute.ste.holdout: expected a number in [0, 1), got 1.0"]
+    refusal = r"^permute\.ste\.holdout must be a number in \[0, 1\), got 1\.0$"
+    with pytest.raises(ValueError, match=refusal):
+        check_method("ste", {"holdout": 1.0})
+    spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
+    net = nn.Sequential(OrderedDict(l0=nn.Linear(6, 4), relu=nn.ReLU(), l1=nn.Linear(4, 3)))
+    data = Split(torch.zeros(40, 6), torch.zeros(40, dtype=torch.long))  # refused before it is read
+    with pytest.raises(ValueError, match=refusal):
+        ste(spec, net.state_dict(), net.state_dict(), model=net, data=data, generator=torch.Generator(),
+            batch_size=8, holdout=1.0)
 
 
 @pytest.mark.parametrize(("method", "batch_size"), [("ste", 91), ("ste_sinkhorn", 101)])

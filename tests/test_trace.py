@@ -361,3 +361,21 @@ def test_an_axis_whose_groups_are_pinned_no_longer_blocks_convs_and_pools():
     assert spec.axes["a.weight"] == spec.axes["b.weight"] == (None, None)
     assert spec.axes["conv.weight"] == ("P_0", None, None, None)
     assert spec.axes["head.weight"] == (None, "P_0") and list(spec.groups) == ["P_0"]
+
+
+class PinnedWidthPooled(nn.Module):
+    """A pinned width (a Linear over it added to the input), halved by a pool, then a Linear over the
+    pooled width added back: the pool's output must not keep the old width's layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 4), nn.Linear(2, 2), nn.Linear(3 * 2 * 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, 3, 4, 4)
+        h = torch.nn.functional.max_pool2d(self.a(x) + x, 2)  # (N, 3, 2, 2): the pinned width shrinks
+        return self.head((h + self.b(h)).flatten(1))
+
+
+def test_a_pool_drops_the_layout_of_a_pinned_axis_it_shrinks():
+    spec = trace_spec(PinnedWidthPooled(), torch.zeros(2, 3, 4, 4))
+    assert spec.axes["a.weight"] == spec.axes["b.weight"] == (None, None) and not spec.groups

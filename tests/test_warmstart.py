@@ -1,7 +1,8 @@
 """Warm start (lmclab.runtime.warmstart): a stage run in a fork of the preloaded server behaves exactly like
 ``python script`` — argv, cwd, environment, stdio, exit codes, tracebacks, signals — and gives the
 same results as a fresh process; it trusts only its own user (lmclab.runtime.trust: a private directory,
-0600 socket and lock, SO_PEERCRED on both ends) and a worker dies with its client and its session."""
+0600 socket and lock, SO_PEERCRED on both ends) and a worker dies with its client and its session; --help
+and refused command lines start no server, and a stopped or idle server leaves no socket or lock behind."""
 
 from __future__ import annotations
 
@@ -124,6 +125,74 @@ def test_ctrl_c_reaches_the_worker_and_a_killed_client_takes_its_worker_along(tm
     assert _gone(worker, 10)
 
 
+def _servers_of(where: Path) -> list[int]:
+    """The pids of processes whose command line names ``where`` (a server is started with its socket path)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(where).encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            pass  # gone meanwhile
+    return pids
+
+
+@pytest.mark.parametrize(("stage", "args", "code", "shown"), [
+    ("permute", ["--help"], 0, "Usage: permute.py"),
+    ("train", ["--help"], 0, "Usage: train.py"),
+    ("permute", ["--bogus"], 2, "No such option: --bogus"),
+    ("train", ["--seed", "abc"], 2, "Invalid value for '--seed'"),
+    ("measure", [], 2, "Missing option"),
+])
+def test_help_or_a_refused_command_line_starts_no_server(tmp_path, warm_env, stage, args, code, shown) -> None:  # noqa: ANN001
+    proc = subprocess.run([sys.executable, str(ROOT / "stages" / f"{stage}.py"), *args], cwd=tmp_path, env=warm_env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code and shown in proc.stdout + proc.stderr, proc.stderr
+    where = Path(warm_env["LMCLAB_WARM_DIR"])
+    assert list(where.iterdir()) == [] and _servers_of(where) == []  # no socket, no lock, no server process
+
+
+STAGE = """
+import os, sys
+sys.path.insert(0, {src!r})
+import typer
+from lmclab.pipeline.stage import run_warm
+from lmclab.runtime.warmstart import WORKER_ENV
+app = typer.Typer(add_completion=False)
+
+@app.command()
+def main(seed: int = typer.Option(...)) -> None:
+    print("warm" if WORKER_ENV in os.environ else "cold", seed)
+
+if __name__ == "__main__":
+    run_warm(app)
+"""
+
+
+def test_a_command_line_the_stage_accepts_runs_warm(tmp_path, warm_env) -> None:  # noqa: ANN001
+    (tmp_path / "stage.py").write_text(STAGE.format(src=str(ROOT / "src")))
+    run = lambda *args: subprocess.run([sys.executable, str(tmp_path / "stage.py"), *args], cwd=tmp_path,  # noqa: E731
+                                       env=warm_env, capture_output=True, text=True, timeout=120)
+    assert run("--seed", "x").returncode == 2 and not list(Path(warm_env["LMCLAB_WARM_DIR"]).iterdir())
+    accepted = run("--seed", "3")
+    assert accepted.returncode == 0 and accepted.stdout == "warm 3\n", accepted.stderr
+    assert len(list(Path(warm_env["LMCLAB_WARM_DIR"]).glob("*.sock"))) == 1
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP", "idle"])
+def test_a_stopped_or_idle_server_removes_its_socket_and_lock(tmp_path, warm_env, stop) -> None:  # noqa: ANN001
+    env = {**warm_env, "LMCLAB_WARM_IDLE": "1" if stop == "idle" else "60"}
+    assert _run(tmp_path, env, "0").returncode == 0
+    where = Path(warm_env["LMCLAB_WARM_DIR"])
+    (lock,) = where.glob("*.lock")
+    assert [p.suffix for p in sorted(where.iterdir())] == [".lock", ".sock"]
+    server = int(lock.read_text())
+    if stop != "idle":
+        os.kill(server, getattr(signal, stop))
+    assert _gone(server, 10)
+    assert list(where.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_env, prepared) -> None:  # noqa: ANN001
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -195,6 +264,19 @@ def test_an_untrusted_directory_runs_the_stage_cold_after_one_line_naming_it(
     assert proc.returncode == 3 and proc.stdout.startswith("cold False False") and "['3', 'x y'] 1" in proc.stdout
     assert proc.stderr.splitlines() == [f"lmclab: warm start refused, running cold: {path} {reason}", "to stderr"]
     assert list(untouched.iterdir()) == []  # no socket, no lock, no server
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o750, 0o711, 0o777, 0o700], ids=lambda mode: f"{mode:04o}")
+def test_only_a_0700_directory_is_private(tmp_path, monkeypatch, mode) -> None:  # noqa: ANN001
+    """Group access is refused too, not only world-writable modes (group members are other users)."""
+    from lmclab.runtime.trust import warm_dir
+
+    path = tmp_path / "warm"
+    path.mkdir()
+    os.chmod(path, mode)
+    monkeypatch.setenv("LMCLAB_WARM_DIR", str(path))
+    expected = None if mode == 0o700 else f"has mode {mode:04o}, expected 0700"
+    assert warm_dir() == (path, expected)
 
 
 @pytest.mark.parametrize("where", ["default", "XDG_RUNTIME_DIR"])

@@ -6,6 +6,8 @@ dies with whatever started it (``lmclab.runtime.lifetime``)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import sys
@@ -18,7 +20,7 @@ from typing import Any
 STARTED_BY = os.getppid()  # read first: if this starter (dvc) is gone by run_warm, the stage must not run
 
 from lmclab.runtime.lifetime import die_with_parent  # standard library only: no heavy import here
-from lmclab.runtime.warmstart import run_script
+from lmclab.runtime.warmstart import enabled, run_script
 
 DVC_YAML = "dvc.yaml"  # named in errors; each stage script passes its own repository's file
 PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")
@@ -166,17 +168,32 @@ def search_errors(method: str, methods_key: str = "permute.methods") -> Iterator
         raise ValueError(err.keyed(search_key(method, methods_key))) from None
 
 
-def run_warm(app: Callable[[], Any]) -> None:
+def run_warm(app: Any) -> None:
     """Run the stage's typer ``app`` in a warm worker (``lmclab.runtime.warmstart``; ~3 s of imports saved),
-    or here when warm start is off (``LMCLAB_WARM=0``), unavailable, or this is the worker. Either
+    or here when warm start is off (``LMCLAB_WARM=0``), unavailable, this is the worker, or the command
+    line asks for ``--help`` or is refused (no server is started for those). Either
     way the stage is SIGKILLed when the process that started it (``dvc``) dies, so no stage outlives
     its ``dvc`` and writes outputs behind a rerun's back."""
     die_with_parent(STARTED_BY)
-    code = run_script(sys.argv[0], sys.argv[1:])
+    code = run_script(sys.argv[0], sys.argv[1:]) if enabled() and accepts(app, sys.argv[1:]) else None
     if code is None:
         app()
     else:
         raise SystemExit(code)
+
+
+def accepts(app: Any, argv: list[str]) -> bool:
+    """Whether the typer ``app`` would run its command on ``argv``: ``--help`` or a command line it refuses
+    is answered in this process by ``app()``, never by a warm-start server started for it (parsed
+    silently here: ``app()`` prints the help or the error)."""
+    import typer
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            typer.main.get_command(app).make_context(Path(sys.argv[0]).name, list(argv))
+        except (typer.Exit, typer.Abort, typer.TyperException):  # --help; a usage error
+            return False
+    return True
 
 
 def _flat(tree: Mapping, prefix: str = "") -> dict[str, Any]:

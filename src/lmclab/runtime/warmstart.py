@@ -3,24 +3,26 @@ torch, numpy, scipy, pandas, pyarrow and matplotlib, instead of paying those ~3 
 one of the pipeline's ~30 stage processes.
 
 How it works (a zygote, like a build tool's daemon): ``run_script(script, argv)`` (called by a stage
-script's ``__main__``) connects to a per-user Unix socket. Nobody listening → it starts the *server*
-(a detached process that imports the heavy modules, then waits; it exits after ``LMCLAB_WARM_IDLE``
-seconds, default 60, without a request). For each request the server forks a *session*, which forks
-a *worker* that takes over the client's working directory, environment, umask, stdin/stdout/stderr
-(passed over the socket), ``sys.argv`` and ``sys.path[0]``, runs the script as ``__main__`` and exits
-with its exit code; the session reports the code to the client, which exits with it. Signals the
-client receives (Ctrl-C, DVC stopping a stage) are forwarded to the worker; a killed client takes
-its worker along (SIGKILL when its end of the socket closes) and a worker dies with its session
-(``lmclab.runtime.lifetime``). Only the current user is trusted (``lmclab.runtime.trust``: private directory, 0600
-socket and lock, ``SO_PEERCRED`` on both ends). Nothing of lmclab or of the stage is imported before
-the fork, so an edited source file is always the one that runs; the socket's name hashes the
-interpreter, its installed packages (site-packages modification times), the server's own source files
-and the environment variables read at import time, so a changed environment gets its own server.
+script's ``__main__``) connects to a per-user Unix socket. Nobody listening → it starts the *server* (a
+detached process that imports the heavy modules, then waits; it exits after ``LMCLAB_WARM_IDLE``
+seconds, default 60, without a request, or on SIGTERM or SIGHUP, and removes its socket and lock file).
+For each request the server forks a *session*, which forks a *worker* that takes over the client's
+working directory, environment, umask, stdin/stdout/stderr (passed over the socket), ``sys.argv`` and
+``sys.path[0]``, runs the script as ``__main__`` and exits with its exit code; the session reports the
+code to the client, which exits with it. Signals the client receives (Ctrl-C, DVC stopping a stage) are
+forwarded to the worker; a killed client takes its worker along (SIGKILL when its end of the socket
+closes) and a worker dies with its session (``lmclab.runtime.lifetime``). Only the current user is
+trusted (``lmclab.runtime.trust``: private directory, 0600 socket and lock, ``SO_PEERCRED`` on both
+ends). Nothing of lmclab or of the stage is imported before the fork, so an edited source file is always
+the one that runs; the socket's name hashes the interpreter, its installed packages (site-packages
+modification times), the server's own source files and the environment variables read at import time, so
+a changed environment gets its own server.
 
 Results are the same as in a fresh process (stages seed every generator explicitly; tested).
 ``LMCLAB_WARM=0`` turns it off; so does any failure to reach the server (the stage then runs in the
-calling process, as it would without this module). POSIX only (``fork``, ``SCM_RIGHTS``); elsewhere
-stages simply run in place. This module imports only the standard library.
+calling process, as it would without this module); ``--help`` and command lines the stage refuses never
+get here (``lmclab.pipeline.stage.run_warm`` parses them first). POSIX only (``fork``, ``SCM_RIGHTS``);
+elsewhere stages simply run in place. This module imports only the standard library.
 """
 
 from __future__ import annotations
@@ -163,13 +165,17 @@ def _umask() -> int:
 # ---------------------------------------------------------------- server
 
 def serve(path: str) -> None:
-    """Bind ``path``, import the heavy modules, then fork a session per connection until idle."""
-    sock_path = Path(path)
+    """Bind ``path``, import the heavy modules, then fork a session per connection until idle or stopped
+    (SIGTERM, SIGHUP); either way the socket and the lock file are removed."""
+    sock_path, lock_path = Path(path), Path(path).with_suffix(".lock")
     if private_dir_problem(sock_path.parent, create=False):
         return  # the client checked it; something changed since
-    lock = _lock(sock_path.with_suffix(".lock"))
+    lock = _lock(lock_path)
     if lock is None:
         return  # another server owns this socket
+    server = os.getpid()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: _stop(signum, server))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock_path.unlink(missing_ok=True)
@@ -181,35 +187,64 @@ def serve(path: str) -> None:
                 importlib.import_module(module)
             except Exception:  # noqa: BLE001 (a missing optional module is imported by the stage itself)
                 pass
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions are reaped automatically
-        idle = float(os.environ.get("LMCLAB_WARM_IDLE", "60"))
-        while select.select([listener], [], [], idle)[0]:
-            conn, _ = listener.accept()
-            if peer_problem(conn):  # another uid: close before reading or running anything
-                conn.close()
-                continue
-            if os.fork() == 0:
-                listener.close()
-                os.close(lock)  # a long stage must not keep the next server from taking the lock
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                _session(conn)
-            conn.close()
+        _accept(listener, lock)
     finally:
         sock_path.unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)  # still locked: a server starting now locks a new file
         listener.close()
+        os.close(lock)
+
+
+def _stop(signum: int, server: int) -> NoReturn:
+    """A stop signal: the server unwinds through its cleanup; a session forked before it reset the
+    handler just exits (the server's socket and lock are not its to remove)."""
+    if os.getpid() != server:
+        os._exit(128 + signum)
+    raise SystemExit(128 + signum)
+
+
+def _accept(listener: socket.socket, lock: int) -> None:
+    """Fork a session per connection of this user until ``LMCLAB_WARM_IDLE`` seconds pass without one."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions are reaped automatically
+    idle = float(os.environ.get("LMCLAB_WARM_IDLE", "60"))
+    while select.select([listener], [], [], idle)[0]:
+        conn, _ = listener.accept()
+        if peer_problem(conn):  # another uid: close before reading or running anything
+            conn.close()
+            continue
+        if os.fork() == 0:
+            listener.close()
+            os.close(lock)  # a long stage must not keep the next server from taking the lock
+            for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_DFL)
+            _session(conn)
+        conn.close()
 
 
 def _lock(path: Path) -> int | None:
-    """Lock ``path`` (0600, no symlink) and write our pid (for `kill $(cat <dir>/*.lock)`); ``None``: taken."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    """Lock ``path`` (0600, no symlink) and write our pid (for `kill $(cat <dir>/*.lock)`); ``None``: taken.
+    A file a stopping server removed between our open and our lock is left for the one now at ``path``."""
+    for _ in range(3):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        if _same_file(fd, path):
+            os.ftruncate(fd, 0)  # only now: truncating before the lock would erase a running server's pid
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
         os.close(fd)
-        return None
-    os.ftruncate(fd, 0)  # only now: truncating before the lock would erase a running server's pid
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
+    return None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _session(conn: socket.socket) -> NoReturn:
