@@ -73,6 +73,19 @@ def _block(demo: dict) -> str:
                       f"Commit {demo['commit']}, {demo['machine']}; `python tools/cli_demo.py` repeats it.", END])
 
 
+def _machine() -> str:
+    """CPU model, cores and PyTorch's threads, e.g. for the README's line under the table."""
+    import os
+
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or platform.machine()) \
+        if Path("/proc/cpuinfo").is_file() else platform.processor() or platform.machine()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{model}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+
+
 def write_readme(readme: Path = ROOT / "README.md") -> None:
     text, demo = readme.read_text(), json.loads(OUT.read_text())
     head, _, rest = text.partition(START)
@@ -95,8 +108,7 @@ def main(epochs: int = 5, readme_only: bool = False) -> None:
             barriers = {k: json.loads((work / f"{k}.json").read_text())["barriers"] for k in ("naive", "aligned")}
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         OUT.write_text(json.dumps({"epochs": epochs, "endpoint_acc": accs, "runs": runs, "barriers": barriers,
-                                   "commit": commit, "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-                                   f"torch CPU threads {__import__('torch').get_num_threads()}"}, indent=2) + "\n")
+                                   "commit": commit, "machine": _machine()}, indent=2) + "\n")
     write_readme()
 
 
