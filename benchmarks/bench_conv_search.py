@@ -11,10 +11,7 @@ search costs without other load on the machine (with one thread: roughly its wal
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
 
 import torch  # noqa: E402
 

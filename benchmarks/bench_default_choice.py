@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_soft_search import permute_options, run  # noqa: E402
+
 from lmclab.archs import get_arch
-from lmclab.search.registered import search_problem  # noqa: E402
 from lmclab.core.data import load_split  # noqa: E402
+from lmclab.search.registered import search_problem  # noqa: E402
 from lmclab.train.training import train  # noqa: E402
 
 

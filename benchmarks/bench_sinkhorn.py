@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -36,15 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from lmclab.archs import get_arch  # noqa: E402
 from lmclab.archs.checkpoint import atomic_save  # noqa: E402
-from lmclab.core.data import Split, load_meta, load_split  # noqa: E402
+from lmclab.core.data import load_meta, load_split  # noqa: E402
 from lmclab.core.evaluate import evaluate  # noqa: E402
 from lmclab.core.merge import merge  # noqa: E402
 from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
+from lmclab.core.spec import PermutationSpec, apply_permutation  # noqa: E402
 from lmclab.search.ste import ste  # noqa: E402
 from lmclab.search.ste_sinkhorn import ste_sinkhorn  # noqa: E402
 from lmclab.search.weight_matching import matching_objective  # noqa: E402
 from lmclab.search.wm_sinkhorn import wm_sinkhorn  # noqa: E402
-from lmclab.core.spec import PermutationSpec, apply_permutation  # noqa: E402
 from lmclab.train.training import train  # noqa: E402
 
 SETTINGS = {  # the reference's settings (README "Sinkhorn methods")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -29,8 +28,8 @@ from lmclab.core.data import load_split  # noqa: E402
 from lmclab.core.evaluate import evaluate  # noqa: E402
 from lmclab.core.merge import merge  # noqa: E402
 from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
-from lmclab.search.registered import search_problem  # noqa: E402
 from lmclab.search import SearchProblem, run_search  # noqa: E402
+from lmclab.search.registered import search_problem  # noqa: E402
 
 
 def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:

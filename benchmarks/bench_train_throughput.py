@@ -9,11 +9,9 @@ second over the training steps of the last epoch (the per-epoch test evaluation 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 import torch  # noqa: E402
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
@@ -32,9 +32,9 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.analysis.alignment import check_mode
     from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
     from lmclab.archs import build_model, get_arch
+    from lmclab.archs.checkpoint import load_checkpoint
     from lmclab.core.atomic import atomic_path
     from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
-    from lmclab.archs.checkpoint import load_checkpoint
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world

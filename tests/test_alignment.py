@@ -8,8 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmclab.analysis.alignment import (alignment_r, circular_operator_blocks, layer_names, layer_svd, model_factors,
-                              output_layer, output_scale, singular_values)
+from lmclab.analysis.alignment import (
+    alignment_r,
+    circular_operator_blocks,
+    layer_names,
+    layer_svd,
+    model_factors,
+    output_layer,
+    output_scale,
+    singular_values,
+)
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.spec import apply_permutation, build_spec, conv, dense, norm, random_permutation
 

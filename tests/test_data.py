@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
 
 from lmclab.core.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
-from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
 
 
 def test_mnist5k_is_a_fixed_stratified_4000_1000_split(tmp_path) -> None:  # noqa: ANN001

@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
 from dvc_repo import TINY, deep_update, make_repo, run
-from lmclab.archs import build_model, get_arch, make_config
-from lmclab.core.bn_repair import bn_repair_hook
-from lmclab.archs.checkpoint import load_checkpoint
-from lmclab.core.data import Split
+
 from lmclab.analysis.landscape import landscape, plane_grid
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.bn_repair import bn_repair_hook
+from lmclab.core.data import Split
 from lmclab.core.distributed import World, join_world, leave_world, torchrun_command
 from lmclab.core.interpolation import measure_pair_with_repair
 from lmclab.core.metrics import lambda_grid

@@ -15,14 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-from lmclab.pipeline.stage import load_yaml
-from lmclab.report.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
-from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 from dvc_repo import ROOT, TINY, make_repo
 from dvc_repo import deep_update as _deep_update
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run
+
+from lmclab.pipeline.stage import load_yaml
+from lmclab.report.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
+from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmclab.analysis.findings import (by_pair, energy_concentrates, p_greater, paper_findings, roles,
-                                      spectra_coincide, taylor_misses, three_models, wm_small_l2)
+from lmclab.analysis.findings import (
+    by_pair,
+    energy_concentrates,
+    p_greater,
+    paper_findings,
+    roles,
+    spectra_coincide,
+    taylor_misses,
+    three_models,
+    wm_small_l2,
+)
 from lmclab.report.paper import TABLE1, paper_row
 from lmclab.report.report_paper import findings_section, marked, table2, table3_paper_lines
 

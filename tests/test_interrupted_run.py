@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
 
 pytestmark = [pytest.mark.slow,  # ~1–2 min: the tiny pipeline up to measure, then all of it again

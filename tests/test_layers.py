@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import ROOT
+
 from lmclab.pipeline.closure import imported_modules
 
 # lowest first: a package may import the packages before it in this list, never one after it

@@ -9,11 +9,11 @@ import torch
 from torch.func import functional_call
 
 from lmclab.archs import get_arch, make_config
-from lmclab.search.registered import search_problem
+from lmclab.core.spec import apply_permutation, invert, random_permutation
 from lmclab.search import SearchProblem, check_method, run_search
 from lmclab.search.activation_matching import _record, activation_matching
+from lmclab.search.registered import search_problem
 from lmclab.search.weight_matching import group_cost, matching_objective, solve_assignment, weight_matching
-from lmclab.core.spec import apply_permutation, invert, random_permutation
 
 
 def _spec(ckpt):  # noqa: ANN001, ANN202

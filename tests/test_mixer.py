@@ -9,9 +9,9 @@ import torch
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
+from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search.activation_matching import activation_matching
 from lmclab.search.weight_matching import weight_matching
-from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace
 
 CONFIG = make_config("mixer", input_shape=(1, 28, 28), num_classes=10, patch_size=7, hidden=16, token_mlp=8,
@@ -72,6 +72,7 @@ def test_validate_checks_the_patches_against_the_data_sets_own_image(tmp_path):
     import copy
 
     from dvc_repo import TINY, deep_update
+
     from lmclab.pipeline.validate import ParamsError, check_params
 
     digits = deep_update(copy.deepcopy(TINY), {"model": {"arch": "mixer"}})

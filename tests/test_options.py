@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from dvc_repo import ROOT, TINY
+
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params, key_rows

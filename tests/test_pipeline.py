@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-from lmclab.pipeline.stage import StageParams, load_yaml
 from dvc_repo import ROOT, TINY, make_repo  # noqa: F401 (TINY: imported by other tests from here)
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run
+
+from lmclab.pipeline.stage import StageParams, load_yaml
 
 
 def _ran(output: str) -> set[str]:

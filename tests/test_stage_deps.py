@@ -10,8 +10,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import ROOT
+
 from lmclab.pipeline.closure import code_closure, covered, import_closure, minimal_cover, stage_script
 from lmclab.pipeline.stage import load_yaml
 

@@ -10,8 +10,8 @@ import re
 import pytest
 import yaml
 from dvc.utils.serialize import parse_yaml as dvc_parse_yaml
-
 from dvc_repo import ROOT
+
 from lmclab.pipeline.stage import StageParams, declared_keys, load_yaml, parse_yaml
 
 PIPELINE = load_yaml(ROOT / "dvc.yaml")
@@ -95,14 +95,14 @@ def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
 def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:  # noqa: ANN001
     """permute, connect and merge_many on three random MLPs, in-process, reading the tiny params
     through their own declarations (tests/test_pipeline.py runs every stage through dvc repro)."""
-    from typer.testing import CliRunner
-
     import connect
     import merge_many
     import permute
+    from test_pipeline import TINY
+    from typer.testing import CliRunner
+
     from lmclab.archs import build_model, make_config
     from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
-    from test_pipeline import TINY
 
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)
     for seed in (0, 1, 2):

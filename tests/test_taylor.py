@@ -8,10 +8,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
+from lmclab.analysis.taylor import (
+    TaylorTerms,
+    directional_terms,
+    gradient_and_hvp,
+    split_loss_fns,
+    taylor_barrier,
+    taylor_curve,
+    taylor_terms,
+)
 from lmclab.archs import build_model, make_config
 from lmclab.core.data import Split
-from lmclab.analysis.taylor import (TaylorTerms, directional_terms, gradient_and_hvp, split_loss_fns, taylor_barrier,
-                           taylor_curve, taylor_terms)
 
 
 def _flat(params):

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
+from lmclab.analysis.landscape import landscape, plane_frame, plane_grid, plane_point
+from lmclab.analysis.three_models import connect_triple
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
-from lmclab.analysis.landscape import landscape, plane_frame, plane_grid, plane_point
-from lmclab.core.metrics import lambda_grid, l2_distance
+from lmclab.core.metrics import l2_distance, lambda_grid
+from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search.merge_many import merge_many, summed_distance
 from lmclab.search.weight_matching import weight_matching
-from lmclab.core.spec import apply_permutation, random_permutation
-from lmclab.analysis.three_models import connect_triple
 
 
 def _copies(ckpt, n: int) -> list[dict]:  # noqa: ANN001

@@ -11,8 +11,8 @@ import torchvision
 from torch import nn
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
+from lmclab.search.weight_matching import weight_matching
 from lmclab.trace import TraceError, trace, trace_spec
 from lmclab.trace.groups import FIXED, Groups, Seg
 

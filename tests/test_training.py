@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from lmclab.archs import make_config
-from lmclab.archs.checkpoint import (CheckpointError, check_same_architecture, load_checkpoint,
-                               save_checkpoint)
+from lmclab.archs.checkpoint import CheckpointError, check_same_architecture, load_checkpoint, save_checkpoint
 from lmclab.train.training import train
 
 

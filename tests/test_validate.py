@@ -8,14 +8,14 @@ import copy
 import inspect
 
 import pytest
+from dvc_repo import ROOT
+from test_pipeline import TINY
 
 from lmclab.archs import ARCHS
 from lmclab.pipeline.schema import Block, Params, defaults, key_rows
-from lmclab.search import METHODS
-from dvc_repo import ROOT
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
-from test_pipeline import TINY
+from lmclab.search import METHODS
 
 DELETE = object()  # remove the key instead of setting it
 

@@ -13,9 +13,10 @@ stderr and exit status 1."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import typer
 

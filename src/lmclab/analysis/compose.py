@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from lmclab.analysis.alignment import (Factors, alignment_r, layer_names, model_factors, output_layer,
-                                      singular_values)
+from lmclab.analysis.alignment import Factors, alignment_r, layer_names, model_factors, output_layer, singular_values
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms

@@ -10,8 +10,8 @@ from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
-from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
 from lmclab.core.spec import Params
+from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
 
 Repair = Callable[[Params], Params]
 

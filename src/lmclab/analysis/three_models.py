@@ -14,15 +14,15 @@ from torch import Tensor, nn
 
 from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
 from lmclab.analysis.compose import r_key
-from lmclab.search.registered import search_problem
+from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
-from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.core.distributed import World
 from lmclab.core.interpolation import Repair, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
-from lmclab.search import run_search
 from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation
+from lmclab.search import run_search
+from lmclab.search.registered import search_problem
 
 EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched directly
 

@@ -13,7 +13,6 @@ from torch import nn
 
 from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
 
-
 ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50,
                                "traced": traced, "mixer": mixer}
 

@@ -32,7 +32,7 @@ class Split:
     def __len__(self) -> int:
         return len(self.y)
 
-    def to(self, device: torch.device | str) -> "Split":
+    def to(self, device: torch.device | str) -> Split:
         return Split(self.x.to(device), self.y.to(device))
 
 

@@ -20,10 +20,10 @@ from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
-from lmclab.train.augment import AUGMENTATIONS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, Positive, one_of
 from lmclab.search import METHODS
+from lmclab.train.augment import AUGMENTATIONS
 from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
 Seed = Annotated[int, Field(ge=0)]

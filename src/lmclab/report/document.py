@@ -10,8 +10,15 @@ import pandas as pd
 from lmclab.core.atomic import atomic_path
 from lmclab.report.paper import paper_row
 from lmclab.report.plots import label
-from lmclab.report.report_paper import (findings_section, marked, mean_pm, paper_note, table1_paper_line, table2,
-                                 table3_paper_lines)
+from lmclab.report.report_paper import (
+    findings_section,
+    marked,
+    mean_pm,
+    paper_note,
+    table1_paper_line,
+    table2,
+    table3_paper_lines,
+)
 
 
 def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",

@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-
 # what metrics/summary.json reports per method (mean ± std over pairs)
 SUMMARY_KEYS = (
     "train_loss_barrier_mid", "test_loss_barrier_mid", "train_loss_barrier_max", "test_loss_barrier_max",

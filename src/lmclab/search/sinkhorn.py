@@ -32,8 +32,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmclab.search.weight_matching import solve_assignment
 from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
+from lmclab.search.weight_matching import solve_assignment
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 

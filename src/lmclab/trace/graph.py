@@ -10,8 +10,19 @@ import torch
 from torch import fx, nn
 
 from lmclab.core.spec import Entry, PermutationSpec, Segment, stats_of
-from lmclab.trace.groups import (CARRY_FUNCTIONS, CARRY_MODULES, FIXED, MERGE_FUNCTIONS, POOL_FUNCTIONS,
-                                 POOL_MODULES, Groups, Layout, Seg, Tag, TraceError)
+from lmclab.trace.groups import (
+    CARRY_FUNCTIONS,
+    CARRY_MODULES,
+    FIXED,
+    MERGE_FUNCTIONS,
+    POOL_FUNCTIONS,
+    POOL_MODULES,
+    Groups,
+    Layout,
+    Seg,
+    Tag,
+    TraceError,
+)
 from lmclab.trace.shapes import ShapeRules
 
 

@@ -18,11 +18,10 @@ from tqdm import tqdm
 
 from lmclab.analysis.collapse import neural_collapse
 from lmclab.archs import build_model, get_arch
-from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.distributed import World, evaluate_sharded
-
+from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
