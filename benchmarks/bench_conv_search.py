@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch  # noqa: E402
+import torch
 
-from lmclab.archs import build_model, get_arch, make_config  # noqa: E402
-from lmclab.search.weight_matching import weight_matching  # noqa: E402
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.search.weight_matching import weight_matching
 
 
 def bench(arch: str, width: float, threads: int) -> dict:

@@ -108,7 +108,7 @@ def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> Non
     leave_world(world)
 
 
-def plane_of(model, spec, params_a, params_b, data, world=World()):  # noqa: ANN001, ANN201
+def plane_of(model, spec, params_a, params_b, data, world=World()):
     params_c = {k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
                     if v.is_floating_point() else v) for k, v in params_b.items()}
     return landscape(model, params_a, params_b, params_c, plane_grid(2, 0.1), data,

@@ -53,7 +53,7 @@ def _wait_for_measure(repo: Path, warm_dir: Path, driver: subprocess.Popen) -> d
     raise AssertionError(f"measure never ran (dvc exit code {driver.poll()}): {driver.communicate()}")
 
 
-def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_path_factory) -> None:  # noqa: ANN001
+def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_path_factory) -> None:
     params = deep_update(dict(TINY), {"measure": {"num_lambdas": 41}})  # a measure stage of a few seconds
     repo = make_repo(tmp_path_factory.mktemp("interrupted"), params)
     warm_dir = Path(tempfile.mkdtemp(prefix="lk-"))

@@ -29,7 +29,7 @@ PERMUTE = Params.model_fields["permute"].annotation
 OPTIONS = [(method, name) for method in METHODS for name in METHODS[method].options.model_fields]
 
 
-def _own(method: str, name: str):  # noqa: ANN202
+def _own(method: str, name: str):
     return METHODS[method].options.model_fields[name]
 
 

@@ -23,7 +23,7 @@ def _ran(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
-def _set(repo: Path, key: str, value) -> None:  # noqa: ANN001
+def _set(repo: Path, key: str, value) -> None:
     params = load_yaml(repo / "params.yaml")
     node = params
     *path, last = key.split(".")

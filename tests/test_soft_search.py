@@ -118,7 +118,7 @@ def test_soft_apply_covers_batchnorm_running_stats() -> None:
 # ---- STE: the straight-through step --------------------------------------------------------
 
 
-def _tiny_double_pair():  # noqa: ANN202
+def _tiny_double_pair():
     """(spec, model, θa, θb): two differently seeded 2×4 MLPs on 2×3 inputs, in float64."""
     config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
     spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()

@@ -29,7 +29,7 @@ def test_pyyaml_would_read_dvcs_exponent_as_a_string() -> None:
     assert yaml.safe_load("tol: 1e-06")["tol"] == "1e-06"
 
 
-def _write(tmp_path, tree: dict):  # noqa: ANN202
+def _write(tmp_path, tree: dict):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
@@ -92,7 +92,7 @@ def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:  # noqa: ANN001
+def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:
     """permute, connect and merge_many on three random MLPs, in-process, reading the tiny params
     through their own declarations (tests/test_pipeline.py runs every stage through dvc repro)."""
     import connect

@@ -20,7 +20,7 @@ from lmclab.search import METHODS
 DELETE = object()  # remove the key instead of setting it
 
 
-def _params(**changes) -> dict:  # noqa: ANN003
+def _params(**changes) -> dict:
     """TINY with ``a__b=value`` changes (``DELETE`` removes the key)."""
     params = copy.deepcopy(TINY)
     for key, value in changes.items():

@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from lmclab.core.atomic import atomic_path  # noqa: E402
+from lmclab.core.atomic import atomic_path
 
 # the paper's WM and STE are the Sinkhorn methods (Appendix D.2); wm and ste are the re-basin originals
 METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM (re-basin)", "am": "AM", "ste": "STE (re-basin)",

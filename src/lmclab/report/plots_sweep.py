@@ -8,10 +8,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from lmclab.report.plots import _save, label  # noqa: E402
+from lmclab.report.plots import _save, label
 
 PANELS = (("B_half", "test B½ (loss)"), ("L2_red", "L2 reduction %"), ("R_0.3", "R_0.3(θa, π(θb))"))
 

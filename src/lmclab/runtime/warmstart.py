@@ -26,6 +26,7 @@ stages simply run in place. This module imports only the standard library.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -149,10 +150,8 @@ def _follow(conn: socket.socket) -> int:
 
 
 def _kill(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _umask() -> int:
@@ -177,10 +176,8 @@ def serve(path: str) -> None:
             listener.bind(path)
         listener.listen(64)
         for module in PRELOAD:  # clients already queue on the socket meanwhile
-            try:
+            with contextlib.suppress(Exception):  # a missing optional module is imported by the stage itself
                 importlib.import_module(module)
-            except Exception:  # noqa: BLE001 (a missing optional module is imported by the stage itself)
-                pass
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions are reaped automatically
         idle = float(os.environ.get("LMCLAB_WARM_IDLE", "60"))
         while select.select([listener], [], [], idle)[0]:
@@ -275,10 +272,8 @@ def _worker(request: dict, fds: list[int]) -> NoReturn:
         code = _run(request["script"])
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed pipe: nothing left to report
                 stream.flush()
-            except Exception:  # noqa: BLE001, S110 (a closed pipe: nothing left to report)
-                pass
         os._exit(code)
 
 
@@ -294,7 +289,7 @@ def _run(script: str) -> int:
     except KeyboardInterrupt:
         traceback.print_exc()
         code = 130
-    except BaseException:  # noqa: BLE001 (reported exactly like the interpreter does)
+    except BaseException:  # reported exactly like the interpreter does
         traceback.print_exc()
         code = 1
     atexit._run_exitfuncs()
