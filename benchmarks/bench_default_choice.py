@@ -57,7 +57,7 @@ def main() -> None:
         start = time.perf_counter()
         models = [train("mlp", config, seed, train_split, test_split, epochs=epochs)[0] for seed in range(args.seeds)]
         train_s = (time.perf_counter() - start) / args.seeds
-        for a, b in zip(models[0::2], models[1::2]):
+        for a, b in zip(models[0::2], models[1::2], strict=False):  # an odd last seed stays unpaired
             problem = search_problem("mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"),
                                      train=train_split, test=test_split)
             for method in args.methods.split(","):

@@ -43,7 +43,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     settings = dict(seed=read("permute.seed"), lams=lambda_grid(read("measure.num_lambdas")),
                     resolution=read("three.resolution"), margin=read("three.margin"),
                     gammas=read("measure.gammas"), device=world.device, world=world)
-    paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","))}
+    paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","), strict=True)}
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])

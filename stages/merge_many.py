@@ -37,7 +37,7 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
     opts = read("merge_many")
     paths = [models / f"seed{s}.pt" for s in opts["seeds"]]
     ckpts = [load_checkpoint(p) for p in paths]
-    for p, c in zip(paths[1:], ckpts[1:]):
+    for p, c in zip(paths[1:], ckpts[1:], strict=True):
         check_same_architecture(ckpts[0], c, paths[0], p)
     result, rows = merge_and_compare(
         ckpts, {"train": load_split(data, "train"), "test": load_split(data, "test")},

@@ -136,14 +136,14 @@ def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_
     expected, expected_summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b,
                                                           lambda_grid(5), {"test": data}, repair=repair)
     assert [(r["lam"], r["repair"]) for r in curve] == [(r["lam"], r["repair"]) for r in expected]
-    for got, want in zip(curve, expected):
+    for got, want in zip(curve, expected, strict=True):
         assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
     assert summary["test_loss_barrier_mid"] == pytest.approx(expected_summary["test_loss_barrier_mid"], rel=1e-5)
-    assert any(r["loss"] != w["loss"] for r, w in zip(curve, expected) if r["repair"])  # another summation
+    assert any(r["loss"] != w["loss"] for r, w in zip(curve, expected, strict=True) if r["repair"])  # another summation
     whole = plane_of(model, spec, params_a, params_b, data)  # connect's landscape
-    for got, want in zip(plane, whole):
+    for got, want in zip(plane, whole, strict=True):
         assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
-    assert any(got["loss"] != want["loss"] for got, want in zip(plane, whole))  # summed in two shards
+    assert any(got["loss"] != want["loss"] for got, want in zip(plane, whole, strict=True))  # summed in two shards
 
 
 @pytest.mark.slow
@@ -172,7 +172,7 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
               "--data", "data/prepared", "--out", str(tmp_path / "three"), "--params", str(tmp_path / "two.yaml"))
     one = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())["edges"]
     two = json.loads((tmp_path / "three" / "edges.json").read_text())["edges"]
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         assert b["test_loss_barrier_max"] == pytest.approx(a["test_loss_barrier_max"], rel=1e-5, abs=1e-6)
     landscape_one = pd.read_parquet(repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "landscape.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "three" / "landscape.parquet"), landscape_one, rtol=1e-5)

@@ -98,7 +98,7 @@ def test_energy_concentrates_on_large_singular_values_except_the_first_layer():
                 # the first layer's input is the image, not a hidden layer: it never counts
                 energy = s[::-1] if layer == "layers.0.weight" or not rising else s
                 rows += [{"seed": seed, "layer": layer, "index": i, "singular_value": v, "energy": e}
-                         for i, (v, e) in enumerate(zip(s, energy))]
+                         for i, (v, e) in enumerate(zip(s, energy, strict=True))]
         return pd.DataFrame(rows)
 
     assert energy_concentrates(table(rising=True), 0.05).holds
@@ -108,7 +108,7 @@ def test_energy_concentrates_on_large_singular_values_except_the_first_layer():
 def edges_table(wm_bc: list[float], ste_bc: list[float]) -> pd.DataFrame:
     rows = []
     for m, values in (("wm_sinkhorn", wm_bc), ("ste_sinkhorn", ste_bc)):
-        for t, v in zip(("seed0-seed2-seed4", "seed1-seed3-seed5"), values):
+        for t, v in zip(("seed0-seed2-seed4", "seed1-seed3-seed5"), values, strict=True):
             rows.append({"triple": t, "method": m, "edge": "b-c", "test_loss_barrier_max": v,
                          "test_acc_barrier_max": 10 * v})
     return pd.DataFrame(rows)

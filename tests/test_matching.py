@@ -59,7 +59,7 @@ def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statist
 def _all_objectives(spec, params_a, params_b, sizes):
     groups = sorted(sizes)
     for choice in itertools.product(*(itertools.permutations(range(sizes[g])) for g in groups)):
-        perm = {g: torch.tensor(c) for g, c in zip(groups, choice)}
+        perm = {g: torch.tensor(c) for g, c in zip(groups, choice, strict=True)}
         yield perm, matching_objective(spec, perm, params_a, params_b)
 
 
@@ -121,7 +121,7 @@ def test_wm_objective_never_decreases_on_a_real_pair(trained) -> None:
     result = weight_matching(_spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=50)
     obj = result.stats["objective"]
     assert len(obj) >= 3 and obj[-1] > obj[0]
-    assert all(later >= earlier - 1e-9 * abs(earlier) for earlier, later in zip(obj, obj[1:]))
+    assert all(later >= earlier - 1e-9 * abs(earlier) for earlier, later in zip(obj, obj[1:], strict=False))
 
 
 def _plain_wm(spec, params_a, params_b, generator, max_iter):
@@ -159,7 +159,8 @@ def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
     params_b = apply_permutation(spec, perm, {k: v + 0.1 * noise[k] for k, v in params_a.items()})
     obj = weight_matching(spec, params_a, params_b, tol=0.0, max_iter=50).stats["objective"]
     assert len(obj) - 1 < 50 and obj[-1] == obj[-2]
-    assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1]))  # every earlier sweep improved
+    # every earlier sweep improved
+    assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1], strict=True))
     with pytest.raises(ValueError, match=r"^tol must be a non-negative number, got -0.001$"):
         weight_matching(spec, params_a, params_b, tol=-1e-3)
 

@@ -40,7 +40,7 @@ def test_the_schema_embeds_each_option_as_its_method_defines_it(method: str, nam
     own, embedded = _own(method, name), PERMUTE.model_fields[method].annotation.model_fields[name]
     assert embedded.annotation is own.annotation
     assert len(embedded.metadata) == len(own.metadata)
-    assert all(mine is theirs for mine, theirs in zip(embedded.metadata, own.metadata))
+    assert all(mine is theirs for mine, theirs in zip(embedded.metadata, own.metadata, strict=True))
     assert embedded.description is own.description
     override = PIPELINE_DEFAULTS.get(f"permute.{method}.{name}")
     assert embedded.default == (own.default if override is None else override.default)

@@ -85,7 +85,7 @@ def test_merge_many_distance_never_increases_and_stops_at_the_cap(trained) -> No
     result = merge_many(spec, params, max_iter=10, tol=0.0, generator=torch.Generator().manual_seed(1))
     d = result.stats["distance"]
     assert d[0] == pytest.approx(summed_distance(spec, params))
-    assert d[-1] < d[0] and all(later <= earlier * (1 + 1e-9) for earlier, later in zip(d, d[1:]))
+    assert d[-1] < d[0] and all(later <= earlier * (1 + 1e-9) for earlier, later in zip(d, d[1:], strict=False))
     capped = merge_many(spec, params, max_iter=1, tol=0.0)
     assert capped.stats["iterations"] == 1 and len(capped.stats["distance"]) == 2
     with pytest.raises(ValueError, match="merge_many.seeds"):

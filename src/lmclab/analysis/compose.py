@@ -48,7 +48,7 @@ def analyze_model(spec: PermutationSpec, model: nn.Module, params: Mapping[str, 
                 for name, f in factors.items() for i, s in enumerate(singular_values(f))]
     energy = [{"layer": name, "index": i, "singular_value": float(s), "energy": float(e)}
               for name, (sv, en) in input_energy(model, params, split, layers).items()
-              for i, (s, e) in enumerate(zip(sv, en))]
+              for i, (s, e) in enumerate(zip(sv, en, strict=True))]
     return spectrum, energy
 
 
@@ -101,7 +101,7 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     for name in splits if taylor_splits is None else taylor_splits:  # None: every split
         terms = taylor_terms(model, params_a, permuted_b, splits[name])
         curve = taylor_curve(terms, lams)
-        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve)]
+        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve, strict=True)]
         summary[f"{name}_taylor_barrier_mid"] = taylor_barrier(terms, 0.5)
         summary[f"{name}_taylor_barrier_max"] = max(curve)
         summary.update({f"{name}_taylor_{k}": v for k, v in terms._asdict().items()})

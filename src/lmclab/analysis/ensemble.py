@@ -28,7 +28,7 @@ def merge_and_compare(ckpts: Sequence[Checkpoint], splits: Mapping[str, Split], 
                         generator=torch.Generator().manual_seed(seed))
     model = build_model(first.arch, first.config).to(device)
     fix = repair or (lambda p: p)
-    candidates = {f"seed{c.seed}": p for c, p in zip(ckpts, params)}
+    candidates = {f"seed{c.seed}": p for c, p in zip(ckpts, params, strict=True)}
     candidates["naive average"] = fix(mean_params(params))
     candidates["MergeMany average"] = fix(result.merged)
     rows = []

@@ -25,7 +25,7 @@ def plot_sweep(table: pd.DataFrame, path: Path, *, param: str, dpi: int = 120) -
     positive = values[values > 0]
     scale = {"value": "log"} if len(positive) == len(values) else {
         "value": "symlog", "linthresh": float(positive.min()) if len(positive) else 1.0}
-    for ax, (q, name) in zip(axes[0], panels):
+    for ax, (q, name) in zip(axes[0], panels, strict=True):
         for method, sub in table.groupby("method", sort=False):
             ax.errorbar(sub["value"], sub[f"{q}_mean"], yerr=sub[f"{q}_std"], marker="o", capsize=3,
                         label=label(method))

@@ -120,7 +120,7 @@ def soft_permutation(scores: Mapping[str, Tensor], *, tau: float, n_iter: int) -
     soft: dict[str, Tensor] = {}
     for names in by_size.values():
         batch = sinkhorn(torch.stack([scores[g] for g in names]), tau=tau, n_iter=n_iter)
-        soft.update(zip(names, batch.unbind(0)))
+        soft.update(zip(names, batch.unbind(0), strict=True))
     return {g: soft[g] for g in scores}
 
 

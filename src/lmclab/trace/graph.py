@@ -92,9 +92,9 @@ class GraphTracer(ShapeRules):
             return a is None and b is None
         a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
         if [s.length for s in a] != [s.length for s in b] or \
-                any(max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b)):
+                any(max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b, strict=True)):
             return False
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             fine, coarse = (x, y) if x.block <= y.block else (y, x)
             gid = fine.gid if fine.block == coarse.block else self.groups.coarsen(fine.gid, coarse.block // fine.block)
             self.groups.union(gid, coarse.gid)
@@ -103,7 +103,7 @@ class GraphTracer(ShapeRules):
     def record(self, name: str, layouts: Sequence[Layout]) -> None:
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
         if name in self.axes:
-            if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts)):
+            if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts, strict=True)):
                 raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
             return
         self.axes[name] = list(layouts)
