@@ -74,7 +74,8 @@ def main() -> None:
             sel = [r for r in rows if r["epochs"] == epochs and r["method"] == method]
             print(f"| {epochs} | {sel[0]['train_s_per_seed']:.1f} | {method} | "
                   f"{mean_std([r['test_loss_barrier_mid'] for r in sel])} | "
-                  f"{mean_std([r['reduction_pct'] for r in sel])} | {statistics.mean(r['search_s'] for r in sel):.2f} |")
+                  f"{mean_std([r['reduction_pct'] for r in sel])} | "
+                  f"{statistics.mean(r['search_s'] for r in sel):.2f} |")
 
 
 if __name__ == "__main__":

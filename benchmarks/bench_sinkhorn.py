@@ -81,7 +81,8 @@ class Pair:
         permuted_b, merged = merge(spec, a, b, perm)
         losses = [evaluate(self.model(), p, self.test).loss for p in (a, permuted_b, merged)]
         return {"objective": matching_objective(spec, perm, a, b),
-                "L2_red": reduction_rate(l2_distance(spec, a, b), l2_distance(spec, a, apply_permutation(spec, perm, b))),
+                "L2_red": reduction_rate(l2_distance(spec, a, b),
+                                         l2_distance(spec, a, apply_permutation(spec, perm, b))),
                 "B_half": midpoint_barrier(losses[2], losses[0], losses[1])}
 
 

@@ -69,7 +69,8 @@ def wm_vs_hand(repeats: int, width: int) -> None:
             start = time.perf_counter()
             weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
             times[kind].append(time.perf_counter() - start)
-    print(f"| WM on ResNet20 ×{width} | median s | ratio to hand | sweeps | assignments | objective |\n|---|---|---|---|---|---|")
+    print(f"| WM on ResNet20 ×{width} | median s | ratio to hand | sweeps | assignments | objective |\n"
+          "|---|---|---|---|---|---|")
     for kind, spec in specs.items():  # one more run each for the stats (deterministic)
         stats = weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0)).stats
         seconds = statistics.median(times[kind])

@@ -66,7 +66,8 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
                    output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
                    energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]))
     if (tables_dir / "cka.parquet").is_file():
-        figures["cka"] = plot_cka(read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])), dpi=opts["dpi"])
+        figures["cka"] = plot_cka(read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])),
+                                  dpi=opts["dpi"])
     if len(frame := read("search_curves")):
         figures["search_curves"] = plot_search_curves(frame, fig("search_curves"), dpi=opts["dpi"])
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,

@@ -23,7 +23,8 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(...),
-         history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
+         history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...),
+         connect_dir: Path = typer.Option(...),
          merge_many_dir: Path = typer.Option(...), tables_dir: Path = typer.Option(...),
          metrics_dir: Path = typer.Option(...), detail_dir: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:

@@ -37,7 +37,8 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     from lmclab.train.training import train
 
     read = stage_params("train", params, dvc_yaml=DVC_YAML)
-    args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]
+    args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history),
+            "--params", str(params)]
     relaunch_under_torchrun(__file__, args, run_id=f"lmclab-train-seed{seed}",
                             **{k: read(f"train.{k}") for k in LAUNCH_KEYS})
     arch = read("model.arch")

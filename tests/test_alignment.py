@@ -153,7 +153,8 @@ def test_permutation_leaves_every_layers_singular_values_unchanged(case):
     make, mode, sizes = CASES[case]
     spec, params = make()
     perm = random_permutation(spec.group_sizes(params), torch.Generator().manual_seed(5))
-    before, after = factors(params, spec, mode, sizes), factors(apply_permutation(spec, perm, params), spec, mode, sizes)
+    before = factors(params, spec, mode, sizes)
+    after = factors(apply_permutation(spec, perm, params), spec, mode, sizes)
     for name in before:
         assert torch.allclose(singular_values(before[name]), singular_values(after[name]), atol=1e-10)
 

@@ -19,7 +19,8 @@ SPEC = build_spec({"a.weight": ("P", None, None, None), "a.bias": ("P",), "b.wei
 
 def params(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = {"a.weight": (3, 2, 1, 1), "a.bias": (3,), "b.weight": (2, 2, 1, 1), "head.weight": (4, 20), "head.bias": (4,)}
+    shapes = {"a.weight": (3, 2, 1, 1), "a.bias": (3,), "b.weight": (2, 2, 1, 1),
+              "head.weight": (4, 20), "head.bias": (4,)}
     return {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
 
 

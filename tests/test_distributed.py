@@ -125,7 +125,8 @@ def bn_pair():
 @pytest.mark.slow
 def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_path: Path, splits):
     """Two gloo processes: each evaluates its rows at every λ and repairs BN on every other batch."""
-    data = Split(splits["test"].x[:175], splits["test"].y[:175])  # repair batches of 40: 3 on one process, 2 on the other
+    # repair batches of 40: 3 on one process, 2 on the other
+    data = Split(splits["test"].x[:175], splits["test"].y[:175])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -168,8 +169,9 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
         assert one["bn_repair"] and two["bn_repair"]
         for key in ("test_loss_barrier_mid", "test_acc_barrier_max", "train_loss_barrier_mid", "l2_after"):
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
-    out = run(repo, sys.executable, "stages/connect.py", "--method", "wm", "--seeds", "0,1,2", "--models", "data/models",
-              "--data", "data/prepared", "--out", str(tmp_path / "three"), "--params", str(tmp_path / "two.yaml"))
+    out = run(repo, sys.executable, "stages/connect.py", "--method", "wm", "--seeds", "0,1,2",
+              "--models", "data/models", "--data", "data/prepared", "--out", str(tmp_path / "three"),
+              "--params", str(tmp_path / "two.yaml"))
     one = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())["edges"]
     two = json.loads((tmp_path / "three" / "edges.json").read_text())["edges"]
     for a, b in zip(one, two, strict=True):

@@ -79,7 +79,8 @@ def test_the_headline_metrics_are_the_documented_set(ran):
 
 def test_plots_show_returns_data_for_every_declared_plot(ran):
     repo, _ = ran
-    declared = [next(iter(p)) if isinstance(p, dict) else p for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
+    declared = [next(iter(p)) if isinstance(p, dict) else p
+                for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
     shown = json.loads(_run(repo, "dvc", "plots", "show", "--json", stdout_only=True))["data"]
     for plot_id in declared:
         if plot_id == "reports/figures":

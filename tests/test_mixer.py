@@ -44,7 +44,8 @@ def test_weight_matching_recovers_a_permuted_mixer():
 
 def test_activation_matching_reads_units_on_the_last_axis():
     model, spec, params, permuted = permuted_pair()
-    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long))
+    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)),
+                 torch.zeros(200, dtype=torch.long))
     found = activation_matching(spec, params, permuted, model=model, points=get_arch("mixer").activation_points(CONFIG),
                                 data=data)
     back = apply_permutation(spec, found.perm, permuted)
@@ -62,7 +63,8 @@ def test_the_traced_spec_and_points_match_the_hand_written_ones():
     names[traced.spec.axes["embed.weight"][0]] = "P_stream"
     assert {k: tuple(names.get(g) for g in axes) for k, axes in traced.spec.axes.items()} == spec.axes
     assert traced.points[traced.spec.axes["blocks.1.token_fc1.weight"][0]] == ["blocks.1.token_fc1@-1"]
-    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long))
+    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)),
+                 torch.zeros(200, dtype=torch.long))
     found = activation_matching(traced.spec, params, permuted, model=model, points=traced.points, data=data)
     back = apply_permutation(traced.spec, found.perm, permuted)
     assert all(torch.allclose(back[k], v) for k, v in params.items())

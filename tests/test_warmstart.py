@@ -254,7 +254,8 @@ def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_pa
 
 @needs_root
 def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_env) -> None:
-    name = subprocess.run([sys.executable, "-c", "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
+    name = subprocess.run([sys.executable, "-c",
+                           "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
                           env=warm_env, capture_output=True, text=True, check=True).stdout.strip()
     path = Path(warm_env["LMCLAB_WARM_DIR"]) / name
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

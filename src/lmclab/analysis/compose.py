@@ -122,7 +122,8 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
                         taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
                         factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                        world: World = World()) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
+                        world: World = World()
+                        ) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair when given; sharded over ``world``'s processes), L2 distances, the analyses of
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the

@@ -1,6 +1,7 @@
 """Registry of architectures. Each module declares ``Config``, ``Model``, ``permutation_spec``
 and ``activation_points``; adding an architecture is one file and one line here.
-The searches never see the registry: :func:`lmclab.search.registered.search_problem` hands them what they need of one."""
+The searches never see the registry: :func:`lmclab.search.registered.search_problem` hands them
+what they need of one."""
 
 from __future__ import annotations
 

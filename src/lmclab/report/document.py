@@ -35,7 +35,8 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
         p = "—" if row is None or row["p_value"] != row["p_value"] else (
             f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
         lines.append(f"| {marked(m)} | {mean_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
-                     f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | {mean_pm(r['l2_reduction_pct'], 2)} |")
+                     f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | "
+                     f"{mean_pm(r['l2_reduction_pct'], 2)} |")
     return "\n".join(lines)
 
 
@@ -96,7 +97,8 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
         cell = lambda e, c, d=3: mean_pm(r.loc[[e], c], d)  # noqa: E731
-        lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_loss_barrier_mid')} | "
+        lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
+                     f"{cell('b-c', 'test_loss_barrier_mid')} | "
                      f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
@@ -192,7 +194,8 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 
 def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
-    keys = [("cka_a_b", "θa, θb"), ("cka_a_pi_b", "θa, π(θb)"), ("cka_a_mid", "θa, θ(½)"), ("cka_pi_b_mid", "π(θb), θ(½)")]
+    keys = [("cka_a_b", "θa, θb"), ("cka_a_pi_b", "θa, π(θb)"), ("cka_a_mid", "θa, θ(½)"),
+            ("cka_pi_b_mid", "π(θb), θ(½)")]
     rows = [f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
             for m in methods if "cka_a_b" in pairs]
     return f"""
@@ -239,7 +242,9 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 {_stale_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds)}""" + (three_section(edges, evaluation, rel, row) if edges is not None else "")
+{analysis_section(rel, pairs, methods, bounds)}"""
+    if edges is not None:
+        text += three_section(edges, evaluation, rel, row)
     if "cka" in rel:
         text += cka_section(rel["cka"], pairs, methods)
     if "search_curves" in rel:

@@ -126,7 +126,8 @@ def plot_landscape(plane: pd.DataFrame, path: Path, *, dpi: int = 120, quantity:
 def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Test loss and accuracy barriers (max over λ) on each edge a–b, a–c, b–c per method (Table 3),
     and R_0.3 of each edge when present (Figure 5)."""
-    panels = [("test_loss_barrier_max", "test loss barrier"), ("test_acc_barrier_max", "test accuracy barrier (points)")]
+    panels = [("test_loss_barrier_max", "test loss barrier"),
+              ("test_acc_barrier_max", "test accuracy barrier (points)")]
     if "R_0.3" in edges:
         panels.append(("R_0.3", "R_0.3 (alignment)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))

@@ -170,7 +170,8 @@ def merge_many_summary(evaluation: pd.DataFrame, trace: dict) -> dict:
     """Test accuracy/loss of the MergeMany average, naive average, ensemble and mean member."""
     test = evaluation[evaluation["split"] == "test"].set_index("model")
     members = test[test.index.str.startswith("seed")]
-    out = {name: {"test_acc": round(float(test.loc[name, "acc"]), 6), "test_loss": round(float(test.loc[name, "loss"]), 6)}
+    out = {name: {"test_acc": round(float(test.loc[name, "acc"]), 6),
+                  "test_loss": round(float(test.loc[name, "loss"]), 6)}
            for name in ("MergeMany average", "naive average", "ensemble")}
     out["members mean"] = {"test_acc": round(float(members["acc"].mean()), 6),
                            "test_loss": round(float(members["loss"].mean()), 6)}

@@ -230,7 +230,8 @@ class GraphTracer(ShapeRules):
             self.cat(node)
         elif target is torch.mean or method == "mean":
             self.reduce(node, tagged[0])
-        elif target in (torch.transpose, torch.permute, torch.swapaxes) or method in ("transpose", "permute", "swapaxes"):
+        elif (target in (torch.transpose, torch.permute, torch.swapaxes)
+              or method in ("transpose", "permute", "swapaxes")):
             self.move(node, tagged[0])
         elif target is torch.nn.functional.layer_norm:
             self.functional_norm(node, tagged[0])
