@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
+from lmclab.archs import get_arch
+from lmclab.core.data import load_split
+from lmclab.search.registered import search_problem
+from lmclab.train.training import train
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_soft_search import permute_options, run  # noqa: E402
-
-from lmclab.archs import get_arch
-from lmclab.core.data import load_split  # noqa: E402
-from lmclab.search.registered import search_problem  # noqa: E402
-from lmclab.train.training import train  # noqa: E402
+from bench_soft_search import permute_options, run  # noqa: E402  (found through the sys.path entry above)
 
 
 def mean_std(values: list[float]) -> str:

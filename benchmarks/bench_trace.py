@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
+from lmclab.trace import TraceError, trace_spec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test fixtures
 
 from test_trace import permuted_copy, randomised  # noqa: E402  (the tests' random weights and permuted copies)
-
-from lmclab.trace import TraceError, trace_spec  # noqa: E402
 
 MODELS = ("resnet18,resnet50,wide_resnet50_2,resnext50_32x4d,mobilenet_v2,mobilenet_v3_small,vgg11_bn,alexnet,"
           "densenet121,efficientnet_b0,googlenet,regnet_x_400mf,regnet_y_400mf,shufflenet_v2_x0_5,squeezenet1_0,convnext_tiny,"

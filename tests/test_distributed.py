@@ -23,7 +23,7 @@ from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.bn_repair import bn_repair_hook
 from lmclab.core.data import Split
-from lmclab.core.distributed import World, join_world, leave_world, torchrun_command
+from lmclab.core.distributed import ALONE, join_world, leave_world, torchrun_command
 from lmclab.core.interpolation import measure_pair_with_repair
 from lmclab.core.metrics import lambda_grid
 from lmclab.pipeline.validate import ParamsError, check_params
@@ -108,7 +108,7 @@ def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> Non
     leave_world(world)
 
 
-def plane_of(model, spec, params_a, params_b, data, world=World()):
+def plane_of(model, spec, params_a, params_b, data, world=ALONE):
     params_c = {k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
                     if v.is_floating_point() else v) for k, v in params_b.items()}
     return landscape(model, params_a, params_b, params_c, plane_grid(2, 0.1), data,

@@ -4,6 +4,7 @@ completes with `dvc status` clean."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -77,8 +78,6 @@ def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_pat
         assert "Data and pipelines are up to date." in status, status
     finally:
         for pid in _servers(warm_dir):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         shutil.rmtree(warm_dir, ignore_errors=True)

@@ -5,6 +5,7 @@ same results as a fresh process; it trusts only its own user (lmclab.runtime.tru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,10 +47,8 @@ def _stop_servers(where: Path) -> None:
     for lock in where.glob("**/*.lock"):
         pid = lock.read_text().strip()
         if pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture()
@@ -303,7 +302,5 @@ def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:
 
 
 def _kill_quietly(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

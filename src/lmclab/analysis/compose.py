@@ -20,7 +20,7 @@ from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.core.data import Split
-from lmclab.core.distributed import World
+from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, measure_pair_with_repair
 from lmclab.core.spec import PermutationSpec
 
@@ -122,7 +122,7 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
                         taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
                         factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                        world: World = World()
+                        world: World = ALONE
                         ) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair when given; sharded over ``world``'s processes), L2 distances, the analyses of

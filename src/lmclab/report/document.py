@@ -31,7 +31,7 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
     for m in methods:
         r = pairs[pairs["method"] == m]
         row = t1[t1["method"] == m].iloc[0] if t1 is not None and m in set(t1["method"]) else None
-        cell = lambda k: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
+        cell = lambda k, row=row: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
         p = "—" if row is None or row["p_value"] != row["p_value"] else (
             f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
         lines.append(f"| {marked(m)} | {mean_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
@@ -96,7 +96,7 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
              + r_head, "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
-        cell = lambda e, c, d=3: mean_pm(r.loc[[e], c], d)  # noqa: E731
+        cell = lambda e, c, d=3, r=r: mean_pm(r.loc[[e], c], d)  # noqa: E731
         lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
                      f"{cell('b-c', 'test_loss_barrier_mid')} | "
                      f"{cell('b-c', 'test_acc_barrier_max', 2)} | "

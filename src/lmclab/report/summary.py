@@ -72,7 +72,7 @@ def output_scales(spectra: pd.DataFrame) -> pd.DataFrame:
     ref_seed = out["seed"].iloc[0]
     ref = out[out["seed"] == ref_seed]["singular_value"].to_numpy()
     frames = []
-    for seed, sub in out.groupby("seed", sort=False):
+    for _, sub in out.groupby("seed", sort=False):
         alpha = output_scale(ref, sub["singular_value"].to_numpy())
         frames.append(sub.assign(reference_seed=ref_seed, alpha=alpha, adjusted=alpha * sub["singular_value"]))
     return pd.concat(frames, ignore_index=True)
