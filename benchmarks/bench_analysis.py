@@ -10,22 +10,21 @@ times slower than one thread, so the script reports the torch thread count it us
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
+import torch
+
+from lmclab.analysis.alignment import layer_names
+from lmclab.analysis.compose import alignment_summary, analyze_model, analyze_pair
+from lmclab.analysis.energy import theorem42
+from lmclab.analysis.taylor import taylor_terms
+from lmclab.archs import build_model, get_arch
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import load_split
+from lmclab.core.metrics import lambda_grid
+
 ROOT = Path(__file__).resolve().parent.parent
-
-import torch  # noqa: E402
-
-from lmclab.analysis.alignment import layer_names  # noqa: E402
-from lmclab.analysis.compose import alignment_summary, analyze_model, analyze_pair  # noqa: E402
-from lmclab.archs import build_model, get_arch  # noqa: E402
-from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
-from lmclab.core.data import load_split  # noqa: E402
-from lmclab.analysis.energy import theorem42  # noqa: E402
-from lmclab.core.metrics import lambda_grid  # noqa: E402
-from lmclab.analysis.taylor import taylor_terms  # noqa: E402
 
 
 def timed(fn, repeat: int) -> float:

@@ -12,24 +12,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-import torch  # noqa: E402
+import torch
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.search.registered import search_problem  # noqa: E402
-from lmclab.core.bn_repair import bn_repair_hook  # noqa: E402
-from lmclab.core.data import load_split, prepare  # noqa: E402
-from lmclab.core.evaluate import evaluate  # noqa: E402
-from lmclab.core.interpolation import measure_pair_with_repair  # noqa: E402
-from lmclab.search import run_search  # noqa: E402
-from lmclab.core.spec import apply_permutation  # noqa: E402
-from lmclab.train.training import train  # noqa: E402
+from lmclab.core.bn_repair import bn_repair_hook
+from lmclab.core.data import load_split, prepare
+from lmclab.core.evaluate import evaluate
+from lmclab.core.interpolation import measure_pair_with_repair
+from lmclab.core.spec import apply_permutation
+from lmclab.search import run_search
+from lmclab.search.registered import search_problem
+from lmclab.train.training import train
+
+HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:

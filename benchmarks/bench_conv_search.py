@@ -11,15 +11,12 @@ search costs without other load on the machine (with one thread: roughly its wal
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
+import torch
 
-import torch  # noqa: E402
-
-from lmclab.archs import build_model, get_arch, make_config  # noqa: E402
-from lmclab.search.weight_matching import weight_matching  # noqa: E402
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.search.weight_matching import weight_matching
 
 
 def bench(arch: str, width: float, threads: int) -> dict:

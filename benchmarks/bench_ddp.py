@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from lmclab.archs.checkpoint import load_checkpoint
 
-from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(tmp: Path, tree: dict, nproc: int) -> tuple[float, dict]:

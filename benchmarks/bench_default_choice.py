@@ -23,14 +23,15 @@ from pathlib import Path
 
 import torch
 
+from lmclab.archs import get_arch
+from lmclab.core.data import load_split
+from lmclab.search.registered import search_problem
+from lmclab.train.training import train
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_soft_search import permute_options, run  # noqa: E402
-from lmclab.archs import get_arch
-from lmclab.search.registered import search_problem  # noqa: E402
-from lmclab.core.data import load_split  # noqa: E402
-from lmclab.train.training import train  # noqa: E402
+from bench_soft_search import permute_options, run  # noqa: E402  (found through the sys.path entry above)
 
 
 def mean_std(values: list[float]) -> str:
@@ -56,7 +57,7 @@ def main() -> None:
         start = time.perf_counter()
         models = [train("mlp", config, seed, train_split, test_split, epochs=epochs)[0] for seed in range(args.seeds)]
         train_s = (time.perf_counter() - start) / args.seeds
-        for a, b in zip(models[0::2], models[1::2]):
+        for a, b in zip(models[0::2], models[1::2], strict=False):  # an odd last seed stays unpaired
             problem = search_problem("mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"),
                                      train=train_split, test=test_split)
             for method in args.methods.split(","):
@@ -73,7 +74,8 @@ def main() -> None:
             sel = [r for r in rows if r["epochs"] == epochs and r["method"] == method]
             print(f"| {epochs} | {sel[0]['train_s_per_seed']:.1f} | {method} | "
                   f"{mean_std([r['test_loss_barrier_mid'] for r in sel])} | "
-                  f"{mean_std([r['reduction_pct'] for r in sel])} | {statistics.mean(r['search_s'] for r in sel):.2f} |")
+                  f"{mean_std([r['reduction_pct'] for r in sel])} | "
+                  f"{statistics.mean(r['search_s'] for r in sel):.2f} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -21,14 +20,14 @@ import torch
 import yaml
 from torch.func import functional_call
 
-ROOT = Path(__file__).resolve().parent.parent
+from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
+from lmclab.archs import build_model, get_arch
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import load_split
+from lmclab.core.merge import interpolate
+from lmclab.core.metrics import lambda_grid
 
-from lmclab.analysis.compose import endpoint_factors, measure_and_analyze  # noqa: E402
-from lmclab.archs import build_model, get_arch  # noqa: E402
-from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
-from lmclab.core.data import load_split  # noqa: E402
-from lmclab.core.merge import interpolate  # noqa: E402
-from lmclab.core.metrics import lambda_grid  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @torch.no_grad()

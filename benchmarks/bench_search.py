@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 import typer
 
-from lmclab.archs import build_model, get_arch, make_config
-from lmclab.search.registered import search_problem
+from lmclab.archs import build_model, make_config
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split, prepare
 from lmclab.search import run_search
+from lmclab.search.registered import search_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 

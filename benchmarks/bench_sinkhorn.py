@@ -26,26 +26,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from lmclab.archs import get_arch
+from lmclab.archs.checkpoint import atomic_save
+from lmclab.core.data import load_meta, load_split
+from lmclab.core.evaluate import evaluate
+from lmclab.core.merge import merge
+from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate
+from lmclab.core.spec import PermutationSpec, apply_permutation
+from lmclab.search.ste import ste
+from lmclab.search.ste_sinkhorn import ste_sinkhorn
+from lmclab.search.weight_matching import matching_objective
+from lmclab.search.wm_sinkhorn import wm_sinkhorn
+from lmclab.train.training import train
 
-from lmclab.archs import get_arch  # noqa: E402
-from lmclab.archs.checkpoint import atomic_save  # noqa: E402
-from lmclab.core.data import Split, load_meta, load_split  # noqa: E402
-from lmclab.core.evaluate import evaluate  # noqa: E402
-from lmclab.core.merge import merge  # noqa: E402
-from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
-from lmclab.search.ste import ste  # noqa: E402
-from lmclab.search.ste_sinkhorn import ste_sinkhorn  # noqa: E402
-from lmclab.search.weight_matching import matching_objective  # noqa: E402
-from lmclab.search.wm_sinkhorn import wm_sinkhorn  # noqa: E402
-from lmclab.core.spec import PermutationSpec, apply_permutation  # noqa: E402
-from lmclab.train.training import train  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SETTINGS = {  # the reference's settings (README "Sinkhorn methods")
     "wm_sinkhorn": {"lr": 1.0, "epochs": 100, "iterations": 10, "tau": 1.0, "sinkhorn_iters": 20},
@@ -82,7 +81,8 @@ class Pair:
         permuted_b, merged = merge(spec, a, b, perm)
         losses = [evaluate(self.model(), p, self.test).loss for p in (a, permuted_b, merged)]
         return {"objective": matching_objective(spec, perm, a, b),
-                "L2_red": reduction_rate(l2_distance(spec, a, b), l2_distance(spec, a, apply_permutation(spec, perm, b))),
+                "L2_red": reduction_rate(l2_distance(spec, a, b),
+                                         l2_distance(spec, a, apply_permutation(spec, perm, b))),
                 "B_half": midpoint_barrier(losses[2], losses[0], losses[1])}
 
 

@@ -26,7 +26,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_sinkhorn as bench  # noqa: E402
+import bench_sinkhorn as bench
 
 
 def reference_perm(rebasin_net: torch.nn.Module) -> dict[str, torch.Tensor]:

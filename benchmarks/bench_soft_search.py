@@ -15,22 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import load_split
+from lmclab.core.evaluate import evaluate
+from lmclab.core.merge import merge
+from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate
+from lmclab.search import SearchProblem, run_search
+from lmclab.search.registered import search_problem
 
-from lmclab.archs.checkpoint import load_checkpoint  # noqa: E402
-from lmclab.core.data import load_split  # noqa: E402
-from lmclab.core.evaluate import evaluate  # noqa: E402
-from lmclab.core.merge import merge  # noqa: E402
-from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate  # noqa: E402
-from lmclab.search.registered import search_problem  # noqa: E402
-from lmclab.search import SearchProblem, run_search  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:

@@ -13,10 +13,10 @@ import torch
 import typer
 import yaml
 
+from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split
-from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.search.merge_many import merge_many
 
 ROOT = Path(__file__).resolve().parent.parent

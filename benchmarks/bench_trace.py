@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
+from lmclab.trace import TraceError, trace_spec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test fixtures
 
-from lmclab.trace import TraceError, trace_spec  # noqa: E402
 from test_trace import permuted_copy, randomised  # noqa: E402  (the tests' random weights and permuted copies)
 
 MODELS = ("resnet18,resnet50,wide_resnet50_2,resnext50_32x4d,mobilenet_v2,mobilenet_v3_small,vgg11_bn,alexnet,"
@@ -68,7 +69,8 @@ def wm_vs_hand(repeats: int, width: int) -> None:
             start = time.perf_counter()
             weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
             times[kind].append(time.perf_counter() - start)
-    print(f"| WM on ResNet20 ×{width} | median s | ratio to hand | sweeps | assignments | objective |\n|---|---|---|---|---|---|")
+    print(f"| WM on ResNet20 ×{width} | median s | ratio to hand | sweeps | assignments | objective |\n"
+          "|---|---|---|---|---|---|")
     for kind, spec in specs.items():  # one more run each for the stats (deterministic)
         stats = weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0)).stats
         seconds = statistics.median(times[kind])

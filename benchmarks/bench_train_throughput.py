@@ -9,17 +9,15 @@ second over the training steps of the last epoch (the per-epoch test evaluation 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
 
-import torch  # noqa: E402
-
-from lmclab.archs import build_model, make_config  # noqa: E402
-from lmclab.core.data import load_split, prepare  # noqa: E402
-from lmclab.train.training import make_optimizer  # noqa: E402
+from lmclab.archs import build_model, make_config
+from lmclab.core.data import load_split, prepare
+from lmclab.train.training import make_optimizer
 
 
 def main() -> None:

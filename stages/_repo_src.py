@@ -1,6 +1,7 @@
 """Put this repository's own ``src/`` first on ``sys.path`` before anything imports lmclab, so a stage
 runs the code its ``deps:`` in dvc.yaml name, even where another lmclab is installed. Every stage
-script imports it first (and passes ``DVC_YAML`` to its params reader); it is the one file in ``stages/`` that is not a stage."""
+script imports it first (and passes ``DVC_YAML`` to its params reader); it is the one file in
+``stages/`` that is not a stage."""
 
 import sys
 from pathlib import Path

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, search_errors, stage_params
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
@@ -23,14 +23,14 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
-    from lmclab.core.atomic import atomic_path
+    from lmclab.analysis.three_models import connect_triple
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
+    from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
     from lmclab.core.metrics import lambda_grid
     from lmclab.search import check_method
-    from lmclab.analysis.three_models import connect_triple
 
     read = stage_params("connect", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
@@ -43,7 +43,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     settings = dict(seed=read("permute.seed"), lams=lambda_grid(read("measure.num_lambdas")),
                     resolution=read("three.resolution"), margin=read("three.margin"),
                     gammas=read("measure.gammas"), device=world.device, world=world)
-    paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","))}
+    paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","), strict=True)}
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])

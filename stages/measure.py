@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
@@ -32,9 +32,9 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     from lmclab.analysis.alignment import check_mode
     from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
     from lmclab.archs import build_model, get_arch
+    from lmclab.archs.checkpoint import load_checkpoint
     from lmclab.core.atomic import atomic_path
     from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
-    from lmclab.archs.checkpoint import load_checkpoint
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
@@ -42,8 +42,9 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
 
     read = stage_params("measure", params, dvc_yaml=DVC_YAML)
     opts = read("measure")
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in dict(seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b,
-                                                          merged=merged, data=data, out=out, params=params).items()]
+    named = dict(seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b, merged=merged, data=data, out=out,
+                 params=params)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in named.items()]
     relaunch_under_torchrun(__file__, args, run_id=f"lmclab-measure-{seed_a}-{seed_b}",
                             nproc_per_node=opts["nproc_per_node"])
     lams, mode = lambda_grid(opts["num_lambdas"]), opts["conv_spectrum"]
@@ -79,7 +80,8 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
             tmp.write_text(json.dumps(record, indent=2) + "\n")
         typer.echo(f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
                    f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
-                   f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}" + (f" ({world.size} processes)" if world.size > 1 else ""))
+                   f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}"
+                   + (f" ({world.size} processes)" if world.size > 1 else ""))
     leave_world(world)
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -25,8 +25,8 @@ def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
     import torch
 
     from lmclab.archs import build_model, get_arch
-    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
     from lmclab.archs.checkpoint import Checkpoint, check_same_architecture, load_checkpoint, save_checkpoint
+    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
     from lmclab.core.data import load_split
     from lmclab.core.merge import merge
     from lmclab.core.spec import check_permutation

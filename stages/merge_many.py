@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -21,17 +21,23 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd
 
+    from lmclab.analysis.ensemble import merge_and_compare
+    from lmclab.archs.checkpoint import (
+        Checkpoint,
+        atomic_save,
+        check_same_architecture,
+        load_checkpoint,
+        save_checkpoint,
+    )
     from lmclab.core.atomic import atomic_path
-    from lmclab.archs.checkpoint import Checkpoint, atomic_save, check_same_architecture, load_checkpoint, save_checkpoint
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
-    from lmclab.analysis.ensemble import merge_and_compare
 
     read = stage_params("merge_many", params, dvc_yaml=DVC_YAML)
     opts = read("merge_many")
     paths = [models / f"seed{s}.pt" for s in opts["seeds"]]
     ckpts = [load_checkpoint(p) for p in paths]
-    for p, c in zip(paths[1:], ckpts[1:]):
+    for p, c in zip(paths[1:], ckpts[1:], strict=True):
         check_same_architecture(ckpts[0], c, paths[0], p)
     result, rows = merge_and_compare(
         ckpts, {"train": load_split(data, "train"), "test": load_split(data, "test")},

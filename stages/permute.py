@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, search_errors, show_progress, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -22,12 +22,12 @@ app = typer.Typer(add_completion=False)
 def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
          model_b: Path = typer.Option(...), data: Path = typer.Option(...),
          out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
-    from lmclab.core.atomic import atomic_path
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
+    from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
-    from lmclab.search.registered import search_problem
     from lmclab.search import check_method, run_search
+    from lmclab.search.registered import search_problem
 
     read = stage_params("permute", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}

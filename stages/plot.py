@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -22,12 +22,22 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
 
     import pandas as pd
 
-    from lmclab.report.plots import (plot_alignment, plot_energy, plot_interpolation, plot_landscape, plot_merge_many,
-                              plot_output_scale, plot_search_curves, plot_spectra, plot_taylor,
-                              plot_three_barriers, plot_training)
-    from lmclab.report.plot_data import plot_tables, write_plot_tables
-    from lmclab.report.plots_cka import plot_cka
     from lmclab.report.document import write_report
+    from lmclab.report.plot_data import plot_tables, write_plot_tables
+    from lmclab.report.plots import (
+        plot_alignment,
+        plot_energy,
+        plot_interpolation,
+        plot_landscape,
+        plot_merge_many,
+        plot_output_scale,
+        plot_search_curves,
+        plot_spectra,
+        plot_taylor,
+        plot_three_barriers,
+        plot_training,
+    )
+    from lmclab.report.plots_cka import plot_cka
 
     read_params = stage_params("plot", params, dvc_yaml=DVC_YAML)
     opts = read_params("plot")
@@ -56,7 +66,8 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
                    output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
                    energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]))
     if (tables_dir / "cka.parquet").is_file():
-        figures["cka"] = plot_cka(read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])), dpi=opts["dpi"])
+        figures["cka"] = plot_cka(read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])),
+                                  dpi=opts["dpi"])
     if len(frame := read("search_curves")):
         figures["search_curves"] = plot_search_curves(frame, fig("search_curves"), dpi=opts["dpi"])
     write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,

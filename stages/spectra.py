@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -24,8 +24,8 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
     from lmclab.analysis.alignment import check_mode
     from lmclab.analysis.compose import analyze_model
     from lmclab.archs import build_model, get_arch
-    from lmclab.core.atomic import atomic_path
     from lmclab.archs.checkpoint import load_checkpoint
+    from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
@@ -23,7 +23,8 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(...),
-         history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...), connect_dir: Path = typer.Option(...),
+         history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...),
+         connect_dir: Path = typer.Option(...),
          merge_many_dir: Path = typer.Option(...), tables_dir: Path = typer.Option(...),
          metrics_dir: Path = typer.Option(...), detail_dir: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
@@ -32,8 +33,17 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     from lmclab.analysis.findings import paper_findings
     from lmclab.core.atomic import atomic_path
     from lmclab.report.headline import headline_metrics
-    from lmclab.report.summary import (collect_pairs, collect_triples, merge_many_summary, metrics_summary,
-                                output_scales, table1, tables, three_summary, three_tables)
+    from lmclab.report.summary import (
+        collect_pairs,
+        collect_triples,
+        merge_many_summary,
+        metrics_summary,
+        output_scales,
+        table1,
+        tables,
+        three_summary,
+        three_tables,
+    )
 
     read = stage_params("summarize", params, dvc_yaml=DVC_YAML)
     methods, seeds = read("permute.methods"), read("train.seeds")

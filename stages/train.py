@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
+
 from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
@@ -28,16 +28,17 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     import pandas as pd
 
     from lmclab.archs import make_config
-    from lmclab.core.atomic import atomic_path
-    from lmclab.train.augment import resolve_augment
     from lmclab.archs.checkpoint import save_checkpoint
+    from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_meta, load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
+    from lmclab.train.augment import resolve_augment
     from lmclab.train.training import train
 
     read = stage_params("train", params, dvc_yaml=DVC_YAML)
-    args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history), "--params", str(params)]
+    args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history),
+            "--params", str(params)]
     relaunch_under_torchrun(__file__, args, run_id=f"lmclab-train-seed{seed}",
                             **{k: read(f"train.{k}") for k in LAUNCH_KEYS})
     arch = read("model.arch")

@@ -62,7 +62,7 @@ def splits(prepared: Path) -> dict[str, Split]:
 
 
 @pytest.fixture(scope="session")
-def trained(splits: dict[str, Split]):  # noqa: ANN201 (factory)
+def trained(splits: dict[str, Split]):  # returns a factory
     """``trained(seed, width=32, hidden=2, epochs=4) -> Checkpoint``, cached per argument set."""
     cache: dict[tuple, Checkpoint] = {}
 
@@ -77,7 +77,7 @@ def trained(splits: dict[str, Split]):  # noqa: ANN201 (factory)
     return make
 
 
-def random_params(arch: str, config, seed: int) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def random_params(arch: str, config, seed: int) -> dict[str, torch.Tensor]:
     """A randomly initialised state_dict with non-trivial BatchNorm statistics, if any."""
     from lmclab.archs import build_model
 

@@ -1,5 +1,6 @@
 """A temporary git + DVC repository holding a copy of this checkout's pipeline (dvc.yaml, stages/,
-src/, tools/, the plot templates and the metric gate's tolerances) with a tiny params.yaml, and commands run in it with this venv's ``dvc`` and ``python``.
+src/, tools/, the plot templates and the metric gate's tolerances) with a tiny params.yaml, and
+commands run in it with this venv's ``dvc`` and ``python``.
 Shared by the tests that drive the real pipeline."""
 
 from __future__ import annotations

@@ -8,8 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmclab.analysis.alignment import (alignment_r, circular_operator_blocks, layer_names, layer_svd, model_factors,
-                              output_layer, output_scale, singular_values)
+from lmclab.analysis.alignment import (
+    alignment_r,
+    circular_operator_blocks,
+    layer_names,
+    layer_svd,
+    model_factors,
+    output_layer,
+    output_scale,
+    singular_values,
+)
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.spec import apply_permutation, build_spec, conv, dense, norm, random_permutation
 
@@ -145,7 +153,8 @@ def test_permutation_leaves_every_layers_singular_values_unchanged(case):
     make, mode, sizes = CASES[case]
     spec, params = make()
     perm = random_permutation(spec.group_sizes(params), torch.Generator().manual_seed(5))
-    before, after = factors(params, spec, mode, sizes), factors(apply_permutation(spec, perm, params), spec, mode, sizes)
+    before = factors(params, spec, mode, sizes)
+    after = factors(apply_permutation(spec, perm, params), spec, mode, sizes)
     for name in before:
         assert torch.allclose(singular_values(before[name]), singular_values(after[name]), atol=1e-10)
 

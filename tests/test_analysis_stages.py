@@ -11,8 +11,8 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from lmclab.analysis.compose import analyze_model, analyze_pair, endpoint_factors, r_key
 from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
+from lmclab.analysis.compose import analyze_model, analyze_pair, endpoint_factors, r_key
 from lmclab.analysis.energy import theorem42
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
@@ -20,7 +20,15 @@ from lmclab.core.data import load_split, prepare
 from lmclab.core.merge import merge
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.spec import random_permutation
-from lmclab.report.summary import SUMMARY_KEYS, THREE_KEYS, metrics_summary, output_scales, table1, tables, three_summary
+from lmclab.report.summary import (
+    SUMMARY_KEYS,
+    THREE_KEYS,
+    metrics_summary,
+    output_scales,
+    table1,
+    tables,
+    three_summary,
+)
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,10 @@ def test_the_top_level_names_are_the_api() -> None:
 
 def test_importing_one_module_does_not_load_the_api() -> None:
     """Lazy re-exports: a stage importing lmclab.core.spec depends on no more than it uses."""
-    code = "import sys, lmclab.core.spec; print(any(m.startswith(('lmclab.api', 'lmclab.search')) for m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code = ("import sys, lmclab.core.spec; "
+            "print(any(m.startswith(('lmclab.api', 'lmclab.search')) for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("method", ["wm", "wm_sinkhorn"])
@@ -107,7 +109,8 @@ def test_bn_repair_recomputes_the_statistics_of_the_interpolated_model() -> None
     net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(300, 6) * 3 + 1, torch.randint(0, 2, (300,))
     stale = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, device="cpu")
-    fixed = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, repair="bn", repair_data=(x, y), device="cpu")
+    fixed = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, repair="bn", repair_data=(x, y),
+                               device="cpu")
     assert [r["loss"] for r in stale.rows] != pytest.approx([r["loss"] for r in fixed.rows])
     with pytest.raises(ValueError, match="^repair: 'bn' needs a model with BatchNorm"):
         lmclab.interpolate(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), repair="bn", repair_data=(x, y))

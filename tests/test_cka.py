@@ -11,8 +11,8 @@ import torch
 from lmclab.analysis.cka import PAIRS, cka_rows, hidden_layers, linear_cka
 from lmclab.archs import build_model, get_arch
 from lmclab.core.merge import interpolate
-from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import apply_permutation
+from lmclab.search.weight_matching import weight_matching
 
 
 def features(n: int, d: int, seed: int) -> torch.Tensor:

@@ -86,7 +86,8 @@ def test_merge_writes_the_aligned_midpoint_as_a_plain_state_dict(work: Path) -> 
 def test_lmclab_checkpoints_bring_their_spec_and_activation_points(work: Path) -> None:
     config = make_config("mlp", hidden=1, width=16, input_shape=(1, 28, 28), num_classes=10)
     for seed in (0, 1):
-        save_checkpoint(work / f"ck{seed}.pt", Checkpoint("mlp", config, seed, build_model("mlp", config, seed=seed).state_dict()))
+        save_checkpoint(work / f"ck{seed}.pt",
+                        Checkpoint("mlp", config, seed, build_model("mlp", config, seed=seed).state_dict()))
     out = lmclab(work, "match", "ck0.pt", "ck1.pt", "--method", "am", "--data", "digits", "--out", "am.pt").stdout
     assert out.startswith("am: ")
     lmclab(work, "barrier", "ck0.pt", "ck1.pt", "--perm", "am.pt", "--data", "digits", "--lams", "3")

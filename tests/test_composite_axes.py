@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, build_spec, random_permutation
 from lmclab.search.sinkhorn import soft_apply
 from lmclab.search.weight_matching import weight_matching
-from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, build_spec, random_permutation
 
 # x (2 channels, 2 × 2) → conv a (3 channels, P), conv b (2 channels, Q) → cat → flatten (5 × 4) → head
 SPEC = build_spec({"a.weight": ("P", None, None, None), "a.bias": ("P",), "b.weight": ("Q", None, None, None),
@@ -19,7 +19,8 @@ SPEC = build_spec({"a.weight": ("P", None, None, None), "a.bias": ("P",), "b.wei
 
 def params(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = {"a.weight": (3, 2, 1, 1), "a.bias": (3,), "b.weight": (2, 2, 1, 1), "head.weight": (4, 20), "head.bias": (4,)}
+    shapes = {"a.weight": (3, 2, 1, 1), "a.bias": (3,), "b.weight": (2, 2, 1, 1),
+              "head.weight": (4, 20), "head.bias": (4,)}
     return {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
 
 

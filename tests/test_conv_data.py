@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from cifar_fixture import patch_class, write_cifar10
 from PIL import Image
 
-from cifar_fixture import patch_class, write_cifar10
 from lmclab.core.data import load_meta, load_split, prepare
 
 

@@ -13,15 +13,14 @@ import torch
 from torch import nn
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.search.registered import search_problem
 from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_bn, repair_subset
 from lmclab.core.data import Split, load_split, prepare
-from lmclab.core.evaluate import evaluate
 from lmclab.core.interpolation import measure_pair, measure_pair_with_repair
 from lmclab.core.metrics import l2_distance
-from lmclab.search import run_search
-from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.search import run_search
+from lmclab.search.registered import search_problem
+from lmclab.search.weight_matching import weight_matching
 from lmclab.train.training import train
 
 pytestmark = pytest.mark.slow  # module fixtures train two small conv nets (~30 s on a loaded CPU)

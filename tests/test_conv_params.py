@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from dvc_repo import ROOT
+from test_validate import _params
+
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import check_params
-from test_validate import _params
 
 BASE = load_yaml(ROOT / "params.yaml")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from cifar_fixture import write_cifar10, write_sitecustomize
 from dvc_repo import ROOT
 from preset import set_values

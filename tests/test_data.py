@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from lmclab.core.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
 from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
 
+from lmclab.core.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
 
-def test_mnist5k_is_a_fixed_stratified_4000_1000_split(tmp_path) -> None:  # noqa: ANN001
+
+def test_mnist5k_is_a_fixed_stratified_4000_1000_split(tmp_path) -> None:
     meta = prepare("mnist5k", tmp_path / "raw", tmp_path / "prep")
     assert (meta["n_train"], meta["n_test"], meta["num_classes"]) == (4000, 1000, 10)
     assert meta["input_shape"] == [1, 28, 28]
@@ -32,7 +32,7 @@ def test_stratified_split_hits_the_requested_size() -> None:
 
 
 @pytest.mark.parametrize(("name", "folder"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
-def test_torchvision_idx_datasets_load_through_torchvision(tmp_path, name: str, folder: str) -> None:  # noqa: ANN001
+def test_torchvision_idx_datasets_load_through_torchvision(tmp_path, name: str, folder: str) -> None:
     write_idx_dataset(tmp_path / "raw", folder, n_train=60, n_test=20)
     meta = prepare(name, tmp_path / "raw", tmp_path / "prep", max_train=30)
     assert (meta["n_train"], meta["n_test"], meta["input_shape"]) == (30, 20, [1, 28, 28])
@@ -40,7 +40,7 @@ def test_torchvision_idx_datasets_load_through_torchvision(tmp_path, name: str, 
     assert test.x.shape == (20, 1, 28, 28) and test.y.tolist() == [i % 10 for i in range(20)]
 
 
-def test_cifar10_loads_through_torchvision(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_cifar10_loads_through_torchvision(tmp_path, monkeypatch) -> None:
     trust_cifar10_files(monkeypatch, write_cifar10(tmp_path / "raw", per_batch=8, n_test=10))
     meta = prepare("cifar10", tmp_path / "raw", tmp_path / "prep")
     assert (meta["n_train"], meta["n_test"], meta["input_shape"]) == (40, 10, [3, 32, 32])
@@ -48,7 +48,7 @@ def test_cifar10_loads_through_torchvision(tmp_path, monkeypatch) -> None:  # no
     assert load_split(tmp_path / "prep", "train").x.shape == (40, 3, 32, 32)
 
 
-def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, monkeypatch) -> None:
     from torchvision.datasets import MNIST
 
     monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])  # nothing listens there: no network
@@ -58,7 +58,7 @@ def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, 
     assert not (tmp_path / "prep").exists()
 
 
-def test_bad_data_parameters(tmp_path) -> None:  # noqa: ANN001
+def test_bad_data_parameters(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"^data.name: unknown data set 'svhn'"):
         prepare("svhn", tmp_path, tmp_path / "prep")
     with pytest.raises(ValueError, match=r"^data.max_train must be a positive"):

@@ -15,14 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-from lmclab.pipeline.stage import load_yaml
-from lmclab.report.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
-from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 from dvc_repo import ROOT, TINY, make_repo
 from dvc_repo import deep_update as _deep_update
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run
+
+from lmclab.pipeline.stage import load_yaml
+from lmclab.report.headline import MERGE_MANY_MODELS, PAIR_METRICS, THREE_METRICS
+from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,8 @@ def test_the_headline_metrics_are_the_documented_set(ran):
 
 def test_plots_show_returns_data_for_every_declared_plot(ran):
     repo, _ = ran
-    declared = [next(iter(p)) if isinstance(p, dict) else p for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
+    declared = [next(iter(p)) if isinstance(p, dict) else p
+                for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
     shown = json.loads(_run(repo, "dvc", "plots", "show", "--json", stdout_only=True))["data"]
     for plot_id in declared:
         if plot_id == "reports/figures":

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmclab.analysis.alignment import layer_matrix, layer_names, layer_svd
+from lmclab.analysis.energy import input_energy, input_patches, input_sizes, layer_inputs, theorem42
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
-from lmclab.analysis.energy import input_energy, input_patches, input_sizes, layer_inputs, theorem42
 
 
 def mlp(seed=0, hidden=2, width=6, input_shape=(1, 2, 3)):

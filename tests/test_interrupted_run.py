@@ -4,6 +4,7 @@ completes with `dvc status` clean."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -13,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
 
 pytestmark = [pytest.mark.slow,  # ~1–2 min: the tiny pipeline up to measure, then all of it again
@@ -54,7 +54,7 @@ def _wait_for_measure(repo: Path, warm_dir: Path, driver: subprocess.Popen) -> d
     raise AssertionError(f"measure never ran (dvc exit code {driver.poll()}): {driver.communicate()}")
 
 
-def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_path_factory) -> None:  # noqa: ANN001
+def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_path_factory) -> None:
     params = deep_update(dict(TINY), {"measure": {"num_lambdas": 41}})  # a measure stage of a few seconds
     repo = make_repo(tmp_path_factory.mktemp("interrupted"), params)
     warm_dir = Path(tempfile.mkdtemp(prefix="lk-"))
@@ -78,8 +78,6 @@ def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_pat
         assert "Data and pipelines are up to date." in status, status
     finally:
         for pid in _servers(warm_dir):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         shutil.rmtree(warm_dir, ignore_errors=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import ROOT
+
 from lmclab.pipeline.closure import imported_modules
 
 # lowest first: a package may import the packages before it in this list, never one after it
@@ -48,7 +48,8 @@ def violations(files: list[Path]) -> list[str]:
         package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
         for name in sorted(set(imported_modules(path, package))):
             parts = name.split(".")
-            if parts[0] != "lmclab" or len(parts) < 2 or not (SRC / parts[1]).exists() and not (SRC / f"{parts[1]}.py").exists():
+            if (parts[0] != "lmclab" or len(parts) < 2
+                    or not (SRC / parts[1]).exists() and not (SRC / f"{parts[1]}.py").exists()):
                 continue
             if not allowed(importer, parts[1]):
                 out.append(f"{path.relative_to(ROOT)} ({importer or 'lmclab'}) imports {name}")

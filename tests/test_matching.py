@@ -9,24 +9,24 @@ import torch
 from torch.func import functional_call
 
 from lmclab.archs import get_arch, make_config
-from lmclab.search.registered import search_problem
+from lmclab.core.spec import apply_permutation, invert, random_permutation
 from lmclab.search import SearchProblem, check_method, run_search
 from lmclab.search.activation_matching import _record, activation_matching
+from lmclab.search.registered import search_problem
 from lmclab.search.weight_matching import group_cost, matching_objective, solve_assignment, weight_matching
-from lmclab.core.spec import apply_permutation, invert, random_permutation
 
 
-def _spec(ckpt):  # noqa: ANN001, ANN202
+def _spec(ckpt):
     return get_arch(ckpt.arch).permutation_spec(ckpt.config)
 
 
-def _planted(ckpt, seed: int = 7):  # noqa: ANN001, ANN202
+def _planted(ckpt, seed: int = 7):
     spec = _spec(ckpt)
     perm = random_permutation(spec.group_sizes(ckpt.state_dict), torch.Generator().manual_seed(seed))
     return spec, perm, apply_permutation(spec, perm, ckpt.state_dict)
 
 
-def test_wm_recovers_planted_permutation_of_trained_mlp(trained) -> None:  # noqa: ANN001
+def test_wm_recovers_planted_permutation_of_trained_mlp(trained) -> None:
     ckpt = trained(0)
     spec, perm, params_b = _planted(ckpt)
     result = weight_matching(spec, ckpt.state_dict, params_b)
@@ -37,7 +37,7 @@ def test_wm_recovers_planted_permutation_of_trained_mlp(trained) -> None:  # noq
 
 
 @pytest.mark.parametrize("statistic", ["cross_moment", "pearson"])
-def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statistic: str) -> None:  # noqa: ANN001
+def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statistic: str) -> None:
     """Exact on every unit that is ever active; dead ReLU units (always 0) are interchangeable."""
     ckpt = trained(0)
     spec, perm, params_b = _planted(ckpt, seed=11)
@@ -56,10 +56,10 @@ def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statist
                                functional_call(model, ckpt.state_dict, (x,)), atol=1e-5, rtol=1e-5)
 
 
-def _all_objectives(spec, params_a, params_b, sizes):  # noqa: ANN001, ANN202
+def _all_objectives(spec, params_a, params_b, sizes):
     groups = sorted(sizes)
     for choice in itertools.product(*(itertools.permutations(range(sizes[g])) for g in groups)):
-        perm = {g: torch.tensor(c) for g, c in zip(groups, choice)}
+        perm = {g: torch.tensor(c) for g, c in zip(groups, choice, strict=True)}
         yield perm, matching_objective(spec, perm, params_a, params_b)
 
 
@@ -116,15 +116,15 @@ def test_wm_recovers_a_planted_permutation_that_only_the_biases_reveal() -> None
         assert torch.equal(result.perm[g], p), g
 
 
-def test_wm_objective_never_decreases_on_a_real_pair(trained) -> None:  # noqa: ANN001
+def test_wm_objective_never_decreases_on_a_real_pair(trained) -> None:
     a, b = trained(0), trained(1)
     result = weight_matching(_spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=50)
     obj = result.stats["objective"]
     assert len(obj) >= 3 and obj[-1] > obj[0]
-    assert all(later >= earlier - 1e-9 * abs(earlier) for earlier, later in zip(obj, obj[1:]))
+    assert all(later >= earlier - 1e-9 * abs(earlier) for earlier, later in zip(obj, obj[1:], strict=False))
 
 
-def _plain_wm(spec, params_a, params_b, generator, max_iter):  # noqa: ANN001, ANN202
+def _plain_wm(spec, params_a, params_b, generator, max_iter):
     """Reference loop without WM's shortcuts: every group solved every sweep, every term recomputed."""
     sizes = spec.group_sizes(params_a)
     perm, names = {g: torch.arange(n) for g, n in sizes.items()}, sorted(sizes)
@@ -135,7 +135,7 @@ def _plain_wm(spec, params_a, params_b, generator, max_iter):  # noqa: ANN001, A
 
 
 @pytest.mark.parametrize("hidden", [1, 3])
-def test_wm_shortcuts_give_the_plain_loops_result_exactly(trained, hidden: int) -> None:  # noqa: ANN001
+def test_wm_shortcuts_give_the_plain_loops_result_exactly(trained, hidden: int) -> None:
     a, b = trained(0, hidden=hidden), trained(1, hidden=hidden)
     result = weight_matching(_spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=8,
                              generator=torch.Generator().manual_seed(5))
@@ -144,7 +144,7 @@ def test_wm_shortcuts_give_the_plain_loops_result_exactly(trained, hidden: int) 
     assert result.stats["assignments"] < 8 * hidden  # skipped groups whose cost could not have changed
 
 
-def test_wm_stops_at_max_iter_and_is_deterministic(trained) -> None:  # noqa: ANN001
+def test_wm_stops_at_max_iter_and_is_deterministic(trained) -> None:
     a, b = trained(0), trained(1)
     one = weight_matching(_spec(a), a.state_dict, b.state_dict, max_iter=1, tol=0.0)
     assert one.stats["sweeps"] == 1
@@ -159,12 +159,13 @@ def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
     params_b = apply_permutation(spec, perm, {k: v + 0.1 * noise[k] for k, v in params_a.items()})
     obj = weight_matching(spec, params_a, params_b, tol=0.0, max_iter=50).stats["objective"]
     assert len(obj) - 1 < 50 and obj[-1] == obj[-2]
-    assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1]))  # every earlier sweep improved
+    # every earlier sweep improved
+    assert all(later > earlier for earlier, later in zip(obj[:-2], obj[1:-1], strict=True))
     with pytest.raises(ValueError, match=r"^tol must be a non-negative number, got -0.001$"):
         weight_matching(spec, params_a, params_b, tol=-1e-3)
 
 
-def test_run_search_dispatch_and_option_errors(trained, splits) -> None:  # noqa: ANN001
+def test_run_search_dispatch_and_option_errors(trained, splits) -> None:
     a, b = trained(0), trained(1)
     problem = search_problem("mlp", a.config, a.state_dict, b.state_dict, device=torch.device("cpu"),
                              train=splits["train"])
@@ -182,7 +183,7 @@ def test_run_search_dispatch_and_option_errors(trained, splits) -> None:  # noqa
         run_search("am", problem, seed=0, options={"statistic": "cosine"})
 
 
-def test_run_search_needs_no_architecture_registry(trained, splits) -> None:  # noqa: ANN001
+def test_run_search_needs_no_architecture_registry(trained, splits) -> None:
     """A hand-built problem (spec, parameters, skeleton, points) is all a search sees."""
     a, b = trained(0), trained(1)
     spec, (_, perm, params_b) = _spec(a), _planted(a, seed=3)

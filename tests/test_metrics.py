@@ -61,7 +61,7 @@ def test_interpolate_endpoints_and_merge_midpoint() -> None:
     assert torch.equal(mid["l.bias"], torch.tensor([2.0, 0.0, 1.0]))
 
 
-def test_barrier_of_a_model_with_itself_is_zero(trained, splits) -> None:  # noqa: ANN001
+def test_barrier_of_a_model_with_itself_is_zero(trained, splits) -> None:
     ckpt = trained(0)
     spec = get_arch("mlp").permutation_spec(ckpt.config)
     model = build_model("mlp", ckpt.config)

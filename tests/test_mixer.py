@@ -9,9 +9,9 @@ import torch
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
+from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search.activation_matching import activation_matching
 from lmclab.search.weight_matching import weight_matching
-from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace
 
 CONFIG = make_config("mixer", input_shape=(1, 28, 28), num_classes=10, patch_size=7, hidden=16, token_mlp=8,
@@ -44,7 +44,8 @@ def test_weight_matching_recovers_a_permuted_mixer():
 
 def test_activation_matching_reads_units_on_the_last_axis():
     model, spec, params, permuted = permuted_pair()
-    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long))
+    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)),
+                 torch.zeros(200, dtype=torch.long))
     found = activation_matching(spec, params, permuted, model=model, points=get_arch("mixer").activation_points(CONFIG),
                                 data=data)
     back = apply_permutation(spec, found.perm, permuted)
@@ -62,7 +63,8 @@ def test_the_traced_spec_and_points_match_the_hand_written_ones():
     names[traced.spec.axes["embed.weight"][0]] = "P_stream"
     assert {k: tuple(names.get(g) for g in axes) for k, axes in traced.spec.axes.items()} == spec.axes
     assert traced.points[traced.spec.axes["blocks.1.token_fc1.weight"][0]] == ["blocks.1.token_fc1@-1"]
-    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long))
+    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)),
+                 torch.zeros(200, dtype=torch.long))
     found = activation_matching(traced.spec, params, permuted, model=model, points=traced.points, data=data)
     back = apply_permutation(traced.spec, found.perm, permuted)
     assert all(torch.allclose(back[k], v) for k, v in params.items())
@@ -72,6 +74,7 @@ def test_validate_checks_the_patches_against_the_data_sets_own_image(tmp_path):
     import copy
 
     from dvc_repo import TINY, deep_update
+
     from lmclab.pipeline.validate import ParamsError, check_params
 
     digits = deep_update(copy.deepcopy(TINY), {"model": {"arch": "mixer"}})

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from dvc_repo import ROOT, TINY
+
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params, key_rows
@@ -29,7 +29,7 @@ PERMUTE = Params.model_fields["permute"].annotation
 OPTIONS = [(method, name) for method in METHODS for name in METHODS[method].options.model_fields]
 
 
-def _own(method: str, name: str):  # noqa: ANN202
+def _own(method: str, name: str):
     return METHODS[method].options.model_fields[name]
 
 
@@ -40,7 +40,7 @@ def test_the_schema_embeds_each_option_as_its_method_defines_it(method: str, nam
     own, embedded = _own(method, name), PERMUTE.model_fields[method].annotation.model_fields[name]
     assert embedded.annotation is own.annotation
     assert len(embedded.metadata) == len(own.metadata)
-    assert all(mine is theirs for mine, theirs in zip(embedded.metadata, own.metadata))
+    assert all(mine is theirs for mine, theirs in zip(embedded.metadata, own.metadata, strict=True))
     assert embedded.description is own.description
     override = PIPELINE_DEFAULTS.get(f"permute.{method}.{name}")
     assert embedded.default == (own.default if override is None else override.default)

@@ -12,18 +12,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-from lmclab.pipeline.stage import StageParams, load_yaml
-from dvc_repo import ROOT, TINY, make_repo  # noqa: F401 (TINY: imported by other tests from here)
+from dvc_repo import TINY, make_repo  # TINY: also imported by other tests from here
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run
+
+from lmclab.pipeline.stage import StageParams, load_yaml
 
 
 def _ran(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
-def _set(repo: Path, key: str, value) -> None:  # noqa: ANN001
+def _set(repo: Path, key: str, value) -> None:
     params = load_yaml(repo / "params.yaml")
     node = params
     *path, last = key.split(".")
@@ -35,11 +35,6 @@ def _set(repo: Path, key: str, value) -> None:  # noqa: ANN001
 
 def _base_stages(names: set[str]) -> set[str]:
     return {n.split("@")[0] for n in names}
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repo(tmp_path_factory.mktemp("pipeline"))
 
 
 @pytest.fixture(scope="module")

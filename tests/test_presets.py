@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from dvc_repo import ROOT
+from preset import PRESETS, apply_preset, flatten, set_values
+
 from lmclab.pipeline.stage import parse_yaml
 from lmclab.pipeline.validate import check_params
-from preset import PRESETS, apply_preset, flatten, set_values
 
 NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
 

@@ -16,7 +16,7 @@ def _section(title: str) -> str:
     return README[start:README.index("\n## ", start + 1)]
 
 
-def test_the_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:  # noqa: ANN001
+def test_the_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:
     (code,) = re.findall(r"```python\n(.*?)```", _section("Python API"), flags=re.S)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -24,7 +24,7 @@ def test_the_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:  
     assert reduction > 0 and barrier == barrier and acc_mid == acc_mid  # numbers, not NaN
 
 
-def test_the_cli_demo_block_is_generated_from_its_committed_results(tmp_path) -> None:  # noqa: ANN001
+def test_the_cli_demo_block_is_generated_from_its_committed_results(tmp_path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import cli_demo

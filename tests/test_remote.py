@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import make_repo, run
 
 pytestmark = pytest.mark.slow

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pandas as pd
+from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
-from lmclab.report.plots import mean_std
 from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1, table3
+from lmclab.report.plots import mean_std
 from lmclab.report.summary import THREE_KEYS
 from lmclab.report.summary import table1 as summary_table1
-from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
 
 def test_endpoint_table_lists_each_seed_once_in_seed_order_with_its_last_epoch() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.report.plots import plot_search_curves
 from lmclab.report.document import write_report
+from lmclab.report.plots import plot_search_curves
 from lmclab.report.summary import SEARCH_CURVE_COLUMNS, tables
 
 

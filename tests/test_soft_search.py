@@ -8,28 +8,26 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from test_validate import _params
 from torch import nn
 from torch.func import functional_call, grad
 
 from lmclab.archs import ARCHS, build_model, make_config
-from lmclab.search.registered import search_problem
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import merge
 from lmclab.core.metrics import l2_distance
+from lmclab.core.spec import apply_permutation, build_spec, check_permutation, dense, invert, norm, random_permutation
 from lmclab.pipeline.stage import search_errors
+from lmclab.pipeline.validate import check_params
 from lmclab.search import SearchProblem, check_method, run_search
-from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
 from lmclab.search.midpoint import heldout_loss, midpoint_loss, minibatches
+from lmclab.search.registered import search_problem
+from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
 from lmclab.search.ste import projector, ste, ste_step
 from lmclab.search.ste_sinkhorn import ste_sinkhorn
-from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
-from lmclab.core.spec import (apply_permutation, build_spec, check_permutation, dense, invert, norm,
-                         random_permutation)
 from lmclab.train.training import train
-from lmclab.pipeline.validate import check_params
-from test_validate import _params
 
 CONFIG = {"hidden": 2, "width": 64}
 FAST = {"ste": {"epochs": 2, "batch_size": 256}, "wm_sinkhorn": {"epochs": 3, "iterations": 30},
@@ -122,7 +120,7 @@ def test_soft_apply_covers_batchnorm_running_stats() -> None:
 # ---- STE: the straight-through step --------------------------------------------------------
 
 
-def _tiny_double_pair():  # noqa: ANN202
+def _tiny_double_pair():
     """(spec, model, θa, θb): two differently seeded 2×4 MLPs on 2×3 inputs, in float64."""
     config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
     spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SMALL_CONFIGS, random_params
 from torch.func import functional_call
 
-from conftest import SMALL_CONFIGS, random_params
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.core.spec import (PermutationSpec, apply_permutation, build_spec, check_permutation, compose,
-                         dense, identity_permutation, invert, random_permutation)
+from lmclab.core.spec import (
+    PermutationSpec,
+    apply_permutation,
+    build_spec,
+    check_permutation,
+    compose,
+    dense,
+    identity_permutation,
+    invert,
+    random_permutation,
+)
 
 INPUTS = {"mlp": (1, 28, 28)}
 

@@ -10,8 +10,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import ROOT
+
 from lmclab.pipeline.closure import code_closure, covered, import_closure, minimal_cover, stage_script
 from lmclab.pipeline.stage import load_yaml
 
@@ -46,7 +46,7 @@ def test_every_code_dep_exists_and_is_imported(name: str) -> None:
 def _command_paths(cmd: str) -> list[str]:
     """The values of a command's ``--option value`` pairs that name files or folders."""
     words = shlex.split(cmd)
-    return [value for flag, value in zip(words, words[1:])
+    return [value for flag, value in zip(words, words[1:], strict=False)
             if flag.startswith("--") and "/" in value and not value.startswith("-")]
 
 

@@ -10,8 +10,8 @@ import re
 import pytest
 import yaml
 from dvc.utils.serialize import parse_yaml as dvc_parse_yaml
-
 from dvc_repo import ROOT
+
 from lmclab.pipeline.stage import StageParams, declared_keys, load_yaml, parse_yaml
 
 PIPELINE = load_yaml(ROOT / "dvc.yaml")
@@ -29,7 +29,7 @@ def test_pyyaml_would_read_dvcs_exponent_as_a_string() -> None:
     assert yaml.safe_load("tol: 1e-06")["tol"] == "1e-06"
 
 
-def _write(tmp_path, tree: dict):  # noqa: ANN202
+def _write(tmp_path, tree: dict):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
@@ -44,7 +44,8 @@ def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
 
 def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
     read = StageParams("permute", _write(tmp_path, {"permute": {"seed": 1, "wm": {"tol": 0.5}, "am": {}},
-                                                     "device": "cpu", "train": {"lr": 1}}), dvc_yaml=ROOT / "dvc.yaml", method="wm").read
+                                                     "device": "cpu", "train": {"lr": 1}}),
+                       dvc_yaml=ROOT / "dvc.yaml", method="wm").read
     assert read("permute.seed") == 1 and read("permute.wm") == {"tol": 0.5} and read("permute.wm.tol") == 0.5
     for key in ("train.lr", "permute.am", "train"):
         with pytest.raises(SystemExit, match=rf"^error: stage permute reads params key {key}, which its params: "):
@@ -64,7 +65,8 @@ def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
 
 def test_a_missing_declared_key_is_one_line(tmp_path) -> None:
     with pytest.raises(SystemExit, match=r"params.yaml: missing key permute.seed$"):
-        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), dvc_yaml=ROOT / "dvc.yaml", method="wm").read("permute.seed")
+        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), dvc_yaml=ROOT / "dvc.yaml",
+                    method="wm").read("permute.seed")
 
 
 def _script(stage: str) -> str:
@@ -84,7 +86,8 @@ def test_each_stage_reads_params_only_through_its_own_declarations(stage: str) -
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
     tree = load_yaml(ROOT / "params.yaml")
-    items = [{"method": m} for m in tree["permute"]["methods"]] if "item.method" in str(PIPELINE["stages"][stage]) else [{}]
+    items = ([{"method": m} for m in tree["permute"]["methods"]]
+             if "item.method" in str(PIPELINE["stages"][stage]) else [{}])
     for item in items:
         read = StageParams(stage, ROOT / "params.yaml", dvc_yaml=ROOT / "dvc.yaml", **item).read
         for key in declared_keys(PIPELINE, stage, tree, item):
@@ -92,17 +95,17 @@ def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:  # noqa: ANN001
+def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:
     """permute, connect and merge_many on three random MLPs, in-process, reading the tiny params
     through their own declarations (tests/test_pipeline.py runs every stage through dvc repro)."""
-    from typer.testing import CliRunner
-
     import connect
     import merge_many
     import permute
+    from test_pipeline import TINY
+    from typer.testing import CliRunner
+
     from lmclab.archs import build_model, make_config
     from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
-    from test_pipeline import TINY
 
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)
     for seed in (0, 1, 2):

@@ -10,7 +10,7 @@ from lmclab.analysis.sweep import sweep_markdown, sweep_points, sweep_table, tre
 
 def pairs(b: list[float], r: list[float]) -> pd.DataFrame:
     rows = [{"pair": f"p{i}", "method": "wm_sinkhorn", "test_loss_barrier_mid": bi, "l2_reduction_pct": 8.0,
-             "R_0.3": ri} for i, (bi, ri) in enumerate(zip(b, r))]
+             "R_0.3": ri} for i, (bi, ri) in enumerate(zip(b, r, strict=True))]
     rows += [{"pair": f"p{i}", "method": "identity", "test_loss_barrier_mid": 1.0, "l2_reduction_pct": 0.0,
               "R_0.3": 0.0} for i in range(len(b))]
     return pd.DataFrame(rows)
@@ -34,7 +34,7 @@ def test_trends_hold_only_with_the_predicted_sign():
     verdicts = {v["quantity"]: v for v in trends(points, "wm_sinkhorn", "train.weight_decay")}
     assert verdicts["B_half"]["holds"] and verdicts["B_half"]["rho"] < 0  # the barrier falls as wd grows
     assert verdicts["R_0.3"]["holds"] and verdicts["R_0.3"]["rho"] > 0  # alignment rises
-    reversed_runs = {v: RUNS[k] for v, k in zip(sorted(RUNS, reverse=True), sorted(RUNS))}
+    reversed_runs = {v: RUNS[k] for v, k in zip(sorted(RUNS, reverse=True), sorted(RUNS), strict=True)}
     against = {v["quantity"]: v["holds"] for v in trends(sweep_points(reversed_runs, ["wm_sinkhorn"]),
                                                          "wm_sinkhorn", "x")}
     assert against == {"B_half": False, "R_0.3": False}

@@ -8,10 +8,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
+from lmclab.analysis.taylor import (
+    TaylorTerms,
+    directional_terms,
+    gradient_and_hvp,
+    split_loss_fns,
+    taylor_barrier,
+    taylor_curve,
+    taylor_terms,
+)
 from lmclab.archs import build_model, make_config
 from lmclab.core.data import Split
-from lmclab.analysis.taylor import (TaylorTerms, directional_terms, gradient_and_hvp, split_loss_fns, taylor_barrier,
-                           taylor_curve, taylor_terms)
 
 
 def _flat(params):
@@ -39,7 +46,7 @@ def test_quadratic_loss_taylor_is_exact_on_the_whole_grid():
     slope_b, curv_b = directional_terms(loss, params_b, unit)
     terms = TaylorTerms(delta, slope_a, slope_b, curv_a, curv_b)
     lams = [i / 10 for i in range(11)]
-    for lam, estimate in zip(lams, taylor_curve(terms, lams)):
+    for lam, estimate in zip(lams, taylor_curve(terms, lams), strict=True):
         mid = {k: lam * params_a[k] + (1 - lam) * params_b[k] for k in shapes}
         real = float(loss(mid) - lam * loss(params_a) - (1 - lam) * loss(params_b))
         assert abs(estimate - real) < 1e-9 * max(1.0, abs(real))
@@ -98,7 +105,7 @@ def test_taylor_terms_do_not_depend_on_batching():
     model, split, params_a, params_b = _tiny_mlp_problem(1)
     whole = taylor_terms(model, params_a, params_b, split, batch_size=len(split))
     batched = taylor_terms(model, params_a, params_b, split, batch_size=7)
-    assert all(abs(x - y) < 1e-10 for x, y in zip(whole, batched))
+    assert all(abs(x - y) < 1e-10 for x, y in zip(whole, batched, strict=True))
     assert abs(whole.delta - float(torch.cat([(params_b[k] - params_a[k]).flatten()
                                                for k in params_a]).norm())) < 1e-12
 

@@ -7,18 +7,18 @@ import math
 import pytest
 import torch
 
+from lmclab.analysis.landscape import landscape, plane_frame, plane_grid, plane_point
+from lmclab.analysis.three_models import connect_triple
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
-from lmclab.analysis.landscape import landscape, plane_frame, plane_grid, plane_point
-from lmclab.core.metrics import lambda_grid, l2_distance
+from lmclab.core.metrics import l2_distance, lambda_grid
+from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search.merge_many import merge_many, summed_distance
 from lmclab.search.weight_matching import weight_matching
-from lmclab.core.spec import apply_permutation, random_permutation
-from lmclab.analysis.three_models import connect_triple
 
 
-def _copies(ckpt, n: int) -> list[dict]:  # noqa: ANN001
+def _copies(ckpt, n: int) -> list[dict]:
     """``n`` randomly permuted copies of one model (the first is the model itself)."""
     spec = get_arch(ckpt.arch).permutation_spec(ckpt.config)
     sizes = spec.group_sizes(ckpt.state_dict)
@@ -27,7 +27,7 @@ def _copies(ckpt, n: int) -> list[dict]:  # noqa: ANN001
                                       for _ in range(n - 1)]
 
 
-def test_wm_makes_every_barrier_of_three_permuted_copies_zero(trained, splits) -> None:  # noqa: ANN001
+def test_wm_makes_every_barrier_of_three_permuted_copies_zero(trained, splits) -> None:
     ckpt = trained(0)
     a, b, c = (Checkpoint(ckpt.arch, ckpt.config, s, p) for s, p in enumerate(_copies(ckpt, 3)))
     result = connect_triple("wm", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], options={},
@@ -44,7 +44,7 @@ def test_wm_makes_every_barrier_of_three_permuted_copies_zero(trained, splits) -
     assert naive_bc["test_loss_barrier_max"] > 0.1 and abs(naive_bc["R_0.3"]) < 0.5
 
 
-def test_plane_grid_reproduces_the_three_models_exactly(trained, splits) -> None:  # noqa: ANN001
+def test_plane_grid_reproduces_the_three_models_exactly(trained, splits) -> None:
     a, b, c = trained(0).state_dict, trained(1).state_dict, trained(2).state_dict
     grid = plane_grid(4, 0.25)
     assert {0.0, 1.0} <= set(grid) and min(grid) == -0.25 and max(grid) == 1.25
@@ -69,7 +69,7 @@ def test_plane_frame_gives_true_lengths_and_angle() -> None:
     assert (norm_b, along, perp) == pytest.approx((3.0, 1.0, 2.0))
 
 
-def test_merge_many_returns_the_original_up_to_permutation(trained) -> None:  # noqa: ANN001
+def test_merge_many_returns_the_original_up_to_permutation(trained) -> None:
     ckpt = trained(0)
     spec = get_arch("mlp").permutation_spec(ckpt.config)
     result = merge_many(spec, _copies(ckpt, 3), generator=torch.Generator().manual_seed(0))
@@ -79,20 +79,20 @@ def test_merge_many_returns_the_original_up_to_permutation(trained) -> None:  # 
     assert l2_distance(spec, ckpt.state_dict, aligned) == pytest.approx(0.0, abs=1e-5)
 
 
-def test_merge_many_distance_never_increases_and_stops_at_the_cap(trained) -> None:  # noqa: ANN001
+def test_merge_many_distance_never_increases_and_stops_at_the_cap(trained) -> None:
     params = [trained(s).state_dict for s in (0, 1, 2, 3)]
     spec = get_arch("mlp").permutation_spec(trained(0).config)
     result = merge_many(spec, params, max_iter=10, tol=0.0, generator=torch.Generator().manual_seed(1))
     d = result.stats["distance"]
     assert d[0] == pytest.approx(summed_distance(spec, params))
-    assert d[-1] < d[0] and all(later <= earlier * (1 + 1e-9) for earlier, later in zip(d, d[1:]))
+    assert d[-1] < d[0] and all(later <= earlier * (1 + 1e-9) for earlier, later in zip(d, d[1:], strict=False))
     capped = merge_many(spec, params, max_iter=1, tol=0.0)
     assert capped.stats["iterations"] == 1 and len(capped.stats["distance"]) == 2
     with pytest.raises(ValueError, match="merge_many.seeds"):
         merge_many(spec, params[:1])
 
 
-def test_ensemble_of_identical_models_is_the_model(trained, splits) -> None:  # noqa: ANN001
+def test_ensemble_of_identical_models_is_the_model(trained, splits) -> None:
     ckpt = trained(0)
     model = build_model("mlp", ckpt.config)
     single = evaluate(model, ckpt.state_dict, splits["test"])

@@ -11,8 +11,8 @@ import torchvision
 from torch import nn
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
+from lmclab.search.weight_matching import weight_matching
 from lmclab.trace import TraceError, trace, trace_spec
 from lmclab.trace.groups import FIXED, Groups, Seg
 
@@ -99,7 +99,8 @@ def test_large_torchvision_models_are_invariant_too(name, size):
     spec = assert_invariant(name, size)
     if name == "vgg11_bn":
         (segment,) = spec.axes["classifier.0.weight"][1]
-        assert segment.length == 512 * 49 and segment.block == 49 and segment.group == spec.axes["features.25.weight"][0]
+        assert (segment.length == 512 * 49 and segment.block == 49
+                and segment.group == spec.axes["features.25.weight"][0])
 
 
 def assert_recovered(name: str, dtype: torch.dtype) -> None:

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
 
 pytestmark = pytest.mark.slow

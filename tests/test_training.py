@@ -8,18 +8,17 @@ import pytest
 import torch
 
 from lmclab.archs import make_config
-from lmclab.archs.checkpoint import (CheckpointError, check_same_architecture, load_checkpoint,
-                               save_checkpoint)
+from lmclab.archs.checkpoint import CheckpointError, check_same_architecture, load_checkpoint, save_checkpoint
 from lmclab.train.training import train
 
 
-def _train(splits, seed: int, epochs: int = 2):  # noqa: ANN001, ANN202
+def _train(splits, seed: int, epochs: int = 2):
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=16)
     return train("mlp", config, seed, splits["train"], splits["test"], epochs=epochs, lr=1e-3,
                  batch_size=128, progress=False)
 
 
-def test_same_seed_gives_a_bit_identical_checkpoint(splits, tmp_path) -> None:  # noqa: ANN001
+def test_same_seed_gives_a_bit_identical_checkpoint(splits, tmp_path) -> None:
     (c1, h1), (c2, h2), (c3, _) = _train(splits, 5), _train(splits, 5), _train(splits, 6)
     assert all(torch.equal(c1.state_dict[k], c2.state_dict[k]) for k in c1.state_dict)
     assert h1 == h2
@@ -31,14 +30,14 @@ def test_same_seed_gives_a_bit_identical_checkpoint(splits, tmp_path) -> None:  
     assert digest(tmp_path / "run1" / "seed5.pt") == digest(tmp_path / "run2" / "seed5.pt")
 
 
-def test_training_learns_and_records_history(splits) -> None:  # noqa: ANN001
+def test_training_learns_and_records_history(splits) -> None:
     ckpt, history = _train(splits, 0, epochs=6)
     assert [r["epoch"] for r in history] == [1, 2, 3, 4, 5, 6]
     assert history[-1]["test_acc"] > 0.6 and history[-1]["train_loss"] < history[0]["train_loss"]
     assert ckpt.seed == 0 and ckpt.arch == "mlp"
 
 
-def test_checkpoint_round_trip(trained, tmp_path) -> None:  # noqa: ANN001
+def test_checkpoint_round_trip(trained, tmp_path) -> None:
     ckpt = trained(0)
     save_checkpoint(tmp_path / "m.pt", ckpt)
     back = load_checkpoint(tmp_path / "m.pt")
@@ -47,7 +46,7 @@ def test_checkpoint_round_trip(trained, tmp_path) -> None:  # noqa: ANN001
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_corrupted_and_foreign_checkpoints_are_one_line_errors(trained, tmp_path) -> None:  # noqa: ANN001
+def test_corrupted_and_foreign_checkpoints_are_one_line_errors(trained, tmp_path) -> None:
     save_checkpoint(tmp_path / "m.pt", trained(0))
     data = (tmp_path / "m.pt").read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
@@ -60,14 +59,14 @@ def test_corrupted_and_foreign_checkpoints_are_one_line_errors(trained, tmp_path
         assert str(err.value).startswith(str(tmp_path / name)) and "\n" not in str(err.value)
 
 
-def test_checkpoints_of_different_widths_cannot_be_paired(trained, tmp_path) -> None:  # noqa: ANN001
+def test_checkpoints_of_different_widths_cannot_be_paired(trained, tmp_path) -> None:
     a, b = trained(0, width=32), trained(1, width=16)
     with pytest.raises(CheckpointError, match="differs from"):
         check_same_architecture(a, b, tmp_path / "seed0.pt", tmp_path / "seed1.pt")
     check_same_architecture(a, trained(1, width=32), tmp_path / "seed0.pt", tmp_path / "seed1.pt")
 
 
-def test_bad_training_options(splits) -> None:  # noqa: ANN001
+def test_bad_training_options(splits) -> None:
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=4)
     for opts, pattern in (({"epochs": 0}, "train.epochs"), ({"epochs": 1, "lr": 0.0}, "train.lr"),
                           ({"epochs": 1, "batch_size": 10_000}, "train.batch_size")):

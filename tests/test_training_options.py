@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lmclab.archs import make_config
-from lmclab.train.augment import crop_flip, resolve_augment
 from lmclab.core.data import Split
+from lmclab.train.augment import crop_flip, resolve_augment
 from lmclab.train.training import lr_factor, train
 
 

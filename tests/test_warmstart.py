@@ -6,6 +6,7 @@ and refused command lines start no server, and a stopped or idle server leaves n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,14 +48,12 @@ def _stop_servers(where: Path) -> None:
     for lock in where.glob("**/*.lock"):
         pid = lock.read_text().strip()
         if pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture()
-def warm_env(tmp_path: Path):  # noqa: ANN201
+def warm_env(tmp_path: Path):
     """A private server directory (short path: Unix socket names are limited to ~100 bytes)."""
     where = Path(tempfile.mkdtemp(prefix="lw-"))
     (tmp_path / "script.py").write_text(SCRIPT)
@@ -194,7 +193,7 @@ def test_a_stopped_or_idle_server_removes_its_socket_and_lock(tmp_path, warm_env
 
 
 @pytest.mark.slow
-def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_env, prepared) -> None:  # noqa: ANN001
+def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_env, prepared) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"]["mlp"] = {"hidden": 2, "width": 24}
     params["train"].update(epochs=2, batch_size=100)
@@ -220,7 +219,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: to chown 
 
 
 @pytest.fixture()
-def default_env(warm_env: dict):  # noqa: ANN201
+def default_env(warm_env: dict):
     """The default location: ``$TMPDIR/lmclab-warm-$UID`` in a fresh short ``TMPDIR``."""
     base = Path(tempfile.mkdtemp(prefix="lt-"))
     env = {k: v for k, v in warm_env.items() if k not in ("LMCLAB_WARM_DIR", "XDG_RUNTIME_DIR")}
@@ -251,7 +250,7 @@ def _make_untrusted(path: Path, kind: str) -> Path:
     ("XDG_RUNTIME_DIR", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
 ])
 def test_an_untrusted_directory_runs_the_stage_cold_after_one_line_naming_it(
-        tmp_path, default_env, where, kind, reason) -> None:  # noqa: ANN001
+        tmp_path, default_env, where, kind, reason) -> None:
     if kind == "owner" and os.geteuid() != 0:
         pytest.skip("needs root to chown a directory to another uid")
     base, env = default_env
@@ -280,7 +279,7 @@ def test_only_a_0700_directory_is_private(tmp_path, monkeypatch, mode) -> None: 
 
 
 @pytest.mark.parametrize("where", ["default", "XDG_RUNTIME_DIR"])
-def test_a_new_directory_is_made_private_with_a_0600_socket_and_lock(tmp_path, default_env, where) -> None:  # noqa: ANN001
+def test_a_new_directory_is_made_private_with_a_0600_socket_and_lock(tmp_path, default_env, where) -> None:
     base, env = default_env
     if where == "XDG_RUNTIME_DIR":
         (base / "run").mkdir(mode=0o700)
@@ -292,7 +291,7 @@ def test_a_new_directory_is_made_private_with_a_0600_socket_and_lock(tmp_path, d
     assert modes == {"": 0o700, ".sock": 0o600, ".lock": 0o600}
 
 
-def _as_nobody(fn) -> int:  # noqa: ANN001
+def _as_nobody(fn) -> int:
     """Fork; the child drops to uid 65534 and exits with ``fn()``. Returns the child's pid."""
     pid = os.fork()
     if pid == 0:
@@ -307,7 +306,7 @@ def _as_nobody(fn) -> int:  # noqa: ANN001
 
 
 @needs_root
-def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_path, warm_env) -> None:  # noqa: ANN001
+def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_path, warm_env) -> None:
     assert _run(tmp_path, warm_env, "0").returncode == 0  # a server is up
     where = Path(warm_env["LMCLAB_WARM_DIR"])
     (sock,) = where.glob("*.sock")
@@ -335,8 +334,9 @@ def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_pa
 
 
 @needs_root
-def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_env) -> None:  # noqa: ANN001
-    name = subprocess.run([sys.executable, "-c", "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
+def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_env) -> None:
+    name = subprocess.run([sys.executable, "-c",
+                           "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
                           env=warm_env, capture_output=True, text=True, check=True).stdout.strip()
     path = Path(warm_env["LMCLAB_WARM_DIR"]) / name
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -371,7 +371,7 @@ def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_e
                                         f"uid {NOBODY}, not as this user (uid 0)", "to stderr"]
 
 
-def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:  # noqa: ANN001
+def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:
     client, worker = _start_sleeper(tmp_path, warm_env)
     session = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
     os.kill(session, signal.SIGKILL)
@@ -384,7 +384,5 @@ def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:  # noqa: AN
 
 
 def _kill_quietly(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -38,7 +38,7 @@ def write_cifar10(root: Path, per_batch: int, n_test: int, seed: int = 0) -> dic
     return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in base.iterdir()}
 
 
-def trust_cifar10_files(monkeypatch, md5: dict[str, str]) -> None:  # noqa: ANN001
+def trust_cifar10_files(monkeypatch, md5: dict[str, str]) -> None:
     """Make torchvision's CIFAR10 integrity check expect the fixture's checksums."""
     from torchvision.datasets import CIFAR10
 

@@ -19,7 +19,8 @@ PARAM = "train.mixup_alpha"
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(..., help="folder for mixup.md and table.parquet"),
-         exps: str = typer.Option("", help="comma-separated experiment names (default: those differing only in train.mixup_alpha)"),
+         exps: str = typer.Option("", help="comma-separated experiment names "
+                                           "(default: those differing only in train.mixup_alpha)"),
          workspace: bool = typer.Option(False, help="also include the workspace's own run"),
          methods: str = typer.Option("identity,wm,wm_sinkhorn", help="methods to tabulate")) -> None:
     from lmclab.analysis.mixup import mixup_markdown, mixup_table

@@ -57,7 +57,7 @@ def library_script(modules: Path, name: str) -> tuple[str, str]:
 def build(modules: Path, out: Path) -> str:
     """Write the template; return a one-line description."""
     parts = [library_script(modules, name) for name in LIBRARIES]
-    versions = ", ".join(f"{name} {version}" for name, (version, _) in zip(LIBRARIES, parts))
+    versions = ", ".join(f"{name} {version}" for name, (version, _) in zip(LIBRARIES, parts, strict=True))
     page = PAGE.replace("SCRIPTS", "\n".join(script for _, script in parts)).replace("LIBRARIES", versions)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(page, encoding="utf-8")

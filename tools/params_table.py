@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 import typer
+from preset import flow
 
 from lmclab.pipeline.stage import one_line_errors
-from preset import flow
 
 ROOT = Path(__file__).resolve().parent.parent
 app = typer.Typer(add_completion=False)

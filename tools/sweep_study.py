@@ -21,7 +21,8 @@ app = typer.Typer(add_completion=False)
 @one_line_errors
 def main(param: str = typer.Option(..., help="the swept params.yaml key, e.g. train.weight_decay"),
          out: Path = typer.Option(..., help="folder for sweep.md, sweep.png and the tables"),
-         exps: str = typer.Option("", help="comma-separated experiment names (default: those differing from the workspace only in --param)"),
+         exps: str = typer.Option("", help="comma-separated experiment names "
+                                           "(default: those differing from the workspace only in --param)"),
          workspace: bool = typer.Option(False, help="also include the workspace's own run"),
          methods: str = typer.Option("identity,wm,wm_sinkhorn,ste_sinkhorn", help="methods to tabulate"),
          dpi: int = typer.Option(120)) -> None:

@@ -22,9 +22,9 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
              "", help="comma-separated experiment names (default: those differing from the workspace only in width)"),
          workspace: bool = typer.Option(False, help="also include the workspace's own run"),
          dpi: int = typer.Option(120)) -> None:
+    from lmclab.analysis.width import alignment_markdown, width_tables
     from lmclab.core.atomic import atomic_path
     from lmclab.report.plots import plot_width
-    from lmclab.analysis.width import alignment_markdown, width_tables
 
     def width(row: dict) -> float:
         arch = row["model.arch"]

@@ -13,9 +13,10 @@ stderr and exit status 1."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import typer
 
@@ -114,7 +115,8 @@ def match(model_a: Path = typer.Argument(..., help="θa: state dict or lmclab ch
           method: str = typer.Option("wm", help="wm, am, ste, wm_sinkhorn, ste_sinkhorn or identity"),
           out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
           factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE,
-          data: str = typer.Option(None, help="training data of am/ste/ste_sinkhorn: a data set name or prepared folder"),
+          data: str = typer.Option(None, help="training data of am/ste/ste_sinkhorn: "
+                                              "a data set name or prepared folder"),
           data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
           in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
           option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
@@ -221,7 +223,8 @@ def barrier(model_a: Path = typer.Argument(...), model_b: Path = typer.Argument(
 @one_line
 def trace(factory: str = typer.Argument(..., help="module:callable building the nn.Module"),
           input_shape: str = typer.Option(..., help="input shape without the batch axis, e.g. 3,32,32"),
-          kwargs: str = KWARGS, partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted")) -> None:
+          kwargs: str = KWARGS,
+          partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted")) -> None:
     """Print the permutation spec tracing derives (groups, their sizes and places), or the refusal."""
     import torch
 

@@ -99,7 +99,7 @@ def singular_values(factors: Factors) -> Tensor:
 
 def _kept(factors: Factors, threshold: float) -> tuple[Tensor, Tensor, int]:
     """``U`` and ``Vh`` with the triplets below ``threshold`` zeroed, and how many were kept."""
-    mask = (factors.S >= threshold).to(factors.U.dtype)  # (B, k)
+    mask = factors.S.ge(threshold).to(factors.U.dtype)  # (B, k)
     return factors.U * mask[:, None, :], factors.Vh * mask[:, :, None], int(mask.real.sum())
 
 

@@ -33,8 +33,8 @@ def linear_cka(x: Tensor, y: Tensor) -> float:
     x, y = x.flatten(1).double(), y.flatten(1).double()
     x, y = x - x.mean(0), y - y.mean(0)
     if x.shape[1] + y.shape[1] > 2 * len(x):  # wide: the samples' Gram matrices are smaller
-        k, l = x @ x.T, y @ y.T
-        cross, norm_x, norm_y = (k * l).sum(), k.norm(), l.norm()
+        gram_x, gram_y = x @ x.T, y @ y.T
+        cross, norm_x, norm_y = (gram_x * gram_y).sum(), gram_x.norm(), gram_y.norm()
     else:
         cross, norm_x, norm_y = (y.T @ x).square().sum(), (x.T @ x).norm(), (y.T @ y).norm()
     if norm_x == 0 or norm_y == 0:

@@ -28,7 +28,7 @@ def collapse_stats(features: Tensor, labels: Tensor) -> dict[str, float]:
         raise ValueError(f"neural collapse needs at least 2 classes among the samples, got {len(present)}")
     means = torch.stack([h[labels == c].mean(0) for c in present])
     centred = means - h.mean(0)
-    within = sum((h[labels == c] - m).T @ (h[labels == c] - m) for c, m in zip(present, means)) / len(h)
+    within = sum((h[labels == c] - m).T @ (h[labels == c] - m) for c, m in zip(present, means, strict=True)) / len(h)
     between = centred.T @ centred / len(present)
     nc1 = float(torch.trace(within @ torch.linalg.pinv(between, hermitian=True)) / len(present))
     unit = centred / centred.norm(dim=1, keepdim=True)

@@ -15,13 +15,12 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from lmclab.analysis.alignment import (Factors, alignment_r, layer_names, model_factors, output_layer,
-                                      singular_values)
+from lmclab.analysis.alignment import Factors, alignment_r, layer_names, model_factors, output_layer, singular_values
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.core.data import Split
-from lmclab.core.distributed import World
+from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, measure_pair_with_repair
 from lmclab.core.spec import PermutationSpec
 
@@ -49,7 +48,7 @@ def analyze_model(spec: PermutationSpec, model: nn.Module, params: Mapping[str, 
                 for name, f in factors.items() for i, s in enumerate(singular_values(f))]
     energy = [{"layer": name, "index": i, "singular_value": float(s), "energy": float(e)}
               for name, (sv, en) in input_energy(model, params, split, layers).items()
-              for i, (s, e) in enumerate(zip(sv, en))]
+              for i, (s, e) in enumerate(zip(sv, en, strict=True))]
     return spectrum, energy
 
 
@@ -102,7 +101,7 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     for name in splits if taylor_splits is None else taylor_splits:  # None: every split
         terms = taylor_terms(model, params_a, permuted_b, splits[name])
         curve = taylor_curve(terms, lams)
-        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve)]
+        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve, strict=True)]
         summary[f"{name}_taylor_barrier_mid"] = taylor_barrier(terms, 0.5)
         summary[f"{name}_taylor_barrier_max"] = max(curve)
         summary.update({f"{name}_taylor_{k}": v for k, v in terms._asdict().items()})
@@ -123,7 +122,8 @@ def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mappi
                         gammas: Sequence[float], mode: str, input_shape: Sequence[int],
                         taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
                         factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                        world: World = World()) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
+                        world: World = ALONE
+                        ) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair when given; sharded over ``world``'s processes), L2 distances, the analyses of
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the

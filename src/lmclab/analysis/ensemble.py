@@ -10,8 +10,8 @@ from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
-from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
 from lmclab.core.spec import Params
+from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
 
 Repair = Callable[[Params], Params]
 
@@ -28,7 +28,7 @@ def merge_and_compare(ckpts: Sequence[Checkpoint], splits: Mapping[str, Split], 
                         generator=torch.Generator().manual_seed(seed))
     model = build_model(first.arch, first.config).to(device)
     fix = repair or (lambda p: p)
-    candidates = {f"seed{c.seed}": p for c, p in zip(ckpts, params)}
+    candidates = {f"seed{c.seed}": p for c, p in zip(ckpts, params, strict=True)}
     candidates["naive average"] = fix(mean_params(params))
     candidates["MergeMany average"] = fix(result.merged)
     rows = []

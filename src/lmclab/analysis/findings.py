@@ -122,7 +122,7 @@ def energy_concentrates(energy: pd.DataFrame, level: float) -> Finding:
     is a hidden representation (every layer but the first)."""
     layers = list(dict.fromkeys(energy["layer"]))[1:]
     rhos, ps, shares = [], [], []
-    for (seed, layer), rows in energy[energy["layer"].isin(layers)].groupby(["seed", "layer"]):
+    for _, rows in energy[energy["layer"].isin(layers)].groupby(["seed", "layer"]):  # per (seed, layer)
         rows = rows.sort_values("index")
         test = stats.spearmanr(rows["singular_value"], rows["energy"])
         rhos.append(test.statistic)

@@ -15,7 +15,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.core.distributed import World, evaluate_sharded
+from lmclab.core.distributed import ALONE, World, evaluate_sharded
 from lmclab.core.spec import Params
 
 Repair = Callable[[Params], Params]
@@ -52,7 +52,7 @@ def plane_frame(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
 
 def landscape(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
               params_c: Mapping[str, Tensor], grid: list[float], split: Split, *, keys: list[str],
-              repair: Repair | None = None, world: World = World()) -> list[dict]:
+              repair: Repair | None = None, world: World = ALONE) -> list[dict]:
     """Loss and accuracy at every ``(u, v)`` of ``grid × grid``, with orthonormal ``(x, y)``;
     ``world``: each data-parallel process evaluates its shard of ``split`` (the same numbers)."""
     norm_b, along, perp = plane_frame(params_a, params_b, params_c, keys)

@@ -14,22 +14,22 @@ from torch import Tensor, nn
 
 from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
 from lmclab.analysis.compose import r_key
-from lmclab.search.registered import search_problem
+from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
-from lmclab.analysis.landscape import landscape, plane_grid
-from lmclab.core.distributed import World
+from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
-from lmclab.search import run_search
 from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation
+from lmclab.search import run_search
+from lmclab.search.registered import search_problem
 
 EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched directly
 
 
 def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]],
                          lams: Sequence[float], splits: Mapping[str, Split], *, gammas: Sequence[float] = (0.3,),
-                         repair: Repair | None = None, world: World = World()) -> tuple[list[dict], list[dict]]:
+                         repair: Repair | None = None, world: World = ALONE) -> tuple[list[dict], list[dict]]:
     """Curves and barriers for every pair of ``models`` = {"a": θa, "b": π_b(θb), "c": π_c(θc)}.
 
     Along edge (x, y), ``λ = 1`` is model x and ``λ = 0`` model y. Returns (curve rows, one
@@ -59,7 +59,7 @@ class TripleResult(NamedTuple):
 def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, test: Split, *,
                    options: Mapping, seed: int, lams: Sequence[float], resolution: int, margin: float,
                    device: torch.device, gammas: Sequence[float] = (0.3,),
-                   repair: Repair | None = None, world: World = World()) -> TripleResult:
+                   repair: Repair | None = None, world: World = ALONE) -> TripleResult:
     """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape (with
     ``world``, every process searches alike and evaluates its shard of the data)."""
     grid = plane_grid(resolution, margin)  # validates before any search

@@ -1,9 +1,9 @@
 """Width study (Appendix H.4): combine the tables of several runs that differ in model width.
 
-Each run is one ``dvc exp`` (``-S model.mlp.width=…`` or ``model.<arch>.width_multiplier``); :func:`width_tables` takes ``{width: tables}``
-with each run's ``spectrum``, ``energy`` and ``pairs`` tables and returns one table per figure:
-the normalised singular value distribution (Figure 10), the input energy (Figures 11, 12) and
-R_0 / R_0.3 with and without matching (Figure 13).
+Each run is one ``dvc exp`` (``-S model.mlp.width=…`` or ``model.<arch>.width_multiplier``);
+:func:`width_tables` takes ``{width: tables}`` with each run's ``spectrum``, ``energy`` and
+``pairs`` tables and returns one table per figure: the normalised singular value distribution
+(Figure 10), the input energy (Figures 11, 12) and R_0 / R_0.3 with and without matching (Figure 13).
 """
 
 from __future__ import annotations

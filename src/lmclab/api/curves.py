@@ -41,7 +41,8 @@ class Curve:
         max over λ of the value minus the straight line between the endpoints (Eq. 1), ``mid``
         the same at λ = ½; accuracy barriers are in percentage points, a drop counts positive."""
         if quantity not in QUANTITIES or kind not in KINDS:
-            raise ValueError(f"quantity must be one of {QUANTITIES} and kind one of {KINDS}, got {quantity!r}, {kind!r}")
+            raise ValueError(f"quantity must be one of {QUANTITIES} and kind one of {KINDS}, "
+                             f"got {quantity!r}, {kind!r}")
         split = self.splits[0] if split is None else split
         if split not in self.splits:
             raise ValueError(f"split: no split {split!r} in this curve; it has {self.splits}")
@@ -65,7 +66,8 @@ def interpolate(model_a: Model, model_b: Model, *, data: Data | Mapping[str, Dat
     params_a, params_b = params_of(model_a, "model_a", dev), params_of(model_b, "model_b", dev)
     named = isinstance(data, Mapping)
     sources = data if named else {"test": data}
-    splits = {name: as_split(source, f"data[{name!r}]" if named else "data").to(dev) for name, source in sources.items()}
+    splits = {name: as_split(source, f"data[{name!r}]" if named else "data").to(dev)
+              for name, source in sources.items()}
     hook = None
     if repair == "bn":
         if not has_batchnorm(net):

@@ -33,7 +33,8 @@ def _torch_load(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip/pickle errors of truncated files, pickled modules
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{path}: not a readable state dict (save model.state_dict(), not the module: {first[:120]})") from None
+        raise ValueError(f"{path}: not a readable state dict "
+                         f"(save model.state_dict(), not the module: {first[:120]})") from None
 
 
 def load_model_file(path: Path) -> Loaded:

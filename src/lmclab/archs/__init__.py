@@ -1,6 +1,7 @@
 """Registry of architectures. Each module declares ``Config``, ``Model``, ``permutation_spec``
 and ``activation_points``; adding an architecture is one file and one line here.
-The searches never see the registry: :func:`lmclab.search.registered.search_problem` hands them what they need of one."""
+The searches never see the registry: :func:`lmclab.search.registered.search_problem` hands them
+what they need of one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import torch
 from torch import nn
 
 from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
-
 
 ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50,
                                "traced": traced, "mixer": mixer}

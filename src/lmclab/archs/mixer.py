@@ -54,7 +54,8 @@ class MixerBlock(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(config.hidden), nn.LayerNorm(config.hidden)
-        self.token_fc1, self.token_fc2 = nn.Linear(config.tokens, config.token_mlp), nn.Linear(config.token_mlp, config.tokens)
+        self.token_fc1 = nn.Linear(config.tokens, config.token_mlp)
+        self.token_fc2 = nn.Linear(config.token_mlp, config.tokens)
         self.channel_fc1 = nn.Linear(config.hidden, config.channel_mlp)
         self.channel_fc2 = nn.Linear(config.channel_mlp, config.hidden)
         self.token_act, self.channel_act = nn.GELU(), nn.GELU()
@@ -88,7 +89,8 @@ def permutation_spec(config: Config) -> PermutationSpec:
         b = f"blocks.{k}"
         parts += [norm(f"{b}.norm1", STREAM, running_stats=False), norm(f"{b}.norm2", STREAM, running_stats=False),
                   dense(f"{b}.token_fc1", f"P_token_{k}", None), dense(f"{b}.token_fc2", None, f"P_token_{k}"),
-                  dense(f"{b}.channel_fc1", f"P_channel_{k}", STREAM), dense(f"{b}.channel_fc2", STREAM, f"P_channel_{k}")]
+                  dense(f"{b}.channel_fc1", f"P_channel_{k}", STREAM),
+                  dense(f"{b}.channel_fc2", STREAM, f"P_channel_{k}")]
     parts += [norm("norm", STREAM, running_stats=False), dense("head", None, STREAM)]
     return build_spec(*parts)
 

@@ -34,13 +34,13 @@ class Model(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         sizes = [math.prod(config.input_shape)] + [config.width] * config.hidden
-        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(sizes[:-1], sizes[1:], strict=True))
         self.acts = nn.ModuleList(nn.ReLU() for _ in range(config.hidden))
         self.out = nn.Linear(sizes[-1], config.num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         z = x.flatten(1)  # (batch, C·H·W)
-        for layer, act in zip(self.layers, self.acts):
+        for layer, act in zip(self.layers, self.acts, strict=True):
             z = act(layer(z))
         return self.out(z)
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.core.distributed import World
+from lmclab.core.distributed import ALONE, World
 from lmclab.core.spec import Params
 
 
@@ -39,7 +39,7 @@ def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
 
 @torch.no_grad()
 def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
-              batch_size: int = 500, world: World = World()) -> Params:
+              batch_size: int = 500, world: World = ALONE) -> Params:
     """``params`` with every BatchNorm's running statistics recomputed on ``data``. With ``world``
     (data-parallel processes) each process runs every ``world.size``-th batch and the averages over
     batches are combined, weighted by each process's number of batches: the same statistics."""
@@ -68,7 +68,7 @@ def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
 
 
 def bn_repair_hook(model: nn.Module, data: Split, *, num_samples: int | None,
-                   batch_size: int = 500, world: World = World()) -> Callable[[Params], Params]:
+                   batch_size: int = 500, world: World = ALONE) -> Callable[[Params], Params]:
     """The ``repair`` callable for :func:`lmclab.core.interpolation.measure_pair` (fixed subset, seed 0)."""
     subset = repair_subset(data, num_samples)
     return lambda params: repair_bn(model, params, subset, batch_size=batch_size, world=world)

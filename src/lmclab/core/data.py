@@ -32,7 +32,7 @@ class Split:
     def __len__(self) -> int:
         return len(self.y)
 
-    def to(self, device: torch.device | str) -> "Split":
+    def to(self, device: torch.device | str) -> Split:
         return Split(self.x.to(device), self.y.to(device))
 
 
@@ -90,7 +90,7 @@ def _torchvision(cls_name: str) -> Callable[[Path], RawSplits]:
     return load
 
 
-def _open_torchvision(cls: type, root: Path, train: bool):  # noqa: ANN202 (torchvision dataset)
+def _open_torchvision(cls: type, root: Path, train: bool):  # returns a torchvision dataset
     """Open from ``root``; download only if absent; no network -> one-line error."""
     try:
         return cls(str(root), train=train, download=False)
@@ -124,7 +124,7 @@ def _image_folder_split(folder: Path, image_size: int, max_images: int | None) -
     return images, labels[keep]
 
 
-def _rgb(path: str):  # noqa: ANN202 (PIL image)
+def _rgb(path: str):  # returns a PIL image
     from PIL import Image
 
     with Image.open(path) as img:

@@ -66,6 +66,9 @@ class World:
         return nn.parallel.DistributedDataParallel(model)
 
 
+ALONE = World()  # this process alone, no process group: the default ``world`` of the functions that take one
+
+
 def join_world(rank: int, size: int, local_rank: int, device_type: str) -> World:
     """Join the process group torchrun set up (``env://``): one process per device, gloo on CPU, NCCL on GPUs."""
     if device_type not in BACKENDS:

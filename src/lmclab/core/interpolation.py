@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.core.distributed import World, evaluate_sharded
+from lmclab.core.distributed import ALONE, World, evaluate_sharded
 from lmclab.core.merge import interpolate
 from lmclab.core.metrics import barrier, l2_distance, midpoint_barrier, reduction_rate
 from lmclab.core.spec import Params, PermutationSpec
@@ -17,7 +17,7 @@ Repair = Callable[[Params], Params]  # e.g. BatchNorm statistics repair of an in
 
 def interpolation_curve(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
                         lams: Sequence[float], splits: Mapping[str, Split], *,
-                        repair: Repair | None = None, world: World = World()) -> list[dict]:
+                        repair: Repair | None = None, world: World = ALONE) -> list[dict]:
     """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows);
     ``world``: each data-parallel process evaluates its shard of every split (the same numbers)."""
     rows = []
@@ -51,7 +51,7 @@ def barriers_from_curve(rows: Sequence[dict]) -> dict[str, float]:
 def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
                  params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                  lams: Sequence[float], splits: Mapping[str, Split], *,
-                 repair: Repair | None = None, world: World = World()) -> tuple[list[dict], dict[str, float]]:
+                 repair: Repair | None = None, world: World = ALONE) -> tuple[list[dict], dict[str, float]]:
     """Curve between θa and π(θb); barriers; ``‖θa−θb‖``, ``‖θa−π(θb)‖`` and the reduction %."""
     if 0.5 not in lams or 0.0 not in lams or 1.0 not in lams:
         raise ValueError("the λ grid must contain 0, ½ and 1")
@@ -65,7 +65,7 @@ def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
 def measure_pair_with_repair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
                              params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
                              lams: Sequence[float], splits: Mapping[str, Split], *,
-                             repair: Repair | None, world: World = World()) -> tuple[list[dict], dict[str, float]]:
+                             repair: Repair | None, world: World = ALONE) -> tuple[list[dict], dict[str, float]]:
     """:func:`measure_pair` without and, if ``repair`` is given, with BN repair at every λ.
 
     Curve rows carry ``repair`` (bool). With repair, the summary's barriers are the repaired

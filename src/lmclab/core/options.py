@@ -149,4 +149,4 @@ def _plain(annotation: Any) -> Any:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:
         return _plain(args[0])
-    return Union[tuple(_plain(a) for a in args)] if origin in (Union, UnionType) else annotation
+    return Union[*(_plain(a) for a in args)] if origin in (Union, UnionType) else annotation

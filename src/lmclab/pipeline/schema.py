@@ -20,10 +20,10 @@ from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
-from lmclab.train.augment import AUGMENTATIONS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, Positive, one_of
 from lmclab.search import METHODS
+from lmclab.train.augment import AUGMENTATIONS
 from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
 Seed = Annotated[int, Field(ge=0)]
@@ -97,7 +97,8 @@ class Resnet50(Block):
 
 
 class Mixer(Block):
-    patch_size: Count = key(7, "mixer: side of the square patches (must divide the image: 7 → 16 tokens of a 28-pixel digit)")
+    patch_size: Count = key(7, "mixer: side of the square patches "
+                               "(must divide the image: 7 → 16 tokens of a 28-pixel digit)")
     hidden: Count = key(64, "mixer: channels of the residual stream")
     token_mlp: Count = key(32, "mixer: hidden units of each token-mixing MLP")
     channel_mlp: Count = key(128, "mixer: hidden units of each channel-mixing MLP")
@@ -137,7 +138,8 @@ class Train(Block):
     warmup_epochs: Annotated[int, Field(ge=0)] = key(0, "epochs of linear warm-up to train.lr (at most train.epochs)")
     augment: one_of(["auto", *AUGMENTATIONS]) = key("auto", "auto = the paper's choice (cifar10: crop_flip, else none)")
     mixup_alpha: NonNegative = key(0.0, "mixup: inputs and one-hot targets mixed with λ ~ Beta(α, α) (0 = off)")
-    nproc_per_node: Count = key(1, "data-parallel processes per machine (> 1: the stage relaunches itself under torchrun)")
+    nproc_per_node: Count = key(1, "data-parallel processes per machine "
+                                   "(> 1: the stage relaunches itself under torchrun)")
     nnodes: Count = key(1, "machines of one data-parallel run (> 1 needs train.rdzv_endpoint)")
     rdzv_endpoint: Annotated[str, Field(pattern=r"^[\w.-]+:\d+$")] | None = key(
         None, "host:port of torchrun's rendezvous on one of the machines (null: this machine alone)")
@@ -204,14 +206,17 @@ class Measure(Block):
     taylor_splits: Annotated[list[Literal["train", "test"]], Field(min_length=1)] = key(
         ["test"], "splits of the Taylor-approximated barrier (Table 1: test; train adds ~3 s per pair and method)")
     conv_spectrum: one_of(MODES) = key(
-        "reshape", "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, fft = exact circular-conv spectrum")
+        "reshape", "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, "
+                   "fft = exact circular-conv spectrum")
     bn_repair: bool = key(True, "BatchNorm nets: also measure every λ with statistics recomputed on training data")
     bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
-    nproc_per_node: Count = key(1, "data-parallel processes sharding the evaluation of measure and connect and the BN repair (torchrun)")
+    nproc_per_node: Count = key(1, "data-parallel processes sharding the evaluation of measure and connect "
+                                   "and the BN repair (torchrun)")
 
 
 class Three(Block):
-    triples: group(3) = key([[0, 2, 4], [1, 3, 5]], "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa")
+    triples: group(3) = key([[0, 2, 4], [1, 3, 5]],
+                            "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa")
     methods: Methods = key(["wm_sinkhorn", "ste_sinkhorn"],
                            "methods aligning θb and θc to θa (options from permute.<method>; the paper's: "
                            "wm_sinkhorn, ste_sinkhorn)")

@@ -10,8 +10,15 @@ import pandas as pd
 from lmclab.core.atomic import atomic_path
 from lmclab.report.paper import paper_row
 from lmclab.report.plots import label
-from lmclab.report.report_paper import (findings_section, marked, mean_pm, paper_note, table1_paper_line, table2,
-                                 table3_paper_lines)
+from lmclab.report.report_paper import (
+    findings_section,
+    marked,
+    mean_pm,
+    paper_note,
+    table1_paper_line,
+    table2,
+    table3_paper_lines,
+)
 
 
 def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
@@ -24,11 +31,12 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
     for m in methods:
         r = pairs[pairs["method"] == m]
         row = t1[t1["method"] == m].iloc[0] if t1 is not None and m in set(t1["method"]) else None
-        cell = lambda k: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
+        cell = lambda k, row=row: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
         p = "—" if row is None or row["p_value"] != row["p_value"] else (
             f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
         lines.append(f"| {marked(m)} | {mean_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
-                     f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | {mean_pm(r['l2_reduction_pct'], 2)} |")
+                     f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | "
+                     f"{mean_pm(r['l2_reduction_pct'], 2)} |")
     return "\n".join(lines)
 
 
@@ -88,8 +96,9 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
              + r_head, "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
-        cell = lambda e, c, d=3: mean_pm(r.loc[[e], c], d)  # noqa: E731
-        lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | {cell('b-c', 'test_loss_barrier_mid')} | "
+        cell = lambda e, c, d=3, r=r: mean_pm(r.loc[[e], c], d)  # noqa: E731
+        lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
+                     f"{cell('b-c', 'test_loss_barrier_mid')} | "
                      f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
                      f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
@@ -185,7 +194,8 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 
 def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
-    keys = [("cka_a_b", "θa, θb"), ("cka_a_pi_b", "θa, π(θb)"), ("cka_a_mid", "θa, θ(½)"), ("cka_pi_b_mid", "π(θb), θ(½)")]
+    keys = [("cka_a_b", "θa, θb"), ("cka_a_pi_b", "θa, π(θb)"), ("cka_a_mid", "θa, θ(½)"),
+            ("cka_pi_b_mid", "π(θb), θ(½)")]
     rows = [f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
             for m in methods if "cka_a_b" in pairs]
     return f"""
@@ -232,7 +242,9 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 {_stale_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds)}""" + (three_section(edges, evaluation, rel, row) if edges is not None else "")
+{analysis_section(rel, pairs, methods, bounds)}"""
+    if edges is not None:
+        text += three_section(edges, evaluation, rel, row)
     if "cka" in rel:
         text += cka_section(rel["cka"], pairs, methods)
     if "search_curves" in rel:

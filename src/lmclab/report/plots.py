@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from lmclab.core.atomic import atomic_path  # noqa: E402
+from lmclab.core.atomic import atomic_path
 
 # the paper's WM and STE are the Sinkhorn methods (Appendix D.2); wm and ste are the re-basin originals
 METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM (re-basin)", "am": "AM", "ste": "STE (re-basin)",
@@ -60,10 +60,10 @@ def plot_training(history: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Per-epoch train/test loss and accuracy of every trained seed."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for seed, sub in history.groupby("seed"):
-        for ax, q in zip(axes, ("loss", "acc")):
+        for ax, q in zip(axes, ("loss", "acc"), strict=True):
             (line,) = ax.plot(sub["epoch"], sub[f"test_{q}"], label=f"seed {seed} test")
             ax.plot(sub["epoch"], sub[f"train_{q}"], ls="--", color=line.get_color(), alpha=0.6)
-    for ax, q in zip(axes, ("loss", "accuracy")):
+    for ax, q in zip(axes, ("loss", "accuracy"), strict=True):
         ax.set(xlabel="epoch", ylabel=q)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -77,7 +77,7 @@ def plot_search_curves(search_curves: pd.DataFrame, path: Path, *, dpi: int = 12
     panels = (("l2", 1, "‖θa − π(θb)‖"), ("test_loss", 1, "merged test loss"),
               ("test_acc", 100, "merged test accuracy (%)"))
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for ax, (q, scale, name) in zip(axes, panels):
+    for ax, (q, scale, name) in zip(axes, panels, strict=True):
         for method, sub in search_curves.groupby("method", sort=False):
             g = sub.groupby("epoch")[q]
             mean, std = (v * scale for v in mean_std(g))
@@ -108,7 +108,7 @@ def plot_landscape(plane: pd.DataFrame, path: Path, *, dpi: int = 120, quantity:
     sub = plane[plane["triple"] == triple]
     methods = list(dict.fromkeys(sub["method"]))
     fig, axes = plt.subplots(1, len(methods), figsize=(4.3 * len(methods), 3.9), squeeze=False)
-    for ax, method in zip(axes[0], methods):
+    for ax, method in zip(axes[0], methods, strict=True):
         m = sub[sub["method"] == method]
         scale = 100 if quantity == "acc" else 1
         cs = ax.tricontourf(m["x"], m["y"], m[quantity] * scale, levels=20, cmap="viridis")
@@ -126,14 +126,15 @@ def plot_landscape(plane: pd.DataFrame, path: Path, *, dpi: int = 120, quantity:
 def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Test loss and accuracy barriers (max over λ) on each edge a–b, a–c, b–c per method (Table 3),
     and R_0.3 of each edge when present (Figure 5)."""
-    panels = [("test_loss_barrier_max", "test loss barrier"), ("test_acc_barrier_max", "test accuracy barrier (points)")]
+    panels = [("test_loss_barrier_max", "test loss barrier"),
+              ("test_acc_barrier_max", "test accuracy barrier (points)")]
     if "R_0.3" in edges:
         panels.append(("R_0.3", "R_0.3 (alignment)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
     methods = list(dict.fromkeys(edges["method"]))
     edge_names = ["a-b", "a-c", "b-c"]
     width = 0.8 / len(methods)
-    for ax, (col, name) in zip(axes, panels):
+    for ax, (col, name) in zip(axes, panels, strict=True):
         for i, method in enumerate(methods):
             g = edges[edges["method"] == method].groupby("edge")[col]
             mean, std = mean_std(g)
@@ -175,7 +176,7 @@ def _per_layer_lines(frame: pd.DataFrame, column: str, path: Path, *, dpi: int, 
     """One panel per layer, one line per seed of ``frame[column]`` against the singular index."""
     layers = list(dict.fromkeys(frame["layer"]))
     fig, axes = _layer_axes(layers)
-    for ax, layer in zip(axes, layers):
+    for ax, layer in zip(axes, layers, strict=False):  # the grid may hold more axes than layers
         for seed, sub in frame[frame["layer"] == layer].groupby("seed"):
             ax.plot(sub["index"], sub[column], lw=1, label=f"seed {seed}")
         ax.set(title=layer, xlabel=xlabel, ylabel=ylabel, yscale="log")
@@ -198,7 +199,7 @@ def plot_output_scale(output_scale: pd.DataFrame, path: Path, *, dpi: int = 120)
         axes[0].plot(sub["index"], sub["singular_value"], marker=".", label=f"seed {seed}")
         axes[1].plot(sub["index"], sub["adjusted"], marker=".", label=f"seed {seed}: α = {sub['alpha'].iloc[0]:.3f}")
     ref = output_scale["reference_seed"].iloc[0]
-    for ax, title in zip(axes, ("raw", f"α · s, α fitted to seed {ref}")):
+    for ax, title in zip(axes, ("raw", f"α · s, α fitted to seed {ref}"), strict=True):
         ax.set(title=title, xlabel="index i", ylabel="singular value")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -218,7 +219,7 @@ def plot_alignment(pairs: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     which = (("", "θa vs π(θb)"), ("_a_mid", "θa vs midpoint"), ("_b_mid", "π(θb) vs midpoint"))
     methods = list(dict.fromkeys(pairs["method"]))
     fig, axes = plt.subplots(1, len(gammas), figsize=(5 * len(gammas), 3.8), squeeze=False)
-    for ax, gamma in zip(axes[0], gammas):
+    for ax, gamma in zip(axes[0], gammas, strict=True):
         for k, (suffix, name) in enumerate(which):
             g = pairs.groupby("method", sort=False)[f"R_{gamma}{suffix}"]
             mean, std = (v.reindex(methods) for v in mean_std(g))

@@ -9,10 +9,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from lmclab.report.plots import _save, label  # noqa: E402
+from lmclab.report.plots import _save, label
 
 
 def cka_grid(cka: pd.DataFrame, methods: list[str]) -> pd.DataFrame:

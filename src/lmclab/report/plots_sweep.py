@@ -8,10 +8,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from lmclab.report.plots import _save, label  # noqa: E402
+from lmclab.report.plots import _save, label
 
 PANELS = (("B_half", "test B½ (loss)"), ("L2_red", "L2 reduction %"), ("R_0.3", "R_0.3(θa, π(θb))"))
 
@@ -25,7 +25,7 @@ def plot_sweep(table: pd.DataFrame, path: Path, *, param: str, dpi: int = 120) -
     positive = values[values > 0]
     scale = {"value": "log"} if len(positive) == len(values) else {
         "value": "symlog", "linthresh": float(positive.min()) if len(positive) else 1.0}
-    for ax, (q, name) in zip(axes[0], panels):
+    for ax, (q, name) in zip(axes[0], panels, strict=True):
         for method, sub in table.groupby("method", sort=False):
             ax.errorbar(sub["value"], sub[f"{q}_mean"], yerr=sub[f"{q}_std"], marker="o", capsize=3,
                         label=label(method))

@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-
 # what metrics/summary.json reports per method (mean ± std over pairs)
 SUMMARY_KEYS = (
     "train_loss_barrier_mid", "test_loss_barrier_mid", "train_loss_barrier_max", "test_loss_barrier_max",
@@ -73,7 +72,7 @@ def output_scales(spectra: pd.DataFrame) -> pd.DataFrame:
     ref_seed = out["seed"].iloc[0]
     ref = out[out["seed"] == ref_seed]["singular_value"].to_numpy()
     frames = []
-    for seed, sub in out.groupby("seed", sort=False):
+    for _, sub in out.groupby("seed", sort=False):
         alpha = output_scale(ref, sub["singular_value"].to_numpy())
         frames.append(sub.assign(reference_seed=ref_seed, alpha=alpha, adjusted=alpha * sub["singular_value"]))
     return pd.concat(frames, ignore_index=True)
@@ -171,7 +170,8 @@ def merge_many_summary(evaluation: pd.DataFrame, trace: dict) -> dict:
     """Test accuracy/loss of the MergeMany average, naive average, ensemble and mean member."""
     test = evaluation[evaluation["split"] == "test"].set_index("model")
     members = test[test.index.str.startswith("seed")]
-    out = {name: {"test_acc": round(float(test.loc[name, "acc"]), 6), "test_loss": round(float(test.loc[name, "loss"]), 6)}
+    out = {name: {"test_acc": round(float(test.loc[name, "acc"]), 6),
+                  "test_loss": round(float(test.loc[name, "loss"]), 6)}
            for name in ("MergeMany average", "naive average", "ensemble")}
     out["members mean"] = {"test_acc": round(float(members["acc"].mean()), 6),
                            "test_loss": round(float(members["loss"].mean()), 6)}

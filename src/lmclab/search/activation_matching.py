@@ -25,9 +25,9 @@ from torch.func import functional_call
 
 from lmclab.core.data import Split
 from lmclab.core.options import Count, Options, one_of, option, takes
+from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import solve_assignment
-from lmclab.core.spec import PermutationSpec
 
 STATISTICS = ("cross_moment", "pearson")
 

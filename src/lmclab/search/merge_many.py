@@ -17,8 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lmclab.search.weight_matching import weight_matching
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
+from lmclab.search.weight_matching import weight_matching
 
 
 class MergeManyResult(NamedTuple):

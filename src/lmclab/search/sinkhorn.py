@@ -32,8 +32,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmclab.search.weight_matching import solve_assignment
 from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
+from lmclab.search.weight_matching import solve_assignment
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 
@@ -64,7 +64,7 @@ class _Scaling(torch.autograd.Function):
     ``v_t = 1 / (Kᵀ u_{t−1})``, ``u_t = 1 / (K v_t)`` from ``u_0 = 1``; ``S = u_T K v_T``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, n_iter: int) -> Tensor:  # noqa: ANN001 (autograd context)
+    def forward(ctx, x: Tensor, n_iter: int) -> Tensor:  # ctx: the autograd context
         kernel = torch.exp(x - x.detach().amax(dim=(-2, -1), keepdim=True))
         kernel_t = kernel.transpose(-2, -1).contiguous()
         us, vs = [torch.ones(kernel.shape[:-1], dtype=kernel.dtype, device=kernel.device)], []
@@ -75,7 +75,7 @@ class _Scaling(torch.autograd.Function):
         return us[-1].unsqueeze(-1) * kernel * vs[-1].unsqueeze(-2)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         """The adjoint of the iterations: u_t = 1/r_t, r_t = K v_t, v_t = 1/c_t, c_t = Kᵀ u_{t−1}."""
         kernel, kernel_t, us, vs = ctx.saved_tensors  # us: u_0…u_T (…, T+1, n); vs: v_1…v_T (…, T, n)
         grad_k = grad * us[..., -1, :, None] * vs[..., -1, None, :]  # through S = u K v directly
@@ -120,7 +120,7 @@ def soft_permutation(scores: Mapping[str, Tensor], *, tau: float, n_iter: int) -
     soft: dict[str, Tensor] = {}
     for names in by_size.values():
         batch = sinkhorn(torch.stack([scores[g] for g in names]), tau=tau, n_iter=n_iter)
-        soft.update(zip(names, batch.unbind(0)))
+        soft.update(zip(names, batch.unbind(0), strict=True))
     return {g: soft[g] for g in scores}
 
 

@@ -28,10 +28,10 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.options import Count, Fraction, OptionError, Options, Positive, one_of, option, takes
+from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
 from lmclab.search.midpoint import Monitor, check_batch, heldout_loss, midpoint_loss, minibatches, split_holdout
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
-from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 Projector = Callable[[Mapping[str, Tensor], Permutation | None], Permutation]  # (θ̃, previous π) ↦ π

@@ -27,10 +27,10 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.options import Count, NonNegative, Options, Positive, one_of, option, takes
+from lmclab.core.spec import PermutationSpec
 from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
 from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
-from lmclab.core.spec import PermutationSpec
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 PRECISIONS = ("fp32", "bf16")

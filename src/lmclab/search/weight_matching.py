@@ -24,9 +24,17 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from lmclab.core.options import Count, NonNegative, Options, option, takes
+from lmclab.core.spec import (
+    Permutation,
+    PermutationSpec,
+    apply_permutation,
+    axis_index,
+    entry_groups,
+    group_slices,
+    identity_permutation,
+    unit_rows,
+)
 from lmclab.search.result import SearchResult
-from lmclab.core.spec import (Permutation, PermutationSpec, apply_permutation, axis_index, entry_groups, group_slices,
-                         identity_permutation, unit_rows)
 
 
 def _permute_other_axes(spec: PermutationSpec, perm: Mapping[str, Tensor], name: str,

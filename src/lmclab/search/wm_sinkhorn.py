@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 
 from lmclab.core.options import Count, Options, Positive, one_of, option, takes
+from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
 from lmclab.search.result import SearchResult
 from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
 from lmclab.search.weight_matching import matching_objective
-from lmclab.core.spec import Permutation, PermutationSpec
 
 SELECTIONS = ("best", "last")
 

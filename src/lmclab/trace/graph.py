@@ -10,8 +10,19 @@ import torch
 from torch import fx, nn
 
 from lmclab.core.spec import Entry, PermutationSpec, Segment, stats_of
-from lmclab.trace.groups import (CARRY_FUNCTIONS, CARRY_MODULES, FIXED, MERGE_FUNCTIONS, POOL_FUNCTIONS,
-                                 POOL_MODULES, Groups, Layout, Seg, Tag, TraceError)
+from lmclab.trace.groups import (
+    CARRY_FUNCTIONS,
+    CARRY_MODULES,
+    FIXED,
+    MERGE_FUNCTIONS,
+    POOL_FUNCTIONS,
+    POOL_MODULES,
+    Groups,
+    Layout,
+    Seg,
+    Tag,
+    TraceError,
+)
 from lmclab.trace.shapes import ShapeRules
 
 
@@ -81,9 +92,9 @@ class GraphTracer(ShapeRules):
             return a is None and b is None
         a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
         if [s.length for s in a] != [s.length for s in b] or \
-                any(max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b)):
+                any(max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b, strict=True)):
             return False
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             fine, coarse = (x, y) if x.block <= y.block else (y, x)
             gid = fine.gid if fine.block == coarse.block else self.groups.coarsen(fine.gid, coarse.block // fine.block)
             self.groups.union(gid, coarse.gid)
@@ -92,7 +103,7 @@ class GraphTracer(ShapeRules):
     def record(self, name: str, layouts: Sequence[Layout]) -> None:
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
         if name in self.axes:
-            if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts)):
+            if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts, strict=True)):
                 raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
             return
         self.axes[name] = list(layouts)
@@ -219,7 +230,8 @@ class GraphTracer(ShapeRules):
             self.cat(node)
         elif target is torch.mean or method == "mean":
             self.reduce(node, tagged[0])
-        elif target in (torch.transpose, torch.permute, torch.swapaxes) or method in ("transpose", "permute", "swapaxes"):
+        elif (target in (torch.transpose, torch.permute, torch.swapaxes)
+              or method in ("transpose", "permute", "swapaxes")):
             self.move(node, tagged[0])
         elif target is torch.nn.functional.layer_norm:
             self.functional_norm(node, tagged[0])

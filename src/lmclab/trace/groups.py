@@ -12,7 +12,8 @@ import torchvision
 from torch import nn
 
 FIXED = -1  # the union-find root of every group that must not be permuted
-POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)  # windows over the last two axes
+# windows over the last two axes
+POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
 POOL_FUNCTIONS = {torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
                   torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d}
 CARRY_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid,

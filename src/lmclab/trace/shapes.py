@@ -89,7 +89,7 @@ class ShapeRules:
         """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand."""
         if all(lay is None for lay in lays):
             return None
-        return tuple(seg for a, lay in zip(tensors, lays) for seg in (
+        return tuple(seg for a, lay in zip(tensors, lays, strict=True) for seg in (
             lay if lay is not None else (Seg(self.groups.union(self.groups.new(), FIXED), self.shape(a)[dim]),)))
 
     def reduce(self, node: fx.Node, t_in: Tag) -> None:
@@ -105,7 +105,8 @@ class ShapeRules:
     def functional_norm(self, node: fx.Node, t_in: Tag) -> None:
         """``F.layer_norm(x, (last,), weight, bias)`` (torchvision's LayerNorm2d): as the module, its
         ``weight``/``bias`` parameters take the layout of the last axis."""
-        args = dict(zip(("input", "normalized_shape", "weight", "bias"), node.args)) | node.kwargs
+        positional = zip(("input", "normalized_shape", "weight", "bias"), node.args, strict=False)  # args may be fewer
+        args = dict(positional) | node.kwargs
         ndim, k = len(self.shape(node)), len(args["normalized_shape"])
         if k > 1 and any(a >= ndim - k for a in self.live(t_in)):
             return self.refuse(node, "a LayerNorm over more than the permuted feature axis")

@@ -18,15 +18,15 @@ from tqdm import tqdm
 
 from lmclab.analysis.collapse import neural_collapse
 from lmclab.archs import build_model, get_arch
-from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
-from lmclab.core.distributed import World, evaluate_sharded
-
+from lmclab.core.distributed import ALONE, World, evaluate_sharded
+from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 PRECISIONS = ("fp32", "bf16")
+CPU = torch.device("cpu")  # the default device of train()
 AUGMENT_STREAM = 2**32  # the augmentation generator is seeded with seed + this: its own stream
 
 
@@ -80,7 +80,7 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
           epochs: int, lr: float = 1e-3, batch_size: int = 512, optimizer: str = "adam",
           momentum: float = 0.9, weight_decay: float = 0.0, schedule: str = "constant",
           warmup_epochs: int = 0, augment: str = "none", mixup_alpha: float = 0.0, precision: str = "fp32",
-          device: torch.device = torch.device("cpu"), world: World = World(), progress: bool = False
+          device: torch.device = CPU, world: World = ALONE, progress: bool = False
           ) -> tuple[Checkpoint, list[dict[str, float]]]:
     """Train with cross-entropy; return the checkpoint and one history row per epoch.
 
