@@ -20,14 +20,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-
 from dvc_repo import TINY, deep_update, make_repo, run
-from lmclab.archs import build_model, get_arch, make_config
-from lmclab.core.bn_repair import bn_repair_hook, repair_bn
-from lmclab.archs.checkpoint import load_checkpoint
-from lmclab.core.data import Split
+
 from lmclab.analysis.landscape import landscape, plane_grid
-from lmclab.core.distributed import World, join_world, leave_world, torchrun_command
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.bn_repair import bn_repair_hook, repair_bn
+from lmclab.core.data import Split
+from lmclab.core.distributed import ALONE, World, join_world, leave_world, torchrun_command
 from lmclab.core.interpolation import measure_pair_with_repair
 from lmclab.core.metrics import lambda_grid
 from lmclab.pipeline.validate import ParamsError, check_params
@@ -168,7 +168,7 @@ def test_each_shards_scaled_loss_gives_ddp_the_global_batchs_mean_gradient():
     loss = F.cross_entropy(template(data.x[idx]), data.y[idx])
     expected = torch.autograd.grad(loss, list(template.parameters()))
     assert (n0, n1) == (32, 31)
-    for a, b, want in zip(g0, g1, expected):
+    for a, b, want in zip(g0, g1, expected, strict=True):
         torch.testing.assert_close((a + b) / 2, want, rtol=1e-12, atol=1e-14)
     assert s0 + s1 == pytest.approx(loss.item() * 63, rel=1e-12)
 
@@ -205,7 +205,7 @@ def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> Non
     leave_world(world)
 
 
-def plane_of(model, spec, params_a, params_b, data, world=World()):  # noqa: ANN001, ANN201
+def plane_of(model, spec, params_a, params_b, data, world=ALONE):  # noqa: ANN001, ANN201
     params_c = {k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
                     if v.is_floating_point() else v) for k, v in params_b.items()}
     return landscape(model, params_a, params_b, params_c, plane_grid(2, 0.1), data,
@@ -222,7 +222,8 @@ def bn_pair():
 @pytest.mark.slow
 def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_path: Path, splits):
     """Two gloo processes: each evaluates its rows at every λ and repairs BN on every other batch."""
-    data = Split(splits["test"].x[:175], splits["test"].y[:175])  # repair batches of 40: 3 on one process, 2 on the other
+    # repair batches of 40: 3 on one process, 2 on the other
+    data = Split(splits["test"].x[:175], splits["test"].y[:175])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -233,14 +234,14 @@ def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_
     expected, expected_summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b,
                                                           lambda_grid(5), {"test": data}, repair=repair)
     assert [(r["lam"], r["repair"]) for r in curve] == [(r["lam"], r["repair"]) for r in expected]
-    for got, want in zip(curve, expected):
+    for got, want in zip(curve, expected, strict=True):
         assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
     assert summary["test_loss_barrier_mid"] == pytest.approx(expected_summary["test_loss_barrier_mid"], rel=1e-5)
-    assert any(r["loss"] != w["loss"] for r, w in zip(curve, expected) if r["repair"])  # another summation
+    assert any(r["loss"] != w["loss"] for r, w in zip(curve, expected, strict=True) if r["repair"])  # another summation
     whole = plane_of(model, spec, params_a, params_b, data)  # connect's landscape
-    for got, want in zip(plane, whole):
+    for got, want in zip(plane, whole, strict=True):
         assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
-    assert any(got["loss"] != want["loss"] for got, want in zip(plane, whole))  # summed in two shards
+    assert any(got["loss"] != want["loss"] for got, want in zip(plane, whole, strict=True))  # summed in two shards
 
 
 @pytest.mark.slow
@@ -265,11 +266,12 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
         assert one["bn_repair"] and two["bn_repair"]
         for key in ("test_loss_barrier_mid", "test_acc_barrier_max", "train_loss_barrier_mid", "l2_after"):
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
-    out = run(repo, sys.executable, "stages/connect.py", "--method", "wm", "--seeds", "0,1,2", "--models", "data/models",
-              "--data", "data/prepared", "--out", str(tmp_path / "three"), "--params", str(tmp_path / "two.yaml"))
+    out = run(repo, sys.executable, "stages/connect.py", "--method", "wm", "--seeds", "0,1,2",
+              "--models", "data/models", "--data", "data/prepared", "--out", str(tmp_path / "three"),
+              "--params", str(tmp_path / "two.yaml"))
     one = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())["edges"]
     two = json.loads((tmp_path / "three" / "edges.json").read_text())["edges"]
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         assert b["test_loss_barrier_max"] == pytest.approx(a["test_loss_barrier_max"], rel=1e-5, abs=1e-6)
     landscape_one = pd.read_parquet(repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "landscape.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "three" / "landscape.parquet"), landscape_one, rtol=1e-5)

@@ -6,8 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmclab.analysis.findings import (by_pair, energy_concentrates, p_greater, paper_findings, roles,
-                                      spectra_coincide, taylor_misses, three_models, wm_aligns, wm_small_l2)
+from lmclab.analysis.findings import (
+    by_pair,
+    energy_concentrates,
+    p_greater,
+    paper_findings,
+    roles,
+    spectra_coincide,
+    taylor_misses,
+    three_models,
+    wm_aligns,
+    wm_small_l2,
+)
 from lmclab.report.paper import TABLE1, paper_row
 from lmclab.report.report_paper import findings_section, marked, table2, table3_paper_lines
 
@@ -99,7 +109,7 @@ def test_energy_concentrates_on_large_singular_values_except_the_first_layer():
                 # the first layer's input is the image, not a hidden layer: it never counts
                 energy = s[::-1] if layer == "layers.0.weight" or not rising else s
                 rows += [{"seed": seed, "layer": layer, "index": i, "singular_value": v, "energy": e}
-                         for i, (v, e) in enumerate(zip(s, energy))]
+                         for i, (v, e) in enumerate(zip(s, energy, strict=True))]
         return pd.DataFrame(rows)
 
     assert energy_concentrates(table(rising=True), 0.05).holds
@@ -109,7 +119,7 @@ def test_energy_concentrates_on_large_singular_values_except_the_first_layer():
 def edges_table(wm_bc: list[float], ste_bc: list[float]) -> pd.DataFrame:
     rows = []
     for m, values in (("wm_sinkhorn", wm_bc), ("ste_sinkhorn", ste_bc)):
-        for t, v in zip(("seed0-seed2-seed4", "seed1-seed3-seed5"), values):
+        for t, v in zip(("seed0-seed2-seed4", "seed1-seed3-seed5"), values, strict=True):
             rows.append({"triple": t, "method": m, "edge": "b-c", "test_loss_barrier_max": v,
                          "test_acc_barrier_max": 10 * v})
     return pd.DataFrame(rows)

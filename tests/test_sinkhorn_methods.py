@@ -7,18 +7,24 @@ import math
 
 import pytest
 import torch
-
 from conftest import random_params
+
 from lmclab.archs import get_arch, make_config
 from lmclab.core.data import Split
+from lmclab.core.spec import apply_permutation, build_spec, dense, invert, random_permutation
 from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
 from lmclab.search.midpoint import midpoint_loss, minibatches
-from lmclab.search.sinkhorn import (log_sinkhorn, scaling_max_range, scaling_sinkhorn, sinkhorn,
-                                    soft_apply, soft_permutation)
+from lmclab.search.sinkhorn import (
+    log_sinkhorn,
+    scaling_max_range,
+    scaling_sinkhorn,
+    sinkhorn,
+    soft_apply,
+    soft_permutation,
+)
 from lmclab.search.weight_matching import matching_objective
 from lmclab.search.wm_sinkhorn import distance_loss, wm_sinkhorn
-from lmclab.core.spec import apply_permutation, build_spec, dense, invert, random_permutation
 
 MLP = get_arch("mlp")
 

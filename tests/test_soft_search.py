@@ -316,9 +316,9 @@ def test_ste_refuses_to_hold_out_the_whole_training_split() -> None:
     refusal = r"^holdout must be a number in \[0, 1\), got 1\.0$"  # the library names its argument
     with pytest.raises(ValueError, match=refusal):
         check_method("ste", {"holdout": 1.0})
-    with pytest.raises(ValueError, match=r"^permute\.ste\.holdout must be a number in \[0, 1\), got 1\.0$"):
-        with search_errors("ste"):  # the stage's rendering, under the params.yaml key
-            check_method("ste", {"holdout": 1.0})
+    keyed = r"^permute\.ste\.holdout must be a number in \[0, 1\), got 1\.0$"  # the stage's rendering
+    with pytest.raises(ValueError, match=keyed), search_errors("ste"):
+        check_method("ste", {"holdout": 1.0})
     spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
     net = nn.Sequential(OrderedDict(l0=nn.Linear(6, 4), relu=nn.ReLU(), l1=nn.Linear(4, 3)))
     data = Split(torch.zeros(40, 6), torch.zeros(40, dtype=torch.long))  # refused before it is read

@@ -3,7 +3,8 @@ lmclab command"): trains two seeds of ``torchvision.models:resnet18`` on the 5,0
 (channels repeated to 3, as ``model.arch: traced`` does), saves each as a PLAIN state dict, then in a
 private temporary folder outside the repository runs
 
-    lmclab match a.pt b.pt --method wm --factory torchvision.models:resnet18 --kwargs '{"num_classes": 10}' --input-shape 3,28,28 --out perm.pt
+    lmclab match a.pt b.pt --method wm --factory torchvision.models:resnet18 --kwargs '{"num_classes": 10}' \\
+        --input-shape 3,28,28 --out perm.pt
     lmclab barrier a.pt b.pt [--perm perm.pt] --data digits --in-channels 3 --repair …
 
 and writes the commands, what they printed and the barriers to ``reports/cli_demo.json``, then the
@@ -54,7 +55,8 @@ def _train(work: Path, seeds: tuple[int, int], epochs: int) -> dict:
 
 def _run(work: Path, *args: str) -> dict:
     script = Path(sys.executable).parent / "lmclab"  # the installed command (`make setup`)
-    command = [str(script) if script.is_file() else sys.executable, *([] if script.is_file() else ["-m", "lmclab"]), *args]
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "lmclab"]
+    command = [*command, *args]
     proc = subprocess.run(command, cwd=work, capture_output=True, text=True, check=True)
     return {"command": "lmclab " + shlex.join(args), "printed": proc.stdout.strip()}
 
@@ -106,7 +108,8 @@ def main(epochs: int = 5, readme_only: bool = False) -> None:
                     _run(work, "barrier", "a.pt", "b.pt", "--perm", "perm.pt", *FACTORY, *shape, *common,
                          "--json", "aligned.json")]
             barriers = {k: json.loads((work / f"{k}.json").read_text())["barriers"] for k in ("naive", "aligned")}
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        rev = ["git", "rev-parse", "--short", "HEAD"]
+        commit = subprocess.run(rev, cwd=ROOT, capture_output=True, text=True).stdout.strip()
         OUT.write_text(json.dumps({"epochs": epochs, "endpoint_acc": accs, "runs": runs, "barriers": barriers,
                                    "commit": commit, "machine": _machine()}, indent=2) + "\n")
     write_readme()

@@ -19,8 +19,9 @@ from typing import Any
 
 STARTED_BY = os.getppid()  # read first: if this starter (dvc) is gone by run_warm, the stage must not run
 
-from lmclab.runtime.lifetime import die_with_parent  # standard library only: no heavy import here
-from lmclab.runtime.warmstart import enabled, run_script
+# after STARTED_BY on purpose; standard library only: no heavy import here
+from lmclab.runtime.lifetime import die_with_parent  # noqa: E402 (STARTED_BY is read first, see above)
+from lmclab.runtime.warmstart import enabled, run_script  # noqa: E402
 
 DVC_YAML = "dvc.yaml"  # named in errors; each stage script passes its own repository's file
 PLACEHOLDER = re.compile(r"\$\{\s*([\w.]+)\s*\}")

@@ -28,6 +28,7 @@ elsewhere stages simply run in place. This module imports only the standard libr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -151,10 +152,8 @@ def _follow(conn: socket.socket) -> int:
 
 
 def _kill(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _umask() -> int:
@@ -183,10 +182,8 @@ def serve(path: str) -> None:
             listener.bind(path)
         listener.listen(64)
         for module in PRELOAD:  # clients already queue on the socket meanwhile
-            try:
+            with contextlib.suppress(Exception):  # a missing optional module is imported by the stage itself
                 importlib.import_module(module)
-            except Exception:  # noqa: BLE001 (a missing optional module is imported by the stage itself)
-                pass
         _accept(listener, lock)
     finally:
         sock_path.unlink(missing_ok=True)
@@ -310,10 +307,8 @@ def _worker(request: dict, fds: list[int]) -> NoReturn:
         code = _run(request["script"])
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed pipe: nothing left to report
                 stream.flush()
-            except Exception:  # noqa: BLE001, S110 (a closed pipe: nothing left to report)
-                pass
         os._exit(code)
 
 
