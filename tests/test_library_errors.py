@@ -193,8 +193,26 @@ def test_validate_reports_a_traced_factory_under_its_key() -> None:
      "error: measure.conv_spectrum must be one of ['reshape', 'fft'], got 'exact'"),
 ])
 def test_a_stage_prints_the_keyed_line(tmp_path: Path, stage: str, params: dict, line: str) -> None:
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    args = ["--out", str(tmp_path / "out"), "--params", str(tmp_path / "params.yaml")]
+    args = ["--out", str(tmp_path / "out")]
     args += ["--models", str(tmp_path), "--data", str(tmp_path)] if stage == "spectra" else []
-    res = CliRunner().invoke(importlib.import_module(stage).app, args)
-    assert res.exit_code == 1 and res.output.strip().splitlines()[-1] == line, res.output
+    assert _last_line(tmp_path, stage, params, args) == line
+
+
+@pytest.mark.parametrize(("changes", "line"), [
+    ({"train__batch_size": 100_000},
+     "error: train.batch_size must be between 1 and the 800 training samples, got 100000"),
+    ({"model__arch": "traced", "model__traced__factory": "nope"},
+     "error: model.traced.factory: expected 'module:callable', got 'nope'"),
+])
+def test_the_train_stage_prints_the_keyed_line(prepared: Path, tmp_path: Path, changes: dict, line: str) -> None:
+    args = ["--seed", "0", "--data", str(prepared), "--out", str(tmp_path / "seed0.pt"),
+            "--history", str(tmp_path / "seed0.parquet")]
+    assert _last_line(tmp_path, "train", _params(**changes), args) == line
+
+
+def _last_line(tmp_path: Path, stage: str, params: dict, args: list[str]) -> str:
+    """The last line ``stage`` prints when run on ``params`` with ``args``; it must fail."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    res = CliRunner().invoke(importlib.import_module(stage).app, [*args, "--params", str(tmp_path / "params.yaml")])
+    assert res.exit_code == 1, res.output
+    return res.output.strip().splitlines()[-1]
