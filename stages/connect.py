@@ -10,14 +10,25 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, run_warm, search_errors, stage_params
+from lmclab.pipeline.stage import (
+    one_line_errors,
+    params_errors,
+    run_warm,
+    search_errors,
+    search_key,
+    stage_params,
+    under,
+)
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
+# the params.yaml key of each argument the library's errors name
+KEYS = {**under("three", "resolution", "margin"), **under("measure", "num_lambdas", gamma="gammas")}
 
 
 @app.command()
 @one_line_errors
+@params_errors(KEYS)  # the library's errors, under their params.yaml keys
 def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a,b,c"),
          models: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
@@ -47,7 +58,7 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
-    with search_errors(method):
+    with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
         result = connect_triple(
             method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
     leave_world(world)

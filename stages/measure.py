@@ -15,14 +15,17 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
+from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, show_progress, stage_params, under
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
+# the params.yaml key of each argument the library's errors name
+KEYS = under("measure", "num_lambdas", mode="conv_spectrum", num_samples="bn_repair_samples", gamma="gammas")
 
 
 @app.command()
 @one_line_errors
+@params_errors(KEYS)  # the library's errors, under their params.yaml keys
 def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
          model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
          merged: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),

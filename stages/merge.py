@@ -12,13 +12,16 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
+from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
+# the params.yaml key of each argument the library's errors name
+KEYS = {"num_samples": "measure.bn_repair_samples"}
 
 
 @app.command()
 @one_line_errors
+@params_errors(KEYS)  # the library's errors, under their params.yaml keys
 def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
          perms: Path = typer.Option(...), data: Path = typer.Option(...),
          out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:

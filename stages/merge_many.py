@@ -10,13 +10,16 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
+from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params, under
 
 app = typer.Typer(add_completion=False)
+# the params.yaml key of each argument the library's errors name
+KEYS = under("merge_many", "max_iter", "tol", params="seeds")
 
 
 @app.command()
 @one_line_errors
+@params_errors(KEYS)  # the library's errors, under their params.yaml keys
 def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
          params: Path = Path("params.yaml")) -> None:
     import pandas as pd

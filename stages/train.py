@@ -12,17 +12,28 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, run_warm, show_progress, stage_params
+from lmclab.pipeline.stage import (
+    model_key,
+    one_line_errors,
+    params_errors,
+    run_warm,
+    show_progress,
+    stage_params,
+    under,
+)
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
 TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
               "warmup_epochs", "augment", "precision", "mixup_alpha")
 LAUNCH_KEYS = ("nproc_per_node", "nnodes", "rdzv_endpoint")
+# the params.yaml key of each argument the library's errors name (the architecture's: model_key)
+KEYS = under("train", *TRAIN_KEYS, *LAUNCH_KEYS, alpha="mixup_alpha")
 
 
 @app.command()
 @one_line_errors
+@params_errors(KEYS)  # the library's errors, under their params.yaml keys
 def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
          history: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
     import pandas as pd
@@ -48,9 +59,10 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     world = join_torchrun(device)
     meta = load_meta(data)
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
-    config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
-    ckpt, rows = train(arch, config, seed, load_split(data, "train"), load_split(data, "test"),
-                       device=world.device, world=world, progress=show_progress(), **opts)
+    with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
+        config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
+        ckpt, rows = train(arch, config, seed, load_split(data, "train"), load_split(data, "test"),
+                           device=world.device, world=world, progress=show_progress(), **opts)
     if world.is_main:  # one writer
         save_checkpoint(out, ckpt)
         with atomic_path(history) as tmp:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from download import KEYS as DOWNLOAD_KEYS
 from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
 
 from lmclab.core.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
+from lmclab.pipeline.stage import params_key
 
 
 def test_mnist5k_is_a_fixed_stratified_4000_1000_split(tmp_path) -> None:
@@ -52,16 +54,17 @@ def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, 
     from torchvision.datasets import MNIST
 
     monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])  # nothing listens there: no network
-    with pytest.raises(DataUnavailableError, match=r"^data.name: MNIST is not under .* could not be downloaded") as err:
+    with pytest.raises(DataUnavailableError, match=r"^name: MNIST is not under .* could not be downloaded") as err:
         prepare("mnist", tmp_path / "raw", tmp_path / "prep")
     assert "\n" not in str(err.value)
+    assert err.value.keyed(params_key(DOWNLOAD_KEYS)).startswith("data.name: MNIST is not under")  # as dvc says it
     assert not (tmp_path / "prep").exists()
 
 
 def test_bad_data_parameters(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"^data.name: unknown data set 'svhn'"):
+    with pytest.raises(ValueError, match=r"^name: unknown data set 'svhn'"):
         prepare("svhn", tmp_path, tmp_path / "prep")
-    with pytest.raises(ValueError, match=r"^data.max_train must be a positive"):
+    with pytest.raises(ValueError, match=r"^max_train must be a positive"):
         prepare("mnist5k", tmp_path, tmp_path / "prep", max_train=0)
     with pytest.raises(FileNotFoundError, match="no prepared data set"):
         load_meta(tmp_path / "nothing")

@@ -83,7 +83,7 @@ def test_the_launcher_runs_standalone_on_one_machine_and_rendezvous_across_sever
                       "stages/train.py", "--seed", "0"]
     multi = torchrun_command("py", "s.py", [], nproc_per_node=8, nnodes=2, rdzv_endpoint="node0:29400", run_id="r")
     assert "--nnodes=2" in multi and "--rdzv-endpoint=node0:29400" in multi and "--rdzv-backend=c10d" in multi
-    with pytest.raises(ValueError, match="train.rdzv_endpoint"):
+    with pytest.raises(ValueError, match="^rdzv_endpoint: 2 machines"):
         torchrun_command("py", "s.py", [], nproc_per_node=8, nnodes=2, rdzv_endpoint=None, run_id="r")
 
 

@@ -19,7 +19,7 @@ from lmclab.core.spec import build_spec, dense, identity_permutation
 def test_lambda_grid_contains_endpoints_and_half() -> None:
     assert lambda_grid(25)[0] == 0.0 and lambda_grid(25)[-1] == 1.0 and 0.5 in lambda_grid(25)
     assert len(lambda_grid(25)) == 25 and len(lambda_grid(4)) == 5 and 0.5 in lambda_grid(4)
-    with pytest.raises(ValueError, match="measure.num_lambdas"):
+    with pytest.raises(ValueError, match="^num_lambdas must be at least 2"):
         lambda_grid(1)
 
 

@@ -103,3 +103,12 @@ def test_the_command_line_check_refuses_an_unlisted_input() -> None:
     listed = _listed(stage, "deps") + _listed(stage, "outs")
     assert [p for p in _command_paths(stage["cmd"]) if not covered(p, listed)] == ["data/prepared"]
     assert re.fullmatch(r"data/\w+", "data/prepared")
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_a_stage_puts_its_repository_first_before_importing_lmclab(name: str) -> None:
+    """``stages/_repo_src.py`` must run before any lmclab import, or the stage may run other code than
+    its deps name (an installed lmclab of another checkout)."""
+    lines = (ROOT / stage_script(STAGES[name]["cmd"])).read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if re.match(r"(from|import) lmclab\b", line))
+    assert any(re.match(r"from _repo_src import|import _repo_src", line) for line in lines[:first]), name

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lmclab.core.options import OptionError, got
 from lmclab.core.spec import PermutationSpec
 
 MODES = ("reshape", "fft")
@@ -39,7 +40,7 @@ class Factors(NamedTuple):
 
 def check_mode(mode: str) -> None:
     if mode not in MODES:
-        raise ValueError(f"measure.conv_spectrum must be one of {list(MODES)}, got {mode!r}")
+        raise OptionError(f"{{mode}} must be one of {got(list(MODES))}, got {got(mode)}")
 
 
 def layer_names(spec: PermutationSpec, params: Mapping[str, Tensor]) -> list[str]:
@@ -109,7 +110,7 @@ def alignment_r(factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factor
     layers of that model. ``factors_b`` must be of the aligned model π(θb). Complex factors use
     ``Re Σ (u^aᴴu^b)(v^bᴴv^a)``, the Frobenius product of the two operators' ``U Vᴴ``."""
     if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"measure.gammas: γ must lie in [0, 1], got {gamma}")
+        raise OptionError(f"{{gamma}}: γ must lie in [0, 1], got {gamma}")
     top_a = max(float(f.S.max()) for f in factors_a.values())
     top_b = max(float(f.S.max()) for f in factors_b.values())
     numerator, denominator = 0.0, 0

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World, evaluate_sharded
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Params
 
 Repair = Callable[[Params], Params]
@@ -24,9 +25,9 @@ Repair = Callable[[Params], Params]
 def plane_grid(resolution: int, margin: float) -> list[float]:
     """Coordinates ``linspace(−margin, 1 + margin, resolution)`` plus 0 and 1 exactly."""
     if resolution < 2:
-        raise ValueError(f"three.resolution must be at least 2 points per axis, got {resolution}")
+        raise OptionError(f"{{resolution}} must be at least 2 points per axis, got {resolution}")
     if margin < 0:
-        raise ValueError(f"three.margin must be non-negative, got {margin}")
+        raise OptionError(f"{{margin}} must be non-negative, got {margin}")
     return sorted(set(np.linspace(-margin, 1 + margin, resolution).round(12).tolist()) | {0.0, 1.0})
 
 

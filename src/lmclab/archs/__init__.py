@@ -13,16 +13,17 @@ import torch
 from torch import nn
 
 from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
+from lmclab.core.options import OptionError, got
 
 ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50,
                                "traced": traced, "mixer": mixer}
 
 
-def get_arch(name: str) -> ModuleType:
-    """The architecture module called ``name``; one-line error naming ``model.arch`` otherwise."""
-    if name not in ARCHS:
-        raise ValueError(f"model.arch: unknown architecture {name!r}; expected one of {sorted(ARCHS)}")
-    return ARCHS[name]
+def get_arch(arch: str) -> ModuleType:
+    """The architecture module called ``arch``; a one-line :class:`OptionError` naming ``arch`` otherwise."""
+    if arch not in ARCHS:
+        raise OptionError(f"{{arch}}: unknown architecture {got(arch)}; expected one of {got(sorted(ARCHS))}")
+    return ARCHS[arch]
 
 
 def make_config(arch: str, **fields: Any) -> Any:

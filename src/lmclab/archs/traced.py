@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.options import OptionError, escaped, got
 from lmclab.core.spec import PermutationSpec
 
 
@@ -44,22 +45,22 @@ class Config:
                                                         for k, v in items)))
         load_factory(self.factory)
         if self.in_channels is not None and self.in_channels % self.input_shape[0]:
-            raise ValueError(f"model.traced.in_channels: {self.in_channels} is not a multiple of the data's "
-                             f"{self.input_shape[0]} channel(s)")
+            raise OptionError(f"{{in_channels}}: {self.in_channels} is not a multiple of the data's "
+                              f"{self.input_shape[0]} channel(s)")
 
 
-def load_factory(path: str) -> Callable[..., nn.Module]:
-    """``module:callable`` imported; one-line error naming ``model.traced.factory`` otherwise."""
-    module_name, _, attr = path.partition(":")
+def load_factory(factory: str) -> Callable[..., nn.Module]:
+    """``module:callable`` imported; a one-line :class:`OptionError` naming ``factory`` otherwise."""
+    module_name, _, attr = factory.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"model.traced.factory: expected 'module:callable', got {path!r}")
+        raise OptionError(f"{{factory}}: expected 'module:callable', got {got(factory)}")
     try:
-        factory = getattr(_import(module_name), attr)
+        built = getattr(_import(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"model.traced.factory: cannot import {path!r} ({exc})") from None
-    if not callable(factory):
-        raise ValueError(f"model.traced.factory: {path!r} is not callable")
-    return factory
+        raise OptionError(f"{{factory}}: cannot import {got(factory)} ({escaped(exc)})") from None
+    if not callable(built):
+        raise OptionError(f"{{factory}}: {got(factory)} is not callable")
+    return built
 
 
 def _import(module_name: str) -> ModuleType:
@@ -92,10 +93,11 @@ class Model(nn.Module):
         try:
             self.net = factory(**kwargs)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"model.traced: {config.factory}(**{kwargs}) failed: {exc}") from None
+            raise OptionError(f"{{config}}: {escaped(config.factory)}(**{escaped(kwargs)}) "
+                              f"failed: {escaped(exc)}") from None
         if not isinstance(self.net, nn.Module):
-            raise ValueError(f"model.traced.factory: {config.factory!r} returned {type(self.net).__name__}, "
-                             "not an nn.Module")
+            raise OptionError(f"{{factory}}: {got(config.factory)} returned {type(self.net).__name__}, "
+                              "not an nn.Module")
         self.repeat = (config.in_channels or config.input_shape[0]) // config.input_shape[0]
 
     def forward(self, x: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Params
 
 
@@ -29,8 +30,8 @@ def has_batchnorm(model: nn.Module) -> bool:
 def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
     """A fixed random subset of ``num_samples`` training images (all of them for ``None``)."""
     if num_samples is not None and num_samples < 1:
-        raise ValueError(f"measure.bn_repair_samples must be a positive number of images or null, "
-                         f"got {num_samples}")
+        raise OptionError(f"{{num_samples}} must be a positive number of images or null, "
+                          f"got {num_samples}")
     if num_samples is None or num_samples >= len(data):
         return data
     keep = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:num_samples]

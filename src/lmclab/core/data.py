@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lmclab.core.options import OptionError, escaped, got
+
 SPLIT_SEED = 0  # fixed: the mnist5k split and subsets are part of the data set's definition
 
 
@@ -36,8 +38,12 @@ class Split:
         return Split(self.x.to(device), self.y.to(device))
 
 
-class DataUnavailableError(RuntimeError):
+class DataUnavailableError(OptionError, RuntimeError):
     """A torchvision data set is neither on disk nor downloadable."""
+
+
+class FolderNotFoundError(OptionError, FileNotFoundError):
+    """A local data set's folder is missing."""
 
 
 RawSplits = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # images uint8 NCHW, labels
@@ -101,8 +107,8 @@ def _open_torchvision(cls: type, root: Path, train: bool):  # returns a torchvis
     except Exception as exc:  # urllib/HTTP/socket errors and torchvision's own RuntimeError
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataUnavailableError(
-            f"data.name: {cls.__name__} is not under {root} and could not be downloaded "
-            f"(no network? {reason})") from None
+            f"{{name}}: {cls.__name__} is not under {escaped(root)} and could not be downloaded "
+            f"(no network? {escaped(reason)})") from None
 
 
 def _image_folder_split(folder: Path, image_size: int, max_images: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -112,8 +118,8 @@ def _image_folder_split(folder: Path, image_size: int, max_images: int | None) -
     from torchvision import transforms
 
     if not folder.is_dir():
-        raise FileNotFoundError(f"data.root: {folder} is not a directory (expected an ImageFolder "
-                                f"layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)")
+        raise FolderNotFoundError(f"{{root}}: {escaped(folder)} is not a directory (expected an ImageFolder "
+                                  f"layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)")
     ds = torchvision.datasets.ImageFolder(str(folder), transform=transforms.Compose([
         transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.PILToTensor()]),
         loader=lambda path: _rgb(path))
@@ -151,8 +157,8 @@ LOADERS: dict[str, Callable[[Path], RawSplits]] = {
 
 def check_name(name: str) -> None:
     if name not in LOADERS and name not in FOLDER_LOADERS:
-        raise ValueError(f"data.name: unknown data set {name!r}; "
-                         f"expected one of {sorted([*LOADERS, *FOLDER_LOADERS])}")
+        raise OptionError(f"{{name}}: unknown data set {got(name)}; "
+                          f"expected one of {got(sorted([*LOADERS, *FOLDER_LOADERS]))}")
 
 
 def prepare(name: str, root: Path, out_dir: Path, *, max_train: int | None = None,
@@ -162,11 +168,11 @@ def prepare(name: str, root: Path, out_dir: Path, *, max_train: int | None = Non
     ``max_train``/``max_test`` keep a fixed class-stratified subset; ``image_size`` is the side
     of ImageNet images (others keep their size). Returns the metadata written to ``meta.json``."""
     check_name(name)
-    for key, value in (("data.max_train", max_train), ("data.max_test", max_test)):
+    for key, value in (("max_train", max_train), ("max_test", max_test)):
         if value is not None and value < 1:
-            raise ValueError(f"{key} must be a positive number of samples or null, got {value}")
+            raise OptionError(f"{{{key}}} must be a positive number of samples or null, got {value}")
     if not isinstance(image_size, int) or image_size < 28:
-        raise ValueError(f"data.image_size must be an integer of at least 28 pixels, got {image_size!r}")
+        raise OptionError(f"{{image_size}} must be an integer of at least 28 pixels, got {got(image_size)}")
     if name in FOLDER_LOADERS:
         x_tr, y_tr, x_te, y_te = FOLDER_LOADERS[name](Path(root), image_size=image_size,
                                                       max_train=max_train, max_test=max_test)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.evaluate import Evaluation, evaluate
+from lmclab.core.options import OptionError, got
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 
@@ -108,7 +109,8 @@ def torchrun_command(python: str, script: str, args: list[str], *, nproc_per_nod
     """The torchrun command running ``script args`` in ``nproc_per_node`` processes on each of ``nnodes``
     machines: ``--standalone`` on one machine, a c10d rendezvous at ``rdzv_endpoint`` across several."""
     if nnodes > 1 and not rdzv_endpoint:
-        raise ValueError(f"train.rdzv_endpoint: {nnodes} machines need the rendezvous host:port, got {rdzv_endpoint!r}")
+        raise OptionError(f"{{rdzv_endpoint}}: {nnodes} machines need the rendezvous host:port, "
+                          f"got {got(rdzv_endpoint)}")
     where = (["--standalone"] if nnodes == 1 else
              [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"])
     return [python, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc_per_node}", script, *args]

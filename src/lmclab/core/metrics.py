@@ -8,13 +8,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torch import Tensor
 
+from lmclab.core.options import OptionError
 from lmclab.core.spec import PermutationSpec
 
 
 def lambda_grid(num_lambdas: int) -> list[float]:
     """``num_lambdas`` evenly spaced values in [0, 1], endpoints included, plus ½ if missing."""
     if num_lambdas < 2:
-        raise ValueError(f"measure.num_lambdas must be at least 2 (both endpoints), got {num_lambdas}")
+        raise OptionError(f"{{num_lambdas}} must be at least 2 (both endpoints), got {num_lambdas}")
     return sorted(set(np.linspace(0.0, 1.0, num_lambdas).round(12).tolist()) | {0.5})
 
 

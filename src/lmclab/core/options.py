@@ -59,7 +59,12 @@ class _Names(dict):
 
 def got(value: Any) -> str:
     """``repr(value)`` for an :class:`OptionError` template (braces escaped)."""
-    return repr(value).replace("{", "{{").replace("}", "}}")
+    return escaped(repr(value))
+
+
+def escaped(text: Any) -> str:
+    """``str(text)`` for an :class:`OptionError` template (braces escaped): a path, another error's line."""
+    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 class Options(BaseModel):

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,42 @@ def one_line_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+Key = Mapping[str, str] | Callable[[str], str]  # an argument's name -> its params.yaml key
+
+
+def under(block: str, *names: str, **renamed: str) -> dict[str, str]:
+    """The params.yaml keys of arguments named as their keys in ``block`` (``under("three", "margin")``:
+    ``margin`` is ``three.margin``) and of arguments named otherwise (``num_samples="bn_repair_samples"``)."""
+    return {**{name: f"{block}.{name}" for name in names}, **{arg: f"{block}.{k}" for arg, k in renamed.items()}}
+
+
+def params_key(*keys: Key) -> Callable[[str], str]:
+    """The key of an argument by the first of ``keys`` that knows it: a mapping that lists it, or a
+    function (it knows every name); an argument none of them knows keeps its name."""
+    def key(name: str) -> str:
+        for known in keys:
+            if callable(known):
+                return known(name)
+            if name in known:
+                return known[name]
+        return name
+
+    return key
+
+
+@contextmanager
+def params_errors(*keys: Key) -> Iterator[None]:
+    """Report the library's one-line errors, which name the function's arguments
+    (:class:`lmclab.core.options.OptionError`), under params.yaml's keys: ``num_lambdas must be …``
+    becomes ``measure.num_lambdas must be …`` (:func:`params_key`). A ``with`` block or a decorator."""
+    from lmclab.core.options import OptionError
+
+    try:
+        yield
+    except OptionError as err:
+        raise ValueError(err.keyed(params_key(*keys))) from None
+
+
 def search_key(method: str, methods_key: str = "permute.methods") -> Callable[[str], str]:
     """The params.yaml key of each argument the search library's errors name: an option of
     ``method`` is ``permute.<method>.<option>``, its ``options`` the block ``permute.<method>``, the
@@ -157,16 +193,16 @@ def search_key(method: str, methods_key: str = "permute.methods") -> Callable[[s
     return lambda name: {"method": methods_key, "options": block}.get(name, f"{block}.{name}")
 
 
-@contextmanager
-def search_errors(method: str, methods_key: str = "permute.methods") -> Iterator[None]:
-    """Report the search library's one-line errors under params.yaml's keys:
-    ``max_iter must be …`` becomes ``permute.wm.max_iter must be …`` (:func:`search_key`)."""
-    from lmclab.core.options import OptionError
+def search_errors(method: str, methods_key: str = "permute.methods") -> AbstractContextManager[None]:
+    """:func:`params_errors` of the search library: ``max_iter must be …`` becomes
+    ``permute.wm.max_iter must be …`` (:func:`search_key`)."""
+    return params_errors(search_key(method, methods_key))
 
-    try:
-        yield
-    except OptionError as err:
-        raise ValueError(err.keyed(search_key(method, methods_key))) from None
+
+def model_key(arch: str) -> Callable[[str], str]:
+    """The params.yaml key of each argument the architectures' errors name: ``arch`` is ``model.arch``,
+    a ``config`` the block ``model.<arch>``, one of its fields ``model.<arch>.<field>``."""
+    return lambda name: {"arch": "model.arch", "config": f"model.{arch}"}.get(name, f"model.{arch}.{name}")
 
 
 def run_warm(app: Any) -> None:

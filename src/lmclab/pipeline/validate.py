@@ -16,7 +16,9 @@ from pydantic import ValidationError
 
 from lmclab.archs import get_arch, make_config
 from lmclab.core.device import resolve_device
+from lmclab.core.options import OptionError
 from lmclab.pipeline.schema import MISSING, Block, Params, defaults, field_expected
+from lmclab.pipeline.stage import model_key
 from lmclab.search.midpoint import n_heldout
 
 
@@ -168,6 +170,9 @@ def _architecture(p: Params) -> Problems:
             config = make_config(arch, input_shape=shape, num_classes=10, **options)
             if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here
                 get_arch(arch).permutation_spec(config)
+        except OptionError as err:  # the library names the config's fields: here, their keys
+            yield f"model.{arch}", err.keyed(model_key(arch))
+            return
         except ValueError as exc:  # the line names the key (a tracer's refusal does not itself)
             yield f"model.{arch}", str(exc) if str(exc).startswith("model.") else f"model.{arch}: {exc}"
             return

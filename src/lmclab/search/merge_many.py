@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
 from lmclab.search.weight_matching import weight_matching
 
@@ -44,11 +45,11 @@ def merge_many(spec: PermutationSpec, params: Sequence[Mapping[str, Tensor]], *,
                ) -> MergeManyResult:
     """Align ``params`` (N ≥ 2 models) to each other and average them."""
     if len(params) < 2:
-        raise ValueError(f"merge_many.seeds must name at least 2 models, got {len(params)}")
+        raise OptionError(f"{{params}} must name at least 2 models, got {len(params)}")
     if max_iter < 1:
-        raise ValueError(f"merge_many.max_iter must be a positive number of iterations, got {max_iter}")
+        raise OptionError(f"{{max_iter}} must be a positive number of iterations, got {max_iter}")
     if tol < 0:
-        raise ValueError(f"merge_many.tol must be non-negative, got {tol}")
+        raise OptionError(f"{{tol}} must be non-negative, got {tol}")
     start = time.perf_counter()
     generator = generator or torch.Generator().manual_seed(0)
     perms = [identity_permutation(spec.group_sizes(p)) for p in params]

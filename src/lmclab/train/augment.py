@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmclab.core.options import OptionError, got
+
 AUGMENTATIONS = ("none", "crop_flip")
 DEFAULT_FOR_DATA = {"cifar10": "crop_flip"}  # every other data set: none
 PAD = 4
@@ -24,7 +26,7 @@ def resolve_augment(augment: str, data_name: str) -> str:
     if augment == "auto":
         return DEFAULT_FOR_DATA.get(data_name, "none")
     if augment not in AUGMENTATIONS:
-        raise ValueError(f"train.augment: expected auto or one of {AUGMENTATIONS}, got {augment!r}")
+        raise OptionError(f"{{augment}}: expected auto or one of {got(AUGMENTATIONS)}, got {got(augment)}")
     return augment
 
 
@@ -48,7 +50,7 @@ def augment_batch(x: Tensor, augment: str, generator: torch.Generator) -> Tensor
         return x
     if augment == "crop_flip":
         return crop_flip(x, generator)
-    raise ValueError(f"train.augment: expected one of {AUGMENTATIONS}, got {augment!r}")
+    raise OptionError(f"{{augment}}: expected one of {got(AUGMENTATIONS)}, got {got(augment)}")
 
 
 class Mixup:
@@ -58,7 +60,7 @@ class Mixup:
 
     def __init__(self, alpha: float, seed: int) -> None:
         if alpha <= 0:
-            raise ValueError(f"train.mixup_alpha must be positive to mix (0 = off), got {alpha}")
+            raise OptionError(f"{{alpha}} must be positive to mix (0 = off), got {alpha}")
         self.alpha = alpha
         self.rng = np.random.default_rng(seed + MIXUP_STREAM)
         self.generator = torch.Generator().manual_seed(seed + MIXUP_STREAM)

@@ -21,6 +21,7 @@ from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World, evaluate_sharded
+from lmclab.core.options import OptionError, got
 from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
 
 OPTIMIZERS = ("adam", "sgd")
@@ -34,24 +35,25 @@ def check_training_options(*, epochs: int, lr: float, batch_size: int, n_train: 
                            optimizer: str = "adam", momentum: float = 0.9, weight_decay: float = 0.0,
                            schedule: str = "constant", warmup_epochs: int = 0,
                            augment: str = "none") -> None:
-    """One-line errors for impossible options, raised before any training starts."""
+    """One-line errors for impossible options, raised before any training starts (:class:`OptionError`,
+    naming the arguments)."""
     for key, value, allowed in (("optimizer", optimizer, OPTIMIZERS), ("schedule", schedule, SCHEDULES),
                                 ("augment", augment, AUGMENTATIONS)):
         if value not in allowed:
-            raise ValueError(f"train.{key}: expected one of {allowed}, got {value!r}")
+            raise OptionError(f"{{{key}}}: expected one of {got(allowed)}, got {got(value)}")
     if not 0 <= momentum < 1:
-        raise ValueError(f"train.momentum must be in [0, 1), got {momentum}")
+        raise OptionError(f"{{momentum}} must be in [0, 1), got {momentum}")
     if weight_decay < 0:
-        raise ValueError(f"train.weight_decay must be non-negative, got {weight_decay}")
+        raise OptionError(f"{{weight_decay}} must be non-negative, got {weight_decay}")
     if not 0 <= warmup_epochs <= epochs:
-        raise ValueError(f"train.warmup_epochs must be between 0 and train.epochs ({epochs}), got {warmup_epochs}")
+        raise OptionError(f"{{warmup_epochs}} must be between 0 and {{epochs}} ({epochs}), got {warmup_epochs}")
     if epochs < 1:
-        raise ValueError(f"train.epochs must be a positive number of epochs, got {epochs}")
+        raise OptionError(f"{{epochs}} must be a positive number of epochs, got {epochs}")
     if lr <= 0:
-        raise ValueError(f"train.lr must be positive, got {lr}")
+        raise OptionError(f"{{lr}} must be positive, got {lr}")
     if not 1 <= batch_size <= n_train:
-        raise ValueError(f"train.batch_size must be between 1 and the {n_train} training samples, "
-                         f"got {batch_size}")
+        raise OptionError(f"{{batch_size}} must be between 1 and the {n_train} training samples, "
+                          f"got {batch_size}")
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int = 0) -> float:
@@ -96,9 +98,9 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
                    schedule=schedule, warmup_epochs=warmup_epochs, augment=augment)
     check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split), **options)
     if precision not in PRECISIONS:
-        raise ValueError(f"train.precision: expected one of {PRECISIONS}, got {precision!r}")
+        raise OptionError(f"{{precision}}: expected one of {got(PRECISIONS)}, got {got(precision)}")
     if mixup_alpha < 0:
-        raise ValueError(f"train.mixup_alpha must be ≥ 0 (0 = off), got {mixup_alpha}")
+        raise OptionError(f"{{mixup_alpha}} must be ≥ 0 (0 = off), got {mixup_alpha}")
     model = build_model(arch, config, seed=seed).to(device)
     wrapped = world.wrap(model)
     opt = make_optimizer(wrapped.parameters(), optimizer=optimizer, lr=lr, momentum=momentum,
