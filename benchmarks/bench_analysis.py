@@ -52,19 +52,23 @@ def main() -> None:
     spec, model = get_arch(a.arch).permutation_spec(a.config), build_model(a.arch, a.config)
     splits = {s: load_split(args.data / "prepared", s) for s in ("train", "test")}
     pa, shape = a.state_dict, a.config.input_shape
-    print(f"{a.arch} {a.config}, {args.pair} {args.method}, train {len(splits['train'])} / test "
-          f"{len(splits['test'])} images, torch threads {torch.get_num_threads()}, best of {args.repeat}")
+    print(
+        f"{a.arch} {a.config}, {args.pair} {args.method}, train {len(splits['train'])} / test "
+        f"{len(splits['test'])} images, torch threads {torch.get_num_threads()}, best of {args.repeat}"
+    )
     pieces = {
         "taylor train (grad + HVP at θa and π(θb))": lambda: taylor_terms(model, pa, pb, splits["train"]),
         "taylor test": lambda: taylor_terms(model, pa, pb, splits["test"]),
-        "R_γ (4 models' SVDs, γ = 0, 0.3)": lambda: alignment_summary(spec, model, pa, b.state_dict, pb, mid,
-                                                                       [0, 0.3], input_shape=shape),
+        "R_γ (4 models' SVDs, γ = 0, 0.3)": lambda: alignment_summary(
+            spec, model, pa, b.state_dict, pb, mid, [0, 0.3], input_shape=shape
+        ),
         "theorem 4.2 (test)": lambda: theorem42(model, pa, pb, splits["test"], layer_names(spec, pa)),
-        "full analyze_pair (stage analyze)": lambda: analyze_pair(spec, model, pa, b.state_dict, pb, mid, splits,
-                                                                 lams=lambda_grid(25), gammas=[0, 0.3],
-                                                                 input_shape=shape),
-        "analyze_model, one seed (stage spectra)": lambda: analyze_model(spec, model, pa, splits["test"],
-                                                                         input_shape=shape),
+        "full analyze_pair (stage analyze)": lambda: analyze_pair(
+            spec, model, pa, b.state_dict, pb, mid, splits, lams=lambda_grid(25), gammas=[0, 0.3], input_shape=shape
+        ),
+        "analyze_model, one seed (stage spectra)": lambda: analyze_model(
+            spec, model, pa, splits["test"], input_shape=shape
+        ),
     }
     for name, fn in pieces.items():
         print(f"{timed(fn, args.repeat):8.2f} s  {name}")

@@ -45,28 +45,56 @@ def main() -> None:
         splits = {s: load_split(Path(tmp) / "prepared", s) for s in ("train", "test")}
     config = make_config("resnet20", input_shape=(1, 28, 28), num_classes=10, width_multiplier=args.width)
     start = time.perf_counter()
-    endpoints = [train("resnet20", config, seed, splits["train"], splits["test"], epochs=args.epochs,
-                       lr=args.lr, batch_size=128, schedule="linear", progress=False)[0].state_dict
-                 for seed in (0, 1)]
+    endpoints = [
+        train(
+            "resnet20",
+            config,
+            seed,
+            splits["train"],
+            splits["test"],
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=128,
+            schedule="linear",
+            progress=False,
+        )[0].state_dict
+        for seed in (0, 1)
+    ]
     train_seconds = time.perf_counter() - start
     model, spec = build_model("resnet20", config), get_arch("resnet20").permutation_spec(config)
     repair = bn_repair_hook(model, splits["train"], num_samples=args.repair_samples)
-    out = {"config": vars(args), "train_seconds_two_models": round(train_seconds, 1),
-           "endpoint_test_acc_a_b": [round(100 * evaluate(model, p, splits["test"]).acc, 2) for p in endpoints]}
+    out = {
+        "config": vars(args),
+        "train_seconds_two_models": round(train_seconds, 1),
+        "endpoint_test_acc_a_b": [round(100 * evaluate(model, p, splits["test"]).acc, 2) for p in endpoints],
+    }
     for method in ("identity", "wm", "am"):
-        problem = search_problem("resnet20", config, endpoints[0], endpoints[1], device=torch.device("cpu"),
-                                 train=splits["train"])
+        problem = search_problem(
+            "resnet20", config, endpoints[0], endpoints[1], device=torch.device("cpu"), train=splits["train"]
+        )
         result = run_search(method, problem, seed=0, options={})
         permuted_b = apply_permutation(spec, result.perm, endpoints[1])
-        rows, summary = measure_pair_with_repair(spec, model, endpoints[0], endpoints[1], permuted_b,
-                                                 [0.0, 0.5, 1.0], {"test": splits["test"]}, repair=repair)
+        rows, summary = measure_pair_with_repair(
+            spec,
+            model,
+            endpoints[0],
+            endpoints[1],
+            permuted_b,
+            [0.0, 0.5, 1.0],
+            {"test": splits["test"]},
+            repair=repair,
+        )
         mid = {r["repair"]: round(100 * r["acc"], 2) for r in rows if r["lam"] == 0.5}
-        out[method] = {"midpoint_acc_stale_bn": mid[False], "midpoint_acc_repaired": mid[True],
-                       "endpoint_acc_repaired_a_b": [round(100 * r["acc"], 2) for lam in (1.0, 0.0)
-                                                     for r in rows if r["repair"] and r["lam"] == lam],
-                       "l2_reduction_pct": round(summary["l2_reduction_pct"], 2),
-                       "search_seconds": round(result.stats["seconds"], 2),
-                       "sweeps": result.stats.get("sweeps")}
+        out[method] = {
+            "midpoint_acc_stale_bn": mid[False],
+            "midpoint_acc_repaired": mid[True],
+            "endpoint_acc_repaired_a_b": [
+                round(100 * r["acc"], 2) for lam in (1.0, 0.0) for r in rows if r["repair"] and r["lam"] == lam
+            ],
+            "l2_reduction_pct": round(summary["l2_reduction_pct"], 2),
+            "search_seconds": round(result.stats["seconds"], 2),
+            "sweeps": result.stats.get("sweeps"),
+        }
         print(method, out[method], flush=True)
     print(json.dumps(out, indent=2))
     (HERE / "results").mkdir(exist_ok=True)

@@ -27,15 +27,23 @@ def bench(arch: str, width: float, threads: int) -> dict:
     params_b = build_model(arch, config, seed=1).state_dict()
     n_params = sum(v.numel() for k, v in params_a.items() if k not in spec.stats)
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = weight_matching(spec, params_a, params_b, max_iter=100, tol=1e-7,
-                             generator=torch.Generator().manual_seed(0))
+    result = weight_matching(
+        spec, params_a, params_b, max_iter=100, tol=1e-7, generator=torch.Generator().manual_seed(0)
+    )
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     objective = result.stats.get("objective", [])
-    return {"arch": arch, "width": width, "params": n_params, "groups": len(spec.groups),
-            "max_group": max(spec.group_sizes(params_a).values()), "sweeps": result.stats.get("sweeps"),
-            "seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu_seconds, 2), "threads": threads,
-            "objective_first_last": [round(objective[0], 1), round(objective[-1], 1)] if objective else None}
+    return {
+        "arch": arch,
+        "width": width,
+        "params": n_params,
+        "groups": len(spec.groups),
+        "max_group": max(spec.group_sizes(params_a).values()),
+        "sweeps": result.stats.get("sweeps"),
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu_seconds, 2),
+        "threads": threads,
+        "objective_first_last": [round(objective[0], 1), round(objective[-1], 1)] if objective else None,
+    }
 
 
 def main() -> None:

@@ -33,9 +33,26 @@ def run(tmp: Path, tree: dict, nproc: int) -> tuple[float, dict]:
     params.write_text(yaml.safe_dump(tree))
     out = tmp / f"model{nproc}.pt"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "stages/train.py", "--seed", "0", "--data", "data/prepared", "--out", str(out),
-                    "--history", str(tmp / f"history{nproc}.parquet"), "--params", str(params)],
-                   cwd=ROOT, env={**os.environ, "LMCLAB_WARM": "0"}, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "stages/train.py",
+            "--seed",
+            "0",
+            "--data",
+            "data/prepared",
+            "--out",
+            str(out),
+            "--history",
+            str(tmp / f"history{nproc}.parquet"),
+            "--params",
+            str(params),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "LMCLAB_WARM": "0"},
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - start, load_checkpoint(out).state_dict
 
 
@@ -52,8 +69,10 @@ def main() -> None:
             (t1, one), (t2, two) = run(Path(tmp), tree, 1), run(Path(tmp), tree, 2)
             diff = max(float((one[k].double() - two[k].double()).abs().max()) for k in one)
             scale = max(float(v.abs().max()) for v in one.values() if v.is_floating_point())
-            print(f"{args.arch}, {args.epochs} epochs, batch {tree['train']['batch_size']}: 1 process {t1:.1f} s, "
-                  f"2 processes {t2:.1f} s (ratio {t2 / t1:.2f}); max |Δθ| {diff:.2e} (max |θ| {scale:.2f})")
+            print(
+                f"{args.arch}, {args.epochs} epochs, batch {tree['train']['batch_size']}: 1 process {t1:.1f} s, "
+                f"2 processes {t2:.1f} s (ratio {t2 / t1:.2f}); max |Δθ| {diff:.2e} (max |θ| {scale:.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -58,24 +58,38 @@ def main() -> None:
         models = [train("mlp", config, seed, train_split, test_split, epochs=epochs)[0] for seed in range(args.seeds)]
         train_s = (time.perf_counter() - start) / args.seeds
         for a, b in zip(models[0::2], models[1::2], strict=False):  # an odd last seed stays unpaired
-            problem = search_problem("mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"),
-                                     train=train_split, test=test_split)
+            problem = search_problem(
+                "mlp",
+                config,
+                a.state_dict,
+                b.state_dict,
+                device=torch.device("cpu"),
+                train=train_split,
+                test=test_split,
+            )
             for method in args.methods.split(","):
-                row = {"epochs": epochs, "train_s_per_seed": train_s, "pair": f"{a.seed}-{b.seed}",
-                       **run(problem, method, permute.get(method) or {}, permute["seed"])}
+                row = {
+                    "epochs": epochs,
+                    "train_s_per_seed": train_s,
+                    "pair": f"{a.seed}-{b.seed}",
+                    **run(problem, method, permute.get(method) or {}, permute["seed"]),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "options": permute, "rows": rows},
-                                   indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"threads": torch.get_num_threads(), "options": permute, "rows": rows}, indent=2) + "\n"
+    )
     print("| epochs | train s/seed | method | test B½ | L2 reduction % | search s |\n|---|---|---|---|---|---|")
     for epochs in dict.fromkeys(r["epochs"] for r in rows):
         for method in args.methods.split(","):
             sel = [r for r in rows if r["epochs"] == epochs and r["method"] == method]
-            print(f"| {epochs} | {sel[0]['train_s_per_seed']:.1f} | {method} | "
-                  f"{mean_std([r['test_loss_barrier_mid'] for r in sel])} | "
-                  f"{mean_std([r['reduction_pct'] for r in sel])} | "
-                  f"{statistics.mean(r['search_s'] for r in sel):.2f} |")
+            print(
+                f"| {epochs} | {sel[0]['train_s_per_seed']:.1f} | {method} | "
+                f"{mean_std([r['test_loss_barrier_mid'] for r in sel])} | "
+                f"{mean_std([r['reduction_pct'] for r in sel])} | "
+                f"{statistics.mean(r['search_s'] for r in sel):.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def bare_forwards(model, params_a, permuted, lams, splits) -> None:
             params = interpolate(params_a, permuted_b, lam)
             for split in splits.values():
                 for lo in range(0, len(split), 1024):
-                    functional_call(model, params, (split.x[lo:lo + 1024],))
+                    functional_call(model, params, (split.x[lo : lo + 1024],))
 
 
 def main() -> None:
@@ -58,26 +58,46 @@ def main() -> None:
     lams, opts = lambda_grid(params["measure"]["num_lambdas"]), params["measure"]
 
     def stage_work() -> None:
-        shared = {f"factors_{k}": endpoint_factors(spec, model, p, input_shape=a.config.input_shape)
-                  for k, p in (("a", a.state_dict), ("b", b.state_dict))}
+        shared = {
+            f"factors_{k}": endpoint_factors(spec, model, p, input_shape=a.config.input_shape)
+            for k, p in (("a", a.state_dict), ("b", b.state_dict))
+        }
         for m in methods:
-            measure_and_analyze(spec, model, a.state_dict, b.state_dict, permuted[m], midpoints[m], splits,
-                                lams=lams, gammas=opts["gammas"], mode=opts["conv_spectrum"],
-                                input_shape=a.config.input_shape, taylor_splits=opts["taylor_splits"], **shared)
+            measure_and_analyze(
+                spec,
+                model,
+                a.state_dict,
+                b.state_dict,
+                permuted[m],
+                midpoints[m],
+                splits,
+                lams=lams,
+                gammas=opts["gammas"],
+                mode=opts["conv_spectrum"],
+                input_shape=a.config.input_shape,
+                taylor_splits=opts["taylor_splits"],
+                **shared,
+            )
 
     times: dict[str, list[float]] = {"stage": [], "bare": []}
     for _ in range(args.repeats):
-        for name, fn in (("bare", lambda: bare_forwards(model, a.state_dict, permuted, lams, splits)),
-                         ("stage", stage_work)):
+        for name, fn in (
+            ("bare", lambda: bare_forwards(model, a.state_dict, permuted, lams, splits)),
+            ("stage", stage_work),
+        ):
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
     stage, bare = statistics.median(times["stage"]), statistics.median(times["bare"])
     images = len(methods) * len(lams) * sum(len(s) for s in splits.values())
-    print(f"pair {args.pair}, {len(methods)} methods × {len(lams)} λ × {sum(len(s) for s in splits.values())} "
-          f"images = {images} image forwards; threads {torch.get_num_threads()}")
-    print(f"measure work {stage:.2f} s, bare forward passes {bare:.2f} s: ratio {stage / bare:.2f} "
-          f"(repeats: stage {[round(t, 2) for t in times['stage']]}, bare {[round(t, 2) for t in times['bare']]})")
+    print(
+        f"pair {args.pair}, {len(methods)} methods × {len(lams)} λ × {sum(len(s) for s in splits.values())} "
+        f"images = {images} image forwards; threads {torch.get_num_threads()}"
+    )
+    print(
+        f"measure work {stage:.2f} s, bare forward passes {bare:.2f} s: ratio {stage / bare:.2f} "
+        f"(repeats: stage {[round(t, 2) for t in times['stage']]}, bare {[round(t, 2) for t in times['bare']]})"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,12 @@ def _pair() -> tuple[str, object, dict, dict]:
         ca, cb = load_checkpoint(a), load_checkpoint(b)
         return "trained (data/models seed0, seed1)", ca.config, ca.state_dict, cb.state_dict
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=3, width=512)
-    return ("random init", config, build_model("mlp", config, seed=0).state_dict(),
-            build_model("mlp", config, seed=1).state_dict())
+    return (
+        "random init",
+        config,
+        build_model("mlp", config, seed=0).state_dict(),
+        build_model("mlp", config, seed=1).state_dict(),
+    )
 
 
 def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmarks/results/search.json") -> None:
@@ -41,10 +45,14 @@ def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmark
     if not (prepared / "meta.json").is_file():
         prepared = Path("/tmp/lmclab-bench-prepared")
         prepare("mnist5k", Path("/tmp/lmclab-bench-raw"), prepared)
-    problem = search_problem("mlp", config, params_a, params_b, device=torch.device("cpu"),
-                             train=load_split(prepared, "train"))
-    results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-               "model": f"mlp {config.hidden} x {config.width}, {source}", "methods": {}}
+    problem = search_problem(
+        "mlp", config, params_a, params_b, device=torch.device("cpu"), train=load_split(prepared, "train")
+    )
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "model": f"mlp {config.hidden} x {config.width}, {source}",
+        "methods": {},
+    }
     for method in methods.split(","):
         times, sweeps = [], []
         for _ in range(repeats):
@@ -52,10 +60,16 @@ def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmark
             result = run_search(method, problem, seed=0, options={})
             times.append(time.perf_counter() - start)
             sweeps.append(result.stats.get("sweeps", 0))
-        results["methods"][method] = {"median_s": statistics.median(times), "min_s": min(times),
-                                      "sweeps": sweeps[0], "repeats": repeats}
-        typer.echo(f"{method:>4}: median {statistics.median(times):.3f} s, min {min(times):.3f} s "
-                   f"({sweeps[0]} sweeps) over {repeats} runs")
+        results["methods"][method] = {
+            "median_s": statistics.median(times),
+            "min_s": min(times),
+            "sweeps": sweeps[0],
+            "repeats": repeats,
+        }
+        typer.echo(
+            f"{method:>4}: median {statistics.median(times):.3f} s, min {min(times):.3f} s "
+            f"({sweeps[0]} sweeps) over {repeats} runs"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
 

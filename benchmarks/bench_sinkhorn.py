@@ -48,10 +48,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SETTINGS = {  # the reference's settings (README "Sinkhorn methods")
     "wm_sinkhorn": {"lr": 1.0, "epochs": 100, "iterations": 10, "tau": 1.0, "sinkhorn_iters": 20},
-    "ste_sinkhorn": {"optimizer": "adamw", "lr": 0.1, "weight_decay": 0.01, "epochs": 5,
-                     "batch_size": 512, "drop_last": False},
-    "ste": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "epochs": 250, "batch_size": 512,
-            "select": "best_batch", "holdout": 0.0},
+    "ste_sinkhorn": {
+        "optimizer": "adamw",
+        "lr": 0.1,
+        "weight_decay": 0.01,
+        "epochs": 5,
+        "batch_size": 512,
+        "drop_last": False,
+    },
+    "ste": {
+        "optimizer": "sgd",
+        "lr": 0.01,
+        "momentum": 0.9,
+        "epochs": 250,
+        "batch_size": 512,
+        "select": "best_batch",
+        "holdout": 0.0,
+    },
 }
 
 
@@ -65,8 +78,9 @@ class Pair:
         self.config = self.arch.Config(input_shape=tuple(meta["input_shape"]), num_classes=meta["num_classes"])
         self.train, self.test = load_split(prepared, "train"), load_split(prepared, "test")
         if not cache.exists():
-            states = [train("mlp", self.config, seed, self.train, self.test, epochs=epochs)[0].state_dict
-                      for seed in (0, 1)]
+            states = [
+                train("mlp", self.config, seed, self.train, self.test, epochs=epochs)[0].state_dict for seed in (0, 1)
+            ]
             atomic_save({"a": states[0], "b": states[1]}, cache)
         states = torch.load(cache, weights_only=True)
         self.params_a, self.params_b = states["a"], states["b"]
@@ -80,10 +94,11 @@ class Pair:
         spec, a, b = self.spec, self.params_a, self.params_b
         permuted_b, merged = merge(spec, a, b, perm)
         losses = [evaluate(self.model(), p, self.test).loss for p in (a, permuted_b, merged)]
-        return {"objective": matching_objective(spec, perm, a, b),
-                "L2_red": reduction_rate(l2_distance(spec, a, b),
-                                         l2_distance(spec, a, apply_permutation(spec, perm, b))),
-                "B_half": midpoint_barrier(losses[2], losses[0], losses[1])}
+        return {
+            "objective": matching_objective(spec, perm, a, b),
+            "L2_red": reduction_rate(l2_distance(spec, a, b), l2_distance(spec, a, apply_permutation(spec, perm, b))),
+            "B_half": midpoint_barrier(losses[2], losses[0], losses[1]),
+        }
 
 
 def run(pair: Pair, method: str, seed: int, **overrides: object) -> dict:
@@ -151,11 +166,17 @@ def main() -> None:
     args = parser.parse_args()
     pair = Pair(args.data_dir, args.cache)
     rows = [run(pair, method, seed) for seed in range(args.repeats) for method in args.methods.split(",")]
-    floor = {"step_gflop": step_flops(pair) / 1e9, "ste_step_gflop": (step_flops(pair) + model_flops(pair)) / 1e9,
-             "gemm_gflops": gemm_rate() / 1e9, "gemm_gflops_bf16": gemm_rate(dtype=torch.bfloat16) / 1e9}
+    floor = {
+        "step_gflop": step_flops(pair) / 1e9,
+        "ste_step_gflop": (step_flops(pair) + model_flops(pair)) / 1e9,
+        "gemm_gflops": gemm_rate() / 1e9,
+        "gemm_gflops_bf16": gemm_rate(dtype=torch.bfloat16) / 1e9,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "settings": SETTINGS,
-                                    "floor": floor, "rows": rows}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"threads": torch.get_num_threads(), "settings": SETTINGS, "floor": floor, "rows": rows}, indent=2)
+        + "\n"
+    )
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if k != "curve"}))
     print(json.dumps(floor))

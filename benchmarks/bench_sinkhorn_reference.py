@@ -66,8 +66,13 @@ def reference_wm(pair: bench.Pair, seed: int, epochs: int = 10, iterations: int 
         spent += time.perf_counter() - start
         objective = bench.matching_objective(pair.spec, reference_perm(net), pair.params_a, pair.params_b)
         curve.append({"epoch": epoch, "objective": objective, "seconds": spent})
-    return {"method": "reference DistL2Loss", "seed": seed, "seconds": spent,
-            **pair.score(reference_perm(net)), "curve": curve}
+    return {
+        "method": "reference DistL2Loss",
+        "seed": seed,
+        "seconds": spent,
+        **pair.score(reference_perm(net)),
+        "curve": curve,
+    }
 
 
 def reference_mid(pair: bench.Pair, seed: int, epochs: int = 5) -> dict:
@@ -92,8 +97,13 @@ def reference_mid(pair: bench.Pair, seed: int, epochs: int = 5) -> dict:
             optimizer.step()
             steps += 1
     spent = time.perf_counter() - start
-    return {"method": "reference MidLoss", "seed": seed, "seconds": spent, "steps": steps,
-            **pair.score(reference_perm(net))}
+    return {
+        "method": "reference MidLoss",
+        "seed": seed,
+        "seconds": spent,
+        "steps": steps,
+        **pair.score(reference_perm(net)),
+    }
 
 
 def main() -> None:
@@ -116,11 +126,17 @@ def main() -> None:
             bench.run(pair, "ste_sinkhorn", 99, epochs=1, precision=precision)
     for seed in range(args.repeats):
         if args.which == "wm":
-            rows = [reference_wm(pair, seed), bench.run(pair, "wm_sinkhorn", seed),
-                    {**bench.run(pair, "wm_sinkhorn", seed, patience=10), "method": "wm_sinkhorn, patience 10"}]
+            rows = [
+                reference_wm(pair, seed),
+                bench.run(pair, "wm_sinkhorn", seed),
+                {**bench.run(pair, "wm_sinkhorn", seed, patience=10), "method": "wm_sinkhorn, patience 10"},
+            ]
         else:
-            rows = [reference_mid(pair, seed), bench.run(pair, "ste_sinkhorn", seed),
-                    {**bench.run(pair, "ste_sinkhorn", seed, precision="bf16"), "method": "ste_sinkhorn, bf16"}]
+            rows = [
+                reference_mid(pair, seed),
+                bench.run(pair, "ste_sinkhorn", seed),
+                {**bench.run(pair, "ste_sinkhorn", seed, precision="bf16"), "method": "ste_sinkhorn, bf16"},
+            ]
         for row in rows:
             print(json.dumps(row), flush=True)
 

@@ -38,13 +38,18 @@ def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:
     wall = time.perf_counter() - start
     spec, model = problem.spec, problem.model
     permuted_b, merged = merge(spec, problem.params_a, problem.params_b, result.perm)
-    loss_a, loss_b, loss_mid = (evaluate(model, p, problem.test).loss
-                                for p in (problem.params_a, permuted_b, merged))
+    loss_a, loss_b, loss_mid = (evaluate(model, p, problem.test).loss for p in (problem.params_a, permuted_b, merged))
     before = l2_distance(spec, problem.params_a, problem.params_b)
     after = l2_distance(spec, problem.params_a, permuted_b)
-    row = {"method": method, "search_s": result.stats["seconds"], "wall_s": wall,
-           "l2_before": before, "l2_after": after, "reduction_pct": reduction_rate(before, after),
-           "test_loss_barrier_mid": midpoint_barrier(loss_mid, loss_a, loss_b)}
+    row = {
+        "method": method,
+        "search_s": result.stats["seconds"],
+        "wall_s": wall,
+        "l2_before": before,
+        "l2_after": after,
+        "reduction_pct": reduction_rate(before, after),
+        "test_loss_barrier_mid": midpoint_barrier(loss_mid, loss_a, loss_b),
+    }
     if "epochs" in result.stats:
         row["s_per_epoch"] = result.stats["seconds"] / result.stats["epochs"]
     return row
@@ -77,21 +82,32 @@ def main() -> None:
         seed_a, seed_b = pair.split("-")
         a = load_checkpoint(args.data_dir / "models" / f"seed{seed_a}.pt")
         b = load_checkpoint(args.data_dir / "models" / f"seed{seed_b}.pt")
-        problem = search_problem(a.arch, a.config, a.state_dict, b.state_dict, device=torch.device("cpu"),
-                                 train=train, test=test)
+        problem = search_problem(
+            a.arch, a.config, a.state_dict, b.state_dict, device=torch.device("cpu"), train=train, test=test
+        )
         for method in args.methods.split(","):
             row = {"pair": pair, **run(problem, method, permute.get(method) or {}, permute["seed"])}
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "options": permute,
-                                    "rows": rows}, indent=2) + "\n")
-    cols = ["pair", "method", "search_s", "l2_before", "l2_after", "reduction_pct",
-            "test_loss_barrier_mid", "s_per_epoch"]
+    args.out.write_text(
+        json.dumps({"threads": torch.get_num_threads(), "options": permute, "rows": rows}, indent=2) + "\n"
+    )
+    cols = [
+        "pair",
+        "method",
+        "search_s",
+        "l2_before",
+        "l2_after",
+        "reduction_pct",
+        "test_loss_barrier_mid",
+        "s_per_epoch",
+    ]
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
-        print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "—"))
-                                for c in cols) + " |")
+        print(
+            "| " + " | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "—")) for c in cols) + " |"
+        )
 
 
 if __name__ == "__main__":

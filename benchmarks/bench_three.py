@@ -35,11 +35,14 @@ def main(out: Path = ROOT / "benchmarks/results/three.json") -> None:
     plane_s = time.perf_counter() - start
     members = [load_checkpoint(ROOT / f"data/models/seed{s}.pt").state_dict for s in many["seeds"]]
     start = time.perf_counter()
-    result = merge_many(spec, members, max_iter=many["max_iter"], tol=many["tol"],
-                        generator=torch.Generator().manual_seed(0))
+    result = merge_many(
+        spec, members, max_iter=many["max_iter"], tol=many["tol"], generator=torch.Generator().manual_seed(0)
+    )
     many_s = time.perf_counter() - start
-    results = {"landscape": {"grid": f"{len(grid)} x {len(grid)}", "test_images": len(test), "seconds": plane_s},
-               "merge_many": {"models": len(members), "iterations": result.stats["iterations"], "seconds": many_s}}
+    results = {
+        "landscape": {"grid": f"{len(grid)} x {len(grid)}", "test_images": len(test), "seconds": plane_s},
+        "merge_many": {"models": len(members), "iterations": result.stats["iterations"], "seconds": many_s},
+    }
     typer.echo(json.dumps(results, indent=2))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -32,9 +32,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # the test fixtures
 
 from test_trace import permuted_copy, randomised  # noqa: E402  (the tests' random weights and permuted copies)
 
-MODELS = ("resnet18,resnet50,wide_resnet50_2,resnext50_32x4d,mobilenet_v2,mobilenet_v3_small,vgg11_bn,alexnet,"
-          "densenet121,efficientnet_b0,googlenet,regnet_x_400mf,regnet_y_400mf,shufflenet_v2_x0_5,squeezenet1_0,convnext_tiny,"
-          "mnasnet0_5,swin_t,vit_b_16")
+MODELS = (
+    "resnet18,resnet50,wide_resnet50_2,resnext50_32x4d,mobilenet_v2,mobilenet_v3_small,vgg11_bn,alexnet,"
+    "densenet121,efficientnet_b0,googlenet,regnet_x_400mf,regnet_y_400mf,shufflenet_v2_x0_5,squeezenet1_0,convnext_tiny,"
+    "mnasnet0_5,swin_t,vit_b_16"
+)
 
 
 def invariance(name: str, model: torch.nn.Module, spec, x: torch.Tensor) -> float:
@@ -48,34 +50,44 @@ def invariance(name: str, model: torch.nn.Module, spec, x: torch.Tensor) -> floa
 def renamed(spec, like):
     """``spec`` with its groups named as the groups of ``like`` that act on the same (parameter, axis) pairs."""
     from lmclab.core.spec import PermutationSpec
+
     names = {g: h for g, places in spec.groups.items() for h, other in like.groups.items() if set(places) == set(other)}
-    return PermutationSpec(axes={k: tuple(names.get(e, e) for e in axes) for k, axes in spec.axes.items()},
-                           stats=spec.stats)
+    return PermutationSpec(
+        axes={k: tuple(names.get(e, e) for e in axes) for k, axes in spec.axes.items()}, stats=spec.stats
+    )
 
 
 def wm_vs_hand(repeats: int, width: int) -> None:
     from lmclab.archs import build_model, get_arch, make_config
     from lmclab.search.weight_matching import weight_matching
+
     config = make_config("resnet20", input_shape=(3, 32, 32), num_classes=10, width_multiplier=width)
     params_a = build_model("resnet20", config, seed=0).state_dict()
     params_b = build_model("resnet20", config, seed=1).state_dict()
     hand = get_arch("resnet20").permutation_spec(config)
     traced = trace_spec(build_model("resnet20", config), torch.zeros(2, 3, 32, 32))
-    specs = {"hand": hand, "traced, groups renamed as the hand spec's": renamed(traced, hand),
-             "traced, groups P_0, P_1, …": traced}
+    specs = {
+        "hand": hand,
+        "traced, groups renamed as the hand spec's": renamed(traced, hand),
+        "traced, groups P_0, P_1, …": traced,
+    }
     times: dict[str, list[float]] = {k: [] for k in specs}
     for _ in range(repeats):
         for kind, spec in specs.items():
             start = time.perf_counter()
             weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
             times[kind].append(time.perf_counter() - start)
-    print(f"| WM on ResNet20 ×{width} | median s | ratio to hand | sweeps | assignments | objective |\n"
-          "|---|---|---|---|---|---|")
+    print(
+        f"| WM on ResNet20 ×{width} | median s | ratio to hand | sweeps | assignments | objective |\n"
+        "|---|---|---|---|---|---|"
+    )
     for kind, spec in specs.items():  # one more run each for the stats (deterministic)
         stats = weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0)).stats
         seconds = statistics.median(times[kind])
-        print(f"| {kind} | {seconds:.2f} | {seconds / statistics.median(times['hand']):.2f} | {stats['sweeps']} | "
-              f"{stats['assignments']} | {stats['objective'][-1]:.1f} |")
+        print(
+            f"| {kind} | {seconds:.2f} | {seconds / statistics.median(times['hand']):.2f} | {stats['sweeps']} | "
+            f"{stats['assignments']} | {stats['objective'][-1]:.1f} |"
+        )
 
 
 def main() -> None:
@@ -93,8 +105,11 @@ def main() -> None:
         try:
             model = randomised(name, args.size)  # He weights, BN statistics of a random batch: logits depend on x
         except Exception as exc:  # the model does not run at this size (ViT wants 224 pixels)
-            print(f"| {name} | refused | — | — | — | does not run on {args.size} × {args.size}: "
-                  f"{' '.join(str(exc).split())[:60]} |", flush=True)
+            print(
+                f"| {name} | refused | — | — | — | does not run on {args.size} × {args.size}: "
+                f"{' '.join(str(exc).split())[:60]} |",
+                flush=True,
+            )
             continue
         x = torch.randn(2, 3, args.size, args.size, dtype=torch.float64)
         times, spec, refusal = [], None, ""
@@ -110,8 +125,10 @@ def main() -> None:
         if spec is None:
             print(f"| {name} | refused | — | {seconds} | — | {refusal} |", flush=True)
         else:
-            print(f"| {name} | supported | {len(spec.groups)} | {seconds} | {invariance(name, model, spec, x):.1e} | |",
-                  flush=True)
+            print(
+                f"| {name} | supported | {len(spec.groups)} | {seconds} | {invariance(name, model, spec, x):.1e} | |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main() -> None:
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
     seen, start = 0, None
     for step in range(args.steps + 1):  # step 0 is warm-up, not timed
-        idx = order[(step * args.batch_size) % (len(train) - args.batch_size):][:args.batch_size]
+        idx = order[(step * args.batch_size) % (len(train) - args.batch_size) :][: args.batch_size]
         loss = torch.nn.functional.cross_entropy(model(train.x[idx]), train.y[idx])
         opt.zero_grad()
         loss.backward()
@@ -48,8 +48,17 @@ def main() -> None:
         else:
             seen += len(idx)
     seconds = time.perf_counter() - start
-    print({"arch": args.arch, "width": args.width, "batch_size": args.batch_size, "threads": args.threads,
-           "images": seen, "seconds": round(seconds, 2), "images_per_s": round(seen / seconds, 1)})
+    print(
+        {
+            "arch": args.arch,
+            "width": args.width,
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "images": seen,
+            "seconds": round(seconds, 2),
+            "images_per_s": round(seen / seconds, 1),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,12 @@ def run_variant(name: str, env_extra: dict[str, str], work: Path) -> tuple[dict,
     shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
     bin_dir = str(Path(sys.executable).parent)
     warm = Path(tempfile.mkdtemp(prefix="warm-", dir=work))  # one server per variant: its env applies
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LMCLAB_WARM_DIR": str(warm),
-           **env_extra}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "LMCLAB_WARM_DIR": str(warm),
+        **env_extra,
+    }
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q", "-f"], ["dvc", "config", "core.analytics", "false"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
     start = time.perf_counter()
@@ -68,15 +72,24 @@ def flat(doc: dict) -> dict[str, float]:
 def spread_table(runs: dict[str, dict[str, float]]) -> tuple[list[dict], str]:
     ref = runs["reference"]
     rows, names = [], [n for n in runs if n != "reference"]
-    lines = ["| metric | reference | " + " | ".join(f"Δ {n}" for n in names) + " | max |Δ| |",
-             "|---|---:|" + "---:|" * (len(names) + 1)]
+    lines = [
+        "| metric | reference | " + " | ".join(f"Δ {n}" for n in names) + " | max |Δ| |",
+        "|---|---:|" + "---:|" * (len(names) + 1),
+    ]
     for metric, value in ref.items():
         deltas = {n: runs[n][metric] - value for n in names}
         worst = max(abs(d) for d in deltas.values())
-        rows.append({"metric": metric, "reference": value, **{f"delta_{n}": d for n, d in deltas.items()},
-                     "max_abs_delta": worst})
-        lines.append(f"| `{metric}` | {value:.6g} | " + " | ".join(f"{d:+.4g}" for d in deltas.values())
-                     + f" | {worst:.4g} |")
+        rows.append(
+            {
+                "metric": metric,
+                "reference": value,
+                **{f"delta_{n}": d for n, d in deltas.items()},
+                "max_abs_delta": worst,
+            }
+        )
+        lines.append(
+            f"| `{metric}` | {value:.6g} | " + " | ".join(f"{d:+.4g}" for d in deltas.values()) + f" | {worst:.4g} |"
+        )
     return rows, "\n".join(lines)
 
 
@@ -127,8 +140,9 @@ def main() -> None:
     rows, table = spread_table(runs)
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metric_spread.json").write_text(json.dumps({"variants": {n: VARIANTS[n] for n in chosen},
-                                                        "seconds": seconds, "rows": rows}, indent=2))
+    (out / "metric_spread.json").write_text(
+        json.dumps({"variants": {n: VARIANTS[n] for n in chosen}, "seconds": seconds, "rows": rows}, indent=2)
+    )
     (out / "metric_spread.md").write_text(table + "\n")
     (out / "tolerances.proposed.yaml").write_text(propose_tolerances(rows))
     print(table)

@@ -29,9 +29,14 @@ KEYS = {**under("three", "resolution", "margin"), **under("measure", "num_lambda
 @app.command()
 @one_line_errors
 @params_errors(KEYS)  # the library's errors, under their params.yaml keys
-def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a,b,c"),
-         models: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
-         params: Path = Path("params.yaml")) -> None:
+def main(
+    method: str = typer.Option(...),
+    seeds: str = typer.Option(..., help="a,b,c"),
+    models: Path = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import pandas as pd
 
     from lmclab.analysis.three_models import connect_triple
@@ -47,20 +52,37 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
     options = read(f"permute.{method}") or {}
     with search_errors(method):  # the library's errors, under their params.yaml keys
         check_method(method, options)
-    relaunch_under_torchrun(__file__, [f"--method={method}", f"--seeds={seeds}", f"--models={models}", f"--data={data}",
-                                       f"--out={out}", f"--params={params}"],
-                            run_id=f"lmclab-connect-{seeds}-{method}", nproc_per_node=read("measure.nproc_per_node"))
+    relaunch_under_torchrun(
+        __file__,
+        [
+            f"--method={method}",
+            f"--seeds={seeds}",
+            f"--models={models}",
+            f"--data={data}",
+            f"--out={out}",
+            f"--params={params}",
+        ],
+        run_id=f"lmclab-connect-{seeds}-{method}",
+        nproc_per_node=read("measure.nproc_per_node"),
+    )
     world = join_torchrun(resolve_device(read("device")))
-    settings = dict(seed=read("permute.seed"), lams=lambda_grid(read("measure.num_lambdas")),
-                    resolution=read("three.resolution"), margin=read("three.margin"),
-                    gammas=read("measure.gammas"), device=world.device, world=world)
+    settings = dict(
+        seed=read("permute.seed"),
+        lams=lambda_grid(read("measure.num_lambdas")),
+        resolution=read("three.resolution"),
+        margin=read("three.margin"),
+        gammas=read("measure.gammas"),
+        device=world.device,
+        world=world,
+    )
     paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","), strict=True)}
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
     with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
         result = connect_triple(
-            method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings)
+            method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings
+        )
     leave_world(world)
     if not world.is_main:  # one writer
         return
@@ -69,8 +91,10 @@ def main(method: str = typer.Option(...), seeds: str = typer.Option(..., help="a
         with atomic_path(out / f"{name}.parquet") as tmp:
             pd.DataFrame(rows).to_parquet(tmp, index=False)
     with atomic_path(out / "edges.json") as tmp:
-        tmp.write_text(json.dumps({"seeds": seeds, "method": method, "edges": result.edges,
-                                   "search": result.search}, indent=2) + "\n")
+        tmp.write_text(
+            json.dumps({"seeds": seeds, "method": method, "edges": result.edges, "search": result.search}, indent=2)
+            + "\n"
+        )
     bc = next(e for e in result.edges if e["edge"] == "b-c")
     typer.echo(f"{method} {seeds}: b-c test loss barrier {bc['test_loss_barrier_max']:.4f}")
 

@@ -23,10 +23,18 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
     from lmclab.core.data import prepare
 
     data = stage_params("download", params, dvc_yaml=DVC_YAML)("data")
-    meta = prepare(data["name"], Path(data["root"]), out, max_train=data.get("max_train"),
-                   max_test=data.get("max_test"), image_size=data["image_size"])
-    typer.echo(f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "
-               f"shape {meta['input_shape']}, {meta['num_classes']} classes -> {out}")
+    meta = prepare(
+        data["name"],
+        Path(data["root"]),
+        out,
+        max_train=data.get("max_train"),
+        max_test=data.get("max_test"),
+        image_size=data["image_size"],
+    )
+    typer.echo(
+        f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "
+        f"shape {meta['input_shape']}, {meta['num_classes']} classes -> {out}"
+    )
 
 
 if __name__ == "__main__":

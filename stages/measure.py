@@ -26,10 +26,16 @@ KEYS = under("measure", "num_lambdas", mode="conv_spectrum", num_samples="bn_rep
 @app.command()
 @one_line_errors
 @params_errors(KEYS)  # the library's errors, under their params.yaml keys
-def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
-         model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
-         merged: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
-         params: Path = Path("params.yaml")) -> None:
+def main(
+    seed_a: int = typer.Option(...),
+    seed_b: int = typer.Option(...),
+    model_a: Path = typer.Option(...),
+    model_b: Path = typer.Option(...),
+    merged: Path = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import pandas as pd
 
     from lmclab.analysis.alignment import check_mode
@@ -45,11 +51,13 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
 
     read = stage_params("measure", params, dvc_yaml=DVC_YAML)
     opts = read("measure")
-    named = dict(seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b, merged=merged, data=data, out=out,
-                 params=params)
+    named = dict(
+        seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b, merged=merged, data=data, out=out, params=params
+    )
     args = [f"--{k.replace('_', '-')}={v}" for k, v in named.items()]
-    relaunch_under_torchrun(__file__, args, run_id=f"lmclab-measure-{seed_a}-{seed_b}",
-                            nproc_per_node=opts["nproc_per_node"])
+    relaunch_under_torchrun(
+        __file__, args, run_id=f"lmclab-measure-{seed_a}-{seed_b}", nproc_per_node=opts["nproc_per_node"]
+    )
     lams, mode = lambda_grid(opts["num_lambdas"]), opts["conv_spectrum"]
     check_mode(mode)
     world = join_torchrun(resolve_device(read("device")))
@@ -58,21 +66,44 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
     on = lambda sd: {k: v.to(device) for k, v in sd.items()}  # noqa: E731
     model = build_model(a.arch, a.config).to(device)
     splits = {"train": load_split(data, "train"), "test": load_split(data, "test")}
-    repair = (bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"], world=world)
-              if opts["bn_repair"] and has_batchnorm(model) else None)
+    repair = (
+        bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"], world=world)
+        if opts["bn_repair"] and has_batchnorm(model)
+        else None
+    )
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
-    factors_a, factors_b = (endpoint_factors(spec, model, p, mode=mode, input_shape=a.config.input_shape)
-                            for p in (params_a, params_b))  # shared by every method
+    factors_a, factors_b = (
+        endpoint_factors(spec, model, p, mode=mode, input_shape=a.config.input_shape) for p in (params_a, params_b)
+    )  # shared by every method
     from tqdm import tqdm
 
-    for method in tqdm(read("permute.methods"), desc=f"measure seed{seed_a}-seed{seed_b}",
-                       unit="method", disable=not show_progress(), leave=False):
+    for method in tqdm(
+        read("permute.methods"),
+        desc=f"measure seed{seed_a}-seed{seed_b}",
+        unit="method",
+        disable=not show_progress(),
+        leave=False,
+    ):
         permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
         midpoint = load_checkpoint(merged / method / "midpoint.pt")
         curve, summary, taylor, bounds, cka = measure_and_analyze(
-            spec, model, params_a, params_b, on(permuted_b.state_dict), on(midpoint.state_dict), splits, lams=lams,
-            gammas=[float(g) for g in opts["gammas"]], mode=mode, input_shape=a.config.input_shape,
-            taylor_splits=opts["taylor_splits"], repair=repair, factors_a=factors_a, factors_b=factors_b, world=world)
+            spec,
+            model,
+            params_a,
+            params_b,
+            on(permuted_b.state_dict),
+            on(midpoint.state_dict),
+            splits,
+            lams=lams,
+            gammas=[float(g) for g in opts["gammas"]],
+            mode=mode,
+            input_shape=a.config.input_shape,
+            taylor_splits=opts["taylor_splits"],
+            repair=repair,
+            factors_a=factors_a,
+            factors_b=factors_b,
+            world=world,
+        )
         if not world.is_main:  # one writer
             continue
         for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds), ("cka", cka)):
@@ -81,10 +112,11 @@ def main(seed_a: int = typer.Option(...), seed_b: int = typer.Option(...),
         record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}
         with atomic_path(out / method / "summary.json") as tmp:
             tmp.write_text(json.dumps(record, indent=2) + "\n")
-        typer.echo(f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
-                   f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
-                   f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}"
-                   + (f" ({world.size} processes)" if world.size > 1 else ""))
+        typer.echo(
+            f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
+            f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
+            f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}" + (f" ({world.size} processes)" if world.size > 1 else "")
+        )
     leave_world(world)
 
 

@@ -22,9 +22,14 @@ KEYS = {"num_samples": "measure.bn_repair_samples"}
 @app.command()
 @one_line_errors
 @params_errors(KEYS)  # the library's errors, under their params.yaml keys
-def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
-         perms: Path = typer.Option(...), data: Path = typer.Option(...),
-         out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+def main(
+    model_a: Path = typer.Option(...),
+    model_b: Path = typer.Option(...),
+    perms: Path = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import torch
 
     from lmclab.archs import build_model, get_arch
@@ -41,15 +46,15 @@ def main(model_a: Path = typer.Option(...), model_b: Path = typer.Option(...),
     model = build_model(a.arch, a.config)
     repair = None
     if read("measure.bn_repair") and has_batchnorm(model):
-        repair = bn_repair_hook(model, load_split(data, "train"),
-                                num_samples=read("measure.bn_repair_samples"))
+        repair = bn_repair_hook(model, load_split(data, "train"), num_samples=read("measure.bn_repair_samples"))
     for method in read("permute.methods"):
         pi = torch.load(perms / method / "perm.pt", weights_only=True)
         check_permutation(pi, spec.group_sizes(b.state_dict))
         permuted_b, midpoint = merge(spec, a.state_dict, b.state_dict, pi)
         save_checkpoint(out / method / "permuted_b.pt", Checkpoint(a.arch, a.config, b.seed, permuted_b))
-        save_checkpoint(out / method / "midpoint.pt",
-                        Checkpoint(a.arch, a.config, None, repair(midpoint) if repair else midpoint))
+        save_checkpoint(
+            out / method / "midpoint.pt", Checkpoint(a.arch, a.config, None, repair(midpoint) if repair else midpoint)
+        )
 
 
 if __name__ == "__main__":

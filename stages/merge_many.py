@@ -20,8 +20,12 @@ KEYS = under("merge_many", "max_iter", "tol", params="seeds")
 @app.command()
 @one_line_errors
 @params_errors(KEYS)  # the library's errors, under their params.yaml keys
-def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
-         params: Path = Path("params.yaml")) -> None:
+def main(
+    models: Path = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import pandas as pd
 
     from lmclab.analysis.ensemble import merge_and_compare
@@ -43,9 +47,13 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
     for p, c in zip(paths[1:], ckpts[1:], strict=True):
         check_same_architecture(ckpts[0], c, paths[0], p)
     result, rows = merge_and_compare(
-        ckpts, {"train": load_split(data, "train"), "test": load_split(data, "test")},
-        max_iter=opts["max_iter"], tol=opts["tol"], seed=read("permute.seed"),
-        device=resolve_device(read("device")))
+        ckpts,
+        {"train": load_split(data, "train"), "test": load_split(data, "test")},
+        max_iter=opts["max_iter"],
+        tol=opts["tol"],
+        seed=read("permute.seed"),
+        device=resolve_device(read("device")),
+    )
     save_checkpoint(out / "merged.pt", Checkpoint(ckpts[0].arch, ckpts[0].config, None, result.merged))
     atomic_save([{g: p.cpu() for g, p in perm.items()} for perm in result.perms], out / "perms.pt")
     with atomic_path(out / "evaluation.parquet") as tmp:
@@ -53,8 +61,10 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...), out: 
     with atomic_path(out / "trace.json") as tmp:
         tmp.write_text(json.dumps({"seeds": opts["seeds"], **result.stats}, indent=2) + "\n")
     test = {r["model"]: r["acc"] for r in rows if r["split"] == "test"}
-    typer.echo(f"MergeMany of {len(ckpts)}: test acc {test['MergeMany average']:.4f}, "
-               f"ensemble {test['ensemble']:.4f}, naive average {test['naive average']:.4f}")
+    typer.echo(
+        f"MergeMany of {len(ckpts)}: test acc {test['MergeMany average']:.4f}, "
+        f"ensemble {test['ensemble']:.4f}, naive average {test['naive average']:.4f}"
+    )
 
 
 if __name__ == "__main__":

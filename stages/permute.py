@@ -19,9 +19,14 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 @one_line_errors
-def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
-         model_b: Path = typer.Option(...), data: Path = typer.Option(...),
-         out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+def main(
+    method: str = typer.Option(...),
+    model_a: Path = typer.Option(...),
+    model_b: Path = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
@@ -36,9 +41,16 @@ def main(method: str = typer.Option(...), model_a: Path = typer.Option(...),
     seed, device = read("permute.seed"), resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
-    problem = search_problem(a.arch, a.config, {k: v.to(device) for k, v in a.state_dict.items()},
-                             {k: v.to(device) for k, v in b.state_dict.items()}, device=device,
-                             train=load_split(data, "train"), test=load_split(data, "test"), progress=show_progress())
+    problem = search_problem(
+        a.arch,
+        a.config,
+        {k: v.to(device) for k, v in a.state_dict.items()},
+        {k: v.to(device) for k, v in b.state_dict.items()},
+        device=device,
+        train=load_split(data, "train"),
+        test=load_split(data, "test"),
+        progress=show_progress(),
+    )
     with search_errors(method):
         result = run_search(method, problem, seed=seed, options=options)
     atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")

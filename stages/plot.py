@@ -16,8 +16,13 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 @one_line_errors
-def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...), out: Path = typer.Option(...),
-         curves: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+def main(
+    tables_dir: Path = typer.Option(...),
+    findings: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    curves: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import json
 
     import pandas as pd
@@ -47,33 +52,62 @@ def main(tables_dir: Path = typer.Option(...), findings: Path = typer.Option(...
     edges = pd.read_parquet(tables_dir / "three_edges.parquet")
     evaluation = pd.read_parquet(tables_dir / "merge_many.parquet")
     figures = {
-        "interpolation": plot_interpolation(curves_table, out / "figures" / "interpolation.png",
-                                            dpi=opts["dpi"], band=opts["band"]),
+        "interpolation": plot_interpolation(
+            curves_table, out / "figures" / "interpolation.png", dpi=opts["dpi"], band=opts["band"]
+        ),
         "training": plot_training(history, out / "figures" / "training.png", dpi=opts["dpi"]),
         "three": plot_three_barriers(edges, out / "figures" / "three_barriers.png", dpi=opts["dpi"]),
-        "landscape": plot_landscape(pd.read_parquet(tables_dir / "landscape.parquet"),
-                                    out / "figures" / "landscape.png", dpi=opts["dpi"]),
-        "merge_many": plot_merge_many(pd.read_parquet(tables_dir / "merge_many_trace.parquet"), evaluation,
-                                      out / "figures" / "merge_many.png", dpi=opts["dpi"]),
+        "landscape": plot_landscape(
+            pd.read_parquet(tables_dir / "landscape.parquet"), out / "figures" / "landscape.png", dpi=opts["dpi"]
+        ),
+        "merge_many": plot_merge_many(
+            pd.read_parquet(tables_dir / "merge_many_trace.parquet"),
+            evaluation,
+            out / "figures" / "merge_many.png",
+            dpi=opts["dpi"],
+        ),
     }
     read = lambda name: pd.read_parquet(tables_dir / f"{name}.parquet")  # noqa: E731
-    write_plot_tables(plot_tables({"curves": curves_table, "history": history, "search_curves": read("search_curves"),
-                                   "search_objective": read("search_objective")}), curves)
+    write_plot_tables(
+        plot_tables(
+            {
+                "curves": curves_table,
+                "history": history,
+                "search_curves": read("search_curves"),
+                "search_objective": read("search_objective"),
+            }
+        ),
+        curves,
+    )
     fig = lambda name: out / "figures" / f"{name}.png"  # noqa: E731
-    figures.update(alignment=plot_alignment(pairs, fig("alignment"), dpi=opts["dpi"]),
-                   taylor=plot_taylor(read("taylor"), fig("taylor"), dpi=opts["dpi"]),
-                   spectra=plot_spectra(read("spectrum"), fig("spectra"), dpi=opts["dpi"]),
-                   output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
-                   energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]))
+    figures.update(
+        alignment=plot_alignment(pairs, fig("alignment"), dpi=opts["dpi"]),
+        taylor=plot_taylor(read("taylor"), fig("taylor"), dpi=opts["dpi"]),
+        spectra=plot_spectra(read("spectrum"), fig("spectra"), dpi=opts["dpi"]),
+        output_scale=plot_output_scale(read("output_scale"), fig("output_scale"), dpi=opts["dpi"]),
+        energy=plot_energy(read("energy"), fig("energy"), dpi=opts["dpi"]),
+    )
     if (tables_dir / "cka.parquet").is_file():
-        figures["cka"] = plot_cka(read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])),
-                                  dpi=opts["dpi"])
+        figures["cka"] = plot_cka(
+            read("cka"), fig("cka"), methods=list(dict.fromkeys(pairs["method"])), dpi=opts["dpi"]
+        )
     if len(frame := read("search_curves")):
         figures["search_curves"] = plot_search_curves(frame, fig("search_curves"), dpi=opts["dpi"])
-    write_report(out / "report.md", title=opts["title"], pairs=pairs, history=history,
-                 methods=list(dict.fromkeys(pairs["method"])), figures=figures, t1=read("table1"),
-                 bounds=read("theorem42"), edges=edges, evaluation=evaluation, data=read_params("data.name"),
-                 arch=read_params("model.arch"), findings=json.loads(findings.read_text()))
+    write_report(
+        out / "report.md",
+        title=opts["title"],
+        pairs=pairs,
+        history=history,
+        methods=list(dict.fromkeys(pairs["method"])),
+        figures=figures,
+        t1=read("table1"),
+        bounds=read("theorem42"),
+        edges=edges,
+        evaluation=evaluation,
+        data=read_params("data.name"),
+        arch=read_params("model.arch"),
+        findings=json.loads(findings.read_text()),
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,12 @@ KEYS = {"mode": "measure.conv_spectrum"}
 @app.command()
 @one_line_errors
 @params_errors(KEYS)  # the library's errors, under their params.yaml keys
-def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
-         out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+def main(
+    models: Path = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import pandas as pd
 
     from lmclab.analysis.alignment import check_mode
@@ -40,9 +44,13 @@ def main(models: Path = typer.Option(...), data: Path = typer.Option(...),
     for seed in read("train.seeds"):
         ckpt = load_checkpoint(models / f"seed{seed}.pt")
         spectrum, energy = analyze_model(
-            get_arch(ckpt.arch).permutation_spec(ckpt.config), build_model(ckpt.arch, ckpt.config).to(device),
-            {k: v.to(device) for k, v in ckpt.state_dict.items()}, test, mode=mode,
-            input_shape=ckpt.config.input_shape)
+            get_arch(ckpt.arch).permutation_spec(ckpt.config),
+            build_model(ckpt.arch, ckpt.config).to(device),
+            {k: v.to(device) for k, v in ckpt.state_dict.items()},
+            test,
+            mode=mode,
+            input_shape=ckpt.config.input_shape,
+        )
         for name, rows in (("spectrum", spectrum), ("energy", energy)):
             with atomic_path(out / f"seed{seed}" / f"{name}.parquet") as tmp:
                 pd.DataFrame(rows).assign(seed=seed).to_parquet(tmp, index=False)

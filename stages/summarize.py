@@ -22,12 +22,18 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 @one_line_errors
-def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(...),
-         history_dir: Path = typer.Option(...), spectra_dir: Path = typer.Option(...),
-         connect_dir: Path = typer.Option(...),
-         merge_many_dir: Path = typer.Option(...), tables_dir: Path = typer.Option(...),
-         metrics_dir: Path = typer.Option(...), detail_dir: Path = typer.Option(...),
-         params: Path = Path("params.yaml")) -> None:
+def main(
+    measure_dir: Path = typer.Option(...),
+    perms_dir: Path = typer.Option(...),
+    history_dir: Path = typer.Option(...),
+    spectra_dir: Path = typer.Option(...),
+    connect_dir: Path = typer.Option(...),
+    merge_many_dir: Path = typer.Option(...),
+    tables_dir: Path = typer.Option(...),
+    metrics_dir: Path = typer.Option(...),
+    detail_dir: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import pandas as pd
 
     from lmclab.analysis.findings import paper_findings
@@ -49,8 +55,13 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     methods, seeds = read("permute.methods"), read("train.seeds")
     three_methods = read("three.methods")
     out = tables(collect_pairs(measure_dir, perms_dir, read("permute.pairs"), methods))
-    read_all = lambda folder, name: pd.concat([pd.read_parquet(folder / f"seed{s}" / name) for s in seeds],  # noqa: E731
-                                              ignore_index=True)
+
+    def read_all(folder, name):
+        return pd.concat(
+            [pd.read_parquet(folder / f"seed{s}" / name) for s in seeds],
+            ignore_index=True,
+        )
+
     out["spectrum"], out["energy"] = (read_all(spectra_dir, f"{n}.parquet") for n in ("spectrum", "energy"))
     out["output_scale"] = output_scales(out["spectrum"])
     out["table1"] = table1(out["pairs"], methods)
@@ -62,15 +73,27 @@ def main(measure_dir: Path = typer.Option(...), perms_dir: Path = typer.Option(.
     for name, frame in out.items():
         with atomic_path(tables_dir / f"{name}.parquet") as tmp:
             frame.to_parquet(tmp, index=False)
-    headline = headline_metrics(history=out["history"], pairs=out["pairs"], edges=out["three_edges"],
-                                evaluation=out["merge_many"], methods=methods, three_methods=three_methods)
+    headline = headline_metrics(
+        history=out["history"],
+        pairs=out["pairs"],
+        edges=out["three_edges"],
+        evaluation=out["merge_many"],
+        methods=methods,
+        three_methods=three_methods,
+    )
     found = paper_findings(out["pairs"], out["spectrum"], out["energy"], out["three_edges"], methods, three_methods)
-    findings = {"held": sum(f.holds is True for f in found), "tested": sum(f.holds is not None for f in found),
-                "findings": [f.as_dict() for f in found]}
-    for folder, name, summary in ((metrics_dir, "headline", headline), (metrics_dir, "findings", findings),
-                                  (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
-                                  (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
-                                  (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace))):
+    findings = {
+        "held": sum(f.holds is True for f in found),
+        "tested": sum(f.holds is not None for f in found),
+        "findings": [f.as_dict() for f in found],
+    }
+    for folder, name, summary in (
+        (metrics_dir, "headline", headline),
+        (metrics_dir, "findings", findings),
+        (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
+        (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
+        (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace)),
+    ):
         with atomic_path(folder / f"{name}.json") as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
 

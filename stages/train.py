@@ -24,8 +24,19 @@ from lmclab.pipeline.stage import (
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
-TRAIN_KEYS = ("epochs", "lr", "batch_size", "optimizer", "momentum", "weight_decay", "schedule",
-              "warmup_epochs", "augment", "precision", "mixup_alpha")
+TRAIN_KEYS = (
+    "epochs",
+    "lr",
+    "batch_size",
+    "optimizer",
+    "momentum",
+    "weight_decay",
+    "schedule",
+    "warmup_epochs",
+    "augment",
+    "precision",
+    "mixup_alpha",
+)
 LAUNCH_KEYS = ("nproc_per_node", "nnodes", "rdzv_endpoint")
 # the params.yaml key of each argument the library's errors name (the architecture's: model_key)
 KEYS = under("train", *TRAIN_KEYS, *LAUNCH_KEYS, alpha="mixup_alpha")
@@ -34,8 +45,13 @@ KEYS = under("train", *TRAIN_KEYS, *LAUNCH_KEYS, alpha="mixup_alpha")
 @app.command()
 @one_line_errors
 @params_errors(KEYS)  # the library's errors, under their params.yaml keys
-def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Path = typer.Option(...),
-         history: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
+def main(
+    seed: int = typer.Option(...),
+    data: Path = typer.Option(...),
+    out: Path = typer.Option(...),
+    history: Path = typer.Option(...),
+    params: Path = Path("params.yaml"),
+) -> None:
     import pandas as pd
 
     from lmclab.archs import make_config
@@ -48,10 +64,21 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     from lmclab.train.training import train
 
     read = stage_params("train", params, dvc_yaml=DVC_YAML)
-    args = ["--seed", str(seed), "--data", str(data), "--out", str(out), "--history", str(history),
-            "--params", str(params)]
-    relaunch_under_torchrun(__file__, args, run_id=f"lmclab-train-seed{seed}",
-                            **{k: read(f"train.{k}") for k in LAUNCH_KEYS})
+    args = [
+        "--seed",
+        str(seed),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--history",
+        str(history),
+        "--params",
+        str(params),
+    ]
+    relaunch_under_torchrun(
+        __file__, args, run_id=f"lmclab-train-seed{seed}", **{k: read(f"train.{k}") for k in LAUNCH_KEYS}
+    )
     arch = read("model.arch")
     model = read(f"model.{arch}") or {}
     opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
@@ -61,14 +88,25 @@ def main(seed: int = typer.Option(...), data: Path = typer.Option(...), out: Pat
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
         config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
-        ckpt, rows = train(arch, config, seed, load_split(data, "train"), load_split(data, "test"),
-                           device=world.device, world=world, progress=show_progress(), **opts)
+        ckpt, rows = train(
+            arch,
+            config,
+            seed,
+            load_split(data, "train"),
+            load_split(data, "test"),
+            device=world.device,
+            world=world,
+            progress=show_progress(),
+            **opts,
+        )
     if world.is_main:  # one writer
         save_checkpoint(out, ckpt)
         with atomic_path(history) as tmp:
             pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
-        typer.echo(f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}"
-                   + (f" ({world.size} processes)" if world.size > 1 else ""))
+        typer.echo(
+            f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}"
+            + (f" ({world.size} processes)" if world.size > 1 else "")
+        )
     leave_world(world)
 
 

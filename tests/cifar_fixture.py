@@ -20,8 +20,12 @@ def _batch(rng: np.random.Generator, n: int) -> dict:
     # class-dependent mean colour so a network can learn something
     base = (labels[:, None] * 23 % 256).astype(np.float64)
     data = np.clip(base + rng.normal(0, 40, (n, 3072)), 0, 255).astype(np.uint8)  # (n, 3·32·32)
-    return {"batch_label": "fixture", "labels": labels.tolist(), "data": data,
-            "filenames": [f"img{i}.png" for i in range(n)]}
+    return {
+        "batch_label": "fixture",
+        "labels": labels.tolist(),
+        "data": data,
+        "filenames": [f"img{i}.png" for i in range(n)],
+    }
 
 
 def write_cifar10(root: Path, per_batch: int = 20, n_test: int = 40, seed: int = 0) -> dict:
@@ -39,8 +43,11 @@ def write_cifar10(root: Path, per_batch: int = 20, n_test: int = 40, seed: int =
 def md5_lists(root: Path) -> dict:
     folder = Path(root) / "cifar-10-batches-py"
     md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()}
-    return {"train_list": [[n, md5[n]] for n in TRAIN_FILES], "test_list": [["test_batch", md5["test_batch"]]],
-            "meta_md5": md5["batches.meta"]}
+    return {
+        "train_list": [[n, md5[n]] for n in TRAIN_FILES],
+        "test_list": [["test_batch", md5["test_batch"]]],
+        "meta_md5": md5["batches.meta"],
+    }
 
 
 def patch_class(cls: type, lists: dict) -> dict:

@@ -27,8 +27,16 @@ SMALL_CONFIGS: dict[str, dict] = {
 # what the library and the stages read from the environment: set by the caller, they would change what runs
 # (LMCLAB_WARM=0 turns warm start off; torchrun's variables make a stage join a process group)
 CALLER_ENV = ("LMCLAB_",)
-TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RUN_ID")
+TORCHRUN_ENV = (
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,8 +78,17 @@ def trained(splits: dict[str, Split]):  # returns a factory
         key = (seed, width, hidden, epochs)
         if key not in cache:
             config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=hidden, width=width)
-            cache[key] = train("mlp", config, seed, splits["train"], splits["test"], epochs=epochs,
-                               lr=1e-3, batch_size=100, progress=False)[0]
+            cache[key] = train(
+                "mlp",
+                config,
+                seed,
+                splits["train"],
+                splits["test"],
+                epochs=epochs,
+                lr=1e-3,
+                batch_size=100,
+                progress=False,
+            )[0]
         return cache[key]
 
     return make

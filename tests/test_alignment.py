@@ -29,19 +29,31 @@ def mlp_case(seed=0):
 
 def conv_case(seed=0):
     """A conv net's spec (kernels, BatchNorm, a dense read-out) with random parameters."""
-    spec = build_spec(conv("c0", "P_0", None), norm("bn0", "P_0"), conv("c1", "P_1", "P_0", bias=True),
-                      dense("fc", None, "P_1"))
+    spec = build_spec(
+        conv("c0", "P_0", None), norm("bn0", "P_0"), conv("c1", "P_1", "P_0", bias=True), dense("fc", None, "P_1")
+    )
     g = torch.Generator().manual_seed(seed)
-    shapes = {"c0.weight": (6, 3, 3, 3), "c1.weight": (5, 6, 3, 3), "c1.bias": (5,),
-              "bn0.weight": (6,), "bn0.bias": (6,), "bn0.running_mean": (6,), "bn0.running_var": (6,),
-              "fc.weight": (4, 5), "fc.bias": (4,)}
+    shapes = {
+        "c0.weight": (6, 3, 3, 3),
+        "c1.weight": (5, 6, 3, 3),
+        "c1.bias": (5,),
+        "bn0.weight": (6,),
+        "bn0.bias": (6,),
+        "bn0.running_mean": (6,),
+        "bn0.running_var": (6,),
+        "fc.weight": (4, 5),
+        "fc.bias": (4,),
+    }
     params = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
     params["bn0.num_batches_tracked"] = torch.tensor(3)
     return spec, params
 
 
-CASES = {"mlp": (mlp_case, "reshape", None), "conv": (conv_case, "reshape", None),
-         "conv_fft": (conv_case, "fft", {"c0.weight": (6, 6), "c1.weight": (6, 6)})}
+CASES = {
+    "mlp": (mlp_case, "reshape", None),
+    "conv": (conv_case, "reshape", None),
+    "conv_fft": (conv_case, "fft", {"c0.weight": (6, 6), "c1.weight": (6, 6)}),
+}
 
 
 def factors(params, spec, mode, sizes):
@@ -50,8 +62,7 @@ def factors(params, spec, mode, sizes):
 
 def noisy(params, scale, seed):
     g = torch.Generator().manual_seed(seed)
-    return {k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
-            for k, v in params.items()}
+    return {k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in params.items()}
 
 
 def test_layers_are_the_two_dimensional_weights():
@@ -87,8 +98,9 @@ def test_r_is_invariant_under_a_common_permutation_and_bounded(case):
         assert alignment_r(fpa, fpb, gamma) == pytest.approx(r, abs=1e-10)
     # permuting only one side destroys the alignment; undoing it restores R = 1
     assert abs(alignment_r(fa, fpa, 0.0)) < 0.5
-    assert alignment_r(fpa, factors(apply_permutation(spec, perm, params_a), spec, mode, sizes), 0.0) \
-        == pytest.approx(1.0)
+    assert alignment_r(fpa, factors(apply_permutation(spec, perm, params_a), spec, mode, sizes), 0.0) == pytest.approx(
+        1.0
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -145,7 +157,7 @@ def test_r0_of_independent_random_matrices_matches_its_closed_form():
     rs = torch.tensor(rs, dtype=torch.float64)
     second = 1 / (m * n)
     assert abs(float(rs.mean())) < 4 * math.sqrt(second / trials)
-    assert float((rs ** 2).mean()) == pytest.approx(second, rel=0.35)
+    assert float((rs**2).mean()) == pytest.approx(second, rel=0.35)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -51,9 +51,18 @@ def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
     inverse = {g: torch.argsort(p) for g, p in perm.items()}
     permuted_b, midpoint = merge(spec, params_a, params_b, inverse)  # aligning recovers θa exactly
     splits = {"test": load_split(prepared, "test")}
-    summary, taylor, bounds = analyze_pair(spec, build_model("mlp", config), params_a, params_b, permuted_b,
-                                           midpoint, splits, lams=lambda_grid(5), gammas=[0.0, 0.3],
-                                           input_shape=config.input_shape)
+    summary, taylor, bounds = analyze_pair(
+        spec,
+        build_model("mlp", config),
+        params_a,
+        params_b,
+        permuted_b,
+        midpoint,
+        splits,
+        lams=lambda_grid(5),
+        gammas=[0.0, 0.3],
+        input_shape=config.input_shape,
+    )
     for gamma in (0.0, 0.3):
         assert summary[r_key(gamma)] == pytest.approx(1.0)
         assert summary[r_key(gamma, "a_mid")] == pytest.approx(1.0)
@@ -73,12 +82,15 @@ def test_shared_endpoint_factors_change_nothing(prepared):
     permuted_b, midpoint = merge(spec, params_a, params_b, perm)
     model, splits = build_model("mlp", config), {"test": load_split(prepared, "test")}
     kwargs = dict(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
-    shared = {f"factors_{k}": endpoint_factors(spec, model, p, input_shape=config.input_shape)
-              for k, p in (("a", params_a), ("b", params_b))}
+    shared = {
+        f"factors_{k}": endpoint_factors(spec, model, p, input_shape=config.input_shape)
+        for k, p in (("a", params_a), ("b", params_b))
+    }
     alone = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint, splits, **kwargs)
     reused = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint, splits, **kwargs, **shared)
     assert {k: v for k, v in reused[0].items() if k != "analysis_seconds"} == {
-        k: v for k, v in alone[0].items() if k != "analysis_seconds"}
+        k: v for k, v in alone[0].items() if k != "analysis_seconds"
+    }
     assert reused[1:] == alone[1:]
     # and both equal the primitives computed from scratch on the right models
     layers = layer_names(spec, params_a)
@@ -92,24 +104,38 @@ def test_shared_endpoint_factors_change_nothing(prepared):
 def test_analyze_model_rows(prepared):
     config, params = tiny(3)
     spec = get_arch("mlp").permutation_spec(config)
-    spectrum, energy = analyze_model(spec, build_model("mlp", config), params, load_split(prepared, "test"),
-                                     input_shape=config.input_shape)
+    spectrum, energy = analyze_model(
+        spec, build_model("mlp", config), params, load_split(prepared, "test"), input_shape=config.input_shape
+    )
     frame = pd.DataFrame(spectrum)
-    assert frame.groupby("layer").size().to_dict() == {"layers.0.weight": 16, "layers.1.weight": 16,
-                                                       "out.weight": 10}
+    assert frame.groupby("layer").size().to_dict() == {"layers.0.weight": 16, "layers.1.weight": 16, "out.weight": 10}
     assert frame[frame["output"]]["layer"].unique().tolist() == ["out.weight"]
     assert len(energy) == len(spectrum) and all(r["energy"] >= 0 for r in energy)
 
 
 def test_table1_runs_a_paired_t_test_and_output_scales_fit_alpha():
-    pairs = pd.DataFrame({"method": ["wm"] * 3, "test_loss_barrier_mid": [0.1, 0.2, 0.15],
-                          "test_taylor_barrier_mid": [1.0, 1.3, 1.1], "l2_before": [10.0] * 3,
-                          "l2_after": [8.0] * 3, "l2_reduction_pct": [20.0] * 3})
+    pairs = pd.DataFrame(
+        {
+            "method": ["wm"] * 3,
+            "test_loss_barrier_mid": [0.1, 0.2, 0.15],
+            "test_taylor_barrier_mid": [1.0, 1.3, 1.1],
+            "l2_before": [10.0] * 3,
+            "l2_after": [8.0] * 3,
+            "l2_reduction_pct": [20.0] * 3,
+        }
+    )
     row = table1(pairs, ["wm"]).iloc[0]
     assert row["diff_mean"] == pytest.approx((0.9 + 1.1 + 0.95) / 3)
     assert row["p_value"] < 0.05 and row["significant"]
-    spectrum = pd.DataFrame({"seed": [0, 0, 1, 1], "layer": "out.weight", "output": True, "index": [0, 1] * 2,
-                             "singular_value": [4.0, 2.0, 2.0, 1.0]})
+    spectrum = pd.DataFrame(
+        {
+            "seed": [0, 0, 1, 1],
+            "layer": "out.weight",
+            "output": True,
+            "index": [0, 1] * 2,
+            "singular_value": [4.0, 2.0, 2.0, 1.0],
+        }
+    )
     scales = output_scales(spectrum)
     assert scales.groupby("seed")["alpha"].first().tolist() == pytest.approx([1.0, 2.0])
     assert scales["adjusted"].tolist() == pytest.approx([4.0, 2.0, 4.0, 2.0])
@@ -118,9 +144,16 @@ def test_table1_runs_a_paired_t_test_and_output_scales_fit_alpha():
 def test_taylor_table_holds_the_real_gap_read_off_the_curve():
     """Loss 1 at θb (λ = 0), 3 at θa (λ = 1), 2 at λ = ¼: real gap 2 − (¼·3 + ¾·1) = 0.5."""
     curve = [{"split": "test", "lam": lam, "loss": loss} for lam, loss in ((0.0, 1.0), (0.25, 2.0), (1.0, 3.0))]
-    record = {"seed_a": 0, "seed_b": 1, "method": "wm", "curve": curve, "summary": {}, "search": {},
-              "taylor": [{"split": "test", "lam": 0.25, "taylor": 0.4}, {"split": "test", "lam": 0.5, "taylor": 0.6}],
-              "theorem42": []}
+    record = {
+        "seed_a": 0,
+        "seed_b": 1,
+        "method": "wm",
+        "curve": curve,
+        "summary": {},
+        "search": {},
+        "taylor": [{"split": "test", "lam": 0.25, "taylor": 0.4}, {"split": "test", "lam": 0.5, "taylor": 0.6}],
+        "theorem42": [],
+    }
     gaps = tables([record])["taylor"]["barrier"].tolist()
     assert gaps[0] == pytest.approx(0.5) and math.isnan(gaps[1])  # λ = ½ was not measured
 
@@ -135,23 +168,64 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
     spec = get_arch("mlp").permutation_spec(config)
     for seed, params in ((0, params_a), (1, params_b)):
         save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed, params))
-    permuted_b, midpoint = merge(spec, params_a, params_b, random_permutation(
-        spec.group_sizes(params_a), torch.Generator().manual_seed(0)))
+    permuted_b, midpoint = merge(
+        spec, params_a, params_b, random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(0))
+    )
     save_checkpoint(tmp_path / "merged" / "wm" / "permuted_b.pt", Checkpoint("mlp", config, 1, permuted_b))
     save_checkpoint(tmp_path / "merged" / "wm" / "midpoint.pt", Checkpoint("mlp", config, None, midpoint))
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"device": "cpu", "train": {"seeds": [0, 1]}, "permute": {"methods": ["wm"]},
-                                      "measure": {"taylor_splits": ["train", "test"],
-        "num_lambdas": 3, "gammas": [0, 0.5], "conv_spectrum": "reshape", "bn_repair": True,
-        "bn_repair_samples": None, "nproc_per_node": 1}}))
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "device": "cpu",
+                "train": {"seeds": [0, 1]},
+                "permute": {"methods": ["wm"]},
+                "measure": {
+                    "taylor_splits": ["train", "test"],
+                    "num_lambdas": 3,
+                    "gammas": [0, 0.5],
+                    "conv_spectrum": "reshape",
+                    "bn_repair": True,
+                    "bn_repair_samples": None,
+                    "nproc_per_node": 1,
+                },
+            }
+        )
+    )
     runner = CliRunner()
-    res = runner.invoke(spectra.app, ["--models", str(tmp_path), "--data", str(prepared), "--out",
-                                      str(tmp_path / "spectra"), "--params", str(params)])
+    res = runner.invoke(
+        spectra.app,
+        [
+            "--models",
+            str(tmp_path),
+            "--data",
+            str(prepared),
+            "--out",
+            str(tmp_path / "spectra"),
+            "--params",
+            str(params),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert set(pd.read_parquet(tmp_path / "spectra" / "seed1" / "energy.parquet")["seed"]) == {1}
-    args = ["--seed-a", "0", "--seed-b", "1", "--model-a", str(tmp_path / "seed0.pt"),
-            "--model-b", str(tmp_path / "seed1.pt"), "--merged", str(tmp_path / "merged"), "--data",
-            str(prepared), "--out", str(tmp_path / "analysis"), "--params", str(params)]
+    args = [
+        "--seed-a",
+        "0",
+        "--seed-b",
+        "1",
+        "--model-a",
+        str(tmp_path / "seed0.pt"),
+        "--model-b",
+        str(tmp_path / "seed1.pt"),
+        "--merged",
+        str(tmp_path / "merged"),
+        "--data",
+        str(prepared),
+        "--out",
+        str(tmp_path / "analysis"),
+        "--params",
+        str(params),
+    ]
     res = runner.invoke(measure.app, args)
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "analysis" / "wm" / "summary.json").read_text())
@@ -171,11 +245,18 @@ def test_width_tables_combine_runs_by_width():
 
     def run(width, r):
         idx = list(range(width))
-        spectrum = pd.DataFrame({"seed": 0, "layer": "l0", "output": False, "index": idx,
-                                 "singular_value": [float(width - i) for i in idx]})
+        spectrum = pd.DataFrame(
+            {"seed": 0, "layer": "l0", "output": False, "index": idx, "singular_value": [float(width - i) for i in idx]}
+        )
         energy = spectrum.drop(columns="output").assign(energy=1.0)
-        pairs = pd.DataFrame({"method": ["identity", "wm", "wm"], "test_loss_barrier_mid": [1.0, 0.2, 0.4],
-                              "R_0": [0.0, r, r + 0.1], "R_0_naive": [0.0, 0.0, 0.0]})
+        pairs = pd.DataFrame(
+            {
+                "method": ["identity", "wm", "wm"],
+                "test_loss_barrier_mid": [1.0, 0.2, 0.4],
+                "R_0": [0.0, r, r + 0.1],
+                "R_0_naive": [0.0, 0.0, 0.0],
+            }
+        )
         return {"spectrum": spectrum, "energy": energy, "pairs": pairs}
 
     out = width_tables({8: run(8, 0.1), 4: run(4, 0.3)})
@@ -194,8 +275,14 @@ ONE_TWO_THREE = [1.0, 2.0, 3.0]
 def three_pairs() -> pd.DataFrame:
     """Three pairs of one method; every summarised column is [1, 2, 3], the Taylor estimate [2, 4, 6]."""
     columns = {k: ONE_TWO_THREE for k in (*SUMMARY_KEYS, "R_0.3", "R_0.3_naive", "R_0.3_a_mid", "R_0.3_b_mid")}
-    return pd.DataFrame({"pair": ["seed0-seed1", "seed0-seed2", "seed1-seed2"], "method": "wm", **columns,
-                         "test_taylor_barrier_mid": [2.0, 4.0, 6.0]})
+    return pd.DataFrame(
+        {
+            "pair": ["seed0-seed1", "seed0-seed2", "seed1-seed2"],
+            "method": "wm",
+            **columns,
+            "test_taylor_barrier_mid": [2.0, 4.0, 6.0],
+        }
+    )
 
 
 def test_every_summary_over_pairs_reports_the_sample_std():
@@ -205,16 +292,32 @@ def test_every_summary_over_pairs_reports_the_sample_std():
     assert summary["n_pairs"] == 3
     assert {k: v["std"] for k, v in summary.items() if k != "n_pairs"} == {
         **dict.fromkeys((*SUMMARY_KEYS, "R_0.3", "R_0.3_naive", "R_0.3_a_mid", "R_0.3_b_mid"), 1.0),
-        "test_taylor_barrier_mid": 2.0}
+        "test_taylor_barrier_mid": 2.0,
+    }
     row = table1(three_pairs(), ["wm"]).iloc[0]
     assert {k: row[f"{k}_std"] for k in ("barrier", "taylor", "diff", "l2_before", "l2_after", "reduction_pct")} == {
-        "barrier": 1.0, "taylor": 2.0, "diff": 1.0, "l2_before": 1.0, "l2_after": 1.0, "reduction_pct": 1.0}
-    edges = pd.DataFrame({"triple": ["t0", "t1", "t2"], "method": "wm", "edge": "b-c",
-                          **{k: ONE_TWO_THREE for k in (*THREE_KEYS, "R_0.3")}})
-    assert three_summary(edges, ["wm"])["wm"]["b-c"] == dict.fromkeys((*THREE_KEYS, "R_0.3"),
-                                                                      {"mean": 2.0, "std": 1.0})
-    runs = {8: {"spectrum": pd.DataFrame({"seed": [0], "layer": "l0", "index": [0], "singular_value": [1.0]}),
-                "energy": pd.DataFrame({"seed": [0], "layer": "l0", "index": [0], "energy": [1.0]}),
-                "pairs": three_pairs()}}
+        "barrier": 1.0,
+        "taylor": 2.0,
+        "diff": 1.0,
+        "l2_before": 1.0,
+        "l2_after": 1.0,
+        "reduction_pct": 1.0,
+    }
+    edges = pd.DataFrame(
+        {
+            "triple": ["t0", "t1", "t2"],
+            "method": "wm",
+            "edge": "b-c",
+            **{k: ONE_TWO_THREE for k in (*THREE_KEYS, "R_0.3")},
+        }
+    )
+    assert three_summary(edges, ["wm"])["wm"]["b-c"] == dict.fromkeys((*THREE_KEYS, "R_0.3"), {"mean": 2.0, "std": 1.0})
+    runs = {
+        8: {
+            "spectrum": pd.DataFrame({"seed": [0], "layer": "l0", "index": [0], "singular_value": [1.0]}),
+            "energy": pd.DataFrame({"seed": [0], "layer": "l0", "index": [0], "energy": [1.0]}),
+            "pairs": three_pairs(),
+        }
+    }
     alignment = width_tables(runs, methods=["wm"])["alignment"].iloc[0]
     assert (alignment["R_0.3_mean"], alignment["R_0.3_std"]) == (2.0, 1.0)

@@ -43,10 +43,13 @@ def test_the_top_level_names_are_the_api() -> None:
 
 def test_importing_one_module_does_not_load_the_api() -> None:
     """Lazy re-exports: a stage importing lmclab.core.spec depends on no more than it uses."""
-    code = ("import sys, lmclab.core.spec; "
-            "print(any(m.startswith(('lmclab.api', 'lmclab.search')) for m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip() == "False"
+    code = (
+        "import sys, lmclab.core.spec; print(any(m.startswith(('lmclab.api', 'lmclab.search')) for m in sys.modules))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 @pytest.mark.parametrize("method", ["wm", "wm_sinkhorn"])
@@ -92,8 +95,13 @@ def test_a_torchvision_resnet18_is_traced_matched_and_measured() -> None:
 def test_the_curve_of_two_different_models_has_the_barrier_of_its_own_rows() -> None:
     a, b = _mlp(0), _mlp(1)
     x, y = torch.randn(200, 12), torch.randint(0, 3, (200,))
-    curve = lmclab.interpolate(a, b, data={"test": (x, y), "train": DataLoader(TensorDataset(x, y), batch_size=50)},
-                               lams=[0, 0.25, 0.5, 0.75, 1], device="cpu")
+    curve = lmclab.interpolate(
+        a,
+        b,
+        data={"test": (x, y), "train": DataLoader(TensorDataset(x, y), batch_size=50)},
+        lams=[0, 0.25, 0.5, 0.75, 1],
+        device="cpu",
+    )
     assert curve.splits == ["test", "train"] and curve.lams == [0.0, 0.25, 0.5, 0.75, 1.0]
     test = {r["lam"]: r["loss"] for r in curve.rows if r["split"] == "test"}
     line = {lam: lam * test[1.0] + (1 - lam) * test[0.0] for lam in test}
@@ -109,20 +117,24 @@ def test_bn_repair_recomputes_the_statistics_of_the_interpolated_model() -> None
     net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(300, 6) * 3 + 1, torch.randint(0, 2, (300,))
     stale = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, device="cpu")
-    fixed = lmclab.interpolate(net, net.state_dict(), data=(x, y), lams=3, repair="bn", repair_data=(x, y),
-                               device="cpu")
+    fixed = lmclab.interpolate(
+        net, net.state_dict(), data=(x, y), lams=3, repair="bn", repair_data=(x, y), device="cpu"
+    )
     assert [r["loss"] for r in stale.rows] != pytest.approx([r["loss"] for r in fixed.rows])
     with pytest.raises(ValueError, match="^repair: 'bn' needs a model with BatchNorm"):
         lmclab.interpolate(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), repair="bn", repair_data=(x, y))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"method": "nope"}, r"^method: unknown method 'nope'"),
-    ({"method": "am"}, r"^data: method 'am' needs training data"),
-    ({"method": "wm"}, r"^example_inputs: needed to trace the permutation spec"),
-    ({"method": "wm", "example_inputs": torch.randn(2, 12), "max_iter": 0}, r"^max_iter must be"),
-    ({"method": "wm", "example_inputs": torch.randn(2, 12), "nonsense": 1}, r"nonsense"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"method": "nope"}, r"^method: unknown method 'nope'"),
+        ({"method": "am"}, r"^data: method 'am' needs training data"),
+        ({"method": "wm"}, r"^example_inputs: needed to trace the permutation spec"),
+        ({"method": "wm", "example_inputs": torch.randn(2, 12), "max_iter": 0}, r"^max_iter must be"),
+        ({"method": "wm", "example_inputs": torch.randn(2, 12), "nonsense": 1}, r"nonsense"),
+    ],
+)
 def test_bad_arguments_are_one_line_naming_the_argument(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message) as err:
         lmclab.find_permutation(_mlp(0), _mlp(1), **kwargs)

@@ -61,8 +61,19 @@ def test_mixup_training_is_deterministic_per_seed_and_writes_collapse_statistics
     from lmclab.archs import make_config
 
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=32)
-    run = lambda alpha: train("mlp", config, 0, splits["train"], splits["test"], epochs=2, batch_size=100,  # noqa: E731
-                              mixup_alpha=alpha)
+
+    def run(alpha):
+        return train(
+            "mlp",
+            config,
+            0,
+            splits["train"],
+            splits["test"],
+            epochs=2,
+            batch_size=100,
+            mixup_alpha=alpha,
+        )
+
     (a, history), (b, _), (plain, plain_history) = run(0.4), run(0.4), run(0.0)
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert not all(torch.equal(a.state_dict[k], plain.state_dict[k]) for k in a.state_dict)
@@ -97,10 +108,25 @@ def test_the_mixup_table_compares_endpoints_and_methods_per_alpha():
     from lmclab.analysis.mixup import mixup_table
 
     def run(acc: float, nc1: float, barrier: float) -> dict:
-        history = pd.DataFrame([{"seed": s, "epoch": e, "test_acc": acc + 0.01 * s, "nc1": nc1 if e == 2 else None}
-                                for s in (0, 1) for e in (1, 2)])
-        pairs = pd.DataFrame([{"method": m, "pair": "seed0-seed1", "test_loss_barrier_mid": barrier * (m == "identity"),
-                               "l2_reduction_pct": 5.0, "R_0.3": 0.1} for m in ("identity", "wm")])
+        history = pd.DataFrame(
+            [
+                {"seed": s, "epoch": e, "test_acc": acc + 0.01 * s, "nc1": nc1 if e == 2 else None}
+                for s in (0, 1)
+                for e in (1, 2)
+            ]
+        )
+        pairs = pd.DataFrame(
+            [
+                {
+                    "method": m,
+                    "pair": "seed0-seed1",
+                    "test_loss_barrier_mid": barrier * (m == "identity"),
+                    "l2_reduction_pct": 5.0,
+                    "R_0.3": 0.1,
+                }
+                for m in ("identity", "wm")
+            ]
+        )
         return {"history": history, "pairs": pairs}
 
     table = mixup_table({0.4: run(0.9, 2.0, 0.5), 0.0: run(0.95, 1.0, 1.0)}, ["identity", "wm"])

@@ -13,14 +13,26 @@ from lmclab.search.sinkhorn import soft_apply
 from lmclab.search.weight_matching import weight_matching
 
 # x (2 channels, 2 × 2) → conv a (3 channels, P), conv b (2 channels, Q) → cat → flatten (5 × 4) → head
-SPEC = build_spec({"a.weight": ("P", None, None, None), "a.bias": ("P",), "b.weight": ("Q", None, None, None),
-                   "head.weight": (None, (Segment("P", 12, 4), Segment("Q", 8, 4))), "head.bias": (None,)})
+SPEC = build_spec(
+    {
+        "a.weight": ("P", None, None, None),
+        "a.bias": ("P",),
+        "b.weight": ("Q", None, None, None),
+        "head.weight": (None, (Segment("P", 12, 4), Segment("Q", 8, 4))),
+        "head.bias": (None,),
+    }
+)
 
 
 def params(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = {"a.weight": (3, 2, 1, 1), "a.bias": (3,), "b.weight": (2, 2, 1, 1),
-              "head.weight": (4, 20), "head.bias": (4,)}
+    shapes = {
+        "a.weight": (3, 2, 1, 1),
+        "a.bias": (3,),
+        "b.weight": (2, 2, 1, 1),
+        "head.weight": (4, 20),
+        "head.bias": (4,),
+    }
     return {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
 
 
@@ -35,8 +47,9 @@ def test_a_permutation_of_a_composite_spec_leaves_the_function_unchanged() -> No
     permuted = apply_permutation(SPEC, perm, p)
     torch.testing.assert_close(forward(permuted, x), forward(p, x))
     # closed form: feature c·4 + k of the new head reads channel perm[c] of the old one
-    columns = [perm["P"][c] * 4 + k for c in range(3) for k in range(4)] + \
-              [12 + perm["Q"][c] * 4 + k for c in range(2) for k in range(4)]
+    columns = [perm["P"][c] * 4 + k for c in range(3) for k in range(4)] + [
+        12 + perm["Q"][c] * 4 + k for c in range(2) for k in range(4)
+    ]
     assert torch.equal(permuted["head.weight"], p["head.weight"][:, columns])
 
 
@@ -47,8 +60,11 @@ def test_composite_axes_are_checked_against_the_parameters() -> None:
     with pytest.raises(ValueError, match=r"axis 1 of 'head.weight' has 24 entries, the spec's segments cover 20"):
         SPEC.check({**p, "head.weight": torch.zeros(4, 24)})
     lopsided = PermutationSpec(axes={**SPEC.axes, "head.weight": (None, (Segment("P", 15, 5), Segment("Q", 5, 5)))})
-    with pytest.raises(ValueError, match=r"group 'P': axis 1 of 'head.weight' has 15 entries in blocks of 5, "
-                                         r"expected 3 units|group 'Q'"):
+    with pytest.raises(
+        ValueError,
+        match=r"group 'P': axis 1 of 'head.weight' has 15 entries in blocks of 5, "
+        r"expected 3 units|group 'Q'",
+    ):
         lopsided.group_sizes(p)
 
 

@@ -17,8 +17,10 @@ from lmclab.core.spec import apply_permutation, compose, invert, random_permutat
 CASES = {
     "mlp": {"hidden": 2, "width": 16},
     "vgg-x0.25": {"width_multiplier": 0.25},
-    "vgg13-x0.125": {"width_multiplier": 0.125,
-                     "layers": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]},
+    "vgg13-x0.125": {
+        "width_multiplier": 0.125,
+        "layers": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    },
     "resnet20-x1": {"width_multiplier": 1},
     "resnet20-x2": {"width_multiplier": 2},
     "resnet50": {},
@@ -37,8 +39,12 @@ def _arch(case: str) -> str:
 def _randomised(model: nn.Module, shape: tuple[int, ...], generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Perturbed weights and BN running statistics of those weights on random inputs (distinct
     per channel, so their permutation matters; realistic, so deep nets keep logits of order 1)."""
-    params = {k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point()
-              and not k.endswith(("running_mean", "running_var")) else v for k, v in model.state_dict().items()}
+    params = {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator)
+        if v.is_floating_point() and not k.endswith(("running_mean", "running_var"))
+        else v
+        for k, v in model.state_dict().items()
+    }
     x = torch.randn(16, *shape, generator=generator)
     return repair_bn(model, params, Split(x, torch.zeros(16, dtype=torch.long)), batch_size=16)
 
@@ -77,8 +83,9 @@ def test_spec_matches_state_dict_and_permutation_is_a_symmetry(case, shape):
         logits, logits_perm = functional_call(model, params, (x,)), functional_call(model, permuted, (x,))
     assert logits.shape == (3, 10) and logits.abs().max() < 100
     assert torch.allclose(logits, logits_perm, atol=1e-4, rtol=1e-4)
-    assert any(not torch.equal(permuted[k], params[k]) for k in spec.stats if k.endswith("running_mean")) \
-        or not spec.stats  # the BN statistics really moved
+    assert (
+        any(not torch.equal(permuted[k], params[k]) for k in spec.stats if k.endswith("running_mean")) or not spec.stats
+    )  # the BN statistics really moved
     back = apply_permutation(spec, invert(perm), permuted)
     assert all(torch.equal(back[k], params[k]) for k in params)
     assert all(torch.equal(p, torch.arange(len(p))) for p in compose(invert(perm), perm).values())
@@ -99,7 +106,8 @@ def test_activation_points_carry_their_groups(case):
         for p in ps:
             name, _, axis = p.partition("@")
             modules[name].register_forward_hook(
-                lambda _m, _i, out, p=p, axis=int(axis or 1): seen.__setitem__(p, out.shape[axis]))
+                lambda _m, _i, out, p=p, axis=int(axis or 1): seen.__setitem__(p, out.shape[axis])
+            )
     with torch.no_grad():
         model(torch.randn(2, 1, 28, 28))
     sizes = spec.group_sizes(model.state_dict())
@@ -118,12 +126,15 @@ def test_resnet20_groups_streams_and_projections():
     assert quarter.widths() == [4, 8, 16]
 
 
-@pytest.mark.parametrize("arch, fields, match", [
-    ("vgg", {"width_multiplier": 0}, "width_multiplier"),
-    ("vgg", {"layers": [64, "X"]}, "layers"),
-    ("resnet20", {"blocks": 0}, "blocks"),
-    ("resnet20", {"depth": 3}, "no option"),
-])
+@pytest.mark.parametrize(
+    "arch, fields, match",
+    [
+        ("vgg", {"width_multiplier": 0}, "width_multiplier"),
+        ("vgg", {"layers": [64, "X"]}, "layers"),
+        ("resnet20", {"blocks": 0}, "blocks"),
+        ("resnet20", {"depth": 3}, "no option"),
+    ],
+)
 def test_bad_config_is_one_line_error(arch, fields, match):
     with pytest.raises(ValueError, match=match):
         make_config(arch, input_shape=(3, 32, 32), num_classes=10, **fields)

@@ -30,8 +30,10 @@ def test_cifar10_fixture_is_read_by_torchvision(cifar_root, tmp_path):
     assert train.x.shape == (100, 3, 32, 32)
     # the real class decodes CIFAR's row layout (3, 32, 32) per image: check one pixel
     raw = torchvision.datasets.CIFAR10(str(cifar_root), train=True)
-    assert torch.equal(torch.load(tmp_path / "prepared" / "train.pt")["images"][0],
-                       torch.from_numpy(np.asarray(raw.data[0])).permute(2, 0, 1))
+    assert torch.equal(
+        torch.load(tmp_path / "prepared" / "train.pt")["images"][0],
+        torch.from_numpy(np.asarray(raw.data[0])).permute(2, 0, 1),
+    )
 
 
 def test_cifar10_changed_file_is_rejected(cifar_root, tmp_path):
@@ -52,7 +54,8 @@ def _image_folder(root, classes=3, per_class=4):
                 Image.fromarray(rng.integers(0, 255, (*size[::-1], 3), dtype=np.uint8)).save(folder / f"{i}.JPEG")
                 if i == 0:
                     Image.fromarray(rng.integers(0, 255, size[::-1], dtype=np.uint8)).convert("L").save(
-                        folder / "gray.JPEG")  # a grayscale file must come out RGB
+                        folder / "gray.JPEG"
+                    )  # a grayscale file must come out RGB
 
 
 def test_imagenet_image_folder(tmp_path):

@@ -26,8 +26,10 @@ from lmclab.train.training import train
 pytestmark = pytest.mark.slow  # module fixtures train two small conv nets (~30 s on a loaded CPU)
 
 # small but trained: width ×½ ResNet20 and ×⅛ VGG11 on 1,000 digits, linear decay to lr 0
-TRAINED = {"resnet20": ({"width_multiplier": 0.5}, dict(epochs=3, lr=2e-3, batch_size=50)),
-           "vgg": ({"width_multiplier": 0.125}, dict(epochs=2, lr=3e-3, batch_size=64))}
+TRAINED = {
+    "resnet20": ({"width_multiplier": 0.5}, dict(epochs=3, lr=2e-3, batch_size=50)),
+    "vgg": ({"width_multiplier": 0.125}, dict(epochs=2, lr=3e-3, batch_size=64)),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,8 +53,9 @@ def trained(digits):
     out = {}
     for arch, (fields, options) in TRAINED.items():
         config = make_config(arch, input_shape=(1, 28, 28), num_classes=10, **fields)
-        ckpt, history = train(arch, config, 0, digits["train"], digits["test"], schedule="linear",
-                              progress=False, **options)
+        ckpt, history = train(
+            arch, config, 0, digits["train"], digits["test"], schedule="linear", progress=False, **options
+        )
         assert history[-1]["test_acc"] > 0.8, f"{arch} did not train: {history[-1]}"
         out[arch] = (config, ckpt.state_dict)
     return out
@@ -69,18 +72,26 @@ def test_wm_on_permuted_copy_reaches_zero_distance_and_barrier(arch, trained, di
     aligned = apply_permutation(spec, result.perm, params_b)
     assert l2_distance(spec, params_a, aligned) < 1e-5
     test = Split(digits["test"].x[:300], digits["test"].y[:300])
-    _, summary = measure_pair(spec, build_model(arch, config), params_a, params_b, aligned,
-                              [0.0, 0.25, 0.5, 0.75, 1.0], {"test": test})
+    _, summary = measure_pair(
+        spec, build_model(arch, config), params_a, params_b, aligned, [0.0, 0.25, 0.5, 0.75, 1.0], {"test": test}
+    )
     assert abs(summary["test_loss_barrier_max"]) < 1e-4 and summary["test_acc_barrier_max"] < 1e-9
 
 
 def test_am_uses_residual_activation_points(trained, digits):
     config, params_a = trained["resnet20"]
     spec = get_arch("resnet20").permutation_spec(config)
-    params_b = apply_permutation(spec, random_permutation(spec.group_sizes(params_a),
-                                                          torch.Generator().manual_seed(4)), params_a)
-    problem = search_problem("resnet20", config, params_a, params_b, device=torch.device("cpu"),
-                             train=Split(digits["train"].x[:300], digits["train"].y[:300]))
+    params_b = apply_permutation(
+        spec, random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(4)), params_a
+    )
+    problem = search_problem(
+        "resnet20",
+        config,
+        params_a,
+        params_b,
+        device=torch.device("cpu"),
+        train=Split(digits["train"].x[:300], digits["train"].y[:300]),
+    )
     result = run_search("am", problem, seed=0, options={})
     after = l2_distance(spec, params_a, apply_permutation(spec, result.perm, params_b))
     assert after < 0.05 * l2_distance(spec, params_a, params_b)
@@ -108,7 +119,7 @@ def test_bn_repair_equals_closed_form(trained, digits, batch_size):
     snapshot = {k: v.clone() for k, v in params.items()}
     repaired = repair_bn(model, params, data, batch_size=batch_size)
     assert all(torch.equal(params[k], snapshot[k]) for k in params)  # inputs untouched
-    halves = [_bn_inputs(model, params, data.x[i:i + batch_size]) for i in range(0, 200, batch_size)]
+    halves = [_bn_inputs(model, params, data.x[i : i + batch_size]) for i in range(0, 200, batch_size)]
     for name in halves[0]:
         means = torch.stack([h[name].mean((0, 2, 3)) for h in halves]).mean(0)
         variances = torch.stack([h[name].var((0, 2, 3), unbiased=True) for h in halves]).mean(0)
@@ -143,16 +154,26 @@ def test_bn_repair_makes_eval_mode_reproduce_train_mode_on_the_repair_batch(trai
 def test_measure_with_repair_reports_both_curves(trained, digits):
     config, params_a = trained["vgg"]
     model = build_model("vgg", config)
-    assert has_batchnorm(model) and not has_batchnorm(build_model("mlp", make_config(
-        "mlp", input_shape=(1, 28, 28), num_classes=10)))
-    params_b = train("vgg", config, 1, Split(digits["train"].x[:200], digits["train"].y[:200]),
-                     Split(digits["test"].x[:50], digits["test"].y[:50]), epochs=1, lr=3e-3,
-                     batch_size=50, progress=False)[0].state_dict
+    assert has_batchnorm(model) and not has_batchnorm(
+        build_model("mlp", make_config("mlp", input_shape=(1, 28, 28), num_classes=10))
+    )
+    params_b = train(
+        "vgg",
+        config,
+        1,
+        Split(digits["train"].x[:200], digits["train"].y[:200]),
+        Split(digits["test"].x[:50], digits["test"].y[:50]),
+        epochs=1,
+        lr=3e-3,
+        batch_size=50,
+        progress=False,
+    )[0].state_dict
     spec = get_arch("vgg").permutation_spec(config)
     test = Split(digits["test"].x[:300], digits["test"].y[:300])
     repair = bn_repair_hook(model, digits["train"], num_samples=300)
-    rows, summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b, [0.0, 0.5, 1.0],
-                                             {"test": test}, repair=repair)
+    rows, summary = measure_pair_with_repair(
+        spec, model, params_a, params_b, params_b, [0.0, 0.5, 1.0], {"test": test}, repair=repair
+    )
     assert {r["repair"] for r in rows} == {False, True} and len(rows) == 6
     assert summary["bn_repair"] and "norepair_test_loss_barrier_mid" in summary
     # interpolating two different nets: the repaired midpoint beats stale statistics

@@ -21,20 +21,23 @@ def test_repository_params_are_valid_and_the_default_run_is_the_mlp():
     assert BASE["model"]["arch"] == "mlp" and BASE["data"]["name"] == "mnist5k"
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"model__arch": "vgg", "model__vgg__width_multiplier": -1}, "model.vgg.width_multiplier: expected"),
-    ({"model__arch": "resnet20", "model__resnet20__depth": 20}, "model.resnet20.depth: unknown key"),
-    ({"model__arch": "vgg16"}, "model.arch"),
-    ({"train__optimizer": "lbfgs"}, "train.optimizer"),
-    ({"train__momentum": 1.5}, "train.momentum"),
-    ({"train__weight_decay": -0.1}, "train.weight_decay"),
-    ({"train__schedule": "step"}, "train.schedule"),
-    ({"train__warmup_epochs": 100}, "train.warmup_epochs"),
-    ({"train__augment": "cutout"}, "train.augment"),
-    ({"measure__bn_repair": "yes"}, "measure.bn_repair"),
-    ({"measure__bn_repair_samples": 0}, "measure.bn_repair_samples"),
-    ({"data__name": "imagenet", "data__image_size": 8}, "data.image_size"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"model__arch": "vgg", "model__vgg__width_multiplier": -1}, "model.vgg.width_multiplier: expected"),
+        ({"model__arch": "resnet20", "model__resnet20__depth": 20}, "model.resnet20.depth: unknown key"),
+        ({"model__arch": "vgg16"}, "model.arch"),
+        ({"train__optimizer": "lbfgs"}, "train.optimizer"),
+        ({"train__momentum": 1.5}, "train.momentum"),
+        ({"train__weight_decay": -0.1}, "train.weight_decay"),
+        ({"train__schedule": "step"}, "train.schedule"),
+        ({"train__warmup_epochs": 100}, "train.warmup_epochs"),
+        ({"train__augment": "cutout"}, "train.augment"),
+        ({"measure__bn_repair": "yes"}, "measure.bn_repair"),
+        ({"measure__bn_repair_samples": 0}, "measure.bn_repair_samples"),
+        ({"data__name": "imagenet", "data__image_size": 8}, "data.image_size"),
+    ],
+)
 def test_bad_new_params_are_one_line_errors(changes, match):
     with pytest.raises(ValueError, match=match):
         _check(**changes)

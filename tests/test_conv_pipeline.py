@@ -19,12 +19,23 @@ from preset import set_values
 pytestmark = pytest.mark.slow  # ~1–2 min: a dozen python processes each importing torch
 
 OVERRIDES = {
-    "data.name": "cifar10", "model.arch": "resnet20", "model.resnet20.width_multiplier": 0.25,
-    "train.seeds": [0, 1, 2], "train.epochs": 2, "train.batch_size": 50, "train.lr": 0.003,
-    "permute.pairs": [[0, 1]], "permute.methods": ["identity", "wm"], "measure.num_lambdas": 3,
+    "data.name": "cifar10",
+    "model.arch": "resnet20",
+    "model.resnet20.width_multiplier": 0.25,
+    "train.seeds": [0, 1, 2],
+    "train.epochs": 2,
+    "train.batch_size": 50,
+    "train.lr": 0.003,
+    "permute.pairs": [[0, 1]],
+    "permute.methods": ["identity", "wm"],
+    "measure.num_lambdas": 3,
     "measure.bn_repair_samples": 60,
-    "three.triples": [[0, 1, 2]], "three.methods": ["wm"], "three.resolution": 2, "three.margin": 0.0,
-    "merge_many.seeds": [0, 1, 2], "merge_many.max_iter": 2,
+    "three.triples": [[0, 1, 2]],
+    "three.methods": ["wm"],
+    "three.resolution": 2,
+    "three.margin": 0.0,
+    "merge_many.seeds": [0, 1, 2],
+    "merge_many.max_iter": 2,
 }
 
 
@@ -42,9 +53,13 @@ def repo(tmp_path_factory):
     shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
     (repo / "params.yaml").write_text(set_values((ROOT / "params.yaml").read_text(), OVERRIDES))
     md5 = write_sitecustomize(repo / "sitecustomize", write_cifar10(repo / "data" / "raw"))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(repo / "sitecustomize"), "LMCLAB_CIFAR_MD5": str(md5),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(repo / "sitecustomize"),
+        "LMCLAB_CIFAR_MD5": str(md5),
+        "OMP_NUM_THREADS": "1",
+    }
     _run(["git", "init", "-q"], repo, env)
     _run([sys.executable, "-m", "dvc", "init", "-q"], repo, env)
     _run([sys.executable, "-m", "dvc", "repro"], repo, env)

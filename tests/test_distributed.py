@@ -41,8 +41,10 @@ TOLERANCE = 1e-6
 
 
 def params(tmp_path: Path, **train: object) -> Path:
-    tree = deep_update(copy.deepcopy(TINY), {"model": {"mlp": {"hidden": 2, "width": 32}},
-                                             "train": {"epochs": 2, "batch_size": 63, **train}})  # shards of 32 and 31
+    tree = deep_update(
+        copy.deepcopy(TINY),
+        {"model": {"mlp": {"hidden": 2, "width": 32}}, "train": {"epochs": 2, "batch_size": 63, **train}},
+    )  # shards of 32 and 31
     path = tmp_path / f"params-{train.get('nproc_per_node', 1)}-{train.get('precision', 'fp32')}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
@@ -50,9 +52,26 @@ def params(tmp_path: Path, **train: object) -> Path:
 
 def train_stage(tmp_path: Path, prepared: Path, name: str, **train: object) -> tuple[dict, pd.DataFrame, str]:
     out, history = tmp_path / f"{name}.pt", tmp_path / f"{name}.parquet"
-    proc = subprocess.run([sys.executable, "stages/train.py", "--seed", "0", "--data", str(prepared), "--out", str(out),
-                           "--history", str(history), "--params", str(params(tmp_path, **train))],
-                          cwd=ROOT, env={**os.environ, "LMCLAB_WARM": "0"}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "stages/train.py",
+            "--seed",
+            "0",
+            "--data",
+            str(prepared),
+            "--out",
+            str(out),
+            "--history",
+            str(history),
+            "--params",
+            str(params(tmp_path, **train)),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "LMCLAB_WARM": "0"},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return load_checkpoint(out).state_dict, pd.read_parquet(history), proc.stdout
 
@@ -77,22 +96,34 @@ def test_bf16_autocast_trains_a_different_close_model(tmp_path: Path, prepared: 
 
 
 def test_the_launcher_runs_standalone_on_one_machine_and_rendezvous_across_several():
-    single = torchrun_command("py", "stages/train.py", ["--seed", "0"], nproc_per_node=2, nnodes=1,
-                              rdzv_endpoint=None, run_id="r")
-    assert single == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      "stages/train.py", "--seed", "0"]
+    single = torchrun_command(
+        "py", "stages/train.py", ["--seed", "0"], nproc_per_node=2, nnodes=1, rdzv_endpoint=None, run_id="r"
+    )
+    assert single == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "stages/train.py",
+        "--seed",
+        "0",
+    ]
     multi = torchrun_command("py", "s.py", [], nproc_per_node=8, nnodes=2, rdzv_endpoint="node0:29400", run_id="r")
     assert "--nnodes=2" in multi and "--rdzv-endpoint=node0:29400" in multi and "--rdzv-backend=c10d" in multi
     with pytest.raises(ValueError, match="^rdzv_endpoint: 2 machines"):
         torchrun_command("py", "s.py", [], nproc_per_node=8, nnodes=2, rdzv_endpoint=None, run_id="r")
 
 
-@pytest.mark.parametrize("train,message", [
-    ({"nnodes": 2}, "train.rdzv_endpoint: expected the host:port of torchrun's rendezvous for train.nnodes = 2"),
-    ({"nproc_per_node": 4, "batch_size": 6}, "train.batch_size: expected at least 2 images for each of the 4"),
-    ({"rdzv_endpoint": "no port"}, "train.rdzv_endpoint: expected"),
-    ({"precision": "fp16"}, "train.precision: expected one of fp32, bf16"),
-])
+@pytest.mark.parametrize(
+    "train,message",
+    [
+        ({"nnodes": 2}, "train.rdzv_endpoint: expected the host:port of torchrun's rendezvous for train.nnodes = 2"),
+        ({"nproc_per_node": 4, "batch_size": 6}, "train.batch_size: expected at least 2 images for each of the 4"),
+        ({"rdzv_endpoint": "no port"}, "train.rdzv_endpoint: expected"),
+        ({"precision": "fp16"}, "train.precision: expected one of fp32, bf16"),
+    ],
+)
 def test_impossible_launches_are_refused_in_one_line(train, message):
     with pytest.raises(ParamsError) as err:
         check_params(deep_update(copy.deepcopy(TINY), {"train": train}))
@@ -126,14 +157,14 @@ class ThreadWorld(World):
         return self.reduce(torch.tensor(values, dtype=torch.float64)).tolist()
 
 
-def on_threads(size: int, fn):  # noqa: ANN001, ANN201
+def on_threads(size: int, fn):
     """``[fn(world) for each rank]``, the ranks running at once on threads joined by one hub."""
     hub, results = Hub(size), [None] * size
 
     def run(rank: int) -> None:
         try:
             results[rank] = fn(ThreadWorld(rank, size, hub=hub))
-        except BaseException as exc:  # noqa: BLE001 (re-raised below)
+        except BaseException as exc:
             hub.barrier.abort()
             results[rank] = exc
 
@@ -197,19 +228,23 @@ def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> Non
     world = join_world(rank, size, rank, "cpu")
     model, spec, params_a, params_b = bn_pair()
     repair = bn_repair_hook(model, data, num_samples=None, batch_size=40, world=world)
-    curve, summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b, lambda_grid(5),
-                                              {"test": data}, repair=repair, world=world)
+    curve, summary = measure_pair_with_repair(
+        spec, model, params_a, params_b, params_b, lambda_grid(5), {"test": data}, repair=repair, world=world
+    )
     plane = plane_of(model, spec, params_a, params_b, data, world)
     if world.is_main:
         torch.save((curve, summary, plane), out)
     leave_world(world)
 
 
-def plane_of(model, spec, params_a, params_b, data, world=ALONE):  # noqa: ANN001, ANN201
-    params_c = {k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0))
-                    if v.is_floating_point() else v) for k, v in params_b.items()}
-    return landscape(model, params_a, params_b, params_c, plane_grid(2, 0.1), data,
-                     keys=sorted(spec.matched(params_a)), world=world)
+def plane_of(model, spec, params_a, params_b, data, world=ALONE):
+    params_c = {
+        k: (v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(0)) if v.is_floating_point() else v)
+        for k, v in params_b.items()
+    }
+    return landscape(
+        model, params_a, params_b, params_c, plane_grid(2, 0.1), data, keys=sorted(spec.matched(params_a)), world=world
+    )
 
 
 def bn_pair():
@@ -231,8 +266,9 @@ def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_
     curve, summary, plane = torch.load(tmp_path / "curve.pt")
     model, spec, params_a, params_b = bn_pair()
     repair = bn_repair_hook(model, data, num_samples=None, batch_size=40)
-    expected, expected_summary = measure_pair_with_repair(spec, model, params_a, params_b, params_b,
-                                                          lambda_grid(5), {"test": data}, repair=repair)
+    expected, expected_summary = measure_pair_with_repair(
+        spec, model, params_a, params_b, params_b, lambda_grid(5), {"test": data}, repair=repair
+    )
     assert [(r["lam"], r["repair"]) for r in curve] == [(r["lam"], r["repair"]) for r in expected]
     for got, want in zip(curve, expected, strict=True):
         assert got["acc"] == want["acc"] and got["loss"] == pytest.approx(want["loss"], rel=1e-5)
@@ -248,17 +284,40 @@ def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_
 def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp_path: Path):
     """A BatchNorm ResNet through `dvc repro`, then the measure and connect stages again with
     measure.nproc_per_node = 2."""
-    tree = deep_update(copy.deepcopy(TINY), {"model": {"arch": "resnet20", "resnet20": {"width_multiplier": 0.25}},
-                                             "permute": {"methods": ["identity", "wm"]},
-                                             "measure": {"bn_repair_samples": 150}})
+    tree = deep_update(
+        copy.deepcopy(TINY),
+        {
+            "model": {"arch": "resnet20", "resnet20": {"width_multiplier": 0.25}},
+            "permute": {"methods": ["identity", "wm"]},
+            "measure": {"bn_repair_samples": 150},
+        },
+    )
     (tmp_path / "repo").mkdir()
     repo = make_repo(tmp_path / "repo", tree)
     run(repo, "dvc", "repro", "measure@pair0", "connect@triple0-wm")
     tree["measure"]["nproc_per_node"] = 2
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(tree))
-    out = run(repo, sys.executable, "stages/measure.py", "--seed-a", "0", "--seed-b", "1", "--model-a",
-              "data/models/seed0.pt", "--model-b", "data/models/seed1.pt", "--merged", "data/merged/seed0-seed1",
-              "--data", "data/prepared", "--out", str(tmp_path / "two"), "--params", str(tmp_path / "two.yaml"))
+    out = run(
+        repo,
+        sys.executable,
+        "stages/measure.py",
+        "--seed-a",
+        "0",
+        "--seed-b",
+        "1",
+        "--model-a",
+        "data/models/seed0.pt",
+        "--model-b",
+        "data/models/seed1.pt",
+        "--merged",
+        "data/merged/seed0-seed1",
+        "--data",
+        "data/prepared",
+        "--out",
+        str(tmp_path / "two"),
+        "--params",
+        str(tmp_path / "two.yaml"),
+    )
     assert "(2 processes)" in out
     for method in ("identity", "wm"):
         one = json.loads((repo / "data" / "measure" / "seed0-seed1" / method / "summary.json").read_text())
@@ -266,9 +325,23 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
         assert one["bn_repair"] and two["bn_repair"]
         for key in ("test_loss_barrier_mid", "test_acc_barrier_max", "train_loss_barrier_mid", "l2_after"):
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
-    out = run(repo, sys.executable, "stages/connect.py", "--method", "wm", "--seeds", "0,1,2",
-              "--models", "data/models", "--data", "data/prepared", "--out", str(tmp_path / "three"),
-              "--params", str(tmp_path / "two.yaml"))
+    out = run(
+        repo,
+        sys.executable,
+        "stages/connect.py",
+        "--method",
+        "wm",
+        "--seeds",
+        "0,1,2",
+        "--models",
+        "data/models",
+        "--data",
+        "data/prepared",
+        "--out",
+        str(tmp_path / "three"),
+        "--params",
+        str(tmp_path / "two.yaml"),
+    )
     one = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())["edges"]
     two = json.loads((tmp_path / "three" / "edges.json").read_text())["edges"]
     for a, b in zip(one, two, strict=True):

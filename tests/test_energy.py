@@ -26,7 +26,7 @@ def test_energy_of_an_input_along_one_right_singular_vector_is_concentrated_on_i
     split = Split((coeff[:, None] * v[3]).reshape(30, 1, 2, 3), torch.zeros(30, dtype=torch.long))
     s, energy = input_energy(model, params, split, ["layers.0.weight"], batch_size=7)["layers.0.weight"]
     assert torch.all(s[:-1] >= s[1:])
-    assert energy[3] == pytest.approx(float((coeff ** 2).mean()))
+    assert energy[3] == pytest.approx(float((coeff**2).mean()))
     assert float(energy.sum() - energy[3]) < 1e-20
 
 
@@ -35,7 +35,7 @@ def test_energies_of_a_complete_basis_sum_to_the_input_second_moment():
     g = torch.Generator().manual_seed(1)
     split = Split(torch.randn(25, 1, 2, 3, generator=g, dtype=torch.float64), torch.zeros(25, dtype=torch.long))
     result = input_energy(model, params, split, layer_names(spec, params))
-    assert float(result["layers.0.weight"][1].sum()) == pytest.approx(float((split.x ** 2).sum() / 25))
+    assert float(result["layers.0.weight"][1].sum()) == pytest.approx(float((split.x**2).sum() / 25))
     assert set(result) == {"layers.0.weight", "layers.1.weight", "out.weight"}
 
 
@@ -57,8 +57,10 @@ def test_conv_patches_times_the_reshaped_kernel_reproduce_the_convolution():
     z = input_patches(net.c1, x)  # (2·3·3, 4·9)
     y = (z @ layer_matrix(net.c1.weight).T).reshape(2, 3, 3, 3).permute(0, 3, 1, 2)
     assert torch.allclose(y, net.c1(x))
-    assert input_sizes(net, ["c0.weight", "c1.weight", "fc.weight"], (2, 6, 6)) == {"c0.weight": (6, 6),
-                                                                                     "c1.weight": (6, 6)}
+    assert input_sizes(net, ["c0.weight", "c1.weight", "fc.weight"], (2, 6, 6)) == {
+        "c0.weight": (6, 6),
+        "c1.weight": (6, 6),
+    }
     params = dict(net.state_dict())
     split = Split(torch.randn(3, 2, 6, 6, dtype=torch.float64), torch.zeros(3, dtype=torch.long))
     [(n, inputs)] = list(layer_inputs(net, params, split, ["c1.weight", "fc.weight"], batch_size=5))
@@ -69,13 +71,15 @@ def test_conv_patches_times_the_reshaped_kernel_reproduce_the_convolution():
 def test_theorem42_bound_is_the_rms_of_the_pre_activation_gap_and_bounds_the_measured_gap():
     model, spec, params_a = mlp(0, width=7)
     _, _, params_b = mlp(1, width=7)
-    split = Split(torch.randn(50, 1, 2, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64),
-                  torch.zeros(50, dtype=torch.long))
+    split = Split(
+        torch.randn(50, 1, 2, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64),
+        torch.zeros(50, dtype=torch.long),
+    )
     layers = layer_names(spec, params_a)
     rows = {r["layer"]: r for r in theorem42(model, params_a, params_b, split, layers, batch_size=16)}
     z = split.x.flatten(1)  # the input of layers.0 in model a
     gap = z @ (params_a["layers.0.weight"] - params_b["layers.0.weight"]).T
-    assert rows["layers.0.weight"]["bound"] == pytest.approx(float((gap ** 2).sum(1).mean().sqrt()))
+    assert rows["layers.0.weight"]["bound"] == pytest.approx(float((gap**2).sum(1).mean().sqrt()))
     measured = (F.relu(z @ params_a["layers.0.weight"].T) - F.relu(z @ params_b["layers.0.weight"].T)).norm(dim=1)
     assert rows["layers.0.weight"]["measured"] == pytest.approx(float(measured.mean()))
     for r in rows.values():

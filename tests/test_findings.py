@@ -34,9 +34,15 @@ def pairs_table(**per_method: dict[str, list[float]]) -> pd.DataFrame:
 
 
 def method(b, red, r0=(0.05, 0.06, 0.07), r3=(0.08, 0.09, 0.1), taylor=(0.05, 0.06, 0.07)):
-    return {"test_loss_barrier_mid": list(b), "l2_reduction_pct": list(red), "R_0": list(r0),
-            "R_0.3": list(r3), "test_taylor_barrier_mid": list(taylor), "l2_before": [35.0] * 3,
-            "l2_after": [32.0] * 3}
+    return {
+        "test_loss_barrier_mid": list(b),
+        "l2_reduction_pct": list(red),
+        "R_0": list(r0),
+        "R_0.3": list(r3),
+        "test_taylor_barrier_mid": list(taylor),
+        "l2_before": [35.0] * 3,
+        "l2_after": [32.0] * 3,
+    }
 
 
 NAIVE = method((0.9, 1.0, 0.8), (0, 0, 0), r0=(0.001, -0.002, 0.0), r3=(0.002, 0.001, 0.0), taylor=(0.3, 0.4, 0.3))
@@ -47,7 +53,10 @@ AM = method((-0.02, -0.015, -0.019), (5.9, 5.8, 6.0), r3=(0.05, 0.047, 0.049))
 
 def test_roles_prefer_the_papers_sinkhorn_methods():
     assert roles(["identity", "wm", "wm_sinkhorn", "ste", "ste_sinkhorn"]) == {
-        "naive": "identity", "WM": "wm_sinkhorn", "STE": "ste_sinkhorn"}
+        "naive": "identity",
+        "WM": "wm_sinkhorn",
+        "STE": "ste_sinkhorn",
+    }
     assert roles(["identity", "wm", "am", "ste"]) == {"naive": "identity", "WM": "wm", "STE": "ste", "AM": "am"}
 
 
@@ -87,10 +96,20 @@ def test_p_greater_is_one_sided_and_paired():
 
 def spectrum_table(scale_seed1: float = 1.0, scale_output: float = 1.0) -> pd.DataFrame:
     s = np.linspace(5, 1, 8)
-    rows = [{"seed": seed, "layer": layer, "output": layer == "out.weight", "index": i,
-             "singular_value": v * (scale_seed1 if seed == 1 and layer != "out.weight" else 1.0)
-             * (scale_output if seed == 1 and layer == "out.weight" else 1.0)}
-            for seed in (0, 1, 2) for layer in ("layers.0.weight", "out.weight") for i, v in enumerate(s)]
+    rows = [
+        {
+            "seed": seed,
+            "layer": layer,
+            "output": layer == "out.weight",
+            "index": i,
+            "singular_value": v
+            * (scale_seed1 if seed == 1 and layer != "out.weight" else 1.0)
+            * (scale_output if seed == 1 and layer == "out.weight" else 1.0),
+        }
+        for seed in (0, 1, 2)
+        for layer in ("layers.0.weight", "out.weight")
+        for i, v in enumerate(s)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -108,8 +127,10 @@ def test_energy_concentrates_on_large_singular_values_except_the_first_layer():
             for layer in ("layers.0.weight", "layers.1.weight", "out.weight"):
                 # the first layer's input is the image, not a hidden layer: it never counts
                 energy = s[::-1] if layer == "layers.0.weight" or not rising else s
-                rows += [{"seed": seed, "layer": layer, "index": i, "singular_value": v, "energy": e}
-                         for i, (v, e) in enumerate(zip(s, energy, strict=True))]
+                rows += [
+                    {"seed": seed, "layer": layer, "index": i, "singular_value": v, "energy": e}
+                    for i, (v, e) in enumerate(zip(s, energy, strict=True))
+                ]
         return pd.DataFrame(rows)
 
     assert energy_concentrates(table(rising=True), 0.05).holds
@@ -120,8 +141,9 @@ def edges_table(wm_bc: list[float], ste_bc: list[float]) -> pd.DataFrame:
     rows = []
     for m, values in (("wm_sinkhorn", wm_bc), ("ste_sinkhorn", ste_bc)):
         for t, v in zip(("seed0-seed2-seed4", "seed1-seed3-seed5"), values, strict=True):
-            rows.append({"triple": t, "method": m, "edge": "b-c", "test_loss_barrier_max": v,
-                         "test_acc_barrier_max": 10 * v})
+            rows.append(
+                {"triple": t, "method": m, "edge": "b-c", "test_loss_barrier_max": v, "test_acc_barrier_max": 10 * v}
+            )
     return pd.DataFrame(rows)
 
 
@@ -133,27 +155,68 @@ def test_three_models_needs_wm_below_ste_in_every_triple():
 
 def test_paper_findings_of_a_run_that_shows_them_and_one_that_cannot_test_all():
     pairs = pairs_table(identity=NAIVE, wm_sinkhorn=WM, ste_sinkhorn=STE, am=AM)
-    energy = pd.DataFrame([{"seed": 0, "layer": layer, "index": i, "singular_value": 5 - i, "energy": 5 - i}
-                           for layer in ("a", "b") for i in range(5)])
-    found = paper_findings(pairs, spectrum_table(), energy, edges_table([0.01, 0.02], [0.1, 0.2]),
-                           ["identity", "am", "wm_sinkhorn", "ste_sinkhorn"], ["wm_sinkhorn", "ste_sinkhorn"])
+    energy = pd.DataFrame(
+        [
+            {"seed": 0, "layer": layer, "index": i, "singular_value": 5 - i, "energy": 5 - i}
+            for layer in ("a", "b")
+            for i in range(5)
+        ]
+    )
+    found = paper_findings(
+        pairs,
+        spectrum_table(),
+        energy,
+        edges_table([0.01, 0.02], [0.1, 0.2]),
+        ["identity", "am", "wm_sinkhorn", "ste_sinkhorn"],
+        ["wm_sinkhorn", "ste_sinkhorn"],
+    )
     verdicts = {f.key: f.holds for f in found}
-    assert verdicts == {"wm_small_l2": True, "taylor_misses": True, "wm_aligns_singular_vectors": True,
-                        "spectra_coincide": True, "energy_concentrates": True, "am_like_wm": True,
-                        "ste_barrier_without_alignment": True, "three_models": True,
-                        "easier_when_wider_or_regularised": None}
-    fewer = paper_findings(pairs[pairs["method"] != "am"], spectrum_table(), energy,
-                           edges_table([0.01, 0.02], [0.1, 0.2]), ["identity", "wm_sinkhorn"], ["wm_sinkhorn"])
+    assert verdicts == {
+        "wm_small_l2": True,
+        "taylor_misses": True,
+        "wm_aligns_singular_vectors": True,
+        "spectra_coincide": True,
+        "energy_concentrates": True,
+        "am_like_wm": True,
+        "ste_barrier_without_alignment": True,
+        "three_models": True,
+        "easier_when_wider_or_regularised": None,
+    }
+    fewer = paper_findings(
+        pairs[pairs["method"] != "am"],
+        spectrum_table(),
+        energy,
+        edges_table([0.01, 0.02], [0.1, 0.2]),
+        ["identity", "wm_sinkhorn"],
+        ["wm_sinkhorn"],
+    )
     untested = {f.key for f in fewer if f.holds is None}
-    assert untested == {"am_like_wm", "ste_barrier_without_alignment", "three_models",
-                        "easier_when_wider_or_regularised"}
+    assert untested == {
+        "am_like_wm",
+        "ste_barrier_without_alignment",
+        "three_models",
+        "easier_when_wider_or_regularised",
+    }
     assert by_pair(pairs, "wm_sinkhorn", "l2_reduction_pct").tolist() == [8.3, 8.2, 8.4]
     one_pair = pairs[pairs["pair"] == PAIRS[0]]  # no test over pairs: those findings cannot be decided
-    single = {f.key: f.holds for f in paper_findings(one_pair, spectrum_table(), energy, edges_table(
-        [0.01, 0.02], [0.1, 0.2]), ["identity", "am", "wm_sinkhorn", "ste_sinkhorn"], ["wm_sinkhorn", "ste_sinkhorn"])}
+    single = {
+        f.key: f.holds
+        for f in paper_findings(
+            one_pair,
+            spectrum_table(),
+            energy,
+            edges_table([0.01, 0.02], [0.1, 0.2]),
+            ["identity", "am", "wm_sinkhorn", "ste_sinkhorn"],
+            ["wm_sinkhorn", "ste_sinkhorn"],
+        )
+    }
     assert [k for k, v in single.items() if v is None] == [
-        "taylor_misses", "wm_aligns_singular_vectors", "am_like_wm", "ste_barrier_without_alignment",
-        "easier_when_wider_or_regularised"]
+        "taylor_misses",
+        "wm_aligns_singular_vectors",
+        "am_like_wm",
+        "ste_barrier_without_alignment",
+        "easier_when_wider_or_regularised",
+    ]
     assert single["wm_small_l2"] is True
 
 
@@ -167,9 +230,16 @@ def test_report_marks_the_papers_methods_and_shows_its_rows():
     assert "the paper's STE" in text.splitlines()[4]
     assert table3_paper_lines("MLP on MNIST", 9).count("|") == 2 * 10
     assert str(TABLE1["MLP on MNIST"][0]) == "-0.033 ± 0.006"
-    section = findings_section({"held": 1, "tested": 2, "findings": [
-        {"claim": "c1", "criterion": "k1", "holds": True, "numbers": {"x": 1.0}},
-        {"claim": "c2", "criterion": "k2", "holds": False, "numbers": {}},
-        {"claim": "c3", "criterion": "k3", "holds": None, "numbers": {}}]})
+    section = findings_section(
+        {
+            "held": 1,
+            "tested": 2,
+            "findings": [
+                {"claim": "c1", "criterion": "k1", "holds": True, "numbers": {"x": 1.0}},
+                {"claim": "c2", "criterion": "k2", "holds": False, "numbers": {}},
+                {"claim": "c3", "criterion": "k3", "holds": None, "numbers": {}},
+            ],
+        }
+    )
     assert "(1 of 2 tested hold)" in section
     assert "| c2 | — | k2 | **does not hold** |" in section and "| c3 | — | k3 | not tested |" in section

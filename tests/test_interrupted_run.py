@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
 
-pytestmark = [pytest.mark.slow,  # ~1–2 min: the tiny pipeline up to measure, then all of it again
-              pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="reads processes from /proc")]
+pytestmark = [
+    pytest.mark.slow,  # ~1–2 min: the tiny pipeline up to measure, then all of it again
+    pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="reads processes from /proc"),
+]
 
 
 def _processes_of(repo: Path, exclude: set[int]) -> dict[int, str]:
@@ -60,8 +62,9 @@ def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_pat
     warm_dir = Path(tempfile.mkdtemp(prefix="lk-"))
     env = {**dvc_env(), "LMCLAB_WARM": "1", "LMCLAB_WARM_DIR": str(warm_dir), "LMCLAB_WARM_IDLE": "30"}
     try:
-        driver = subprocess.Popen(["dvc", "repro"], cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        driver = subprocess.Popen(
+            ["dvc", "repro"], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         running = _wait_for_measure(repo, warm_dir, driver)
         driver.send_signal(signal.SIGKILL)
         driver.wait()

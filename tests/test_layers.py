@@ -48,8 +48,12 @@ def violations(files: list[Path]) -> list[str]:
         package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
         for name in sorted(set(imported_modules(path, package))):
             parts = name.split(".")
-            if (parts[0] != "lmclab" or len(parts) < 2
-                    or not (SRC / parts[1]).exists() and not (SRC / f"{parts[1]}.py").exists()):
+            if (
+                parts[0] != "lmclab"
+                or len(parts) < 2
+                or not (SRC / parts[1]).exists()
+                and not (SRC / f"{parts[1]}.py").exists()
+            ):
                 continue
             if not allowed(importer, parts[1]):
                 out.append(f"{path.relative_to(ROOT)} ({importer or 'lmclab'}) imports {name}")
@@ -73,11 +77,19 @@ def test_the_top_level_package_imports_nothing_eagerly() -> None:
     assert [n for n in imported_modules(SRC / "__init__.py", "lmclab") if n.startswith("lmclab")] == []
 
 
-@pytest.mark.parametrize(("importer", "imported", "ok"), [
-    ("search", "core", True), ("core", "search", False), ("analysis", "search", True),
-    ("report", "pipeline", False), ("pipeline", "runtime", True), ("cli", "runtime", False),
-    ("runtime", "core", False), ("core", "core", True),
-])
+@pytest.mark.parametrize(
+    ("importer", "imported", "ok"),
+    [
+        ("search", "core", True),
+        ("core", "search", False),
+        ("analysis", "search", True),
+        ("report", "pipeline", False),
+        ("pipeline", "runtime", True),
+        ("cli", "runtime", False),
+        ("runtime", "core", False),
+        ("core", "core", True),
+    ],
+)
 def test_the_contract_itself(importer: str, imported: str, ok: bool) -> None:
     assert allowed(importer, imported) is ok
 
@@ -89,6 +101,7 @@ def test_a_violation_is_found_and_named(tmp_path: Path) -> None:
     try:
         assert violations([planted]) == [
             "src/lmclab/core/_planted_for_test.py (core) imports lmclab.search",
-            "src/lmclab/core/_planted_for_test.py (core) imports lmclab.search.run_search"]
+            "src/lmclab/core/_planted_for_test.py (core) imports lmclab.search.run_search",
+        ]
     finally:
         planted.unlink()

@@ -13,8 +13,10 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux only")
 
-CHILD = ("import os, time; from lmclab.runtime.lifetime import die_with_parent; "
-         "die_with_parent(os.getppid()); time.sleep(60)")
+CHILD = (
+    "import os, time; from lmclab.runtime.lifetime import die_with_parent; "
+    "die_with_parent(os.getppid()); time.sleep(60)"
+)
 PARENT = f"""
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
@@ -51,7 +53,9 @@ def test_a_tied_process_is_killed_when_its_parent_is() -> None:
 
 def test_a_process_whose_parent_is_already_gone_dies_at_once() -> None:
     # as if the parent had died between reading its pid and prctl: getppid() no longer matches
-    code = ("import os; from lmclab.runtime.lifetime import die_with_parent; "
-            "die_with_parent(os.getppid() + 1); print('ran on')")
+    code = (
+        "import os; from lmclab.runtime.lifetime import die_with_parent; "
+        "die_with_parent(os.getppid() + 1); print('ran on')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == ""

@@ -43,8 +43,9 @@ def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statist
     spec, perm, params_b = _planted(ckpt, seed=11)
     model = get_arch("mlp").Model(ckpt.config)
     points = get_arch("mlp").activation_points(ckpt.config)
-    result = activation_matching(spec, ckpt.state_dict, params_b, model=model, points=points,
-                                 data=splits["train"], statistic=statistic)
+    result = activation_matching(
+        spec, ckpt.state_dict, params_b, model=model, points=points, data=splits["train"], statistic=statistic
+    )
     x = splits["train"].x
     acts = _record(model, ckpt.state_dict, [p[0] for p in points.values()], x)
     for g, p in invert(perm).items():
@@ -52,8 +53,9 @@ def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statist
         assert alive.sum() > len(alive) // 2
         assert torch.equal(result.perm[g][alive], p[alive]), g
     recovered = apply_permutation(spec, result.perm, params_b)
-    torch.testing.assert_close(functional_call(model, recovered, (x,)),
-                               functional_call(model, ckpt.state_dict, (x,)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        functional_call(model, recovered, (x,)), functional_call(model, ckpt.state_dict, (x,)), atol=1e-5, rtol=1e-5
+    )
 
 
 def _all_objectives(spec, params_a, params_b, sizes):
@@ -106,8 +108,11 @@ def test_wm_recovers_a_planted_permutation_that_only_the_biases_reveal() -> None
     """Every hidden unit has the same incoming and outgoing weights, so the weight terms of each
     group's cost are constant and only ⟨b^a, P b^b⟩ decides the match (distinct biases: unique optimum)."""
     spec, params, _ = _random_mlp(hidden=2, width=5, seed=0)
-    tied = {"layers.0.weight": params["layers.0.weight"][:1].expand(5, -1),  # identical rows
-            "layers.1.weight": torch.full((5, 5), 0.3), "out.weight": params["out.weight"][:, :1].expand(-1, 5)}
+    tied = {
+        "layers.0.weight": params["layers.0.weight"][:1].expand(5, -1),  # identical rows
+        "layers.1.weight": torch.full((5, 5), 0.3),
+        "out.weight": params["out.weight"][:, :1].expand(-1, 5),
+    }
     params_a = {**params, **{k: v.contiguous() for k, v in tied.items()}}
     planted = {"P_0": torch.tensor([2, 0, 4, 1, 3]), "P_1": torch.tensor([4, 3, 0, 2, 1])}
     params_b = apply_permutation(spec, planted, params_a)
@@ -137,8 +142,9 @@ def _plain_wm(spec, params_a, params_b, generator, max_iter):
 @pytest.mark.parametrize("hidden", [1, 3])
 def test_wm_shortcuts_give_the_plain_loops_result_exactly(trained, hidden: int) -> None:
     a, b = trained(0, hidden=hidden), trained(1, hidden=hidden)
-    result = weight_matching(_spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=8,
-                             generator=torch.Generator().manual_seed(5))
+    result = weight_matching(
+        _spec(a), a.state_dict, b.state_dict, tol=0.0, max_iter=8, generator=torch.Generator().manual_seed(5)
+    )
     plain = _plain_wm(_spec(a), a.state_dict, b.state_dict, torch.Generator().manual_seed(5), max_iter=8)
     assert all(torch.equal(result.perm[g], plain[g]) for g in plain)
     assert result.stats["assignments"] < 8 * hidden  # skipped groups whose cost could not have changed
@@ -167,8 +173,9 @@ def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
 
 def test_run_search_dispatch_and_option_errors(trained, splits) -> None:
     a, b = trained(0), trained(1)
-    problem = search_problem("mlp", a.config, a.state_dict, b.state_dict, device=torch.device("cpu"),
-                             train=splits["train"])
+    problem = search_problem(
+        "mlp", a.config, a.state_dict, b.state_dict, device=torch.device("cpu"), train=splits["train"]
+    )
     ident = run_search("identity", problem, seed=0)
     assert all(torch.equal(p, torch.arange(len(p))) for p in ident.perm.values())
     wm = run_search("wm", problem, seed=0, options={"max_iter": 5})
@@ -187,13 +194,21 @@ def test_run_search_needs_no_architecture_registry(trained, splits) -> None:
     """A hand-built problem (spec, parameters, skeleton, points) is all a search sees."""
     a, b = trained(0), trained(1)
     spec, (_, perm, params_b) = _spec(a), _planted(a, seed=3)
-    problem = SearchProblem(spec, a.state_dict, params_b, model=get_arch("mlp").Model(a.config),
-                            points=get_arch("mlp").activation_points(a.config), train=splits["train"])
+    problem = SearchProblem(
+        spec,
+        a.state_dict,
+        params_b,
+        model=get_arch("mlp").Model(a.config),
+        points=get_arch("mlp").activation_points(a.config),
+        train=splits["train"],
+    )
     found = run_search("wm", problem, seed=0).perm
     assert all(torch.equal(found[g], p) for g, p in invert(perm).items())
-    am = activation_matching(spec, a.state_dict, params_b, model=problem.model, points=problem.points,
-                             data=splits["train"]).perm
+    am = activation_matching(
+        spec, a.state_dict, params_b, model=problem.model, points=problem.points, data=splits["train"]
+    ).perm
     assert all(torch.equal(run_search("am", problem, seed=0).perm[g], p) for g, p in am.items())
     with pytest.raises(ValueError, match=r"^SearchProblem.points: activation_matching needs it, got None$"):
-        run_search("am", SearchProblem(spec, a.state_dict, b.state_dict, model=problem.model, train=splits["train"]),
-                   seed=0)
+        run_search(
+            "am", SearchProblem(spec, a.state_dict, b.state_dict, model=problem.model, train=splits["train"]), seed=0
+        )

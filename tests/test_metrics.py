@@ -65,8 +65,9 @@ def test_barrier_of_a_model_with_itself_is_zero(trained, splits) -> None:
     ckpt = trained(0)
     spec = get_arch("mlp").permutation_spec(ckpt.config)
     model = build_model("mlp", ckpt.config)
-    curve, summary = measure_pair(spec, model, ckpt.state_dict, ckpt.state_dict, ckpt.state_dict,
-                                  lambda_grid(5), {"test": splits["test"]})
+    curve, summary = measure_pair(
+        spec, model, ckpt.state_dict, ckpt.state_dict, ckpt.state_dict, lambda_grid(5), {"test": splits["test"]}
+    )
     for key in ("loss", "acc"):
         assert summary[f"test_{key}_barrier_max"] == pytest.approx(0.0, abs=1e-5)
         assert summary[f"test_{key}_barrier_mid"] == pytest.approx(0.0, abs=1e-5)
@@ -89,8 +90,9 @@ class _Scalar(nn.Module):
 def test_hand_computed_curve_on_a_tiny_model() -> None:
     # one sample x=1, label 0: loss(w) = log(1 + e^{-w}); θa: w=2, θb: w=-3, so w(λ) = 5λ - 3
     data = Split(x=torch.ones(1, 1), y=torch.zeros(1, dtype=torch.long))
-    rows = interpolation_curve(_Scalar(), {"w": torch.tensor([2.0])}, {"w": torch.tensor([-3.0])},
-                               [0.0, 0.5, 1.0], {"test": data})
+    rows = interpolation_curve(
+        _Scalar(), {"w": torch.tensor([2.0])}, {"w": torch.tensor([-3.0])}, [0.0, 0.5, 1.0], {"test": data}
+    )
     expected = {lam: math.log1p(math.exp(-(5 * lam - 3))) for lam in (0.0, 0.5, 1.0)}
     for r in rows:
         assert r["loss"] == pytest.approx(expected[r["lam"]], rel=1e-6)

@@ -14,8 +14,9 @@ from lmclab.search.activation_matching import activation_matching
 from lmclab.search.weight_matching import weight_matching
 from lmclab.trace import trace
 
-CONFIG = make_config("mixer", input_shape=(1, 28, 28), num_classes=10, patch_size=7, hidden=16, token_mlp=8,
-                     channel_mlp=24, depth=2)
+CONFIG = make_config(
+    "mixer", input_shape=(1, 28, 28), num_classes=10, patch_size=7, hidden=16, token_mlp=8, channel_mlp=24, depth=2
+)
 
 
 def permuted_pair():
@@ -29,7 +30,12 @@ def permuted_pair():
 def test_the_stream_is_shared_and_the_token_axis_is_never_permuted():
     spec = get_arch("mixer").permutation_spec(CONFIG)
     assert spec.group_sizes(build_model("mixer", CONFIG).state_dict()) == {
-        "P_stream": 16, "P_token_0": 8, "P_channel_0": 24, "P_token_1": 8, "P_channel_1": 24}
+        "P_stream": 16,
+        "P_token_0": 8,
+        "P_channel_0": 24,
+        "P_token_1": 8,
+        "P_channel_1": 24,
+    }
     assert spec.axes["blocks.0.token_fc1.weight"] == ("P_token_0", None)  # reads the 16 tokens, unpermuted
     assert spec.axes["blocks.1.token_fc2.bias"] == (None,)
     assert spec.axes["blocks.1.channel_fc2.weight"] == ("P_stream", "P_channel_1")
@@ -44,10 +50,12 @@ def test_weight_matching_recovers_a_permuted_mixer():
 
 def test_activation_matching_reads_units_on_the_last_axis():
     model, spec, params, permuted = permuted_pair()
-    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)),
-                 torch.zeros(200, dtype=torch.long))
-    found = activation_matching(spec, params, permuted, model=model, points=get_arch("mixer").activation_points(CONFIG),
-                                data=data)
+    data = Split(
+        torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long)
+    )
+    found = activation_matching(
+        spec, params, permuted, model=model, points=get_arch("mixer").activation_points(CONFIG), data=data
+    )
     back = apply_permutation(spec, found.perm, permuted)
     assert all(torch.allclose(back[k], v) for k, v in params.items())
 
@@ -58,13 +66,17 @@ def test_the_traced_spec_and_points_match_the_hand_written_ones():
     activation points (units on the last axis) recover a permuted Mixer like the hand-written ones."""
     model, spec, params, permuted = permuted_pair()
     traced = trace(model, torch.zeros(2, 1, 28, 28))
-    names = {traced.spec.axes[f"blocks.{k}.{layer}.weight"][0]: f"P_{kind}_{k}" for k in range(2)
-             for layer, kind in (("token_fc1", "token"), ("channel_fc1", "channel"))}
+    names = {
+        traced.spec.axes[f"blocks.{k}.{layer}.weight"][0]: f"P_{kind}_{k}"
+        for k in range(2)
+        for layer, kind in (("token_fc1", "token"), ("channel_fc1", "channel"))
+    }
     names[traced.spec.axes["embed.weight"][0]] = "P_stream"
     assert {k: tuple(names.get(g) for g in axes) for k, axes in traced.spec.axes.items()} == spec.axes
     assert traced.points[traced.spec.axes["blocks.1.token_fc1.weight"][0]] == ["blocks.1.token_fc1@-1"]
-    data = Split(torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)),
-                 torch.zeros(200, dtype=torch.long))
+    data = Split(
+        torch.randn(200, 1, 28, 28, generator=torch.Generator().manual_seed(2)), torch.zeros(200, dtype=torch.long)
+    )
     found = activation_matching(traced.spec, params, permuted, model=model, points=traced.points, data=data)
     back = apply_permutation(traced.spec, found.perm, permuted)
     assert all(torch.allclose(back[k], v) for k, v in params.items())

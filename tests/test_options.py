@@ -56,9 +56,12 @@ def test_each_block_holds_exactly_its_methods_options(method: str) -> None:
 @cache
 def _source_strings() -> list[tuple[Path, str]]:
     """Every string literal of src/ (implicitly joined pieces as one) with its file."""
-    return [(path, node.value) for path in sorted((ROOT / "src").rglob("*.py"))
-            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
-            and isinstance(node.value, str)]
+    return [
+        (path, node.value)
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
 
 
 @pytest.mark.parametrize(("method", "name"), OPTIONS, ids=[f"{m}.{n}" for m, n in OPTIONS])
@@ -90,41 +93,100 @@ def test_every_pipeline_default_that_differs_says_why_in_the_readme_table() -> N
 def test_the_library_defaults_of_sinkhorn_wm_are_the_papers() -> None:
     keywords = inspect.signature(wm_sinkhorn).parameters
     assert (keywords["epochs"].default, keywords["iterations"].default, keywords["lr"].default) == (10, 100, 1.0)
-    assert PIPELINE_DEFAULTS["permute.wm_sinkhorn.epochs"].default == yaml.safe_load(
-        (ROOT / "params.yaml").read_text())["permute"]["wm_sinkhorn"]["epochs"] == 25
+    assert (
+        PIPELINE_DEFAULTS["permute.wm_sinkhorn.epochs"].default
+        == yaml.safe_load((ROOT / "params.yaml").read_text())["permute"]["wm_sinkhorn"]["epochs"]
+        == 25
+    )
 
 
 ERRORS = [  # (method, options, the library's line, the pipeline's line: as the stages reported it before)
-    ("wm", {"max_iter": 0}, "max_iter must be a positive integer, got 0",
-     "permute.wm.max_iter must be a positive integer, got 0"),
-    ("wm", {"max_iter": 2.0}, "max_iter must be a positive integer, got 2.0",
-     "permute.wm.max_iter must be a positive integer, got 2.0"),
-    ("wm_sinkhorn", {"iterations": 0}, "iterations must be a positive integer, got 0",
-     "permute.wm_sinkhorn.iterations must be a positive integer, got 0"),
-    ("wm_sinkhorn", {"patience": 0}, "patience must be a positive integer or null, got 0",
-     "permute.wm_sinkhorn.patience must be a positive integer or null, got 0"),
-    ("wm_sinkhorn", {"tau": -1.0}, "tau must be a positive number, got -1.0",
-     "permute.wm_sinkhorn.tau must be a positive number, got -1.0"),
-    ("ste", {"holdout": 1.5}, "holdout must be a number in [0, 1), got 1.5",
-     "permute.ste.holdout must be a number in [0, 1), got 1.5"),
-    ("ste", {"optimizer": "lbfgs"}, "optimizer must be one of ['adam', 'sgd'], got 'lbfgs'",
-     "permute.ste.optimizer must be one of ['adam', 'sgd'], got 'lbfgs'"),
-    ("ste", {"holdout": 0, "select": "holdout"},
-     "holdout must be above 0 when select is 'holdout' (or choose select: best_batch), got 0",
-     "permute.ste.holdout must be above 0 when permute.ste.select is 'holdout' (or choose select: best_batch), got 0"),
-    ("ste_sinkhorn", {"drop_last": 1}, "drop_last must be true or false, got 1",
-     "permute.ste_sinkhorn.drop_last must be true or false, got 1"),
-    ("ste_sinkhorn", {"weight_decay": -1}, "weight_decay must be a non-negative number, got -1",
-     "permute.ste_sinkhorn.weight_decay must be a non-negative number, got -1"),
-    ("ste_sinkhorn", {"precision": "fp16"}, "precision must be one of ['fp32', 'bf16'], got 'fp16'",
-     "permute.ste_sinkhorn.precision must be one of ['fp32', 'bf16'], got 'fp16'"),
-    ("wm", {"iters": 3}, "options: unknown option(s) ['iters']; expected some of ['max_iter', 'tol']",
-     "permute.wm: unknown option(s) ['iters']; expected some of ['max_iter', 'tol']"),
-    ("identity", {"x": {1: 2}}, "options: unknown option(s) ['x']; expected some of []",
-     "permute.identity: unknown option(s) ['x']; expected some of []"),
-    ("nope", {}, "method: unknown method 'nope'; expected one of ['am', 'identity', 'ste', 'ste_sinkhorn', 'wm', "
-     "'wm_sinkhorn']", "permute.methods: unknown method 'nope'; expected one of ['am', 'identity', 'ste', "
-     "'ste_sinkhorn', 'wm', 'wm_sinkhorn']"),
+    (
+        "wm",
+        {"max_iter": 0},
+        "max_iter must be a positive integer, got 0",
+        "permute.wm.max_iter must be a positive integer, got 0",
+    ),
+    (
+        "wm",
+        {"max_iter": 2.0},
+        "max_iter must be a positive integer, got 2.0",
+        "permute.wm.max_iter must be a positive integer, got 2.0",
+    ),
+    (
+        "wm_sinkhorn",
+        {"iterations": 0},
+        "iterations must be a positive integer, got 0",
+        "permute.wm_sinkhorn.iterations must be a positive integer, got 0",
+    ),
+    (
+        "wm_sinkhorn",
+        {"patience": 0},
+        "patience must be a positive integer or null, got 0",
+        "permute.wm_sinkhorn.patience must be a positive integer or null, got 0",
+    ),
+    (
+        "wm_sinkhorn",
+        {"tau": -1.0},
+        "tau must be a positive number, got -1.0",
+        "permute.wm_sinkhorn.tau must be a positive number, got -1.0",
+    ),
+    (
+        "ste",
+        {"holdout": 1.5},
+        "holdout must be a number in [0, 1), got 1.5",
+        "permute.ste.holdout must be a number in [0, 1), got 1.5",
+    ),
+    (
+        "ste",
+        {"optimizer": "lbfgs"},
+        "optimizer must be one of ['adam', 'sgd'], got 'lbfgs'",
+        "permute.ste.optimizer must be one of ['adam', 'sgd'], got 'lbfgs'",
+    ),
+    (
+        "ste",
+        {"holdout": 0, "select": "holdout"},
+        "holdout must be above 0 when select is 'holdout' (or choose select: best_batch), got 0",
+        "permute.ste.holdout must be above 0 when permute.ste.select is 'holdout' "
+        "(or choose select: best_batch), got 0",
+    ),
+    (
+        "ste_sinkhorn",
+        {"drop_last": 1},
+        "drop_last must be true or false, got 1",
+        "permute.ste_sinkhorn.drop_last must be true or false, got 1",
+    ),
+    (
+        "ste_sinkhorn",
+        {"weight_decay": -1},
+        "weight_decay must be a non-negative number, got -1",
+        "permute.ste_sinkhorn.weight_decay must be a non-negative number, got -1",
+    ),
+    (
+        "ste_sinkhorn",
+        {"precision": "fp16"},
+        "precision must be one of ['fp32', 'bf16'], got 'fp16'",
+        "permute.ste_sinkhorn.precision must be one of ['fp32', 'bf16'], got 'fp16'",
+    ),
+    (
+        "wm",
+        {"iters": 3},
+        "options: unknown option(s) ['iters']; expected some of ['max_iter', 'tol']",
+        "permute.wm: unknown option(s) ['iters']; expected some of ['max_iter', 'tol']",
+    ),
+    (
+        "identity",
+        {"x": {1: 2}},
+        "options: unknown option(s) ['x']; expected some of []",
+        "permute.identity: unknown option(s) ['x']; expected some of []",
+    ),
+    (
+        "nope",
+        {},
+        "method: unknown method 'nope'; expected one of ['am', 'identity', 'ste', 'ste_sinkhorn', 'wm', 'wm_sinkhorn']",
+        "permute.methods: unknown method 'nope'; expected one of ['am', 'identity', 'ste', "
+        "'ste_sinkhorn', 'wm', 'wm_sinkhorn']",
+    ),
 ]
 
 
@@ -144,8 +206,12 @@ def test_the_pipeline_reports_them_under_params_keys(method: str, options: dict,
 
 def test_a_function_called_directly_raises_the_same_line() -> None:
     spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
-    params = {"l0.weight": torch.ones(3, 2), "l0.bias": torch.ones(3), "l1.weight": torch.ones(2, 3),
-              "l1.bias": torch.ones(2)}
+    params = {
+        "l0.weight": torch.ones(3, 2),
+        "l0.bias": torch.ones(3),
+        "l1.weight": torch.ones(2, 3),
+        "l1.bias": torch.ones(2),
+    }
     assert weight_matching(spec, params, params, max_iter=1).stats["sweeps"] == 1
     with pytest.raises(OptionError, match=r"^max_iter must be a positive integer, got 0$"):
         weight_matching(spec, params, params, max_iter=0)
@@ -159,8 +225,9 @@ def test_the_batch_check_names_batch_size_only() -> None:
     assert str(err.value) == "batch_size must be at most the 5 training samples available for the search, got 10"
     with pytest.raises(ValueError) as err, search_errors("ste_sinkhorn"):
         check_batch(10, 5)
-    assert str(err.value) == ("permute.ste_sinkhorn.batch_size must be at most the 5 training samples available "
-                              "for the search, got 10")
+    assert str(err.value) == (
+        "permute.ste_sinkhorn.batch_size must be at most the 5 training samples available for the search, got 10"
+    )
 
 
 def test_the_permute_stage_reports_a_bad_option_under_its_key_before_loading_anything(tmp_path: Path) -> None:
@@ -172,5 +239,6 @@ def test_the_permute_stage_reports_a_bad_option_under_its_key_before_loading_any
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
     missing = tmp_path / "absent"  # never opened: the options fail first
     with pytest.raises(SystemExit, match=r"^error: permute.wm.max_iter must be a positive integer, got 0$"):
-        permute.main(method="wm", model_a=missing, model_b=missing, data=missing, out=missing,
-                     params=tmp_path / "params.yaml")
+        permute.main(
+            method="wm", model_a=missing, model_b=missing, data=missing, out=missing, params=tmp_path / "params.yaml"
+        )

@@ -45,8 +45,19 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     first = _ran(_run(repo, "dvc", "repro"))
-    assert _base_stages(first) == {"validate", "download", "train", "permute", "merge", "measure",
-                                   "spectra", "connect", "merge_many", "summarize", "plot"}
+    assert _base_stages(first) == {
+        "validate",
+        "download",
+        "train",
+        "permute",
+        "merge",
+        "measure",
+        "spectra",
+        "connect",
+        "merge_many",
+        "summarize",
+        "plot",
+    }
     assert len([s for s in first if s.startswith("permute@")]) == 3
     summary = json.loads((repo / "reports/detail/summary.json").read_text())
     assert set(summary) == {"identity", "wm", "am"}
@@ -70,8 +81,11 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     # (measure reruns only if the merged model changed: an identical permutation stops there)
     _set(repo, "permute.wm.tol", 1e-5)  # (1e-6 is left for the `dvc exp run -S` test below)
     ran = _ran(_run(repo, "dvc", "repro"))
-    assert {"permute@pair0-wm", "merge@pair0", "connect@triple0-wm"} <= {s for s in ran if "@" in s} <= {
-        "permute@pair0-wm", "merge@pair0", "measure@pair0", "connect@triple0-wm"}
+    assert (
+        {"permute@pair0-wm", "merge@pair0", "connect@triple0-wm"}
+        <= {s for s in ran if "@" in s}
+        <= {"permute@pair0-wm", "merge@pair0", "measure@pair0", "connect@triple0-wm"}
+    )
     assert {"summarize", "plot"} <= ran and "download" not in ran
 
     # a measure option reruns measure and after, not permute or merge
@@ -89,8 +103,15 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     # train.epochs reruns train and everything after it, but not download
     _set(repo, "train.epochs", 2)
     ran = _ran(_run(repo, "dvc", "repro"))
-    assert {"train@0", "train@1", "permute@pair0-wm", "merge@pair0", "measure@pair0",
-            "summarize", "plot"} <= ran and "download" not in ran
+    assert {
+        "train@0",
+        "train@1",
+        "permute@pair0-wm",
+        "merge@pair0",
+        "measure@pair0",
+        "summarize",
+        "plot",
+    } <= ran and "download" not in ran
 
     # reverting restores from the run cache without recomputing
     _set(repo, "train.epochs", 1)
@@ -128,8 +149,17 @@ def test_an_edit_to_code_a_stage_imports_marks_that_stage_changed(repo: Path) ->
     try:
         _edit(data, "def load_split(", "def load_split(  # edited\n")  # what train and every analysis read
         changed = _changed_stages(repo)
-        assert {"download", "train@0", "train@1", "train@2", "permute@pair0-am", "merge@pair0",
-                "measure@pair0", "spectra", "merge_many"} <= changed and "plot" not in changed
+        assert {
+            "download",
+            "train@0",
+            "train@1",
+            "train@2",
+            "permute@pair0-am",
+            "merge@pair0",
+            "measure@pair0",
+            "spectra",
+            "merge_many",
+        } <= changed and "plot" not in changed
         data.write_text(saved[data])
         _edit(mlp, "def activation_points(", "def activation_points(  # edited\n")  # AM builds the model
         changed = _changed_stages(repo)
@@ -138,8 +168,18 @@ def test_an_edit_to_code_a_stage_imports_marks_that_stage_changed(repo: Path) ->
         mlp.write_text(saved[mlp])
         (repo / "src/lmclab/pipeline/stage.py").write_text(saved[repo / "src/lmclab/pipeline/stage.py"] + "# edited\n")
         assert {s.split("@")[0] for s in _changed_stages(repo)} == {
-            "validate", "download", "train", "permute", "merge", "measure", "spectra", "connect",
-            "merge_many", "summarize", "plot"}
+            "validate",
+            "download",
+            "train",
+            "permute",
+            "merge",
+            "measure",
+            "spectra",
+            "connect",
+            "merge_many",
+            "summarize",
+            "plot",
+        }
     finally:
         for path, text in saved.items():
             path.write_text(text)
@@ -176,11 +216,17 @@ def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
 @pytest.mark.slow
 def test_a_bad_pair_fails_in_validate_before_any_training(repo: Path) -> None:
     _set(repo, "permute.pairs", [[0, 7]])
-    proc = subprocess.run([sys.executable, "stages/validate.py", "--out", "data/validated.txt"], cwd=repo,
-                          env=_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "stages/validate.py", "--out", "data/validated.txt"],
+        cwd=repo,
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
-    assert proc.stderr.strip() == ("error: permute.pairs: expected seeds of train.seeds [0, 1, 2], "
-                                   "got [0, 7] ([7] not trained)")
+    assert proc.stderr.strip() == (
+        "error: permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] not trained)"
+    )
     _set(repo, "permute.pairs", [[0, 1]])
 
 
@@ -203,11 +249,13 @@ def test_floats_as_dvc_writes_them_reach_the_stages_as_numbers(repo: Path) -> No
 
 @pytest.mark.slow
 def test_a_string_where_a_number_belongs_is_one_line_from_validate_before_training(repo: Path) -> None:
-    proc = subprocess.run(["dvc", "exp", "run", "-S", "train.lr=abc"], cwd=repo, env=_env(),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["dvc", "exp", "run", "-S", "train.lr=abc"], cwd=repo, env=_env(), capture_output=True, text=True
+    )
     _run(repo, "git", "checkout", "params.yaml")
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert [ln for ln in output.splitlines() if ln.startswith("error:")] == [
-        "error: train.lr: expected a number > 0, got 'abc'"]
+        "error: train.lr: expected a number > 0, got 'abc'"
+    ]
     assert "Traceback" not in output and not {s for s in _ran(output) if s != "validate"}

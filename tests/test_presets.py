@@ -28,8 +28,9 @@ def test_preset_applies_keeps_comments_and_validates(name):
     tree = parse_yaml(new)
     assert all(flatten(tree)[k] == v for k, v in preset.items())
     assert len(new.splitlines()) == len(text.splitlines())
-    assert [ln.split(" # ", 1)[1] for ln in new.splitlines() if " # " in ln] == \
-        [ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln]
+    assert [ln.split(" # ", 1)[1] for ln in new.splitlines() if " # " in ln] == [
+        ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln
+    ]
     check_params(tree)
     assert tree["train"]["batch_size"] == 512 and len(tree["permute"]["pairs"]) == 5
     # every table runs the paper's WM and STE (the Sinkhorn methods, Appendix D.2) at its settings

@@ -13,7 +13,7 @@ README = (ROOT / "README.md").read_text()
 
 def _section(title: str) -> str:
     start = README.index(f"\n## {title}")
-    return README[start:README.index("\n## ", start + 1)]
+    return README[start : README.index("\n## ", start + 1)]
 
 
 def test_the_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:

@@ -12,8 +12,11 @@ from lmclab.report.summary import table1 as summary_table1
 
 
 def test_endpoint_table_lists_each_seed_once_in_seed_order_with_its_last_epoch() -> None:
-    rows = [{"seed": s, "epoch": e, "train_loss": 1.0 / e, "test_loss": 2.0 / e, "test_acc": 0.5 + e / 100}
-            for s in (2, 0, 3, 1) for e in (3, 1, 2)]
+    rows = [
+        {"seed": s, "epoch": e, "train_loss": 1.0 / e, "test_loss": 2.0 / e, "test_acc": 0.5 + e / 100}
+        for s in (2, 0, 3, 1)
+        for e in (3, 1, 2)
+    ]
     lines = endpoint_table(pd.DataFrame(rows)).splitlines()[2:]
     assert [line.split("|")[1].strip() for line in lines] == ["0", "1", "2", "3"]
     assert all(line.split("|")[2].strip() == "3" for line in lines)
@@ -25,15 +28,27 @@ def test_report_tables_give_mean_and_sample_std_over_pairs_and_triples() -> None
     population std would print 0.816)."""
     pairs = three_pairs()
     row = table1(pairs, ["wm"], t1=summary_table1(pairs, ["wm"])).splitlines()[2]
-    assert row.split(" | ")[1:] == ["2.000 ± 1.000", "4.000 ± 2.000", "2.000 ± 1.000", "0.0742", "2.000 ± 1.000",
-                                    "2.000 ± 1.000", "2.00 ± 1.00 |"]
+    assert row.split(" | ")[1:] == [
+        "2.000 ± 1.000",
+        "4.000 ± 2.000",
+        "2.000 ± 1.000",
+        "0.0742",
+        "2.000 ± 1.000",
+        "2.000 ± 1.000",
+        "2.00 ± 1.00 |",
+    ]
     cells = alignment_table(pairs, ["wm"]).splitlines()[2].split(" | ")[1:]
     assert cells == ["2.000 ± 1.000"] * 3 + ["2.000 ± 1.000 |"]
     cells = barrier_table(pairs, ["wm"]).splitlines()[2].split(" | ")[1:]
     assert cells == ["2.000 ± 1.000", "2.000 ± 1.000", "2.00 ± 1.00", "2.00 ± 1.00"] * 2 + ["2.00 ± 1.00 |"]
-    edges = pd.DataFrame({"triple": [f"t{i}" for i in range(3)] * 3, "method": "wm",
-                          "edge": ["a-b"] * 3 + ["a-c"] * 3 + ["b-c"] * 3,
-                          **{k: ONE_TWO_THREE * 3 for k in (*THREE_KEYS, "R_0.3")}})
+    edges = pd.DataFrame(
+        {
+            "triple": [f"t{i}" for i in range(3)] * 3,
+            "method": "wm",
+            "edge": ["a-b"] * 3 + ["a-c"] * 3 + ["b-c"] * 3,
+            **{k: ONE_TWO_THREE * 3 for k in (*THREE_KEYS, "R_0.3")},
+        }
+    )
     cells = table3(edges).splitlines()[2].split(" | ")[1:]
     loss_acc, l2, r = ["2.000 ± 1.000", "2.00 ± 1.00"], "2.00 ± 1.00", "2.000 ± 1.000"
     assert cells == [loss_acc[0]] + loss_acc * 3 + [l2, r, r, r + " |"]  # loss b–c max and ½, acc b–c, …

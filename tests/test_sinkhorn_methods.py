@@ -67,19 +67,22 @@ def test_scaling_is_accurate_in_float32_up_to_its_range_and_the_log_domain_beyon
     base = torch.rand(16, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     exact = lambda s: log_sinkhorn(s, tau=1.0, n_iter=20)  # noqa: E731
     at_limit = base / (base.max() - base.min()) * (limit - 0.5)
-    torch.testing.assert_close(scaling_sinkhorn(at_limit.float(), tau=1.0, n_iter=20).double(),
-                               exact(at_limit), rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        scaling_sinkhorn(at_limit.float(), tau=1.0, n_iter=20).double(), exact(at_limit), rtol=0, atol=1e-4
+    )
     beyond = at_limit.clone()
     beyond[:, 0] -= 4 * limit  # a column far below the rest: exp underflows to 0 in float32
     assert not torch.isfinite(scaling_sinkhorn(beyond.float(), tau=1.0, n_iter=20)).all()  # why the switch
-    torch.testing.assert_close(sinkhorn(beyond.float(), tau=1.0, n_iter=20).double(), exact(beyond),
-                               rtol=0, atol=1e-4)
+    torch.testing.assert_close(sinkhorn(beyond.float(), tau=1.0, n_iter=20).double(), exact(beyond), rtol=0, atol=1e-4)
 
 
 def test_groups_of_one_size_are_batched_without_mixing() -> None:
     gen = torch.Generator().manual_seed(4)
-    scores = {"P_a": torch.randn(5, 5, generator=gen), "P_b": torch.randn(8, 8, generator=gen),
-              "P_c": torch.randn(5, 5, generator=gen)}
+    scores = {
+        "P_a": torch.randn(5, 5, generator=gen),
+        "P_b": torch.randn(8, 8, generator=gen),
+        "P_c": torch.randn(5, 5, generator=gen),
+    }
     soft = soft_permutation(scores, tau=0.5, n_iter=10)
     assert list(soft) == list(scores)
     for g, s in scores.items():
@@ -95,23 +98,31 @@ def _planted(width: int, hidden: int, seed: int, noise: float) -> tuple:
     params_a = random_params("mlp", config, seed)
     planted = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(seed + 1))
     gen = torch.Generator().manual_seed(seed + 2)
-    params_b = {k: v + noise * v.std() * torch.randn(v.shape, generator=gen)
-                for k, v in apply_permutation(spec, planted, params_a).items()}
+    params_b = {
+        k: v + noise * v.std() * torch.randn(v.shape, generator=gen)
+        for k, v in apply_permutation(spec, planted, params_a).items()
+    }
     return spec, params_a, params_b, invert(planted)
 
 
 def test_distance_loss_is_the_mean_over_matched_entries() -> None:
     spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
     gen = torch.Generator().manual_seed(5)
-    params_a = {"l0.weight": torch.randn(3, 2, generator=gen), "l0.bias": torch.randn(3, generator=gen),
-                "l1.weight": torch.randn(1, 3, generator=gen), "l1.bias": torch.randn(1, generator=gen)}
+    params_a = {
+        "l0.weight": torch.randn(3, 2, generator=gen),
+        "l0.bias": torch.randn(3, generator=gen),
+        "l1.weight": torch.randn(1, 3, generator=gen),
+        "l1.bias": torch.randn(1, generator=gen),
+    }
     params_b = {k: torch.randn(v.shape, generator=gen) for k, v in params_a.items()}
     scores = {"P": torch.randn(3, 3, generator=gen)}
     soft = soft_permutation(scores, tau=1.0, n_iter=5)["P"]
-    by_hand = ((params_a["l0.weight"] - soft @ params_b["l0.weight"]).pow(2).sum()
-               + (params_a["l0.bias"] - soft @ params_b["l0.bias"]).pow(2).sum()
-               + (params_a["l1.weight"] - params_b["l1.weight"] @ soft.T).pow(2).sum()
-               + (params_a["l1.bias"] - params_b["l1.bias"]).pow(2).sum()) / 13
+    by_hand = (
+        (params_a["l0.weight"] - soft @ params_b["l0.weight"]).pow(2).sum()
+        + (params_a["l0.bias"] - soft @ params_b["l0.bias"]).pow(2).sum()
+        + (params_a["l1.weight"] - params_b["l1.weight"] @ soft.T).pow(2).sum()
+        + (params_a["l1.bias"] - params_b["l1.bias"]).pow(2).sum()
+    ) / 13
     loss = distance_loss(spec, scores, params_a, params_b, tau=1.0, n_iter=5)
     torch.testing.assert_close(loss, by_hand)
     torch.testing.assert_close(soft_apply(spec, {"P": soft}, params_b)["l1.weight"], params_b["l1.weight"] @ soft.T)
@@ -122,8 +133,9 @@ def test_distance_loss_is_the_mean_over_matched_entries() -> None:
 def test_wm_sinkhorn_recovers_a_planted_permutation(width: int, epochs: int) -> None:
     """θb = π(θa) + noise (5 % of each tensor's std): the search returns π⁻¹ exactly."""
     spec, params_a, params_b, expected = _planted(width, hidden=2, seed=6, noise=0.05)
-    result = wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0),
-                         epochs=epochs, iterations=10)
+    result = wm_sinkhorn(
+        spec, params_a, params_b, generator=torch.Generator().manual_seed(0), epochs=epochs, iterations=10
+    )
     for g, p in expected.items():
         assert torch.equal(result.perm[g], p), (g, int((result.perm[g] != p).sum()))
 
@@ -131,12 +143,22 @@ def test_wm_sinkhorn_recovers_a_planted_permutation(width: int, epochs: int) -> 
 @pytest.mark.slow
 def test_convergence_stop_returns_the_full_schedules_permutation() -> None:
     spec, params_a, params_b, expected = _planted(64, hidden=2, seed=7, noise=0.05)
-    run = lambda **kw: wm_sinkhorn(spec, params_a, params_b,  # noqa: E731
-                                   generator=torch.Generator().manual_seed(0), epochs=40, iterations=10, **kw)
+
+    def run(**kw):
+        return wm_sinkhorn(
+            spec,
+            params_a,
+            params_b,
+            generator=torch.Generator().manual_seed(0),
+            epochs=40,
+            iterations=10,
+            **kw,
+        )
+
     full, stopped = run(), run(patience=3)
     objectives = [r["objective"] for r in stopped.stats["curve"]]
     assert len(objectives) < len(full.stats["curve"]) == 41
-    assert objectives == [r["objective"] for r in full.stats["curve"][:len(objectives)]]
+    assert objectives == [r["objective"] for r in full.stats["curve"][: len(objectives)]]
     assert stopped.stats["best_epoch"] == len(objectives) - 1 - 3  # three epochs without a better one
     for g, p in expected.items():
         assert torch.equal(stopped.perm[g], p) and torch.equal(full.perm[g], p)
@@ -144,8 +166,19 @@ def test_convergence_stop_returns_the_full_schedules_permutation() -> None:
 
 def test_best_selection_returns_the_best_scored_epoch() -> None:
     spec, params_a, params_b, _ = _planted(16, hidden=1, seed=8, noise=2.0)
-    run = lambda select: wm_sinkhorn(spec, params_a, params_b, select=select,  # noqa: E731
-                                     generator=torch.Generator().manual_seed(0), epochs=12, iterations=3, lr=3.0)
+
+    def run(select):
+        return wm_sinkhorn(
+            spec,
+            params_a,
+            params_b,
+            select=select,
+            generator=torch.Generator().manual_seed(0),
+            epochs=12,
+            iterations=3,
+            lr=3.0,
+        )
+
     best, last = run("best"), run("last")
     curve = best.stats["curve"]
     top = max(curve, key=lambda r: r["objective"])
@@ -159,8 +192,19 @@ def test_patience_counts_epochs_since_the_last_better_one() -> None:
     """The stop epoch follows from the full run's objectives: stop once ``patience`` epochs in a row
     have not beaten the best so far (a new best restarts the count)."""
     spec, params_a, params_b, _ = _planted(16, hidden=1, seed=8, noise=2.0)
-    run = lambda **kw: wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0),  # noqa: E731
-                                   epochs=30, iterations=3, lr=3.0, **kw)
+
+    def run(**kw):
+        return wm_sinkhorn(
+            spec,
+            params_a,
+            params_b,
+            generator=torch.Generator().manual_seed(0),
+            epochs=30,
+            iterations=3,
+            lr=3.0,
+            **kw,
+        )
+
     objectives = [r["objective"] for r in run().stats["curve"]]
 
     def stop_epoch(patience: int, restart: bool) -> int:
@@ -198,15 +242,17 @@ def test_sgd_momentum_of_ste() -> None:
 
 # Adam: the gradient is g' = g + wd·θ: 0.8 then 0.75. Step 1 is −lr (m̂/√v̂ = 1): θ1 = 0.9. Step 2:
 # m = 0.9·0.08 + 0.1·0.75, v = 0.999·0.00064 + 0.001·0.5625, bias-corrected by 1 − 0.9², 1 − 0.999².
-ADAM_2 = 0.9 - 0.1 * ((0.9 * 0.08 + 0.1 * 0.75) / 0.19) / math.sqrt((0.999 * 0.00064 + 0.001 * 0.5625)
-                                                                     / (1 - 0.999 ** 2))
+ADAM_2 = 0.9 - 0.1 * ((0.9 * 0.08 + 0.1 * 0.75) / 0.19) / math.sqrt((0.999 * 0.00064 + 0.001 * 0.5625) / (1 - 0.999**2))
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("adam", [0.9, ADAM_2]),
-    # AdamW: θ ← θ(1 − lr·wd), then the step of the constant g, −lr: 0.95 − 0.1; 0.85·0.95 − 0.1
-    ("adamw", [0.85, 0.7075]),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("adam", [0.9, ADAM_2]),
+        # AdamW: θ ← θ(1 − lr·wd), then the step of the constant g, −lr: 0.95 − 0.1; 0.85·0.95 − 0.1
+        ("adamw", [0.85, 0.7075]),
+    ],
+)
 def test_adam_and_adamw_weight_decay_of_ste_sinkhorn(name: str, expected: list[float]) -> None:
     theta = torch.tensor([1.0], requires_grad=True)
     opt = ste_sinkhorn_module.make_optimizer(name, [theta], lr=0.1, weight_decay=0.5)
@@ -235,8 +281,18 @@ def _tiny_problem() -> tuple:
 def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:
     spec, net, (params_a, params_b), data = _tiny_problem()
     run = lambda drop: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
-        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
-        epochs=2, batch_size=16, drop_last=drop, optimizer="adamw", weight_decay=0.01)
+        spec,
+        params_a,
+        params_b,
+        model=net,
+        data=data,
+        generator=torch.Generator().manual_seed(0),
+        epochs=2,
+        batch_size=16,
+        drop_last=drop,
+        optimizer="adamw",
+        weight_decay=0.01,
+    )
     assert [r["steps"] for r in run(False).stats["curve"]] == [0, 4, 8]
     assert [r["steps"] for r in run(True).stats["curve"]] == [0, 3, 6]
 
@@ -247,9 +303,22 @@ def test_bf16_runs_the_midpoint_products_in_bfloat16_and_follows_the_float32_run
     spec, net, (params_a, params_b), data = _tiny_problem()
     seen: list[torch.dtype] = []
     net.l0.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
-    run = lambda precision: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
-        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
-        epochs=3, batch_size=16, optimizer="adamw", lr=0.1, precision=precision).stats["curve"][1:]
+
+    def run(precision):
+        return ste_sinkhorn_module.ste_sinkhorn(
+            spec,
+            params_a,
+            params_b,
+            model=net,
+            data=data,
+            generator=torch.Generator().manual_seed(0),
+            epochs=3,
+            batch_size=16,
+            optimizer="adamw",
+            lr=0.1,
+            precision=precision,
+        ).stats["curve"][1:]
+
     fp32 = [r["train_loss"] for r in run("fp32")]
     assert set(seen) == {torch.float32}
     seen.clear()
@@ -264,17 +333,29 @@ def test_bf16_computes_the_soft_permuted_parameters_under_autocast(monkeypatch) 
     spec, net, (params_a, params_b), data = _tiny_problem()
     seen: list[dict[str, torch.dtype]] = []
 
-    def recording(model, spec, params_a, permuted_b, x, y):  # noqa: ANN001, ANN202
+    def recording(model, spec, params_a, permuted_b, x, y):
         seen.append({k: v.dtype for k, v in permuted_b.items()})
         return midpoint_loss(model, spec, params_a, permuted_b, x, y)
 
     monkeypatch.setattr(ste_sinkhorn_module, "midpoint_loss", recording)
     run = lambda precision: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
-        spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
-        epochs=1, batch_size=25, precision=precision)
+        spec,
+        params_a,
+        params_b,
+        model=net,
+        data=data,
+        generator=torch.Generator().manual_seed(0),
+        epochs=1,
+        batch_size=25,
+        precision=precision,
+    )
     run("bf16")
-    permuted = {"l0.weight": torch.bfloat16, "l0.bias": torch.bfloat16, "l1.weight": torch.bfloat16,
-                "l1.bias": torch.float32}
+    permuted = {
+        "l0.weight": torch.bfloat16,
+        "l0.bias": torch.bfloat16,
+        "l1.weight": torch.bfloat16,
+        "l1.bias": torch.float32,
+    }
     assert len(seen) == 2 and all(dtypes == permuted for dtypes in seen)
     seen.clear()
     run("fp32")
@@ -286,16 +367,30 @@ def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
     its projection is returned."""
     spec, net, (params_a, params_b), data = _tiny_problem()
     epoch_perms = []
-    result = ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
-                            optimizer="sgd", lr=50.0, momentum=0.9, epochs=4, batch_size=16,
-                            holdout=0.0, select="best_batch", monitor=lambda perm: epoch_perms.append(perm) or {})
+    result = ste_module.ste(
+        spec,
+        params_a,
+        params_b,
+        model=net,
+        data=data,
+        generator=torch.Generator().manual_seed(0),
+        optimizer="sgd",
+        lr=50.0,
+        momentum=0.9,
+        epochs=4,
+        batch_size=16,
+        holdout=0.0,
+        select="best_batch",
+        monitor=lambda perm: epoch_perms.append(perm) or {},
+    )
     curve = result.stats["curve"]
     assert all(r["heldout_loss"] is None for r in curve)
     assert result.stats["best_epoch"] == min(curve[1:], key=lambda r: r["best_batch_loss"])["epoch"] == 2
     assert not torch.equal(result.perm["P"], epoch_perms[-1]["P"])
     with pytest.raises(ValueError, match=r"^holdout must be above 0 when select is 'holdout'"):
-        ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator(),
-                       holdout=0.0, select="holdout")
+        ste_module.ste(
+            spec, params_a, params_b, model=net, data=data, generator=torch.Generator(), holdout=0.0, select="holdout"
+        )
 
 
 def test_ste_best_batch_returns_the_permutation_of_the_step_with_the_lowest_loss(monkeypatch) -> None:
@@ -304,15 +399,28 @@ def test_ste_best_batch_returns_the_permutation_of_the_step_with_the_lowest_loss
     spec, net, (params_a, params_b), data = _tiny_problem()
     steps, epoch_perms, step = [], [], ste_module.ste_step
 
-    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def recording(*args, **kwargs):
         perm, loss = step(*args, **kwargs)
         steps.append((perm, loss))
         return perm, loss
 
     monkeypatch.setattr(ste_module, "ste_step", recording)
-    result = ste_module.ste(spec, params_a, params_b, model=net, data=data, generator=torch.Generator().manual_seed(0),
-                            optimizer="sgd", lr=1.0, momentum=0.9, epochs=4, batch_size=16, holdout=0.0,
-                            select="best_batch", monitor=lambda perm: epoch_perms.append(perm) or {})
+    result = ste_module.ste(
+        spec,
+        params_a,
+        params_b,
+        model=net,
+        data=data,
+        generator=torch.Generator().manual_seed(0),
+        optimizer="sgd",
+        lr=1.0,
+        momentum=0.9,
+        epochs=4,
+        batch_size=16,
+        holdout=0.0,
+        select="best_batch",
+        monitor=lambda perm: epoch_perms.append(perm) or {},
+    )
     best = min(range(len(steps)), key=lambda i: steps[i][1])  # 3 steps per epoch
     best_perm = steps[best][0]
     assert len(steps) == 12 and torch.equal(result.perm["P"], best_perm["P"])

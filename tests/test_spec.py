@@ -66,8 +66,12 @@ def test_permutation_then_inverse_is_identity(arch: str) -> None:
 
 def test_compose_matches_sequential_application() -> None:
     spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
-    params = {"l0.weight": torch.randn(5, 3), "l0.bias": torch.randn(5), "l1.weight": torch.randn(2, 5),
-              "l1.bias": torch.randn(2)}
+    params = {
+        "l0.weight": torch.randn(5, 3),
+        "l0.bias": torch.randn(5),
+        "l1.weight": torch.randn(2, 5),
+        "l1.bias": torch.randn(2),
+    }
     g = torch.Generator().manual_seed(0)
     p1, p2 = random_permutation({"P": 5}, g), random_permutation({"P": 5}, g)
     twice = apply_permutation(spec, p2, apply_permutation(spec, p1, params))
@@ -77,8 +81,12 @@ def test_compose_matches_sequential_application() -> None:
 
 def test_spec_errors_are_one_line() -> None:
     spec = build_spec(dense("l0", "P", None), dense("l1", None, "P"))
-    good = {"l0.weight": torch.zeros(4, 3), "l0.bias": torch.zeros(4), "l1.weight": torch.zeros(2, 4),
-            "l1.bias": torch.zeros(2)}
+    good = {
+        "l0.weight": torch.zeros(4, 3),
+        "l0.bias": torch.zeros(4),
+        "l1.weight": torch.zeros(2, 4),
+        "l1.bias": torch.zeros(2),
+    }
     with pytest.raises(ValueError, match="keys do not match"):
         spec.check({k: v for k, v in good.items() if k != "l1.bias"})
     with pytest.raises(ValueError, match="group 'P'"):
@@ -91,7 +99,9 @@ def test_spec_errors_are_one_line() -> None:
 
 
 def test_groups_inverse_view_and_stats() -> None:
-    spec = PermutationSpec(axes={"a.weight": ("P", None), "a.running_mean": ("P",), "b.weight": (None, "P")},
-                           stats=frozenset({"a.running_mean"}))
+    spec = PermutationSpec(
+        axes={"a.weight": ("P", None), "a.running_mean": ("P",), "b.weight": (None, "P")},
+        stats=frozenset({"a.running_mean"}),
+    )
     assert spec.groups == {"P": [("a.weight", 0), ("a.running_mean", 0), ("b.weight", 1)]}
     assert set(spec.matched({"a.weight": 1, "a.running_mean": 2, "b.weight": 3})) == {"a.weight", "b.weight"}

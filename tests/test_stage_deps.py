@@ -29,8 +29,10 @@ def test_every_file_a_stage_imports_is_one_of_its_deps(name: str) -> None:
     assert script is not None, f"stage {name}: its cmd does not run a python script"
     deps = _listed(STAGES[name], "deps")
     missing = sorted(f for f in code_closure(ROOT, script) if not covered(f, deps))
-    assert not missing, (f"stage {name} imports {', '.join(missing)}, which its deps: in dvc.yaml do not "
-                         "list (run `python tools/stage_deps.py --write`)")
+    assert not missing, (
+        f"stage {name} imports {', '.join(missing)}, which its deps: in dvc.yaml do not "
+        "list (run `python tools/stage_deps.py --write`)"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(STAGES))
@@ -46,8 +48,11 @@ def test_every_code_dep_exists_and_is_imported(name: str) -> None:
 def _command_paths(cmd: str) -> list[str]:
     """The values of a command's ``--option value`` pairs that name files or folders."""
     words = shlex.split(cmd)
-    return [value for flag, value in zip(words, words[1:], strict=False)
-            if flag.startswith("--") and "/" in value and not value.startswith("-")]
+    return [
+        value
+        for flag, value in zip(words, words[1:], strict=False)
+        if flag.startswith("--") and "/" in value and not value.startswith("-")
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(STAGES))
@@ -63,7 +68,9 @@ def test_every_path_on_a_stage_command_line_is_a_dep_or_an_output(name: str) -> 
 
 def test_the_command_line_paths_are_read() -> None:
     assert _command_paths("python s.py --seed 1 --data data/prepared --out data/x/${item.a}.pt") == [
-        "data/prepared", "data/x/${item.a}.pt"]
+        "data/prepared",
+        "data/x/${item.a}.pt",
+    ]
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -75,19 +82,38 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_the_closure_follows_every_kind_of_import(tmp_path: Path) -> None:
     """Imports inside functions, ``from package import submodule``, relative imports and the
     ``__init__.py`` of every package on the way; a module nobody imports stays out."""
-    _write(tmp_path, {
-        "stages/run.py": "import helper\ndef main():\n    from pkg.sub import deep\n",
-        "stages/helper.py": "from pkg import flat\n",
-        "src/pkg/__init__.py": "", "src/pkg/flat.py": "from . import rel\n", "src/pkg/rel.py": "",
-        "src/pkg/sub/__init__.py": "", "src/pkg/sub/deep.py": "import pkg.sub.deeper as d\n",
-        "src/pkg/sub/deeper.py": "", "src/pkg/unused.py": "",
-    })
+    _write(
+        tmp_path,
+        {
+            "stages/run.py": "import helper\ndef main():\n    from pkg.sub import deep\n",
+            "stages/helper.py": "from pkg import flat\n",
+            "src/pkg/__init__.py": "",
+            "src/pkg/flat.py": "from . import rel\n",
+            "src/pkg/rel.py": "",
+            "src/pkg/sub/__init__.py": "",
+            "src/pkg/sub/deep.py": "import pkg.sub.deeper as d\n",
+            "src/pkg/sub/deeper.py": "",
+            "src/pkg/unused.py": "",
+        },
+    )
     assert code_closure(tmp_path, "stages/run.py") == {
-        "stages/run.py", "stages/helper.py", "src/pkg/__init__.py", "src/pkg/flat.py", "src/pkg/rel.py",
-        "src/pkg/sub/__init__.py", "src/pkg/sub/deep.py", "src/pkg/sub/deeper.py"}
+        "stages/run.py",
+        "stages/helper.py",
+        "src/pkg/__init__.py",
+        "src/pkg/flat.py",
+        "src/pkg/rel.py",
+        "src/pkg/sub/__init__.py",
+        "src/pkg/sub/deep.py",
+        "src/pkg/sub/deeper.py",
+    }
     assert minimal_cover(code_closure(tmp_path, "stages/run.py"), tmp_path, top="src/pkg") == [
-        "src/pkg/__init__.py", "src/pkg/flat.py", "src/pkg/rel.py", "src/pkg/sub",
-        "stages/helper.py", "stages/run.py"]
+        "src/pkg/__init__.py",
+        "src/pkg/flat.py",
+        "src/pkg/rel.py",
+        "src/pkg/sub",
+        "stages/helper.py",
+        "stages/run.py",
+    ]
 
 
 def test_the_closure_of_train_reaches_the_loader_through_the_stage(tmp_path: Path) -> None:

@@ -43,9 +43,12 @@ def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
 
 
 def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
-    read = StageParams("permute", _write(tmp_path, {"permute": {"seed": 1, "wm": {"tol": 0.5}, "am": {}},
-                                                     "device": "cpu", "train": {"lr": 1}}),
-                       dvc_yaml=ROOT / "dvc.yaml", method="wm").read
+    read = StageParams(
+        "permute",
+        _write(tmp_path, {"permute": {"seed": 1, "wm": {"tol": 0.5}, "am": {}}, "device": "cpu", "train": {"lr": 1}}),
+        dvc_yaml=ROOT / "dvc.yaml",
+        method="wm",
+    ).read
     assert read("permute.seed") == 1 and read("permute.wm") == {"tol": 0.5} and read("permute.wm.tol") == 0.5
     for key in ("train.lr", "permute.am", "train"):
         with pytest.raises(SystemExit, match=rf"^error: stage permute reads params key {key}, which its params: "):
@@ -53,8 +56,17 @@ def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
 
 
 def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
-    tree = {"measure": {"num_lambdas": 3, "gammas": [0], "secret": 1, "bn_repair": True,
-                        "bn_repair_samples": None, "taylor_splits": ["test"], "conv_spectrum": "fft"}}
+    tree = {
+        "measure": {
+            "num_lambdas": 3,
+            "gammas": [0],
+            "secret": 1,
+            "bn_repair": True,
+            "bn_repair_samples": None,
+            "taylor_splits": ["test"],
+            "conv_spectrum": "fft",
+        }
+    }
     opts = StageParams("measure", _write(tmp_path, tree), dvc_yaml=ROOT / "dvc.yaml").read("measure")
     assert opts["gammas"] == [0] and opts.get("bn_repair_samples", 5) is None and len(opts) == 7
     with pytest.raises(SystemExit, match="reads params key measure.secret"):
@@ -65,8 +77,9 @@ def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
 
 def test_a_missing_declared_key_is_one_line(tmp_path) -> None:
     with pytest.raises(SystemExit, match=r"params.yaml: missing key permute.seed$"):
-        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), dvc_yaml=ROOT / "dvc.yaml",
-                    method="wm").read("permute.seed")
+        StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), dvc_yaml=ROOT / "dvc.yaml", method="wm").read(
+            "permute.seed"
+        )
 
 
 def _script(stage: str) -> str:
@@ -77,8 +90,11 @@ def _script(stage: str) -> str:
 def test_each_stage_reads_params_only_through_its_own_declarations(stage: str) -> None:
     """The script reads params with ``stage_params("<its dvc.yaml stage>", …)``, never by itself."""
     source = (ROOT / "stages" / f"{_script(stage)}.py").read_text()
-    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
-             and getattr(n.func, "id", None) == "stage_params"]
+    calls = [
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "stage_params"
+    ]
     assert [c.args[0].value for c in calls] == [stage]
     assert not re.search(r"(import|from) (yaml|ruamel)|params\.read_text|open\(params", source)
 
@@ -86,8 +102,9 @@ def test_each_stage_reads_params_only_through_its_own_declarations(stage: str) -
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
     tree = load_yaml(ROOT / "params.yaml")
-    items = ([{"method": m} for m in tree["permute"]["methods"]]
-             if "item.method" in str(PIPELINE["stages"][stage]) else [{}])
+    items = (
+        [{"method": m} for m in tree["permute"]["methods"]] if "item.method" in str(PIPELINE["stages"][stage]) else [{}]
+    )
     for item in items:
         read = StageParams(stage, ROOT / "params.yaml", dvc_yaml=ROOT / "dvc.yaml", **item).read
         for key in declared_keys(PIPELINE, stage, tree, item):
@@ -109,14 +126,26 @@ def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp
 
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)
     for seed in (0, 1, 2):
-        save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed,
-                                                                build_model("mlp", config, seed=seed).state_dict()))
+        save_checkpoint(
+            tmp_path / f"seed{seed}.pt",
+            Checkpoint("mlp", config, seed, build_model("mlp", config, seed=seed).state_dict()),
+        )
     params = _write(tmp_path, {**TINY, "three": {**TINY["three"], "resolution": 2}})
     common = ["--data", str(prepared), "--params", str(params)]
-    runs = {permute: ["--method", "wm", "--model-a", str(tmp_path / "seed0.pt"), "--model-b",
-                      str(tmp_path / "seed1.pt"), "--out", str(tmp_path / "perm")],
-            connect: ["--method", "wm", "--seeds", "0,1,2", "--models", str(tmp_path), "--out", str(tmp_path / "c")],
-            merge_many: ["--models", str(tmp_path), "--out", str(tmp_path / "mm")]}
+    runs = {
+        permute: [
+            "--method",
+            "wm",
+            "--model-a",
+            str(tmp_path / "seed0.pt"),
+            "--model-b",
+            str(tmp_path / "seed1.pt"),
+            "--out",
+            str(tmp_path / "perm"),
+        ],
+        connect: ["--method", "wm", "--seeds", "0,1,2", "--models", str(tmp_path), "--out", str(tmp_path / "c")],
+        merge_many: ["--models", str(tmp_path), "--out", str(tmp_path / "mm")],
+    }
     for stage, args in runs.items():
         result = CliRunner().invoke(stage.app, args + common)
         assert result.exit_code == 0, f"{stage.__name__}: {result.output}"

@@ -50,8 +50,10 @@ def test_quadratic_loss_taylor_is_exact_on_the_whole_grid():
         mid = {k: lam * params_a[k] + (1 - lam) * params_b[k] for k in shapes}
         real = float(loss(mid) - lam * loss(params_a) - (1 - lam) * loss(params_b))
         assert abs(estimate - real) < 1e-9 * max(1.0, abs(real))
-    assert abs(taylor_barrier(terms, 0.5) - (0.25 * delta * (slope_a - slope_b)
-                                               + delta ** 2 / 16 * (curv_a + curv_b))) < 1e-12
+    assert (
+        abs(taylor_barrier(terms, 0.5) - (0.25 * delta * (slope_a - slope_b) + delta**2 / 16 * (curv_a + curv_b)))
+        < 1e-12
+    )
 
 
 def test_cubic_loss_weights_each_hessian_by_the_other_endpoints_share():
@@ -59,6 +61,7 @@ def test_cubic_loss_weights_each_hessian_by_the_other_endpoints_share():
     Δᵀg_a = −3, Δᵀg_b = 0, ΔᵀH_aΔ = 6, ΔᵀH_bΔ = 0, and Theorem 3.1 gives
     B(λ) ≈ λ(1−λ)[−3 + ½ · 6(1−λ)] = −3λ²(1−λ): −9/64 at λ = ¼ and −27/64 at λ = ¾
     (the weights swapped, λH_a + (1−λ)H_b, would give −27/64 and −9/64)."""
+
     def loss(params):
         return (params["w"] ** 3).sum()
 
@@ -68,19 +71,20 @@ def test_cubic_loss_weights_each_hessian_by_the_other_endpoints_share():
     slope_b, curv_b = directional_terms(loss, params_b, unit)
     assert (slope_a, curv_a, slope_b, curv_b) == (-3.0, 6.0, 0.0, 0.0)
     terms = TaylorTerms(1.0, slope_a, slope_b, curv_a, curv_b)
-    assert taylor_curve(terms, [0.0, 0.25, 0.5, 0.75, 1.0]) == pytest.approx([0.0, -9 / 64, -3 / 8, -27 / 64, 0.0],
-                                                                              abs=1e-15)
+    assert taylor_curve(terms, [0.0, 0.25, 0.5, 0.75, 1.0]) == pytest.approx(
+        [0.0, -9 / 64, -3 / 8, -27 / 64, 0.0], abs=1e-15
+    )
 
 
 def _tiny_mlp_problem(seed=0):
     config = make_config("mlp", input_shape=(1, 3, 3), num_classes=4, hidden=2, width=6)
     model = build_model("mlp", config, seed=seed).double()
     g = torch.Generator().manual_seed(seed + 10)
-    split = Split(torch.randn(40, 1, 3, 3, generator=g, dtype=torch.float64),
-                  torch.randint(0, 4, (40,), generator=g))
+    split = Split(torch.randn(40, 1, 3, 3, generator=g, dtype=torch.float64), torch.randint(0, 4, (40,), generator=g))
     params_a = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    params_b = {k: v.detach() + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype)
-                for k, v in model.state_dict().items()}
+    params_b = {
+        k: v.detach() + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in model.state_dict().items()
+    }
     return model, split, params_a, params_b
 
 
@@ -106,8 +110,7 @@ def test_taylor_terms_do_not_depend_on_batching():
     whole = taylor_terms(model, params_a, params_b, split, batch_size=len(split))
     batched = taylor_terms(model, params_a, params_b, split, batch_size=7)
     assert all(abs(x - y) < 1e-10 for x, y in zip(whole, batched, strict=True))
-    assert abs(whole.delta - float(torch.cat([(params_b[k] - params_a[k]).flatten()
-                                               for k in params_a]).norm())) < 1e-12
+    assert abs(whole.delta - float(torch.cat([(params_b[k] - params_a[k]).flatten() for k in params_a]).norm())) < 1e-12
 
 
 def test_taylor_terms_are_the_eval_mode_derivatives_along_the_line_at_each_endpoint():
@@ -115,9 +118,12 @@ def test_taylor_terms_are_the_eval_mode_derivatives_along_the_line_at_each_endpo
     on a net with BatchNorm (running statistics held at each endpoint's own values)."""
     model = nn.Sequential(nn.Flatten(), nn.Linear(9, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 4)).double()
     g = torch.Generator().manual_seed(3)
+
     def noisy(params, scale):  # running variances stay positive
-        out = {k: v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype) if v.is_floating_point() else v
-               for k, v in params.items()}
+        out = {
+            k: v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype) if v.is_floating_point() else v
+            for k, v in params.items()
+        }
         return {k: v.abs() if k.endswith("running_var") else v for k, v in out.items()}
 
     params_a = noisy(model.state_dict(), 0.5)
@@ -133,11 +139,13 @@ def test_taylor_terms_are_the_eval_mode_derivatives_along_the_line_at_each_endpo
         return float(F.cross_entropy(functional_call(model, moved, (split.x,)), split.y))
 
     h = 1e-4
-    for params, slope, curvature in ((params_a, terms.slope_a, terms.curvature_a),
-                                     (params_b, terms.slope_b, terms.curvature_b)):
+    for params, slope, curvature in (
+        (params_a, terms.slope_a, terms.curvature_a),
+        (params_b, terms.slope_b, terms.curvature_b),
+    ):
         plus, zero, minus = along(params, h), along(params, 0.0), along(params, -h)
         assert slope == pytest.approx((plus - minus) / (2 * h), rel=1e-6, abs=1e-9)
-        assert curvature == pytest.approx((plus - 2 * zero + minus) / h ** 2, rel=1e-4, abs=1e-6)
+        assert curvature == pytest.approx((plus - 2 * zero + minus) / h**2, rel=1e-4, abs=1e-6)
     assert terms.slope_a != pytest.approx(terms.slope_b, rel=0.1)  # the two endpoints are told apart
 
 

@@ -23,23 +23,44 @@ def _copies(ckpt, n: int) -> list[dict]:
     spec = get_arch(ckpt.arch).permutation_spec(ckpt.config)
     sizes = spec.group_sizes(ckpt.state_dict)
     gen = torch.Generator().manual_seed(42)
-    return [dict(ckpt.state_dict)] + [apply_permutation(spec, random_permutation(sizes, gen), ckpt.state_dict)
-                                      for _ in range(n - 1)]
+    return [dict(ckpt.state_dict)] + [
+        apply_permutation(spec, random_permutation(sizes, gen), ckpt.state_dict) for _ in range(n - 1)
+    ]
 
 
 def test_wm_makes_every_barrier_of_three_permuted_copies_zero(trained, splits) -> None:
     ckpt = trained(0)
     a, b, c = (Checkpoint(ckpt.arch, ckpt.config, s, p) for s, p in enumerate(_copies(ckpt, 3)))
-    result = connect_triple("wm", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], options={},
-                            seed=0, lams=lambda_grid(5), resolution=3, margin=0.0, device=torch.device("cpu"))
+    result = connect_triple(
+        "wm",
+        {"a": a, "b": b, "c": c},
+        splits["train"],
+        splits["test"],
+        options={},
+        seed=0,
+        lams=lambda_grid(5),
+        resolution=3,
+        margin=0.0,
+        device=torch.device("cpu"),
+    )
     assert [e["edge"] for e in result.edges] == ["a-b", "a-c", "b-c"]
     for edge in result.edges:
         assert edge["l2"] == pytest.approx(0.0, abs=1e-6)
         assert edge["R_0.3"] == pytest.approx(1.0, abs=1e-5)  # identical models are perfectly aligned
         for key in ("test_loss_barrier_max", "test_acc_barrier_max", "train_loss_barrier_max"):
             assert edge[key] == pytest.approx(0.0, abs=1e-5), (edge["edge"], key)
-    naive = connect_triple("identity", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], options={},
-                           seed=0, lams=lambda_grid(5), resolution=3, margin=0.0, device=torch.device("cpu"))
+    naive = connect_triple(
+        "identity",
+        {"a": a, "b": b, "c": c},
+        splits["train"],
+        splits["test"],
+        options={},
+        seed=0,
+        lams=lambda_grid(5),
+        resolution=3,
+        margin=0.0,
+        device=torch.device("cpu"),
+    )
     naive_bc = next(e for e in naive.edges if e["edge"] == "b-c")
     assert naive_bc["test_loss_barrier_max"] > 0.1 and abs(naive_bc["R_0.3"]) < 0.5
 

@@ -16,13 +16,32 @@ from lmclab.search.weight_matching import weight_matching
 from lmclab.trace import TraceError, trace, trace_spec
 from lmclab.trace.groups import FIXED, Groups, Seg
 
-HAND = [("mlp", {"hidden": 3, "width": 16}, (1, 28, 28)), ("vgg", {"width_multiplier": 0.125}, (3, 32, 32)),
-        ("resnet20", {"width_multiplier": 1}, (3, 32, 32)), ("resnet50", {"width_multiplier": 0.25}, (3, 32, 32)),
-        ("mixer", {"patch_size": 7, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2}, (1, 28, 28))]
-SUPPORTED = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "alexnet", "densenet121", "squeezenet1_0",
-             "googlenet", "efficientnet_b0", "mnasnet0_5", "resnext50_32x4d", "regnet_y_400mf", "convnext_tiny"]
-REFUSED = {"shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)",
-           "swin_t": r"node 'shifted_window_attention'"}
+HAND = [
+    ("mlp", {"hidden": 3, "width": 16}, (1, 28, 28)),
+    ("vgg", {"width_multiplier": 0.125}, (3, 32, 32)),
+    ("resnet20", {"width_multiplier": 1}, (3, 32, 32)),
+    ("resnet50", {"width_multiplier": 0.25}, (3, 32, 32)),
+    ("mixer", {"patch_size": 7, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2}, (1, 28, 28)),
+]
+SUPPORTED = [
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "alexnet",
+    "densenet121",
+    "squeezenet1_0",
+    "googlenet",
+    "efficientnet_b0",
+    "mnasnet0_5",
+    "resnext50_32x4d",
+    "regnet_y_400mf",
+    "convnext_tiny",
+]
+REFUSED = {
+    "shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)",
+    "swin_t": r"node 'shifted_window_attention'",
+}
 
 
 def partition(spec: PermutationSpec) -> set[frozenset]:
@@ -99,8 +118,9 @@ def test_large_torchvision_models_are_invariant_too(name, size):
     spec = assert_invariant(name, size)
     if name == "vgg11_bn":
         (segment,) = spec.axes["classifier.0.weight"][1]
-        assert (segment.length == 512 * 49 and segment.block == 49
-                and segment.group == spec.axes["features.25.weight"][0])
+        assert (
+            segment.length == 512 * 49 and segment.block == 49 and segment.group == spec.axes["features.25.weight"][0]
+        )
 
 
 def assert_recovered(name: str, dtype: torch.dtype) -> None:
@@ -114,8 +134,9 @@ def assert_recovered(name: str, dtype: torch.dtype) -> None:
     assert all(torch.equal(back[k], v) for k, v in spec.matched(params_a).items())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "googlenet", "regnet_x_400mf",
-                                  "convnext_tiny"])
+@pytest.mark.parametrize(
+    "name", ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "googlenet", "regnet_x_400mf", "convnext_tiny"]
+)
 def test_weight_matching_on_the_traced_spec_recovers_a_permuted_copy(name):
     """Distance 0 back to the model, through residual streams, depthwise and grouped convs, concatenations,
     channels-last blocks with layer scales.
@@ -190,6 +211,7 @@ def test_activation_points_hold_exactly_the_units_of_their_group():
     def width_of(name: str):
         def hook(module: nn.Module, inputs: tuple, out: torch.Tensor) -> None:
             widths[name] = out.shape[1]
+
         return hook
 
     hooks = [model.get_submodule(m).register_forward_hook(width_of(m)) for ms in traced.points.values() for m in ms]
@@ -199,8 +221,9 @@ def test_activation_points_hold_exactly_the_units_of_their_group():
         h.remove()
     assert set(traced.points) == set(sizes)
     assert all(widths[m] == sizes[g] for g, ms in traced.points.items() for m in ms)
-    assert traced.points[traced.spec.axes["features.denseblock1.denselayer1.conv2.weight"][0]] == \
-        ["features.denseblock1.denselayer1.conv2"]
+    assert traced.points[traced.spec.axes["features.denseblock1.denselayer1.conv2.weight"][0]] == [
+        "features.denseblock1.denselayer1.conv2"
+    ]
 
 
 class Grouped(nn.Module):
@@ -223,8 +246,10 @@ def test_a_grouped_conv_permutes_whole_groups_alike_on_its_input_and_output():
     spec = trace_spec(model, x)
     (a_out,), (b_out,) = spec.axes["a.weight"][0], spec.axes["b.weight"][0]
     assert (a_out.length, a_out.block) == (2, 2) and (b_out.length, b_out.block) == (6, 2)  # whole groups of 2
-    assert [(s.group, s.length, s.block) for s in spec.axes["grouped.weight"][0]] == \
-        [(a_out.group, 3, 3), (b_out.group, 9, 3)]  # … move whole groups of 3 outputs alike
+    assert [(s.group, s.length, s.block) for s in spec.axes["grouped.weight"][0]] == [
+        (a_out.group, 3, 3),
+        (b_out.group, 9, 3),
+    ]  # … move whole groups of 3 outputs alike
     assert spec.axes["grouped.weight"][1] is None  # no permutation inside a group is a symmetry
     perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(0))
     permuted = apply_permutation(spec, perm, model.state_dict())
@@ -236,8 +261,11 @@ def test_a_grouped_conv_permutes_whole_groups_alike_on_its_input_and_output():
 
 
 def test_a_grouped_conv_across_segment_boundaries_is_refused():
-    with pytest.raises(TraceError, match=r"node 'grouped': Conv2d in grouped .*a grouped convolution \(4 groups "
-                                         r"of 2 channels\) reading segments that do not hold whole groups"):
+    with pytest.raises(
+        TraceError,
+        match=r"node 'grouped': Conv2d in grouped .*a grouped convolution \(4 groups "
+        r"of 2 channels\) reading segments that do not hold whole groups",
+    ):
         trace_spec(Grouped((3, 5)), torch.zeros(1, 3, 6, 6))
 
 
@@ -323,12 +351,21 @@ class Forward(nn.Module):
         return self.f(self, x)
 
 
-@pytest.mark.parametrize("forward,message", [
-    (lambda m, x: m.b(m.a(x).swapaxes(1, 2)).flatten(1), r"node 'flatten'.*a flatten of two permuted axes into one"),
-    (lambda m, x: m.a(x).mean(2), r"node 'mean'.*a mean over a permuted axis"),
-    (lambda m, x: m.conv(m.a(x.reshape(-1, 1, 4, 5).expand(-1, 3, -1, -1))),
-     r"node 'conv': Conv2d in conv .*a convolution over a permuted axis that is not its channel axis"),
-], ids=["flatten-two-permuted-axes", "mean-over-permuted-axis", "conv-over-permuted-width"])
+@pytest.mark.parametrize(
+    "forward,message",
+    [
+        (
+            lambda m, x: m.b(m.a(x).swapaxes(1, 2)).flatten(1),
+            r"node 'flatten'.*a flatten of two permuted axes into one",
+        ),
+        (lambda m, x: m.a(x).mean(2), r"node 'mean'.*a mean over a permuted axis"),
+        (
+            lambda m, x: m.conv(m.a(x.reshape(-1, 1, 4, 5).expand(-1, 3, -1, -1))),
+            r"node 'conv': Conv2d in conv .*a convolution over a permuted axis that is not its channel axis",
+        ),
+    ],
+    ids=["flatten-two-permuted-axes", "mean-over-permuted-axis", "conv-over-permuted-width"],
+)
 def test_what_mixes_a_permuted_axis_with_others_is_refused(forward, message):
     with pytest.raises(TraceError, match=message):
         trace_spec(Forward(forward), torch.zeros(2, 4, 5))

@@ -15,7 +15,7 @@ from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
 
 pytestmark = pytest.mark.slow
 
-NETS = '''
+NETS = """
 import torch
 from torch import nn
 
@@ -48,16 +48,24 @@ class Rolled(Residual):
 
 def build_rolled(num_classes: int, channels: int = 8) -> nn.Module:
     return Rolled(channels, num_classes)
-'''
+"""
 
-PARAMS = deep_update(copy.deepcopy(TINY), {
-    "model": {"arch": "traced", "traced": {"factory": "nets.small:build", "kwargs": {"channels": 8},
-                                           "in_channels": None, "partial": False}},
-    "permute": {"methods": ["identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"],
-                "ste": {"batch_size": 64, "epochs": 1}, "ste_sinkhorn": {"batch_size": 64, "epochs": 1}},
-    "three": {"methods": ["wm"]},
-    "measure": {"bn_repair_samples": 100},
-})
+PARAMS = deep_update(
+    copy.deepcopy(TINY),
+    {
+        "model": {
+            "arch": "traced",
+            "traced": {"factory": "nets.small:build", "kwargs": {"channels": 8}, "in_channels": None, "partial": False},
+        },
+        "permute": {
+            "methods": ["identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"],
+            "ste": {"batch_size": 64, "epochs": 1},
+            "ste_sinkhorn": {"batch_size": 64, "epochs": 1},
+        },
+        "three": {"methods": ["wm"]},
+        "measure": {"bn_repair_samples": 100},
+    },
+)
 
 
 def test_a_traced_network_from_the_repository_runs_the_whole_pipeline(tmp_path: Path):

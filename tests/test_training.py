@@ -14,8 +14,9 @@ from lmclab.train.training import train
 
 def _train(splits, seed: int, epochs: int = 2):
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=16)
-    return train("mlp", config, seed, splits["train"], splits["test"], epochs=epochs, lr=1e-3,
-                 batch_size=128, progress=False)
+    return train(
+        "mlp", config, seed, splits["train"], splits["test"], epochs=epochs, lr=1e-3, batch_size=128, progress=False
+    )
 
 
 def test_same_seed_gives_a_bit_identical_checkpoint(splits, tmp_path) -> None:
@@ -52,8 +53,12 @@ def test_corrupted_and_foreign_checkpoints_are_one_line_errors(trained, tmp_path
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
-    for name, pattern in (("truncated.pt", "truncated or corrupted"), ("garbage.pt", "truncated or corrupted"),
-                          ("foreign.pt", "not an lmclab checkpoint"), ("absent.pt", "not found")):
+    for name, pattern in (
+        ("truncated.pt", "truncated or corrupted"),
+        ("garbage.pt", "truncated or corrupted"),
+        ("foreign.pt", "not an lmclab checkpoint"),
+        ("absent.pt", "not found"),
+    ):
         with pytest.raises(CheckpointError, match=pattern) as err:
             load_checkpoint(tmp_path / name)
         assert str(err.value).startswith(str(tmp_path / name)) and "\n" not in str(err.value)
@@ -68,8 +73,11 @@ def test_checkpoints_of_different_widths_cannot_be_paired(trained, tmp_path) -> 
 
 def test_bad_training_options(splits) -> None:
     config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=4)
-    for opts, pattern in (({"epochs": 0}, "^epochs must"), ({"epochs": 1, "lr": 0.0}, "^lr must"),
-                          ({"epochs": 1, "batch_size": 10_000}, "^batch_size must")):
+    for opts, pattern in (
+        ({"epochs": 0}, "^epochs must"),
+        ({"epochs": 1, "lr": 0.0}, "^lr must"),
+        ({"epochs": 1, "batch_size": 10_000}, "^batch_size must"),
+    ):
         with pytest.raises(ValueError, match=pattern):
             train("mlp", config, 0, splits["train"], splits["test"], progress=False, **opts)
     with pytest.raises(ValueError, match="model.mlp.width must be a positive"):

@@ -20,7 +20,7 @@ def test_crop_flip_is_a_shifted_possibly_flipped_window_of_the_padded_image():
     assert out.shape == x.shape
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     for i in range(len(x)):
-        windows = [padded[i, :, dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
+        windows = [padded[i, :, dy : dy + 32, dx : dx + 32] for dy in range(9) for dx in range(9)]
         windows += [w.flip(-1) for w in windows]
         assert any(torch.equal(out[i], w) for w in windows)
     flipped = sum(torch.equal(out[i, :, 4:-4, 4:-4], padded[i, :, 8:-8, 8:-8].flip(-1)) for i in range(len(x)))
@@ -55,14 +55,19 @@ def _tiny():
     return Split(x, y), make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=1, width=8)
 
 
-@pytest.mark.parametrize("options", [
-    dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3, schedule="cosine", warmup_epochs=1),
-    dict(optimizer="adam", weight_decay=1e-2, schedule="linear", augment="crop_flip"),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3, schedule="cosine", warmup_epochs=1),
+        dict(optimizer="adam", weight_decay=1e-2, schedule="linear", augment="crop_flip"),
+    ],
+)
 def test_training_options_are_deterministic_per_seed(options):
     data, config = _tiny()
-    runs = [train("mlp", config, seed, data, data, epochs=2, lr=0.01, batch_size=16, progress=False, **options)
-            for seed in (0, 0, 1)]
+    runs = [
+        train("mlp", config, seed, data, data, epochs=2, lr=0.01, batch_size=16, progress=False, **options)
+        for seed in (0, 0, 1)
+    ]
     (a, hist), (b, _), (c, _) = runs
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert not torch.equal(a.state_dict["out.weight"], c.state_dict["out.weight"])
@@ -71,16 +76,26 @@ def test_training_options_are_deterministic_per_seed(options):
 
 def test_weight_decay_shrinks_weights():
     data, config = _tiny()
-    norms = [train("mlp", config, 0, data, data, epochs=3, lr=0.01, batch_size=20, weight_decay=wd,
-                   progress=False)[0].state_dict["layers.0.weight"].norm() for wd in (0.0, 1.0)]
+    norms = [
+        train("mlp", config, 0, data, data, epochs=3, lr=0.01, batch_size=20, weight_decay=wd, progress=False)[0]
+        .state_dict["layers.0.weight"]
+        .norm()
+        for wd in (0.0, 1.0)
+    ]
     assert norms[1] < norms[0]
 
 
-@pytest.mark.parametrize("options, match", [
-    (dict(optimizer="rmsprop"), "^optimizer:"), (dict(schedule="step"), "^schedule:"),
-    (dict(momentum=1.0), "^momentum must"), (dict(weight_decay=-1.0), "^weight_decay must"),
-    (dict(warmup_epochs=5), r"^warmup_epochs must be between 0 and epochs \(2\)"), (dict(augment="auto"), "^augment:"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(optimizer="rmsprop"), "^optimizer:"),
+        (dict(schedule="step"), "^schedule:"),
+        (dict(momentum=1.0), "^momentum must"),
+        (dict(weight_decay=-1.0), "^weight_decay must"),
+        (dict(warmup_epochs=5), r"^warmup_epochs must be between 0 and epochs \(2\)"),
+        (dict(augment="auto"), "^augment:"),
+    ],
+)
 def test_bad_training_options_fail_before_training(options, match):
     data, config = _tiny()
     with pytest.raises(ValueError, match=match):

@@ -63,46 +63,72 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"train__seeds": []}, "train.seeds: expected a non-empty list of integers ≥ 0, got []"),
     ({"three__triples": [[0, 1]]}, "three.triples: expected a non-empty list of lists of 3 integers ≥ 0, got [[0, 1]]"),
     # names not in a registry
-    ({"data__name": "imagenet21k"},
-     "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, got 'imagenet21k'"),
-    ({"model__arch": "transformer"},
-     "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, got 'transformer'"),
-    ({"permute__methods": ["wm", "magic"]},
-     "permute.methods: expected a non-empty list of values among identity, wm, am, ste, wm_sinkhorn, ste_sinkhorn, "
-     "got ['wm', 'magic']"),
+    (
+        {"data__name": "imagenet21k"},
+        "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, got 'imagenet21k'",
+    ),
+    (
+        {"model__arch": "transformer"},
+        "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, got 'transformer'",
+    ),
+    (
+        {"permute__methods": ["wm", "magic"]},
+        "permute.methods: expected a non-empty list of values among identity, wm, am, ste, wm_sinkhorn, ste_sinkhorn, "
+        "got ['wm', 'magic']",
+    ),
     ({"train__optimizer": "lbfgs"}, "train.optimizer: expected one of adam, sgd, got 'lbfgs'"),
-    ({"measure__taylor_splits": ["val"]},
-     "measure.taylor_splits: expected a non-empty list of values among train, test, got ['val']"),
+    (
+        {"measure__taylor_splits": ["val"]},
+        "measure.taylor_splits: expected a non-empty list of values among train, test, got ['val']",
+    ),
     ({"device": "tpu"}, "device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
     # unknown keys (typos) and missing keys
     ({"permute__wm__iters": 3}, "permute.wm.iters: unknown key (set to 3); expected only the keys max_iter, tol"),
     ({"trian": {"epochs": 1}}, "trian: unknown key (set to {'epochs': 1}); expected only the keys device, data, "),
-    ({"model__resnet20__depth": 20},
-     "model.resnet20.depth: unknown key (set to 20); expected only the keys width_multiplier, blocks"),
+    (
+        {"model__resnet20__depth": 20},
+        "model.resnet20.depth: unknown key (set to 20); expected only the keys width_multiplier, blocks",
+    ),
     ({"permute__seed": DELETE}, "permute.seed: missing; expected an integer ≥ 0 (default: 0)"),
-    ({"permute__am": DELETE},
-     "permute.am: missing; expected a block with the keys statistic, batch_size, max_samples (default: "),
+    (
+        {"permute__am": DELETE},
+        "permute.am: missing; expected a block with the keys statistic, batch_size, max_samples (default: ",
+    ),
     # checks that span several keys
     ({"train__seeds": [0, 0, 1, 2]}, "train.seeds: expected no repeated entries, got [0, 0, 1, 2] (0 more than once)"),
-    ({"permute__pairs": [[0, 1], [0, 1]]},
-     "permute.pairs: expected no repeated entries, got [[0, 1], [0, 1]] ([0, 1] more than once)"),
-    ({"three__methods": ["wm", "wm"]},
-     "three.methods: expected no repeated entries, got ['wm', 'wm'] ('wm' more than once)"),
+    (
+        {"permute__pairs": [[0, 1], [0, 1]]},
+        "permute.pairs: expected no repeated entries, got [[0, 1], [0, 1]] ([0, 1] more than once)",
+    ),
+    (
+        {"three__methods": ["wm", "wm"]},
+        "three.methods: expected no repeated entries, got ['wm', 'wm'] ('wm' more than once)",
+    ),
     ({"permute__methods": ["wm", "am", "wm"]}, "permute.methods: expected no repeated entries, got ['wm', 'am', 'wm']"),
     ({"permute__pairs": [[0, 7], [8, 9]]}, "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] "),
-    ({"permute__pairs": [[0, 7]]},
-     "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] not trained)"),
+    (
+        {"permute__pairs": [[0, 7]]},
+        "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] not trained)",
+    ),
     ({"permute__pairs": [[1, 1]]}, "permute.pairs: expected different seeds in each group, got [1, 1]"),
-    ({"three__triples": [[0, 1, 9]]},
-     "three.triples: expected seeds of train.seeds [0, 1, 2], got [0, 1, 9] ([9] not trained)"),
-    ({"merge_many__seeds": [0, 5]},
-     "merge_many.seeds: expected seeds of train.seeds [0, 1, 2], got [0, 5] ([5] not trained)"),
+    (
+        {"three__triples": [[0, 1, 9]]},
+        "three.triples: expected seeds of train.seeds [0, 1, 2], got [0, 1, 9] ([9] not trained)",
+    ),
+    (
+        {"merge_many__seeds": [0, 5]},
+        "merge_many.seeds: expected seeds of train.seeds [0, 1, 2], got [0, 5] ([5] not trained)",
+    ),
     ({"merge_many__seeds": [0]}, "merge_many.seeds: expected a list of at least 2 integers ≥ 0, got [0]"),
     ({"train__warmup_epochs": 5}, "train.warmup_epochs: expected at most train.epochs (1), got 5"),
-    ({"model__arch": "vgg", "model__vgg__layers": [8, "M", "M", "M", "M", "M", "M"]},
-     "model.vgg.layers: 6 max-pools do not fit 32 pixels"),
-    ({"data__max_train": 100, "permute__methods": ["ste"], "permute__ste__batch_size": 91},
-     "permute.ste.batch_size: expected at most the 90 training samples available, got 91"),
+    (
+        {"model__arch": "vgg", "model__vgg__layers": [8, "M", "M", "M", "M", "M", "M"]},
+        "model.vgg.layers: 6 max-pools do not fit 32 pixels",
+    ),
+    (
+        {"data__max_train": 100, "permute__methods": ["ste"], "permute__ste__batch_size": 91},
+        "permute.ste.batch_size: expected at most the 90 training samples available, got 91",
+    ),
 ]
 
 

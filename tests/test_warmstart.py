@@ -24,7 +24,7 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = '''
+SCRIPT = """
 import os, sys, time
 from lmclab.runtime.warmstart import WORKER_ENV, run_script
 if __name__ == "__main__":
@@ -41,7 +41,7 @@ if __name__ == "__main__":
         open(sys.argv[2], "w").write(str(os.getpid()))
         time.sleep(60)
     sys.exit(int(sys.argv[1]))
-'''
+"""
 
 
 def _stop_servers(where: Path) -> None:
@@ -67,8 +67,14 @@ def warm_env(tmp_path: Path):
 def _run(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     cwd = tmp_path / "elsewhere"
     cwd.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, str(tmp_path / "script.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(tmp_path / "script.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_warm_stage_sees_the_callers_argv_cwd_env_stdio_and_returns_its_exit_code(tmp_path, warm_env) -> None:
@@ -92,8 +98,14 @@ def test_an_exception_exits_1_with_its_traceback_and_warm_start_can_be_turned_of
 def _start_sleeper(tmp_path: Path, env: dict) -> tuple[subprocess.Popen, int]:
     pid_file = tmp_path / "worker.pid"
     pid_file.unlink(missing_ok=True)  # else a second sleeper would read the first one's pid
-    client = subprocess.Popen([sys.executable, str(tmp_path / "script.py"), "sleep", str(pid_file)],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [sys.executable, str(tmp_path / "script.py"), "sleep", str(pid_file)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -136,16 +148,25 @@ def _servers_of(where: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize(("stage", "args", "code", "shown"), [
-    ("permute", ["--help"], 0, "Usage: permute.py"),
-    ("train", ["--help"], 0, "Usage: train.py"),
-    ("permute", ["--bogus"], 2, "No such option: --bogus"),
-    ("train", ["--seed", "abc"], 2, "Invalid value for '--seed'"),
-    ("measure", [], 2, "Missing option"),
-])
-def test_help_or_a_refused_command_line_starts_no_server(tmp_path, warm_env, stage, args, code, shown) -> None:  # noqa: ANN001
-    proc = subprocess.run([sys.executable, str(ROOT / "stages" / f"{stage}.py"), *args], cwd=tmp_path, env=warm_env,
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    ("stage", "args", "code", "shown"),
+    [
+        ("permute", ["--help"], 0, "Usage: permute.py"),
+        ("train", ["--help"], 0, "Usage: train.py"),
+        ("permute", ["--bogus"], 2, "No such option: --bogus"),
+        ("train", ["--seed", "abc"], 2, "Invalid value for '--seed'"),
+        ("measure", [], 2, "Missing option"),
+    ],
+)
+def test_help_or_a_refused_command_line_starts_no_server(tmp_path, warm_env, stage, args, code, shown) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / f"{stage}.py"), *args],
+        cwd=tmp_path,
+        env=warm_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == code and shown in proc.stdout + proc.stderr, proc.stderr
     where = Path(warm_env["LMCLAB_WARM_DIR"])
     assert list(where.iterdir()) == [] and _servers_of(where) == []  # no socket, no lock, no server process
@@ -168,10 +189,19 @@ if __name__ == "__main__":
 """
 
 
-def test_a_command_line_the_stage_accepts_runs_warm(tmp_path, warm_env) -> None:  # noqa: ANN001
+def test_a_command_line_the_stage_accepts_runs_warm(tmp_path, warm_env) -> None:
     (tmp_path / "stage.py").write_text(STAGE.format(src=str(ROOT / "src")))
-    run = lambda *args: subprocess.run([sys.executable, str(tmp_path / "stage.py"), *args], cwd=tmp_path,  # noqa: E731
-                                       env=warm_env, capture_output=True, text=True, timeout=120)
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, str(tmp_path / "stage.py"), *args],
+            cwd=tmp_path,
+            env=warm_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     assert run("--seed", "x").returncode == 2 and not list(Path(warm_env["LMCLAB_WARM_DIR"]).iterdir())
     accepted = run("--seed", "3")
     assert accepted.returncode == 0 and accepted.stdout == "warm 3\n", accepted.stderr
@@ -179,7 +209,7 @@ def test_a_command_line_the_stage_accepts_runs_warm(tmp_path, warm_env) -> None:
 
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP", "idle"])
-def test_a_stopped_or_idle_server_removes_its_socket_and_lock(tmp_path, warm_env, stop) -> None:  # noqa: ANN001
+def test_a_stopped_or_idle_server_removes_its_socket_and_lock(tmp_path, warm_env, stop) -> None:
     env = {**warm_env, "LMCLAB_WARM_IDLE": "1" if stop == "idle" else "60"}
     assert _run(tmp_path, env, "0").returncode == 0
     where = Path(warm_env["LMCLAB_WARM_DIR"])
@@ -202,9 +232,24 @@ def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_
     outputs = {}
     for mode in ("1", "0"):
         out = tmp_path / f"seed3-{mode}.pt"
-        proc = subprocess.run([sys.executable, str(ROOT / "stages/train.py"), "--seed", "3", "--data", str(prepared),
-                               "--out", str(out), "--history", str(tmp_path / f"h{mode}.parquet")],
-                              cwd=tmp_path, env={**warm_env, "LMCLAB_WARM": mode}, capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "stages/train.py"),
+                "--seed",
+                "3",
+                "--data",
+                str(prepared),
+                "--out",
+                str(out),
+                "--history",
+                str(tmp_path / f"h{mode}.parquet"),
+            ],
+            cwd=tmp_path,
+            env={**warm_env, "LMCLAB_WARM": mode},
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
         outputs[mode] = torch.load(out, weights_only=False)["state_dict"]
         if mode == "1":  # a server ran the warm one (checked now: it exits LMCLAB_WARM_IDLE s after its last stage)
@@ -242,20 +287,27 @@ def _make_untrusted(path: Path, kind: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("where", "kind", "reason"), [
-    ("default", "mode 0777", "has mode 0777, expected 0700"),
-    ("default", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
-    ("default", "symlink", "is a symlink"),
-    ("LMCLAB_WARM_DIR", "mode 0777", "has mode 0777, expected 0700"),
-    ("XDG_RUNTIME_DIR", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
-])
+@pytest.mark.parametrize(
+    ("where", "kind", "reason"),
+    [
+        ("default", "mode 0777", "has mode 0777, expected 0700"),
+        ("default", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
+        ("default", "symlink", "is a symlink"),
+        ("LMCLAB_WARM_DIR", "mode 0777", "has mode 0777, expected 0700"),
+        ("XDG_RUNTIME_DIR", "owner", f"is owned by uid {NOBODY}, not by this user (uid {os.getuid()})"),
+    ],
+)
 def test_an_untrusted_directory_runs_the_stage_cold_after_one_line_naming_it(
-        tmp_path, default_env, where, kind, reason) -> None:
+    tmp_path, default_env, where, kind, reason
+) -> None:
     if kind == "owner" and os.geteuid() != 0:
         pytest.skip("needs root to chown a directory to another uid")
     base, env = default_env
-    path = {"default": base / f"lmclab-warm-{os.getuid()}", "LMCLAB_WARM_DIR": base / "override",
-            "XDG_RUNTIME_DIR": base / "run"}[where]
+    path = {
+        "default": base / f"lmclab-warm-{os.getuid()}",
+        "LMCLAB_WARM_DIR": base / "override",
+        "XDG_RUNTIME_DIR": base / "run",
+    }[where]
     untouched = _make_untrusted(path, kind)
     if where != "default":
         env[where] = str(path)
@@ -266,7 +318,7 @@ def test_an_untrusted_directory_runs_the_stage_cold_after_one_line_naming_it(
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o750, 0o711, 0o777, 0o700], ids=lambda mode: f"{mode:04o}")
-def test_only_a_0700_directory_is_private(tmp_path, monkeypatch, mode) -> None:  # noqa: ANN001
+def test_only_a_0700_directory_is_private(tmp_path, monkeypatch, mode) -> None:
     """Group access is refused too, not only world-writable modes (group members are other users)."""
     from lmclab.runtime.trust import warm_dir
 
@@ -335,9 +387,13 @@ def test_the_server_drops_a_client_of_another_uid_before_running_anything(tmp_pa
 
 @needs_root
 def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_env) -> None:
-    name = subprocess.run([sys.executable, "-c",
-                           "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
-                          env=warm_env, capture_output=True, text=True, check=True).stdout.strip()
+    name = subprocess.run(
+        [sys.executable, "-c", "from lmclab.runtime.warmstart import socket_name; print(socket_name())"],
+        env=warm_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     path = Path(warm_env["LMCLAB_WARM_DIR"]) / name
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))  # bound here, listening (SO_PEERCRED's identity) as another uid
@@ -367,8 +423,10 @@ def test_a_client_refuses_a_server_of_another_uid_and_runs_cold(tmp_path, warm_e
     os.waitpid(pid, 0)
     assert os.read(read_end, 100) == b"got nothing"
     assert proc.returncode == 3 and proc.stdout.startswith("cold False False")
-    assert proc.stderr.splitlines() == [f"lmclab: warm start refused, running cold: {path}: its server runs as "
-                                        f"uid {NOBODY}, not as this user (uid 0)", "to stderr"]
+    assert proc.stderr.splitlines() == [
+        f"lmclab: warm start refused, running cold: {path}: its server runs as uid {NOBODY}, not as this user (uid 0)",
+        "to stderr",
+    ]
 
 
 def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:

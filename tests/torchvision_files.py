@@ -31,8 +31,10 @@ def write_cifar10(root: Path, per_batch: int, n_test: int, seed: int = 0) -> dic
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     for name in names:
         n = n_test if name == "test_batch" else per_batch
-        blob = {"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
-                "labels": [int(v) for v in np.arange(n) % 10]}
+        blob = {
+            "data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+            "labels": [int(v) for v in np.arange(n) % 10],
+        }
         (base / name).write_bytes(pickle.dumps(blob))
     (base / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}))
     return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in base.iterdir()}

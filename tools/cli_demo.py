@@ -45,8 +45,14 @@ def _train(work: Path, seeds: tuple[int, int], epochs: int) -> dict:
     config = make_config("traced", input_shape=meta["input_shape"], num_classes=10, in_channels=3)
     accs = {}
     for name, seed in zip("ab", seeds, strict=True):
-        ckpt, rows = train("traced", config, seed, load_split(work / "digits", "train"),
-                           load_split(work / "digits", "test"), epochs=epochs)
+        ckpt, rows = train(
+            "traced",
+            config,
+            seed,
+            load_split(work / "digits", "train"),
+            load_split(work / "digits", "test"),
+            epochs=epochs,
+        )
         plain = {k.removeprefix("net."): v for k, v in ckpt.state_dict.items()}
         torch.save(plain, work / f"{name}.pt")
         accs[name] = rows[-1]["test_acc"]
@@ -62,17 +68,32 @@ def _run(work: Path, *args: str) -> dict:
 
 
 def _block(demo: dict) -> str:
-    rows = ["| pair | test loss barrier (max) | test acc barrier (max, points) | test acc at λ = ½ |",
-            "|---|---|---|---|"]
+    rows = [
+        "| pair | test loss barrier (max) | test acc barrier (max, points) | test acc at λ = ½ |",
+        "|---|---|---|---|",
+    ]
     for label, key in (("naive θa, θb", "naive"), ("θa, π(θb) (WM)", "aligned")):
         b = demo["barriers"][key]
-        rows.append(f"| {label} | {b['test_loss_barrier_max']:.3f} | {b['test_acc_barrier_max']:.2f} "
-                    f"| {b['test_acc_mid']:.2f} % |")
+        rows.append(
+            f"| {label} | {b['test_loss_barrier_max']:.3f} | {b['test_acc_barrier_max']:.2f} "
+            f"| {b['test_acc_mid']:.2f} % |"
+        )
     commands = "\n".join(f"$ {r['command']}\n{r['printed']}" for r in demo["runs"])
-    return "\n".join([START, "```console", commands, "```", "", *rows, "",
-                      f"Endpoints {100 * demo['endpoint_acc']['a']:.2f} % and {100 * demo['endpoint_acc']['b']:.2f} % "
-                      f"test accuracy after {demo['epochs']} epochs; BN statistics repaired at every λ. "
-                      f"Commit {demo['commit']}, {demo['machine']}; `python tools/cli_demo.py` repeats it.", END])
+    return "\n".join(
+        [
+            START,
+            "```console",
+            commands,
+            "```",
+            "",
+            *rows,
+            "",
+            f"Endpoints {100 * demo['endpoint_acc']['a']:.2f} % and {100 * demo['endpoint_acc']['b']:.2f} % "
+            f"test accuracy after {demo['epochs']} epochs; BN statistics repaired at every λ. "
+            f"Commit {demo['commit']}, {demo['machine']}; `python tools/cli_demo.py` repeats it.",
+            END,
+        ]
+    )
 
 
 def _machine() -> str:
@@ -81,9 +102,18 @@ def _machine() -> str:
 
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or platform.machine()) \
-        if Path("/proc/cpuinfo").is_file() else platform.processor() or platform.machine()
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor() or platform.machine(),
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else platform.processor() or platform.machine()
+    )
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{model}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 
@@ -103,15 +133,40 @@ def main(epochs: int = 5, readme_only: bool = False) -> None:
             accs = _train(work, (0, 1), epochs)
             shape = ["--input-shape", "3,28,28"]
             common = ["--data", "digits", "--in-channels", "3", "--repair"]
-            runs = [_run(work, "match", "a.pt", "b.pt", "--method", "wm", *FACTORY, *shape, "--out", "perm.pt"),
-                    _run(work, "barrier", "a.pt", "b.pt", *FACTORY, *common, "--json", "naive.json"),
-                    _run(work, "barrier", "a.pt", "b.pt", "--perm", "perm.pt", *FACTORY, *shape, *common,
-                         "--json", "aligned.json")]
+            runs = [
+                _run(work, "match", "a.pt", "b.pt", "--method", "wm", *FACTORY, *shape, "--out", "perm.pt"),
+                _run(work, "barrier", "a.pt", "b.pt", *FACTORY, *common, "--json", "naive.json"),
+                _run(
+                    work,
+                    "barrier",
+                    "a.pt",
+                    "b.pt",
+                    "--perm",
+                    "perm.pt",
+                    *FACTORY,
+                    *shape,
+                    *common,
+                    "--json",
+                    "aligned.json",
+                ),
+            ]
             barriers = {k: json.loads((work / f"{k}.json").read_text())["barriers"] for k in ("naive", "aligned")}
         rev = ["git", "rev-parse", "--short", "HEAD"]
         commit = subprocess.run(rev, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        OUT.write_text(json.dumps({"epochs": epochs, "endpoint_acc": accs, "runs": runs, "barriers": barriers,
-                                   "commit": commit, "machine": _machine()}, indent=2) + "\n")
+        OUT.write_text(
+            json.dumps(
+                {
+                    "epochs": epochs,
+                    "endpoint_acc": accs,
+                    "runs": runs,
+                    "barriers": barriers,
+                    "commit": commit,
+                    "machine": _machine(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     write_readme()
 
 

@@ -35,8 +35,10 @@ def _run(*args: str) -> str:
 
 def _changed_figures(baseline: str, new: str | None, folder: str = "reports/figures") -> list[str] | None:
     """Report figures whose bytes differ from the baseline's (None: the baseline is no git rev)."""
-    if subprocess.run(["git", "rev-parse", "--verify", "-q", f"{baseline}^{{commit}}"],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["git", "rev-parse", "--verify", "-q", f"{baseline}^{{commit}}"], capture_output=True).returncode
+        != 0
+    ):
         return None
     out = _run("git", "diff", "--name-only", baseline, *([new] if new else []), "--", folder)
     untracked = [] if new else _run("git", "ls-files", "--others", "--exclude-standard", "--", folder).split()
@@ -44,10 +46,12 @@ def _changed_figures(baseline: str, new: str | None, folder: str = "reports/figu
 
 
 @app.command()
-def main(baseline: str = typer.Option("HEAD", help="git rev or experiment to compare against"),
-         new: str = typer.Option(None, help="git rev or experiment to judge (default: the workspace)"),
-         tolerances: Path = typer.Option(ROOT / "metrics" / "tolerances.yaml"),
-         out: Path = typer.Option(Path("metrics_diff.md"), help="Markdown report to write")) -> None:
+def main(
+    baseline: str = typer.Option("HEAD", help="git rev or experiment to compare against"),
+    new: str = typer.Option(None, help="git rev or experiment to judge (default: the workspace)"),
+    tolerances: Path = typer.Option(ROOT / "metrics" / "tolerances.yaml"),
+    out: Path = typer.Option(Path("metrics_diff.md"), help="Markdown report to write"),
+) -> None:
     try:
         rules = parse_tolerances(load_yaml(tolerances) or {})
     except ValueError as exc:
@@ -55,16 +59,32 @@ def main(baseline: str = typer.Option("HEAD", help="git rev or experiment to com
     revs = [baseline, *([new] if new else [])]
     verdicts = judge_all(json.loads(_run("dvc", "metrics", "diff", *revs, "--all", "--json") or "{}"), rules)
     if not verdicts:
-        raise SystemExit(f"error: no headline metrics found in {baseline} or {new or 'the workspace'} "
-                         "(run `dvc repro` first)")
+        raise SystemExit(
+            f"error: no headline metrics found in {baseline} or {new or 'the workspace'} (run `dvc repro` first)"
+        )
     params = _run("dvc", "params", "diff", *revs, "--md").strip() or "No parameter changed."
     figures = _changed_figures(baseline, new)
     unchanged = sum(v.ok and v.delta == 0 for v in verdicts)
-    lines = [f"## Headline metrics: {new or 'workspace'} vs {baseline}", "", f"**{summary_line(verdicts)}**", "",
-             verdict_table(verdicts, only_changed=True), "",
-             f"<details><summary>all {len(verdicts)} headline metrics ({unchanged} unchanged)</summary>", "",
-             verdict_table(verdicts), "", "</details>", "", "### Parameters", "", params, "",
-             "### Figures that changed", ""]
+    lines = [
+        f"## Headline metrics: {new or 'workspace'} vs {baseline}",
+        "",
+        f"**{summary_line(verdicts)}**",
+        "",
+        verdict_table(verdicts, only_changed=True),
+        "",
+        f"<details><summary>all {len(verdicts)} headline metrics ({unchanged} unchanged)</summary>",
+        "",
+        verdict_table(verdicts),
+        "",
+        "</details>",
+        "",
+        "### Parameters",
+        "",
+        params,
+        "",
+        "### Figures that changed",
+        "",
+    ]
     if figures is None:
         lines.append(f"(not listed: {baseline} is not a git revision)")
     lines += [f"![{Path(f).stem}]({f})" for f in figures or []] or (["none"] if figures == [] else [])

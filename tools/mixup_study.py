@@ -18,11 +18,14 @@ PARAM = "train.mixup_alpha"
 
 @app.command()
 @one_line_errors
-def main(out: Path = typer.Option(..., help="folder for mixup.md and table.parquet"),
-         exps: str = typer.Option("", help="comma-separated experiment names "
-                                           "(default: those differing only in train.mixup_alpha)"),
-         workspace: bool = typer.Option(False, help="also include the workspace's own run"),
-         methods: str = typer.Option("identity,wm,wm_sinkhorn", help="methods to tabulate")) -> None:
+def main(
+    out: Path = typer.Option(..., help="folder for mixup.md and table.parquet"),
+    exps: str = typer.Option(
+        "", help="comma-separated experiment names (default: those differing only in train.mixup_alpha)"
+    ),
+    workspace: bool = typer.Option(False, help="also include the workspace's own run"),
+    methods: str = typer.Option("identity,wm,wm_sinkhorn", help="methods to tabulate"),
+) -> None:
     from lmclab.analysis.mixup import mixup_markdown, mixup_table
     from lmclab.core.atomic import atomic_path
 
@@ -36,9 +39,12 @@ def main(out: Path = typer.Option(..., help="folder for mixup.md and table.parqu
     with atomic_path(out / "table.parquet") as tmp:
         table.to_parquet(tmp, index=False)
     with atomic_path(out / "mixup.md") as tmp:
-        tmp.write_text("# Endpoints trained with and without mixup\n\nMean ± sample std over seeds (endpoints) "
-                       "and pairs (methods); B½ = test loss barrier at λ = ½ (identity: before alignment).\n\n"
-                       + mixup_markdown(table) + "\n")
+        tmp.write_text(
+            "# Endpoints trained with and without mixup\n\nMean ± sample std over seeds (endpoints) "
+            "and pairs (methods); B½ = test loss barrier at λ = ½ (identity: before alignment).\n\n"
+            + mixup_markdown(table)
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

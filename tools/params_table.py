@@ -27,8 +27,10 @@ def markdown() -> str:
     from lmclab.pipeline.schema import key_rows
 
     lines = ["| key | default | expected | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{key}` | {flow(default)} | {expected} | {meaning.replace('<', '&lt;')} |"
-              for key, default, expected, meaning in key_rows()]
+    lines += [
+        f"| `{key}` | {flow(default)} | {expected} | {meaning.replace('<', '&lt;')} |"
+        for key, default, expected, meaning in key_rows()
+    ]
     return "\n".join(lines) + "\n"
 
 

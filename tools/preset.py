@@ -95,8 +95,11 @@ def apply_preset(name: str, params_text: str) -> str:
 
 @app.command()
 @one_line_errors
-def main(name: str, params: Path = Path("params.yaml"),
-         set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing")) -> None:
+def main(
+    name: str,
+    params: Path = Path("params.yaml"),
+    set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing"),
+) -> None:
     from lmclab.core.atomic import atomic_path
     from lmclab.pipeline.validate import ParamsError, check_params
 

@@ -23,8 +23,9 @@ app = typer.Typer(add_completion=False)
 
 
 @app.command()
-def main(write: bool = typer.Option(False, help="rewrite the code deps in dvc.yaml"),
-         dvc_yaml: Path = ROOT / "dvc.yaml") -> None:
+def main(
+    write: bool = typer.Option(False, help="rewrite the code deps in dvc.yaml"), dvc_yaml: Path = ROOT / "dvc.yaml"
+) -> None:
     yaml = YAML()
     yaml.width, yaml.preserve_quotes = 120, True
     yaml.indent(mapping=2, sequence=4, offset=2)

@@ -19,13 +19,16 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 @one_line_errors
-def main(param: str = typer.Option(..., help="the swept params.yaml key, e.g. train.weight_decay"),
-         out: Path = typer.Option(..., help="folder for sweep.md, sweep.png and the tables"),
-         exps: str = typer.Option("", help="comma-separated experiment names "
-                                           "(default: those differing from the workspace only in --param)"),
-         workspace: bool = typer.Option(False, help="also include the workspace's own run"),
-         methods: str = typer.Option("identity,wm,wm_sinkhorn,ste_sinkhorn", help="methods to tabulate"),
-         dpi: int = typer.Option(120)) -> None:
+def main(
+    param: str = typer.Option(..., help="the swept params.yaml key, e.g. train.weight_decay"),
+    out: Path = typer.Option(..., help="folder for sweep.md, sweep.png and the tables"),
+    exps: str = typer.Option(
+        "", help="comma-separated experiment names (default: those differing from the workspace only in --param)"
+    ),
+    workspace: bool = typer.Option(False, help="also include the workspace's own run"),
+    methods: str = typer.Option("identity,wm,wm_sinkhorn,ste_sinkhorn", help="methods to tabulate"),
+    dpi: int = typer.Option(120),
+) -> None:
     import pandas as pd
 
     from lmclab.analysis.findings import roles
@@ -48,8 +51,11 @@ def main(param: str = typer.Option(..., help="the swept params.yaml key, e.g. tr
             frame.to_parquet(tmp, index=False)
     plot_sweep(table, out / "sweep.png", param=param, dpi=dpi)
     with atomic_path(out / "sweep.md") as tmp:
-        tmp.write_text(f"# Sweep of {param} (Appendix H.5)\n\n![sweep](sweep.png)\n\n"
-                       + sweep_markdown(table, verdicts, param) + "\n")
+        tmp.write_text(
+            f"# Sweep of {param} (Appendix H.5)\n\n![sweep](sweep.png)\n\n"
+            + sweep_markdown(table, verdicts, param)
+            + "\n"
+        )
     with atomic_path(out / "trends.json") as tmp:
         tmp.write_text(json.dumps(verdicts, indent=2) + "\n")
 

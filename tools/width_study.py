@@ -18,10 +18,14 @@ TABLES = ("spectrum", "energy", "pairs")
 
 @app.command()
 @one_line_errors
-def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Option(
-             "", help="comma-separated experiment names (default: those differing from the workspace only in width)"),
-         workspace: bool = typer.Option(False, help="also include the workspace's own run"),
-         dpi: int = typer.Option(120)) -> None:
+def main(
+    out: Path = typer.Option(Path("reports/width")),
+    exps: str = typer.Option(
+        "", help="comma-separated experiment names (default: those differing from the workspace only in width)"
+    ),
+    workspace: bool = typer.Option(False, help="also include the workspace's own run"),
+    dpi: int = typer.Option(120),
+) -> None:
     from lmclab.analysis.width import alignment_markdown, width_tables
     from lmclab.core.atomic import atomic_path
     from lmclab.report.plots import plot_width
@@ -31,16 +35,22 @@ def main(out: Path = typer.Option(Path("reports/width")), exps: str = typer.Opti
         key = f"model.{arch}.width" if f"model.{arch}.width" in row else f"model.{arch}.width_multiplier"
         return row[key]
 
-    runs = experiment_runs(width, TABLES, swept=lambda key: key.split(".")[-1] in ("width", "width_multiplier"),
-                           exps=exps, workspace=workspace)
+    runs = experiment_runs(
+        width,
+        TABLES,
+        swept=lambda key: key.split(".")[-1] in ("width", "width_multiplier"),
+        exps=exps,
+        workspace=workspace,
+    )
     combined = width_tables(runs)
     for name, frame in combined.items():
         with atomic_path(out / f"{name}.parquet") as tmp:
             frame.to_parquet(tmp, index=False)
     plot_width(combined["spectrum"], combined["energy"], combined["alignment"], out / "width.png", dpi=dpi)
     with atomic_path(out / "width.md") as tmp:
-        tmp.write_text("# Width study (Appendix H.4)\n\n![width](width.png)\n\n"
-                       + alignment_markdown(combined["alignment"]) + "\n")
+        tmp.write_text(
+            "# Width study (Appendix H.4)\n\n![width](width.png)\n\n" + alignment_markdown(combined["alignment"]) + "\n"
+        )
 
 
 if __name__ == "__main__":

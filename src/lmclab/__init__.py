@@ -9,8 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-API = ("Alignment", "Curve", "apply_permutation", "as_split", "find_permutation", "interpolate",
-       "l2_reduction", "merge")
+API = (
+    "Alignment",
+    "Curve",
+    "apply_permutation",
+    "as_split",
+    "find_permutation",
+    "interpolate",
+    "l2_reduction",
+    "merge",
+)
 __all__ = [*API, "__version__"]
 
 

@@ -110,17 +110,21 @@ def _data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
 
 @app.command()
 @one_line
-def match(model_a: Path = typer.Argument(..., help="θa: state dict or lmclab checkpoint"),
-          model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
-          method: str = typer.Option("wm", help="wm, am, ste, wm_sinkhorn, ste_sinkhorn or identity"),
-          out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
-          factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE,
-          data: str = typer.Option(None, help="training data of am/ste/ste_sinkhorn: "
-                                              "a data set name or prepared folder"),
-          data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
-          in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
-          option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
-          seed: int = 0, device: str = DEVICE) -> None:
+def match(
+    model_a: Path = typer.Argument(..., help="θa: state dict or lmclab checkpoint"),
+    model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
+    method: str = typer.Option("wm", help="wm, am, ste, wm_sinkhorn, ste_sinkhorn or identity"),
+    out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
+    factory: str = FACTORY,
+    kwargs: str = KWARGS,
+    input_shape: str = SHAPE,
+    data: str = typer.Option(None, help="training data of am/ste/ste_sinkhorn: a data set name or prepared folder"),
+    data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
+    in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
+    option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
+    seed: int = 0,
+    device: str = DEVICE,
+) -> None:
     """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
     import torch
 
@@ -130,21 +134,38 @@ def match(model_a: Path = typer.Argument(..., help="θa: state dict or lmclab ch
     params_a, params_b, (net, spec, points) = _load_pair(model_a, model_b, factory, kwargs)
     shape = _shape(input_shape)
     train = _data(data, "train", data_root, in_channels) if data is not None else None
-    res = find_permutation(params_a, params_b, method=method, spec=spec, model=net, points=points, data=train,
-                           example_inputs=torch.zeros(2, *shape) if shape else None, seed=seed,
-                           device=device, **_options(option))
+    res = find_permutation(
+        params_a,
+        params_b,
+        method=method,
+        spec=spec,
+        model=net,
+        points=points,
+        data=train,
+        example_inputs=torch.zeros(2, *shape) if shape else None,
+        seed=seed,
+        device=device,
+        **_options(option),
+    )
     save_permutation(out, res.perm, method=method, stats=res.stats)
-    typer.echo(f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s; "
-               f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}")
+    typer.echo(
+        f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s; "
+        f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
+    )
 
 
 @app.command()
 @one_line
-def merge(model_a: Path = typer.Argument(...), model_b: Path = typer.Argument(...),
-          out: Path = typer.Option(..., help="the merged state dict (.pt or .safetensors)"),
-          perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: naive average)"),
-          lam: float = typer.Option(0.5, help="λ of λ·θa + (1−λ)·π(θb)"),
-          factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE) -> None:
+def merge(
+    model_a: Path = typer.Argument(...),
+    model_b: Path = typer.Argument(...),
+    out: Path = typer.Option(..., help="the merged state dict (.pt or .safetensors)"),
+    perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: naive average)"),
+    lam: float = typer.Option(0.5, help="λ of λ·θa + (1−λ)·π(θb)"),
+    factory: str = FACTORY,
+    kwargs: str = KWARGS,
+    input_shape: str = SHAPE,
+) -> None:
     """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
     from lmclab.api import merge as merge_models
 
@@ -153,8 +174,9 @@ def merge(model_a: Path = typer.Argument(...), model_b: Path = typer.Argument(..
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
 
 
-def _aligned(model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str,
-             input_shape: str | None) -> tuple[Any, Any, Any]:
+def _aligned(
+    model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str, input_shape: str | None
+) -> tuple[Any, Any, Any]:
     """θa, π(θb) (θb without ``perm``) and the module they run in."""
     import torch
 
@@ -191,40 +213,57 @@ def _save_state(path: Path, state: dict) -> None:
 
 @app.command()
 @one_line
-def barrier(model_a: Path = typer.Argument(...), model_b: Path = typer.Argument(...),
-            data: str = typer.Option(..., help="a data set name (mnist5k, cifar10, …) or a prepared data folder"),
-            perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: the naive pair)"),
-            split: str = typer.Option("test", help="train or test"),
-            lams: int = typer.Option(11, help="evenly spaced λ values (½ added if missing)"),
-            repair: bool = typer.Option(False, help="re-estimate BatchNorm statistics at each λ on the train split"),
-            data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
-            in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
-            factory: str = FACTORY, kwargs: str = KWARGS, input_shape: str = SHAPE,
-            json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
-            device: str = DEVICE) -> None:
+def barrier(
+    model_a: Path = typer.Argument(...),
+    model_b: Path = typer.Argument(...),
+    data: str = typer.Option(..., help="a data set name (mnist5k, cifar10, …) or a prepared data folder"),
+    perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: the naive pair)"),
+    split: str = typer.Option("test", help="train or test"),
+    lams: int = typer.Option(11, help="evenly spaced λ values (½ added if missing)"),
+    repair: bool = typer.Option(False, help="re-estimate BatchNorm statistics at each λ on the train split"),
+    data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
+    in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
+    factory: str = FACTORY,
+    kwargs: str = KWARGS,
+    input_shape: str = SHAPE,
+    json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
+    device: str = DEVICE,
+) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import interpolate
 
     params_a, params_b, net = _aligned(model_a, model_b, perm, factory, kwargs, input_shape)
     test = _data(data, split, data_root, in_channels)
     repair_data = _data(data, "train", data_root, in_channels) if repair else None
-    curve = interpolate(params_a, params_b, model=net, data={split: test}, lams=lams,
-                        repair="bn" if repair else None, repair_data=repair_data, device=device)
+    curve = interpolate(
+        params_a,
+        params_b,
+        model=net,
+        data={split: test},
+        lams=lams,
+        repair="bn" if repair else None,
+        repair_data=repair_data,
+        device=device,
+    )
     found = curve.barriers()
     for q, unit in (("loss", ""), ("acc", " points")):
-        typer.echo(f"{split} {q}: A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
-                   f"midpoint {found[f'{split}_{q}_mid']:.4f}; barrier max {found[f'{split}_{q}_barrier_max']:.4f}"
-                   f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}")
+        typer.echo(
+            f"{split} {q}: A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
+            f"midpoint {found[f'{split}_{q}_mid']:.4f}; barrier max {found[f'{split}_{q}_barrier_max']:.4f}"
+            f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}"
+        )
     if json_out is not None:
         json_out.write_text(json.dumps({"barriers": found, "curve": curve.rows}, indent=2) + "\n")
 
 
 @app.command()
 @one_line
-def trace(factory: str = typer.Argument(..., help="module:callable building the nn.Module"),
-          input_shape: str = typer.Option(..., help="input shape without the batch axis, e.g. 3,32,32"),
-          kwargs: str = KWARGS,
-          partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted")) -> None:
+def trace(
+    factory: str = typer.Argument(..., help="module:callable building the nn.Module"),
+    input_shape: str = typer.Option(..., help="input shape without the batch axis, e.g. 3,32,32"),
+    kwargs: str = KWARGS,
+    partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted"),
+) -> None:
     """Print the permutation spec tracing derives (groups, their sizes and places), or the refusal."""
     import torch
 

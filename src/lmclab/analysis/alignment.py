@@ -45,8 +45,11 @@ def check_mode(mode: str) -> None:
 
 def layer_names(spec: PermutationSpec, params: Mapping[str, Tensor]) -> list[str]:
     """The ≥2-D weights that count as layers for R and spectra, in spec order."""
-    return [name for name in spec.axes if name not in spec.stats
-            and params[name].is_floating_point() and params[name].dim() >= 2]
+    return [
+        name
+        for name in spec.axes
+        if name not in spec.stats and params[name].is_floating_point() and params[name].dim() >= 2
+    ]
 
 
 def output_layer(spec: PermutationSpec, layers: Sequence[str]) -> str:
@@ -85,12 +88,16 @@ def layer_svd(weight: Tensor, *, mode: str = "reshape", input_size: tuple[int, i
     return Factors(u, s, vh)
 
 
-def model_factors(params: Mapping[str, Tensor], layers: Sequence[str], *, mode: str = "reshape",
-                  input_sizes: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Factors]:
+def model_factors(
+    params: Mapping[str, Tensor],
+    layers: Sequence[str],
+    *,
+    mode: str = "reshape",
+    input_sizes: Mapping[str, tuple[int, int]] | None = None,
+) -> dict[str, Factors]:
     """:func:`layer_svd` of every layer of one model."""
     sizes = input_sizes or {}
-    return {name: layer_svd(params[name].detach().cpu(), mode=mode, input_size=sizes.get(name))
-            for name in layers}
+    return {name: layer_svd(params[name].detach().cpu(), mode=mode, input_size=sizes.get(name)) for name in layers}
 
 
 def singular_values(factors: Factors) -> Tensor:

@@ -45,24 +45,32 @@ def linear_cka(x: Tensor, y: Tensor) -> float:
 def hidden_layers(spec: PermutationSpec, model: nn.Module) -> list[str]:
     """Modules (Linear/Conv) whose output units are permuted: the hidden layers, in spec order."""
     modules = dict(model.named_modules())
-    names = [key[: -len(".weight")] for key, axes in spec.axes.items()
-             if key.endswith(".weight") and axes and axes[0] is not None and key not in spec.stats]
+    names = [
+        key[: -len(".weight")]
+        for key, axes in spec.axes.items()
+        if key.endswith(".weight") and axes and axes[0] is not None and key not in spec.stats
+    ]
     return [n for n in names if isinstance(modules.get(n), (nn.Linear, nn.Conv2d))]
 
 
 @torch.no_grad()
-def representations(model: nn.Module, params: Mapping[str, Tensor], split: Split, layers: Sequence[str], *,
-                    batch_size: int = 1024) -> dict[str, Tensor]:
+def representations(
+    model: nn.Module, params: Mapping[str, Tensor], split: Split, layers: Sequence[str], *, batch_size: int = 1024
+) -> dict[str, Tensor]:
     """Each layer's output on ``split`` (eval mode), one flattened row per sample, on the CPU."""
     modules, out = dict(model.named_modules()), {name: [] for name in layers}
-    hooks = [modules[name].register_forward_hook(
-        lambda _m, _i, value, name=name: out[name].append(value.flatten(1).float().cpu())) for name in layers]
+    hooks = [
+        modules[name].register_forward_hook(
+            lambda _m, _i, value, name=name: out[name].append(value.flatten(1).float().cpu())
+        )
+        for name in layers
+    ]
     device = next(iter(params.values())).device
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(split), batch_size):
-            functional_call(model, dict(params), (split.x[start:start + batch_size].to(device),))
+            functional_call(model, dict(params), (split.x[start : start + batch_size].to(device),))
     finally:
         for hook in hooks:
             hook.remove()
@@ -70,13 +78,17 @@ def representations(model: nn.Module, params: Mapping[str, Tensor], split: Split
     return {name: torch.cat(rows) for name, rows in out.items()}
 
 
-def cka_rows(spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]],
-             split: Split) -> list[dict]:
+def cka_rows(
+    spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]], split: Split
+) -> list[dict]:
     """CKA at every hidden layer for every pair of :data:`PAIRS` (``models`` keyed a, b, pi_b, mid)."""
     layers = hidden_layers(spec, model)
     reps = {k: representations(model, p, split, layers) for k, p in models.items()}
-    return [{"layer": name, "depth": depth, "pair": f"{x}-{y}", "cka": linear_cka(reps[x][name], reps[y][name])}
-            for depth, name in enumerate(layers) for x, y in PAIRS]
+    return [
+        {"layer": name, "depth": depth, "pair": f"{x}-{y}", "cka": linear_cka(reps[x][name], reps[y][name])}
+        for depth, name in enumerate(layers)
+        for x, y in PAIRS
+    ]
 
 
 def cka_means(rows: Sequence[dict]) -> dict[str, float]:

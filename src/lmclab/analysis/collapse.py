@@ -35,13 +35,17 @@ def collapse_stats(features: Tensor, labels: Tensor) -> dict[str, float]:
     gram, c = unit @ unit.T, len(present)
     etf = torch.eye(c, dtype=h.dtype) - torch.full((c, c), 1.0 / c, dtype=h.dtype)
     norms = centred.norm(dim=1)
-    return {"nc1": nc1, "nc2_etf": float((gram / gram.norm() - etf / etf.norm()).norm()),
-            "nc_equinorm": float(norms.std() / norms.mean())}
+    return {
+        "nc1": nc1,
+        "nc2_etf": float((gram / gram.norm() - etf / etf.norm()).norm()),
+        "nc_equinorm": float(norms.std() / norms.mean()),
+    }
 
 
 @torch.no_grad()
-def last_layer_features(model: nn.Module, params: Mapping[str, Tensor], split: Split, layer: str, *,
-                        batch_size: int = 1024) -> Tensor:
+def last_layer_features(
+    model: nn.Module, params: Mapping[str, Tensor], split: Split, layer: str, *, batch_size: int = 1024
+) -> Tensor:
     """The inputs of module ``layer`` on ``split`` (eval mode), one flattened row per sample."""
     rows: list[Tensor] = []
     hook = model.get_submodule(layer).register_forward_pre_hook(lambda _m, args: rows.append(args[0].flatten(1).cpu()))
@@ -49,15 +53,16 @@ def last_layer_features(model: nn.Module, params: Mapping[str, Tensor], split: S
     model.eval()
     try:
         for start in range(0, len(split), batch_size):
-            functional_call(model, dict(params), (split.x[start:start + batch_size].to(device),))
+            functional_call(model, dict(params), (split.x[start : start + batch_size].to(device),))
     finally:
         hook.remove()
         model.train(was_training)
     return torch.cat(rows)
 
 
-def neural_collapse(spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor],
-                    split: Split) -> dict[str, float]:
+def neural_collapse(
+    spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor], split: Split
+) -> dict[str, float]:
     """:func:`collapse_stats` of the logits layer's input features on ``split``."""
     weight = output_layer(spec, layer_names(spec, params))
     features = last_layer_features(model, params, split, weight[: -len(".weight")])

@@ -30,38 +30,60 @@ def r_key(gamma: float, which: str = "") -> str:
     return f"R_{gamma:g}" + (f"_{which}" if which else "")
 
 
-def _spectral_kwargs(model: nn.Module, layers: Sequence[str], mode: str,
-                     input_shape: Sequence[int]) -> dict:
+def _spectral_kwargs(model: nn.Module, layers: Sequence[str], mode: str, input_shape: Sequence[int]) -> dict:
     sizes = input_sizes(model, layers, input_shape) if mode == "fft" else {}
     return {"mode": mode, "input_sizes": sizes}
 
 
-def analyze_model(spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor], split: Split, *,
-                  mode: str = "reshape", input_shape: Sequence[int]) -> tuple[list[dict], list[dict]]:
+def analyze_model(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    split: Split,
+    *,
+    mode: str = "reshape",
+    input_shape: Sequence[int],
+) -> tuple[list[dict], list[dict]]:
     """``(spectrum rows, energy rows)``: ``{layer, output, index, singular_value}`` in the chosen
     spectrum ``mode``, and ``{layer, index, singular_value, energy}`` of the reshaped weights
     (energy ``E[(v_iᵀ z_{ℓ−1})²]`` over ``split``). ``output`` marks the logits layer."""
     layers = layer_names(spec, params)
     last = output_layer(spec, layers)
     factors = model_factors(params, layers, **_spectral_kwargs(model, layers, mode, input_shape))
-    spectrum = [{"layer": name, "output": name == last, "index": i, "singular_value": float(s)}
-                for name, f in factors.items() for i, s in enumerate(singular_values(f))]
-    energy = [{"layer": name, "index": i, "singular_value": float(s), "energy": float(e)}
-              for name, (sv, en) in input_energy(model, params, split, layers).items()
-              for i, (s, e) in enumerate(zip(sv, en, strict=True))]
+    spectrum = [
+        {"layer": name, "output": name == last, "index": i, "singular_value": float(s)}
+        for name, f in factors.items()
+        for i, s in enumerate(singular_values(f))
+    ]
+    energy = [
+        {"layer": name, "index": i, "singular_value": float(s), "energy": float(e)}
+        for name, (sv, en) in input_energy(model, params, split, layers).items()
+        for i, (s, e) in enumerate(zip(sv, en, strict=True))
+    ]
     return spectrum, energy
 
 
-def endpoint_factors(spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor], *,
-                     mode: str = "reshape", input_shape: Sequence[int]) -> dict[str, Factors]:
+def endpoint_factors(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    *,
+    mode: str = "reshape",
+    input_shape: Sequence[int],
+) -> dict[str, Factors]:
     """Every layer's SVD in ``mode``: computed once per endpoint and handed to each method's
     :func:`analyze_pair` (θa and θb are the same for every method; an SVD is most of R's cost)."""
     layers = layer_names(spec, params)
     return model_factors(params, layers, **_spectral_kwargs(model, layers, mode, input_shape))
 
 
-def alignment_rs(fa: Mapping[str, Factors], fb: Mapping[str, Factors], fp: Mapping[str, Factors],
-                 fm: Mapping[str, Factors], gammas: Sequence[float]) -> dict[str, float]:
+def alignment_rs(
+    fa: Mapping[str, Factors],
+    fb: Mapping[str, Factors],
+    fp: Mapping[str, Factors],
+    fm: Mapping[str, Factors],
+    gammas: Sequence[float],
+) -> dict[str, float]:
     """R_γ (Theorem 4.1) for every γ from the factors of θa, θb, π(θb) and the midpoint."""
     out: dict[str, float] = {}
     for gamma in gammas:
@@ -72,23 +94,44 @@ def alignment_rs(fa: Mapping[str, Factors], fb: Mapping[str, Factors], fp: Mappi
     return out
 
 
-def alignment_summary(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
-                      params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                      midpoint: Mapping[str, Tensor], gammas: Sequence[float], *, mode: str = "reshape",
-                      input_shape: Sequence[int]) -> dict[str, float]:
+def alignment_summary(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    midpoint: Mapping[str, Tensor],
+    gammas: Sequence[float],
+    *,
+    mode: str = "reshape",
+    input_shape: Sequence[int],
+) -> dict[str, float]:
     """R_γ (Theorem 4.1) for every γ: (θa, π(θb)), naive (θa, θb), (θa, mid), (π(θb), mid)."""
-    fa, fb, fp, fm = (endpoint_factors(spec, model, p, mode=mode, input_shape=input_shape)
-                      for p in (params_a, params_b, permuted_b, midpoint))
+    fa, fb, fp, fm = (
+        endpoint_factors(spec, model, p, mode=mode, input_shape=input_shape)
+        for p in (params_a, params_b, permuted_b, midpoint)
+    )
     return alignment_rs(fa, fb, fp, fm, gammas)
 
 
-def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
-                 params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                 midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
-                 gammas: Sequence[float], mode: str = "reshape", input_shape: Sequence[int],
-                 energy_split: str = "test", taylor_splits: Sequence[str] | None = None,
-                 factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                 ) -> tuple[dict[str, float], list[dict], list[dict]]:
+def analyze_pair(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    midpoint: Mapping[str, Tensor],
+    splits: Mapping[str, Split],
+    *,
+    lams: Sequence[float],
+    gammas: Sequence[float],
+    mode: str = "reshape",
+    input_shape: Sequence[int],
+    energy_split: str = "test",
+    taylor_splits: Sequence[str] | None = None,
+    factors_a: Mapping[str, Factors] | None = None,
+    factors_b: Mapping[str, Factors] | None = None,
+) -> tuple[dict[str, float], list[dict], list[dict]]:
     """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb).
 
     summary: ``{split}_taylor_barrier_mid`` / ``_max`` and the Theorem 3.1 ingredients per split,
@@ -116,24 +159,48 @@ def analyze_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     return summary, taylor_rows, bound_rows
 
 
-def measure_and_analyze(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
-                        params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                        midpoint: Mapping[str, Tensor], splits: Mapping[str, Split], *, lams: Sequence[float],
-                        gammas: Sequence[float], mode: str, input_shape: Sequence[int],
-                        taylor_splits: Sequence[str] | None = None, repair: Repair | None = None,
-                        factors_a: Mapping[str, Factors] | None = None, factors_b: Mapping[str, Factors] | None = None,
-                        world: World = ALONE
-                        ) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
+def measure_and_analyze(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    midpoint: Mapping[str, Tensor],
+    splits: Mapping[str, Split],
+    *,
+    lams: Sequence[float],
+    gammas: Sequence[float],
+    mode: str,
+    input_shape: Sequence[int],
+    taylor_splits: Sequence[str] | None = None,
+    repair: Repair | None = None,
+    factors_a: Mapping[str, Factors] | None = None,
+    factors_b: Mapping[str, Factors] | None = None,
+    world: World = ALONE,
+) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair when given; sharded over ``world``'s processes), L2 distances, the analyses of
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the
     test split (:mod:`lmclab.analysis.cka`; the summary gets their means over layers).
     Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows, CKA rows)``."""
-    curve, summary = measure_pair_with_repair(spec, model, params_a, params_b, permuted_b, lams, splits,
-                                              repair=repair, world=world)
-    analysis, taylor_rows, bound_rows = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint,
-                                                     splits, lams=lams, gammas=gammas, mode=mode,
-                                                     input_shape=input_shape, taylor_splits=taylor_splits,
-                                                     factors_a=factors_a, factors_b=factors_b)
+    curve, summary = measure_pair_with_repair(
+        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, world=world
+    )
+    analysis, taylor_rows, bound_rows = analyze_pair(
+        spec,
+        model,
+        params_a,
+        params_b,
+        permuted_b,
+        midpoint,
+        splits,
+        lams=lams,
+        gammas=gammas,
+        mode=mode,
+        input_shape=input_shape,
+        taylor_splits=taylor_splits,
+        factors_a=factors_a,
+        factors_b=factors_b,
+    )
     cka = cka_rows(spec, model, {"a": params_a, "b": params_b, "pi_b": permuted_b, "mid": midpoint}, splits["test"])
     return curve, {**summary, **analysis, **cka_means(cka)}, taylor_rows, bound_rows, cka

@@ -37,8 +37,9 @@ def input_patches(module: nn.Module, z: Tensor) -> Tensor:
     if isinstance(module, nn.Conv2d):
         if isinstance(module.padding, str) or module.padding_mode != "zeros" or module.groups != 1:
             raise ValueError("input energy needs zero-padded, ungrouped convolutions with numeric padding")
-        cols = F.unfold(z, module.kernel_size, dilation=module.dilation, padding=module.padding,
-                        stride=module.stride)  # (N, in·kh·kw, positions)
+        cols = F.unfold(
+            z, module.kernel_size, dilation=module.dilation, padding=module.padding, stride=module.stride
+        )  # (N, in·kh·kw, positions)
         return cols.transpose(1, 2).reshape(-1, cols.shape[1])
     return z.reshape(-1, z.shape[-1])
 
@@ -62,8 +63,9 @@ def _capture(model: nn.Module, layers: Sequence[str]) -> Iterator[dict[str, Tens
 
 
 @torch.no_grad()
-def layer_inputs(model: nn.Module, params: Mapping[str, Tensor], split: Split, layers: Sequence[str], *,
-                 batch_size: int = 1000) -> Iterator[tuple[int, dict[str, Tensor]]]:
+def layer_inputs(
+    model: nn.Module, params: Mapping[str, Tensor], split: Split, layers: Sequence[str], *, batch_size: int = 1000
+) -> Iterator[tuple[int, dict[str, Tensor]]]:
     """Per batch: (number of images, {layer: input patches z_{ℓ−1}}) of the model run with
     ``params`` in eval mode."""
     device = next(iter(params.values())).device
@@ -72,7 +74,7 @@ def layer_inputs(model: nn.Module, params: Mapping[str, Tensor], split: Split, l
     try:
         with _capture(model, layers) as seen:
             for start in range(0, len(split), batch_size):
-                x = split.x[start:start + batch_size].to(device)
+                x = split.x[start : start + batch_size].to(device)
                 functional_call(model, dict(params), (x,))
                 yield len(x), {k: v.double() for k, v in seen.items()}
     finally:
@@ -86,6 +88,7 @@ def input_sizes(model: nn.Module, layers: Sequence[str], input_shape: Sequence[i
     for layer in layers:
         module = layer_module(model, layer)
         if isinstance(module, nn.Conv2d):
+
             def hook(mod: nn.Module, args: tuple, layer: str = layer) -> None:
                 sizes[layer] = tuple(args[0].shape[-2:])
 
@@ -103,8 +106,9 @@ def input_sizes(model: nn.Module, layers: Sequence[str], input_shape: Sequence[i
     return sizes
 
 
-def input_energy(model: nn.Module, params: Mapping[str, Tensor], split: Split, layers: Sequence[str], *,
-                 batch_size: int = 1000) -> dict[str, tuple[Tensor, Tensor]]:
+def input_energy(
+    model: nn.Module, params: Mapping[str, Tensor], split: Split, layers: Sequence[str], *, batch_size: int = 1000
+) -> dict[str, tuple[Tensor, Tensor]]:
     """Figures 4, 9: per layer, ``(s_i, E[(v_iᵀ z_{ℓ−1})²])`` for every right singular vector v_i of the
     reshaped weight, in descending order of s_i; the expectation runs over ``split``."""
     factors = {name: layer_svd(params[name].detach().cpu().to(torch.float64)) for name in layers}
@@ -118,22 +122,29 @@ def input_energy(model: nn.Module, params: Mapping[str, Tensor], split: Split, l
     return {name: (factors[name].S[0], sums[name] / rows[name]) for name in layers}
 
 
-def theorem42_bound(fa: Factors, fb: Factors, energy_a: Tensor, energy_b: Tensor, cross: Tensor,
-                    lipschitz: float = 1.0) -> float:
+def theorem42_bound(
+    fa: Factors, fb: Factors, energy_a: Tensor, energy_b: Tensor, cross: Tensor, lipschitz: float = 1.0
+) -> float:
     """Theorem 4.2's right-hand side ``C (Σ s^a_i² E(v^a_iᵀz)² + Σ s^b_j² E(v^b_jᵀz)²
     − 2 Σ_{i,j} s^a_i s^b_j (u^a_i·u^b_j) E[(v^a_iᵀz)(v^b_jᵀz)])^{1/2}``; ``cross[i, j]`` is the last
     expectation. Equals ``C (E‖(W^a − W^b) z‖²)^{1/2}``."""
     sa, sb = fa.S[0], fb.S[0]
     uu = fa.U[0].T @ fb.U[0]  # (ka, kb)
-    inner = (sa ** 2 @ energy_a + sb ** 2 @ energy_b
-             - 2 * (sa[:, None] * sb[None, :] * uu * cross).sum())
+    inner = sa**2 @ energy_a + sb**2 @ energy_b - 2 * (sa[:, None] * sb[None, :] * uu * cross).sum()
     return lipschitz * float(inner.clamp_min(0).sqrt())
 
 
-def theorem42(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-              split: Split, layers: Sequence[str], *, batch_size: int = 1000,
-              factors_a: Mapping[str, Factors] | None = None,
-              factors_b: Mapping[str, Factors] | None = None) -> list[dict]:
+def theorem42(
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    split: Split,
+    layers: Sequence[str],
+    *,
+    batch_size: int = 1000,
+    factors_a: Mapping[str, Factors] | None = None,
+    factors_b: Mapping[str, Factors] | None = None,
+) -> list[dict]:
     """Per layer: the Theorem 4.2 bound (σ = ReLU, C = 1) next to the measured
     ``E‖σ(W^a z) − σ(W^b z)‖``, with ``z`` the layer's input in model a over ``split``.
     ``factors_a``/``factors_b``: the reshaped layers' SVDs (:func:`layer_svd`), if already computed."""
@@ -147,8 +158,8 @@ def theorem42(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mappin
         for n, z in inputs.items():
             pa, pb = z @ va[n], z @ vb[n]  # (rows, ka), (rows, kb)
             wa, wb = layer_matrix(params_a[n]).double(), layer_matrix(params_b[n]).double()
-            acc[n]["ea"] += (pa ** 2).sum(0).cpu()
-            acc[n]["eb"] += (pb ** 2).sum(0).cpu()
+            acc[n]["ea"] += (pa**2).sum(0).cpu()
+            acc[n]["eb"] += (pb**2).sum(0).cpu()
             acc[n]["cross"] += (pa.T @ pb).cpu()
             acc[n]["measured"] += float((F.relu(z @ wa.T) - F.relu(z @ wb.T)).norm(dim=1).sum())
             acc[n]["rows"] += z.shape[0]

@@ -16,16 +16,22 @@ from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
 Repair = Callable[[Params], Params]
 
 
-def merge_and_compare(ckpts: Sequence[Checkpoint], splits: Mapping[str, Split], *, max_iter: int,
-                      tol: float, seed: int, device: torch.device,
-                      repair: Repair | None = None) -> tuple[MergeManyResult, list[dict]]:
+def merge_and_compare(
+    ckpts: Sequence[Checkpoint],
+    splits: Mapping[str, Split],
+    *,
+    max_iter: int,
+    tol: float,
+    seed: int,
+    device: torch.device,
+    repair: Repair | None = None,
+) -> tuple[MergeManyResult, list[dict]]:
     """Run MergeMany on ``ckpts`` and evaluate, on every split: each model, the ensemble of their
     outputs (mean softmax), the naive average (no alignment) and the MergeMany average."""
     first = ckpts[0]
     spec = get_arch(first.arch).permutation_spec(first.config)
     params = [{k: v.to(device) for k, v in c.state_dict.items()} for c in ckpts]
-    result = merge_many(spec, params, max_iter=max_iter, tol=tol,
-                        generator=torch.Generator().manual_seed(seed))
+    result = merge_many(spec, params, max_iter=max_iter, tol=tol, generator=torch.Generator().manual_seed(seed))
     model = build_model(first.arch, first.config).to(device)
     fix = repair or (lambda p: p)
     candidates = {f"seed{c.seed}": p for c, p in zip(ckpts, params, strict=True)}

@@ -31,29 +31,46 @@ def plane_grid(resolution: int, margin: float) -> list[float]:
     return sorted(set(np.linspace(-margin, 1 + margin, resolution).round(12).tolist()) | {0.0, 1.0})
 
 
-def plane_point(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                params_c: Mapping[str, Tensor], u: float, v: float) -> Params:
+def plane_point(
+    params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], params_c: Mapping[str, Tensor], u: float, v: float
+) -> Params:
     """``θa + u (θb − θa) + v (θc − θa)``, computed as ``(1−u−v) θa + u θb + v θc`` so that the
     three models are reproduced bit-exactly at their coordinates; integer buffers from θa."""
     w = 1.0 - u - v
-    return {k: w * a + u * params_b[k] + v * params_c[k] if a.is_floating_point() else a.clone()
-            for k, a in params_a.items()}
+    return {
+        k: w * a + u * params_b[k] + v * params_c[k] if a.is_floating_point() else a.clone()
+        for k, a in params_a.items()
+    }
 
 
-def plane_frame(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                params_c: Mapping[str, Tensor], keys: list[str]) -> tuple[float, float, float]:
+def plane_frame(
+    params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], params_c: Mapping[str, Tensor], keys: list[str]
+) -> tuple[float, float, float]:
     """``(‖d_b‖, d_c·ê_b, ‖d_c⊥‖)`` for ``d_b = θb − θa``, ``d_c = θc − θa`` over ``keys``."""
-    dot = lambda x, y: sum(float((x[k] - params_a[k]).double().flatten() @ (y[k] - params_a[k]).double().flatten())  # noqa: E731
-                           for k in keys)
+
+    def dot(x, y):
+        return sum(
+            float((x[k] - params_a[k]).double().flatten() @ (y[k] - params_a[k]).double().flatten()) for k in keys
+        )
+
     bb, bc, cc = dot(params_b, params_b), dot(params_b, params_c), dot(params_c, params_c)
     norm_b = math.sqrt(bb)
     along = bc / norm_b if norm_b > 0 else 0.0
     return norm_b, along, math.sqrt(max(cc - along**2, 0.0))
 
 
-def landscape(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-              params_c: Mapping[str, Tensor], grid: list[float], split: Split, *, keys: list[str],
-              repair: Repair | None = None, world: World = ALONE) -> list[dict]:
+def landscape(
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    params_c: Mapping[str, Tensor],
+    grid: list[float],
+    split: Split,
+    *,
+    keys: list[str],
+    repair: Repair | None = None,
+    world: World = ALONE,
+) -> list[dict]:
     """Loss and accuracy at every ``(u, v)`` of ``grid × grid``, with orthonormal ``(x, y)``;
     ``world``: each data-parallel process evaluates its shard of ``split`` (the same numbers)."""
     norm_b, along, perp = plane_frame(params_a, params_b, params_c, keys)
@@ -64,6 +81,5 @@ def landscape(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mappin
             if repair is not None:
                 params = repair(params)
             ev = evaluate_sharded(model, params, split, world)
-            rows.append({"u": u, "v": v, "x": u * norm_b + v * along, "y": v * perp,
-                         "loss": ev.loss, "acc": ev.acc})
+            rows.append({"u": u, "v": v, "x": u * norm_b + v * along, "y": v * perp, "loss": ev.loss, "acc": ev.acc})
     return rows

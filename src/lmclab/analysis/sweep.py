@@ -47,10 +47,18 @@ def trends(points: pd.DataFrame, method: str, param: str, level: float = 0.05) -
         if quantity not in rows or rows["value"].nunique() < 2:
             continue
         test = stats.spearmanr(rows["value"], rows[quantity])
-        out.append({"param": param, "method": method, "quantity": quantity,
-                    "expected": "falls" if sign < 0 else "rises", "rho": float(test.statistic),
-                    "p": float(test.pvalue), "n_points": len(rows),
-                    "holds": bool(sign * test.statistic > 0 and test.pvalue < level)})
+        out.append(
+            {
+                "param": param,
+                "method": method,
+                "quantity": quantity,
+                "expected": "falls" if sign < 0 else "rises",
+                "rho": float(test.statistic),
+                "p": float(test.pvalue),
+                "n_points": len(rows),
+                "holds": bool(sign * test.statistic > 0 and test.pvalue < level),
+            }
+        )
     return out
 
 
@@ -63,6 +71,8 @@ def sweep_markdown(table: pd.DataFrame, verdicts: Sequence[dict], param: str) ->
         lines.append(f"| {r['value']:g} | {r['method']} | {cells} |")
     lines += ["", "| trend (the paper, Appendix H) | Spearman ρ | p | points | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| {v['method']}'s {v['quantity']} {v['expected']} as {param} grows | {v['rho']:.3f} | "
-                     f"{v['p']:.3g} | {v['n_points']} | {'**holds**' if v['holds'] else '**does not hold**'} |")
+        lines.append(
+            f"| {v['method']}'s {v['quantity']} {v['expected']} as {param} grows | {v['rho']:.3f} | "
+            f"{v['p']:.3g} | {v['n_points']} | {'**holds**' if v['holds'] else '**does not hold**'} |"
+        )
     return "\n".join(lines)

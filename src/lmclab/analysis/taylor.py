@@ -44,7 +44,7 @@ class TaylorTerms(NamedTuple):
 def taylor_barrier(terms: TaylorTerms, lam: float) -> float:
     """Theorem 3.1: ``λ(1−λ)[δΔᵀ(g_a − g_b) + ½δ²Δᵀ((1−λ)H_a + λH_b)Δ]`` (λ = 1 is θa)."""
     first = terms.delta * (terms.slope_a - terms.slope_b)
-    second = 0.5 * terms.delta ** 2 * ((1 - lam) * terms.curvature_a + lam * terms.curvature_b)
+    second = 0.5 * terms.delta**2 * ((1 - lam) * terms.curvature_a + lam * terms.curvature_b)
     return lam * (1 - lam) * (first + second)
 
 
@@ -53,8 +53,9 @@ def taylor_curve(terms: TaylorTerms, lams: Sequence[float]) -> list[float]:
     return [taylor_barrier(terms, float(lam)) for lam in lams]
 
 
-def gradient_and_hvp(loss_fn: LossFn, params: Mapping[str, Tensor],
-                     direction: Mapping[str, Tensor]) -> tuple[Params, Params]:
+def gradient_and_hvp(
+    loss_fn: LossFn, params: Mapping[str, Tensor], direction: Mapping[str, Tensor]
+) -> tuple[Params, Params]:
     """``(∇L(θ), ∇²L(θ) v)`` for ``v = direction`` by forward-over-reverse differentiation; only
     the keys of ``direction`` are differentiated, the other entries of ``params`` are constants."""
     names = list(direction)
@@ -77,20 +78,22 @@ def _dot(x: Mapping[str, Tensor], y: Mapping[str, Tensor]) -> float:
     return float(sum((x[k].double() * y[k].double()).sum() for k in x))
 
 
-def directional_terms(loss_fn: LossFn, params: Mapping[str, Tensor],
-                      direction: Mapping[str, Tensor]) -> tuple[float, float]:
+def directional_terms(
+    loss_fn: LossFn, params: Mapping[str, Tensor], direction: Mapping[str, Tensor]
+) -> tuple[float, float]:
     """``(Δᵀ g(θ), Δᵀ H(θ) Δ)`` for the unit direction ``Δ = direction``."""
     gradient, hvp = gradient_and_hvp(loss_fn, params, direction)
     return _dot(direction, gradient), _dot(direction, hvp)
 
 
-def split_loss_fns(model: nn.Module, split: Split, *, batch_size: int = 1000,
-                   device: torch.device | str = "cpu") -> list[tuple[float, LossFn]]:
+def split_loss_fns(
+    model: nn.Module, split: Split, *, batch_size: int = 1000, device: torch.device | str = "cpu"
+) -> list[tuple[float, LossFn]]:
     """The mean cross-entropy over ``split`` as ``Σ_k w_k L_k``: one (weight, loss) per batch."""
     out = []
     for start in range(0, len(split), batch_size):
-        x = split.x[start:start + batch_size].to(device)
-        y = split.y[start:start + batch_size].to(device)
+        x = split.x[start : start + batch_size].to(device)
+        y = split.y[start : start + batch_size].to(device)
 
         def loss_fn(params: Params, x: Tensor = x, y: Tensor = y) -> Tensor:
             return F.cross_entropy(functional_call(model, params, (x,)), y)
@@ -99,8 +102,14 @@ def split_loss_fns(model: nn.Module, split: Split, *, batch_size: int = 1000,
     return out
 
 
-def taylor_terms(model: nn.Module, params_a: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                 split: Split, *, batch_size: int = 1000) -> TaylorTerms:
+def taylor_terms(
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    split: Split,
+    *,
+    batch_size: int = 1000,
+) -> TaylorTerms:
     """δ, the slopes and curvatures along Δ at θa and θb' for the mean loss over ``split``."""
     device = next(iter(params_a.values())).device
     names = [name for name, _ in model.named_parameters()]

@@ -27,9 +27,17 @@ from lmclab.search.registered import search_problem
 EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched directly
 
 
-def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mapping[str, Mapping[str, Tensor]],
-                         lams: Sequence[float], splits: Mapping[str, Split], *, gammas: Sequence[float] = (0.3,),
-                         repair: Repair | None = None, world: World = ALONE) -> tuple[list[dict], list[dict]]:
+def three_model_barriers(
+    spec: PermutationSpec,
+    model: nn.Module,
+    models: Mapping[str, Mapping[str, Tensor]],
+    lams: Sequence[float],
+    splits: Mapping[str, Split],
+    *,
+    gammas: Sequence[float] = (0.3,),
+    repair: Repair | None = None,
+    world: World = ALONE,
+) -> tuple[list[dict], list[dict]]:
     """Curves and barriers for every pair of ``models`` = {"a": θa, "b": π_b(θb), "c": π_c(θc)}.
 
     Along edge (x, y), ``λ = 1`` is model x and ``λ = 0`` model y. Returns (curve rows, one
@@ -42,9 +50,14 @@ def three_model_barriers(spec: PermutationSpec, model: nn.Module, models: Mappin
         rows = interpolation_curve(model, models[x], models[y], lams, splits, repair=repair, world=world)
         edge = f"{x}-{y}"
         curves += [{"edge": edge, **r} for r in rows]
-        summaries.append({"edge": edge, **barriers_from_curve(rows),
-                          "l2": l2_distance(spec, models[x], models[y]),
-                          **{r_key(g): alignment_r(factors[x], factors[y], g) for g in gammas}})
+        summaries.append(
+            {
+                "edge": edge,
+                **barriers_from_curve(rows),
+                "l2": l2_distance(spec, models[x], models[y]),
+                **{r_key(g): alignment_r(factors[x], factors[y], g) for g in gammas},
+            }
+        )
     return curves, summaries
 
 
@@ -56,10 +69,22 @@ class TripleResult(NamedTuple):
     search: dict[str, dict]  # search stats of π_b and π_c
 
 
-def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, test: Split, *,
-                   options: Mapping, seed: int, lams: Sequence[float], resolution: int, margin: float,
-                   device: torch.device, gammas: Sequence[float] = (0.3,),
-                   repair: Repair | None = None, world: World = ALONE) -> TripleResult:
+def connect_triple(
+    method: str,
+    ckpts: Mapping[str, Checkpoint],
+    train: Split,
+    test: Split,
+    *,
+    options: Mapping,
+    seed: int,
+    lams: Sequence[float],
+    resolution: int,
+    margin: float,
+    device: torch.device,
+    gammas: Sequence[float] = (0.3,),
+    repair: Repair | None = None,
+    world: World = ALONE,
+) -> TripleResult:
     """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape (with
     ``world``, every process searches alike and evaluates its shard of the data)."""
     grid = plane_grid(resolution, margin)  # validates before any search
@@ -72,9 +97,20 @@ def connect_triple(method: str, ckpts: Mapping[str, Checkpoint], train: Split, t
         perms[k], search[k] = result.perm, result.stats
         models[k] = apply_permutation(problem.spec, result.perm, on[k])
     spec, model = problem.spec, problem.model
-    curves, edges = three_model_barriers(spec, model, models, lams, {"train": train, "test": test},
-                                         gammas=gammas, repair=repair, world=world)
-    plane = landscape(model, models["a"], models["b"], models["c"], grid, test,
-                      keys=sorted(spec.matched(on["a"])), repair=repair, world=world)
-    return TripleResult({k: {g: p.cpu() for g, p in perm.items()} for k, perm in perms.items()},
-                        edges, curves, plane, search)
+    curves, edges = three_model_barriers(
+        spec, model, models, lams, {"train": train, "test": test}, gammas=gammas, repair=repair, world=world
+    )
+    plane = landscape(
+        model,
+        models["a"],
+        models["b"],
+        models["c"],
+        grid,
+        test,
+        keys=sorted(spec.matched(on["a"])),
+        repair=repair,
+        world=world,
+    )
+    return TripleResult(
+        {k: {g: p.cpu() for g, p in perm.items()} for k, perm in perms.items()}, edges, curves, plane, search
+    )

@@ -22,16 +22,18 @@ def normalised_spectrum(spectrum: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def width_tables(runs: Mapping[int, Mapping[str, pd.DataFrame]],
-                 methods: Sequence[str] = ("identity", "wm", "wm_sinkhorn")) -> dict[str, pd.DataFrame]:
+def width_tables(
+    runs: Mapping[int, Mapping[str, pd.DataFrame]], methods: Sequence[str] = ("identity", "wm", "wm_sinkhorn")
+) -> dict[str, pd.DataFrame]:
     """``{"spectrum", "energy", "alignment"}``: every run's rows with a ``width`` column; alignment
     holds the mean and std over pairs of every ``R_γ`` column per width and method."""
     spectra, energies, alignment = [], [], []
     for width, tables in sorted(runs.items()):
         spectra.append(normalised_spectrum(tables["spectrum"]).assign(width=width))
         energy = tables["energy"].copy()
-        energy["relative_index"] = energy["index"] / energy.groupby(["seed", "layer"])["index"].transform(
-            "max").clip(lower=1)
+        energy["relative_index"] = energy["index"] / energy.groupby(["seed", "layer"])["index"].transform("max").clip(
+            lower=1
+        )
         energies.append(energy.assign(width=width))
         pairs = tables["pairs"]
         r_cols = [c for c in pairs.columns if c.startswith("R_") and c.count("_") == 1]
@@ -39,14 +41,21 @@ def width_tables(runs: Mapping[int, Mapping[str, pd.DataFrame]],
             rows = pairs[pairs["method"] == method]
             if rows.empty:
                 continue
-            entry: dict = {"width": width, "method": method, "n_pairs": len(rows),
-                           "test_loss_barrier_mid": float(rows["test_loss_barrier_mid"].mean())}
+            entry: dict = {
+                "width": width,
+                "method": method,
+                "n_pairs": len(rows),
+                "test_loss_barrier_mid": float(rows["test_loss_barrier_mid"].mean()),
+            }
             for col in r_cols:
                 entry[f"{col}_mean"] = float(rows[col].mean())
                 entry[f"{col}_std"] = float(rows[col].std(ddof=1)) if len(rows) > 1 else 0.0
             alignment.append(entry)
-    return {"spectrum": pd.concat(spectra, ignore_index=True), "energy": pd.concat(energies, ignore_index=True),
-            "alignment": pd.DataFrame(alignment)}
+    return {
+        "spectrum": pd.concat(spectra, ignore_index=True),
+        "energy": pd.concat(energies, ignore_index=True),
+        "alignment": pd.DataFrame(alignment),
+    }
 
 
 def alignment_markdown(alignment: pd.DataFrame) -> str:

@@ -11,5 +11,13 @@ from lmclab.api.curves import Curve, interpolate
 from lmclab.api.functions import Alignment, apply_permutation, find_permutation, l2_reduction, merge
 from lmclab.api.inputs import as_split
 
-__all__ = ["Alignment", "Curve", "apply_permutation", "as_split", "find_permutation", "interpolate",
-           "l2_reduction", "merge"]
+__all__ = [
+    "Alignment",
+    "Curve",
+    "apply_permutation",
+    "as_split",
+    "find_permutation",
+    "interpolate",
+    "l2_reduction",
+    "merge",
+]

@@ -41,17 +41,27 @@ class Curve:
         max over λ of the value minus the straight line between the endpoints (Eq. 1), ``mid``
         the same at λ = ½; accuracy barriers are in percentage points, a drop counts positive."""
         if quantity not in QUANTITIES or kind not in KINDS:
-            raise ValueError(f"quantity must be one of {QUANTITIES} and kind one of {KINDS}, "
-                             f"got {quantity!r}, {kind!r}")
+            raise ValueError(
+                f"quantity must be one of {QUANTITIES} and kind one of {KINDS}, got {quantity!r}, {kind!r}"
+            )
         split = self.splits[0] if split is None else split
         if split not in self.splits:
             raise ValueError(f"split: no split {split!r} in this curve; it has {self.splits}")
         return self.barriers()[f"{split}_{quantity}_barrier_{kind}"]
 
 
-def interpolate(model_a: Model, model_b: Model, *, data: Data | Mapping[str, Data], model: nn.Module | None = None,
-                lams: int | Sequence[float] = 11, repair: str | None = None, repair_data: Data | None = None,
-                repair_samples: int | None = None, device: str = "auto") -> Curve:
+def interpolate(
+    model_a: Model,
+    model_b: Model,
+    *,
+    data: Data | Mapping[str, Data],
+    model: nn.Module | None = None,
+    lams: int | Sequence[float] = 11,
+    repair: str | None = None,
+    repair_data: Data | None = None,
+    repair_samples: int | None = None,
+    device: str = "auto",
+) -> Curve:
     """Evaluate ``θ(λ)`` for every λ (``lams`` evenly spaced values in [0, 1] plus ½, or the given
     ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``).
 
@@ -66,8 +76,9 @@ def interpolate(model_a: Model, model_b: Model, *, data: Data | Mapping[str, Dat
     params_a, params_b = params_of(model_a, "model_a", dev), params_of(model_b, "model_b", dev)
     named = isinstance(data, Mapping)
     sources = data if named else {"test": data}
-    splits = {name: as_split(source, f"data[{name!r}]" if named else "data").to(dev)
-              for name, source in sources.items()}
+    splits = {
+        name: as_split(source, f"data[{name!r}]" if named else "data").to(dev) for name, source in sources.items()
+    }
     hook = None
     if repair == "bn":
         if not has_batchnorm(net):

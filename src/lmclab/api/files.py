@@ -33,8 +33,9 @@ def _torch_load(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip/pickle errors of truncated files, pickled modules
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{path}: not a readable state dict "
-                         f"(save model.state_dict(), not the module: {first[:120]})") from None
+        raise ValueError(
+            f"{path}: not a readable state dict (save model.state_dict(), not the module: {first[:120]})"
+        ) from None
 
 
 def load_model_file(path: Path) -> Loaded:
@@ -50,8 +51,12 @@ def load_model_file(path: Path) -> Loaded:
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         ckpt = load_checkpoint(path)
         arch = get_arch(ckpt.arch)
-        return Loaded(ckpt.state_dict, build_model(ckpt.arch, ckpt.config), arch.permutation_spec(ckpt.config),
-                      arch.activation_points(ckpt.config))
+        return Loaded(
+            ckpt.state_dict,
+            build_model(ckpt.arch, ckpt.config),
+            arch.permutation_spec(ckpt.config),
+            arch.activation_points(ckpt.config),
+        )
     for key in ("state_dict", "model"):
         if isinstance(blob, dict) and isinstance(blob.get(key), dict):
             blob = blob[key]
@@ -74,8 +79,10 @@ def build_factory(factory: str, kwargs: dict[str, Any]) -> nn.Module:
 def save_permutation(path: Path, perm: dict[str, Tensor], *, method: str, stats: dict[str, Any]) -> None:
     """The permutation and what found it, written atomically."""
     plain = {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
-    atomic_save({"format": PERM_FORMAT, "method": method, "stats": plain,
-                 "perm": {g: p.cpu() for g, p in perm.items()}}, Path(path))
+    atomic_save(
+        {"format": PERM_FORMAT, "method": method, "stats": plain, "perm": {g: p.cpu() for g, p in perm.items()}},
+        Path(path),
+    )
 
 
 def load_permutation(path: Path) -> dict[str, Tensor]:

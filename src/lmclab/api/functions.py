@@ -53,10 +53,21 @@ class Alignment:
         return apply_permutation(self.spec, params_of(params_b, "params_b", torch.device("cpu")), self.perm)
 
 
-def find_permutation(model_a: Model, model_b: Model, *, method: str = "wm", spec: PermutationSpec | None = None,
-                     example_inputs: Tensor | None = None, data: Data | None = None, model: nn.Module | None = None,
-                     points: Mapping[str, Sequence[str]] | None = None, seed: int = 0, device: str = "auto",
-                     progress: bool = False, **options: Any) -> Alignment:
+def find_permutation(
+    model_a: Model,
+    model_b: Model,
+    *,
+    method: str = "wm",
+    spec: PermutationSpec | None = None,
+    example_inputs: Tensor | None = None,
+    data: Data | None = None,
+    model: nn.Module | None = None,
+    points: Mapping[str, Sequence[str]] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    progress: bool = False,
+    **options: Any,
+) -> Alignment:
     """The permutation π of θb's hidden units that aligns it to θa (``method``: ``wm``, ``am``,
     ``ste``, ``wm_sinkhorn``, ``ste_sinkhorn``, ``identity``; ``options`` are the method's own).
 
@@ -67,15 +78,29 @@ def find_permutation(model_a: Model, model_b: Model, *, method: str = "wm", spec
         raise ValueError(f"method: unknown method {method!r}; expected one of {sorted(METHODS)}")
     if method in DATA_METHODS and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
-    problem = resolve(model_a, model_b, spec=spec, model=model, example_inputs=example_inputs, data=data,
-                      device=device, needs_forward=method in DATA_METHODS)
+    problem = resolve(
+        model_a,
+        model_b,
+        spec=spec,
+        model=model,
+        example_inputs=example_inputs,
+        data=data,
+        device=device,
+        needs_forward=method in DATA_METHODS,
+    )
     params_a, params_b = (params_of(m, n, problem.device) for m, n in ((model_a, "model_a"), (model_b, "model_b")))
     problem.spec.check(params_a, "model_a")
     problem.spec.check(params_b, "model_b")
-    search = SearchProblem(spec=problem.spec, params_a=params_a, params_b=params_b, model=problem.model,
-                           points=dict(points) if points is not None else problem.points,
-                           train=as_split(data).to(problem.device) if data is not None else None,
-                           device=problem.device, progress=progress)
+    search = SearchProblem(
+        spec=problem.spec,
+        params_a=params_a,
+        params_b=params_b,
+        model=problem.model,
+        points=dict(points) if points is not None else problem.points,
+        train=as_split(data).to(problem.device) if data is not None else None,
+        device=problem.device,
+        progress=progress,
+    )
     result = run_search(method, search, seed=seed, options=options)
     return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
 

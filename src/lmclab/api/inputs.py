@@ -34,8 +34,9 @@ def skeleton(model: nn.Module | None, model_a: Model, why: str) -> nn.Module:
     """The module whose forward pass the method runs: ``model``, else ``model_a`` if it is one."""
     found = model if model is not None else model_a if isinstance(model_a, nn.Module) else None
     if found is None:
-        raise ValueError(f"model: {why} needs the nn.Module the state dicts belong to (pass model=, "
-                         "or model_a as a module)")
+        raise ValueError(
+            f"model: {why} needs the nn.Module the state dicts belong to (pass model=, or model_a as a module)"
+        )
     return found
 
 
@@ -50,8 +51,10 @@ def as_split(data: Data, name: str = "data") -> Split:
     elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):  # a map-style Dataset of samples
         items = (data[i] for i in range(len(data)))
     else:
-        raise TypeError(f"{name} must be a DataLoader, a Dataset, an iterable of (input, target) batches or a "
-                        f"pair of tensors, got {type(data).__name__}")
+        raise TypeError(
+            f"{name} must be a DataLoader, a Dataset, an iterable of (input, target) batches or a "
+            f"pair of tensors, got {type(data).__name__}"
+        )
     xs, ys = [], []
     for item in items:
         if not (isinstance(item, (tuple, list)) and len(item) >= 2):
@@ -87,13 +90,25 @@ class Problem(NamedTuple):
     device: torch.device
 
 
-def resolve(model_a: Model, model_b: Model, *, spec: PermutationSpec | None, model: nn.Module | None,
-            example_inputs: Tensor | None, data: Data | None, device: str, needs_forward: bool) -> Problem:
+def resolve(
+    model_a: Model,
+    model_b: Model,
+    *,
+    spec: PermutationSpec | None,
+    model: nn.Module | None,
+    example_inputs: Tensor | None,
+    data: Data | None,
+    device: str,
+    needs_forward: bool,
+) -> Problem:
     """The spec (given, or traced from the skeleton on ``example_inputs`` — else on two inputs of
     ``data``), the activation points of a traced spec, and the skeleton on ``device``."""
     dev = resolve_device(device)
-    net = skeleton(model, model_a, "tracing the permutation spec" if spec is None else "this method") \
-        if spec is None or needs_forward else None
+    net = (
+        skeleton(model, model_a, "tracing the permutation spec" if spec is None else "this method")
+        if spec is None or needs_forward
+        else None
+    )
     points = None
     if spec is None:
         from lmclab.trace import trace

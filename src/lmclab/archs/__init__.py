@@ -15,8 +15,14 @@ from torch import nn
 from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
 from lmclab.core.options import OptionError, got
 
-ARCHS: dict[str, ModuleType] = {"mlp": mlp, "vgg": vgg, "resnet20": resnet20, "resnet50": resnet50,
-                               "traced": traced, "mixer": mixer}
+ARCHS: dict[str, ModuleType] = {
+    "mlp": mlp,
+    "vgg": vgg,
+    "resnet20": resnet20,
+    "resnet50": resnet50,
+    "traced": traced,
+    "mixer": mixer,
+}
 
 
 def get_arch(arch: str) -> ModuleType:
@@ -44,4 +50,3 @@ def build_model(arch: str, config: Any, seed: int | None = None) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return module.Model(config)
-

@@ -33,13 +33,16 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    atomic_save({
-        "format": FORMAT,
-        "arch": ckpt.arch,
-        "config": dataclasses.asdict(ckpt.config),
-        "seed": ckpt.seed,
-        "state_dict": {k: v.detach().cpu() for k, v in ckpt.state_dict.items()},
-    }, path)
+    atomic_save(
+        {
+            "format": FORMAT,
+            "arch": ckpt.arch,
+            "config": dataclasses.asdict(ckpt.config),
+            "seed": ckpt.seed,
+            "state_dict": {k: v.detach().cpu() for k, v in ckpt.state_dict.items()},
+        },
+        path,
+    )
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -50,8 +53,10 @@ def load_checkpoint(path: Path) -> Checkpoint:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip/pickle errors on truncated or corrupted files
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupted: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated or corrupted: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an lmclab checkpoint (expected format {FORMAT})")
     try:
@@ -69,5 +74,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
 def check_same_architecture(a: Checkpoint, b: Checkpoint, path_a: Path, path_b: Path) -> None:
     """Two endpoints can only be matched and interpolated if their architectures agree."""
     if a.arch != b.arch or a.config != b.config:
-        raise CheckpointError(f"{path_b}: architecture {b.arch} {dataclasses.asdict(b.config)} "
-                              f"differs from {path_a}: {a.arch} {dataclasses.asdict(a.config)}")
+        raise CheckpointError(
+            f"{path_b}: architecture {b.arch} {dataclasses.asdict(b.config)} "
+            f"differs from {path_a}: {a.arch} {dataclasses.asdict(a.config)}"
+        )

@@ -42,8 +42,10 @@ class Config:
             if getattr(self, key) < 1:
                 raise ValueError(f"model.mixer.{key} must be a positive integer, got {getattr(self, key)}")
         if any(side % self.patch_size for side in self.input_shape[1:]):
-            raise ValueError(f"model.mixer.patch_size: {self.patch_size} does not divide the image "
-                             f"{self.input_shape[1]} × {self.input_shape[2]}")
+            raise ValueError(
+                f"model.mixer.patch_size: {self.patch_size} does not divide the image "
+                f"{self.input_shape[1]} × {self.input_shape[2]}"
+            )
 
     @property
     def tokens(self) -> int:
@@ -87,10 +89,14 @@ def permutation_spec(config: Config) -> PermutationSpec:
     parts = [{"embed.weight": (STREAM, None, None, None), "embed.bias": (STREAM,)}]
     for k in range(config.depth):
         b = f"blocks.{k}"
-        parts += [norm(f"{b}.norm1", STREAM, running_stats=False), norm(f"{b}.norm2", STREAM, running_stats=False),
-                  dense(f"{b}.token_fc1", f"P_token_{k}", None), dense(f"{b}.token_fc2", None, f"P_token_{k}"),
-                  dense(f"{b}.channel_fc1", f"P_channel_{k}", STREAM),
-                  dense(f"{b}.channel_fc2", STREAM, f"P_channel_{k}")]
+        parts += [
+            norm(f"{b}.norm1", STREAM, running_stats=False),
+            norm(f"{b}.norm2", STREAM, running_stats=False),
+            dense(f"{b}.token_fc1", f"P_token_{k}", None),
+            dense(f"{b}.token_fc2", None, f"P_token_{k}"),
+            dense(f"{b}.channel_fc1", f"P_channel_{k}", STREAM),
+            dense(f"{b}.channel_fc2", STREAM, f"P_channel_{k}"),
+        ]
     parts += [norm("norm", STREAM, running_stats=False), dense("head", None, STREAM)]
     return build_spec(*parts)
 

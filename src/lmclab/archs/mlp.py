@@ -51,8 +51,7 @@ def group(layer: int) -> str:
 
 def permutation_spec(config: Config) -> PermutationSpec:
     """Layer ℓ: ``W_ℓ → P_ℓ W_ℓ P_{ℓ-1}ᵀ``, ``b_ℓ → P_ℓ b_ℓ`` (SPEC.md §1)."""
-    parts = [dense(f"layers.{i}", group(i), group(i - 1) if i else None)
-             for i in range(config.hidden)]
+    parts = [dense(f"layers.{i}", group(i), group(i - 1) if i else None) for i in range(config.hidden)]
     parts.append(dense("out", None, group(config.hidden - 1)))
     return build_spec(*parts)
 

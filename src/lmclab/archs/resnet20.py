@@ -52,9 +52,11 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(c_out)
         self.relu2 = nn.ReLU()
-        self.downsample = (nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
-                                         nn.BatchNorm2d(c_out))
-                           if stride != 1 or c_in != c_out else None)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+            if stride != 1 or c_in != c_out
+            else None
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))

@@ -38,8 +38,9 @@ class Model(nn.Module):
         super().__init__()
         from torchvision.models import resnet50  # imported here: the other archs never need it
 
-        net = resnet50(weights=None, num_classes=config.num_classes,
-                       width_per_group=max(1, round(64 * config.width_multiplier)))
+        net = resnet50(
+            weights=None, num_classes=config.num_classes, width_per_group=max(1, round(64 * config.width_multiplier))
+        )
         if config.input_shape[0] != 3:
             net.conv1 = nn.Conv2d(config.input_shape[0], 64, 7, stride=2, padding=3, bias=False)
         self.net = net

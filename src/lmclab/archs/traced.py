@@ -41,12 +41,14 @@ class Config:
 
     def __post_init__(self) -> None:
         items = self.kwargs.items() if isinstance(self.kwargs, dict) else self.kwargs
-        object.__setattr__(self, "kwargs", tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v)
-                                                        for k, v in items)))
+        object.__setattr__(
+            self, "kwargs", tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in items))
+        )
         load_factory(self.factory)
         if self.in_channels is not None and self.in_channels % self.input_shape[0]:
-            raise OptionError(f"{{in_channels}}: {self.in_channels} is not a multiple of the data's "
-                              f"{self.input_shape[0]} channel(s)")
+            raise OptionError(
+                f"{{in_channels}}: {self.in_channels} is not a multiple of the data's {self.input_shape[0]} channel(s)"
+            )
 
 
 def load_factory(factory: str) -> Callable[..., nn.Module]:
@@ -87,17 +89,20 @@ class Model(nn.Module):
         super().__init__()
         factory, kwargs = load_factory(config.factory), dict(config.kwargs)
         takes = inspect.signature(factory).parameters
-        if "num_classes" not in kwargs and ("num_classes" in takes or any(
-                p.kind is p.VAR_KEYWORD for p in takes.values())):
+        if "num_classes" not in kwargs and (
+            "num_classes" in takes or any(p.kind is p.VAR_KEYWORD for p in takes.values())
+        ):
             kwargs["num_classes"] = config.num_classes
         try:
             self.net = factory(**kwargs)
         except (TypeError, ValueError) as exc:
-            raise OptionError(f"{{config}}: {escaped(config.factory)}(**{escaped(kwargs)}) "
-                              f"failed: {escaped(exc)}") from None
+            raise OptionError(
+                f"{{config}}: {escaped(config.factory)}(**{escaped(kwargs)}) failed: {escaped(exc)}"
+            ) from None
         if not isinstance(self.net, nn.Module):
-            raise OptionError(f"{{factory}}: {got(config.factory)} returned {type(self.net).__name__}, "
-                              "not an nn.Module")
+            raise OptionError(
+                f"{{factory}}: {got(config.factory)} returned {type(self.net).__name__}, not an nn.Module"
+            )
         self.repeat = (config.in_channels or config.input_shape[0]) // config.input_shape[0]
 
     def forward(self, x: Tensor) -> Tensor:

@@ -34,9 +34,11 @@ class Config:
         if not self.width_multiplier > 0:
             raise ValueError(f"model.vgg.width_multiplier must be positive, got {self.width_multiplier}")
         if not any(isinstance(c, int) for c in self.layers) or any(
-                not (c == "M" or (isinstance(c, int) and c > 0)) for c in self.layers):
-            raise ValueError(f"model.vgg.layers must list positive channel counts and 'M' (max-pool), "
-                             f"got {list(self.layers)}")
+            not (c == "M" or (isinstance(c, int) and c > 0)) for c in self.layers
+        ):
+            raise ValueError(
+                f"model.vgg.layers must list positive channel counts and 'M' (max-pool), got {list(self.layers)}"
+            )
         side = max(self.input_shape[1:])
         if side > 32 or min(self.input_shape[1:]) < 28:
             raise ValueError(f"model: vgg takes 28- or 32-pixel images, got {self.input_shape}")
@@ -90,8 +92,9 @@ def _conv_indices(config: Config) -> list[int]:
 def permutation_spec(config: Config) -> PermutationSpec:
     """Conv ℓ: kernel ``(P_ℓ, P_{ℓ-1}, ·, ·)``, BN ℓ over ``P_ℓ``; read-out ``(·, P_last)``."""
     idx = _conv_indices(config)
-    parts = [conv_bn(f"features.{i}", f"features.{i + 1}", group(k), group(k - 1) if k else None)
-             for k, i in enumerate(idx)]
+    parts = [
+        conv_bn(f"features.{i}", f"features.{i + 1}", group(k), group(k - 1) if k else None) for k, i in enumerate(idx)
+    ]
     parts.append(dense("fc", None, group(len(idx) - 1)))
     return build_spec(*parts)
 

@@ -30,8 +30,7 @@ def has_batchnorm(model: nn.Module) -> bool:
 def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
     """A fixed random subset of ``num_samples`` training images (all of them for ``None``)."""
     if num_samples is not None and num_samples < 1:
-        raise OptionError(f"{{num_samples}} must be a positive number of images or null, "
-                          f"got {num_samples}")
+        raise OptionError(f"{{num_samples}} must be a positive number of images or null, got {num_samples}")
     if num_samples is None or num_samples >= len(data):
         return data
     keep = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:num_samples]
@@ -39,8 +38,9 @@ def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
 
 
 @torch.no_grad()
-def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
-              batch_size: int = 500, world: World = ALONE) -> Params:
+def repair_bn(
+    model: nn.Module, params: Mapping[str, Tensor], data: Split, *, batch_size: int = 500, world: World = ALONE
+) -> Params:
     """``params`` with every BatchNorm's running statistics recomputed on ``data``. With ``world``
     (data-parallel processes) each process runs every ``world.size``-th batch and the averages over
     batches are combined, weighted by each process's number of batches: the same statistics."""
@@ -54,10 +54,11 @@ def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
         m.momentum = None  # cumulative moving average over the repair batches
     device = next(iter(params.values())).device
     work.to(device).train()
-    starts = [s for s in range(0, len(data), batch_size)
-              if min(batch_size, len(data) - s) > 1 or s == 0]  # a batch of one image has no variance
-    for start in starts[world.rank::world.size]:
-        work(data.x[start:start + batch_size].to(device))
+    starts = [
+        s for s in range(0, len(data), batch_size) if min(batch_size, len(data) - s) > 1 or s == 0
+    ]  # a batch of one image has no variance
+    for start in starts[world.rank :: world.size]:
+        work(data.x[start : start + batch_size].to(device))
     for m in norms if world.size > 1 else ():
         count = m.num_batches_tracked.to(m.running_mean.dtype)
         total = world.reduce(count)
@@ -68,8 +69,9 @@ def repair_bn(model: nn.Module, params: Mapping[str, Tensor], data: Split, *,
     return {k: repaired[k].detach() if k in repaired else v for k, v in params.items()}
 
 
-def bn_repair_hook(model: nn.Module, data: Split, *, num_samples: int | None,
-                   batch_size: int = 500, world: World = ALONE) -> Callable[[Params], Params]:
+def bn_repair_hook(
+    model: nn.Module, data: Split, *, num_samples: int | None, batch_size: int = 500, world: World = ALONE
+) -> Callable[[Params], Params]:
     """The ``repair`` callable for :func:`lmclab.core.interpolation.measure_pair` (fixed subset, seed 0)."""
     subset = repair_subset(data, num_samples)
     return lambda params: repair_bn(model, params, subset, batch_size=batch_size, world=world)

@@ -108,7 +108,8 @@ def _open_torchvision(cls: type, root: Path, train: bool):  # returns a torchvis
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataUnavailableError(
             f"{{name}}: {cls.__name__} is not under {escaped(root)} and could not be downloaded "
-            f"(no network? {escaped(reason)})") from None
+            f"(no network? {escaped(reason)})"
+        ) from None
 
 
 def _image_folder_split(folder: Path, image_size: int, max_images: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -118,14 +119,23 @@ def _image_folder_split(folder: Path, image_size: int, max_images: int | None) -
     from torchvision import transforms
 
     if not folder.is_dir():
-        raise FolderNotFoundError(f"{{root}}: {escaped(folder)} is not a directory (expected an ImageFolder "
-                                  f"layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)")
-    ds = torchvision.datasets.ImageFolder(str(folder), transform=transforms.Compose([
-        transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.PILToTensor()]),
-        loader=lambda path: _rgb(path))
+        raise FolderNotFoundError(
+            f"{{root}}: {escaped(folder)} is not a directory (expected an ImageFolder "
+            f"layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)"
+        )
+    ds = torchvision.datasets.ImageFolder(
+        str(folder),
+        transform=transforms.Compose(
+            [transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.PILToTensor()]
+        ),
+        loader=lambda path: _rgb(path),
+    )
     labels = np.asarray(ds.targets, dtype=np.int64)
-    keep = (np.arange(len(labels)) if max_images is None or max_images >= len(labels)
-            else stratified_split(labels, max_images)[0])
+    keep = (
+        np.arange(len(labels))
+        if max_images is None or max_images >= len(labels)
+        else stratified_split(labels, max_images)[0]
+    )
     images = np.stack([ds[int(i)][0].numpy() for i in keep]).astype(np.uint8)
     return images, labels[keep]
 
@@ -157,12 +167,20 @@ LOADERS: dict[str, Callable[[Path], RawSplits]] = {
 
 def check_name(name: str) -> None:
     if name not in LOADERS and name not in FOLDER_LOADERS:
-        raise OptionError(f"{{name}}: unknown data set {got(name)}; "
-                          f"expected one of {got(sorted([*LOADERS, *FOLDER_LOADERS]))}")
+        raise OptionError(
+            f"{{name}}: unknown data set {got(name)}; expected one of {got(sorted([*LOADERS, *FOLDER_LOADERS]))}"
+        )
 
 
-def prepare(name: str, root: Path, out_dir: Path, *, max_train: int | None = None,
-            max_test: int | None = None, image_size: int = 224) -> dict:
+def prepare(
+    name: str,
+    root: Path,
+    out_dir: Path,
+    *,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    image_size: int = 224,
+) -> dict:
     """Load data set ``name`` (``root`` caches torchvision downloads; for ``imagenet`` it is the
     local ImageFolder directory) and write the prepared format to ``out_dir``;
     ``max_train``/``max_test`` keep a fixed class-stratified subset; ``image_size`` is the side
@@ -174,8 +192,9 @@ def prepare(name: str, root: Path, out_dir: Path, *, max_train: int | None = Non
     if not isinstance(image_size, int) or image_size < 28:
         raise OptionError(f"{{image_size}} must be an integer of at least 28 pixels, got {got(image_size)}")
     if name in FOLDER_LOADERS:
-        x_tr, y_tr, x_te, y_te = FOLDER_LOADERS[name](Path(root), image_size=image_size,
-                                                      max_train=max_train, max_test=max_test)
+        x_tr, y_tr, x_te, y_te = FOLDER_LOADERS[name](
+            Path(root), image_size=image_size, max_train=max_train, max_test=max_test
+        )
     else:
         x_tr, y_tr, x_te, y_te = LOADERS[name](Path(root))
     if max_train is not None and max_train < len(y_tr):
@@ -205,8 +224,10 @@ def _write_prepared(out_dir: Path, meta: dict, splits: dict[str, tuple[np.ndarra
     shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
     tmp.mkdir(parents=True)
     for split, (images, labels) in splits.items():
-        torch.save({"images": torch.from_numpy(np.ascontiguousarray(images)),
-                    "labels": torch.from_numpy(labels)}, tmp / f"{split}.pt")
+        torch.save(
+            {"images": torch.from_numpy(np.ascontiguousarray(images)), "labels": torch.from_numpy(labels)},
+            tmp / f"{split}.pt",
+        )
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)

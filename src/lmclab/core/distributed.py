@@ -104,13 +104,25 @@ def evaluate_sharded(model: nn.Module, params: dict[str, Tensor], split: Split, 
     return Evaluation(loss / len(split), round(correct) / len(split))
 
 
-def torchrun_command(python: str, script: str, args: list[str], *, nproc_per_node: int, nnodes: int,
-                     rdzv_endpoint: str | None, run_id: str) -> list[str]:
+def torchrun_command(
+    python: str,
+    script: str,
+    args: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int,
+    rdzv_endpoint: str | None,
+    run_id: str,
+) -> list[str]:
     """The torchrun command running ``script args`` in ``nproc_per_node`` processes on each of ``nnodes``
     machines: ``--standalone`` on one machine, a c10d rendezvous at ``rdzv_endpoint`` across several."""
     if nnodes > 1 and not rdzv_endpoint:
-        raise OptionError(f"{{rdzv_endpoint}}: {nnodes} machines need the rendezvous host:port, "
-                          f"got {got(rdzv_endpoint)}")
-    where = (["--standalone"] if nnodes == 1 else
-             [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"])
+        raise OptionError(
+            f"{{rdzv_endpoint}}: {nnodes} machines need the rendezvous host:port, got {got(rdzv_endpoint)}"
+        )
+    where = (
+        ["--standalone"]
+        if nnodes == 1
+        else [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
+    )
     return [python, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc_per_node}", script, *args]

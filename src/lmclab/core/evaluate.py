@@ -19,16 +19,15 @@ class Evaluation(NamedTuple):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, params: Mapping[str, Tensor], split: Split, *,
-             batch_size: int = 1024) -> Evaluation:
+def evaluate(model: nn.Module, params: Mapping[str, Tensor], split: Split, *, batch_size: int = 1024) -> Evaluation:
     """Mean cross-entropy and accuracy of ``model`` run with ``params`` in eval mode."""
     device = next(iter(params.values())).device
     was_training = model.training
     model.eval()
     total_loss, correct = 0.0, 0
     for start in range(0, len(split), batch_size):
-        x = split.x[start:start + batch_size].to(device)
-        y = split.y[start:start + batch_size].to(device)
+        x = split.x[start : start + batch_size].to(device)
+        y = split.y[start : start + batch_size].to(device)
         logits = functional_call(model, dict(params), (x,))
         total_loss += F.cross_entropy(logits, y, reduction="sum").item()
         correct += (logits.argmax(1) == y).sum().item()
@@ -37,15 +36,16 @@ def evaluate(model: nn.Module, params: Mapping[str, Tensor], split: Split, *,
 
 
 @torch.no_grad()
-def evaluate_ensemble(model: nn.Module, params_list: list[Mapping[str, Tensor]], split: Split, *,
-                      batch_size: int = 1024) -> Evaluation:
+def evaluate_ensemble(
+    model: nn.Module, params_list: list[Mapping[str, Tensor]], split: Split, *, batch_size: int = 1024
+) -> Evaluation:
     """The output ensemble: mean of the members' softmax probabilities; loss is its NLL."""
     device = next(iter(params_list[0].values())).device
     model.eval()
     total_loss, correct = 0.0, 0
     for start in range(0, len(split), batch_size):
-        x = split.x[start:start + batch_size].to(device)
-        y = split.y[start:start + batch_size].to(device)
+        x = split.x[start : start + batch_size].to(device)
+        y = split.y[start : start + batch_size].to(device)
         probs = torch.stack([F.softmax(functional_call(model, dict(p), (x,)), 1) for p in params_list]).mean(0)
         total_loss += F.nll_loss(probs.clamp_min(1e-12).log(), y, reduction="sum").item()
         correct += (probs.argmax(1) == y).sum().item()

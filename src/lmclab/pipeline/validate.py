@@ -37,8 +37,16 @@ def check_params(tree: Mapping[str, Any]) -> Params:
     except ValidationError as err:
         raise ParamsError(schema_lines(err, tree)) from None
     lines: dict[str, str] = {}
-    for check in (_repeats, _trained_seeds, _schedule, _architecture, _search_batches, _ste_selection,
-                  _device, _launch):
+    for check in (
+        _repeats,
+        _trained_seeds,
+        _schedule,
+        _architecture,
+        _search_batches,
+        _ste_selection,
+        _device,
+        _launch,
+    ):
         for key, line in check(params):
             lines.setdefault(key, line)  # one line per key
     if lines:
@@ -96,8 +104,7 @@ def _expected(field: Any) -> str:
     if isinstance(field, type):
         return f"a block with the keys {', '.join(field.model_fields)}"
     tp = field.annotation
-    return f"a block with the keys {', '.join(tp.model_fields) or '(none)'}" if _is_block(tp) \
-        else field_expected(field)
+    return f"a block with the keys {', '.join(tp.model_fields) or '(none)'}" if _is_block(tp) else field_expected(field)
 
 
 def _default(field: Any) -> Any:
@@ -114,10 +121,16 @@ Problems = Iterator[tuple[str, str]]
 
 
 def _repeats(p: Params) -> Problems:
-    for key, values in (("train.seeds", p.train.seeds), ("permute.pairs", p.permute.pairs),
-                        ("permute.methods", p.permute.methods), ("three.triples", p.three.triples),
-                        ("three.methods", p.three.methods), ("merge_many.seeds", p.merge_many.seeds),
-                        ("measure.gammas", p.measure.gammas), ("measure.taylor_splits", p.measure.taylor_splits)):
+    for key, values in (
+        ("train.seeds", p.train.seeds),
+        ("permute.pairs", p.permute.pairs),
+        ("permute.methods", p.permute.methods),
+        ("three.triples", p.three.triples),
+        ("three.methods", p.three.methods),
+        ("merge_many.seeds", p.merge_many.seeds),
+        ("measure.gammas", p.measure.gammas),
+        ("measure.taylor_splits", p.measure.taylor_splits),
+    ):
         repeated = [v for i, v in enumerate(values) if v in values[:i]]
         if repeated:
             yield key, f"{key}: expected no repeated entries, got {values!r} ({repeated[0]!r} more than once)"
@@ -126,8 +139,11 @@ def _repeats(p: Params) -> Problems:
 def _trained_seeds(p: Params) -> Problems:
     """Pairs, triples and MergeMany's models: different seeds, each one of ``train.seeds``."""
     seeds = p.train.seeds
-    for key, groups in (("permute.pairs", p.permute.pairs), ("three.triples", p.three.triples),
-                        ("merge_many.seeds", [p.merge_many.seeds])):
+    for key, groups in (
+        ("permute.pairs", p.permute.pairs),
+        ("three.triples", p.three.triples),
+        ("merge_many.seeds", [p.merge_many.seeds]),
+    ):
         for group in groups:
             missing = [s for s in group if s not in seeds]
             if len(set(group)) != len(group):
@@ -138,18 +154,30 @@ def _trained_seeds(p: Params) -> Problems:
 
 def _schedule(p: Params) -> Problems:
     if p.train.warmup_epochs > p.train.epochs:
-        yield "train.warmup_epochs", (f"train.warmup_epochs: expected at most train.epochs ({p.train.epochs}), "
-                                      f"got {p.train.warmup_epochs}")
+        yield (
+            "train.warmup_epochs",
+            (f"train.warmup_epochs: expected at most train.epochs ({p.train.epochs}), got {p.train.warmup_epochs}"),
+        )
 
 
 def _launch(p: Params) -> Problems:
     processes = p.train.nproc_per_node * p.train.nnodes
     if p.train.nnodes > 1 and p.train.rdzv_endpoint is None:
-        yield "train.rdzv_endpoint", (f"train.rdzv_endpoint: expected the host:port of torchrun's rendezvous "
-                                      f"for train.nnodes = {p.train.nnodes}, got null")
+        yield (
+            "train.rdzv_endpoint",
+            (
+                f"train.rdzv_endpoint: expected the host:port of torchrun's rendezvous "
+                f"for train.nnodes = {p.train.nnodes}, got null"
+            ),
+        )
     if p.train.batch_size < 2 * processes:
-        yield "train.batch_size", (f"train.batch_size: expected at least 2 images for each of the {processes} "
-                                   f"data-parallel processes, got {p.train.batch_size}")
+        yield (
+            "train.batch_size",
+            (
+                f"train.batch_size: expected at least 2 images for each of the {processes} "
+                f"data-parallel processes, got {p.train.batch_size}"
+            ),
+        )
 
 
 def _input_shape(p: Params) -> tuple[int, int, int]:
@@ -194,8 +222,13 @@ def _search_batches(p: Params) -> Problems:
 
 def _ste_selection(p: Params) -> Problems:
     if p.permute.ste.select == "holdout" and p.permute.ste.holdout == 0:
-        yield "permute.ste.holdout", ("permute.ste.holdout: expected above 0 when permute.ste.select is "
-                                      "'holdout' (or select: best_batch), got 0")
+        yield (
+            "permute.ste.holdout",
+            (
+                "permute.ste.holdout: expected above 0 when permute.ste.select is "
+                "'holdout' (or select: best_batch), got 0"
+            ),
+        )
 
 
 def _device(p: Params) -> Problems:

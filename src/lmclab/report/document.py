@@ -21,31 +21,44 @@ from lmclab.report.report_paper import (
 )
 
 
-def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test",
-           t1: pd.DataFrame | None = None) -> str:
+def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", t1: pd.DataFrame | None = None) -> str:
     """Table 1 layout: B_½, Taylor, Diff., ‖θa−θb‖, ‖θa−π(θb)‖, reduction %. Taylor and Diff. (with
     the paired t-test's p-value) come from the saved ``table1``; without it they show "—"."""
-    head = ("| method | B_½ (loss) | Taylor approx. | Diff. | p (t-test) | ‖θa−θb‖ | ‖θa−π(θb)‖ "
-            "| reduction % |\n|---|---|---|---|---|---|---|---|")
+    head = (
+        "| method | B_½ (loss) | Taylor approx. | Diff. | p (t-test) | ‖θa−θb‖ | ‖θa−π(θb)‖ "
+        "| reduction % |\n|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for m in methods:
         r = pairs[pairs["method"] == m]
         row = t1[t1["method"] == m].iloc[0] if t1 is not None and m in set(t1["method"]) else None
         cell = lambda k, row=row: "—" if row is None else f"{row[k + '_mean']:.3f} ± {row[k + '_std']:.3f}"  # noqa: E731
-        p = "—" if row is None or row["p_value"] != row["p_value"] else (
-            f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
-        lines.append(f"| {marked(m)} | {mean_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
-                     f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | "
-                     f"{mean_pm(r['l2_reduction_pct'], 2)} |")
+        p = (
+            "—"
+            if row is None or row["p_value"] != row["p_value"]
+            else (f"{row['p_value']:.3g}{' *' if row['significant'] else ''}")
+        )
+        lines.append(
+            f"| {marked(m)} | {mean_pm(r[f'{split}_loss_barrier_mid'])} | {cell('taylor')} | {cell('diff')} | "
+            f"{p} | {mean_pm(r['l2_before'])} | {mean_pm(r['l2_after'])} | "
+            f"{mean_pm(r['l2_reduction_pct'], 2)} |"
+        )
     return "\n".join(lines)
 
 
 def alignment_table(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     """R_γ per method: (θa, θb) naive, (θa, π(θb)), (θa, mid), (π(θb), mid)."""
     gammas = [c.removeprefix("R_") for c in pairs.columns if c.startswith("R_") and c.count("_") == 1]
-    cols = [(f"R_{g}{suffix}", f"R_{g} {name}") for g in gammas
-            for suffix, name in (("_naive", "(θa, θb)"), ("", "(θa, π(θb))"), ("_a_mid", "(θa, mid)"),
-                                 ("_b_mid", "(π(θb), mid)"))]
+    cols = [
+        (f"R_{g}{suffix}", f"R_{g} {name}")
+        for g in gammas
+        for suffix, name in (
+            ("_naive", "(θa, θb)"),
+            ("", "(θa, π(θb))"),
+            ("_a_mid", "(θa, mid)"),
+            ("_b_mid", "(π(θb), mid)"),
+        )
+    ]
     lines = ["| method | " + " | ".join(c[1] for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for m in methods:
         r = pairs[pairs["method"] == m]
@@ -66,10 +79,13 @@ def theorem42_table(bounds: pd.DataFrame, methods: Sequence[str]) -> str:
 def barrier_table(pairs: pd.DataFrame, methods: Sequence[str], prefix: str = "") -> str:
     """Every barrier: loss and accuracy (points), max over λ and at λ = ½, train and test.
     ``prefix="norepair_"`` gives the BatchNorm networks' barriers with stale statistics."""
-    cols = [(f"{prefix}{s}_{q}_barrier_{k}", f"{s} {q} {'max' if k == 'max' else '½'}")
-            for s in ("train", "test") for q in ("loss", "acc") for k in ("max", "mid")]
-    lines = ["| method | " + " | ".join(c[1] for c in cols) + " | search s |",
-             "|---|" + "---|" * (len(cols) + 1)]
+    cols = [
+        (f"{prefix}{s}_{q}_barrier_{k}", f"{s} {q} {'max' if k == 'max' else '½'}")
+        for s in ("train", "test")
+        for q in ("loss", "acc")
+        for k in ("max", "mid")
+    ]
+    lines = ["| method | " + " | ".join(c[1] for c in cols) + " | search s |", "|---|" + "---|" * (len(cols) + 1)]
     for m in methods:
         r = pairs[pairs["method"] == m]
         cells = [mean_pm(r[c[0]], 2 if "acc" in c[0] else 3) for c in cols]
@@ -81,8 +97,10 @@ def endpoint_table(history: pd.DataFrame) -> str:
     last = history.sort_values(["seed", "epoch"]).groupby("seed").tail(1)
     lines = ["| seed | epochs | train loss | test loss | test acc % |", "|---|---|---|---|---|"]
     for _, r in last.iterrows():
-        lines.append(f"| {int(r['seed'])} | {int(r['epoch'])} | {r['train_loss']:.4f} | "
-                     f"{r['test_loss']:.4f} | {100 * r['test_acc']:.2f} |")
+        lines.append(
+            f"| {int(r['seed'])} | {int(r['epoch'])} | {r['train_loss']:.4f} | "
+            f"{r['test_loss']:.4f} | {100 * r['test_acc']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -92,18 +110,22 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.report.paper`) below."""
     r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
     r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
-    lines = ["| method | loss b–c | loss b–c ½ | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |"
-             + r_head, "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0)]
+    lines = [
+        "| method | loss b–c | loss b–c ½ | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |" + r_head,
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0),
+    ]
     for m in dict.fromkeys(edges["method"]):
         r = edges[edges["method"] == m].set_index("edge")
         cell = lambda e, c, d=3, r=r: mean_pm(r.loc[[e], c], d)  # noqa: E731
-        lines.append(f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
-                     f"{cell('b-c', 'test_loss_barrier_mid')} | "
-                     f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
-                     f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
-                     f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
-                     f"{cell('b-c', 'l2', 2)} |"
-                     + ("".join(f" {cell(e, r_col)} |" for e in ('a-b', 'a-c', 'b-c')) if r_col else ""))
+        lines.append(
+            f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
+            f"{cell('b-c', 'test_loss_barrier_mid')} | "
+            f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
+            f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
+            f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
+            f"{cell('b-c', 'l2', 2)} |"
+            + ("".join(f" {cell(e, r_col)} |" for e in ("a-b", "a-c", "b-c")) if r_col else "")
+        )
     return "\n".join(lines) + table3_paper_lines(row, 9 + (3 if r_col else 0))
 
 
@@ -112,8 +134,10 @@ def merge_many_table(evaluation: pd.DataFrame) -> str:
     test = evaluation[evaluation["split"] == "test"].set_index("model")
     train = evaluation[evaluation["split"] == "train"].set_index("model")
     for name in test.index:
-        lines.append(f"| {name} | {100 * test.loc[name, 'acc']:.2f} | {test.loc[name, 'loss']:.4f} | "
-                     f"{100 * train.loc[name, 'acc']:.2f} |")
+        lines.append(
+            f"| {name} | {100 * test.loc[name, 'acc']:.2f} | {test.loc[name, 'loss']:.4f} | "
+            f"{100 * train.loc[name, 'acc']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -130,7 +154,7 @@ def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, 
 
 ![landscape]({rel["landscape"]})
 
-## MergeMany ({sum(evaluation['model'].str.startswith('seed')) // 2} models)
+## MergeMany ({sum(evaluation["model"].str.startswith("seed")) // 2} models)
 
 {merge_many_table(evaluation)}
 
@@ -138,8 +162,9 @@ def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, 
 """
 
 
-def analysis_section(rel: dict[str, str], pairs: pd.DataFrame, methods: Sequence[str],
-                     bounds: pd.DataFrame | None) -> str:
+def analysis_section(
+    rel: dict[str, str], pairs: pd.DataFrame, methods: Sequence[str], bounds: pd.DataFrame | None
+) -> str:
     """The analyses' tables and figures (present when the analyze/spectra stages ran)."""
     if "alignment" not in rel:
         return ""
@@ -169,13 +194,17 @@ def analysis_section(rel: dict[str, str], pairs: pd.DataFrame, methods: Sequence
 {theorem42_table(bounds, methods)}
 """
     return text
+
+
 def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     """For BatchNorm networks: the barriers above use repaired statistics; these do not."""
     if "bn_repair" not in pairs or not pairs["bn_repair"].fillna(False).astype(bool).any():
         return ""
-    return ("The barriers above are measured with BatchNorm statistics repaired on training data at "
-            "every λ (SPEC.md §3). Without repair (stale running statistics interpolated with the "
-            "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n")
+    return (
+        "The barriers above are measured with BatchNorm statistics repaired on training data at "
+        "every λ (SPEC.md §3). Without repair (stale running statistics interpolated with the "
+        "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n"
+    )
 
 
 def paper_tables(pairs: pd.DataFrame, methods: Sequence[str], t1: pd.DataFrame | None, row: str | None) -> str:
@@ -194,10 +223,17 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 
 def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
-    keys = [("cka_a_b", "θa, θb"), ("cka_a_pi_b", "θa, π(θb)"), ("cka_a_mid", "θa, θ(½)"),
-            ("cka_pi_b_mid", "π(θb), θ(½)")]
-    rows = [f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
-            for m in methods if "cka_a_b" in pairs]
+    keys = [
+        ("cka_a_b", "θa, θb"),
+        ("cka_a_pi_b", "θa, π(θb)"),
+        ("cka_a_mid", "θa, θ(½)"),
+        ("cka_pi_b_mid", "π(θb), θ(½)"),
+    ]
+    rows = [
+        f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
+        for m in methods
+        if "cka_a_b" in pairs
+    ]
     return f"""
 ## Functional similarity: CKA of the hidden layers
 
@@ -213,11 +249,22 @@ is how much the merged midpoint θ(½) still computes what the endpoints compute
 """
 
 
-def write_report(path: Path, *, title: str, pairs: pd.DataFrame, history: pd.DataFrame,
-                 methods: Sequence[str], figures: dict[str, Path], edges: pd.DataFrame | None = None,
-                 evaluation: pd.DataFrame | None = None, t1: pd.DataFrame | None = None,
-                 bounds: pd.DataFrame | None = None, data: str = "", arch: str = "",
-                 findings: dict | None = None) -> Path:
+def write_report(
+    path: Path,
+    *,
+    title: str,
+    pairs: pd.DataFrame,
+    history: pd.DataFrame,
+    methods: Sequence[str],
+    figures: dict[str, Path],
+    edges: pd.DataFrame | None = None,
+    evaluation: pd.DataFrame | None = None,
+    t1: pd.DataFrame | None = None,
+    bounds: pd.DataFrame | None = None,
+    data: str = "",
+    arch: str = "",
+    findings: dict | None = None,
+) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder. ``data`` and
     ``arch`` select the paper's rows (:mod:`lmclab.report.paper`); ``findings`` is ``findings.json``."""
     path = Path(path)

@@ -25,8 +25,13 @@ from collections.abc import Sequence
 import pandas as pd
 
 # headline name -> column of the ``pairs`` table (mean over pairs)
-PAIR_METRICS = {"B_loss": "test_loss_barrier_mid", "B_acc": "test_acc_barrier_max",
-                "L2_red": "l2_reduction_pct", "R03": "R_0.3", "sec": "search_seconds"}
+PAIR_METRICS = {
+    "B_loss": "test_loss_barrier_mid",
+    "B_acc": "test_acc_barrier_max",
+    "L2_red": "l2_reduction_pct",
+    "R03": "R_0.3",
+    "sec": "search_seconds",
+}
 # headline name -> column of the ``three_edges`` table at edge b-c (mean over triples)
 THREE_METRICS = {"bc_B_loss": "test_loss_barrier_max", "bc_B_acc": "test_acc_barrier_max"}
 MERGE_MANY_MODELS = {"merged_acc": "MergeMany average", "naive_acc": "naive average", "ensemble_acc": "ensemble"}
@@ -62,13 +67,21 @@ def merge_many_metrics(evaluation: pd.DataFrame) -> dict[str, float]:
     return {name: round(100 * float(test.loc[model, "acc"]), DIGITS) for name, model in MERGE_MANY_MODELS.items()}
 
 
-def headline_metrics(*, history: pd.DataFrame, pairs: pd.DataFrame, edges: pd.DataFrame,
-                     evaluation: pd.DataFrame, methods: Sequence[str],
-                     three_methods: Sequence[str]) -> dict[str, dict[str, float]]:
+def headline_metrics(
+    *,
+    history: pd.DataFrame,
+    pairs: pd.DataFrame,
+    edges: pd.DataFrame,
+    evaluation: pd.DataFrame,
+    methods: Sequence[str],
+    three_methods: Sequence[str],
+) -> dict[str, dict[str, float]]:
     """``{"endpoints": …, <method>: {pair and three-model metrics}, "merge_many": …}`` (module doc)."""
     out: dict[str, dict[str, float]] = {"endpoints": endpoint_metrics(history)}
     for method in dict.fromkeys([*methods, *three_methods]):
-        out[method] = {**(pair_metrics(pairs, method) if method in methods else {}),
-                       **(three_metrics(edges, method) if method in three_methods else {})}
+        out[method] = {
+            **(pair_metrics(pairs, method) if method in methods else {}),
+            **(three_metrics(edges, method) if method in three_methods else {}),
+        }
     out["merge_many"] = merge_many_metrics(evaluation)
     return out

@@ -59,8 +59,9 @@ def tolerance_for(name: str, rules: Sequence[tuple[str, Tolerance]]) -> Toleranc
 
 def flatten_diff(diff: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, tuple[Any, Any]]:
     """``dvc metrics diff --json`` → ``{metric: (old, new)}`` over all metric files."""
-    return {name: (entry.get("old"), entry.get("new"))
-            for per_file in diff.values() for name, entry in per_file.items()}
+    return {
+        name: (entry.get("old"), entry.get("new")) for per_file in diff.values() for name, entry in per_file.items()
+    }
 
 
 def judge(name: str, old: Any, new: Any, rules: Sequence[tuple[str, Tolerance]]) -> Verdict:
@@ -97,8 +98,11 @@ def verdict_table(verdicts: Sequence[Verdict], *, only_changed: bool = False) ->
     if only_changed:
         rows = [v for v in rows if not v.ok or v.delta != 0]
     lines = ["| metric | baseline | this run | Δ | tolerance | verdict |", "|---|---:|---:|---:|---|---|"]
-    lines += [f"| `{v.name}` | {_num(v.old)} | {_num(v.new)} | {_num(v.delta)} | {_tol(v.tolerance)} | "
-              f"{'✅ ' if v.ok else '❌ '}{v.reason} |" for v in rows]
+    lines += [
+        f"| `{v.name}` | {_num(v.old)} | {_num(v.new)} | {_num(v.delta)} | {_tol(v.tolerance)} | "
+        f"{'✅ ' if v.ok else '❌ '}{v.reason} |"
+        for v in rows
+    ]
     return "\n".join(lines)
 
 

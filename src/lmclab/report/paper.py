@@ -21,14 +21,38 @@ class Stat(NamedTuple):
 
 # Table 1 — WM (DistL2Loss), λ = ½: B½, Taylor, Diff., ‖θa−θb‖, ‖θa−π(θb)‖, reduction %
 TABLE1 = {
-    "VGG11 on CIFAR10": (Stat(0.035, 0.1), Stat(2.956, 0.35), Stat(2.921, 0.323), Stat(799.503, 16.396),
-                         Stat(746.465, 19.576), Stat(6.64, 0.808)),
-    "ResNet20 on CIFAR10": (Stat(0.167, 0.035), Stat(7.517, 0.573), Stat(7.349, 0.599), Stat(710.762, 16.261),
-                            Stat(661.055, 12.539), Stat(6.987, 0.472)),
-    "MLP on FMNIST": (Stat(-0.183, 0.049), Stat(0.928, 0.175), Stat(1.111, 0.152), Stat(121.853, 5.83),
-                      Stat(100.041, 4.71), Stat(17.897, 0.348)),
-    "MLP on MNIST": (Stat(-0.033, 0.006), Stat(0.036, 0.03), Stat(0.069, 0.028), Stat(81.231, 5.58),
-                     Stat(64.751, 4.795), Stat(20.305, 1.225)),
+    "VGG11 on CIFAR10": (
+        Stat(0.035, 0.1),
+        Stat(2.956, 0.35),
+        Stat(2.921, 0.323),
+        Stat(799.503, 16.396),
+        Stat(746.465, 19.576),
+        Stat(6.64, 0.808),
+    ),
+    "ResNet20 on CIFAR10": (
+        Stat(0.167, 0.035),
+        Stat(7.517, 0.573),
+        Stat(7.349, 0.599),
+        Stat(710.762, 16.261),
+        Stat(661.055, 12.539),
+        Stat(6.987, 0.472),
+    ),
+    "MLP on FMNIST": (
+        Stat(-0.183, 0.049),
+        Stat(0.928, 0.175),
+        Stat(1.111, 0.152),
+        Stat(121.853, 5.83),
+        Stat(100.041, 4.71),
+        Stat(17.897, 0.348),
+    ),
+    "MLP on MNIST": (
+        Stat(-0.033, 0.006),
+        Stat(0.036, 0.03),
+        Stat(0.069, 0.028),
+        Stat(81.231, 5.58),
+        Stat(64.751, 4.795),
+        Stat(20.305, 1.225),
+    ),
 }
 # Table 2 — STE (MidLoss): B½, L2 w/o, L2 w/ STE, R_0.3(θa, π(θb))
 TABLE2 = {
@@ -44,9 +68,13 @@ TABLE3 = {
     "MLP on FMNIST": (Stat(-0.174, 0.051), Stat(0.023, 0.118), Stat(4.337, 1.434), Stat(15.97, 1.724)),
     "MLP on MNIST": (Stat(-0.031, 0.003), Stat(0.017, 0.014), Stat(0.475, 0.069), Stat(2.312, 0.457)),
 }
-ROWS = {("mnist", "mlp"): "MLP on MNIST", ("mnist5k", "mlp"): "MLP on MNIST",
-        ("fashion_mnist", "mlp"): "MLP on FMNIST", ("cifar10", "vgg"): "VGG11 on CIFAR10",
-        ("cifar10", "resnet20"): "ResNet20 on CIFAR10"}
+ROWS = {
+    ("mnist", "mlp"): "MLP on MNIST",
+    ("mnist5k", "mlp"): "MLP on MNIST",
+    ("fashion_mnist", "mlp"): "MLP on FMNIST",
+    ("cifar10", "vgg"): "VGG11 on CIFAR10",
+    ("cifar10", "resnet20"): "ResNet20 on CIFAR10",
+}
 PAPER_METHOD = {1: "wm_sinkhorn", 2: "ste_sinkhorn"}  # the method of this run each table's row is
 
 

@@ -28,8 +28,9 @@ def interpolation_points(curves: pd.DataFrame) -> pd.DataFrame:
     repaired curve (what the barriers report) is kept."""
     if "repair" in curves and curves["repair"].any():
         curves = curves[curves["repair"]]
-    wide = curves.pivot_table(index=["pair", "method", "lam"], columns="split", values=["loss", "acc"],
-                              sort=False).reset_index()
+    wide = curves.pivot_table(
+        index=["pair", "method", "lam"], columns="split", values=["loss", "acc"], sort=False
+    ).reset_index()
     wide.columns = [f"{split}_{q}" if split else q for q, split in wide.columns]
     for split in ("train", "test"):
         if f"{split}_acc" in wide:
@@ -39,8 +40,11 @@ def interpolation_points(curves: pd.DataFrame) -> pd.DataFrame:
 
 def training_points(history: pd.DataFrame) -> pd.DataFrame:
     """Per seed and epoch: train (running mean) and test loss and accuracy."""
-    out = history.assign(seed=history["seed"].map(lambda s: f"seed{s}"),
-                         train_acc=100 * history["train_acc"], test_acc=100 * history["test_acc"])
+    out = history.assign(
+        seed=history["seed"].map(lambda s: f"seed{s}"),
+        train_acc=100 * history["train_acc"],
+        test_acc=100 * history["test_acc"],
+    )
     return out.reindex(columns=COLUMNS["training"])
 
 
@@ -52,10 +56,12 @@ def search_points(search_curves: pd.DataFrame) -> pd.DataFrame:
 def plot_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """The CSV tables from the summarize tables ``curves``, ``history``, ``search_curves`` and
     ``search_objective`` (WM's ⟨θa, π(θb)⟩ after each sweep)."""
-    return {"interpolation": interpolation_points(tables["curves"]),
-            "training": training_points(tables["history"]),
-            "search_curves": search_points(tables["search_curves"]),
-            "wm_objective": tables["search_objective"].reindex(columns=COLUMNS["wm_objective"])}
+    return {
+        "interpolation": interpolation_points(tables["curves"]),
+        "training": training_points(tables["history"]),
+        "search_curves": search_points(tables["search_curves"]),
+        "wm_objective": tables["search_objective"].reindex(columns=COLUMNS["wm_objective"]),
+    }
 
 
 def write_plot_tables(tables: Mapping[str, pd.DataFrame], folder: Path) -> list[Path]:

@@ -13,8 +13,14 @@ import pandas as pd
 from lmclab.core.atomic import atomic_path
 
 # the paper's WM and STE are the Sinkhorn methods (Appendix D.2); wm and ste are the re-basin originals
-METHOD_LABELS = {"identity": "naive (w/o)", "wm": "WM (re-basin)", "am": "AM", "ste": "STE (re-basin)",
-                 "wm_sinkhorn": "WM Sinkhorn", "ste_sinkhorn": "STE Sinkhorn"}
+METHOD_LABELS = {
+    "identity": "naive (w/o)",
+    "wm": "WM (re-basin)",
+    "am": "AM",
+    "ste": "STE (re-basin)",
+    "wm_sinkhorn": "WM Sinkhorn",
+    "ste_sinkhorn": "STE Sinkhorn",
+}
 
 
 def mean_std(grouped: pd.api.typing.SeriesGroupBy) -> tuple[pd.Series, pd.Series]:
@@ -43,9 +49,15 @@ def plot_interpolation(curves: pd.DataFrame, path: Path, *, dpi: int = 120, band
                 g = sub.groupby("lam")[q]
                 mean, std = (v * scale for v in mean_std(g))
                 lo, hi = (mean - std, mean + std) if band == "std" else (g.min() * scale, g.max() * scale)
-                suffix = ("" if not repaired else ", BN repaired" if fixed else ", stale BN stats")
-                (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method) + suffix,
-                                  ls="--" if repaired and not fixed else "-", color=colors.get(method))
+                suffix = "" if not repaired else ", BN repaired" if fixed else ", stale BN stats"
+                (line,) = ax.plot(
+                    mean.index,
+                    mean.values,
+                    marker=".",
+                    label=label(method) + suffix,
+                    ls="--" if repaired and not fixed else "-",
+                    color=colors.get(method),
+                )
                 colors[method] = line.get_color()
                 ax.fill_between(mean.index, lo.values, hi.values, color=line.get_color(), alpha=0.2)
             ax.set(xlabel="λ  (0: π(θb), 1: θa)", ylabel=f"{split} {name}")
@@ -74,21 +86,22 @@ def plot_training(history: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
 def plot_search_curves(search_curves: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Paper Figure 6: per search epoch, ‖θa − π(θb)‖ with the current hard permutation and the
     merged midpoint's test loss and accuracy; one line per method, mean ± std over pairs."""
-    panels = (("l2", 1, "‖θa − π(θb)‖"), ("test_loss", 1, "merged test loss"),
-              ("test_acc", 100, "merged test accuracy (%)"))
+    panels = (
+        ("l2", 1, "‖θa − π(θb)‖"),
+        ("test_loss", 1, "merged test loss"),
+        ("test_acc", 100, "merged test accuracy (%)"),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for ax, (q, scale, name) in zip(axes, panels, strict=True):
         for method, sub in search_curves.groupby("method", sort=False):
             g = sub.groupby("epoch")[q]
             mean, std = (v * scale for v in mean_std(g))
             (line,) = ax.plot(mean.index, mean.values, marker=".", label=label(method))
-            ax.fill_between(mean.index, (mean - std).values, (mean + std).values,
-                            color=line.get_color(), alpha=0.2)
+            ax.fill_between(mean.index, (mean - std).values, (mean + std).values, color=line.get_color(), alpha=0.2)
         ax.set(xlabel="search epoch (0: initial permutation)", ylabel=name)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f"Permutation search learning curves, mean ± std over "
-                 f"{search_curves['pair'].nunique()} pair(s)")
+    fig.suptitle(f"Permutation search learning curves, mean ± std over {search_curves['pair'].nunique()} pair(s)")
     return _save(fig, path, dpi)
 
 
@@ -126,8 +139,10 @@ def plot_landscape(plane: pd.DataFrame, path: Path, *, dpi: int = 120, quantity:
 def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Test loss and accuracy barriers (max over λ) on each edge a–b, a–c, b–c per method (Table 3),
     and R_0.3 of each edge when present (Figure 5)."""
-    panels = [("test_loss_barrier_max", "test loss barrier"),
-              ("test_acc_barrier_max", "test accuracy barrier (points)")]
+    panels = [
+        ("test_loss_barrier_max", "test loss barrier"),
+        ("test_acc_barrier_max", "test accuracy barrier (points)"),
+    ]
     if "R_0.3" in edges:
         panels.append(("R_0.3", "R_0.3 (alignment)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
@@ -162,17 +177,19 @@ def plot_merge_many(trace: pd.DataFrame, evaluation: pd.DataFrame, path: Path, *
         ax.grid(alpha=0.3)
     return _save(fig, path, dpi)
 
+
 def _layer_axes(layers: list[str], height: float = 3.2) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(4, len(layers))
     rows = -(-len(layers) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, height * rows), squeeze=False)
-    for ax in axes.flat[len(layers):]:
+    for ax in axes.flat[len(layers) :]:
         ax.set_visible(False)
     return fig, list(axes.flat)
 
 
-def _per_layer_lines(frame: pd.DataFrame, column: str, path: Path, *, dpi: int, xlabel: str, ylabel: str,
-                     title: str) -> Path:
+def _per_layer_lines(
+    frame: pd.DataFrame, column: str, path: Path, *, dpi: int, xlabel: str, ylabel: str, title: str
+) -> Path:
     """One panel per layer, one line per seed of ``frame[column]`` against the singular index."""
     layers = list(dict.fromkeys(frame["layer"]))
     fig, axes = _layer_axes(layers)
@@ -188,8 +205,15 @@ def _per_layer_lines(frame: pd.DataFrame, column: str, path: Path, *, dpi: int, 
 
 def plot_spectra(spectrum: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Figures 1, 7: singular values of every layer against their index, one line per seed."""
-    return _per_layer_lines(spectrum, "singular_value", path, dpi=dpi, xlabel="index i", ylabel="singular value",
-                            title="Singular values of every layer (Figures 1, 7)")
+    return _per_layer_lines(
+        spectrum,
+        "singular_value",
+        path,
+        dpi=dpi,
+        xlabel="index i",
+        ylabel="singular value",
+        title="Singular values of every layer (Figures 1, 7)",
+    )
 
 
 def plot_output_scale(output_scale: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
@@ -209,8 +233,15 @@ def plot_output_scale(output_scale: pd.DataFrame, path: Path, *, dpi: int = 120)
 
 def plot_energy(energy: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """Figures 4, 9: ``E[(v_iᵀ z_{ℓ−1})²]`` over the test set against the singular index, per seed."""
-    return _per_layer_lines(energy, "energy", path, dpi=dpi, xlabel="index i (descending s_i)",
-                            ylabel="E[(v_iᵀz)²]", title="Input energy along right singular vectors (Figures 4, 9)")
+    return _per_layer_lines(
+        energy,
+        "energy",
+        path,
+        dpi=dpi,
+        xlabel="index i (descending s_i)",
+        ylabel="E[(v_iᵀz)²]",
+        title="Input energy along right singular vectors (Figures 4, 9)",
+    )
 
 
 def plot_alignment(pairs: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
@@ -249,16 +280,18 @@ def plot_taylor(taylor: pd.DataFrame, path: Path, *, dpi: int = 120, split: str 
     return _save(fig, path, dpi)
 
 
-def plot_width(spectrum: pd.DataFrame, energy: pd.DataFrame, alignment: pd.DataFrame, path: Path, *,
-               dpi: int = 120) -> Path:
+def plot_width(
+    spectrum: pd.DataFrame, energy: pd.DataFrame, alignment: pd.DataFrame, path: Path, *, dpi: int = 120
+) -> Path:
     """Appendix H.4 in one figure: per layer, the normalised singular values (Figure 10) and the
     input energy (Figures 11, 12) per width against the relative index i/n (mean over seeds), and
     R_γ against width with and without matching (Figure 13)."""
     layers = list(dict.fromkeys(spectrum["layer"]))
     fig, axes = plt.subplots(3, len(layers), figsize=(4 * len(layers), 9.6), squeeze=False)
     for col, layer in enumerate(layers):
-        for row, (frame, q, name) in enumerate(((spectrum, "normalised_value", "s_i / s_1"),
-                                                (energy, "energy", "E[(v_iᵀz)²]"))):
+        for row, (frame, q, name) in enumerate(
+            ((spectrum, "normalised_value", "s_i / s_1"), (energy, "energy", "E[(v_iᵀz)²]"))
+        ):
             ax = axes[row][col]
             for width, sub in frame[frame["layer"] == layer].groupby("width"):
                 mean = sub.groupby("relative_index")[q].mean()
@@ -272,8 +305,14 @@ def plot_width(spectrum: pd.DataFrame, energy: pd.DataFrame, alignment: pd.DataF
     r_cols = [c.removesuffix("_mean") for c in alignment.columns if c.startswith("R_") and c.endswith("_mean")]
     for method, sub in alignment.groupby("method", sort=False):
         for col in r_cols:
-            ax.errorbar(sub["width"], sub[f"{col}_mean"], yerr=sub[f"{col}_std"], marker="o", capsize=3,
-                        label=f"{col} {label(method)}")
+            ax.errorbar(
+                sub["width"],
+                sub[f"{col}_mean"],
+                yerr=sub[f"{col}_std"],
+                marker="o",
+                capsize=3,
+                label=f"{col} {label(method)}",
+            )
     ax.set(xscale="log", xlabel="width", ylabel="R_γ(θa, π(θb))", title="alignment vs width (Figure 13)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

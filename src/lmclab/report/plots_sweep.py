@@ -23,12 +23,16 @@ def plot_sweep(table: pd.DataFrame, path: Path, *, param: str, dpi: int = 120) -
     values = table["value"]
     # log scale; a 0 (e.g. no weight decay) on a symlog axis, linear up to the smallest positive value
     positive = values[values > 0]
-    scale = {"value": "log"} if len(positive) == len(values) else {
-        "value": "symlog", "linthresh": float(positive.min()) if len(positive) else 1.0}
+    scale = (
+        {"value": "log"}
+        if len(positive) == len(values)
+        else {"value": "symlog", "linthresh": float(positive.min()) if len(positive) else 1.0}
+    )
     for ax, (q, name) in zip(axes[0], panels, strict=True):
         for method, sub in table.groupby("method", sort=False):
-            ax.errorbar(sub["value"], sub[f"{q}_mean"], yerr=sub[f"{q}_std"], marker="o", capsize=3,
-                        label=label(method))
+            ax.errorbar(
+                sub["value"], sub[f"{q}_mean"], yerr=sub[f"{q}_std"], marker="o", capsize=3, label=label(method)
+            )
         ax.set(xlabel=param, ylabel=name)
         ax.set_xscale(**scale)
         ax.grid(alpha=0.3)

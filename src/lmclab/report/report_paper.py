@@ -38,8 +38,10 @@ def table2(pairs: pd.DataFrame, methods: Sequence[str], row: str | None) -> str:
     for m in methods:
         r = pairs[pairs["method"] == m]
         r03 = mean_pm(r["R_0.3"]) if "R_0.3" in r else "—"
-        lines.append(f"| {marked(m)} | {mean_pm(r['test_loss_barrier_mid'])} | {mean_pm(r['l2_before'], 2)} | "
-                     f"{mean_pm(r['l2_after'], 2)} | {r03} |")
+        lines.append(
+            f"| {marked(m)} | {mean_pm(r['test_loss_barrier_mid'])} | {mean_pm(r['l2_before'], 2)} | "
+            f"{mean_pm(r['l2_after'], 2)} | {r03} |"
+        )
     return "\n".join(lines) + paper_line(2, row, [str(s) for s in TABLE2[row]] if row else [])
 
 
@@ -57,27 +59,33 @@ def table3_paper_lines(row: str | None, n_cols: int) -> str:
     if row is None:
         return ""
     loss_wm, loss_ste, acc_wm, acc_ste = TABLE3[row]
-    return "".join(f"\n| *paper, {row}* ({m}) | — | {loss} | {acc} |" + " — |" * (n_cols - 4)
-                   for m, loss, acc in (("WM", loss_wm, acc_wm), ("STE", loss_ste, acc_ste)))
+    return "".join(
+        f"\n| *paper, {row}* ({m}) | — | {loss} | {acc} |" + " — |" * (n_cols - 4)
+        for m, loss, acc in (("WM", loss_wm, acc_wm), ("STE", loss_ste, acc_ste))
+    )
 
 
 def paper_note(data: str, arch: str) -> str:
     row = paper_row(data, arch)
     if row is None:
         return "The paper has no row for this data set and architecture; its numbers are not shown.\n"
-    return (f"Rows in *italics* are the paper's ({row}, mean ± std over 5 pairs or 3 triples); "
-            f"{caveat(data)}. Marked rows are the methods the paper calls WM and STE (Appendix D.2: the "
-            "Sinkhorn DistL2Loss and MidLoss); WM and STE without the mark are the re-basin originals.\n")
+    return (
+        f"Rows in *italics* are the paper's ({row}, mean ± std over 5 pairs or 3 triples); "
+        f"{caveat(data)}. Marked rows are the methods the paper calls WM and STE (Appendix D.2: the "
+        "Sinkhorn DistL2Loss and MidLoss); WM and STE without the mark are the re-basin originals.\n"
+    )
 
 
 def findings_section(findings: dict) -> str:
     """Each finding: the paper's claim, this run's numbers, the criterion and the verdict."""
     verdict = {True: "**holds**", False: "**does not hold**", None: "not tested"}
-    lines = [f"\n## Findings of the paper, checked on this run ({findings['held']} of {findings['tested']} "
-             "tested hold)\n",
-             "Each criterion was fixed before the run; a finding that does not hold here is reported as such "
-             "(`metrics/findings.json` has the same in JSON).\n",
-             "| finding (the paper) | this run | criterion | verdict |", "|---|---|---|---|"]
+    lines = [
+        f"\n## Findings of the paper, checked on this run ({findings['held']} of {findings['tested']} tested hold)\n",
+        "Each criterion was fixed before the run; a finding that does not hold here is reported as such "
+        "(`metrics/findings.json` has the same in JSON).\n",
+        "| finding (the paper) | this run | criterion | verdict |",
+        "|---|---|---|---|",
+    ]
     for f in findings["findings"]:
         numbers = ", ".join(f"{k} {v:.4g}" for k, v in f["numbers"].items()) or "—"
         lines.append(f"| {f['claim']} | {numbers} | {f['criterion']} | {verdict[f['holds']]} |")

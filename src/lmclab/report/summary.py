@@ -11,9 +11,18 @@ from scipy import stats
 
 # what metrics/summary.json reports per method (mean ± std over pairs)
 SUMMARY_KEYS = (
-    "train_loss_barrier_mid", "test_loss_barrier_mid", "train_loss_barrier_max", "test_loss_barrier_max",
-    "train_acc_barrier_mid", "test_acc_barrier_mid", "train_acc_barrier_max", "test_acc_barrier_max",
-    "l2_before", "l2_after", "l2_reduction_pct", "search_seconds",
+    "train_loss_barrier_mid",
+    "test_loss_barrier_mid",
+    "train_loss_barrier_max",
+    "test_loss_barrier_max",
+    "train_acc_barrier_mid",
+    "test_acc_barrier_mid",
+    "train_acc_barrier_max",
+    "test_acc_barrier_max",
+    "l2_before",
+    "l2_after",
+    "l2_reduction_pct",
+    "search_seconds",
 )
 
 
@@ -36,18 +45,30 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
     sweep, sweep 0 = before the first) and, when the records carry them, ``taylor``, ``theorem42`` and ``cka``."""
     curves, pairs, taylor, bounds, cka = [], [], [], [], []
     for rec in records:
-        key = {"pair": pair_name(rec["seed_a"], rec["seed_b"]), "seed_a": rec["seed_a"],
-               "seed_b": rec["seed_b"], "method": rec["method"]}
+        key = {
+            "pair": pair_name(rec["seed_a"], rec["seed_b"]),
+            "seed_a": rec["seed_a"],
+            "seed_b": rec["seed_b"],
+            "method": rec["method"],
+        }
         curves += [{**key, **row} for row in rec["curve"]]
-        search = {"search_seconds": float(rec["search"].get("seconds", 0.0)),
-                  "search_sweeps": int(rec["search"].get("sweeps", 0))}
+        search = {
+            "search_seconds": float(rec["search"].get("seconds", 0.0)),
+            "search_sweeps": int(rec["search"].get("sweeps", 0)),
+        }
         pairs.append({**key, **rec["summary"], **search})
-        taylor += [{**key, **row, "barrier": _real_gap(rec["curve"], row["split"], row["lam"])}
-                   for row in rec.get("taylor", [])]
+        taylor += [
+            {**key, **row, "barrier": _real_gap(rec["curve"], row["split"], row["lam"])}
+            for row in rec.get("taylor", [])
+        ]
         bounds += [{**key, **row} for row in rec.get("theorem42", [])]
         cka += [{**key, **row} for row in rec.get("cka", [])]
-    out = {"curves": pd.DataFrame(curves), "pairs": pd.DataFrame(pairs), "search_curves": search_curves(records),
-           "search_objective": search_objective(records)}
+    out = {
+        "curves": pd.DataFrame(curves),
+        "pairs": pd.DataFrame(pairs),
+        "search_curves": search_curves(records),
+        "search_objective": search_objective(records),
+    }
     if taylor:  # records carry the analyze stage's outputs (Taylor curve, Theorem 4.2 rows)
         out.update(taylor=pd.DataFrame(taylor), theorem42=pd.DataFrame(bounds))
     if cka:  # the measure stage's CKA rows (layer × pair of models)
@@ -87,9 +108,14 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", lev
         r = pairs[pairs["method"] == method]
         real, taylor = r[f"{split}_loss_barrier_mid"], r[f"{split}_taylor_barrier_mid"]
         row: dict = {"method": method, "split": split, "n_pairs": len(r)}
-        for name, values in (("barrier", real), ("taylor", taylor), ("diff", taylor - real),
-                             ("l2_before", r["l2_before"]), ("l2_after", r["l2_after"]),
-                             ("reduction_pct", r["l2_reduction_pct"])):
+        for name, values in (
+            ("barrier", real),
+            ("taylor", taylor),
+            ("diff", taylor - real),
+            ("l2_before", r["l2_before"]),
+            ("l2_after", r["l2_after"]),
+            ("reduction_pct", r["l2_reduction_pct"]),
+        ):
             row[f"{name}_mean"] = float(values.mean())
             row[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
         test = stats.ttest_rel(taylor, real) if len(r) > 1 else None
@@ -103,18 +129,31 @@ def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", lev
 def search_curves(records: Sequence[dict]) -> pd.DataFrame:
     """Per-epoch ``l2`` (‖θa − π(θb)‖ with the current hard permutation) and the merged
     midpoint's ``test_loss``/``test_acc``; empty (with these columns) when no search records any."""
-    rows = [{"pair": pair_name(rec["seed_a"], rec["seed_b"]), "method": rec["method"],
-             **{k: row.get(k) for k in SEARCH_CURVE_COLUMNS[2:]}}
-            for rec in records for row in rec["search"].get("curve", [])]
+    rows = [
+        {
+            "pair": pair_name(rec["seed_a"], rec["seed_b"]),
+            "method": rec["method"],
+            **{k: row.get(k) for k in SEARCH_CURVE_COLUMNS[2:]},
+        }
+        for rec in records
+        for row in rec["search"].get("curve", [])
+    ]
     frame = pd.DataFrame(rows, columns=list(SEARCH_CURVE_COLUMNS))
     return frame.astype({"epoch": "int64", "l2": "float64", "test_loss": "float64", "test_acc": "float64"})
 
 
 def search_objective(records: Sequence[dict]) -> pd.DataFrame:
     """One row per pair, method and sweep of the searches that record an ``objective`` trace."""
-    rows = [{"pair": pair_name(rec["seed_a"], rec["seed_b"]), "method": rec["method"], "sweep": sweep,
-             "objective": float(value)}
-            for rec in records for sweep, value in enumerate(rec["search"].get("objective", []))]
+    rows = [
+        {
+            "pair": pair_name(rec["seed_a"], rec["seed_b"]),
+            "method": rec["method"],
+            "sweep": sweep,
+            "objective": float(value),
+        }
+        for rec in records
+        for sweep, value in enumerate(rec["search"].get("objective", []))
+    ]
     return pd.DataFrame(rows, columns=["pair", "method", "sweep", "objective"]).astype({"sweep": "int64"})
 
 
@@ -133,8 +172,15 @@ def metrics_summary(pairs: pd.DataFrame, method_order: Sequence[str]) -> dict:
     return out
 
 
-THREE_KEYS = ("test_loss_barrier_max", "test_loss_barrier_mid", "test_acc_barrier_max", "test_acc_barrier_mid",
-              "train_loss_barrier_max", "train_acc_barrier_max", "l2")
+THREE_KEYS = (
+    "test_loss_barrier_max",
+    "test_loss_barrier_mid",
+    "test_acc_barrier_max",
+    "test_acc_barrier_mid",
+    "train_loss_barrier_max",
+    "train_acc_barrier_max",
+    "l2",
+)
 
 
 def triple_name(seeds: Sequence[int]) -> str:
@@ -161,39 +207,54 @@ def _mean_std(values: pd.Series) -> dict[str, float]:
 def three_summary(edges: pd.DataFrame, method_order: Sequence[str]) -> dict:
     """``{method: {edge: {metric: {mean, std}}}}`` over triples (Table 3 reports edge b-c)."""
     keys = list(THREE_KEYS) + [c for c in edges.columns if c.startswith("R_")]
-    return {m: {edge: {k: _mean_std(rows[k].astype(float)) for k in keys}
-                for edge, rows in edges[edges["method"] == m].groupby("edge")}
-            for m in method_order}
+    return {
+        m: {
+            edge: {k: _mean_std(rows[k].astype(float)) for k in keys}
+            for edge, rows in edges[edges["method"] == m].groupby("edge")
+        }
+        for m in method_order
+    }
 
 
 def merge_many_summary(evaluation: pd.DataFrame, trace: dict) -> dict:
     """Test accuracy/loss of the MergeMany average, naive average, ensemble and mean member."""
     test = evaluation[evaluation["split"] == "test"].set_index("model")
     members = test[test.index.str.startswith("seed")]
-    out = {name: {"test_acc": round(float(test.loc[name, "acc"]), 6),
-                  "test_loss": round(float(test.loc[name, "loss"]), 6)}
-           for name in ("MergeMany average", "naive average", "ensemble")}
-    out["members mean"] = {"test_acc": round(float(members["acc"].mean()), 6),
-                           "test_loss": round(float(members["loss"].mean()), 6)}
+    out = {
+        name: {"test_acc": round(float(test.loc[name, "acc"]), 6), "test_loss": round(float(test.loc[name, "loss"]), 6)}
+        for name in ("MergeMany average", "naive average", "ensemble")
+    }
+    out["members mean"] = {
+        "test_acc": round(float(members["acc"].mean()), 6),
+        "test_loss": round(float(members["loss"].mean()), 6),
+    }
     out["iterations"] = trace["iterations"]
     return out
 
 
-def collect_pairs(measure_dir: Path, perms_dir: Path, pairs: Sequence[Sequence[int]],
-                  methods: Sequence[str]) -> list[dict]:
+def collect_pairs(
+    measure_dir: Path, perms_dir: Path, pairs: Sequence[Sequence[int]], methods: Sequence[str]
+) -> list[dict]:
     """Read the permute and measure outputs of every (pair, method) into records for :func:`tables`."""
     records = []
     for seed_a, seed_b in pairs:
         for method in methods:
             where = Path(pair_name(seed_a, seed_b)) / method
             rec = json.loads((measure_dir / where / "summary.json").read_text())
-            records.append({
-                "seed_a": seed_a, "seed_b": seed_b, "method": method,
-                "curve": pd.read_parquet(measure_dir / where / "curve.parquet").to_dict("records"),
-                "summary": {k: v for k, v in rec.items() if k not in ("seed_a", "seed_b", "method")},
-                "search": json.loads((perms_dir / where / "stats.json").read_text()),
-                **{name: pd.read_parquet(measure_dir / where / f"{name}.parquet").to_dict("records")
-                   for name in ("taylor", "theorem42", "cka")}})
+            records.append(
+                {
+                    "seed_a": seed_a,
+                    "seed_b": seed_b,
+                    "method": method,
+                    "curve": pd.read_parquet(measure_dir / where / "curve.parquet").to_dict("records"),
+                    "summary": {k: v for k, v in rec.items() if k not in ("seed_a", "seed_b", "method")},
+                    "search": json.loads((perms_dir / where / "stats.json").read_text()),
+                    **{
+                        name: pd.read_parquet(measure_dir / where / f"{name}.parquet").to_dict("records")
+                        for name in ("taylor", "theorem42", "cka")
+                    },
+                }
+            )
     return records
 
 
@@ -204,7 +265,13 @@ def collect_triples(connect_dir: Path, triples: Sequence[Sequence[int]], methods
         for method in methods:
             where = connect_dir / triple_name(seeds) / method
             rec = json.loads((where / "edges.json").read_text())
-            records.append({"seeds": seeds, "method": method, "edges": rec["edges"],
-                            "curves": pd.read_parquet(where / "curves.parquet").to_dict("records"),
-                            "landscape": pd.read_parquet(where / "landscape.parquet").to_dict("records")})
+            records.append(
+                {
+                    "seeds": seeds,
+                    "method": method,
+                    "edges": rec["edges"],
+                    "curves": pd.read_parquet(where / "curves.parquet").to_dict("records"),
+                    "landscape": pd.read_parquet(where / "landscape.parquet").to_dict("records"),
+                }
+            )
     return records

@@ -48,8 +48,18 @@ from lmclab.runtime import lifetime, trust
 from lmclab.runtime.lifetime import die_with_parent
 from lmclab.runtime.trust import owner_only_umask, peer_problem, private_dir_problem, warm_dir
 
-PRELOAD = ("numpy", "torch", "scipy.optimize", "scipy.linalg", "pandas", "pyarrow.parquet", "typer", "yaml",
-           "tqdm", "matplotlib.pyplot")
+PRELOAD = (
+    "numpy",
+    "torch",
+    "scipy.optimize",
+    "scipy.linalg",
+    "pandas",
+    "pyarrow.parquet",
+    "typer",
+    "yaml",
+    "tqdm",
+    "matplotlib.pyplot",
+)
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "TORCH_", "PYTORCH_", "MPL", "LD_", "KMP_")
 WORKER_ENV = "LMCLAB_WARM_WORKER"  # set inside a worker: the stage runs in place
 _HELLO, _MAX_MESSAGE = b"lmclab-warm 1\n", 1 << 20
@@ -57,8 +67,13 @@ _HELLO, _MAX_MESSAGE = b"lmclab-warm 1\n", 1 << 20
 
 def enabled() -> bool:
     """Warm start is used unless ``LMCLAB_WARM=0``, inside a worker, or without fork/SCM_RIGHTS/SO_PEERCRED."""
-    return (os.environ.get("LMCLAB_WARM", "1") != "0" and WORKER_ENV not in os.environ
-            and hasattr(os, "fork") and hasattr(socket, "send_fds") and hasattr(socket, "SO_PEERCRED"))
+    return (
+        os.environ.get("LMCLAB_WARM", "1") != "0"
+        and WORKER_ENV not in os.environ
+        and hasattr(os, "fork")
+        and hasattr(socket, "send_fds")
+        and hasattr(socket, "SO_PEERCRED")
+    )
 
 
 def socket_name() -> str:
@@ -73,6 +88,7 @@ def socket_name() -> str:
 
 
 # ---------------------------------------------------------------- client
+
 
 def run_script(script: str, argv: list[str]) -> int | None:
     """Run ``script argv`` in a warm worker and return its exit code; ``None`` if that was not possible
@@ -95,8 +111,13 @@ def run_script(script: str, argv: list[str]) -> int | None:
             if conn.recv(len(_HELLO), socket.MSG_WAITALL) != _HELLO:
                 return None
             conn.settimeout(None)
-            request = {"script": os.path.abspath(script), "argv": argv, "cwd": os.getcwd(),
-                       "env": dict(os.environ), "umask": _umask()}
+            request = {
+                "script": os.path.abspath(script),
+                "argv": argv,
+                "cwd": os.getcwd(),
+                "env": dict(os.environ),
+                "umask": _umask(),
+            }
             socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         except OSError:
             return None
@@ -126,8 +147,15 @@ def _spawn_server(path: Path) -> bool:
     try:
         src = str(Path(__file__).resolve().parents[2])
         code = f"import sys; sys.path[0] = {src!r}; from lmclab.runtime.warmstart import serve; serve({str(path)!r})"
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+        )
         return True
     except OSError:
         return False
@@ -162,6 +190,7 @@ def _umask() -> int:
 
 
 # ---------------------------------------------------------------- server
+
 
 def serve(path: str) -> None:
     """Bind ``path``, import the heavy modules, then fork a session per connection until idle or stopped
@@ -324,7 +353,7 @@ def _run(script: str) -> int:
     except KeyboardInterrupt:
         traceback.print_exc()
         code = 130
-    except BaseException:  # noqa: BLE001 (reported exactly like the interpreter does)
+    except BaseException:
         traceback.print_exc()
         code = 1
     atexit._run_exitfuncs()

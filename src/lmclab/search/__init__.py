@@ -32,8 +32,11 @@ from lmclab.search.result import SearchResult
 
 # name -> search function (the submodules keep their names); ``METHODS[name].options`` is its options model
 METHODS: dict[str, Callable[..., SearchResult]] = {
-    "identity": identity.identity, "wm": weight_matching.weight_matching,
-    "am": activation_matching.activation_matching, "ste": ste.ste, "wm_sinkhorn": wm_sinkhorn.wm_sinkhorn,
+    "identity": identity.identity,
+    "wm": weight_matching.weight_matching,
+    "am": activation_matching.activation_matching,
+    "ste": ste.ste,
+    "wm_sinkhorn": wm_sinkhorn.wm_sinkhorn,
     "ste_sinkhorn": ste_sinkhorn.ste_sinkhorn,
 }
 
@@ -69,8 +72,9 @@ def check_method(method: str, options: Mapping[str, Any] | None = None) -> Optio
     return METHODS[method].options.check(options or {})
 
 
-def run_search(method: str, problem: SearchProblem, *, seed: int,
-               options: Mapping[str, Any] | None = None) -> SearchResult:
+def run_search(
+    method: str, problem: SearchProblem, *, seed: int, options: Mapping[str, Any] | None = None
+) -> SearchResult:
     """Run ``method`` on ``problem`` with ``options`` (its keyword options, e.g. ``{"max_iter": 5}``);
     ``seed`` seeds its generator. ``stats['seconds']`` excludes learning-curve monitoring."""
     check_method(method, options)

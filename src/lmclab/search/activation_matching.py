@@ -72,8 +72,9 @@ def _point(name: str) -> tuple[str, int]:
 def _record(model: nn.Module, params: Mapping[str, Tensor], points: list[str], x: Tensor) -> dict[str, Tensor]:
     seen: dict[str, Tensor] = {}
     modules = dict(model.named_modules())
-    hooks = [modules[_point(p)[0]].register_forward_hook(lambda _m, _i, out, p=p: seen.__setitem__(p, out))
-             for p in points]
+    hooks = [
+        modules[_point(p)[0]].register_forward_hook(lambda _m, _i, out, p=p: seen.__setitem__(p, out)) for p in points
+    ]
     try:
         functional_call(model, dict(params), (x,))
     finally:
@@ -86,15 +87,23 @@ class AMOptions(Options):
     """Options of :func:`activation_matching`."""
 
     statistic: one_of(STATISTICS) = option(
-        "cross_moment", "activation matching: cross_moment = E[a bᵀ] (L2 objective), pearson")
+        "cross_moment", "activation matching: cross_moment = E[a bᵀ] (L2 objective), pearson"
+    )
     batch_size: Count = option(1000, "activation matching: images per forward pass")
     max_samples: Count | None = option(None, "activation matching: training images used (null: all)")
 
 
 @takes(AMOptions)
-def activation_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                        params_b: Mapping[str, Tensor], *, model: nn.Module,
-                        points: Mapping[str, list[str]], data: Split, options: AMOptions) -> SearchResult:
+def activation_matching(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    model: nn.Module,
+    points: Mapping[str, list[str]],
+    data: Split,
+    options: AMOptions,
+) -> SearchResult:
     """One exact LAP per group on the activation similarity over ``data`` (eval mode; options:
     :class:`AMOptions`)."""
     statistic, batch_size, max_samples = options.statistic, options.batch_size, options.max_samples
@@ -107,11 +116,10 @@ def activation_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
     all_points = [p for ps in points.values() for p in ps]
     model.eval()
     for lo in range(0, n, batch_size):
-        x = data.x[lo:min(lo + batch_size, n)].to(device)
+        x = data.x[lo : min(lo + batch_size, n)].to(device)
         za, zb = _record(model, params_a, all_points, x), _record(model, params_b, all_points, x)
         for g, ps in points.items():
             for p in ps:
                 moments[g].add(_as_samples(za[p], _point(p)[1]), _as_samples(zb[p], _point(p)[1]))
     perm = {g: solve_assignment(m.similarity(statistic)) for g, m in moments.items()}
-    return SearchResult(perm, {"seconds": time.perf_counter() - start, "samples": n,
-                               "statistic": statistic})
+    return SearchResult(perm, {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic})

@@ -16,7 +16,8 @@ class IdentityOptions(Options):
 
 
 @takes(IdentityOptions)
-def identity(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], *,
-             options: IdentityOptions) -> SearchResult:
+def identity(
+    spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], *, options: IdentityOptions
+) -> SearchResult:
     """No permutation: every group's identity (sizes read from ``params_a``)."""
     return SearchResult(identity_permutation(spec.group_sizes(params_a)), {"seconds": 0.0})

@@ -30,8 +30,10 @@ class MergeManyResult(NamedTuple):
 
 def mean_params(params: Sequence[Mapping[str, Tensor]]) -> Params:
     """Element-wise mean; integer buffers are taken from the first model."""
-    return {k: torch.stack([p[k] for p in params]).mean(0) if v.is_floating_point() else v.clone()
-            for k, v in params[0].items()}
+    return {
+        k: torch.stack([p[k] for p in params]).mean(0) if v.is_floating_point() else v.clone()
+        for k, v in params[0].items()
+    }
 
 
 def summed_distance(spec: PermutationSpec, params: Sequence[Mapping[str, Tensor]]) -> float:
@@ -40,9 +42,15 @@ def summed_distance(spec: PermutationSpec, params: Sequence[Mapping[str, Tensor]
     return sum(float((p[k].double() - m.double()).pow(2).sum()) for p in params for k, m in mean.items())
 
 
-def merge_many(spec: PermutationSpec, params: Sequence[Mapping[str, Tensor]], *, max_iter: int = 20,
-               tol: float = 1e-7, wm_max_iter: int = 100, generator: torch.Generator | None = None
-               ) -> MergeManyResult:
+def merge_many(
+    spec: PermutationSpec,
+    params: Sequence[Mapping[str, Tensor]],
+    *,
+    max_iter: int = 20,
+    tol: float = 1e-7,
+    wm_max_iter: int = 100,
+    generator: torch.Generator | None = None,
+) -> MergeManyResult:
     """Align ``params`` (N ≥ 2 models) to each other and average them."""
     if len(params) < 2:
         raise OptionError(f"{{params}} must name at least 2 models, got {len(params)}")
@@ -58,8 +66,9 @@ def merge_many(spec: PermutationSpec, params: Sequence[Mapping[str, Tensor]], *,
     for _ in range(max_iter):
         for i in torch.randperm(len(params), generator=generator).tolist():
             others = mean_params([aligned[j] for j in range(len(params)) if j != i])
-            perms[i] = weight_matching(spec, others, params[i], max_iter=wm_max_iter, tol=0.0,
-                                       generator=generator, init_perm=perms[i]).perm
+            perms[i] = weight_matching(
+                spec, others, params[i], max_iter=wm_max_iter, tol=0.0, generator=generator, init_perm=perms[i]
+            ).perm
             aligned[i] = apply_permutation(spec, perms[i], params[i])
         distance.append(summed_distance(spec, aligned))
         if distance[-2] - distance[-1] <= tol * abs(distance[-2]):

@@ -24,8 +24,14 @@ from lmclab.core.spec import Permutation, PermutationSpec
 Monitor = Callable[[Permutation], dict[str, float]]  # one learning-curve row per call
 
 
-def midpoint_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                  permuted_b: Mapping[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+def midpoint_loss(
+    model: nn.Module,
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> Tensor:
     """Mean cross-entropy of the merged model ``(θa + π(θb)) / 2`` on ``(x, y)``, training mode."""
     merged = interpolate(params_a, permuted_b, 0.5)
     merged = {k: v.detach().clone() if k in spec.stats else v for k, v in merged.items()}
@@ -34,12 +40,18 @@ def midpoint_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str
 
 
 @torch.no_grad()
-def heldout_loss(model: nn.Module, spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                 permuted_b: Mapping[str, Tensor], data: Split, batch_size: int) -> float:
+def heldout_loss(
+    model: nn.Module,
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    permuted_b: Mapping[str, Tensor],
+    data: Split,
+    batch_size: int,
+) -> float:
     """:func:`midpoint_loss` averaged over ``data`` in chunks of ``batch_size``."""
     total = 0.0
     for lo in range(0, len(data), batch_size):
-        x, y = data.x[lo:lo + batch_size], data.y[lo:lo + batch_size]
+        x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
         total += float(midpoint_loss(model, spec, params_a, permuted_b, x, y)) * len(y)
     return total / len(data)
 
@@ -60,12 +72,13 @@ def split_holdout(data: Split, fraction: float, generator: torch.Generator) -> t
 def check_batch(batch_size: int, n_samples: int) -> None:
     """The batch must fit in the data it is drawn from (known only once the data is loaded)."""
     if batch_size > n_samples:
-        raise OptionError(f"{{batch_size}} must be at most the {n_samples} training samples available for "
-                          f"the search, got {batch_size}")
+        raise OptionError(
+            f"{{batch_size}} must be at most the {n_samples} training samples available for "
+            f"the search, got {batch_size}"
+        )
 
 
-def minibatches(n: int, batch_size: int, generator: torch.Generator, *,
-                drop_last: bool = True) -> list[Tensor]:
+def minibatches(n: int, batch_size: int, generator: torch.Generator, *, drop_last: bool = True) -> list[Tensor]:
     """One epoch of shuffled index batches; with ``drop_last`` the last, smaller batch is dropped
     unless it is the only one (kept, it is a smaller step, as in a ``DataLoader``)."""
     batches = list(torch.randperm(n, generator=generator).split(batch_size))

@@ -12,11 +12,24 @@ from lmclab.archs import build_model, get_arch
 from lmclab.search import SearchProblem
 
 
-def search_problem(arch: str, config: Any, params_a: Mapping[str, torch.Tensor], params_b: Mapping[str, torch.Tensor],
-                   *, device: torch.device, **given: Any) -> SearchProblem:
+def search_problem(
+    arch: str,
+    config: Any,
+    params_a: Mapping[str, torch.Tensor],
+    params_b: Mapping[str, torch.Tensor],
+    *,
+    device: torch.device,
+    **given: Any,
+) -> SearchProblem:
     """The :class:`~lmclab.search.SearchProblem` of two ``arch`` models: its permutation spec, a model
     skeleton on ``device`` and its activation points; ``given``: ``train``, ``test``, ``repair``, ``progress``."""
     module = get_arch(arch)
-    return SearchProblem(module.permutation_spec(config), params_a, params_b,
-                         model=build_model(arch, config).to(device), points=module.activation_points(config),
-                         device=device, **given)
+    return SearchProblem(
+        module.permutation_spec(config),
+        params_a,
+        params_b,
+        model=build_model(arch, config).to(device),
+        points=module.activation_points(config),
+        device=device,
+        **given,
+    )

@@ -105,11 +105,14 @@ def sinkhorn(scores: Tensor, *, tau: float, n_iter: int) -> Tensor:
     return method(scores, tau=tau, n_iter=n_iter)
 
 
-def init_scores(sizes: Mapping[str, int], generator: torch.Generator,
-                device: torch.device | str = "cpu") -> dict[str, Tensor]:
+def init_scores(
+    sizes: Mapping[str, int], generator: torch.Generator, device: torch.device | str = "cpu"
+) -> dict[str, Tensor]:
     """Identity plus ``INIT_NOISE`` · N(0, 1) per group, drawn in sorted group order."""
-    return {g: (torch.eye(n) + INIT_NOISE * torch.randn(n, n, generator=generator)).to(device)
-            for g, n in sorted(sizes.items())}
+    return {
+        g: (torch.eye(n) + INIT_NOISE * torch.randn(n, n, generator=generator)).to(device)
+        for g, n in sorted(sizes.items())
+    }
 
 
 def soft_permutation(scores: Mapping[str, Tensor], *, tau: float, n_iter: int) -> dict[str, Tensor]:

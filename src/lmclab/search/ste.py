@@ -53,15 +53,24 @@ class STEOptions(Options):
     @model_validator(mode="after")
     def _selection_has_heldout_data(self) -> STEOptions:
         if self.select == "holdout" and self.holdout == 0:
-            raise OptionError("{holdout} must be above 0 when {select} is 'holdout' "
-                              "(or choose select: best_batch), got 0")
+            raise OptionError(
+                "{holdout} must be above 0 when {select} is 'holdout' (or choose select: best_batch), got 0"
+            )
         return self
 
 
 @takes(STEOptions)
-def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], *,
-        model: nn.Module, data: Split, generator: torch.Generator, options: STEOptions,
-        monitor: Monitor | None = None) -> SearchResult:
+def ste(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    model: nn.Module,
+    data: Split,
+    generator: torch.Generator,
+    options: STEOptions,
+    monitor: Monitor | None = None,
+) -> SearchResult:
     """STE search (options: :class:`STEOptions`); ``stats['curve']`` has one row per epoch: mean and
     lowest minibatch loss, held-out midpoint loss of the epoch's projection (None without held-out data)."""
     holdout, batch_size, epochs = options.holdout, options.batch_size, options.epochs
@@ -75,15 +84,33 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
     opt = make_optimizer(options.optimizer, tilde.values(), lr=options.lr, momentum=options.momentum)
     project = projector(spec, params_b, options.wm_max_iter, generator)
-    score = partial(_score, model=model, spec=spec, params_a=params_a, params_b=params_b, held=held,
-                    batch_size=batch_size, monitor=monitor)
+    score = partial(
+        _score,
+        model=model,
+        spec=spec,
+        params_a=params_a,
+        params_b=params_b,
+        held=held,
+        batch_size=batch_size,
+        monitor=monitor,
+    )
     epoch_perms = [project(tilde, None)]
     curve, batch_best = [score(0, epoch_perms[0], None)], (float("inf"), epoch_perms[0], 0)
     for epoch in range(1, epochs + 1):
         perm, losses = epoch_perms[-1], []
         for idx in minibatches(len(train), batch_size, generator):
-            perm, loss = ste_step(opt, tilde, project, perm, model=model, spec=spec, params_a=params_a,
-                                  params_b=params_b, x=train.x[idx], y=train.y[idx])
+            perm, loss = ste_step(
+                opt,
+                tilde,
+                project,
+                perm,
+                model=model,
+                spec=spec,
+                params_a=params_a,
+                params_b=params_b,
+                x=train.x[idx],
+                y=train.y[idx],
+            )
             losses.append(loss)
             batch_best = (loss, perm, epoch) if loss < batch_best[0] else batch_best
         epoch_perms.append(project(tilde, perm))
@@ -94,8 +121,9 @@ def ste(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping
     else:
         best_epoch = min(curve, key=lambda row: row["heldout_loss"])["epoch"]
         best_perm = epoch_perms[best_epoch]
-    return SearchResult(best_perm, {"curve": curve, "epochs": epochs, "best_epoch": best_epoch,
-                                    "seconds": time.perf_counter() - start})
+    return SearchResult(
+        best_perm, {"curve": curve, "epochs": epochs, "best_epoch": best_epoch, "seconds": time.perf_counter() - start}
+    )
 
 
 def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, momentum: float) -> torch.optim.Optimizer:
@@ -111,10 +139,19 @@ def straight_through(tilde: Mapping[str, Tensor], permuted_b: Mapping[str, Tenso
     return {k: tilde[k] + (v - tilde[k]).detach() if k in tilde else v for k, v in permuted_b.items()}
 
 
-def ste_step(opt: torch.optim.Optimizer, tilde: Mapping[str, Tensor], project: Projector,
-             previous: Permutation | None, *, model: nn.Module, spec: PermutationSpec,
-             params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], x: Tensor,
-             y: Tensor) -> tuple[Permutation, float]:
+def ste_step(
+    opt: torch.optim.Optimizer,
+    tilde: Mapping[str, Tensor],
+    project: Projector,
+    previous: Permutation | None,
+    *,
+    model: nn.Module,
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> tuple[Permutation, float]:
     """One minibatch of Algorithm 3: project ``θ̃`` (warm-started from ``previous``), evaluate the
     midpoint loss at ``θ̂``, back-propagate to ``θ̃`` and take one optimiser step on it.
     Returns the projection and the loss."""
@@ -127,26 +164,42 @@ def ste_step(opt: torch.optim.Optimizer, tilde: Mapping[str, Tensor], project: P
     return perm, loss.item()
 
 
-def projector(spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: int,
-              generator: torch.Generator) -> Projector:
+def projector(
+    spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: int, generator: torch.Generator
+) -> Projector:
     """``θ̃ ↦ argmin_π ‖θ̃ − π(θb)‖`` by WM, warm-started from the previous permutation.
     (Running statistics only give WM the group sizes; they never enter its cost.)"""
     stats = {k: v for k, v in params_b.items() if k in spec.stats}
 
     def project(tilde: Mapping[str, Tensor], previous: Permutation | None) -> Permutation:
         with torch.no_grad():
-            return weight_matching(spec, {**stats, **{k: v.detach() for k, v in tilde.items()}},
-                                   params_b, max_iter=max_iter, tol=0.0, generator=generator,
-                                   init_perm=previous).perm
+            return weight_matching(
+                spec,
+                {**stats, **{k: v.detach() for k, v in tilde.items()}},
+                params_b,
+                max_iter=max_iter,
+                tol=0.0,
+                generator=generator,
+                init_perm=previous,
+            ).perm
 
     return project
 
 
-def _score(epoch: int, perm: Permutation, train_loss: float | None, *, model: nn.Module,
-           spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-           held: Split, batch_size: int, monitor: Monitor | None) -> dict:
+def _score(
+    epoch: int,
+    perm: Permutation,
+    train_loss: float | None,
+    *,
+    model: nn.Module,
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    held: Split,
+    batch_size: int,
+    monitor: Monitor | None,
+) -> dict:
     permuted_b = apply_permutation(spec, perm, params_b)
     held_loss = heldout_loss(model, spec, params_a, permuted_b, held, batch_size) if len(held) else None
     row = {"epoch": epoch, "train_loss": train_loss, "heldout_loss": held_loss}
     return {**row, **(monitor(perm) if monitor else {})}
-

@@ -47,14 +47,23 @@ class STESinkhornOptions(Options):
     drop_last: bool = option(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
     tau: Positive = option(1.0, "Sinkhorn STE: temperature")
     sinkhorn_iters: Count = option(20, "Sinkhorn STE: column+row normalisations per soft permutation")
-    precision: one_of(PRECISIONS) = option("fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the "
-                                                   "midpoint (CPUs with AVX512-BF16, GPUs)")
+    precision: one_of(PRECISIONS) = option(
+        "fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)"
+    )
 
 
 @takes(STESinkhornOptions)
-def ste_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                 *, model: nn.Module, data: Split, generator: torch.Generator, options: STESinkhornOptions,
-                 monitor: Monitor | None = None) -> SearchResult:
+def ste_sinkhorn(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    model: nn.Module,
+    data: Split,
+    generator: torch.Generator,
+    options: STESinkhornOptions,
+    monitor: Monitor | None = None,
+) -> SearchResult:
     """Optimise the Sinkhorn scores against the midpoint loss (options: :class:`STESinkhornOptions`);
     ``stats['curve']``: one row per epoch (``steps``: optimiser steps so far)."""
     epochs, batch_size = options.epochs, options.batch_size
@@ -63,33 +72,55 @@ def ste_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b
     device = next(iter(params_a.values())).device
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
-    scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator,
-                                                              device).items()}
+    scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator, device).items()}
     opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
     data = data.to(device)
-    curve = [{"epoch": 0, "train_loss": None, "steps": 0,
-              **(monitor(hard_permutation(scores)) if monitor else {})}]
-    step = partial(_step, opt, spec, scores, model, params_a, params_b, tau=options.tau,
-                   n_iter=options.sinkhorn_iters, bf16=options.precision == "bf16")
+    curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard_permutation(scores)) if monitor else {})}]
+    step = partial(
+        _step,
+        opt,
+        spec,
+        scores,
+        model,
+        params_a,
+        params_b,
+        tau=options.tau,
+        n_iter=options.sinkhorn_iters,
+        bf16=options.precision == "bf16",
+    )
     for epoch in range(1, epochs + 1):
         batches = minibatches(len(data), batch_size, generator, drop_last=options.drop_last)
         total = sum(step(data.x[i], data.y[i]) * len(i) for i in batches)
-        row = {"epoch": epoch, "train_loss": total / sum(len(i) for i in batches),
-               "steps": curve[-1]["steps"] + len(batches)}
+        row = {
+            "epoch": epoch,
+            "train_loss": total / sum(len(i) for i in batches),
+            "steps": curve[-1]["steps"] + len(batches),
+        }
         curve.append({**row, **(monitor(hard_permutation(scores)) if monitor else {})})
-    return SearchResult(hard_permutation(scores), {"curve": curve, "epochs": epochs,
-                                                   "seconds": time.perf_counter() - start})
+    return SearchResult(
+        hard_permutation(scores), {"curve": curve, "epochs": epochs, "seconds": time.perf_counter() - start}
+    )
 
 
-def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float,
-                   weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """Adam with ``weight_decay·θ`` added to the gradient, or AdamW with ``θ ← θ(1 − lr·wd)`` first."""
     return OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay)
 
 
-def _step(opt: torch.optim.Optimizer, spec: PermutationSpec, scores: Mapping[str, Tensor],
-          model: nn.Module, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-          x: Tensor, y: Tensor, *, tau: float, n_iter: int, bf16: bool = False) -> float:
+def _step(
+    opt: torch.optim.Optimizer,
+    spec: PermutationSpec,
+    scores: Mapping[str, Tensor],
+    model: nn.Module,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    *,
+    tau: float,
+    n_iter: int,
+    bf16: bool = False,
+) -> float:
     """One optimiser step on the minibatch's midpoint loss; returns the loss."""
     soft = soft_permutation(scores, tau=tau, n_iter=n_iter)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):

@@ -37,16 +37,24 @@ from lmclab.core.spec import (
 from lmclab.search.result import SearchResult
 
 
-def _permute_other_axes(spec: PermutationSpec, perm: Mapping[str, Tensor], name: str,
-                        value: Tensor, skip_axis: int) -> Tensor:
+def _permute_other_axes(
+    spec: PermutationSpec, perm: Mapping[str, Tensor], name: str, value: Tensor, skip_axis: int
+) -> Tensor:
     for axis, entry in enumerate(spec.axes[name]):
         if entry_groups(entry) and axis != skip_axis:
             value = value.index_select(axis, axis_index(entry, perm, value.shape[axis]))
     return value
 
 
-def _term(spec: PermutationSpec, perm: Mapping[str, Tensor], name: str, axis: int, group: str,
-          params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> Tensor:
+def _term(
+    spec: PermutationSpec,
+    perm: Mapping[str, Tensor],
+    name: str,
+    axis: int,
+    group: str,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+) -> Tensor:
     """``W^a_(axis) · (W^b permuted on its other axes)_(axis)ᵀ`` over the stretches ``group``
     permutes (a composite axis: one per segment, each unit's block in its row)."""
     w_a, w_b = params_a[name], _permute_other_axes(spec, perm, name, params_b[name], axis)
@@ -62,9 +70,14 @@ def _is_constant(spec: PermutationSpec, name: str, axis: int) -> bool:
     return all(not entry_groups(e) for i, e in enumerate(spec.axes[name]) if i != axis)
 
 
-def group_cost(spec: PermutationSpec, group: str, perm: Mapping[str, Tensor],
-               params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-               constants: Mapping[tuple[str, int, str], Tensor] | None = None) -> Tensor:
+def group_cost(
+    spec: PermutationSpec,
+    group: str,
+    perm: Mapping[str, Tensor],
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    constants: Mapping[tuple[str, int, str], Tensor] | None = None,
+) -> Tensor:
     """``C[i, j]`` = gain of mapping unit ``j`` of θb onto unit ``i`` of θa, shape (n, n).
 
     ``constants``: precomputed terms that do not depend on ``perm`` (``constant_terms``)."""
@@ -78,18 +91,28 @@ def group_cost(spec: PermutationSpec, group: str, perm: Mapping[str, Tensor],
     return cost
 
 
-def constant_terms(spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                   params_b: Mapping[str, Tensor]) -> dict[tuple[str, int, str], Tensor]:
+def constant_terms(
+    spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> dict[tuple[str, int, str], Tensor]:
     """The terms of every ``group_cost`` whose other axes carry no permutation (they never change)."""
-    return {(name, axis, group): _term(spec, {}, name, axis, group, params_a, params_b)
-            for group in spec.groups for name, axis in spec.groups[group]
-            if name not in spec.stats and _is_constant(spec, name, axis)}
+    return {
+        (name, axis, group): _term(spec, {}, name, axis, group, params_a, params_b)
+        for group in spec.groups
+        for name, axis in spec.groups[group]
+        if name not in spec.stats and _is_constant(spec, name, axis)
+    }
 
 
 def cost_dependencies(spec: PermutationSpec, group: str) -> frozenset[str]:
     """The other groups whose permutation enters ``group_cost(group)``."""
-    return frozenset(g for name, axis in spec.groups[group] if name not in spec.stats
-                     for i, e in enumerate(spec.axes[name]) if i != axis for g in entry_groups(e))
+    return frozenset(
+        g
+        for name, axis in spec.groups[group]
+        if name not in spec.stats
+        for i, e in enumerate(spec.axes[name])
+        if i != axis
+        for g in entry_groups(e)
+    )
 
 
 def solve_assignment(cost: Tensor) -> Tensor:
@@ -98,12 +121,12 @@ def solve_assignment(cost: Tensor) -> Tensor:
     return torch.from_numpy(cols[np.argsort(rows)]).long()
 
 
-def matching_objective(spec: PermutationSpec, perm: Mapping[str, Tensor],
-                       params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> float:
+def matching_objective(
+    spec: PermutationSpec, perm: Mapping[str, Tensor], params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> float:
     """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded)."""
     permuted = apply_permutation(spec, perm, spec.matched(params_b))
-    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float()))
-               for k, v in permuted.items())
+    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
 
 
 class WMOptions(Options):
@@ -114,10 +137,15 @@ class WMOptions(Options):
 
 
 @takes(WMOptions)
-def weight_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                    params_b: Mapping[str, Tensor], *, options: WMOptions,
-                    generator: torch.Generator | None = None,
-                    init_perm: Mapping[str, Tensor] | None = None) -> SearchResult:
+def weight_matching(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    options: WMOptions,
+    generator: torch.Generator | None = None,
+    init_perm: Mapping[str, Tensor] | None = None,
+) -> SearchResult:
     """Coordinate-descent WM (options: :class:`WMOptions`); ``stats['objective']`` holds ⟨θa, π(θb)⟩
     after each sweep."""
     max_iter, tol = options.max_iter, options.tol
@@ -143,5 +171,12 @@ def weight_matching(spec: PermutationSpec, params_a: Mapping[str, Tensor],
         objective.append(matching_objective(spec, perm, params_a, params_b))
         if objective[-1] - objective[-2] <= tol * abs(objective[-2]):
             break
-    return SearchResult(perm, {"objective": objective, "sweeps": len(objective) - 1, "assignments": solves,
-                               "seconds": time.perf_counter() - start})
+    return SearchResult(
+        perm,
+        {
+            "objective": objective,
+            "sweeps": len(objective) - 1,
+            "assignments": solves,
+            "seconds": time.perf_counter() - start,
+        },
+    )

@@ -52,11 +52,19 @@ class WMSinkhornOptions(Options):
     sinkhorn_iters: Count = option(20, "Sinkhorn WM: column+row normalisations per soft permutation")
     select: one_of(SELECTIONS) = option("best", "Sinkhorn WM: best epoch by ⟨θa, π(θb)⟩, or last (authors' code)")
     patience: Count | None = option(
-        None, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never)")
+        None, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never)"
+    )
 
 
-def distance_loss(spec: PermutationSpec, scores: Mapping[str, Tensor], params_a: Mapping[str, Tensor],
-                  matched_b: Mapping[str, Tensor], *, tau: float, n_iter: int) -> Tensor:
+def distance_loss(
+    spec: PermutationSpec,
+    scores: Mapping[str, Tensor],
+    params_a: Mapping[str, Tensor],
+    matched_b: Mapping[str, Tensor],
+    *,
+    tau: float,
+    n_iter: int,
+) -> Tensor:
     """``Σ ‖θa − π_soft(θb)‖² / N`` over the N matched entries (the authors' ``DistL2Loss``)."""
     permuted = soft_apply(spec, soft_permutation(scores, tau=tau, n_iter=n_iter), matched_b)
     total = sum((params_a[k] - v).pow(2).sum() for k, v in permuted.items())
@@ -64,9 +72,15 @@ def distance_loss(spec: PermutationSpec, scores: Mapping[str, Tensor], params_a:
 
 
 @takes(WMSinkhornOptions)
-def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor],
-                *, generator: torch.Generator, options: WMSinkhornOptions,
-                monitor: Monitor | None = None) -> SearchResult:
+def wm_sinkhorn(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    generator: torch.Generator,
+    options: WMSinkhornOptions,
+    monitor: Monitor | None = None,
+) -> SearchResult:
     """Adam on the Sinkhorn scores (options: :class:`WMSinkhornOptions`); ``stats['curve']`` has one
     row per epoch (epoch 0: the start)."""
     iterations, tau, n_iter, patience = options.iterations, options.tau, options.sinkhorn_iters, options.patience
@@ -74,8 +88,7 @@ def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b:
     device = next(iter(params_a.values())).device
     matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
     params_a = {k: v.detach() for k, v in params_a.items()}
-    scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator,
-                                                              device).items()}
+    scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator, device).items()}
     optimizer = torch.optim.Adam(scores.values(), lr=options.lr)
     track = _Tracker(spec, params_a, params_b, monitor, start)
     track(0, None, hard_permutation(scores))
@@ -91,9 +104,15 @@ def wm_sinkhorn(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b:
         if patience is not None and track.stale >= patience:
             break
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
-    return SearchResult(perm, {
-        "curve": track.curve, "epochs": track.curve[-1]["epoch"], "best_epoch": best["epoch"],
-        "seconds": time.perf_counter() - start})
+    return SearchResult(
+        perm,
+        {
+            "curve": track.curve,
+            "epochs": track.curve[-1]["epoch"],
+            "best_epoch": best["epoch"],
+            "seconds": time.perf_counter() - start,
+        },
+    )
 
 
 class _Tracker:
@@ -102,8 +121,14 @@ class _Tracker:
     epoch), ``seconds`` since the start (monitoring of earlier rows included) and the monitor's
     columns; keeps the best row by objective and counts the epochs since it was last raised (``stale``)."""
 
-    def __init__(self, spec: PermutationSpec, params_a: Mapping[str, Tensor],
-                 params_b: Mapping[str, Tensor], monitor: Monitor | None, start: float) -> None:
+    def __init__(
+        self,
+        spec: PermutationSpec,
+        params_a: Mapping[str, Tensor],
+        params_b: Mapping[str, Tensor],
+        monitor: Monitor | None,
+        start: float,
+    ) -> None:
         self.spec, self.params_a, self.params_b, self.monitor = spec, params_a, params_b, monitor
         self.start = start
         self.curve: list[dict] = []
@@ -116,8 +141,13 @@ class _Tracker:
         last = self.last_perm
         changed = None if last is None else sum(int((perm[g] != last[g]).sum()) for g in perm)
         objective = matching_objective(self.spec, perm, self.params_a, self.params_b)
-        row = {"epoch": epoch, "soft_loss": soft_loss, "objective": objective, "changed": changed,
-               "seconds": time.perf_counter() - self.start}
+        row = {
+            "epoch": epoch,
+            "soft_loss": soft_loss,
+            "objective": objective,
+            "changed": changed,
+            "seconds": time.perf_counter() - self.start,
+        }
         self.curve.append({**row, **(self.monitor(perm) if self.monitor else {})})
         self.last_perm = perm
         if not self.best or objective > self.best["objective"]:

@@ -47,22 +47,23 @@ from lmclab.trace.groups import TraceError
 __all__ = ["TraceError", "Traced", "trace", "trace_spec"]
 
 
-def trace_spec(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *,
-               partial: bool = False) -> PermutationSpec:
+def trace_spec(
+    model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *, partial: bool = False
+) -> PermutationSpec:
     """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` give the
     shapes. One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``."""
     return trace(model, example_inputs, partial=partial).spec
 
 
-def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *,
-          partial: bool = False) -> Traced:
+def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *, partial: bool = False) -> Traced:
     """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     try:
         gm = fx.symbolic_trace(model)
     except Exception as exc:  # torch.fx raises many types for untraceable Python
-        raise TraceError(f"trace_spec: torch.fx cannot trace {type(model).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]}") from None
+        raise TraceError(
+            f"trace_spec: torch.fx cannot trace {type(model).__name__}: {' '.join(str(exc).split())[:200]}"
+        ) from None
     was_training = model.training
     gm.eval()
     try:  # ShapeProp prints a traceback of its own before raising: the one line below says it all
@@ -70,8 +71,10 @@ def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor
             ShapeProp(gm).propagate(*inputs)
     except Exception as exc:  # any error of the model's own forward
         cause = exc.__cause__ or exc
-        raise TraceError(f"trace_spec: {type(model).__name__} does not run on inputs of shape "
-                         f"{[tuple(x.shape) for x in inputs]}: {' '.join(str(cause).split())[:200]}") from None
+        raise TraceError(
+            f"trace_spec: {type(model).__name__} does not run on inputs of shape "
+            f"{[tuple(x.shape) for x in inputs]}: {' '.join(str(cause).split())[:200]}"
+        ) from None
     finally:
         gm.train(was_training)
     tracer = GraphTracer(gm, partial)

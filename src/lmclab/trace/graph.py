@@ -78,9 +78,11 @@ class GraphTracer(ShapeRules):
 
     def refuse(self, node: fx.Node, reason: str) -> None:
         if not self.partial:
-            raise TraceError(f"trace_spec: node {node.name!r}: {_op_name(node, self.gm)} in {_where(node)} "
-                             f"cannot be proved permutation-equivariant ({reason}); pass partial=True to leave "
-                             "its channels unpermuted")
+            raise TraceError(
+                f"trace_spec: node {node.name!r}: {_op_name(node, self.gm)} in {_where(node)} "
+                f"cannot be proved permutation-equivariant ({reason}); pass partial=True to leave "
+                "its channels unpermuted"
+            )
         for t in self.tagged_inputs(node):
             self.pin(t.gids)
         self.tags[node] = None
@@ -91,8 +93,9 @@ class GraphTracer(ShapeRules):
         if a is None or b is None:
             return a is None and b is None
         a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
-        if [s.length for s in a] != [s.length for s in b] or \
-                any(max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b, strict=True)):
+        if [s.length for s in a] != [s.length for s in b] or any(
+            max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b, strict=True)
+        ):
             return False
         for x, y in zip(a, b, strict=True):
             fine, coarse = (x, y) if x.block <= y.block else (y, x)
@@ -151,7 +154,7 @@ class GraphTracer(ShapeRules):
         if getattr(module, "bias", None) is not None:
             self.record(f"{name}.bias", [(Seg(g, shape[axis]),)])
         base = t_in.layouts if t_in and not spatial else (None,) * len(shape)  # a conv's spatial axes: none
-        self.tags[node] = Tag.of(base[:axis] + ((Seg(g, shape[axis]),),) + base[axis + 1:])
+        self.tags[node] = Tag.of(base[:axis] + ((Seg(g, shape[axis]),),) + base[axis + 1 :])
 
     def conv(self, node: fx.Node, name: str, module: nn.Conv2d, t_in: Tag | None) -> None:
         if module.groups == 1:
@@ -160,8 +163,11 @@ class GraphTracer(ShapeRules):
         if t_in is None or t_in.at(1) is None:  # the conv's groups stay in place: a new group, pinned
             layout: tuple[Seg, ...] = (Seg(self.groups.union(self.groups.new(), FIXED), module.out_channels, c_out),)
         elif (layout := self.grouped_output(t_in, c_in, c_out)) is None:
-            return self.refuse(node, f"a grouped convolution ({module.groups} groups of {c_in} channels) reading "
-                                     "segments that do not hold whole groups")
+            return self.refuse(
+                node,
+                f"a grouped convolution ({module.groups} groups of {c_in} channels) reading "
+                "segments that do not hold whole groups",
+            )
         self.record(f"{name}.weight", [layout, None, None, None])
         if module.bias is not None:
             self.record(f"{name}.bias", [layout])
@@ -188,8 +194,12 @@ class GraphTracer(ShapeRules):
         parameters and statistics take the layout of that axis; other permuted axes pass through."""
         shape = self.shape(node)
         axis = len(shape) - 1 if isinstance(module, nn.LayerNorm) else 1
-        if isinstance(module, nn.LayerNorm) and t_in is not None and len(module.normalized_shape) > 1 and \
-                any(a >= len(shape) - len(module.normalized_shape) for a in self.live(t_in)):
+        if (
+            isinstance(module, nn.LayerNorm)
+            and t_in is not None
+            and len(module.normalized_shape) > 1
+            and any(a >= len(shape) - len(module.normalized_shape) for a in self.live(t_in))
+        ):
             return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
         if t_in is not None:
             if t_in.plain(axis):  # the axis holds exactly the units of one group: an activation point
@@ -203,8 +213,12 @@ class GraphTracer(ShapeRules):
         shape = self.shape(node)
         if t_in is None:
             self.tags[node] = None
-        elif shape is None or shape_in is None or len(shape) != len(shape_in) or \
-                any(shape[a] != shape_in[a] for a in self.live(t_in)):
+        elif (
+            shape is None
+            or shape_in is None
+            or len(shape) != len(shape_in)
+            or any(shape[a] != shape_in[a] for a in self.live(t_in))
+        ):
             self.refuse(node, "it changes a permuted axis")
         elif pool and any(a >= len(shape) - 2 for a in self.live(t_in)):
             self.refuse(node, "a pooling window over a permuted axis")
@@ -230,8 +244,11 @@ class GraphTracer(ShapeRules):
             self.cat(node)
         elif target is torch.mean or method == "mean":
             self.reduce(node, tagged[0])
-        elif (target in (torch.transpose, torch.permute, torch.swapaxes)
-              or method in ("transpose", "permute", "swapaxes")):
+        elif target in (torch.transpose, torch.permute, torch.swapaxes) or method in (
+            "transpose",
+            "permute",
+            "swapaxes",
+        ):
             self.move(node, tagged[0])
         elif target is torch.nn.functional.layer_norm:
             self.functional_norm(node, tagged[0])
@@ -256,8 +273,14 @@ class GraphTracer(ShapeRules):
             if self.tag(a) is None and a.op == "get_attr" and a.target in self.state_keys:
                 self.record(str(a.target), [None if n == 1 else out[k + offset] for k, n in enumerate(s)])
                 continue
-            self.pin([seg.gid for k, n in enumerate(s) if n != 1 and self.broadcast(a, k + offset, len(shape)) is None
-                      for seg in out[k + offset] or ()])
+            self.pin(
+                [
+                    seg.gid
+                    for k, n in enumerate(s)
+                    if n != 1 and self.broadcast(a, k + offset, len(shape)) is None
+                    for seg in out[k + offset] or ()
+                ]
+            )
         self.tags[node] = Tag.of(out)
 
     def broadcast(self, arg: fx.Node, axis: int, ndim: int) -> Layout:
@@ -281,8 +304,10 @@ class GraphTracer(ShapeRules):
 
     def result(self, model: nn.Module) -> Traced:
         """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
-        axes = {key: tuple(self.entry(lay) for lay in self.axes[key]) if key in self.axes else (None,) * value.dim()
-                for key, value in model.state_dict().items()}
+        axes = {
+            key: tuple(self.entry(lay) for lay in self.axes[key]) if key in self.axes else (None,) * value.dim()
+            for key, value in model.state_dict().items()
+        }
         found: dict[str, dict[str, list[str]]] = {}
         for gid, points in self.writers.items():
             if (name := self.name_of(gid)) is not None:

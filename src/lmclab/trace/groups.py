@@ -14,14 +14,44 @@ from torch import nn
 FIXED = -1  # the union-find root of every group that must not be permuted
 # windows over the last two axes
 POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
-POOL_FUNCTIONS = {torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
-                  torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d}
-CARRY_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid,
-                 nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity, nn.Hardtanh, nn.Softplus, nn.Mish, *POOL_MODULES)
-CARRY_FUNCTIONS = {torch.relu, torch.nn.functional.relu, torch.nn.functional.gelu, torch.nn.functional.silu,
-                   torch.sigmoid, torch.tanh, torch.nn.functional.dropout, torch.nn.functional.relu6,
-                   torch.nn.functional.hardswish, operator.neg, *POOL_FUNCTIONS,
-                   torchvision.ops.stochastic_depth}  # drops whole samples (or the whole batch), never channels
+POOL_FUNCTIONS = {
+    torch.nn.functional.max_pool2d,
+    torch.nn.functional.avg_pool2d,
+    torch.nn.functional.adaptive_avg_pool2d,
+    torch.nn.functional.adaptive_max_pool2d,
+}
+CARRY_MODULES = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.GELU,
+    nn.SiLU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.Dropout,
+    nn.Identity,
+    nn.Hardtanh,
+    nn.Softplus,
+    nn.Mish,
+    *POOL_MODULES,
+)
+CARRY_FUNCTIONS = {
+    torch.relu,
+    torch.nn.functional.relu,
+    torch.nn.functional.gelu,
+    torch.nn.functional.silu,
+    torch.sigmoid,
+    torch.tanh,
+    torch.nn.functional.dropout,
+    torch.nn.functional.relu6,
+    torch.nn.functional.hardswish,
+    operator.neg,
+    *POOL_FUNCTIONS,
+    torchvision.ops.stochastic_depth,
+}  # drops whole samples (or the whole batch), never channels
 MERGE_FUNCTIONS = {operator.add, torch.add, operator.mul, torch.mul, operator.iadd, operator.imul}
 
 
@@ -107,8 +137,9 @@ class Groups:
             self.coarse[root] = (self.new(), factor)
         coarse, old = self.coarse[root]
         if old != factor:
-            raise TraceError(f"trace_spec: one group is read by grouped convolutions in runs of {old} and of "
-                             f"{factor} channels")
+            raise TraceError(
+                f"trace_spec: one group is read by grouped convolutions in runs of {old} and of {factor} channels"
+            )
         return coarse
 
     def union(self, a: int, b: int) -> int:

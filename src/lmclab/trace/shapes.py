@@ -43,10 +43,10 @@ class ShapeRules:
         inside = [a for a in self.live(t_in) if start <= a <= end]
         if len(inside) > 1:
             return self.refuse(node, "a flatten of two permuted axes into one")
-        if inside and any(n != 1 for n in shape_in[start:inside[0]]):
+        if inside and any(n != 1 for n in shape_in[start : inside[0]]):
             return self.refuse(node, "a flatten that interleaves the permuted axis with the axes before it")
-        merged = blocks_of(lays[inside[0]], math.prod(shape_in[inside[0] + 1:end + 1])) if inside else None
-        self.tags[node] = Tag.of(lays[:start] + (merged,) + lays[end + 1:])
+        merged = blocks_of(lays[inside[0]], math.prod(shape_in[inside[0] + 1 : end + 1])) if inside else None
+        self.tags[node] = Tag.of(lays[:start] + (merged,) + lays[end + 1 :])
 
     def reshape(self, node: fx.Node, t_in: Tag) -> None:
         """A reshape that keeps the permuted axes (reshaping only others) or flattens one into the axes
@@ -59,7 +59,7 @@ class ShapeRules:
             tail += 1
         lays = t_in.layouts
         if not any(head <= a < len(shape_in) - tail for a in self.live(t_in)):  # permuted axes untouched
-            self.tags[node] = Tag.of(lays[:head] + (None,) * (len(shape) - head - tail) + lays[len(lays) - tail:])
+            self.tags[node] = Tag.of(lays[:head] + (None,) * (len(shape) - head - tail) + lays[len(lays) - tail :])
         elif len(shape) - head - tail == 1:  # = flatten(x, head, -1 - tail)
             self.flatten(node, t_in, head, len(shape_in) - 1 - tail)
         else:
@@ -89,8 +89,13 @@ class ShapeRules:
         """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand."""
         if all(lay is None for lay in lays):
             return None
-        return tuple(seg for a, lay in zip(tensors, lays, strict=True) for seg in (
-            lay if lay is not None else (Seg(self.groups.union(self.groups.new(), FIXED), self.shape(a)[dim]),)))
+        return tuple(
+            seg
+            for a, lay in zip(tensors, lays, strict=True)
+            for seg in (
+                lay if lay is not None else (Seg(self.groups.union(self.groups.new(), FIXED), self.shape(a)[dim]),)
+            )
+        )
 
     def reduce(self, node: fx.Node, t_in: Tag) -> None:
         shape_in, shape = self.shape(node.args[0]), self.shape(node)
@@ -99,8 +104,9 @@ class ShapeRules:
         if not dims or any(a in dims for a in self.live(t_in)):
             return self.refuse(node, "a mean over a permuted axis")
         keep = len(shape) == len(shape_in)
-        self.tags[node] = Tag.of([None if a in dims else lay for a, lay in enumerate(t_in.layouts)
-                                  if keep or a not in dims])
+        self.tags[node] = Tag.of(
+            [None if a in dims else lay for a, lay in enumerate(t_in.layouts) if keep or a not in dims]
+        )
 
     def functional_norm(self, node: fx.Node, t_in: Tag) -> None:
         """``F.layer_norm(x, (last,), weight, bias)`` (torchvision's LayerNorm2d): as the module, its

@@ -31,14 +31,26 @@ CPU = torch.device("cpu")  # the default device of train()
 AUGMENT_STREAM = 2**32  # the augmentation generator is seeded with seed + this: its own stream
 
 
-def check_training_options(*, epochs: int, lr: float, batch_size: int, n_train: int,
-                           optimizer: str = "adam", momentum: float = 0.9, weight_decay: float = 0.0,
-                           schedule: str = "constant", warmup_epochs: int = 0,
-                           augment: str = "none") -> None:
+def check_training_options(
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    n_train: int,
+    optimizer: str = "adam",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    schedule: str = "constant",
+    warmup_epochs: int = 0,
+    augment: str = "none",
+) -> None:
     """One-line errors for impossible options, raised before any training starts (:class:`OptionError`,
     naming the arguments)."""
-    for key, value, allowed in (("optimizer", optimizer, OPTIMIZERS), ("schedule", schedule, SCHEDULES),
-                                ("augment", augment, AUGMENTATIONS)):
+    for key, value, allowed in (
+        ("optimizer", optimizer, OPTIMIZERS),
+        ("schedule", schedule, SCHEDULES),
+        ("augment", augment, AUGMENTATIONS),
+    ):
         if value not in allowed:
             raise OptionError(f"{{{key}}}: expected one of {got(allowed)}, got {got(value)}")
     if not 0 <= momentum < 1:
@@ -52,8 +64,7 @@ def check_training_options(*, epochs: int, lr: float, batch_size: int, n_train: 
     if lr <= 0:
         raise OptionError(f"{{lr}} must be positive, got {lr}")
     if not 1 <= batch_size <= n_train:
-        raise OptionError(f"{{batch_size}} must be between 1 and the {n_train} training samples, "
-                          f"got {batch_size}")
+        raise OptionError(f"{{batch_size}} must be between 1 and the {n_train} training samples, got {batch_size}")
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int = 0) -> float:
@@ -69,8 +80,9 @@ def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int = 0)
     return 1.0
 
 
-def make_optimizer(params: Any, *, optimizer: str, lr: float, momentum: float,
-                   weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Any, *, optimizer: str, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
     """Adam (paper) or SGD with (Nesterov-free) momentum; ``weight_decay`` is the L2 penalty
     coefficient added to the gradient (PyTorch's coupled weight decay)."""
     if optimizer == "sgd":
@@ -78,12 +90,28 @@ def make_optimizer(params: Any, *, optimizer: str, lr: float, momentum: float,
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
 
 
-def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Split, *,
-          epochs: int, lr: float = 1e-3, batch_size: int = 512, optimizer: str = "adam",
-          momentum: float = 0.9, weight_decay: float = 0.0, schedule: str = "constant",
-          warmup_epochs: int = 0, augment: str = "none", mixup_alpha: float = 0.0, precision: str = "fp32",
-          device: torch.device = CPU, world: World = ALONE, progress: bool = False
-          ) -> tuple[Checkpoint, list[dict[str, float]]]:
+def train(
+    arch: str,
+    config: Any,
+    seed: int,
+    train_split: Split,
+    test_split: Split,
+    *,
+    epochs: int,
+    lr: float = 1e-3,
+    batch_size: int = 512,
+    optimizer: str = "adam",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    schedule: str = "constant",
+    warmup_epochs: int = 0,
+    augment: str = "none",
+    mixup_alpha: float = 0.0,
+    precision: str = "fp32",
+    device: torch.device = CPU,
+    world: World = ALONE,
+    progress: bool = False,
+) -> tuple[Checkpoint, list[dict[str, float]]]:
     """Train with cross-entropy; return the checkpoint and one history row per epoch.
 
     History rows: ``epoch``, ``lr`` (after the epoch), ``train_loss``/``train_acc``
@@ -94,8 +122,14 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
     (:class:`lmclab.train.augment.Mixup`). The last row also holds the neural-collapse statistics of the
     final model's last-layer features on the training split (:mod:`lmclab.analysis.collapse`).
     """
-    options = dict(optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
-                   schedule=schedule, warmup_epochs=warmup_epochs, augment=augment)
+    options = dict(
+        optimizer=optimizer,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        schedule=schedule,
+        warmup_epochs=warmup_epochs,
+        augment=augment,
+    )
     check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split), **options)
     if precision not in PRECISIONS:
         raise OptionError(f"{{precision}}: expected one of {got(PRECISIONS)}, got {got(precision)}")
@@ -103,22 +137,36 @@ def train(arch: str, config: Any, seed: int, train_split: Split, test_split: Spl
         raise OptionError(f"{{mixup_alpha}} must be ≥ 0 (0 = off), got {mixup_alpha}")
     model = build_model(arch, config, seed=seed).to(device)
     wrapped = world.wrap(model)
-    opt = make_optimizer(wrapped.parameters(), optimizer=optimizer, lr=lr, momentum=momentum,
-                         weight_decay=weight_decay)
+    opt = make_optimizer(wrapped.parameters(), optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
     steps_per_epoch = math.ceil(len(train_split) / batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(
-        schedule, step, epochs * steps_per_epoch, warmup_epochs * steps_per_epoch))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(schedule, step, epochs * steps_per_epoch, warmup_epochs * steps_per_epoch)
+    )
     order = torch.Generator().manual_seed(seed)
-    step = Step(wrapped, opt, sched, train_split.to(device), augment,
-                torch.Generator().manual_seed(seed + AUGMENT_STREAM), world, precision,
-                Mixup(mixup_alpha, seed) if mixup_alpha > 0 else None)
+    step = Step(
+        wrapped,
+        opt,
+        sched,
+        train_split.to(device),
+        augment,
+        torch.Generator().manual_seed(seed + AUGMENT_STREAM),
+        world,
+        precision,
+        Mixup(mixup_alpha, seed) if mixup_alpha > 0 else None,
+    )
     history = []
     bar = tqdm(range(1, epochs + 1), desc=f"train seed {seed}", disable=not progress or not world.is_main, leave=False)
     for epoch in bar:
         loss, acc = step.epoch(torch.randperm(len(train_split), generator=order).split(batch_size))
         test = evaluate_sharded(model, dict(model.state_dict()), test_split, world)
-        row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"], "train_loss": loss, "train_acc": acc,
-               "test_loss": test.loss, "test_acc": test.acc}
+        row = {
+            "epoch": epoch,
+            "lr": opt.param_groups[0]["lr"],
+            "train_loss": loss,
+            "train_acc": acc,
+            "test_loss": test.loss,
+            "test_acc": test.acc,
+        }
         history.append(row)
         bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test.acc:.3f}")
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
