@@ -147,6 +147,14 @@ def test_a_state_dict_of_another_model_is_refused_naming_it() -> None:
         lmclab.find_permutation(_mlp(0), other.state_dict(), example_inputs=torch.randn(2, 12))
 
 
+def test_errors_of_the_functions_below_name_the_apis_own_arguments() -> None:
+    data, bn = (torch.randn(8, 12), torch.zeros(8)), nn.Sequential(nn.Linear(12, 4), nn.BatchNorm1d(4))
+    with pytest.raises(ValueError, match=r"^lams must be at least 2 \(both endpoints\), got 1$"):
+        lmclab.interpolate(_mlp(0), _mlp(1), data=data, lams=1)
+    with pytest.raises(ValueError, match=r"^repair_samples must be a positive number"):
+        lmclab.interpolate(bn, bn.state_dict(), data=data, repair="bn", repair_data=data, repair_samples=0)
+
+
 def test_lams_must_hold_both_endpoints_and_the_midpoint() -> None:
     with pytest.raises(ValueError, match=r"^lams must lie in \[0, 1\] and hold 0, 0.5 and 1"):
         lmclab.interpolate(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), lams=[0, 1])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lmclab.api.inputs import Data, Model, as_split, params_of, skeleton
+from lmclab.api.inputs import Data, Model, as_split, named_as, params_of, skeleton
 from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
 from lmclab.core.device import resolve_device
 from lmclab.core.interpolation import barriers_from_curve, interpolation_curve
@@ -68,7 +68,8 @@ def interpolate(
     ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
     re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of
     ``repair_data`` (REPAIR-style reset; needed for BN networks, SPEC.md §2)."""
-    grid = lambda_grid(lams) if isinstance(lams, int) else sorted({float(v) for v in lams})
+    with named_as(num_lambdas="lams"):
+        grid = lambda_grid(lams) if isinstance(lams, int) else sorted({float(v) for v in lams})
     if not {0.0, 0.5, 1.0} <= set(grid) or not all(0.0 <= v <= 1.0 for v in grid):
         raise ValueError(f"lams must lie in [0, 1] and hold 0, 0.5 and 1, got {grid}")
     dev = resolve_device(device)
@@ -85,7 +86,8 @@ def interpolate(
             raise ValueError("repair: 'bn' needs a model with BatchNorm layers; this one has none")
         if repair_data is None:
             raise ValueError("repair_data: repair='bn' needs data to re-estimate the statistics on")
-        hook = bn_repair_hook(net, as_split(repair_data, "repair_data").to(dev), num_samples=repair_samples)
+        with named_as(num_samples="repair_samples"):
+            hook = bn_repair_hook(net, as_split(repair_data, "repair_data").to(dev), num_samples=repair_samples)
     elif repair is not None:
         raise ValueError(f"repair must be None or 'bn', got {repair!r}")
     with torch.no_grad():

@@ -5,7 +5,8 @@ permutation spec (given, or traced with :mod:`lmclab.trace`). Errors name the AP
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.device import resolve_device
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, PermutationSpec
 
 Model = nn.Module | Mapping[str, Tensor]  # a module, or its state_dict
@@ -79,6 +81,15 @@ def first_inputs(data: Data) -> Tensor:
         raise ValueError("data is empty")
     x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
     return (x.unsqueeze(0) if y.dim() == 0 else x[:2]).float()
+
+
+@contextmanager
+def named_as(**names: str) -> Iterator[None]:
+    """Report a library error under the API's own argument names (``num_lambdas`` → ``lams``)."""
+    try:
+        yield
+    except OptionError as err:
+        raise ValueError(err.keyed(lambda name: names.get(name, name))) from None
 
 
 class Problem(NamedTuple):
