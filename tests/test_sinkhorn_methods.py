@@ -362,12 +362,10 @@ def test_bf16_computes_the_soft_permuted_parameters_under_autocast(monkeypatch) 
     assert len(seen) == 2 and all(set(dtypes.values()) == {torch.float32} for dtypes in seen)
 
 
-def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
-    """Minibatch losses are noisy: here the lowest is in epoch 2 of 4, so neither the last epoch nor
-    its projection is returned."""
-    spec, net, (params_a, params_b), data = _tiny_problem()
-    epoch_perms = []
-    result = ste_module.ste(
+def _best_batch_ste(spec, net, params_a, params_b, data, *, lr: float, epoch_perms: list):
+    """STE with SGD (momentum 0.9) for 4 epochs of batches of 16, selecting the best minibatch;
+    ``epoch_perms`` receives the projection at the end of each epoch."""
+    return ste_module.ste(
         spec,
         params_a,
         params_b,
@@ -375,7 +373,7 @@ def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
         data=data,
         generator=torch.Generator().manual_seed(0),
         optimizer="sgd",
-        lr=50.0,
+        lr=lr,
         momentum=0.9,
         epochs=4,
         batch_size=16,
@@ -383,6 +381,14 @@ def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
         select="best_batch",
         monitor=lambda perm: epoch_perms.append(perm) or {},
     )
+
+
+def test_ste_best_batch_needs_no_holdout_and_holdout_selection_does() -> None:
+    """Minibatch losses are noisy: here the lowest is in epoch 2 of 4, so neither the last epoch nor
+    its projection is returned."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    epoch_perms = []
+    result = _best_batch_ste(spec, net, params_a, params_b, data, lr=50.0, epoch_perms=epoch_perms)
     curve = result.stats["curve"]
     assert all(r["heldout_loss"] is None for r in curve)
     assert result.stats["best_epoch"] == min(curve[1:], key=lambda r: r["best_batch_loss"])["epoch"] == 2
@@ -405,22 +411,7 @@ def test_ste_best_batch_returns_the_permutation_of_the_step_with_the_lowest_loss
         return perm, loss
 
     monkeypatch.setattr(ste_module, "ste_step", recording)
-    result = ste_module.ste(
-        spec,
-        params_a,
-        params_b,
-        model=net,
-        data=data,
-        generator=torch.Generator().manual_seed(0),
-        optimizer="sgd",
-        lr=1.0,
-        momentum=0.9,
-        epochs=4,
-        batch_size=16,
-        holdout=0.0,
-        select="best_batch",
-        monitor=lambda perm: epoch_perms.append(perm) or {},
-    )
+    result = _best_batch_ste(spec, net, params_a, params_b, data, lr=1.0, epoch_perms=epoch_perms)
     best = min(range(len(steps)), key=lambda i: steps[i][1])  # 3 steps per epoch
     best_perm = steps[best][0]
     assert len(steps) == 12 and torch.equal(result.perm["P"], best_perm["P"])
