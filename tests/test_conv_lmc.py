@@ -180,5 +180,5 @@ def test_measure_with_repair_reports_both_curves(trained, digits):
     mid = {r["repair"]: r["acc"] for r in rows if r["lam"] == 0.5}
     assert mid[True] > mid[False]
     assert len(repair_subset(digits["train"], 300)) == 300
-    with pytest.raises(ValueError, match="bn_repair_samples"):
+    with pytest.raises(ValueError, match=r"^num_samples must be a positive number of images or null, got 0$"):
         repair_subset(digits["train"], 0)
