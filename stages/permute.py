@@ -27,33 +27,36 @@ def main(
     out: Path = typer.Option(...),
     params: Path = Path("params.yaml"),
 ) -> None:
+    from lmclab.api import find_permutation
+    from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
-    from lmclab.core.device import resolve_device
-    from lmclab.search import check_method, run_search
-    from lmclab.search.registered import search_problem
+    from lmclab.search import check_method
 
     read = stage_params("permute", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
     with search_errors(method):  # the library's errors, under their params.yaml keys
         check_method(method, options)
-    seed, device = read("permute.seed"), resolve_device(read("device"))
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
-    problem = search_problem(
-        a.arch,
-        a.config,
-        {k: v.to(device) for k, v in a.state_dict.items()},
-        {k: v.to(device) for k, v in b.state_dict.items()},
-        device=device,
-        train=load_split(data, "train"),
-        test=load_split(data, "test"),
-        progress=show_progress(),
-    )
+    arch = get_arch(a.arch)  # the registry's spec and activation points: nothing to trace
     with search_errors(method):
-        result = run_search(method, problem, seed=seed, options=options)
-    atomic_save({g: p.cpu() for g, p in result.perm.items()}, out / "perm.pt")
+        result = find_permutation(
+            a.state_dict,
+            b.state_dict,
+            method=method,
+            spec=arch.permutation_spec(a.config),
+            model=build_model(a.arch, a.config),
+            points=arch.activation_points(a.config),
+            data=load_split(data, "train"),
+            test=load_split(data, "test"),
+            seed=read("permute.seed"),
+            device=read("device"),
+            progress=show_progress(),
+            **options,
+        )
+    atomic_save(result.perm, out / "perm.pt")
     with atomic_path(out / "stats.json") as tmp:
         tmp.write_text(json.dumps({"method": method, **result.stats}, indent=2) + "\n")
     typer.echo(f"{method}: {model_b.name} -> {model_a.name} in {result.stats['seconds']:.3f} s")

@@ -63,6 +63,7 @@ def find_permutation(
     data: Data | None = None,
     model: nn.Module | None = None,
     points: Mapping[str, Sequence[str]] | None = None,
+    test: Data | None = None,
     seed: int = 0,
     device: str = "auto",
     progress: bool = False,
@@ -73,7 +74,9 @@ def find_permutation(
 
     ``spec`` defaults to the one traced from the model on ``example_inputs`` (or on ``data``'s first
     batch); ``model`` is the module of two state dicts; ``data`` (training batches) is needed by
-    ``am``, ``ste`` and ``ste_sinkhorn``; ``points`` overrides the traced activation points of AM."""
+    ``am``, ``ste`` and ``ste_sinkhorn``; ``points`` overrides the traced activation points of AM;
+    with ``test`` data the iterative methods record the merged model's test loss and accuracy after
+    each search epoch in ``stats["curve"]`` (the paper's Figure 6)."""
     if method not in METHODS:
         raise ValueError(f"method: unknown method {method!r}; expected one of {sorted(METHODS)}")
     if method in DATA_METHODS and data is None:
@@ -86,7 +89,7 @@ def find_permutation(
         example_inputs=example_inputs,
         data=data,
         device=device,
-        needs_forward=method in DATA_METHODS,
+        needs_forward=method in DATA_METHODS or test is not None,  # the learning curve runs the model too
     )
     params_a, params_b = (params_of(m, n, problem.device) for m, n in ((model_a, "model_a"), (model_b, "model_b")))
     problem.spec.check(params_a, "model_a")
@@ -98,6 +101,7 @@ def find_permutation(
         model=problem.model,
         points=dict(points) if points is not None else problem.points,
         train=as_split(data).to(problem.device) if data is not None else None,
+        test=as_split(test, "test").to(problem.device) if test is not None else None,
         device=problem.device,
         progress=progress,
     )
