@@ -18,6 +18,20 @@ from dvc_repo import run as _run
 
 from lmclab.pipeline.stage import StageParams, load_yaml
 
+EVERY_STAGE = {
+    "validate",
+    "download",
+    "train",
+    "permute",
+    "merge",
+    "measure",
+    "spectra",
+    "connect",
+    "merge_many",
+    "summarize",
+    "plot",
+}  # the stages of dvc.yaml, matrix instances by their base name
+
 
 def _ran(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
@@ -45,19 +59,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     first = _ran(_run(repo, "dvc", "repro"))
-    assert _base_stages(first) == {
-        "validate",
-        "download",
-        "train",
-        "permute",
-        "merge",
-        "measure",
-        "spectra",
-        "connect",
-        "merge_many",
-        "summarize",
-        "plot",
-    }
+    assert _base_stages(first) == EVERY_STAGE
     assert len([s for s in first if s.startswith("permute@")]) == 3
     summary = json.loads((repo / "reports/detail/summary.json").read_text())
     assert set(summary) == {"identity", "wm", "am"}
@@ -167,19 +169,7 @@ def test_an_edit_to_code_a_stage_imports_marks_that_stage_changed(repo: Path) ->
         assert not {"download", "summarize", "plot"} & changed
         mlp.write_text(saved[mlp])
         (repo / "src/lmclab/pipeline/stage.py").write_text(saved[repo / "src/lmclab/pipeline/stage.py"] + "# edited\n")
-        assert {s.split("@")[0] for s in _changed_stages(repo)} == {
-            "validate",
-            "download",
-            "train",
-            "permute",
-            "merge",
-            "measure",
-            "spectra",
-            "connect",
-            "merge_many",
-            "summarize",
-            "plot",
-        }
+        assert {s.split("@")[0] for s in _changed_stages(repo)} == EVERY_STAGE
     finally:
         for path, text in saved.items():
             path.write_text(text)
