@@ -3,7 +3,8 @@
 ``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``;
 ``merge_many``, ``merge_many_trace``), the headline metrics ``metrics/headline.json`` (what
 ``dvc exp show`` and ``dvc metrics diff`` compare; ``lmclab.report.headline``) and the detail JSON files
-``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) in ``--detail-dir``, and
+``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) and ``environment.json`` (the
+machine: ``lmclab.core.device.describe_machine``) in ``--detail-dir``, and
 ``findings.json`` beside the headline metrics: the paper's findings checked on this run
 (``lmclab.analysis.findings``). ~3 s."""
 
@@ -38,6 +39,7 @@ def main(
 
     from lmclab.analysis.findings import paper_findings
     from lmclab.core.atomic import atomic_path
+    from lmclab.core.device import describe_machine
     from lmclab.report.headline import headline_metrics
     from lmclab.report.summary import (
         collect_pairs,
@@ -93,6 +95,7 @@ def main(
         (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
         (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
         (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace)),
+        (detail_dir, "environment", describe_machine()),  # where these numbers were taken
     ):
         with atomic_path(folder / f"{name}.json") as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n")

@@ -16,7 +16,6 @@ README's block between the ``cli demo`` markers from that file (``--readme-only`
 from __future__ import annotations
 
 import json
-import platform
 import shlex
 import subprocess
 import sys
@@ -97,25 +96,12 @@ def _block(demo: dict) -> str:
 
 
 def _machine() -> str:
-    """CPU model, cores and PyTorch's threads, e.g. for the README's line under the table."""
-    import os
+    """CPU model, cores, GPU and PyTorch, e.g. for the line under the table."""
+    from lmclab.core.device import describe_machine
 
-    import torch
-
-    model = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor() or platform.machine(),
-        )
-        if Path("/proc/cpuinfo").is_file()
-        else platform.processor() or platform.machine()
-    )
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{model}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+    m = describe_machine()
+    gpu = "no GPU" if m["gpu"] == "none" else m["gpu"]
+    return f"{m['cpu']}, {m['cores']} cores, {gpu}, torch {m['torch']}"
 
 
 def write_readme(readme: Path = ROOT / "README.md") -> None:

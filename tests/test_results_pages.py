@@ -1,0 +1,59 @@
+"""Every number about the default run in the README and on the docs' results page is what the
+committed metrics give (tools/results.py regenerates both and must change nothing), and the README's
+prose outside the generated block states no measured number of its own."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from dvc_repo import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import results  # noqa: E402
+
+# decimals and percentages the README may state outside the generated block, each with its reason
+SOURCES = (
+    "params.yaml",
+    "reports/report.md",
+    "reports/detail/summary.json",
+    "reports/detail/environment.json",
+    "metrics/headline.json",
+    "metrics/findings.json",
+)
+NOT_MEASUREMENTS = {"3.11": "the Python version", "2402.04051": "the paper's arXiv id"}
+
+
+def test_the_generated_parts_are_what_the_committed_metrics_give() -> None:
+    for path, text in results.render(ROOT).items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `python tools/results.py`"
+
+
+def test_a_number_changed_by_hand_in_the_readme_table_is_caught(tmp_path) -> None:
+    for rel in (*SOURCES, "README.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((ROOT / rel).read_text())
+    headline = (tmp_path / "metrics/headline.json").read_text()
+    acc = re.search(r'"acc": ([0-9.]+)', headline).group(1)
+    (tmp_path / "metrics/headline.json").write_text(headline.replace(acc, str(float(acc) - 1.0), 1))
+    readme = results.render(tmp_path)[tmp_path / "README.md"]
+    assert readme != (ROOT / "README.md").read_text()
+    assert f"{float(acc) - 1.0:.2f} %" in readme
+
+
+def _prose(text: str) -> str:
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(re.escape(results.START) + ".*?" + re.escape(results.END), "", text, flags=re.S)
+    return re.sub(r"\]\([^)]*\)", "]", text)  # link targets
+
+
+def test_the_readme_prose_states_no_measurement_outside_the_generated_block() -> None:
+    found = re.findall(r"\d+\.\d+|\d+(?:\.\d+)?\s?%", _prose((ROOT / "README.md").read_text()))
+    typed = [n for n in found if n not in NOT_MEASUREMENTS]
+    assert not typed, f"README.md: numbers typed outside the generated results block: {typed}"
+
+
+@pytest.mark.parametrize("line", ["The merge keeps 91.5 % of the accuracy.", "B½ falls to -0.027."])
+def test_a_typed_measurement_is_found(line: str) -> None:
+    assert re.findall(r"\d+\.\d+|\d+(?:\.\d+)?\s?%", _prose(line))
