@@ -1,4 +1,4 @@
-"""The paper's analyses (SPEC.md §2, §5, Appendix H.4), one module per analysis:
+"""The paper's analyses (its Sections 3–4, Appendix H.4), one module per analysis:
 
 - :mod:`~lmclab.analysis.taylor`: the Taylor-approximated barrier (Theorem 3.1);
 - :mod:`~lmclab.analysis.alignment`: singular value spectra and the alignment R_γ (Theorem 4.1, F.1);

@@ -1,4 +1,4 @@
-"""Singular value spectra and singular-vector alignment R_γ (Theorem 4.1, Appendix B; SPEC.md §2, §5).
+"""Singular value spectra and singular-vector alignment R_γ (Theorem 4.1, Appendix B).
 
 A *layer* is every floating ≥2-D entry of the spec that is not a running statistic (linear
 weights ``(out, in)``, conv kernels ``(out, in, kh, kw)``); 1-D entries (biases, norms) are not
@@ -61,7 +61,7 @@ def output_layer(spec: PermutationSpec, layers: Sequence[str]) -> str:
 
 
 def layer_matrix(weight: Tensor) -> Tensor:
-    """A kernel ``(out, in, kh, kw)`` as the matrix ``(out, in·kh·kw)`` (SPEC.md §5)."""
+    """A kernel ``(out, in, kh, kw)`` as the matrix ``(out, in·kh·kw)``."""
     return weight.reshape(weight.shape[0], -1)
 
 

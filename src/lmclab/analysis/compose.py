@@ -1,4 +1,4 @@
-"""The paper's analyses of one trained model and of one aligned pair (SPEC.md §2, §5), composed from
+"""The paper's analyses of one trained model and of one aligned pair (its Sections 3–4), composed from
 :mod:`lmclab.analysis.taylor`, :mod:`lmclab.analysis.alignment` and :mod:`lmclab.analysis.energy`.
 
 - :func:`analyze_model` (depends only on one trained model and the data): every layer's singular

@@ -1,4 +1,4 @@
-"""Layer inputs, input–singular-vector energy (Figures 4, 9) and the Theorem 4.2 bound (SPEC.md §2).
+"""Layer inputs, input–singular-vector energy (Figures 4, 9) and the Theorem 4.2 bound.
 
 The input ``z_{ℓ−1}`` of a layer is captured with a forward pre-hook on the module owning the
 weight (module name = weight name minus ``.weight``). For a convolution, each input patch is one

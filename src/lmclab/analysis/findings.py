@@ -1,4 +1,4 @@
-"""The paper's qualitative findings (SPEC.md §7, last paragraph), each checked on this run's tables.
+"""The paper's qualitative findings (its Sections 3–6 and Appendix H), each checked on this run's tables.
 
 Every :class:`Finding` carries the paper's claim, a criterion written before looking at any run
 (tests over pairs where one applies: paired t-tests of ``scipy.stats.ttest_rel`` at ``level``), the
@@ -246,7 +246,7 @@ def paper_findings(
     three_methods: Sequence[str],
     level: float = 0.05,
 ) -> list[Finding]:
-    """Every finding of SPEC.md §7 in the paper's order; untestable ones with ``holds = None``."""
+    """Every finding of the paper in its order; untestable ones with ``holds = None``."""
     r, r3 = roles(methods), roles(three_methods)
     pair_checks: list[tuple[tuple[str, ...], Callable[[], Finding], tuple[str, str]]] = [
         (("WM", "naive"), lambda: wm_small_l2(pairs, r, level), ("wm_small_l2", "WM reduces L2 by only ~6–20 %")),

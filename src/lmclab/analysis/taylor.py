@@ -1,4 +1,4 @@
-"""Taylor-approximated barrier of Theorem 3.1 (SPEC.md §2), from gradients and Hessian-vector
+"""Taylor-approximated barrier of Theorem 3.1, from gradients and Hessian-vector
 products only: the Hessian is never materialised.
 
 With ``θb' = π(θb)``, ``δ = ‖θb' − θa‖`` and ``Δ = (θb' − θa)/δ``, expanding ``L(θ(λ))`` to second

@@ -1,4 +1,4 @@
-"""Three-model linear mode connectivity (SPEC.md §4; the paper's Section 6.3 and Table 3).
+"""Three-model linear mode connectivity (the paper's Section 6.3 and Table 3).
 
 θb and θc are each aligned to θa (π_b, π_c, same method); the headline is the barrier between
 π_b(θb) and π_c(θc), which were never matched to each other.

@@ -1,4 +1,4 @@
-"""Loss and accuracy along the straight line between two models, and its barriers (SPEC.md §2)."""
+"""Loss and accuracy along the straight line between two models, and its barriers (the paper's Definition 2.1)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def interpolate(
 
     ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
     re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of
-    ``repair_data`` (REPAIR-style reset; needed for BN networks, SPEC.md §2)."""
+    ``repair_data`` (REPAIR-style reset; needed for BN networks)."""
     with named_as(num_lambdas="lams"):
         grid = lambda_grid(lams) if isinstance(lams, int) else sorted({float(v) for v in lams})
     if not {0.0, 0.5, 1.0} <= set(grid) or not all(0.0 <= v <= 1.0 for v in grid):

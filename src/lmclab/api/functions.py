@@ -1,5 +1,5 @@
 """The public API: align two models, merge them, and measure the path between them — on any two
-``nn.Module``s or state dicts, with a spec given or traced (SPEC.md §1–2).
+``nn.Module``s or state dicts, with a spec given or traced (the paper's Section 2).
 
 >>> import torch, lmclab
 >>> from torch import nn
@@ -110,7 +110,7 @@ def find_permutation(
 
 
 def apply_permutation(spec: PermutationSpec, params: Mapping[str, Tensor], perm: Mapping[str, Tensor]) -> Params:
-    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor (SPEC §1)."""
+    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor."""
     spec.check(params, "params")
     spec_ops.check_permutation(perm, spec.group_sizes(params))
     return spec_ops.apply_permutation(spec, perm, params)

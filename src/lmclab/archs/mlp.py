@@ -1,4 +1,4 @@
-"""Multi-layer perceptron of the paper's MNIST/FashionMNIST experiments (SPEC.md §6).
+"""Multi-layer perceptron of the paper's MNIST/FashionMNIST experiments (the paper's settings).
 
 ``z_ℓ = ReLU(W_ℓ z_{ℓ-1} + b_ℓ)`` for ``hidden`` layers of ``width`` units, then a linear
 read-out. Hidden layer ℓ carries permutation group ``P_ℓ``; inputs and logits are fixed.
@@ -50,7 +50,7 @@ def group(layer: int) -> str:
 
 
 def permutation_spec(config: Config) -> PermutationSpec:
-    """Layer ℓ: ``W_ℓ → P_ℓ W_ℓ P_{ℓ-1}ᵀ``, ``b_ℓ → P_ℓ b_ℓ`` (SPEC.md §1)."""
+    """Layer ℓ: ``W_ℓ → P_ℓ W_ℓ P_{ℓ-1}ᵀ``, ``b_ℓ → P_ℓ b_ℓ``."""
     parts = [dense(f"layers.{i}", group(i), group(i - 1) if i else None) for i in range(config.hidden)]
     parts.append(dense("out", None, group(config.hidden - 1)))
     return build_spec(*parts)

@@ -1,4 +1,4 @@
-"""CIFAR-style ResNet20 with BatchNorm (He et al. 2016; SPEC.md §6: width ×16).
+"""CIFAR-style ResNet20 with BatchNorm (He et al. 2016; the paper's settings: width ×16).
 
 Stem conv 3×3 → BN → ReLU, then 3 stages × ``blocks`` basic blocks of 16/32/64 ×
 ``width_multiplier`` channels (strides 1, 2, 2), global average pooling and a linear read-out.

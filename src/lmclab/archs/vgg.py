@@ -1,4 +1,4 @@
-"""VGG with BatchNorm for CIFAR-10 (SPEC.md §6: VGG11, width ×4).
+"""VGG with BatchNorm for CIFAR-10 (the paper's settings: VGG11, width ×4).
 
 ``layers`` is the layer list (channel counts at width ×1, ``"M"`` = 2×2 max-pool), so VGG13/16
 are one line of config; every channel count is multiplied by ``width_multiplier``. Each conv

@@ -1,4 +1,4 @@
-"""BatchNorm statistics repair of interpolated networks (Jordan et al. 2023; SPEC.md §3).
+"""BatchNorm statistics repair of interpolated networks (Jordan et al. 2023).
 
 The running mean/var of ``θ(λ)`` are not the interpolation of the endpoints' statistics: they
 must be re-estimated. :func:`repair_bn` runs the network in training mode (each BN normalises

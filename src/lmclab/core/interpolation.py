@@ -1,4 +1,4 @@
-"""Interpolation curves and barriers between θa and an aligned θb (SPEC.md §2)."""
+"""Interpolation curves and barriers between θa and an aligned θb (the paper's Definition 2.1 and Section 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Interpolation and merging of two endpoints (SPEC.md §1, §3)."""
+"""Interpolation and merging of two endpoints (the paper's Section 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metric math as small pure functions (SPEC.md §2). ``λ = 1`` is θa, ``λ = 0`` is θb."""
+"""Metric math as small pure functions (the paper's Definition 2.1 and Section 3). ``λ = 1`` is θa, ``λ = 0`` is θb."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A :class:`PermutationSpec` says, for every entry of a ``state_dict``, which permutation group
 acts on each of its axes (``None``: that axis is never permuted). Groups are hidden-unit (or
-channel) permutations ``P_ℓ`` of SPEC.md §1. Inputs and logits are never permuted.
+channel) permutations ``P_ℓ`` of the paper's Section 2. Inputs and logits are never permuted.
 
 A *permutation* ``perm`` maps each group name to an index tensor. Applying it to ``θb`` gives
 ``π(θb)`` with ``W'_ℓ = P_ℓ W_ℓ P_{ℓ-1}ᵀ``, i.e. ``W'[i, j] = W[perm_ℓ[i], perm_{ℓ-1}[j]]``.
@@ -238,7 +238,7 @@ def build_spec(*parts: Mapping[str, Axes]) -> PermutationSpec:
 
 
 def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
-    """``π(θ)``: permute every axis of every entry by its group's index tensor (SPEC §1)."""
+    """``π(θ)``: permute every axis of every entry by its group's index tensor."""
     out: Params = {}
     for name, value in params.items():
         for axis, entry in enumerate(spec.axes[name]):

@@ -1,4 +1,4 @@
-"""The paper's reference numbers (SPEC.md §7: Tables 1–3, mean ± std over 5 pairs or 3 triples), keyed
+"""The paper's reference numbers (its Tables 1–3, mean ± std over 5 pairs or 3 triples), keyed
 by the data set and architecture of a run, so the report can put them next to this run's.
 
 The paper's "WM" and "STE" are the Sinkhorn methods (Appendix D.2): its Table 1 row is this run's

@@ -1,4 +1,4 @@
-"""Activation matching, AM (Ainsworth et al. 2023; SPEC.md §3).
+"""Activation matching, AM (Ainsworth et al. 2023).
 
 ``argmin_π Σ_ℓ E‖z^a_ℓ − P_ℓ z^b_ℓ‖²``: independent per permutation group and exact. Expanding
 the square, only the cross term depends on ``P``, so each group is a linear assignment on a

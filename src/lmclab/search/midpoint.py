@@ -1,4 +1,4 @@
-"""The midpoint objective of the data-driven searches (STE, Sinkhorn STE; SPEC.md §3):
+"""The midpoint objective of the data-driven searches (STE, Sinkhorn STE):
 ``L((θa + π(θb)) / 2)`` on training minibatches, and the per-epoch monitor hook.
 
 The loss runs the model in training mode, so a BatchNorm network normalises with the batch

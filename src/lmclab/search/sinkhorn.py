@@ -1,5 +1,5 @@
 """Soft permutations by Sinkhorn iterations, shared by ``wm_sinkhorn`` and ``ste_sinkhorn``
-(Guerrero-Peña et al. 2023, "Re-basin via implicit Sinkhorn differentiation"; SPEC.md §3).
+(Guerrero-Peña et al. 2023, "Re-basin via implicit Sinkhorn differentiation").
 
 Each permutation group ``g`` of size ``n`` gets a free score matrix ``scores[g]: (n, n)``,
 initialised at the identity plus seeded Gaussian noise (std 0.1, as in the authors' code).

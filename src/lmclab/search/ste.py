@@ -1,4 +1,4 @@
-"""Straight-through estimator, STE (Ainsworth et al. 2023, Algorithm 3; SPEC.md §3).
+"""Straight-through estimator, STE (Ainsworth et al. 2023, Algorithm 3).
 
 ``argmin_π L((θa + π(θb)) / 2)`` on training data. A trainable copy ``θ̃`` starts at θa. Each
 minibatch: project ``θ̃`` to its nearest permutation of θb by weight matching (warm-started from

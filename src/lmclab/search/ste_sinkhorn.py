@@ -1,4 +1,4 @@
-"""Sinkhorn STE, "MidLoss" (Guerrero-Peña et al. 2023; SPEC.md §3).
+"""Sinkhorn STE, "MidLoss" (Guerrero-Peña et al. 2023; the paper's Appendix D.2).
 
 ``min_scores L((θa + π_soft(θb)) / 2)`` on training minibatches: the soft permutations of
 :mod:`lmclab.search.sinkhorn` are trained on the task loss of the merged midpoint model (paper:

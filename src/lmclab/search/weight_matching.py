@@ -1,4 +1,4 @@
-"""Weight matching, WM (Ainsworth et al. 2023; SPEC.md §3).
+"""Weight matching, WM (Ainsworth et al. 2023).
 
 ``argmin_π Σ_ℓ ‖W^a_ℓ − P_ℓ W^b_ℓ P_{ℓ-1}ᵀ‖²`` (biases and norm parameters included), i.e.
 ``argmax_π ⟨θa, π(θb)⟩``. Coordinate descent: visit the permutation groups in random order; for

@@ -1,4 +1,4 @@
-"""Weight matching via Sinkhorn, "DistL2Loss" (Guerrero-Peña et al. 2023; SPEC.md §3).
+"""Weight matching via Sinkhorn, "DistL2Loss" (Guerrero-Peña et al. 2023; the paper's Appendix D.2).
 
 ``min_scores ‖θa − π_soft(θb)‖² / N`` — the squared distance *averaged* over the N matched entries,
 as the authors' ``DistL2Loss`` computes it — with ``π_soft`` the per-group doubly-stochastic

@@ -1,6 +1,6 @@
 """Training-time data augmentation on normalised image batches, drawn from a generator.
 
-``crop_flip`` is the paper's CIFAR-10 augmentation (SPEC.md §6): a random 32×32 (H×W) crop of
+``crop_flip`` is the paper's CIFAR-10 augmentation (the paper's settings): a random 32×32 (H×W) crop of
 the image zero-padded by 4 pixels on each side (zero = the training-set mean colour, since images
 are already normalised) and a horizontal flip with probability ½. MNIST/FashionMNIST: ``none``.
 All randomness comes from the ``generator`` passed in, so training stays deterministic per seed.

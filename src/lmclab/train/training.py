@@ -1,4 +1,4 @@
-"""Training one endpoint model θ from a seed (SPEC.md §6: Adam 1e-3, batch 512).
+"""Training one endpoint model θ from a seed (the paper's settings: Adam 1e-3, batch 512).
 
 Deterministic on CPU: the initialisation, the minibatch order and the augmentation are drawn
 from generators seeded by ``seed`` alone, so the same seed gives bit-identical parameters.
