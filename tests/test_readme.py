@@ -36,6 +36,15 @@ def test_the_docs_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> No
     _runs_and_prints_numbers(code, tmp_path)
 
 
+def test_the_tracing_example_of_the_docs_runs_in_a_fresh_interpreter(tmp_path) -> None:
+    (code,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "architectures.md").read_text(), flags=re.S)
+    proc = subprocess.run(
+        [sys.executable, "-c", code + "print(len(spec.groups))"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) > 1  # resnet18: one group per residual stream and per block's inner layer
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/cli.md"])
 def test_the_cli_demo_block_is_generated_from_its_committed_results(page, tmp_path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
