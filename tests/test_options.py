@@ -1,6 +1,6 @@
 """One definition per search option: each method's options model (in the method's own module) holds
 every option's type, range, default and meaning; the schema of params.yaml embeds those fields,
-changing only the defaults its override table lists (with a reason the README's table shows); the
+changing only the defaults its override table lists (with a reason the docs' parameter table shows); the
 functions' signatures come from the models; the library's one-line errors name the function's
 argument and the pipeline reports them under params.yaml's keys, worded as before."""
 
@@ -76,7 +76,7 @@ def test_each_option_is_written_once(method: str, name: str) -> None:
     assert keyword.kind is keyword.KEYWORD_ONLY and keyword.default == _own(method, name).default
 
 
-def test_every_pipeline_default_that_differs_says_why_in_the_readme_table() -> None:
+def test_every_pipeline_default_that_differs_says_why_in_the_parameter_table() -> None:
     rows = {key: (default, meaning) for key, default, _, meaning in key_rows()}
     assert PIPELINE_DEFAULTS, "params.yaml runs Sinkhorn WM shorter than the paper"
     for key, override in PIPELINE_DEFAULTS.items():

@@ -1,4 +1,5 @@
-"""The README's examples run as written, and its generated blocks are what their committed sources give."""
+"""The README's and the docs' examples run as written, and their generated blocks are what their committed
+sources give."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import re
 import subprocess
 import sys
 
+import pytest
 from dvc_repo import ROOT
 
 README = (ROOT / "README.md").read_text()
+API_PAGE = (ROOT / "docs" / "api.md").read_text()
 
 
 def _section(title: str) -> str:
@@ -16,22 +19,43 @@ def _section(title: str) -> str:
     return README[start : README.index("\n## ", start + 1)]
 
 
-def test_the_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:
-    (code,) = re.findall(r"```python\n(.*?)```", _section("Python API"), flags=re.S)
+def _runs_and_prints_numbers(code: str, tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     barrier, acc_mid, reduction = (float(v) for v in proc.stdout.split())
     assert reduction > 0 and barrier == barrier and acc_mid == acc_mid  # numbers, not NaN
 
 
-def test_the_cli_demo_block_is_generated_from_its_committed_results(tmp_path) -> None:
+def test_the_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:
+    (code,) = re.findall(r"```python\n(.*?)```", _section("Python API"), flags=re.S)
+    _runs_and_prints_numbers(code, tmp_path)
+
+
+def test_the_docs_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> None:
+    (code,) = re.findall(r"```python\n(.*?)```", API_PAGE, flags=re.S)
+    _runs_and_prints_numbers(code, tmp_path)
+
+
+def test_the_tracing_example_of_the_docs_runs_in_a_fresh_interpreter(tmp_path) -> None:
+    (code,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "architectures.md").read_text(), flags=re.S)
+    proc = subprocess.run(
+        [sys.executable, "-c", code + "print(len(spec.groups))"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) > 1  # resnet18: one group per residual stream and per block's inner layer
+
+
+@pytest.mark.parametrize("page", ["docs/cli.md"])
+def test_the_cli_demo_block_is_generated_from_its_committed_results(page, tmp_path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import cli_demo
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    copy = tmp_path / "README.md"
-    copy.write_text(README)
-    cli_demo.write_readme(copy)
-    assert copy.read_text() == README, "run `python tools/cli_demo.py --readme-only`"
-    assert "lmclab match a.pt b.pt --method wm" in _section("The `lmclab` command")
+    assert ROOT / page in cli_demo.PAGES
+    text = (ROOT / page).read_text()
+    copy = tmp_path / "page.md"
+    copy.write_text(text)
+    cli_demo.write_block(copy)
+    assert copy.read_text() == text, "run `python tools/cli_demo.py --readme-only`"
+    assert "$ lmclab match a.pt b.pt --method wm" in text

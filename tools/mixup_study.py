@@ -1,5 +1,5 @@
 """Mixup study (issue 17), run by hand after `dvc exp run` of the pipeline with ``train.mixup_alpha`` > 0
-(README "Mixup"): reads ``data/tables/{pairs,history}.parquet`` of every experiment that differs from the
+(docs/analyses.md): reads ``data/tables/{pairs,history}.parquet`` of every experiment that differs from the
 workspace only in ``train.mixup_alpha`` (and, with ``--workspace``, of the workspace's own run, usually
 α = 0), and writes ``--out``/``mixup.md`` (per α: endpoint accuracy, NC1, ETF distance, equinorm CV; per
 method: test B½, L2 reduction, R_0.3) and ``table.parquet``. Not a DVC stage: its inputs are experiments. ~5 s."""

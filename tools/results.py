@@ -14,7 +14,6 @@ committed metrics fails the suite.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import typer
@@ -96,20 +95,32 @@ def readme_block(d: dict) -> str:
 
 
 def results_page(d: dict) -> str:
-    """The docs' results page: provenance, then the plot stage's report with its figure links kept."""
-    report = d["report"]
-    title, _, body = report.partition("\n")
-    body = re.sub(r"\]\(figures/", "](figures/", body)  # docs/figures is reports/figures
-    return (
-        f"{START}\n"
-        f"{title.replace('# ', '# Results: ', 1)}\n\n"
-        "The default run, as committed: `dvc repro` with this repository's `params.yaml` produced these "
-        f"numbers and figures on {_machine(d['machine'])} (`reports/detail/environment.json`); "
-        "the commit that holds this page holds the `dvc.lock` that produced them. CI reruns "
-        "`dvc repro -f` on a fresh machine and fails when a headline metric moves beyond its tolerance "
-        "(see [Comparing experiments and CI](experiments.md)). The text below is `reports/report.md`, "
-        "written by the plot stage.\n"
-        f"{body.rstrip()}\n{END}\n"
+    """The docs' results page: where the numbers come from, the README's table, links to the reports."""
+    table = readme_block(d).split("\n")[1:-1]  # without the markers
+    return "\n".join(
+        [
+            START,
+            "# Results",
+            "",
+            "The default run as committed: `dvc repro` with this repository's `params.yaml` produced every number "
+            f"and figure below on {_machine(d['machine'])} (`reports/detail/environment.json`); the commit that "
+            "holds this page holds the `dvc.lock` that produced them. CI reruns `dvc repro -f` on a fresh machine "
+            "and fails when a headline metric moves beyond its tolerance ([Comparing experiments and "
+            "CI](comparing.md)). `python tools/results.py` writes this page and the README's table from the "
+            "committed files; a test fails when either disagrees with them.",
+            "",
+            "![Interpolation curves of the default run](reports/figures/interpolation.png)",
+            "",
+            *[line.replace("](docs/results.md)", "](reports/report.md)") for line in table],
+            "",
+            "- [The default run's report](reports/report.md): the paper's findings checked, Tables 1–3 in the "
+            "paper's layout with the paper's numbers beside this run's, every figure.",
+            "- [Width study](reports/width/width.md), [weight-decay sweep](reports/sweeps/weight_decay/sweep.md), "
+            "[learning-rate sweep](reports/sweeps/lr/sweep.md), [mixup](reports/mixup/mixup.md): the studies, "
+            "each page written by the command it names.",
+            END,
+            "",
+        ]
     )
 
 

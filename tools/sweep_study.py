@@ -1,5 +1,5 @@
 """Sweep study (Appendix H.5), run by hand after a `dvc exp` sweep over one parameter, e.g.
-``train.weight_decay`` or ``train.lr`` (README "Sweeps"): reads ``data/tables/pairs.parquet`` of
+``train.weight_decay`` or ``train.lr`` (docs/analyses.md): reads ``data/tables/pairs.parquet`` of
 every experiment (and, with ``--workspace``, of the workspace's own run), and writes to ``--out``
 ``sweep.md`` (per value and method: test B½, L2 reduction, R_0.3, mean ± std over pairs; whether the
 paper's trends hold), ``sweep.png`` and the combined tables as Parquet. Not a DVC stage: its inputs

@@ -1,5 +1,5 @@
 """Width study (Appendix H.4), run by hand after a `dvc exp` sweep over ``model.mlp.width`` or a conv
-net's ``model.<arch>.width_multiplier`` (README
+net's ``model.<arch>.width_multiplier`` (docs/analyses.md,
 "Width study"): reads ``data/tables`` of every experiment (and, with ``--workspace``, of the
 workspace), combines them by width and writes ``width.md``, ``width.png`` and the combined
 Parquet tables to ``--out``. Not a DVC stage: its inputs are experiments, not files. ~5 s."""

@@ -278,7 +278,7 @@ def paper_findings(
             "easier_when_wider_or_regularised",
             "wider models, stronger weight decay and a larger learning "
             "rate make alignment and LMC easier (Appendix H.4, H.5)",
-            "the width, weight-decay and learning-rate sweeps (docs: Analyses and studies, Sweeps); their reports, "
+            "the width, weight-decay and learning-rate sweeps (docs: Analyses and studies); their reports, "
             "reports/sweeps/*/sweep.md, say which trends hold",
         )
     )

@@ -5,7 +5,7 @@ for the search blocks ``permute.<method>``, the place is the method's own option
 Strict types (a string where a number belongs is refused; an integer where a number belongs is
 fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing
 key is named with its default). ``lmclab.pipeline.validate`` runs it and turns each error into one line;
-``key_rows`` gives the README's parameter table. Names (data sets, architectures, methods, …) come
+``key_rows`` gives the table of docs/parameters.md. Names (data sets, architectures, methods, …) come
 from the library's registries, so adding one to a registry is enough for the schema to accept it.
 """
 
@@ -274,7 +274,7 @@ class Params(Block):
     plot: Plot
 
 
-# ---- what a key expects, in words (error lines and the README's table) -------------------------
+# ---- what a key expects, in words (error lines and the docs' table) -----------------------------
 
 
 def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:

@@ -293,5 +293,5 @@ def experiment_runs(
         runs[value] = {table: _read_table(table, name if is_exp else None) for table in tables}
         print(f"{value}: {name or 'workspace'}")
     if len(runs) < 2:
-        raise ValueError("found fewer than two runs; queue a sweep first (README: Sweeps)")
+        raise ValueError("found fewer than two runs; queue a sweep first (docs: Analyses and studies)")
     return runs

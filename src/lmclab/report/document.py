@@ -202,7 +202,7 @@ def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
         return ""
     return (
         "The barriers above are measured with BatchNorm statistics repaired on training data at "
-        "every λ (REPAIR, Jordan et al. 2023). Without repair (stale running statistics interpolated with the "
+        "every λ (Jordan et al. 2023). Without repair (stale running statistics interpolated with the "
         "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n"
     )
 
@@ -273,7 +273,7 @@ def write_report(
     text = f"""# {title}
 
 Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].unique()))}.
-λ = 1 is θa, λ = 0 is π(θb); barriers as in the paper's Definition 2.1 (max over the λ grid) and at λ = ½.
+λ = 1 is θa, λ = 0 is π(θb); barriers follow the paper's Definition 2.1 (max over the λ grid) and its tables (at λ = ½).
 {paper_note(data, arch)}
 ## Endpoints
 

@@ -13,7 +13,7 @@ records its L2 distance and merged test metrics.
 ``precision="bf16"`` runs π_soft(θb) and the midpoint model's forward (and so their backward) under
 bfloat16 autocast: the matrix products in bfloat16 with float32 accumulation; Sinkhorn, the loss and
 the optimiser stay float32. On a CPU with native bfloat16 (AVX512-BF16, AMX) or a GPU the products
-run several times faster (README "Sinkhorn methods"); elsewhere they are emulated and slower.
+run several times faster (docs/methods.md); elsewhere they are emulated and slower.
 """
 
 from __future__ import annotations

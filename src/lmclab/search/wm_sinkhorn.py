@@ -11,7 +11,7 @@ keeps the search stable. Entries of a soft permutation that are nearly 0 have gr
 any real signal; with the sum and a negligible ε, Adam still moves each such score by ≈ lr per
 step, the scores' range grows without bound (42 after 100 steps at lr 1 on the MNIST pair, 68 after
 600, 121 after 800), the soft permutations sharpen all at once, and the search falls to a worse
-permutation (⟨θa, π(θb)⟩ 111.0 → 86.3 in one epoch; README "Sinkhorn methods"). With the mean,
+permutation (⟨θa, π(θb)⟩ 111.0 → 86.3 in one epoch; docs/methods.md, CHANGELOG.md). With the mean,
 the same entries move by ≈ lr·g/ε and the range stays between 15 and 25 over the 1,000 steps.
 
 After every epoch the current hard permutation (linear assignment on the scores) is scored by
