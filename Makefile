@@ -1,4 +1,4 @@
-# Two commands on a fresh machine (Python 3.11, Node.js/npm, the package registries):
+# Two commands on a fresh machine (Python 3.11 and the package registries; no Node.js):
 #   make pipeline   install everything pinned in requirements.lock, then `dvc repro` the default params.yaml
 #   make test       install the same, then run the whole test suite (slow tests included)
 # and, after a run, `make metrics-diff` (headline metrics vs the committed ones, README "Comparing
@@ -17,10 +17,10 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-# vega, vega-lite and vega-embed from the npm registry (versions and hashes in offline/package-lock.json),
-# inlined into the HTML template of `dvc plots show`/`diff` so the page renders offline
-.dvc/offline_plots.html: offline/package-lock.json tools/offline_plots.py $(VENV)/.installed
-	cd offline && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+# vega, vega-lite and vega-embed from the bundle the PyPI package vl-convert-python ships (pinned in
+# requirements.lock; no Node.js), inlined into the HTML template of `dvc plots show`/`diff` so the page
+# renders offline (docs/plots-page.md)
+.dvc/offline_plots.html: tools/offline_plots.py $(wildcard .dvc/plots/*.json) $(VENV)/.installed
 	$(VENV)/bin/python tools/offline_plots.py
 
 pipeline: setup

