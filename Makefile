@@ -1,13 +1,13 @@
 # Two commands on a fresh machine (Python 3.11 and the package registries; no Node.js):
 #   make pipeline   install everything pinned in requirements.lock, then `dvc repro` the default params.yaml
 #   make test       install the same, then run the whole test suite (slow tests included)
-# and, after a run, `make metrics-diff` (headline metrics vs the committed ones, README "Comparing
-# experiments and CI"); `make ci` is what CI runs (.ci/run).
+# and, after a run, `make metrics-diff` (headline metrics vs the committed ones, docs/comparing.md);
+# `make docs` builds the documentation site into site/; `make ci` is what CI runs (.ci/run).
 PYTHON ?= python3
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup pipeline test metrics-diff ci bench lock
+.PHONY: setup pipeline test metrics-diff docs ci bench lock
 
 setup: $(VENV)/.installed .dvc/offline_plots.html
 
@@ -33,6 +33,10 @@ test: setup
 # DIFF_ARGS e.g. "--baseline main" or "--baseline my-exp --new other-exp"; exits 1 beyond tolerance
 metrics-diff: setup
 	$(VENV)/bin/python tools/metrics_diff.py $(DIFF_ARGS)
+
+# the site (mkdocs.yml, docs/) into site/: open site/index.html, or `mkdocs serve` for a live preview
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 ci:
 	bash .ci/run
