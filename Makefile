@@ -11,10 +11,28 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 setup: $(VENV)/.installed .dvc/offline_plots.html
 
+# requirements.lock pins every platform it was resolved for (pyproject.toml [tool.uv] environments);
+# pip keeps the lines whose environment markers hold here. TORCH_INDEX (e.g.
+# https://download.pytorch.org/whl/cpu, the CPU-only build) installs torch and torchvision at the
+# locked versions from that index instead, without hash checks, and skips the CUDA libraries the
+# PyPI builds pull in on Linux (docs/install.md "CPU-only or CUDA").
+TORCH_INDEX ?=
+NO_TORCH := awk '/^[a-z0-9]/ { split($$1, a, "=="); skip = a[1] ~ /^(torch|torchvision|triton|cuda-.*|nvidia-.*)$$/ \
+	&& a[1] != "nvidia-ml-py" } !skip'
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+ifeq ($(TORCH_INDEX),)
 	$(VENV)/bin/pip install --quiet --require-hashes -r requirements.lock
+else
+	$(VENV)/bin/pip install --quiet --no-deps --index-url $(TORCH_INDEX) \
+		$$(grep -o '^torch==[^ ;]*' requirements.lock) $$(grep -o '^torchvision==[^ ;]*' requirements.lock)
+	$(NO_TORCH) requirements.lock > $(VENV)/requirements-no-torch.txt
+	$(VENV)/bin/pip install --quiet --require-hashes -r $(VENV)/requirements-no-torch.txt
+	$(VENV)/bin/pip check
+endif
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	$(VENV)/bin/python -c "import torch, dvc, lmclab" || { echo "make setup: requirements.lock has no \
+	pins for this platform (it covers Linux x86-64 and aarch64, macOS arm64; docs/install.md)" >&2; exit 1; }
 	touch $@
 
 # vega, vega-lite and vega-embed from the bundle the PyPI package vl-convert-python ships (pinned in
@@ -44,7 +62,15 @@ ci:
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_search.py
 
-# regenerate the lock file after editing requirements.in (needs uv: pip install uv)
+# regenerate requirements.lock from pyproject.toml (the library, [pipeline] and [dev]) for every platform
+# of [tool.uv] environments, with hashes; needs uv (pip install uv). The resolver's output and what
+# the lock pins on each platform go to reports/lock/resolution.txt
+LOCK := uv pip compile pyproject.toml --extra pipeline --extra dev --universal --generate-hashes \
+	--python-version 3.11 -o requirements.lock
 lock:
-	uv pip compile requirements.in --generate-hashes --python-version 3.11 \
-		--python-platform x86_64-manylinux_2_28 -o requirements.lock
+	@mkdir -p reports/lock
+	{ echo "# $$(date -u '+%Y-%m-%d %H:%M UTC'), $$(uv --version)"; echo '$$ $(LOCK)'; \
+		$(LOCK) 2>&1 >/dev/null; } > reports/lock/resolution.txt
+	$(VENV)/bin/python tools/lock_check.py --pins-only linux-x86_64 linux-aarch64 macos-arm64 \
+		>> reports/lock/resolution.txt
+	cat reports/lock/resolution.txt
