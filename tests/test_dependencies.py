@@ -5,6 +5,7 @@ dependency for each platform it was resolved for. Static over the AST, like test
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from dvc_repo import ROOT
-from lock_check import CUDA, PLATFORMS, environment, for_platform, requirements
+from lock_check import CUDA, DOCS, PLATFORMS, SIZES, environment, for_platform, requirements, with_table
 from packaging.markers import Marker
 
 from lmclab.core.data import DataUnavailableError, prepare
@@ -135,3 +136,9 @@ def test_the_lock_covers_each_platform(key: str) -> None:
     assert {name: entries[name]["version"] for name in held} == held
     assert all(e["hashes"] for e in entries.values())
     assert any(CUDA.match(name) for name in entries) == key.startswith("linux")  # PyPI's Linux torch is a CUDA build
+
+
+def test_the_sizes_table_of_the_docs_is_the_measured_one() -> None:
+    """Regenerate with `python tools/lock_check.py --docs` after measuring again."""
+    doc = DOCS.read_text()
+    assert with_table(doc, json.loads(SIZES.read_text())) == doc

@@ -2,7 +2,9 @@
 markers hold there (Python 3.11), have pip download exactly those files for the platform's wheel
 tags with ``--require-hashes``, unpack every wheel (a wheel is a zip) and measure the folder.
 
-    python tools/lock_check.py macos-arm64 linux-aarch64 --out reports/lock/sizes.json
+    python tools/lock_check.py macos-arm64 linux-aarch64 linux-x86_64 --out reports/lock/sizes.json
+    python tools/lock_check.py --docs      # the sizes table of docs/install.md, from that JSON
+    python tools/lock_check.py --pins-only linux-x86_64 linux-aarch64 macos-arm64   # no download
 
 A pinned package with no wheel for the platform is downloaded as its source archive and listed
 under ``sdists`` (it is built on install); a hash or a version the index does not have fails pip.
@@ -39,6 +41,9 @@ PLATFORMS = {
 }
 CUDA = re.compile(r"^(nvidia-(?!ml-py)|cuda-|triton$)")  # the GPU runtime PyPI's Linux torch wheels pull in
 LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)(?:\s*;\s*(?P<marker>.*?))?\s*\\?$")
+SIZES, DOCS = ROOT / "reports" / "lock" / "sizes.json", ROOT / "docs" / "install.md"
+START = "<!-- sizes table: generated from reports/lock/sizes.json by tools/lock_check.py --docs -->"
+END = "<!-- end of sizes table -->"
 HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
 
 
@@ -105,32 +110,39 @@ def download(entries: list[dict], key: str, full_version: str, dest: Path) -> li
 
 
 def disk_usage(folder: Path) -> int:
-    """Bytes on disk (``du -sk``) of ``folder``."""
+    """Bytes on disk (``du -sk``) of ``folder`` (0 if absent)."""
+    if not folder.exists():
+        return 0
     return (
         int(subprocess.run(["du", "-sk", str(folder)], check=True, capture_output=True, text=True).stdout.split()[0])
         * 1024
     )
 
 
+def part(wheel: Path) -> str:
+    """Which part of the install a wheel is: ``cuda`` (the GPU runtime), ``torch`` or ``rest``."""
+    name = wheel.name.split("-")[0].replace("_", "-").lower()
+    return "cuda" if CUDA.match(name) else "torch" if name == "torch" else "rest"
+
+
 def measure(dest: Path) -> dict:
-    """Unpack every downloaded wheel into one folder; sizes of the downloads and of the unpacked tree."""
-    wheels, sdists = (
-        sorted(dest.glob("*.whl")),
-        sorted(p for p in dest.iterdir() if p.name.endswith((".tar.gz", ".zip"))),
-    )
-    tree = dest / "unpacked"
+    """Unpack every downloaded wheel (into one folder per part); sizes of the downloads and unpacked trees."""
+    wheels = sorted(dest.glob("*.whl"))
+    sdists = sorted(p for p in dest.iterdir() if p.name.endswith((".tar.gz", ".zip")))
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(tree)
-    cuda = [w for w in wheels if CUDA.match(w.name.split("-")[0].replace("_", "-").lower())]
+            archive.extractall(dest / "unpacked" / part(wheel))
+    unpacked = {name: disk_usage(dest / "unpacked" / name) for name in ("cuda", "torch", "rest")}
+    cuda = [w for w in wheels if part(w) == "cuda"]
     return {
         "wheels": len(wheels),
         "sdists": [p.name for p in sdists],
         "download_bytes": sum(p.stat().st_size for p in [*wheels, *sdists]),
-        "unpacked_bytes": disk_usage(tree),
+        "unpacked_bytes": sum(unpacked.values()),
+        "unpacked_bytes_by_part": unpacked,
         "cuda_wheels": len(cuda),
         "cuda_download_bytes": sum(p.stat().st_size for p in cuda),
-        "torch_wheel": next((w.name for w in wheels if w.name.startswith("torch-")), None),
+        "torch_wheel": next((w.name for w in wheels if part(w) == "torch"), None),
     }
 
 
@@ -165,14 +177,53 @@ def provenance() -> dict:
     }
 
 
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def table(results: dict) -> str:
+    """The Markdown table of the measured sizes, and the line saying how they were measured."""
+    lines = [
+        "| platform | torch wheel | packages | download | unpacked | CUDA runtime | torch | the rest |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, r in sorted(results.items()):
+        part = r["unpacked_bytes_by_part"]
+        row = [key, f"`{r['torch_wheel']}`", str(r["pinned"]), gib(r["download_bytes"]), gib(r["unpacked_bytes"])]
+        lines.append("| " + " | ".join([*row, gib(part["cuda"]), gib(part["torch"]), gib(part["rest"])]) + " |")
+    r, dates = results[sorted(results)[0]], sorted(r["date"] for r in results.values())
+    locks, commits = ({f"`{r[k][:n]}`" for r in results.values()} for k, n in (("lock_sha256", 12), ("commit", 10)))
+    lines += [
+        "",
+        f"Measured {dates[0]} to {dates[-1]} on {r['machine']} ({r['pip']}, markers for Python "
+        f"{r['python_full_version']}), requirements.lock sha256 {', '.join(sorted(locks))} "
+        f"(checked out: commit {', '.join(sorted(commits))}): "
+        f"`python tools/lock_check.py {' '.join(sorted(results))} --out reports/lock/sizes.json`; "
+        "the pip command of each platform is in that file.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def with_table(doc: str, results: dict) -> str:
+    """``doc`` with the text between the START and END markers replaced by the sizes table."""
+    if START not in doc or END not in doc:
+        raise SystemExit(f"error: {DOCS.name}: no sizes table markers ({START} … {END})")
+    head, rest = doc.split(START, 1)
+    return head + START + "\n" + table(results) + END + rest.split(END, 1)[1]
+
+
 def main(
-    platforms: list[str] = typer.Argument(..., help="linux-x86_64, linux-aarch64 or macos-arm64"),
+    platforms: list[str] = typer.Argument(None, help="linux-x86_64, linux-aarch64 or macos-arm64"),
+    docs: bool = typer.Option(False, help=f"rewrite the sizes table of docs/install.md from {SIZES.name}"),
     pins_only: bool = typer.Option(False, help="only print what the lock pins on each platform; no download"),
     out: Path = typer.Option(None, help="merge the results into this JSON file (else print them)"),
     full_version: str = typer.Option(HERE, help="python_full_version in the markers"),
     workdir: Path = typer.Option(Path(tempfile.gettempdir()), help="where the downloads go (deleted after)"),
 ) -> None:
-    for key in platforms:
+    if docs:
+        DOCS.write_text(with_table(DOCS.read_text(), json.loads(SIZES.read_text())))
+        return
+    for key in platforms or []:
         environment(key, full_version)  # an unknown platform fails before any download
     if pins_only:
         typer.echo("\n".join(pins(key, full_version) for key in platforms))
