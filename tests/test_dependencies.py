@@ -6,10 +6,12 @@ dependency for each platform it was resolved for. Static over the AST, like test
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
@@ -142,3 +144,22 @@ def test_the_sizes_table_of_the_docs_is_the_measured_one() -> None:
     """Regenerate with `python tools/lock_check.py --docs` after measuring again."""
     doc = DOCS.read_text()
     assert with_table(doc, json.loads(SIZES.read_text())) == doc
+
+
+def test_the_size_measurement_splits_cuda_torch_and_the_rest(tmp_path: Path) -> None:
+    """Wheels named as pip saves them; nvidia-ml-py (NVML bindings, pure Python) is not the CUDA runtime."""
+    from lock_check import measure
+
+    wheels = {"nvidia_cublas-13-py3-none-x": 300_000, "triton-3-cp311-cp311-x": 100_000}
+    wheels |= {"torch-2.14.1-cp311-cp311-x": 200_000, "nvidia_ml_py-13-py3-none-any": 50_000}
+    for name, size in wheels.items():
+        with zipfile.ZipFile(tmp_path / f"{name}.whl", "w") as wheel:
+            wheel.writestr(f"{name.split('-')[0]}/lib.so", os.urandom(size))
+    (tmp_path / "antlr4-python3-runtime-4.9.3.tar.gz").write_bytes(b"sdist")
+    got = measure(tmp_path)
+    assert (got["wheels"], got["cuda_wheels"], got["sdists"]) == (4, 2, ["antlr4-python3-runtime-4.9.3.tar.gz"])
+    assert got["torch_wheel"] == "torch-2.14.1-cp311-cp311-x.whl"
+    parts = got["unpacked_bytes_by_part"]
+    assert (
+        400_000 <= parts["cuda"] < 500_000 and 200_000 <= parts["torch"] < 300_000 and 50_000 <= parts["rest"] < 100_000
+    )
