@@ -31,8 +31,8 @@ else
 	$(VENV)/bin/pip check
 endif
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
-	$(VENV)/bin/python -c "import torch, dvc, lmclab" || { echo "make setup: requirements.lock has no \
-	pins for this platform (it covers Linux x86-64 and aarch64, macOS arm64; docs/install.md)" >&2; exit 1; }
+	$(VENV)/bin/python -c "import torch, torchvision, dvc, lmclab" || { echo "make setup: the venv does \
+	not import (above); requirements.lock covers Linux x86-64 and aarch64, macOS arm64 (docs/install.md)" >&2; exit 1; }
 	touch $@
 
 # vega, vega-lite and vega-embed from the bundle the PyPI package vl-convert-python ships (pinned in
