@@ -163,3 +163,11 @@ def test_the_size_measurement_splits_cuda_torch_and_the_rest(tmp_path: Path) -> 
     assert (
         400_000 <= parts["cuda"] < 500_000 and 200_000 <= parts["torch"] < 300_000 and 50_000 <= parts["rest"] < 100_000
     )
+
+
+def test_the_install_sizes_quoted_in_the_docs_are_in_the_logs() -> None:
+    """Every ``du -sh`` figure docs/install.md quotes (e.g. ``6.4G``) is printed in a committed log."""
+    logs = "".join(path.read_text() for path in sorted((ROOT / "reports" / "lock").glob("*.txt")))
+    measured = set(re.findall(r"^(\d+(?:\.\d+)?[KMG])\t", logs, flags=re.M))
+    quoted = set(re.findall(r"\b(\d+(?:\.\d+)?G)\b", DOCS.read_text()))
+    assert quoted and quoted <= measured, f"not in reports/lock/*.txt: {sorted(quoted - measured)}"
