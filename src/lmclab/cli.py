@@ -92,10 +92,14 @@ def _data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
     import tempfile
 
     from lmclab.core.data import LOADERS, Split, load_split, prepare
+    from lmclab.core.options import OptionError
 
     if source in LOADERS:
         with tempfile.TemporaryDirectory(prefix="lmclab-") as tmp:  # mode 0700: this user only
-            prepare(source, root, Path(tmp) / "prepared")
+            try:
+                prepare(source, root, Path(tmp) / "prepared")
+            except OptionError as err:  # not downloadable, or its package missing: named as --data
+                raise ValueError(err.keyed(lambda name: "--data" if name == "name" else name)) from None
             data = load_split(Path(tmp) / "prepared", split)
     elif Path(source).is_dir():
         data = load_split(Path(source), split)
