@@ -157,8 +157,8 @@ def test_dvc_shows_a_running_experiments_step_and_curves_and_reruns_after_a_kill
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # an interruption: dvc and its stage die mid-training
         driver.wait()
-    run(repo, "git", "checkout", "params.yaml")
-    run(repo, "dvc", "repro", "train")  # the rerun completes, every seed's files from this run only
+    run(repo, "git", "checkout", "HEAD", "--", "params.yaml")  # the baseline's 2 epochs (exp run staged its -S)
+    run(repo, "dvc", "exp", "run", "train")  # the rerun completes, every seed's files from this run only
     shown = json.loads(run(repo, "dvc", "metrics", "show", "--json", stdout_only=True))
     (workspace,) = shown.values()
     plots = json.loads(run(repo, "dvc", "plots", "show", "--json", stdout_only=True))["data"]
