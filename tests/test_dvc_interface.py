@@ -76,7 +76,8 @@ def test_the_headline_metrics_are_the_documented_set(ran):
     assert 10 < headline["endpoints"]["acc"] <= 100
     shown = json.loads(_run(repo, "dvc", "metrics", "show", "--json", stdout_only=True))
     (workspace,) = shown.values()
-    assert list(workspace["data"]) == ["metrics/headline.json"]  # the detail JSON is no DVC metric
+    live = [f"dvclive/seed{seed}/metrics.json" for seed in PARAMS["train"]["seeds"]]  # training, per seed
+    assert sorted(workspace["data"]) == sorted(["metrics/headline.json", *live])  # the detail JSON is no DVC metric
     assert "test_loss_barrier_mid" in json.loads((repo / "reports/detail/summary.json").read_text())["wm"]
     readme = (ROOT / "README.md").read_text()
     for name in ("endpoints.acc", *PAIR_METRICS, *THREE_METRICS, *MERGE_MANY_MODELS):
@@ -222,7 +223,8 @@ def test_the_plots_page_renders_offline_in_headless_chromium(ran, tmp_path):
         timeout=120,
     ).stdout
     drawn = len(re.findall(r'<canvas|<svg class="marks"', dom))
-    assert n_charts == 7 and drawn >= n_charts, (n_charts, drawn)
+    live = len(PARAMS["train"]["seeds"]) * len(("lr", "train/loss", "train/acc", "test/loss", "test/acc"))  # DVCLive's
+    assert n_charts == 7 + live and drawn >= n_charts, (n_charts, drawn)
 
 
 def test_the_pull_request_workflow_passes_actionlint_and_a_broken_one_fails(tmp_path):
