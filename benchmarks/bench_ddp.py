@@ -45,6 +45,8 @@ def run(tmp: Path, tree: dict, nproc: int) -> tuple[float, dict]:
             str(out),
             "--history",
             str(tmp / f"history{nproc}.parquet"),
+            "--live",
+            str(tmp / f"live{nproc}"),
             "--params",
             str(params),
         ],

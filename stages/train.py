@@ -1,9 +1,10 @@
 """Stage train (one instance per seed): train one endpoint, write the checkpoint
-``{arch, config, seed, state_dict}`` and the per-epoch history (Parquet). Default MLP: ~10 s;
+``{arch, config, seed, state_dict}`` and the per-epoch history (Parquet), and log each epoch to the
+seed's DVCLive directory as it ends (``lmclab.pipeline.live``; docs/live-training.md). Default MLP: ~10 s;
 ResNet20 ×1 on the 4,000 mnist5k digits: roughly 10–20 s per epoch on this 2-core CPU.
 Reads ``model.arch`` and that architecture's options block ``model.<arch>``. With
 ``train.nproc_per_node × train.nnodes > 1`` it relaunches itself under torchrun (data-parallel,
-``lmclab.core.distributed``); rank 0 writes the outputs."""
+``lmclab.core.distributed``); rank 0 writes the outputs and logs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
+from lmclab.pipeline.live import epoch_logger
 from lmclab.pipeline.stage import (
     model_key,
     one_line_errors,
@@ -50,6 +52,7 @@ def main(
     data: Path = typer.Option(...),
     out: Path = typer.Option(...),
     history: Path = typer.Option(...),
+    live: Path = typer.Option(..., help="DVCLive directory of this seed (metrics.json, plots/metrics/)"),
     params: Path = Path("params.yaml"),
 ) -> None:
     import pandas as pd
@@ -73,6 +76,8 @@ def main(
         str(out),
         "--history",
         str(history),
+        "--live",
+        str(live),
         "--params",
         str(params),
     ]
@@ -88,6 +93,7 @@ def main(
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
         config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
+    with params_errors(KEYS, model_key(arch)), epoch_logger(live, main=world.is_main) as on_epoch:
         ckpt, rows = train(
             arch,
             config,
@@ -97,6 +103,7 @@ def main(
             device=world.device,
             world=world,
             progress=show_progress(),
+            on_epoch=on_epoch,
             **opts,
         )
     if world.is_main:  # one writer

@@ -64,6 +64,8 @@ def train_stage(tmp_path: Path, prepared: Path, name: str, **train: object) -> t
             str(out),
             "--history",
             str(history),
+            "--live",
+            str(tmp_path / f"{name}-live"),
             "--params",
             str(params(tmp_path, **train)),
         ],
@@ -84,6 +86,9 @@ def test_two_gloo_processes_train_the_single_process_model(tmp_path: Path, prepa
     assert max(float((one[k] - two[k]).abs().max()) for k in one) <= TOLERANCE
     assert any(not torch.equal(one[k], two[k]) for k in one)  # two reductions, not one run twice
     pd.testing.assert_frame_equal(history_one, history_two, rtol=1e-4)
+    # one DVCLive writer (rank 0): each epoch once, none of a second process's rows appended or racing
+    steps = (tmp_path / "two-live/plots/metrics/test/acc.tsv").read_text().split()[2::2]
+    assert steps == [str(e) for e in history_two["epoch"]]
 
 
 @pytest.mark.slow

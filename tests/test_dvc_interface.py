@@ -78,7 +78,8 @@ def test_the_headline_metrics_are_the_documented_set(ran):
     assert 10 < headline["endpoints"]["acc"] <= 100
     shown = json.loads(_run(repo, "dvc", "metrics", "show", "--json", stdout_only=True))
     (workspace,) = shown.values()
-    assert list(workspace["data"]) == ["metrics/headline.json"]  # the detail JSON is no DVC metric
+    live = [f"dvclive/seed{seed}/metrics.json" for seed in PARAMS["train"]["seeds"]]  # training, per seed
+    assert sorted(workspace["data"]) == sorted(["metrics/headline.json", *live])  # the detail JSON is no DVC metric
     assert "test_loss_barrier_mid" in json.loads((repo / "reports/detail/summary.json").read_text())["wm"]
     page = (ROOT / "docs" / "comparing.md").read_text()  # the docs' table of headline metrics
     for name in ("endpoints.acc", *PAIR_METRICS, *THREE_METRICS, *MERGE_MANY_MODELS):
@@ -206,6 +207,7 @@ def test_the_plots_page_renders_offline_in_headless_chromium(request, tmp_path):
     n_charts = page.count("vegaEmbed('#")
     declared = yaml.safe_load((repo / "dvc.yaml").read_text())["plots"]
     n_vega = sum(isinstance(p, dict) for p in declared)  # the one plain path is the folder of PNG figures
+    n_vega += len(list(repo.glob("dvclive/seed*/plots/metrics/**/*.tsv")))  # the train stage's DVCLive curves
     dom = subprocess.run(
         [
             browser,

@@ -363,6 +363,8 @@ def test_the_train_stage_prints_the_keyed_line(prepared: Path, tmp_path: Path, c
         str(tmp_path / "seed0.pt"),
         "--history",
         str(tmp_path / "seed0.parquet"),
+        "--live",
+        str(tmp_path / "live"),
     ]
     assert _last_line(tmp_path, "train", _params(**changes), args) == line
 

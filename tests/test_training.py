@@ -38,6 +38,21 @@ def test_training_learns_and_records_history(splits) -> None:
     assert ckpt.seed == 0 and ckpt.arch == "mlp"
 
 
+def test_on_epoch_sees_each_row_as_it_is_measured_and_cannot_change_the_history(splits) -> None:
+    seen = []
+
+    def on_epoch(row: dict) -> None:
+        seen.append(dict(row))
+        row["test_acc"] = -1.0  # a copy: the history keeps its own
+
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=16)
+    _, history = train("mlp", config, 0, splits["train"], splits["test"], epochs=3, batch_size=128, on_epoch=on_epoch)
+    _, plain = _train(splits, 0, epochs=3)
+    assert history == plain  # the rows (and so the history Parquet) are the same with a callback
+    assert [r["epoch"] for r in seen] == [1, 2, 3]
+    assert seen[:2] == history[:2] and {k: history[-1][k] for k in seen[-1]} == seen[-1]  # the last row gains NC stats
+
+
 def test_checkpoint_round_trip(trained, tmp_path) -> None:
     ckpt = trained(0)
     save_checkpoint(tmp_path / "m.pt", ckpt)

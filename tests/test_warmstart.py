@@ -244,6 +244,8 @@ def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_
                 str(out),
                 "--history",
                 str(tmp_path / f"h{mode}.parquet"),
+                "--live",
+                str(tmp_path / f"live{mode}"),
             ],
             cwd=tmp_path,
             env={**warm_env, "LMCLAB_WARM": mode},
@@ -255,6 +257,7 @@ def test_the_train_stage_gives_the_same_checkpoint_warm_and_cold(tmp_path, warm_
         if mode == "1":  # a server ran the warm one (checked now: it exits LMCLAB_WARM_IDLE s after its last stage)
             assert list(Path(warm_env["LMCLAB_WARM_DIR"]).glob("*.sock"))
     assert all(torch.equal(outputs["1"][k], outputs["0"][k]) for k in outputs["0"])
+    assert (tmp_path / "live1/metrics.json").read_bytes() == (tmp_path / "live0/metrics.json").read_bytes()  # DVCLive's
 
 
 # ---------------------------------------------------------------- trust: only this user's directory and peers

@@ -3,8 +3,8 @@
     python tools/metrics_diff.py [--baseline HEAD] [--new REV] [--out metrics_diff.md]
 
 After ``dvc repro`` (or ``dvc exp run``): runs ``dvc params diff`` and ``dvc metrics diff --all``
-between ``--baseline`` (any git rev or experiment name; default HEAD, i.e. the committed metrics)
-and ``--new`` (default: the workspace), judges every headline metric against the committed
+of ``metrics/headline.json`` between ``--baseline`` (any git rev or experiment name; default HEAD, i.e. the
+committed metrics) and ``--new`` (default: the workspace), judges every headline metric against the committed
 tolerance file (``lmclab.report.metric_gate``), lists the report figures that changed, writes the Markdown
 (CI posts it as a pull-request comment) and exits 1 when a metric is beyond its tolerance, naming
 it. ``make metrics-diff`` runs it with the defaults.
@@ -22,6 +22,9 @@ from lmclab.pipeline.stage import load_yaml  # YAML 1.2, as DVC reads: 1e-3 is a
 from lmclab.report.metric_gate import judge_all, parse_tolerances, summary_line, verdict_table
 
 ROOT = Path(__file__).resolve().parent.parent
+# the gate's file (written by summarize); the other DVC metrics (each seed's DVCLive training metrics,
+# dvclive/seed<n>/metrics.json) are no headline numbers and are not judged
+HEADLINE = "metrics/headline.json"
 
 app = typer.Typer(add_completion=False)
 
@@ -57,7 +60,9 @@ def main(
     except ValueError as exc:
         raise SystemExit(f"error: {tolerances}: {exc}") from None
     revs = [baseline, *([new] if new else [])]
-    verdicts = judge_all(json.loads(_run("dvc", "metrics", "diff", *revs, "--all", "--json") or "{}"), rules)
+    verdicts = judge_all(
+        json.loads(_run("dvc", "metrics", "diff", *revs, "--all", "--json", "--targets", HEADLINE) or "{}"), rules
+    )
     if not verdicts:
         raise SystemExit(
             f"error: no headline metrics found in {baseline} or {new or 'the workspace'} (run `dvc repro` first)"

@@ -9,6 +9,7 @@ Options for the paper's appendix H.5 studies: ``weight_decay``, the optimiser (A
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,7 @@ def train(
     device: torch.device = CPU,
     world: World = ALONE,
     progress: bool = False,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
 ) -> tuple[Checkpoint, list[dict[str, float]]]:
     """Train with cross-entropy; return the checkpoint and one history row per epoch.
 
@@ -121,6 +123,8 @@ def train(
     ``precision="bf16"``: forward and loss under bfloat16 autocast; ``mixup_alpha > 0``: mixup
     (:class:`lmclab.train.augment.Mixup`). The last row also holds the neural-collapse statistics of the
     final model's last-layer features on the training split (:mod:`lmclab.analysis.collapse`).
+    ``on_epoch(row)``: called with a copy of each epoch's row as soon as it is measured, in every process
+    (a caller under torchrun passes it on rank 0 only); the train stage feeds DVCLive with it.
     """
     options = dict(
         optimizer=optimizer,
@@ -168,6 +172,8 @@ def train(
             "test_acc": test.acc,
         }
         history.append(row)
+        if on_epoch is not None:
+            on_epoch(dict(row))
         bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{test.acc:.3f}")
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     spec = get_arch(arch).permutation_spec(config)
