@@ -1,0 +1,104 @@
+"""Benchmark: the default run's wall time, stage by stage, as a user meets it.
+
+    python benchmarks/bench_default_run.py [--out benchmarks/results/default_run.json] [--runs first,forced]
+
+Clones the committed repository (HEAD) into a temporary folder with a DVC cache of its own, then
+runs there ``dvc repro`` (``first``: what a fresh clone costs) and ``dvc repro -f`` (``forced``: every
+stage again, the warm start on), with the ``python`` and ``dvc`` of this interpreter's environment.
+Each line DVC prints is timestamped as it arrives; a stage's time runs from its ``Running stage``
+line to the next one (so DVC's own hashing and locking after a stage count towards it) and the last
+to the end. Writes the totals, every stage and the sums per stage family (``train@0``… → ``train``)
+with the commit, the machine and the command. Run it with nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNING = re.compile(r"^Running stage '([^']+)'")
+COMMANDS = {"first": ["dvc", "repro"], "forced": ["dvc", "repro", "-f"]}
+
+
+def stage_seconds(lines: Iterable[tuple[float, str]], end: float) -> dict[str, float]:
+    """Seconds per stage from ``(time, line)`` pairs: each ``Running stage 'x'`` line to the next, the
+    last to ``end``. A stage that runs twice (never in one ``dvc repro``) would be summed."""
+    starts = [(t, m.group(1)) for t, line in lines if (m := RUNNING.match(line))]
+    out: dict[str, float] = {}
+    for (t, name), t_next in zip(starts, [t for t, _ in starts[1:]] + [end], strict=False):
+        out[name] = out.get(name, 0.0) + t_next - t
+    return out
+
+
+def families(stages: dict[str, float]) -> dict[str, float]:
+    """Sums per stage family: ``train@3`` and ``permute@0-1`` count as ``train`` and ``permute``."""
+    out: dict[str, float] = {}
+    for name, sec in stages.items():
+        out[name.split("@")[0]] = out.get(name.split("@")[0], 0.0) + sec
+    return out
+
+
+def timed_run(cmd: list[str], cwd: Path, env: dict) -> dict:
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [(time.monotonic() - t0, line.rstrip("\n")) for line in proc.stdout]
+    total = time.monotonic() - t0
+    if proc.wait() != 0:
+        tail = "\n".join(line for _, line in lines[-20:])
+        raise SystemExit(f"error: {' '.join(cmd)} failed in {cwd}:\n{tail}")
+    stages = stage_seconds(lines, total)
+    return {
+        "command": " ".join(cmd),
+        "total_sec": round(total, 1),
+        "stage_processes": len(stages),
+        "families_sec": {k: round(v, 1) for k, v in families(stages).items()},
+        "stages_sec": {k: round(v, 2) for k, v in stages.items()},
+    }
+
+
+def main(
+    out: Path = typer.Option(ROOT / "benchmarks/results/default_run.json", help="where the JSON goes"),
+    runs: str = typer.Option("first,forced", help="comma-separated: first (dvc repro), forced (dvc repro -f)"),
+) -> None:
+    names = [r.strip() for r in runs.split(",") if r.strip()]
+    if not names or any(r not in COMMANDS for r in names):
+        raise SystemExit(f"error: --runs: expected a comma-separated subset of {', '.join(COMMANDS)}, got {runs!r}")
+    sys.path.insert(0, str(ROOT / "src"))
+    from lmclab.core.device import describe_machine
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = {
+        "benchmark": "python benchmarks/bench_default_run.py --runs " + ",".join(names),
+        "commit": commit.stdout.strip(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": describe_machine(),
+        "runs": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # created 0700: ours alone
+        clone = Path(tmp) / "repo"
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        for name in names:
+            result["runs"][name] = run = timed_run(COMMANDS[name], clone, env)
+            print(
+                f"{name}: {run['command']} {run['total_sec']} s; "
+                + ", ".join(f"{k} {v}" for k, v in sorted(run["families_sec"].items(), key=lambda kv: -kv[1]))
+            )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
