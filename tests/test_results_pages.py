@@ -21,6 +21,7 @@ SOURCES = (
     "reports/detail/environment.json",
     "metrics/headline.json",
     "metrics/findings.json",
+    "benchmarks/results/default_run.json",
 )
 NOT_MEASUREMENTS = {"3.11": "the Python version", "2402.04051": "the paper's arXiv id"}
 

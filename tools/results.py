@@ -55,6 +55,8 @@ def _read(root: Path) -> dict:
         out[key] = json.loads(path.read_text())
     out["params"] = YAML(typ="safe").load((root / "params.yaml").read_text())
     out["report"] = (root / "reports/report.md").read_text()
+    bench = root / "benchmarks/results/default_run.json"  # optional: bench_default_run.py writes it
+    out["bench"] = json.loads(bench.read_text()) if bench.is_file() else None
     return out
 
 
@@ -89,9 +91,24 @@ def readme_block(d: dict) -> str:
             f"(averaging without permutations {mm['naive_acc']:.1f} %, ensemble {mm['ensemble_acc']:.1f} %). "
             f"Of the paper's findings, {d['findings']['held']} of {d['findings']['tested']} testable ones hold "
             f"([results](docs/results.md)). Machine: {_machine(d['machine'])}.",
+            *_wall_time(d["bench"]),
             END,
         ]
     )
+
+
+def _wall_time(bench: dict | None) -> list[str]:
+    """One line on how long the default run takes, from the committed benchmark (if any)."""
+    if bench is None:
+        return []
+    runs = bench["runs"]
+    said = [f"`{run['command']}` {run['total_sec']:.0f} s" for run in runs.values()]
+    return [
+        "",
+        f"Wall time in a clean clone: {', '.join(said)} ({_machine(bench['machine'])}, commit "
+        f"{bench['commit'][:7]}, {bench['date']}; `{bench['benchmark']}`, stage by stage in "
+        "`benchmarks/results/default_run.json`).",
+    ]
 
 
 def results_page(d: dict) -> str:
