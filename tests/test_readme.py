@@ -57,5 +57,5 @@ def test_the_cli_demo_block_is_generated_from_its_committed_results(page, tmp_pa
     copy = tmp_path / "page.md"
     copy.write_text(text)
     cli_demo.write_block(copy)
-    assert copy.read_text() == text, "run `python tools/cli_demo.py --readme-only`"
+    assert copy.read_text() == text, "run `python tools/cli_demo.py --pages-only`"
     assert "$ lmclab match a.pt b.pt --method wm" in text

@@ -8,8 +8,8 @@ private temporary folder outside the repository runs
     lmclab barrier a.pt b.pt [--perm perm.pt] --data digits --in-channels 3 --repair …
 
 and writes the commands, what they printed and the barriers to ``reports/cli_demo.json``, then the
-block between the ``cli demo`` markers of README.md and of docs/cli.md from that file
-(``--readme-only``: only those blocks, from the committed file).
+block between the ``cli demo`` markers of docs/cli.md from that file
+(``--pages-only``: only those blocks, from the committed file).
 
     python tools/cli_demo.py [--epochs 5]
 """
@@ -117,8 +117,8 @@ def write_block(page: Path) -> None:
 
 
 @app.command()
-def main(epochs: int = 5, readme_only: bool = False) -> None:
-    if not readme_only:
+def main(epochs: int = 5, pages_only: bool = False) -> None:
+    if not pages_only:
         with tempfile.TemporaryDirectory(prefix="lmclab-demo-") as tmp:  # 0700: this user's only
             work = Path(tmp)
             accs = _train(work, (0, 1), epochs)
