@@ -16,7 +16,6 @@ import results  # noqa: E402
 # decimals and percentages the README may state outside the generated block, each with its reason
 SOURCES = (
     "params.yaml",
-    "reports/report.md",
     "reports/detail/summary.json",
     "reports/detail/environment.json",
     "metrics/headline.json",

@@ -5,8 +5,8 @@ results page), from the files `dvc repro` commits — never typed by hand.
     python tools/results.py --check   # exit 1 if either differs from what the committed files give
 
 Sources: ``reports/detail/summary.json`` (mean ± std over the pairs), ``metrics/headline.json``,
-``metrics/findings.json``, ``reports/detail/environment.json`` (the machine), ``reports/report.md``
-(the full report, written by the plot stage) and ``params.yaml`` (the settings that produced them).
+``metrics/findings.json``, ``reports/detail/environment.json`` (the machine), ``params.yaml`` (the
+settings that produced them) and, when committed, ``benchmarks/results/default_run.json`` (wall time).
 tests/test_results_pages.py runs ``--check``, so a number in either place that disagrees with the
 committed metrics fails the suite.
 """
@@ -54,7 +54,6 @@ def _read(root: Path) -> dict:
             raise SystemExit(f"error: {rel}: missing; run `dvc repro` first")
         out[key] = json.loads(path.read_text())
     out["params"] = YAML(typ="safe").load((root / "params.yaml").read_text())
-    out["report"] = (root / "reports/report.md").read_text()
     bench = root / "benchmarks/results/default_run.json"  # optional: bench_default_run.py writes it
     out["bench"] = json.loads(bench.read_text()) if bench.is_file() else None
     return out
