@@ -16,14 +16,17 @@ from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
 from lmclab.search.midpoint import midpoint_loss, minibatches
 from lmclab.search.sinkhorn import (
+    hard_permutation,
+    init_scores,
     log_sinkhorn,
     scaling_max_range,
     scaling_sinkhorn,
+    scores_at,
     sinkhorn,
     soft_apply,
     soft_permutation,
 )
-from lmclab.search.weight_matching import matching_objective
+from lmclab.search.weight_matching import matching_objective, weight_matching
 from lmclab.search.wm_sinkhorn import distance_loss, wm_sinkhorn
 
 MLP = get_arch("mlp")
@@ -276,6 +279,42 @@ def _tiny_problem() -> tuple:
     params = [{k: torch.randn(v.shape, generator=gen) * 0.1 for k, v in net.state_dict().items()} for _ in range(2)]
     data = Split(torch.randn(50, 784, generator=gen), torch.randint(0, 10, (50,), generator=gen))
     return spec, net, params, data
+
+
+def test_scores_at_moves_the_identity_initialisation_to_a_permutation() -> None:
+    gen = torch.Generator().manual_seed(3)
+    scores = init_scores({"P": 7, "Q": 5}, gen)
+    perm = {g: torch.randperm(n, generator=gen) for g, n in (("P", 7), ("Q", 5))}
+    moved = scores_at(scores, perm)
+    for g, p in perm.items():
+        torch.testing.assert_close(moved[g][torch.arange(len(p)), p], scores[g].diagonal())
+        assert sorted(moved[g].flatten().tolist()) == sorted(scores[g].flatten().tolist())  # same entries
+    assert {g: p.tolist() for g, p in hard_permutation(moved).items()} == {g: p.tolist() for g, p in perm.items()}
+
+
+def test_ste_sinkhorn_init_wm_starts_from_weight_matchings_permutation() -> None:
+    """With a negligible learning rate the scores stay where they start: ``init="wm"`` returns
+    coordinate-descent WM's permutation, the default ``identity`` the identity."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    wm = weight_matching(spec, params_a, params_b).perm["P"]
+    assert not torch.equal(wm, torch.arange(8))
+
+    def run(init: str) -> torch.Tensor:
+        return ste_sinkhorn_module.ste_sinkhorn(
+            spec,
+            params_a,
+            params_b,
+            model=net,
+            data=data,
+            generator=torch.Generator().manual_seed(0),
+            epochs=1,
+            batch_size=50,
+            lr=1e-9,
+            init=init,
+        ).perm["P"]
+
+    assert torch.equal(run("wm"), wm)
+    assert torch.equal(run("identity"), torch.arange(8))
 
 
 def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:

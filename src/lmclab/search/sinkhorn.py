@@ -115,6 +115,13 @@ def init_scores(
     }
 
 
+def scores_at(scores: Mapping[str, Tensor], perm: Permutation) -> dict[str, Tensor]:
+    """``scores`` with each group's columns reordered so that its diagonal sits at ``perm``:
+    ``new[i, perm[i]] = scores[i, i]`` (the identity initialisation moved to the permutation ``perm``,
+    whose :func:`hard_permutation` it then is)."""
+    return {g: s[:, torch.argsort(perm[g].to(s.device))] for g, s in scores.items()}
+
+
 def soft_permutation(scores: Mapping[str, Tensor], *, tau: float, n_iter: int) -> dict[str, Tensor]:
     """``sinkhorn`` of every group, groups of the same size in one batched call."""
     by_size: dict[int, list[str]] = defaultdict(list)

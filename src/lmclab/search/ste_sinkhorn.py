@@ -6,6 +6,10 @@ Adam lr 1, batch 512, 5 epochs). ``optimizer`` is ``adam`` (the paper) or ``adam
 MLP example: AdamW lr 0.1, weight decay 0.01), ``weight_decay`` its coefficient (L2 added to the
 gradient for Adam, decoupled for AdamW, as in torch). Each epoch visits every training sample once:
 the last, smaller batch is kept as the authors' ``DataLoader`` keeps it (``drop_last`` drops it).
+``init="wm"`` starts the scores at coordinate-descent weight matching's permutation
+(:func:`lmclab.search.weight_matching.weight_matching`, default options) instead of the identity
+(the authors' initialisation), so that STE inherits WM's alignment — the three-model study's
+question whether that inheritance, not the midpoint loss, decides whether alignments compose.
 The hard permutation is the linear assignment on the final scores (the authors' choice: the
 midpoint loss has no data-free score to select an epoch by); after every epoch the monitor (if any)
 records its L2 distance and merged test metrics.
@@ -30,10 +34,12 @@ from lmclab.core.options import Count, NonNegative, Options, Positive, one_of, o
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
+from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at, soft_apply, soft_permutation
+from lmclab.search.weight_matching import weight_matching
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 PRECISIONS = ("fp32", "bf16")
+INITS = ("identity", "wm")
 
 
 class STESinkhornOptions(Options):
@@ -47,6 +53,9 @@ class STESinkhornOptions(Options):
     drop_last: bool = option(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
     tau: Positive = option(1.0, "Sinkhorn STE: temperature")
     sinkhorn_iters: Count = option(20, "Sinkhorn STE: column+row normalisations per soft permutation")
+    init: one_of(INITS) = option(
+        "identity", "Sinkhorn STE: initial scores at the identity (authors) or at weight matching's permutation"
+    )
     precision: one_of(PRECISIONS) = option(
         "fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)"
     )
@@ -72,7 +81,10 @@ def ste_sinkhorn(
     device = next(iter(params_a.values())).device
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
-    scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator, device).items()}
+    scores = init_scores(spec.group_sizes(params_a), generator, device)
+    if options.init == "wm":
+        scores = scores_at(scores, weight_matching(spec, params_a, params_b, generator=generator).perm)
+    scores = {g: s.requires_grad_() for g, s in scores.items()}
     opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
     data = data.to(device)
     curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard_permutation(scores)) if monitor else {})}]
