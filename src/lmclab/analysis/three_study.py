@@ -1,0 +1,112 @@
+"""The three-model study: how the barrier between π_b(θb) and π_c(θc) (the pair never matched,
+the paper's Table 3) and the singular-vector alignment R_0.3 of every pair (its Figure 5) change
+with one setting at a time.
+
+Input: the long table of every study point's edges, one row per (point, triple, method, edge) with
+the columns of :func:`lmclab.analysis.three_models.three_model_barriers` plus ``point``, ``axis``
+and ``value``. :func:`study_table` gives one row per point and method; :func:`paired_test` compares
+two methods' b–c barriers over the same triples (a paired two-sided t-test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+BC = ("test_loss_barrier_mid", "test_loss_barrier_max", "test_acc_barrier_max", "train_loss_barrier_max")
+PAPER_WM, PAPER_STE = "wm_sinkhorn", "ste_sinkhorn"
+
+
+def paired_test(edges: pd.DataFrame, column: str, first: str = PAPER_WM, second: str = PAPER_STE) -> dict:
+    """``first`` vs ``second`` on the b–c ``column`` over the triples both have: the mean paired
+    difference (first − second), the two-sided paired t-test's p (None with fewer than 2 triples or
+    no spread) and whether ``first`` is below ``second`` in every triple."""
+    from scipy import stats
+
+    bc = edges[edges["edge"] == "b-c"].pivot_table(index="triple", columns="method", values=column)
+    both = bc[[first, second]].dropna() if {first, second} <= set(bc.columns) else pd.DataFrame()
+    if both.empty:
+        return {"n": 0, "diff": None, "p": None, "below_in_every": None}
+    diff = both[first] - both[second]
+    p = float(stats.ttest_rel(both[first], both[second]).pvalue) if len(diff) > 1 and diff.std() > 0 else None
+    return {"n": len(diff), "diff": float(diff.mean()), "p": p, "below_in_every": bool((diff < 0).all())}
+
+
+def study_table(edges: pd.DataFrame) -> pd.DataFrame:
+    """One row per point and method: mean and std over triples of the b–c barriers (``BC``) and of
+    R_0.3 on each edge, and for the paper's WM the paired test against the paper's STE on each
+    b–c barrier (``p_<column>``, ``below_<column>``)."""
+    rows = []
+    for (point, method), group in edges.groupby(["point", "method"], sort=False):
+        row: dict = {
+            "point": point,
+            "axis": group["axis"].iloc[0],
+            "value": group["value"].iloc[0],
+            "method": method,
+            "n_triples": group["triple"].nunique(),
+        }
+        for edge in ("a-b", "a-c", "b-c"):
+            on = group[group["edge"] == edge]
+            columns = (*BC, "R_0.3") if edge == "b-c" else ("R_0.3",)
+            for column in columns:
+                key = column if edge == "b-c" else f"{column}_{edge}"
+                row[f"{key}_mean"] = float(on[column].mean())
+                row[f"{key}_std"] = float(on[column].std(ddof=1)) if len(on) > 1 else 0.0
+        if method == PAPER_WM:
+            at = edges[edges["point"] == point]
+            for column in BC:
+                test = paired_test(at, column)
+                row[f"p_{column}"], row[f"below_{column}"] = test["p"], test["below_in_every"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cell(row: pd.Series, key: str, digits: int) -> str:
+    return f"{row[key + '_mean']:.{digits}f} ± {row[key + '_std']:.{digits}f}"
+
+
+def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mapping[str, str]) -> str:
+    """The study's page: the table (one row per point and method) and, per point, whether the
+    paper's ordering (WM's b–c barriers below STE's in every triple) holds."""
+    lines = [
+        "# Three-model study (Table 3 and Figure 5 on the digits)",
+        "",
+        "θb and θc are each aligned to θa; b–c is the pair never matched. Mean ± std over triples; "
+        "one setting changed from the default run (" + ", ".join(f"{k} {v}" for k, v in defaults.items()) + ").",
+        "",
+        "![three-model study](three_study.png)",
+        "",
+        "| setting | method | triples | loss b–c ½ | loss b–c | acc b–c | train loss b–c "
+        "| R_0.3 a–b | R_0.3 a–c | R_0.3 b–c |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        setting = "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}"
+        cells = [_cell(r, c, 3 if "loss" in c else 2) for c in BC]
+        cells += [_cell(r, f"R_0.3_{e}", 3) for e in ("a-b", "a-c")] + [_cell(r, "R_0.3", 3)]
+        lines.append(f"| {setting} | {r['method']} | {r['n_triples']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Does the paper's ordering hold? (WM Sinkhorn's b–c barrier below STE Sinkhorn's)", ""]
+    lines += ["| setting | " + " | ".join(BC) + " |", "|---|" + "---|" * len(BC)]
+    for _, r in table[table["method"] == PAPER_WM].iterrows():
+        setting = "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}"
+        cells = [_verdict(r[f"below_{c}"], r[f"p_{c}"]) for c in BC]
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    lines += ["", "Cell: in every triple (yes/no) and the paired two-sided t-test's p over triples.", ""]
+    return "\n".join(lines)
+
+
+def _verdict(below: bool | None, p: float | None) -> str:
+    if below is None:
+        return "—"
+    return ("yes" if below else "no") + (f" (p {p:.3g})" if p is not None and p == p else "")
+
+
+def r_tracks_barrier(table: pd.DataFrame, methods: Sequence[str] = (PAPER_WM, PAPER_STE)) -> dict:
+    """Spearman ρ across the study's points and methods between R_0.3 of b–c and the b–c test
+    midpoint barrier (the paper: better-aligned dominant directions, lower barrier → ρ < 0)."""
+    from scipy import stats
+
+    rows = table[table["method"].isin(methods)]
+    rho, p = stats.spearmanr(rows["R_0.3_mean"], rows["test_loss_barrier_mid_mean"])
+    return {"rho": float(rho), "p": float(p), "n": len(rows)}

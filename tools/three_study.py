@@ -1,0 +1,149 @@
+"""Three-model study (the paper's Table 3 and Figure 5 on the default run's digits), run by hand —
+not a DVC stage: its inputs are experiments, not files (docs/analyses.md, "Three-model study").
+
+    python tools/three_study.py queue              # queue one `dvc exp` per study point (targets: connect)
+    dvc queue start -j 1                           # run them (the width-2048 point is left out: --points)
+    python tools/three_study.py collect            # reports/three_study/: three_study.md, .png, .parquet
+
+Every point is the default run with 9 models in 3 disjoint triples, the paper's WM and STE
+(wm_sinkhorn, ste_sinkhorn) and coordinate-descent WM, and one setting changed (POINTS). Only the
+stages the connect stage needs run (validate, download, train, connect); a point whose models are
+the default's restores them from the run cache. ``collect`` reads every queued point's
+``data/connect/*/*/edges.json`` from its experiment (by name, ``three-<point>``) and builds the table
+and figure of :mod:`lmclab.analysis.three_study`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import typer
+
+from lmclab.pipeline.stage import one_line_errors
+
+app = typer.Typer(add_completion=False)
+PREFIX = "three-"
+TRIPLES = [[0, 2, 4], [1, 3, 5], [6, 7, 8]]  # the default run's two triples and a third
+BASE = {
+    "train.seeds": list(range(9)),
+    "three.triples": TRIPLES,
+    "three.methods": ["wm_sinkhorn", "ste_sinkhorn", "wm"],
+}
+# point -> (axis, value shown, overrides); the default's own values are the "default" point
+POINTS: dict[str, tuple[str, str, dict]] = {
+    "default": ("default", "default", {}),
+    "epochs-50": ("training epochs", "50", {"train.epochs": 50}),
+    "epochs-100": ("training epochs", "100", {"train.epochs": 100}),
+    "train-1k": ("training digits", "1000", {"data.max_train": 1000}),
+    "train-2k": ("training digits", "2000", {"data.max_train": 2000}),
+    "width-128": ("width", "128", {"model.mlp.width": 128}),
+    "width-1024": ("width", "1024", {"model.mlp.width": 1024}),
+    "width-2048": ("width", "2048", {"model.mlp.width": 2048}),
+    "wm-10x100": (
+        "Sinkhorn WM schedule",
+        "10 × 100",
+        {"permute.wm_sinkhorn.epochs": 10, "permute.wm_sinkhorn.iterations": 100},
+    ),
+    "ste-epochs-20": ("STE epochs", "20", {"permute.ste_sinkhorn.epochs": 20}),
+    "ste-init-wm": ("STE initialisation", "wm", {"permute.ste_sinkhorn.init": "wm"}),
+    "epochs-100-wm-10x100": (
+        "paper's training and WM schedule",
+        "100 epochs, 10 × 100",
+        {"train.epochs": 100, "permute.wm_sinkhorn.epochs": 10, "permute.wm_sinkhorn.iterations": 100},
+    ),
+}
+# the default-run values of each axis (the "default" point stands for them)
+DEFAULTS = {
+    "training epochs": "20",
+    "training digits": "4000",
+    "width": "512",
+    "Sinkhorn WM schedule": "25 × 10",
+    "STE epochs": "5",
+    "STE initialisation": "identity",
+}
+COSTLY = ("width-2048",)  # ~10 min per Sinkhorn WM search on 2 cores: left out unless named
+
+
+def queue_command(point: str) -> list[str]:
+    """The ``dvc exp run --queue`` command of one study point."""
+    settings = {**BASE, **POINTS[point][2]}
+    sets = [arg for k, v in settings.items() for arg in ("-S", f"{k}={json.dumps(v).replace(' ', '')}")]
+    return ["dvc", "exp", "run", "--queue", "-n", PREFIX + point, *sets, "connect"]
+
+
+def _points(points: str) -> list[str]:
+    names = [p for p in points.split(",") if p] or [p for p in POINTS if p not in COSTLY]
+    unknown = [p for p in names if p not in POINTS]
+    if unknown:
+        raise ValueError(f"--points: unknown point(s) {', '.join(unknown)}; known: {', '.join(POINTS)}")
+    return names
+
+
+@app.command()
+@one_line_errors
+def queue(
+    points: str = typer.Option("", help="comma-separated points (default: all but " + ", ".join(COSTLY) + ")"),
+    dry_run: bool = typer.Option(False, help="print the commands instead of queueing them"),
+) -> None:
+    """Queue one experiment per study point."""
+    for point in _points(points):
+        command = queue_command(point)
+        typer.echo(shlex.join(command))
+        if not dry_run:
+            subprocess.run(command, check=True)
+
+
+def _edges(experiment: str) -> list[dict]:
+    """Every edges.json under data/connect of ``experiment`` (from its DVC cache)."""
+    import dvc.api
+
+    fs = dvc.api.DVCFileSystem(".", rev=experiment)
+    rows = []
+    for path in sorted(fs.glob("data/connect/*/*/edges.json")):
+        blob = json.loads(fs.read_text(path))
+        triple = "seed" + blob["seeds"].replace(",", "-seed")
+        rows += [{"triple": triple, "method": blob["method"], **edge} for edge in blob["edges"]]
+    return rows
+
+
+@app.command()
+@one_line_errors
+def collect(
+    out: Path = typer.Option(Path("reports/three_study")),
+    points: str = typer.Option("", help="comma-separated points (default: every queued point that finished)"),
+    dpi: int = typer.Option(120),
+) -> None:
+    """Build the study's table, figure and Parquet tables from the finished experiments."""
+    import pandas as pd
+
+    from lmclab.analysis.three_study import study_markdown, study_table
+    from lmclab.core.atomic import atomic_path
+    from lmclab.report.plots_three import plot_three_study
+
+    frames = []
+    for point in _points(points) if points else POINTS:
+        try:
+            rows = _edges(PREFIX + point)
+        except Exception as exc:  # not run, still queued or failed: dvc names no such revision
+            typer.echo(f"{point}: left out ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+            continue
+        axis, value, _ = POINTS[point]
+        frames.append(pd.DataFrame(rows).assign(point=point, axis=axis, value=value))
+        typer.echo(f"{point}: {len(rows)} edges")
+    if not frames:
+        raise ValueError("no finished study experiment; run `python tools/three_study.py queue` first")
+    edges = pd.concat(frames, ignore_index=True)
+    table = study_table(edges)
+    for name, frame in (("edges", edges), ("table", table)):
+        with atomic_path(out / f"{name}.parquet") as tmp:
+            frame.to_parquet(tmp, index=False)
+    plot_three_study(table, edges, out / "three_study.png", dpi=dpi)
+    with atomic_path(out / "three_study.md") as tmp:
+        tmp.write_text(study_markdown(table, edges, defaults=DEFAULTS))
+
+
+if __name__ == "__main__":
+    app()
