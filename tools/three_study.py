@@ -22,7 +22,7 @@ from pathlib import Path
 
 import typer
 
-from lmclab.pipeline.stage import one_line_errors
+from lmclab.pipeline.stage import one_line_errors, parse_yaml
 
 app = typer.Typer(add_completion=False)
 PREFIX = "three-"
@@ -55,15 +55,30 @@ POINTS: dict[str, tuple[str, str, dict]] = {
         {"train.epochs": 100, "permute.wm_sinkhorn.epochs": 10, "permute.wm_sinkhorn.iterations": 100},
     ),
 }
-# the default-run values of each axis (the "default" point stands for them)
-DEFAULTS = {
-    "training epochs": "20",
-    "training digits": "4000",
-    "width": "512",
-    "Sinkhorn WM schedule": "25 × 10",
-    "STE epochs": "5",
-    "STE initialisation": "identity",
+# the params.yaml keys each axis varies (the "default" point stands for their values in params.yaml)
+AXIS_KEYS = {
+    "training epochs": ("train.epochs",),
+    "training digits": ("data.max_train",),
+    "width": ("model.mlp.width",),
+    "Sinkhorn WM schedule": ("permute.wm_sinkhorn.epochs", "permute.wm_sinkhorn.iterations"),
+    "STE epochs": ("permute.ste_sinkhorn.epochs",),
+    "STE initialisation": ("permute.ste_sinkhorn.init",),
 }
+
+
+def defaults(params: Path) -> dict[str, str]:
+    """Each axis's value in ``params`` (the default run's), as the study's page shows it."""
+    tree = parse_yaml(params.read_text(), params)
+
+    def value(key: str) -> str:
+        node = tree
+        for part in key.split("."):
+            node = node[part]
+        return "all" if node is None else str(node)
+
+    return {axis: " × ".join(value(k) for k in keys) for axis, keys in AXIS_KEYS.items()}
+
+
 COSTLY = ("width-2048",)  # ~10 min per Sinkhorn WM search on 2 cores: left out unless named
 
 
@@ -115,6 +130,7 @@ def collect(
     out: Path = typer.Option(Path("reports/three_study")),
     points: str = typer.Option("", help="comma-separated points (default: every queued point that finished)"),
     dpi: int = typer.Option(120),
+    params: Path = typer.Option(Path("params.yaml"), help="the default run's parameters the page names"),
 ) -> None:
     """Build the study's table, figure and Parquet tables from the finished experiments."""
     import pandas as pd
@@ -142,7 +158,7 @@ def collect(
             frame.to_parquet(tmp, index=False)
     plot_three_study(table, edges, out / "three_study.png", dpi=dpi)
     with atomic_path(out / "three_study.md") as tmp:
-        tmp.write_text(study_markdown(table, edges, defaults=DEFAULTS))
+        tmp.write_text(study_markdown(table, edges, defaults=defaults(params)))
 
 
 if __name__ == "__main__":
