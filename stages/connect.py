@@ -1,6 +1,8 @@
 """Stage connect (one instance per triple and method): align θb and θc to θa separately, then
 barriers between every pair of {θa, π_b(θb), π_c(θc)} and the landscape on their plane (test split).
-Writes ``perms.pt``, ``edges.json``, ``curves.parquet``, ``landscape.parquet``. MLP: ~10 s."""
+``--aligned-b`` is the permute stage's output for the pair (θa, θb) with this method: its
+permutation is θb's alignment (the same search, options and seed; not run twice), so only θc is
+searched here. Writes ``perms.pt``, ``edges.json``, ``curves.parquet``, ``landscape.parquet``."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def main(
     models: Path = typer.Option(...),
     data: Path = typer.Option(...),
     out: Path = typer.Option(...),
+    aligned_b: Path | None = typer.Option(None, help="permute stage output (perm.pt, stats.json) of θb → θa"),
     params: Path = Path("params.yaml"),
 ) -> None:
     import pandas as pd
@@ -60,6 +63,7 @@ def main(
             f"--models={models}",
             f"--data={data}",
             f"--out={out}",
+            *([f"--aligned-b={aligned_b}"] if aligned_b else []),
             f"--params={params}",
         ],
         run_id=f"lmclab-connect-{seeds}-{method}",
@@ -79,9 +83,16 @@ def main(
     ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
+    aligned = {"b": load_alignment(aligned_b, method)} if aligned_b else {}
     with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
         result = connect_triple(
-            method, ckpts, load_split(data, "train"), load_split(data, "test"), options=options, **settings
+            method,
+            ckpts,
+            load_split(data, "train"),
+            load_split(data, "test"),
+            options=options,
+            aligned=aligned,
+            **settings,
         )
     leave_world(world)
     if not world.is_main:  # one writer
@@ -97,6 +108,22 @@ def main(
         )
     bc = next(e for e in result.edges if e["edge"] == "b-c")
     typer.echo(f"{method} {seeds}: b-c test loss barrier {bc['test_loss_barrier_max']:.4f}")
+
+
+def load_alignment(folder: Path, method: str):
+    """The permute stage's ``perm.pt`` and ``stats.json`` in ``folder`` as a search result of ``method``."""
+    import torch
+
+    from lmclab.search.result import SearchResult
+
+    stats_file, perm_file = folder / "stats.json", folder / "perm.pt"
+    if not (stats_file.is_file() and perm_file.is_file()):
+        raise ValueError(f"--aligned-b: expected {folder} to hold perm.pt and stats.json (a permute output)")
+    stats = json.loads(stats_file.read_text())
+    if stats.get("method") != method:
+        raise ValueError(f"--aligned-b: {folder} holds a {stats.get('method')!r} alignment, expected {method!r}")
+    perm = torch.load(perm_file, map_location="cpu", weights_only=True)
+    return SearchResult(perm, {k: v for k, v in stats.items() if k != "method"})
 
 
 if __name__ == "__main__":

@@ -33,11 +33,13 @@ def main(
     tables_dir: Path = typer.Option(...),
     metrics_dir: Path = typer.Option(...),
     detail_dir: Path = typer.Option(...),
+    three_study: Path | None = typer.Option(None, help="the three-model study's table.parquet (the finding's note)"),
     params: Path = Path("params.yaml"),
 ) -> None:
     import pandas as pd
 
     from lmclab.analysis.findings import paper_findings
+    from lmclab.analysis.three_study import study_summary
     from lmclab.core.atomic import atomic_path
     from lmclab.core.device import describe_machine
     from lmclab.report.headline import headline_metrics
@@ -83,7 +85,10 @@ def main(
         methods=methods,
         three_methods=three_methods,
     )
-    found = paper_findings(out["pairs"], out["spectrum"], out["energy"], out["three_edges"], methods, three_methods)
+    study = study_summary(pd.read_parquet(three_study)) if three_study else None
+    found = paper_findings(
+        out["pairs"], out["spectrum"], out["energy"], out["three_edges"], methods, three_methods, study=study
+    )
     findings = {
         "held": sum(f.holds is True for f in found),
         "tested": sum(f.holds is not None for f in found),

@@ -49,14 +49,25 @@ def run(repo: Path, *args: str, stdout_only: bool = False) -> str:
     return proc.stdout if stdout_only else proc.stdout + proc.stderr
 
 
+COMMITTED_INPUTS = (  # files of the repository that stages read besides code and params
+    "metrics/tolerances.yaml",
+    "reports/three_study/table.parquet",  # summarize's note on the three-model finding
+)
+
+
+def copy_committed_inputs(repo: Path) -> None:
+    for name in COMMITTED_INPUTS:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, repo / name)
+
+
 def make_repo(repo: Path, params: dict = TINY) -> Path:
     """``repo`` (an empty directory) as a git + DVC repository of the pipeline with ``params``."""
     for item in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(ROOT / item, repo / item)
     for folder in ("stages", "src", "tools"):
         shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    (repo / "metrics").mkdir()
-    shutil.copy(ROOT / "metrics" / "tolerances.yaml", repo / "metrics" / "tolerances.yaml")
+    copy_committed_inputs(repo)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "git", "init", "-q")
     run(repo, "git", "config", "user.email", "test@example.com")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from cifar_fixture import write_cifar10, write_sitecustomize
-from dvc_repo import ROOT
+from dvc_repo import ROOT, copy_committed_inputs
 from preset import set_values
 
 pytestmark = pytest.mark.slow  # ~1–2 min: a dozen python processes each importing torch
@@ -51,6 +51,7 @@ def repo(tmp_path_factory):
     for name in ("src", "stages"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    copy_committed_inputs(repo)
     (repo / "params.yaml").write_text(set_values((ROOT / "params.yaml").read_text(), OVERRIDES))
     md5 = write_sitecustomize(repo / "sitecustomize", write_cifar10(repo / "data" / "raw"))
     env = {

@@ -151,6 +151,7 @@ def test_three_models_needs_wm_below_ste_in_every_triple():
     r = {"WM": "wm_sinkhorn", "STE": "ste_sinkhorn"}
     assert three_models(edges_table([0.01, 0.02], [0.1, 0.2]), r).holds
     assert not three_models(edges_table([0.01, 0.3], [0.1, 0.2]), r).holds
+    assert three_models(edges_table([0.01, 0.02], [0.1, 0.2]), r).note == ""  # no study given
 
 
 def test_paper_findings_of_a_run_that_shows_them_and_one_that_cannot_test_all():
@@ -236,10 +237,11 @@ def test_report_marks_the_papers_methods_and_shows_its_rows():
             "tested": 2,
             "findings": [
                 {"claim": "c1", "criterion": "k1", "holds": True, "numbers": {"x": 1.0}},
-                {"claim": "c2", "criterion": "k2", "holds": False, "numbers": {}},
-                {"claim": "c3", "criterion": "k3", "holds": None, "numbers": {}},
+                {"claim": "c2", "criterion": "k2", "holds": False, "numbers": {}, "note": "a study says n2"},
+                {"claim": "c3", "criterion": "k3", "holds": None, "numbers": {}, "note": ""},
             ],
         }
     )
+    assert section.rstrip().endswith("\n\n- **c2**: a study says n2")  # notes follow the table, empty ones left out
     assert "(1 of 2 tested hold)" in section
     assert "| c2 | — | k2 | **does not hold** |" in section and "| c3 | — | k3 | not tested |" in section

@@ -205,7 +205,7 @@ def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
 
 @pytest.mark.slow
 def test_a_bad_pair_fails_in_validate_before_any_training(repo: Path) -> None:
-    _set(repo, "permute.pairs", [[0, 7]])
+    _set(repo, "permute.pairs", [[0, 1], [0, 7]])  # (0, 1): the triple's (θa, θb) stays a pair
     proc = subprocess.run(
         [sys.executable, "stages/validate.py", "--out", "data/validated.txt"],
         cwd=repo,

@@ -14,7 +14,10 @@ from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.core.metrics import l2_distance, lambda_grid
 from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.search import run_search
 from lmclab.search.merge_many import merge_many, summed_distance
+from lmclab.search.registered import search_problem
+from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
 
 
@@ -63,6 +66,33 @@ def test_wm_makes_every_barrier_of_three_permuted_copies_zero(trained, splits) -
     )
     naive_bc = next(e for e in naive.edges if e["edge"] == "b-c")
     assert naive_bc["test_loss_barrier_max"] > 0.1 and abs(naive_bc["R_0.3"]) < 0.5
+
+
+def test_a_given_alignment_of_b_is_used_instead_of_a_search_and_checked(trained, splits) -> None:
+    ckpt = trained(0)
+    a, b, c = (Checkpoint(ckpt.arch, ckpt.config, s, p) for s, p in enumerate(_copies(ckpt, 3)))
+    ckpts, cpu = {"a": a, "b": b, "c": c}, torch.device("cpu")
+    args = dict(options={}, seed=0, lams=lambda_grid(3), resolution=2, margin=0.0, device=cpu)
+
+    def triple(**kw):
+        return connect_triple("wm", ckpts, splits["train"], splits["test"], **args, **kw)
+
+    searched = triple()
+    found = run_search("wm", search_problem(a.arch, a.config, a.state_dict, b.state_dict, device=cpu), seed=0)
+    reused = triple(aligned={"b": SearchResult(found.perm, {"given": True})})
+    assert reused.search["b"] == {"given": True}
+    assert all(torch.equal(reused.perms[k][g], searched.perms[k][g]) for k in "bc" for g in searched.perms[k])
+    assert reused.edges == searched.edges  # the pipeline's reuse of permute's θb → θa changes nothing
+    sizes = get_arch(a.arch).permutation_spec(a.config).group_sizes(a.state_dict)
+    naive = {g: torch.arange(n) for g, n in sizes.items()}  # a wrong but valid alignment is taken as given
+    wrong = triple(aligned={"b": SearchResult(naive, {})})
+    assert all(torch.equal(wrong.perms["b"][g], naive[g]) for g in sizes)
+    assert next(e for e in wrong.edges if e["edge"] == "a-b")["l2"] > 1.0
+    short = {g: p[:-1] for g, p in naive.items()}
+    with pytest.raises(ValueError, match=r"^aligned\['b'\]: permutation of group .* is not a bijection"):
+        triple(aligned={"b": SearchResult(short, {})})
+    with pytest.raises(ValueError, match=r"^aligned: expected keys among 'b', 'c', got \['a'\]"):
+        triple(aligned={"a": SearchResult(naive, {})})
 
 
 def test_plane_grid_reproduces_the_three_models_exactly(trained, splits) -> None:

@@ -7,7 +7,16 @@ import math
 import pandas as pd
 import pytest
 
-from lmclab.analysis.three_study import BC, paired_test, r_tracks_barrier, study_markdown, study_table
+from lmclab.analysis.findings import study_note
+from lmclab.analysis.three_study import (
+    BC,
+    ordering,
+    paired_test,
+    r_tracks_barrier,
+    study_markdown,
+    study_summary,
+    study_table,
+)
 
 WM = [0.1, 0.2, 0.3]  # b–c barriers of the paper's WM in triples t0, t1, t2
 STE = [0.2, 0.4, 0.3]  # the paper's STE: differences −0.1, −0.2, 0.0
@@ -60,7 +69,7 @@ def test_study_markdown_says_whether_the_ordering_holds_per_setting() -> None:
     edges = pd.concat([_edges(), _edges(ste=[0.2, 0.4, 0.5], point="epochs-100").assign(axis="epochs", value="100")])
     text = study_markdown(study_table(edges), edges, defaults={"epochs": "20"})
     ordering = text.split("## Does")[1]
-    assert "| default | no (p 0.225)" in ordering and "| epochs 100 | yes (p " in ordering
+    assert "| default | mixed (p 0.225)" in ordering and "| epochs 100 | yes (p " in ordering
     assert "| epochs 100 | wm_sinkhorn | 3 | 0.200 ± 0.100 |" in text
 
 
@@ -74,3 +83,34 @@ def test_r_tracks_barrier_is_spearmans_rho_over_points_and_methods() -> None:
     )
     out = r_tracks_barrier(table)
     assert out["rho"] == pytest.approx(-1.0) and out["n"] == 3  # coordinate-descent wm left out
+
+
+def _three_points() -> pd.DataFrame:
+    """default: mixed (a tie); epochs 100: WM below in every triple; width 128: STE below in every triple."""
+    return pd.concat(
+        [
+            _edges(),
+            _edges(ste=[0.2, 0.4, 0.5], point="epochs-100").assign(axis="epochs", value="100"),
+            _edges(ste=[0.05, 0.1, 0.2], point="width-128").assign(axis="width", value="128"),
+        ]
+    )
+
+
+def test_ordering_is_holds_reversed_or_mixed_over_every_triple() -> None:
+    table = study_table(_three_points()).set_index(["point", "method"])
+    found = {p: ordering(table.loc[(p, "wm_sinkhorn")]) for p in ("default", "epochs-100", "width-128")}
+    assert found == {"default": "mixed", "epochs-100": "holds", "width-128": "reversed"}
+    assert ordering(table.loc[("default", "ste_sinkhorn")]) is None  # only the paper's WM row has the test
+
+
+def test_study_summary_and_the_findings_note_name_each_setting_with_both_means() -> None:
+    summary = study_summary(study_table(_three_points()))
+    by = {s["setting"]: s for s in summary["settings"]}
+    assert by["width 128"]["ordering"] == "reversed"
+    assert by["width 128"]["WM"] == pytest.approx(0.2) and by["width 128"]["STE"] == pytest.approx(0.35 / 3)
+    assert summary["r_tracks_barrier"]["n"] == 6
+    note = study_note(summary)
+    assert "holds in every triple: epochs 100 (WM 0.200 vs STE 0.367, p " in note
+    assert "reversed in every triple: width 128 (WM 0.200 vs STE 0.117, p " in note
+    assert "mixed: default (WM 0.200 vs STE 0.300, p 0.23)" in note
+    assert f"ρ = {summary['r_tracks_barrier']['rho']:.2f}" in note

@@ -104,13 +104,29 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         {"three__methods": ["wm", "wm"]},
         "three.methods: expected no repeated entries, got ['wm', 'wm'] ('wm' more than once)",
     ),
-    ({"permute__methods": ["wm", "am", "wm"]}, "permute.methods: expected no repeated entries, got ['wm', 'am', 'wm']"),
-    ({"permute__pairs": [[0, 7], [8, 9]]}, "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] "),
     (
-        {"permute__pairs": [[0, 7]]},
+        {"permute__methods": ["identity", "wm", "am", "wm"]},
+        "permute.methods: expected no repeated entries, got ['identity', 'wm', 'am', 'wm']",
+    ),
+    (
+        {"permute__pairs": [[0, 7], [8, 9], [0, 1]]},
+        "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] ",
+    ),
+    (
+        {"permute__pairs": [[0, 1], [0, 7]]},
         "permute.pairs: expected seeds of train.seeds [0, 1, 2], got [0, 7] ([7] not trained)",
     ),
-    ({"permute__pairs": [[1, 1]]}, "permute.pairs: expected different seeds in each group, got [1, 1]"),
+    ({"permute__pairs": [[0, 1], [1, 1]]}, "permute.pairs: expected different seeds in each group, got [1, 1]"),
+    (
+        {"three__triples": [[0, 2, 1]]},
+        "three.triples: expected each triple's first two seeds (θa, θb) to be a pair of permute.pairs [[0, 1]] "
+        "(connect reuses its alignment), got [0, 2, 1]",
+    ),
+    (
+        {"three__methods": ["wm", "wm_sinkhorn"]},
+        "three.methods: expected methods of permute.methods ['identity', 'wm', 'am'] (connect reuses their "
+        "θb → θa alignments), got ['wm_sinkhorn'] not among them",
+    ),
     (
         {"three__triples": [[0, 1, 9]]},
         "three.triples: expected seeds of train.seeds [0, 1, 2], got [0, 1, 9] ([9] not trained)",
@@ -126,7 +142,12 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "model.vgg.layers: 6 max-pools do not fit 32 pixels",
     ),
     (
-        {"data__max_train": 100, "permute__methods": ["ste"], "permute__ste__batch_size": 91},
+        {
+            "data__max_train": 100,
+            "permute__methods": ["ste"],
+            "three__methods": ["ste"],
+            "permute__ste__batch_size": 91,
+        },
         "permute.ste.batch_size: expected at most the 90 training samples available, got 91",
     ),
 ]

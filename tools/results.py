@@ -132,8 +132,9 @@ def results_page(d: dict) -> str:
             "- [The default run's report](reports/report.md): the paper's findings checked, Tables 1–3 in the "
             "paper's layout with the paper's numbers beside this run's, every figure.",
             "- [Width study](reports/width/width.md), [weight-decay sweep](reports/sweeps/weight_decay/sweep.md), "
-            "[learning-rate sweep](reports/sweeps/lr/sweep.md), [mixup](reports/mixup/mixup.md): the studies, "
-            "each page written by the command it names.",
+            "[learning-rate sweep](reports/sweeps/lr/sweep.md), [mixup](reports/mixup/mixup.md), "
+            "[three-model study](reports/three_study/three_study.md) (where Table 3's ordering holds on the "
+            "digits and why): the studies, each page written by the command it names.",
             END,
             "",
         ]

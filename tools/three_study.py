@@ -7,8 +7,9 @@ not a DVC stage: its inputs are experiments, not files (docs/analyses.md, "Three
 
 Every point is the default run with 9 models in 3 disjoint triples, the paper's WM and STE
 (wm_sinkhorn, ste_sinkhorn) and coordinate-descent WM, and one setting changed (POINTS). Only the
-stages the connect stage needs run (validate, download, train, connect); a point whose models are
-the default's restores them from the run cache. ``collect`` reads every queued point's
+stages the connect stage needs run (validate, download, train, the permute stages of each triple's
+(θa, θb) pair, whose alignment connect reuses, and connect); a point whose models are the default's
+restores them from the run cache. ``collect`` reads every queued point's
 ``data/connect/*/*/edges.json`` from its experiment (by name, ``three-<point>``) and builds the table
 and figure of :mod:`lmclab.analysis.three_study`.
 """
@@ -30,6 +31,7 @@ TRIPLES = [[0, 2, 4], [1, 3, 5], [6, 7, 8]]  # the default run's two triples and
 BASE = {
     "train.seeds": list(range(9)),
     "three.triples": TRIPLES,
+    "permute.pairs": [t[:2] for t in TRIPLES],  # connect reuses permute's θb → θa alignment
     "three.methods": ["wm_sinkhorn", "ste_sinkhorn", "wm"],
 }
 # point -> (axis, value shown, overrides); the default's own values are the "default" point

@@ -33,6 +33,7 @@ class Finding:
     criterion: str  # how this run decides it
     holds: bool | None  # None: this run cannot test it
     numbers: dict[str, float] = field(default_factory=dict)
+    note: str = ""  # what a study beyond this run found about the claim
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -216,7 +217,32 @@ def ste_barrier_without_alignment(pairs: pd.DataFrame, r: dict[str, str], level:
     )
 
 
-def three_models(edges: pd.DataFrame, r: dict[str, str]) -> Finding:
+STUDY_WORDS = {"holds": "holds in every triple", "reversed": "reversed in every triple", "mixed": "mixed"}
+
+
+def study_note(study: dict) -> str:
+    """One paragraph from :func:`lmclab.analysis.three_study.study_summary`: the settings where the
+    paper's ordering holds, reverses or is mixed, each with both means, and R's relation to the barrier."""
+    parts = []
+    for word, phrase in STUDY_WORDS.items():
+        cells = [_study_cell(s) for s in study["settings"] if s["ordering"] == word]
+        if cells:
+            parts.append(f"{phrase}: " + ", ".join(cells))
+    track = study["r_tracks_barrier"]
+    return (
+        f"Three-model study (reports/three_study; b–c {study['column']}, mean over triples): "
+        + "; ".join(parts)
+        + f". b–c R_0.3 vs that barrier over the study's WM and STE rows: Spearman ρ = {track['rho']:.2f} "
+        f"(p {track['p']:.2g}, n = {track['n']})."
+    )
+
+
+def _study_cell(s: dict) -> str:
+    p = f", p {s['p']:.2g}" if s["p"] is not None and s["p"] == s["p"] else ""
+    return f"{s['setting']} (WM {s['WM']:.3f} vs STE {s['STE']:.3f}{p})"
+
+
+def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = None) -> Finding:
     wm, ste = r["WM"], r["STE"]
     bc = edges[edges["edge"] == "b-c"].set_index(["method", "triple"]).sort_index()
     numbers, below = {}, []
@@ -230,6 +256,7 @@ def three_models(edges: pd.DataFrame, r: dict[str, str]) -> Finding:
         f"in every triple, {wm}'s b–c test loss and accuracy barriers (max over λ) are below {ste}'s",
         bool(all(below)),
         numbers,
+        study_note(study) if study else "",
     )
 
 
@@ -245,8 +272,10 @@ def paper_findings(
     methods: Sequence[str],
     three_methods: Sequence[str],
     level: float = 0.05,
+    study: dict | None = None,
 ) -> list[Finding]:
-    """Every finding of the paper in its order; untestable ones with ``holds = None``."""
+    """Every finding of the paper in its order; untestable ones with ``holds = None``. ``study``
+    (:func:`lmclab.analysis.three_study.study_summary`) adds the three-model study's note."""
     r, r3 = roles(methods), roles(three_methods)
     pair_checks: list[tuple[tuple[str, ...], Callable[[], Finding], tuple[str, str]]] = [
         (("WM", "naive"), lambda: wm_small_l2(pairs, r, level), ("wm_small_l2", "WM reduces L2 by only ~6–20 %")),
@@ -269,7 +298,7 @@ def paper_findings(
         else needs("ste_barrier_without_alignment", "STE: small barrier, low R", "an STE, a WM and identity")
     )
     out.append(
-        three_models(edges, r3)
+        three_models(edges, r3, study)
         if {"WM", "STE"} <= set(r3)
         else needs("three_models", "WM keeps b–c small, STE does not", "a WM and an STE in three.methods")
     )

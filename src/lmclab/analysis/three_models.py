@@ -20,9 +20,10 @@ from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
-from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation
+from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation, check_permutation
 from lmclab.search import run_search
 from lmclab.search.registered import search_problem
+from lmclab.search.result import SearchResult
 
 EDGES = (("a", "b"), ("a", "c"), ("b", "c"))  # b–c is the pair never matched directly
 
@@ -61,6 +62,13 @@ def three_model_barriers(
     return curves, summaries
 
 
+def _check_aligned(key: str, perm: Permutation, sizes: Mapping[str, int]) -> None:
+    try:
+        check_permutation({g: p.cpu() for g, p in perm.items()}, sizes)
+    except ValueError as err:
+        raise ValueError(f"aligned[{key!r}]: {err}") from None
+
+
 class TripleResult(NamedTuple):
     perms: dict[str, Permutation]  # "b", "c" -> the permutation aligning it to θa
     edges: list[dict]  # one summary row per edge
@@ -84,17 +92,26 @@ def connect_triple(
     gammas: Sequence[float] = (0.3,),
     repair: Repair | None = None,
     world: World = ALONE,
+    aligned: Mapping[str, SearchResult] | None = None,
 ) -> TripleResult:
     """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape (with
-    ``world``, every process searches alike and evaluates its shard of the data)."""
+    ``world``, every process searches alike and evaluates its shard of the data).
+
+    ``aligned`` holds alignments to θa already found for "b" and/or "c" (the pipeline passes the
+    permute stage's θb → θa, found by the same method, options and seed: the search it replaces is
+    deterministic, so the triple is the same); those are checked against the spec, not searched again."""
     grid = plane_grid(resolution, margin)  # validates before any search
-    a = ckpts["a"]
+    a, aligned = ckpts["a"], dict(aligned or {})
+    if set(aligned) - {"b", "c"}:
+        raise ValueError(f"aligned: expected keys among 'b', 'c', got {sorted(aligned)}")
     on = {k: {n: v.to(device) for n, v in c.state_dict.items()} for k, c in ckpts.items()}
     models, perms, search = {"a": on["a"]}, {}, {}
     for k in "bc":
         problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train)
-        result = run_search(method, problem, seed=seed, options=options)
-        perms[k], search[k] = result.perm, result.stats
+        if k in aligned:
+            _check_aligned(k, aligned[k].perm, problem.spec.group_sizes(on[k]))
+        result = aligned.get(k) or run_search(method, problem, seed=seed, options=options)
+        perms[k], search[k] = {g: p.to(device) for g, p in result.perm.items()}, result.stats
         models[k] = apply_permutation(problem.spec, result.perm, on[k])
     spec, model = problem.spec, problem.model
     curves, edges = three_model_barriers(

@@ -21,22 +21,23 @@ PAPER_WM, PAPER_STE = "wm_sinkhorn", "ste_sinkhorn"
 def paired_test(edges: pd.DataFrame, column: str, first: str = PAPER_WM, second: str = PAPER_STE) -> dict:
     """``first`` vs ``second`` on the b–c ``column`` over the triples both have: the mean paired
     difference (first − second), the two-sided paired t-test's p (None with fewer than 2 triples or
-    no spread) and whether ``first`` is below ``second`` in every triple."""
+    no spread) and whether ``first`` is below (above) ``second`` in every triple."""
     from scipy import stats
 
     bc = edges[edges["edge"] == "b-c"].pivot_table(index="triple", columns="method", values=column)
     both = bc[[first, second]].dropna() if {first, second} <= set(bc.columns) else pd.DataFrame()
     if both.empty:
-        return {"n": 0, "diff": None, "p": None, "below_in_every": None}
+        return {"n": 0, "diff": None, "p": None, "below_in_every": None, "above_in_every": None}
     diff = both[first] - both[second]
     p = float(stats.ttest_rel(both[first], both[second]).pvalue) if len(diff) > 1 and diff.std() > 0 else None
-    return {"n": len(diff), "diff": float(diff.mean()), "p": p, "below_in_every": bool((diff < 0).all())}
+    below, above = bool((diff < 0).all()), bool((diff > 0).all())
+    return {"n": len(diff), "diff": float(diff.mean()), "p": p, "below_in_every": below, "above_in_every": above}
 
 
 def study_table(edges: pd.DataFrame) -> pd.DataFrame:
     """One row per point and method: mean and std over triples of the b–c barriers (``BC``) and of
     R_0.3 on each edge, and for the paper's WM the paired test against the paper's STE on each
-    b–c barrier (``p_<column>``, ``below_<column>``)."""
+    b–c barrier (``p_<column>``; ``below_<column>``, ``above_<column>``: in every triple)."""
     rows = []
     for (point, method), group in edges.groupby(["point", "method"], sort=False):
         row: dict = {
@@ -58,6 +59,7 @@ def study_table(edges: pd.DataFrame) -> pd.DataFrame:
             for column in BC:
                 test = paired_test(at, column)
                 row[f"p_{column}"], row[f"below_{column}"] = test["p"], test["below_in_every"]
+                row[f"above_{column}"] = test["above_in_every"]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -90,16 +92,59 @@ def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mappin
     lines += ["| setting | " + " | ".join(BC) + " |", "|---|" + "---|" * len(BC)]
     for _, r in table[table["method"] == PAPER_WM].iterrows():
         setting = "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}"
-        cells = [_verdict(r[f"below_{c}"], r[f"p_{c}"]) for c in BC]
+        cells = [_verdict(r, c) for c in BC]
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    lines += ["", "Cell: in every triple (yes/no) and the paired two-sided t-test's p over triples.", ""]
+    lines += [
+        "",
+        "Cell: yes = WM below STE in every triple, reversed = STE below WM in every triple, mixed = "
+        "neither; with the paired two-sided t-test's p over triples.",
+        "",
+    ]
+    if len(table[table["method"].isin((PAPER_WM, PAPER_STE))]) >= 3:
+        track = r_tracks_barrier(table)
+        lines += [
+            f"Across the {track['n']} (setting, method) rows of the paper's WM and STE, the Spearman "
+            f"correlation of b–c R_0.3 with the b–c test loss barrier at ½ is ρ = {track['rho']:.2f} "
+            f"(p {track['p']:.2g}): better-aligned dominant singular directions go with a lower barrier "
+            "when ρ < 0 (the paper's explanation of Table 3).",
+            "",
+        ]
     return "\n".join(lines)
 
 
-def _verdict(below: bool | None, p: float | None) -> str:
-    if below is None:
+def ordering(row: pd.Series, column: str = "test_loss_barrier_mid") -> str | None:
+    """The paper's ordering at one point (the paper's WM row): ``holds`` (WM's b–c barrier below
+    STE's in every triple), ``reversed`` (above in every triple), ``mixed``; None without a test."""
+    below, above = row.get(f"below_{column}"), row.get(f"above_{column}")
+    if below is None or below != below:
+        return None
+    return "holds" if below else ("reversed" if above else "mixed")
+
+
+def _verdict(row: pd.Series, column: str) -> str:
+    found, p = ordering(row, column), row[f"p_{column}"]
+    if found is None:
         return "—"
-    return ("yes" if below else "no") + (f" (p {p:.3g})" if p is not None and p == p else "")
+    word = {"holds": "yes", "reversed": "reversed", "mixed": "mixed"}[found]
+    return word + (f" (p {p:.3g})" if p is not None and p == p else "")
+
+
+def study_summary(table: pd.DataFrame, column: str = "test_loss_barrier_mid") -> dict:
+    """Per setting, the paper's ordering on ``column`` (see :func:`ordering`) with both methods'
+    mean b–c barriers; and R's relation to the barrier (:func:`r_tracks_barrier`)."""
+    means = table.set_index(["point", "method"])[f"{column}_mean"]
+    settings = []
+    for _, r in table[table["method"] == PAPER_WM].iterrows():
+        settings.append(
+            {
+                "setting": "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}",
+                "ordering": ordering(r, column),
+                "WM": float(means[(r["point"], PAPER_WM)]),
+                "STE": float(means.get((r["point"], PAPER_STE), float("nan"))),
+                "p": r[f"p_{column}"],
+            }
+        )
+    return {"column": column, "settings": settings, "r_tracks_barrier": r_tracks_barrier(table)}
 
 
 def r_tracks_barrier(table: pd.DataFrame, methods: Sequence[str] = (PAPER_WM, PAPER_STE)) -> dict:

@@ -200,7 +200,7 @@ SteSinkhorn = method_block("ste_sinkhorn")
 
 
 class Permute(Block):
-    pairs: group(2) = key([[0, 1], [2, 3], [4, 5]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
+    pairs: group(2) = key([[0, 2], [1, 3], [4, 5]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
     methods: Methods = key(
         ["identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"],
         'search methods; identity is the naive ("w/o") baseline; the paper\'s WM and STE are '
@@ -236,11 +236,13 @@ class Measure(Block):
 
 class Three(Block):
     triples: group(3) = key(
-        [[0, 2, 4], [1, 3, 5]], "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa"
+        [[0, 2, 4], [1, 3, 5]],
+        "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa; (θa, θb) is a pair of permute.pairs",
     )
     methods: Methods = key(
         ["wm_sinkhorn", "ste_sinkhorn"],
-        "methods aligning θb and θc to θa (options from permute.<method>; the paper's: wm_sinkhorn, ste_sinkhorn)",
+        "methods aligning θb and θc to θa, among permute.methods (options from permute.<method>; "
+        "the paper's: wm_sinkhorn, ste_sinkhorn)",
     )
     resolution: Annotated[int, Field(ge=2)] = key(9, "landscape grid points per axis of the plane")
     margin: NonNegative = key(0.2, "the grid spans [-margin, 1 + margin] in plane coordinates")

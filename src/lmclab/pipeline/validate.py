@@ -40,6 +40,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
     for check in (
         _repeats,
         _trained_seeds,
+        _reused_alignments,
         _schedule,
         _architecture,
         _search_batches,
@@ -150,6 +151,26 @@ def _trained_seeds(p: Params) -> Problems:
                 yield key, f"{key}: expected different seeds in each group, got {group!r}"
             elif missing:
                 yield key, f"{key}: expected seeds of train.seeds {seeds}, got {group!r} ({missing} not trained)"
+
+
+def _reused_alignments(p: Params) -> Problems:
+    """connect takes θb's alignment from the permute stage: each triple's (θa, θb) is a pair of
+    permute.pairs and each of three.methods one of permute.methods."""
+    pairs = [list(pair) for pair in p.permute.pairs]
+    for triple in p.three.triples:
+        if list(triple[:2]) not in pairs:
+            yield (
+                "three.triples",
+                f"three.triples: expected each triple's first two seeds (θa, θb) to be a pair of permute.pairs "
+                f"{pairs} (connect reuses its alignment), got {list(triple)!r}",
+            )
+    missing = [m for m in p.three.methods if m not in p.permute.methods]
+    if missing:
+        yield (
+            "three.methods",
+            f"three.methods: expected methods of permute.methods {list(p.permute.methods)} "
+            f"(connect reuses their θb → θa alignments), got {missing} not among them",
+        )
 
 
 def _schedule(p: Params) -> Problems:

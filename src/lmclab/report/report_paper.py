@@ -89,4 +89,5 @@ def findings_section(findings: dict) -> str:
     for f in findings["findings"]:
         numbers = ", ".join(f"{k} {v:.4g}" for k, v in f["numbers"].items()) or "—"
         lines.append(f"| {f['claim']} | {numbers} | {f['criterion']} | {verdict[f['holds']]} |")
-    return "\n".join(lines) + "\n"
+    notes = [f"- **{f['claim']}**: {f['note']}" for f in findings["findings"] if f.get("note")]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

@@ -1,6 +1,7 @@
 """Warm start for stage processes: run a stage script in a fork of a process that already imported
-torch, numpy, scipy, pandas, pyarrow and matplotlib, instead of paying those ~3 s of imports in every
-one of the pipeline's ~30 stage processes.
+torch (with torch._dynamo, which the first optimizer imports), numpy, scipy, pandas, pyarrow, matplotlib,
+pydantic and dvclive, instead of paying those ~4 s of imports in every one of the pipeline's ~30 stage
+processes.
 
 How it works (a zygote, like a build tool's daemon): ``run_script(script, argv)`` (called by a stage
 script's ``__main__``) connects to a per-user Unix socket. Nobody listening → it starts the *server* (a
@@ -59,6 +60,9 @@ PRELOAD = (
     "yaml",
     "tqdm",
     "matplotlib.pyplot",
+    "torch._dynamo",  # imported by the first torch.optim optimizer (train, every learned search): ~1 s
+    "dvclive",  # the train stage's live metrics
+    "pydantic",  # every method's options
 )
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "TORCH_", "PYTORCH_", "MPL", "LD_", "KMP_")
 WORKER_ENV = "LMCLAB_WARM_WORKER"  # set inside a worker: the stage runs in place
