@@ -34,6 +34,10 @@ BASE = {
     "permute.pairs": [t[:2] for t in TRIPLES],  # connect reuses permute's θb → θa alignment
     "three.methods": ["wm_sinkhorn", "ste_sinkhorn", "wm"],
 }
+REBUILD = (
+    "Rebuilt by `python tools/three_study.py queue` (one `dvc exp` per setting, `--dry-run` prints them), "
+    "`dvc queue start -j 1`, then `python tools/three_study.py collect` (docs: Analyses and studies)."
+)
 # point -> (axis, value shown, overrides); the default's own values are the "default" point
 POINTS: dict[str, tuple[str, str, dict]] = {
     "default": ("default", "default", {}),
@@ -160,7 +164,7 @@ def collect(
             frame.to_parquet(tmp, index=False)
     plot_three_study(table, edges, out / "three_study.png", dpi=dpi)
     with atomic_path(out / "three_study.md") as tmp:
-        tmp.write_text(study_markdown(table, edges, defaults=defaults(params)))
+        tmp.write_text(study_markdown(table, edges, defaults=defaults(params), rebuild=REBUILD))
 
 
 if __name__ == "__main__":

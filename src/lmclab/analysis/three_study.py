@@ -68,15 +68,17 @@ def _cell(row: pd.Series, key: str, digits: int) -> str:
     return f"{row[key + '_mean']:.{digits}f} ± {row[key + '_std']:.{digits}f}"
 
 
-def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mapping[str, str]) -> str:
+def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mapping[str, str], rebuild: str = "") -> str:
     """The study's page: the table (one row per point and method) and, per point, whether the
-    paper's ordering (WM's b–c barriers below STE's in every triple) holds."""
+    paper's ordering (WM's b–c barriers below STE's in every triple) holds; ``rebuild`` says how
+    the page was made."""
     lines = [
         "# Three-model study (Table 3 and Figure 5 on the digits)",
         "",
         "θb and θc are each aligned to θa; b–c is the pair never matched. Mean ± std over triples; "
         "one setting changed from the default run (" + ", ".join(f"{k} {v}" for k, v in defaults.items()) + ").",
         "",
+        *([rebuild, ""] if rebuild else []),
         "![three-model study](three_study.png)",
         "",
         "| setting | method | triples | loss b–c ½ | loss b–c | acc b–c | train loss b–c "
