@@ -1,18 +1,31 @@
 """dvc.yaml's ``deps:`` cover every file of the repository a stage runs or reads, so a changed input
 reruns what depends on it: the import closure of each stage script (static analysis, imports inside
-functions included) and every path on its command line. The edit-and-rerun checks through real
+functions included), through the stage's code file (``data/code/<stage>.txt``, written by the code
+stage), and every path on its command line. The edit-and-rerun checks through real ``dvc repro`` /
 ``dvc status`` are in tests/test_pipeline.py."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from dvc_repo import ROOT
 
-from lmclab.pipeline.closure import code_closure, covered, import_closure, minimal_cover, stage_script
+from lmclab.pipeline.closure import (
+    CODE_STAGE,
+    code_closure,
+    code_file,
+    code_fingerprint,
+    covered,
+    import_closure,
+    minimal_cover,
+    stage_script,
+)
 from lmclab.pipeline.stage import load_yaml
 
 STAGES = load_yaml(ROOT / "dvc.yaml")["stages"]
@@ -23,26 +36,40 @@ def _listed(stage: dict, key: str) -> list[str]:
     return [next(iter(e)) if isinstance(e, dict) else str(e) for e in stage.get(key) or []]
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_every_file_a_stage_imports_is_one_of_its_deps(name: str) -> None:
-    script = stage_script(STAGES[name]["cmd"])
-    assert script is not None, f"stage {name}: its cmd does not run a python script"
+NON_CODE = sorted(n for n in STAGES if n != CODE_STAGE)
+
+
+def _stem(name: str) -> str:
+    return Path(stage_script(STAGES[name]["cmd"])).stem
+
+
+@pytest.mark.parametrize("name", NON_CODE)
+def test_a_stage_depends_on_its_code_file_and_on_no_source_path(name: str) -> None:
     deps = _listed(STAGES[name], "deps")
-    missing = sorted(f for f in code_closure(ROOT, script) if not covered(f, deps))
-    assert not missing, (
-        f"stage {name} imports {', '.join(missing)}, which its deps: in dvc.yaml do not "
-        "list (run `python tools/stage_deps.py --write`)"
-    )
+    assert code_file(_stem(name)) in deps, f"stage {name}: deps: lacks {code_file(_stem(name))}"
+    sources = [d for d in deps if d.startswith(("src/", "stages/"))]
+    assert not sources, f"stage {name}: deps: lists {sources}; its code file stands for them"
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_every_code_dep_exists_and_is_imported(name: str) -> None:
-    """No stale entry: a listed code path exists and the stage imports something under it."""
-    files = code_closure(ROOT, stage_script(STAGES[name]["cmd"]))
-    for dep in _listed(STAGES[name], "deps"):
-        if dep.startswith(("src/", "stages/")):
-            assert (ROOT / dep).exists(), f"stage {name}: deps: lists {dep}, which does not exist"
-            assert any(covered(f, [dep]) for f in files), f"stage {name}: deps: lists {dep}, which it never imports"
+def test_the_code_stage_writes_every_code_file_and_depends_on_every_file_they_list() -> None:
+    code = STAGES[CODE_STAGE]
+    assert set(_listed(code, "outs")) == {code_file(_stem(n)) for n in NON_CODE}
+    in_order = dict.fromkeys(_stem(n) for n in STAGES if n != CODE_STAGE)  # dvc.yaml's order
+    assert f"--stages {','.join(in_order)}" in " ".join(code["cmd"].split())
+    deps = _listed(code, "deps")
+    for name in STAGES:
+        missing = sorted(f for f in code_closure(ROOT, stage_script(STAGES[name]["cmd"])) if not covered(f, deps))
+        assert not missing, f"stage {name} imports {missing}, which the code stage's deps do not cover"
+
+
+def test_the_code_stage_writes_each_scripts_closure_and_refuses_an_unknown_stage(tmp_path: Path) -> None:
+    run = [sys.executable, str(ROOT / "stages" / "code.py"), "--out", str(tmp_path)]
+    subprocess.run([*run, "--stages", "train,plot"], check=True)
+    for stem in ("train", "plot"):
+        assert (tmp_path / f"{stem}.txt").read_text() == code_fingerprint(ROOT, f"stages/{stem}.py")
+    bad = subprocess.run([*run, "--stages", "train,nope"], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "error: --stages: expected names of scripts in stages/, got ['nope']"
 
 
 def _command_paths(cmd: str) -> list[str]:
@@ -114,6 +141,27 @@ def test_the_closure_follows_every_kind_of_import(tmp_path: Path) -> None:
         "stages/helper.py",
         "stages/run.py",
     ]
+
+
+def test_a_code_file_lists_the_closure_with_md5s_and_changes_only_with_that_code(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "stages/run.py": "from pkg import flat\n",
+            "stages/other.py": "import pkg.unused\n",
+            "src/pkg/__init__.py": "",
+            "src/pkg/flat.py": "x = 1\n",
+            "src/pkg/unused.py": "",
+        },
+    )
+    run, other = (code_fingerprint(tmp_path, f"stages/{s}.py") for s in ("run", "other"))
+    assert run == "".join(
+        f"{hashlib.md5((tmp_path / f).read_bytes()).hexdigest()}  {f}\n"
+        for f in ("src/pkg/__init__.py", "src/pkg/flat.py", "stages/run.py")
+    )
+    (tmp_path / "src/pkg/flat.py").write_text("x = 2\n")  # only the stage that imports it sees the edit
+    assert code_fingerprint(tmp_path, "stages/run.py") != run
+    assert code_fingerprint(tmp_path, "stages/other.py") == other
 
 
 def test_the_closure_of_train_reaches_the_loader_through_the_stage(tmp_path: Path) -> None:

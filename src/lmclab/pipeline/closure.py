@@ -1,11 +1,13 @@
 """Static import analysis of the repository's Python files, which keeps the cache and the layers honest:
 which files of the repository a script imports, directly or through any chain of imports (imports
-inside functions included), and which modules each module names. Used by `tools/stage_deps.py` and
-the tests that check dvc.yaml's `deps:` and the import contract."""
+inside functions included), and which modules each module names; and each stage's code file (the
+closure with MD5s) that the stage depends on. Used by `stages/code.py`, `tools/stage_deps.py` and the
+tests that check dvc.yaml's `deps:` and the import contract."""
 
 from __future__ import annotations
 
 import ast
+import hashlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -101,3 +103,18 @@ def minimal_cover(files: set[str], repo: Path, top: str = "src/lmclab") -> list[
     visit(repo / top)
     out += sorted(f for f in files if not f.startswith(top + "/"))
     return out
+
+
+CODE_STAGE = "code"  # the stage that writes every stage's code file
+
+
+def code_file(stem: str) -> str:
+    """The file listing the code of ``stages/<stem>.py``, which that stage depends on (dvc.yaml)."""
+    return f"data/code/{stem}.txt"
+
+
+def code_fingerprint(repo: Path, script: str) -> str:
+    """``<md5>  <path>`` for every file of ``script``'s import closure (:func:`code_closure`), sorted:
+    equal exactly when the code the script runs is equal."""
+    lines = (f"{hashlib.md5((repo / f).read_bytes()).hexdigest()}  {f}\n" for f in sorted(code_closure(repo, script)))
+    return "".join(lines)
