@@ -12,6 +12,7 @@ from lmclab.analysis.three_study import (
     BC,
     ordering,
     paired_test,
+    r_explains_ordering,
     r_tracks_barrier,
     study_markdown,
     study_summary,
@@ -113,4 +114,24 @@ def test_study_summary_and_the_findings_note_name_each_setting_with_both_means()
     assert "holds in every triple: epochs 100 (WM 0.200 vs STE 0.367, p " in note
     assert "reversed in every triple: width 128 (WM 0.200 vs STE 0.117, p " in note
     assert "mixed: default (WM 0.200 vs STE 0.300, p 0.23)" in note
-    assert f"ρ = {summary['r_tracks_barrier']['rho']:.2f}" in note
+    assert "opposite signs in 0 of 3 settings (sign test p 0.25)" in note  # here R = barrier / 10
+
+
+def test_r_explains_ordering_counts_opposite_signs_with_the_sign_tests_closed_form() -> None:
+    """dR = R_WM − R_STE, dB = B_WM − B_STE per setting; two-sided binomial sign test: 8 of 9 opposite
+    gives p = 2·(C(9,8) + C(9,9))/2⁹ = 20/512."""
+    d_r = [0.1, 0.2, -0.1, 0.3, -0.2, 0.1, 0.4, -0.3, 0.2]
+    d_b = [-1.0, -2.0, 1.0, -3.0, 2.0, -1.0, -4.0, 3.0, 5.0]  # the last has the same sign
+    rows = []
+    for i, (r, b) in enumerate(zip(d_r, d_b, strict=True)):
+        rows += [
+            {"point": f"p{i}", "method": "wm_sinkhorn", "R_0.3_mean": 1.0 + r, "test_loss_barrier_mid_mean": b},
+            {"point": f"p{i}", "method": "ste_sinkhorn", "R_0.3_mean": 1.0, "test_loss_barrier_mid_mean": 0.0},
+            {"point": f"p{i}", "method": "wm", "R_0.3_mean": 9.0, "test_loss_barrier_mid_mean": 9.0},
+        ]
+    out = r_explains_ordering(pd.DataFrame(rows))
+    assert out["n"] == 9 and out["opposite"] == 8
+    assert out["p_sign"] == pytest.approx(20 / 512)
+    ranks_r = [4.5, 6.5, 3, 8, 2, 4.5, 9, 1, 6.5]  # Spearman ρ: Pearson's r of the ranks (ties averaged)
+    ranks_b = [4.5, 3, 6, 2, 7, 4.5, 1, 8, 9]
+    assert out["rho"] == pytest.approx(float(pd.Series(ranks_r).corr(pd.Series(ranks_b))))

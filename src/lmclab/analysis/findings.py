@@ -228,12 +228,13 @@ def study_note(study: dict) -> str:
         cells = [_study_cell(s) for s in study["settings"] if s["ordering"] == word]
         if cells:
             parts.append(f"{phrase}: " + ", ".join(cells))
-    track = study["r_tracks_barrier"]
+    paired = study["r_explains_ordering"]
     return (
         f"Three-model study (reports/three_study; b–c {study['column']}, mean over triples): "
         + "; ".join(parts)
-        + f". b–c R_0.3 vs that barrier over the study's WM and STE rows: Spearman ρ = {track['rho']:.2f} "
-        f"(p {track['p']:.2g}, n = {track['n']})."
+        + f". Why: within a setting, WM − STE in b–c R_0.3 and in that barrier have opposite signs in "
+        f"{paired['opposite']} of {paired['n']} settings (sign test p {paired['p_sign']:.2g}): the method "
+        "that aligns b and c's dominant singular directions better has the lower b–c barrier, as the paper says."
     )
 
 
