@@ -378,6 +378,7 @@ def test_ste_refuses_to_hold_out_the_whole_training_split() -> None:
 def test_batch_larger_than_capped_data_fails_in_validate(method: str, batch_size: int) -> None:
     params = _params(data__max_train=100, train__batch_size=64)
     params["permute"].update({"methods": [method], method: {**params["permute"][method], "batch_size": batch_size}})
+    params["three"]["methods"] = [method]  # connect reuses permute's alignments: its methods are among them
     with pytest.raises(ValueError, match=rf"^permute.{method}.batch_size: expected at most the "):
         check_params(params)
     params["permute"][method]["batch_size"] -= 1
