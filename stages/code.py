@@ -5,7 +5,7 @@ closure, :mod:`lmclab.pipeline.closure`), one ``<md5>  <path>`` line each, sorte
 Every other stage depends on its own file instead of listing its ~40 source files: it still reruns
 exactly when code it runs changes (this stage depends on all of ``src/lmclab`` and ``stages/``, reruns
 on any edit in under a second, and rewrites only the files whose content changed), while dvc.lock,
-which DVC parses and rewrites whole after every stage, is a third as long (docs/internals.md, "A cache
+which DVC parses and rewrites whole after every stage, is half as long (docs/internals.md, "A cache
 you can trust"). Imports no third-party module."""
 
 from __future__ import annotations
