@@ -82,29 +82,6 @@ def code_closure(repo: Path, script: str) -> set[str]:
     return {f.relative_to(repo.resolve()).as_posix() for f in files}
 
 
-def minimal_cover(files: set[str], repo: Path, top: str = "src/lmclab") -> list[str]:
-    """The fewest paths covering ``files``: a package folder all of whose Python files are in
-    ``files`` stands for them, otherwise its files (and sub-folders) are listed one by one."""
-    out: list[str] = []
-
-    def visit(folder: Path) -> None:
-        rel = folder.relative_to(repo).as_posix()
-        inside = {p.relative_to(repo).as_posix() for p in folder.rglob("*.py")}
-        if inside and inside <= files:
-            out.append(rel)
-            return
-        for child in sorted(folder.iterdir()):
-            child_rel = child.relative_to(repo).as_posix()
-            if child.is_dir() and child.name != "__pycache__":
-                visit(child)
-            elif child_rel in files:
-                out.append(child_rel)
-
-    visit(repo / top)
-    out += sorted(f for f in files if not f.startswith(top + "/"))
-    return out
-
-
 CODE_STAGE = "code"  # the stage that writes every stage's code file
 
 
