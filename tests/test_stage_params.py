@@ -149,3 +149,20 @@ def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp
     for stage, args in runs.items():
         result = CliRunner().invoke(stage.app, args + common)
         assert result.exit_code == 0, f"{stage.__name__}: {result.output}"
+
+
+def test_connect_takes_permutes_alignment_of_b_only_from_a_permute_output(tmp_path) -> None:
+    """``--aligned-b``: a folder with perm.pt and stats.json of the same method, else one line."""
+    import json
+
+    import torch
+    from connect import load_alignment
+
+    with pytest.raises(ValueError, match=r"^--aligned-b: expected .* to hold perm.pt and stats.json"):
+        load_alignment(tmp_path, "wm")
+    torch.save({"h0": torch.tensor([1, 0])}, tmp_path / "perm.pt")
+    (tmp_path / "stats.json").write_text(json.dumps({"method": "wm", "seconds": 0.5}))
+    with pytest.raises(ValueError, match=r"^--aligned-b: .* holds a 'wm' alignment, expected 'wm_sinkhorn'$"):
+        load_alignment(tmp_path, "wm_sinkhorn")
+    found = load_alignment(tmp_path, "wm")
+    assert torch.equal(found.perm["h0"], torch.tensor([1, 0])) and found.stats == {"seconds": 0.5}
