@@ -49,7 +49,7 @@ def main(
         repair = bn_repair_hook(model, load_split(data, "train"), num_samples=read("measure.bn_repair_samples"))
     for method in read("permute.methods"):
         pi = torch.load(perms / method / "perm.pt", weights_only=True)
-        check_permutation(pi, spec.group_sizes(b.state_dict))
+        check_permutation(pi, spec.group_sizes(b.state_dict), spec.heads)
         permuted_b, midpoint = merge(spec, a.state_dict, b.state_dict, pi)
         save_checkpoint(out / method / "permuted_b.pt", Checkpoint(a.arch, a.config, b.seed, permuted_b))
         save_checkpoint(

@@ -27,6 +27,8 @@ CASES = {
     "traced-resnet18": {"factory": "torchvision.models:resnet18", "in_channels": 3},  # spec by torch.fx tracing
     "traced-mobilenet_v2": {"factory": "torchvision.models:mobilenet_v2", "in_channels": 3},
     "mixer": {"patch_size": 4, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2},  # LayerNorm, no BN
+    "vit": {"patch_size": 4, "width": 16, "heads": 4, "depth": 2},  # headed groups (attention)
+    "vit-mean-sincos": {"patch_size": 4, "width": 16, "heads": 2, "depth": 1, "pool": "mean", "position": "sincos"},
 }
 SLOW = ("resnet50", "traced-resnet18", "traced-mobilenet_v2")
 SHAPES = [(1, 28, 28), (3, 32, 32)]
@@ -73,7 +75,7 @@ def test_spec_matches_state_dict_and_permutation_is_a_symmetry(case, shape):
             assert name in spec.stats and spec.axes[name] == ()
     g = torch.Generator().manual_seed(1)
     params = _randomised(model, shape, g)
-    perm = random_permutation(spec.group_sizes(params), g)
+    perm = random_permutation(spec.group_sizes(params), g, spec.heads)
     permuted = apply_permutation(spec, perm, params)
     # float64: the symmetry is exact, so only rounding separates the two (ResNet50's 50 layers
     # amplify float32 rounding to ~1e-4 of logits of order 10)

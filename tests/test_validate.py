@@ -69,7 +69,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ),
     (
         {"model__arch": "transformer"},
-        "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, got 'transformer'",
+        "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, vit, got 'transformer'",
     ),
     (
         {"permute__methods": ["wm", "magic"]},

@@ -62,9 +62,9 @@ def three_model_barriers(
     return curves, summaries
 
 
-def _check_aligned(key: str, perm: Permutation, sizes: Mapping[str, int]) -> None:
+def _check_aligned(key: str, perm: Permutation, spec: PermutationSpec, params: Mapping[str, Tensor]) -> None:
     try:
-        check_permutation({g: p.cpu() for g, p in perm.items()}, sizes)
+        check_permutation({g: p.cpu() for g, p in perm.items()}, spec.group_sizes(params), spec.heads)
     except ValueError as err:
         raise ValueError(f"aligned[{key!r}]: {err}") from None
 
@@ -109,7 +109,7 @@ def connect_triple(
     for k in "bc":
         problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train)
         if k in aligned:
-            _check_aligned(k, aligned[k].perm, problem.spec.group_sizes(on[k]))
+            _check_aligned(k, aligned[k].perm, problem.spec, on[k])
         result = aligned.get(k) or run_search(method, problem, seed=seed, options=options)
         perms[k], search[k] = {g: p.to(device) for g, p in result.perm.items()}, result.stats
         models[k] = apply_permutation(problem.spec, result.perm, on[k])

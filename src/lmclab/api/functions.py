@@ -112,7 +112,7 @@ def find_permutation(
 def apply_permutation(spec: PermutationSpec, params: Mapping[str, Tensor], perm: Mapping[str, Tensor]) -> Params:
     """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor."""
     spec.check(params, "params")
-    spec_ops.check_permutation(perm, spec.group_sizes(params))
+    spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads)
     return spec_ops.apply_permutation(spec, perm, params)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg
+from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg, vit
 from lmclab.core.options import OptionError, got
 
 ARCHS: dict[str, ModuleType] = {
@@ -22,6 +22,7 @@ ARCHS: dict[str, ModuleType] = {
     "resnet50": resnet50,
     "traced": traced,
     "mixer": mixer,
+    "vit": vit,
 }
 
 

@@ -27,6 +27,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lmclab.core.heads import Heads, check_headed, head_size, random_headed
+
 Params = dict[str, Tensor]
 Permutation = dict[str, Tensor]
 
@@ -95,11 +97,13 @@ class PermutationSpec:
 
     ``axes[name][k]`` is the group acting on axis ``k`` of ``state_dict[name]`` or ``None``.
     ``stats`` names buffers (BatchNorm running statistics, counters) that are permuted but
-    excluded from matching costs and L2 distances.
+    excluded from matching costs and L2 distances. ``heads`` marks the headed groups of attention
+    (:mod:`lmclab.core.heads`): their permutations keep heads whole and share σ within a tie.
     """
 
     axes: Mapping[str, Axes]
     stats: frozenset[str] = field(default_factory=frozenset)
+    heads: Mapping[str, Heads] = field(default_factory=dict)
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:
@@ -148,7 +152,13 @@ class PermutationSpec:
                         f"{what}: axis {axis} of {name!r} has {params[name].shape[axis]} "
                         f"entries, the spec's segments cover {total}"
                     )
-        self.group_sizes(params)
+        sizes, counts = self.group_sizes(params), {}
+        for group, heads in self.heads.items():
+            if group not in sizes:
+                raise ValueError(f"{what}: headed group {group!r} acts on no axis of the spec")
+            if counts.setdefault(heads.tie, heads.count) != heads.count:
+                raise ValueError(f"{what}: groups tied by {heads.tie!r} have different numbers of heads")
+            head_size(group, sizes[group], heads)
 
 
 # ---- spec builders -----------------------------------------------------------------------
@@ -223,15 +233,15 @@ def stats_of(axes: Iterable[str]) -> frozenset[str]:
     return frozenset(k for k in axes if k.endswith(suffixes))
 
 
-def build_spec(*parts: Mapping[str, Axes]) -> PermutationSpec:
-    """Join builder outputs into a spec; a key declared twice is an error."""
+def build_spec(*parts: Mapping[str, Axes], heads: Mapping[str, Heads] | None = None) -> PermutationSpec:
+    """Join builder outputs into a spec (``heads``: its headed groups); a key declared twice is an error."""
     axes: dict[str, Axes] = {}
     for part in parts:
         for name, name_axes in part.items():
             if name in axes:
                 raise ValueError(f"permutation spec declares {name!r} twice")
             axes[name] = tuple(name_axes)
-    return PermutationSpec(axes=axes, stats=stats_of(axes))
+    return PermutationSpec(axes=axes, stats=stats_of(axes), heads=dict(heads or {}))
 
 
 # ---- operations on permutations -------------------------------------------------------------
@@ -263,16 +273,25 @@ def identity_permutation(sizes: Mapping[str, int]) -> Permutation:
     return {g: torch.arange(n) for g, n in sizes.items()}
 
 
-def random_permutation(sizes: Mapping[str, int], generator: torch.Generator) -> Permutation:
-    """A uniformly random permutation of every group, drawn from ``generator``."""
-    return {g: torch.randperm(n, generator=generator) for g, n in sorted(sizes.items())}
+def random_permutation(
+    sizes: Mapping[str, int], generator: torch.Generator, heads: Mapping[str, Heads] | None = None
+) -> Permutation:
+    """A uniformly random permutation of every group, drawn from ``generator`` (headed groups: uniform
+    over the permutations that keep their heads whole, one σ per tie)."""
+    heads = heads or {}
+    perm = {g: torch.randperm(n, generator=generator) for g, n in sorted(sizes.items()) if g not in heads}
+    return {**perm, **random_headed(sizes, heads, generator)} if heads else perm
 
 
-def check_permutation(perm: Mapping[str, Tensor], sizes: Mapping[str, int]) -> None:
-    """One-line error unless ``perm`` is a bijection of the right size for every group."""
+def check_permutation(
+    perm: Mapping[str, Tensor], sizes: Mapping[str, int], heads: Mapping[str, Heads] | None = None
+) -> None:
+    """One-line error unless ``perm`` is a bijection of the right size for every group and keeps the
+    ``heads`` of every headed group whole (tied groups with one head order)."""
     if set(perm) != set(sizes):
         raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's {sorted(sizes)}")
     for g, n in sizes.items():
         p = perm[g]
         if p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):
             raise ValueError(f"permutation of group {g!r} is not a bijection of {n} units")
+    check_headed(perm, sizes, heads or {})

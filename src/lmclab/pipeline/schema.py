@@ -20,6 +20,8 @@ from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
+from lmclab.archs.vit import POOLS as VIT_POOLS
+from lmclab.archs.vit import POSITIONS as VIT_POSITIONS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, Positive, one_of
 from lmclab.search import METHODS
@@ -109,6 +111,20 @@ class Mixer(Block):
     depth: Count = key(2, "mixer: blocks")
 
 
+class Vit(Block):
+    patch_size: Count = key(
+        4, "vit: side of the square patches (must divide the image: 4 → 49 tokens of a 28-pixel digit)"
+    )
+    width: Count = key(64, "vit: channels of the residual stream (a multiple of heads; of 4 with sincos)")
+    depth: Count = key(4, "vit: transformer blocks")
+    heads: Count = key(4, "vit: attention heads per block")
+    mlp_ratio: Count = key(2, "vit: hidden units of each MLP per channel of the stream")
+    pool: one_of(VIT_POOLS) = key("cls", "vit: cls (a learned class token) or mean (the mean over tokens)")
+    position: one_of(VIT_POSITIONS) = key(
+        "learned", "vit: position embedding, learned or sincos (MAE's fixed 2-D sine-cosine table)"
+    )
+
+
 class Traced(Block):
     factory: str = key(
         "torchvision.models:resnet18",
@@ -133,6 +149,7 @@ class Model(Block):
     resnet50: Resnet50
     traced: Traced
     mixer: Mixer
+    vit: Vit
 
 
 class Train(Block):

@@ -210,11 +210,11 @@ def _input_shape(p: Params) -> tuple[int, int, int]:
 
 def _architecture(p: Params) -> Problems:
     """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit);
-    a traced network or a Mixer (its patches must tile the image), for the data set's own shape —
+    a traced network, a Mixer or a ViT (its patches must tile the image), for the data set's own shape —
     for a traced one, tracing it is the check."""
     arch = p.model.arch
     options = getattr(p.model, arch).model_dump()
-    for shape in ((1, 28, 28), (3, 32, 32)) if arch not in ("traced", "mixer") else (_input_shape(p),):
+    for shape in ((1, 28, 28), (3, 32, 32)) if arch not in ("traced", "mixer", "vit") else (_input_shape(p),):
         try:
             config = make_config(arch, input_shape=shape, num_classes=10, **options)
             if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here

@@ -11,7 +11,9 @@ similarity of the units' activations over the training data:
 Activations are read with forward hooks on the modules the architecture lists in
 ``activation_points`` (units on axis 1, or on the axis named after ``@`` — ``blocks.0.act@-1`` for
 token-major tensors such as a Mixer's; every other position of a feature map counts as a sample).
-A group with several points (a residual stream) sums their statistics.
+A group with several points (a residual stream) sums their statistics. The headed groups of attention
+(queries/keys and values, tied by one head order) sum their costs in one structured assignment that is
+exact for this objective (:func:`lmclab.core.heads.solve_tied`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.core.data import Split
+from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, Options, one_of, option, takes
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
@@ -121,5 +124,8 @@ def activation_matching(
         for g, ps in points.items():
             for p in ps:
                 moments[g].add(_as_samples(za[p], _point(p)[1]), _as_samples(zb[p], _point(p)[1]))
-    perm = {g: solve_assignment(m.similarity(statistic)) for g, m in moments.items()}
+    similarity = {g: m.similarity(statistic) for g, m in moments.items()}
+    perm = {}
+    for unit in tie_sets(similarity, spec.heads):  # headed groups of one tie: one structured assignment
+        perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve_assignment))
     return SearchResult(perm, {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic})

@@ -38,6 +38,16 @@ from lmclab.search.weight_matching import solve_assignment
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 
 
+def refuse_heads(spec: PermutationSpec, method: str) -> None:
+    """One-line error when ``spec`` has headed groups (attention): a Sinkhorn matrix over all ``E`` units
+    of a group mixes heads, and its hard assignment can cross heads, which changes the function."""
+    if spec.heads:
+        raise ValueError(
+            f"spec: {method} does not search headed groups (attention heads, e.g. {min(spec.heads)!r}); "
+            "use wm, am or ste, which solve the headed assignment exactly"
+        )
+
+
 def scaling_max_range(dtype: torch.dtype) -> float:
     """Largest range of ``scores/τ`` evaluated by scaling vectors: they grow like ``exp(range)`` and
     their squares enter the backward, so ``exp(2·range)`` must stay finite (float32: 39.9)."""

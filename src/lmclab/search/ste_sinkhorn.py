@@ -34,7 +34,7 @@ from lmclab.core.options import Count, NonNegative, Options, Positive, one_of, o
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at, soft_apply, soft_permutation
+from lmclab.search.sinkhorn import hard_permutation, init_scores, refuse_heads, scores_at, soft_apply, soft_permutation
 from lmclab.search.weight_matching import weight_matching
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -75,6 +75,7 @@ def ste_sinkhorn(
 ) -> SearchResult:
     """Optimise the Sinkhorn scores against the midpoint loss (options: :class:`STESinkhornOptions`);
     ``stats['curve']``: one row per epoch (``steps``: optimiser steps so far)."""
+    refuse_heads(spec, "ste_sinkhorn")
     epochs, batch_size = options.epochs, options.batch_size
     check_batch(batch_size, len(data))
     start = time.perf_counter()

@@ -4,8 +4,10 @@
 ``argmax_π ⟨θa, π(θb)⟩``. Coordinate descent: visit the permutation groups in random order; for
 one group, with all others fixed, the objective is linear in ``P`` with cost
 ``C = Σ_{(w, axis) ∈ group} W^a_(axis) · (W^b permuted on its other axes)_(axis)ᵀ`` and the best
-``P`` is a linear assignment problem. Stop when a full sweep raises the objective by no more
-than ``tol`` relative to it, or after ``max_iter`` sweeps. Data-free.
+``P`` is a linear assignment problem (for the headed groups of attention, tied by a shared head
+order, one structured assignment solved exactly by :func:`lmclab.core.heads.solve_tied`). Stop when
+a full sweep raises the objective by no more than ``tol`` relative to it, or after ``max_iter``
+sweeps. Data-free.
 
 Two exact shortcuts (the result is the one of the plain loop, bit for bit): a group's assignment is
 re-solved only when a permutation its cost depends on changed since it was last solved (an unchanged
@@ -23,6 +25,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, NonNegative, Options, option, takes
 from lmclab.core.spec import (
     Permutation,
@@ -153,21 +156,23 @@ def weight_matching(
     generator = generator or torch.Generator().manual_seed(0)
     sizes = spec.group_sizes(params_a)
     perm: Permutation = dict(init_perm) if init_perm is not None else identity_permutation(sizes)
-    names = sorted(sizes)
+    units = tie_sets(sizes, spec.heads)  # a group alone, or the headed groups of one tie together
     constants = constant_terms(spec, params_a, params_b)
-    depends = {g: cost_dependencies(spec, g) for g in names}
-    changed_at = dict.fromkeys(names, 0)  # step at which each group's permutation last changed
-    solved_at = dict.fromkeys(names, -1)  # step at which each group was last solved
+    depends = {u: frozenset().union(*(cost_dependencies(spec, g) for g in u)) for u in units}
+    changed_at = dict.fromkeys(sizes, 0)  # step at which each group's permutation last changed
+    solved_at = dict.fromkeys(units, -1)  # step at which each unit was last solved
     objective, step, solves = [matching_objective(spec, perm, params_a, params_b)], 0, 0
     for _ in range(max_iter):
-        for k in torch.randperm(len(names), generator=generator).tolist():
-            group, step = names[k], step + 1
-            if solved_at[group] >= max((changed_at[g] for g in depends[group]), default=0):
+        for k in torch.randperm(len(units), generator=generator).tolist():
+            unit, step = units[k], step + 1
+            if solved_at[unit] >= max((changed_at[g] for g in depends[unit]), default=0):
                 continue  # same cost as at the last solve, hence the same optimum
-            new = solve_assignment(group_cost(spec, group, perm, params_a, params_b, constants))
-            solved_at[group], solves = step, solves + 1
-            if not torch.equal(new, perm[group]):
-                perm[group], changed_at[group] = new, step
+            costs = {g: group_cost(spec, g, perm, params_a, params_b, constants) for g in unit}
+            new = solve_tied(costs, spec.heads, solve_assignment)
+            solved_at[unit], solves = step, solves + 1
+            for g in unit:
+                if not torch.equal(new[g], perm[g]):
+                    perm[g], changed_at[g] = new[g], step
         objective.append(matching_objective(spec, perm, params_a, params_b))
         if objective[-1] - objective[-2] <= tol * abs(objective[-2]):
             break

@@ -36,7 +36,7 @@ from lmclab.core.options import Count, Options, Positive, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
+from lmclab.search.sinkhorn import hard_permutation, init_scores, refuse_heads, soft_apply, soft_permutation
 from lmclab.search.weight_matching import matching_objective
 
 SELECTIONS = ("best", "last")
@@ -83,6 +83,7 @@ def wm_sinkhorn(
 ) -> SearchResult:
     """Adam on the Sinkhorn scores (options: :class:`WMSinkhornOptions`); ``stats['curve']`` has one
     row per epoch (epoch 0: the start)."""
+    refuse_heads(spec, "wm_sinkhorn")
     iterations, tau, n_iter, patience = options.iterations, options.tau, options.sinkhorn_iters, options.patience
     start = time.perf_counter()
     device = next(iter(params_a.values())).device

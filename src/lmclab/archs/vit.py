@@ -1,0 +1,186 @@
+"""Vision Transformer (Dosovitskiy et al. 2021), pre-LN, small enough for the offline digits (issue 29).
+
+Patches of ``patch_size`` pixels are embedded into ``width`` channels (a strided conv), giving
+``(batch, tokens, width)``; with ``pool = "cls"`` a learned class token is prepended. A position
+embedding is added: ``"learned"`` (a parameter) or ``"sincos"`` (the fixed 2-D sine-cosine table of
+MAE, a buffer kept in the ``state_dict`` so that a permuted model carries its permuted table). Each of
+``depth`` blocks adds multi-head self-attention (LayerNorm, separate ``q``/``k``/``v`` Linears of
+``heads`` heads, softmax(q kᵀ/√d) v, an output Linear) and an MLP (LayerNorm, ``Linear(width →
+mlp_ratio·width) → GELU → Linear``) to the residual stream; a final LayerNorm, the class token (or the
+mean over tokens) and a linear head give the logits.
+
+Permutation symmetries (:mod:`lmclab.core.heads`): one residual-stream group ``P_res`` on every
+channel axis (embedding, class token, position embedding, every LayerNorm, the inputs of q/k/v and
+fc1, the outputs of the attention's ``out`` and of fc2, the head's input); per block the headed groups
+``P_qk_k`` (rows of W_Q and W_K) and ``P_vo_k`` (rows of W_V, columns of W_O), tied by one head order
+``P_heads_k``, and the MLP's hidden group ``P_mlp_k``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.core.heads import Heads
+from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
+
+STREAM = "P_res"
+POOLS = ("cls", "mean")
+POSITIONS = ("learned", "sincos")
+
+
+@dataclass(frozen=True)
+class Config:
+    """``input_shape`` (C, H, W) with H and W multiples of ``patch_size``; ``width`` a multiple of ``heads``."""
+
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    patch_size: int = 4
+    width: int = 64
+    depth: int = 4
+    heads: int = 4
+    mlp_ratio: int = 2
+    pool: str = "cls"
+    position: str = "learned"
+
+    def __post_init__(self) -> None:
+        for key in ("patch_size", "width", "depth", "heads", "mlp_ratio"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.vit.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.width % self.heads:
+            raise ValueError(f"model.vit.heads: {self.heads} heads do not divide the width {self.width}")
+        if any(side % self.patch_size for side in self.input_shape[1:]):
+            raise ValueError(
+                f"model.vit.patch_size: {self.patch_size} does not divide the image "
+                f"{self.input_shape[1]} × {self.input_shape[2]}"
+            )
+        for key, allowed in (("pool", POOLS), ("position", POSITIONS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"model.vit.{key} must be one of {list(allowed)}, got {getattr(self, key)!r}")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.input_shape[1] // self.patch_size, self.input_shape[2] // self.patch_size
+
+    @property
+    def tokens(self) -> int:
+        """Sequence length: the patches, plus the class token with ``pool = "cls"``."""
+        return self.grid[0] * self.grid[1] + (self.pool == "cls")
+
+
+def sincos_table(width: int, grid: tuple[int, int], cls: bool) -> Tensor:
+    """The fixed 2-D sine-cosine position embedding (MAE): half the channels encode the row, half the
+    column, each as sin/cos at ``width/4`` frequencies; the class token's row is zero. (1, tokens, width)."""
+    if width % 4:
+        raise ValueError(f"model.vit.width: a sin-cos position embedding needs a multiple of 4, got {width}")
+    omega = 1.0 / 10000 ** (torch.arange(width // 4, dtype=torch.float64) / (width / 4))
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    parts = [f(pos.reshape(-1, 1).double() * omega) for pos in (rows, cols) for f in (torch.sin, torch.cos)]
+    table = torch.cat(parts, dim=1)
+    if cls:
+        table = torch.cat([torch.zeros(1, width, dtype=torch.float64), table])
+    return table[None].float()
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with separate ``q``, ``k``, ``v`` and ``out`` Linears."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.out = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: Tensor) -> Tensor:  # x: (batch, tokens, width)
+        b, t, e = x.shape
+        q, k, v = (f(x).reshape(b, t, self.heads, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        return self.out((weights @ v).transpose(1, 2).reshape(b, t, e))
+
+
+class Block(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(config.width), nn.LayerNorm(config.width)
+        self.attn = Attention(config.width, config.heads)
+        self.fc1 = nn.Linear(config.width, config.mlp_ratio * config.width)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(config.mlp_ratio * config.width, config.width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.pool = config.pool
+        self.embed = nn.Conv2d(config.input_shape[0], config.width, config.patch_size, stride=config.patch_size)
+        if config.pool == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, config.width))
+        if config.position == "learned":
+            self.pos_embed = nn.Parameter(0.02 * torch.randn(1, config.tokens, config.width))
+        else:
+            self.register_buffer("pos_embed", sincos_table(config.width, config.grid, config.pool == "cls"))
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.depth))
+        self.norm = nn.LayerNorm(config.width)
+        self.head = nn.Linear(config.width, config.num_classes)
+
+    def tokens(self, x: Tensor) -> Tensor:
+        """The embedded patches (with the class token first) plus the position embedding."""
+        x = self.embed(x).flatten(2).transpose(1, 2)  # (batch, patches, width)
+        if self.pool == "cls":
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return x + self.pos_embed
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.tokens(x)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        return self.head(x[:, 0] if self.pool == "cls" else x.mean(1))
+
+
+def block_spec(name: str, k: int) -> dict:
+    """One block's entries: the stream on its channel axes, its headed and MLP groups."""
+    qk, vo, mlp = f"P_qk_{k}", f"P_vo_{k}", f"P_mlp_{k}"
+    return {
+        **norm(f"{name}.norm1", STREAM, running_stats=False),
+        **norm(f"{name}.norm2", STREAM, running_stats=False),
+        **dense(f"{name}.attn.q", qk, STREAM),
+        **dense(f"{name}.attn.k", qk, STREAM),
+        **dense(f"{name}.attn.v", vo, STREAM),
+        **dense(f"{name}.attn.out", STREAM, vo),
+        **dense(f"{name}.fc1", mlp, STREAM),
+        **dense(f"{name}.fc2", STREAM, mlp),
+    }
+
+
+def head_groups(depth: int, heads: int) -> dict[str, Heads]:
+    """Per block, ``P_qk_k`` and ``P_vo_k`` are headed and share the head order ``P_heads_k``."""
+    return {f"P_{kind}_{k}": Heads(heads, f"P_heads_{k}") for k in range(depth) for kind in ("qk", "vo")}
+
+
+def permutation_spec(config: Config) -> PermutationSpec:
+    """The stream on every channel axis; per block the tied headed groups and the MLP's hidden group."""
+    parts = [{"embed.weight": (STREAM, None, None, None), "embed.bias": (STREAM,), "pos_embed": (None, None, STREAM)}]
+    if config.pool == "cls":
+        parts.append({"cls_token": (None, None, STREAM)})
+    parts += [block_spec(f"blocks.{k}", k) for k in range(config.depth)]
+    parts += [norm("norm", STREAM, running_stats=False), dense("head", None, STREAM)]
+    return build_spec(*parts, heads=head_groups(config.depth, config.heads))
+
+
+def activation_points(config: Config) -> dict[str, list[str]]:
+    """Units on the last axis (``@-1``): the stream at every LayerNorm's output (each normalises the
+    stream per token), queries and keys together for ``P_qk_k``, values for ``P_vo_k``, the MLP's GELU."""
+    blocks = [f"blocks.{k}" for k in range(config.depth)]
+    points = {STREAM: [f"{b}.norm{i}@-1" for b in blocks for i in (1, 2)] + ["norm@-1"]}
+    for k, b in enumerate(blocks):
+        points[f"P_qk_{k}"] = [f"{b}.attn.q@-1", f"{b}.attn.k@-1"]
+        points[f"P_vo_{k}"] = [f"{b}.attn.v@-1"]
+        points[f"P_mlp_{k}"] = [f"{b}.act@-1"]
+    return points

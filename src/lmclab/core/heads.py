@@ -1,0 +1,122 @@
+"""Headed permutation groups: the symmetries of multi-head attention (issue 29).
+
+The ``E = H·d`` features of a multi-head attention's queries and keys (or values) are ``H`` heads of
+``d`` features. Permuting them by an arbitrary permutation of ``E`` changes the function; what leaves it
+unchanged is a permutation σ of the heads *shared* by Q/K and V/O (the heads are summed after the output
+projection, so their order is free as long as each head keeps its own queries, keys and values) and,
+inside head ``h``, a permutation τ^qk_h shared by the rows of W_Q and W_K (the logits are
+``q·k = Σ_j q_j k_j``) and an independent τ^vo_h shared by the rows of W_V and the columns of W_O.
+
+A :class:`Heads` marks a group of a :class:`~lmclab.core.spec.PermutationSpec` as headed: its
+permutations are restricted to ``perm[h·d + j] = σ[h]·d + τ_h[j]``, and every group with the same
+``tie`` shares σ. A headed permutation is still a plain index tensor over the ``E`` units, so applying,
+inverting and composing it need nothing new (headed permutations are closed under both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class Heads(NamedTuple):
+    """A headed group: ``count`` heads of equal size; groups with the same ``tie`` share the head order σ."""
+
+    count: int
+    tie: str
+
+
+def head_size(group: str, size: int, heads: Heads) -> int:
+    """``d``, the units per head of ``group`` (``size`` units in ``heads.count`` heads)."""
+    if heads.count < 1 or size % heads.count:
+        raise ValueError(f"group {group!r}: {size} units do not split into {heads.count} heads of equal size")
+    return size // heads.count
+
+
+def headed_permutation(sigma: Tensor, taus: Tensor) -> Tensor:
+    """``perm[h·d + j] = σ[h]·d + τ_h[j]`` from σ (H,) and the within-head permutations ``taus`` (H, d)."""
+    d = taus.shape[1]
+    return (sigma[:, None] * d + taus).reshape(-1)
+
+
+def split_headed(perm: Tensor, count: int) -> tuple[Tensor, Tensor] | None:
+    """``(σ, taus)`` of a headed ``perm`` of ``count`` heads; ``None`` when ``perm`` moves a unit to another
+    head than the rest of its head (a permutation that crosses heads)."""
+    blocks = perm.reshape(count, -1)
+    d = blocks.shape[1]
+    sigma = blocks[:, 0] // d
+    if not torch.equal(blocks // d, sigma[:, None].expand_as(blocks)):
+        return None
+    return sigma, blocks - sigma[:, None] * d
+
+
+def tie_sets(groups: Iterable[str], heads: Mapping[str, Heads]) -> list[tuple[str, ...]]:
+    """``groups`` (sorted) partitioned into the sets solved together: a plain group alone, the headed
+    groups of one tie together."""
+    units: dict[str, list[str]] = {}
+    for g in sorted(groups):
+        units.setdefault(f"tie:{heads[g].tie}" if g in heads else g, []).append(g)
+    return [tuple(members) for members in units.values()]
+
+
+def random_headed(
+    sizes: Mapping[str, int], heads: Mapping[str, Heads], generator: torch.Generator
+) -> dict[str, Tensor]:
+    """A uniformly random headed permutation of every headed group: one σ per tie, one τ per head and group."""
+    out: dict[str, Tensor] = {}
+    for members in tie_sets(heads, heads):
+        count = heads[members[0]].count
+        sigma = torch.randperm(count, generator=generator)
+        for g in members:
+            d = head_size(g, sizes[g], heads[g])
+            taus = torch.stack([torch.randperm(d, generator=generator) for _ in range(count)])
+            out[g] = headed_permutation(sigma, taus)
+    return out
+
+
+def check_headed(perm: Mapping[str, Tensor], sizes: Mapping[str, int], heads: Mapping[str, Heads]) -> None:
+    """One-line error unless every headed group keeps its heads whole and tied groups share σ."""
+    sigmas: dict[str, tuple[str, Tensor]] = {}
+    for g in sorted(heads):
+        head_size(g, sizes[g], heads[g])
+        split = split_headed(perm[g].cpu(), heads[g].count)
+        if split is None:
+            raise ValueError(f"permutation of group {g!r} crosses heads (it must map each head onto one head)")
+        first = sigmas.setdefault(heads[g].tie, (g, split[0]))
+        if not torch.equal(first[1], split[0]):
+            raise ValueError(
+                f"permutations of groups {first[0]!r} and {g!r} order the heads differently; "
+                f"they share the head permutation {heads[g].tie!r}"
+            )
+
+
+def solve_tied(
+    costs: Mapping[str, Tensor], heads: Mapping[str, Heads], solve: Callable[[Tensor], Tensor]
+) -> dict[str, Tensor]:
+    """The permutations maximising ``Σ_g Σ_i costs[g][i, perm_g[i]]`` over one tie set, exactly.
+
+    A plain group is one assignment ``solve(cost)``. For the headed groups of one tie, the cost
+    decomposes: for heads ``(h, h')`` and group ``g``, the best τ is the assignment on the block
+    ``C_g[h·d:(h+1)·d, h'·d:(h'+1)·d]`` with value ``v_g(h, h')``; σ is the assignment on ``Σ_g v_g``,
+    and each group takes the τ of the head pairs σ chose (``H²`` assignments of size ``d`` per group
+    and one of size ``H``)."""
+    if len(costs) == 1 and next(iter(costs)) not in heads:
+        ((g, cost),) = costs.items()
+        return {g: solve(cost)}
+    count = heads[next(iter(costs))].count
+    within, value = {}, torch.zeros(count, count, dtype=torch.float64)
+    for g, cost in costs.items():
+        d = head_size(g, cost.shape[0], heads[g])
+        blocks = cost.detach().cpu().double().reshape(count, d, count, d).transpose(1, 2)  # (h, h', d, d)
+        within[g] = [[solve(blocks[h, k]) for k in range(count)] for h in range(count)]
+        for h in range(count):
+            for k in range(count):
+                value[h, k] += blocks[h, k][torch.arange(d), within[g][h][k]].sum()
+    sigma = solve(value)
+    return {
+        g: headed_permutation(sigma, torch.stack([taus[h][int(sigma[h])] for h in range(count)]))
+        for g, taus in within.items()
+    }

@@ -1,0 +1,181 @@
+"""Headed permutation groups (attention, issue 29): the symmetry itself in float64 on the ViT, the three
+negative controls that must change the function, the checks, the structured assignment against brute
+force, and planted recovery by WM and AM."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.core.data import Split
+from lmclab.core.heads import Heads, headed_permutation, solve_tied, split_headed, tie_sets
+from lmclab.core.spec import (
+    apply_permutation,
+    build_spec,
+    check_permutation,
+    compose,
+    dense,
+    invert,
+    random_permutation,
+)
+from lmclab.search import SearchProblem, run_search
+from lmclab.search.weight_matching import solve_assignment
+
+VIT = {"patch_size": 7, "width": 16, "heads": 4, "depth": 2, "mlp_ratio": 2}
+
+
+def _vit(seed: int = 0, **options):
+    config = make_config("vit", input_shape=(1, 28, 28), num_classes=10, **{**VIT, **options})
+    model = build_model("vit", config, seed=seed).double().eval()
+    gen = torch.Generator().manual_seed(seed + 100)
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in model.state_dict().items()}
+    return config, model, get_arch("vit").permutation_spec(config), params
+
+
+def _relative_change(model, params, permuted, x) -> float:
+    with torch.no_grad():
+        before, after = functional_call(model, params, (x,)), functional_call(model, permuted, (x,))
+    return float((after - before).abs().max() / before.abs().max())
+
+
+@pytest.mark.parametrize("pool,position", [("cls", "learned"), ("cls", "sincos"), ("mean", "learned")])
+def test_random_headed_permutation_leaves_vit_logits_unchanged_in_float64(pool, position):
+    config, model, spec, params = _vit(pool=pool, position=position)
+    sizes = spec.group_sizes(params)
+    perm = random_permutation(sizes, torch.Generator().manual_seed(1), spec.heads)
+    check_permutation(perm, sizes, spec.heads)
+    assert all(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
+    x = torch.randn(4, 1, 28, 28, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert _relative_change(model, params, apply_permutation(spec, perm, params), x) < 1e-12
+    sigma = {g: split_headed(perm[g], 4)[0] for g in spec.heads}
+    assert all(torch.equal(sigma[f"P_qk_{k}"], sigma[f"P_vo_{k}"]) for k in range(config.depth))
+
+
+def _controls(perm, gen):
+    """The three wrong permutations of block 0 that must change the function."""
+    qk, vo = perm["P_qk_0"], perm["P_vo_0"]
+    sigma, taus = split_headed(qk, 4)
+    crossing = torch.randperm(16, generator=gen)
+    while split_headed(crossing, 4) is not None:
+        crossing = torch.randperm(16, generator=gen)
+    other_sigma = sigma[torch.tensor([1, 0, 2, 3])]
+    v_sigma, v_taus = split_headed(vo, 4)
+    q_tau_differs = headed_permutation(sigma, taus[:, torch.tensor([1, 0, 2, 3])])
+    return {
+        "Q/K across heads": {"P_qk_0": crossing},
+        "V/O heads in another order": {"P_vo_0": headed_permutation(other_sigma, v_taus)},
+        "Q and K with different tau": {"q_only": q_tau_differs},
+    }
+
+
+def test_the_three_wrong_attention_permutations_change_the_logits():
+    _, model, spec, params = _vit(position="learned")
+    sizes, gen = spec.group_sizes(params), torch.Generator().manual_seed(3)
+    perm = random_permutation(sizes, gen, spec.heads)
+    x = torch.randn(4, 1, 28, 28, dtype=torch.float64, generator=gen)
+    for what, change in _controls(perm, gen).items():
+        if "q_only" in change:  # W_Q's rows by another τ than W_K's: a spec where Q has its own group
+            axes = {**spec.axes, "blocks.0.attn.q.weight": ("Q", "P_res"), "blocks.0.attn.q.bias": ("Q",)}
+            wrong_spec = build_spec(axes)
+            wrong = apply_permutation(wrong_spec, {**perm, "Q": change["q_only"]}, params)
+        else:
+            wrong = apply_permutation(spec, {**perm, **change}, params)
+            with pytest.raises(ValueError, match="crosses heads|order the heads differently"):
+                check_permutation({**perm, **change}, sizes, spec.heads)
+        assert _relative_change(model, params, wrong, x) > 1e-3, what
+
+
+def test_check_permutation_accepts_headed_and_refuses_what_breaks_heads_or_ties():
+    heads = {"Q": Heads(2, "S"), "V": Heads(2, "S")}
+    sizes = {"Q": 4, "V": 6}
+    good = {"Q": torch.tensor([2, 3, 1, 0]), "V": torch.tensor([5, 3, 4, 0, 2, 1])}
+    check_permutation(good, sizes, heads)
+    with pytest.raises(ValueError, match="'Q' crosses heads"):
+        check_permutation({**good, "Q": torch.tensor([0, 2, 1, 3])}, sizes, heads)
+    with pytest.raises(ValueError, match="order the heads differently"):
+        check_permutation({**good, "V": torch.tensor([0, 1, 2, 5, 4, 3])}, sizes, heads)
+    check_permutation({**good, "Q": torch.tensor([0, 2, 1, 3])}, sizes)  # without heads: any bijection
+
+
+def test_headed_permutations_compose_and_invert_within_the_headed_set():
+    heads = {"Q": Heads(3, "S"), "V": Heads(3, "S")}
+    sizes, gen = {"Q": 12, "V": 6}, torch.Generator().manual_seed(0)
+    p, q = random_permutation(sizes, gen, heads), random_permutation(sizes, gen, heads)
+    check_permutation(compose(p, q), sizes, heads)
+    check_permutation(invert(p), sizes, heads)
+    spec = build_spec(dense("q", "Q", None), dense("v", "V", None), dense("o", None, "V"), heads=heads)
+    params = {k: torch.randn(*(sizes[a] if a else 5 for a in axes), generator=gen) for k, axes in spec.axes.items()}
+    twice = apply_permutation(spec, p, apply_permutation(spec, q, params))
+    once = apply_permutation(spec, compose(p, q), params)
+    assert all(torch.equal(twice[k], once[k]) for k in params)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_solve_tied_equals_brute_force_over_every_headed_permutation(seed):
+    gen = torch.Generator().manual_seed(seed)
+    heads = {"A": Heads(3, "S"), "B": Heads(3, "S")}
+    costs = {"A": 2 * torch.randn(6, 6, generator=gen), "B": torch.randn(9, 9, generator=gen)}
+    best, best_value = None, -float("inf")
+    for sigma in itertools.permutations(range(3)):
+        for ta in itertools.product(itertools.permutations(range(2)), repeat=3):
+            for tb in itertools.product(itertools.permutations(range(3)), repeat=3):
+                perm = {
+                    "A": headed_permutation(torch.tensor(sigma), torch.tensor(ta)),
+                    "B": headed_permutation(torch.tensor(sigma), torch.tensor(tb)),
+                }
+                value = sum(float(costs[g][torch.arange(len(p)), p].sum()) for g, p in perm.items())
+                if value > best_value:
+                    best, best_value = perm, value
+    solved = solve_tied(costs, heads, solve_assignment)
+    assert all(torch.equal(solved[g], best[g]) for g in costs)
+    assert tie_sets(["B", "C", "A"], heads) == [("A", "B"), ("C",)]
+
+
+def _planted_problem(noise: float):
+    """θb = π(θa) (+ noise) for a 4-head, 16-per-head ViT and a random headed π."""
+    config = make_config("vit", input_shape=(1, 28, 28), num_classes=10, patch_size=7, width=64, heads=4, depth=2)
+    model, spec = build_model("vit", config, seed=0).double().eval(), get_arch("vit").permutation_spec(config)
+    gen = torch.Generator().manual_seed(5)
+    params_a = {k: v + 0.2 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in model.state_dict().items()}
+    planted = random_permutation(spec.group_sizes(params_a), gen, spec.heads)
+    params_b = apply_permutation(spec, planted, params_a)
+    params_b = {k: v + noise * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in params_b.items()}
+    x = torch.randn(256, 1, 28, 28, dtype=torch.float64, generator=gen)
+    points = get_arch("vit").activation_points(config)
+    labels = torch.randint(10, (256,), generator=gen)
+    problem = SearchProblem(spec, params_a, params_b, model=model, points=points, train=Split(x, labels))
+    return problem, invert(planted)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+@pytest.mark.parametrize("method", ["wm", "am"])
+def test_wm_and_am_recover_a_planted_headed_permutation(method, noise):
+    problem, expected = _planted_problem(noise)
+    found = run_search(method, problem, seed=0).perm
+    check_permutation(found, problem.spec.group_sizes(problem.params_a), problem.spec.heads)
+    for g, p in expected.items():
+        assert torch.equal(found[g], p), g
+
+
+@pytest.mark.parametrize("method", ["wm", "am", "ste"])
+def test_matching_two_unrelated_vits_keeps_heads_whole(method):
+    """Unrelated endpoints: the unconstrained optimum of a Q/K or V/O group crosses heads; every method
+    must return a headed permutation with one head order per block."""
+    problem, _ = _planted_problem(0.0)
+    _, _, _, other = _vit(seed=7, width=64, heads=4, patch_size=7)
+    problem = SearchProblem(**{**problem.__dict__, "params_b": other})
+    options = {"epochs": 1, "batch_size": 64} if method == "ste" else {}
+    found = run_search(method, problem, seed=0, options=options).perm
+    check_permutation(found, problem.spec.group_sizes(other), problem.spec.heads)
+
+
+@pytest.mark.parametrize("method", ["wm_sinkhorn", "ste_sinkhorn"])
+def test_sinkhorn_methods_refuse_headed_specs_in_one_line(method):
+    problem, _ = _planted_problem(0.0)
+    with pytest.raises(ValueError, match=rf"^spec: {method} does not search headed groups") as err:
+        run_search(method, problem, seed=0)
+    assert "\n" not in str(err.value)
