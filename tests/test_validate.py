@@ -142,6 +142,11 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "model.vgg.layers: 6 max-pools do not fit 32 pixels",
     ),
     (
+        {"model__arch": "vit", "permute__methods": ["identity", "wm", "wm_sinkhorn"], "three__methods": ["wm"]},
+        "permute.methods: wm_sinkhorn cannot search the attention heads of model.arch vit; "
+        "expected methods among ['am', 'identity', 'ste', 'wm']",
+    ),
+    (
         {
             "data__max_train": 100,
             "permute__methods": ["ste"],
