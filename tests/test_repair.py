@@ -1,0 +1,150 @@
+"""REPAIR without BatchNorm (core/repair.py) in float64 on the MLP and the ViT: the repaired network's
+per-unit statistics equal the interpolated endpoints', the endpoints are returned as they are, the
+statistics are the exact per-unit moments, REPAIR commutes with permutations, dead units give no NaN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.core.data import Split
+from lmclab.core.merge import interpolate
+from lmclab.core.repair import repair, repair_points, repair_statistics, unit_statistics
+from lmclab.core.spec import apply_permutation, random_permutation
+
+ARCHS = {
+    "mlp": ({"input_shape": (1, 4, 4), "num_classes": 3, "hidden": 2, "width": 8}, 48),
+    "vit": (
+        {"input_shape": (1, 28, 28), "num_classes": 10, "patch_size": 7, "width": 16, "heads": 4, "depth": 2},
+        20,
+    ),
+}
+TOL = 1e-10
+
+
+def _setup(arch: str):
+    """Skeleton, spec, two float64 endpoints of different seeds, and float64 data."""
+    options, n = ARCHS[arch]
+    config = make_config(arch, **options)
+    model = build_model(arch, config, seed=0).double().eval()
+    gen = torch.Generator().manual_seed(7)
+    params_a = {k: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in model.state_dict().items()}
+    params_b = {k: v.double() for k, v in build_model(arch, config, seed=1).state_dict().items()}
+    data = Split(torch.randn(n, *config.input_shape, generator=gen, dtype=torch.float64), torch.zeros(n).long())
+    return model, get_arch(arch).permutation_spec(config), params_a, params_b, data
+
+
+def _max_gap(stats, targets) -> float:
+    return max(
+        max((s.mean - t.mean).abs().max().item(), (s.std - t.std).abs().max().item())
+        for s, t in zip(stats, targets, strict=True)
+    )
+
+
+def test_default_points_are_the_biased_linears_and_convs_before_the_classifier_in_forward_order():
+    model, _, params_a, _, data = _setup("mlp")
+    assert repair_points(model, params_a, data) == ["layers.0", "layers.1"]
+    model, _, params_a, _, data = _setup("vit")
+    block = ["attn.q", "attn.k", "attn.v", "attn.out", "fc1", "fc2"]
+    expected = ["embed"] + [f"blocks.{k}.{m}" for k in range(2) for m in block]
+    assert repair_points(model, params_a, data) == expected
+    assert repair_points(model, params_a, data, ["blocks.1.fc1", "embed"]) == ["embed", "blocks.1.fc1"]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_repaired_statistics_equal_the_interpolated_endpoint_statistics(arch):
+    model, _, params_a, params_b, data = _setup(arch)
+    lam = 0.3
+    points = repair_points(model, params_a, data)
+    repaired = repair(model, params_a, params_b, lam, data, batch_size=7)  # batches of 7: the moments are merged
+    stats_a, stats_b, after, before = (
+        unit_statistics(model, p, data, points, batch_size=len(data))
+        for p in (params_a, params_b, repaired, interpolate(params_a, params_b, lam))
+    )
+    for p in points:
+        target_mean = lam * stats_a[p].mean + (1 - lam) * stats_b[p].mean
+        target_std = lam * stats_a[p].std + (1 - lam) * stats_b[p].std
+        assert (after[p].mean - target_mean).abs().max() < TOL, p
+        assert (after[p].std - target_std).abs().max() < TOL, p
+    assert max((before[p].std - after[p].std).abs().max().item() for p in points) > 1e-2  # REPAIR did something
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_repair_at_the_endpoints_keeps_their_functions(arch):
+    model, _, params_a, params_b, data = _setup(arch)
+    with torch.no_grad():
+        for lam, endpoint in ((1.0, params_a), (0.0, params_b)):  # θ(λ) = λ θa + (1 − λ) θb
+            logits = functional_call(model, repair(model, params_a, params_b, lam, data), (data.x,))
+            assert (logits - functional_call(model, endpoint, (data.x,))).abs().max() < TOL, lam
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_unit_statistics_are_the_per_unit_moments_over_samples_and_positions(arch):
+    model, _, _, _, data = _setup(arch)
+    with torch.no_grad():  # the skeleton's own parameters, so that its modules can be called directly
+        if arch == "mlp":
+            outputs = {"layers.0": model.layers[0](data.x.flatten(1))}  # (batch, units)
+        else:
+            conv = model.embed(data.x)  # (batch, channels, 4, 4): channels on axis 1
+            q = model.blocks[0].attn.q(model.blocks[0].norm1(model.tokens(data.x)))  # (batch, tokens, units)
+            outputs = {"embed": conv.movedim(1, -1).reshape(-1, 16), "blocks.0.attn.q": q.reshape(-1, 16)}
+    stats = unit_statistics(model, model.state_dict(), data, list(outputs), batch_size=7)
+    for p, z in outputs.items():
+        assert (stats[p].mean - z.mean(0)).abs().max() < TOL, p
+        assert (stats[p].std - z.std(0, correction=0)).abs().max() < TOL, p
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_repair_commutes_with_permutations(arch):
+    model, spec, params_a, params_b, data = _setup(arch)
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(3), spec.heads)
+    permuted = repair(
+        model, apply_permutation(spec, perm, params_a), apply_permutation(spec, perm, params_b), 0.4, data
+    )
+    expected = apply_permutation(spec, perm, repair(model, params_a, params_b, 0.4, data))
+    assert max((permuted[k] - expected[k]).abs().max().item() for k in expected) < TOL
+
+
+def test_repair_statistics_report_what_changed():
+    model, _, params_a, params_b, data = _setup("vit")
+    report = repair_statistics(model, params_a, params_b, 0.5, data)
+    assert list(report) == repair_points(model, params_a, data)
+    plain = unit_statistics(model, interpolate(params_a, params_b, 0.5), data, list(report))
+    assert _max_gap([r["repaired"] for r in report.values()], [r["target"] for r in report.values()]) < TOL
+    assert _max_gap([r["interpolated"] for r in report.values()], list(plain.values())) < TOL
+    assert _max_gap([r["interpolated"] for r in report.values()], [r["target"] for r in report.values()]) > 1e-2
+
+
+def test_dead_unit_gets_its_mean_and_no_nan():
+    model, _, params_a, params_b, data = _setup("mlp")
+    params_b = {**params_b, "layers.0.weight": params_b["layers.0.weight"].clone()}
+    params_b["layers.0.weight"][0] = -params_a["layers.0.weight"][0]  # unit 0 of θ(½) is constant: σ_m = 0
+    repaired = repair(model, params_a, params_b, 0.5, data)
+    assert all(torch.isfinite(v).all() for v in repaired.values())
+    points = ["layers.0", "layers.1"]
+    after = unit_statistics(model, repaired, data, points)
+    stats_a, stats_b = (unit_statistics(model, p, data, points) for p in (params_a, params_b))
+    assert after["layers.0"].std[0] == 0 and stats_a["layers.0"].std[0] > 0
+    assert (after["layers.0"].mean - (stats_a["layers.0"].mean + stats_b["layers.0"].mean) / 2).abs().max() < TOL
+    assert (after["layers.1"].std - (stats_a["layers.1"].std + stats_b["layers.1"].std) / 2).abs().max() < TOL
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"lam": 1.5}, r"^lam must be in \[0, 1\], got 1.5$"),
+        ({"lam": -0.1}, r"^lam must be in \[0, 1\]"),
+        ({"lam": float("nan")}, r"^lam must be in \[0, 1\]"),
+        ({"points": ["nope"]}, r"^points: 'nope' is not a Linear or Conv2d"),
+        ({"points": ["blocks.0.norm1"]}, r"^points: 'blocks.0.norm1' is not a Linear or Conv2d"),
+        ({"batch_size": 0}, r"^batch_size must be a positive"),
+    ],
+)
+def test_bad_arguments_give_one_line_errors(kwargs, match):
+    model, _, params_a, params_b, data = _setup("vit")
+    kwargs = {"lam": 0.5, **kwargs}
+    with pytest.raises(ValueError, match=match) as info:
+        repair(model, params_a, params_b, kwargs.pop("lam"), data, **kwargs)
+    assert "\n" not in str(info.value)
