@@ -144,24 +144,25 @@ class Model(nn.Module):
         return self.head(x[:, 0] if self.pool == "cls" else x.mean(1))
 
 
-def block_spec(name: str, k: int) -> dict:
-    """One block's entries: the stream on its channel axes, its headed and MLP groups."""
-    qk, vo, mlp = f"P_qk_{k}", f"P_vo_{k}", f"P_mlp_{k}"
+def block_spec(name: str, k: int, stream: str = STREAM, prefix: str = "P") -> dict:
+    """One block's entries: the ``stream`` on its channel axes, its headed and MLP groups
+    (``{prefix}_qk_k``, ``{prefix}_vo_k``, ``{prefix}_mlp_k``; another ``prefix`` for a second stack)."""
+    qk, vo, mlp = f"{prefix}_qk_{k}", f"{prefix}_vo_{k}", f"{prefix}_mlp_{k}"
     return {
-        **norm(f"{name}.norm1", STREAM, running_stats=False),
-        **norm(f"{name}.norm2", STREAM, running_stats=False),
-        **dense(f"{name}.attn.q", qk, STREAM),
-        **dense(f"{name}.attn.k", qk, STREAM),
-        **dense(f"{name}.attn.v", vo, STREAM),
-        **dense(f"{name}.attn.out", STREAM, vo),
-        **dense(f"{name}.fc1", mlp, STREAM),
-        **dense(f"{name}.fc2", STREAM, mlp),
+        **norm(f"{name}.norm1", stream, running_stats=False),
+        **norm(f"{name}.norm2", stream, running_stats=False),
+        **dense(f"{name}.attn.q", qk, stream),
+        **dense(f"{name}.attn.k", qk, stream),
+        **dense(f"{name}.attn.v", vo, stream),
+        **dense(f"{name}.attn.out", stream, vo),
+        **dense(f"{name}.fc1", mlp, stream),
+        **dense(f"{name}.fc2", stream, mlp),
     }
 
 
-def head_groups(depth: int, heads: int) -> dict[str, Heads]:
+def head_groups(depth: int, heads: int, prefix: str = "P") -> dict[str, Heads]:
     """Per block, ``P_qk_k`` and ``P_vo_k`` are headed and share the head order ``P_heads_k``."""
-    return {f"P_{kind}_{k}": Heads(heads, f"P_heads_{k}") for k in range(depth) for kind in ("qk", "vo")}
+    return {f"{prefix}_{kind}_{k}": Heads(heads, f"{prefix}_heads_{k}") for k in range(depth) for kind in ("qk", "vo")}
 
 
 def permutation_spec(config: Config) -> PermutationSpec:
@@ -177,10 +178,15 @@ def permutation_spec(config: Config) -> PermutationSpec:
 def activation_points(config: Config) -> dict[str, list[str]]:
     """Units on the last axis (``@-1``): the stream at every LayerNorm's output (each normalises the
     stream per token), queries and keys together for ``P_qk_k``, values for ``P_vo_k``, the MLP's GELU."""
-    blocks = [f"blocks.{k}" for k in range(config.depth)]
-    points = {STREAM: [f"{b}.norm{i}@-1" for b in blocks for i in (1, 2)] + ["norm@-1"]}
-    for k, b in enumerate(blocks):
-        points[f"P_qk_{k}"] = [f"{b}.attn.q@-1", f"{b}.attn.k@-1"]
-        points[f"P_vo_{k}"] = [f"{b}.attn.v@-1"]
-        points[f"P_mlp_{k}"] = [f"{b}.act@-1"]
+    return stack_points("blocks", "norm", config.depth)
+
+
+def stack_points(blocks: str, final_norm: str, depth: int, stream: str = STREAM, prefix: str = "P") -> dict:
+    """:func:`activation_points` of a stack of ``depth`` blocks under ``blocks`` with its final LayerNorm."""
+    names = [f"{blocks}.{k}" for k in range(depth)]
+    points = {stream: [f"{b}.norm{i}@-1" for b in names for i in (1, 2)] + [f"{final_norm}@-1"]}
+    for k, b in enumerate(names):
+        points[f"{prefix}_qk_{k}"] = [f"{b}.attn.q@-1", f"{b}.attn.k@-1"]
+        points[f"{prefix}_vo_{k}"] = [f"{b}.attn.v@-1"]
+        points[f"{prefix}_mlp_{k}"] = [f"{b}.act@-1"]
     return points

@@ -1,0 +1,194 @@
+"""Masked autoencoder (He et al. 2022) on the project's pre-LN ViT (:mod:`lmclab.archs.vit`).
+
+The encoder is the ViT without its head (``embed``, ``cls_token``, ``pos_embed``, ``blocks``, ``norm``:
+the supervised ViT's names, so :func:`encoder_params` loads into :func:`probe_config`'s ViT for a linear
+probe). It sees only the visible patches of each image (plus the class token), with their positions.
+The narrower decoder (``decoder_width``, ``decoder_depth``, ``decoder_heads``) maps the encoded tokens
+by ``decoder_embed`` (Linear, encoder width → decoder width), puts the learned ``mask_token`` at every
+masked position, adds ``decoder_pos_embed``, runs pre-LN ``decoder_blocks`` and ``decoder_norm``, and
+``decoder_pred`` (Linear to p·p·C) predicts every patch's pixels. ``forward(x, mask)`` is the loss of
+:func:`lmclab.archs.masking.masked_mse` over the masked patches; :meth:`Model.predict` the predictions.
+
+Permutation symmetries: the encoder's groups as in the ViT (``P_res``, headed ``P_qk_k``/``P_vo_k`` tied
+by ``P_heads_k``, ``P_mlp_k``); the decoder's residual stream ``P_dec`` (``decoder_embed``'s output,
+``mask_token``, ``decoder_pos_embed``, its LayerNorms, ``decoder_pred``'s input) with its own headed
+``P_dec_qk_k``/``P_dec_vo_k`` (tied by ``P_dec_heads_k``) and ``P_dec_mlp_k``. Pixels are never permuted.
+
+Training (``train.objective: mae``, not wired yet) draws fresh masks per batch and minimises the loss::
+
+    mask = random_masks(len(x), config.patches, config.mask_ratio, generator)  # seeded generator
+    loss = model(x, mask)  # or functional_call(model, params, (x, mask))
+
+Without a mask (``model(x)``, as activation matching calls it) the masks are drawn from
+``mask_seed``: the same masks for both endpoints of a pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.archs import vit
+from lmclab.archs.masking import masked_count, masked_mse, pixel_targets, random_masks, visible_indices
+from lmclab.core.spec import Params, PermutationSpec, build_spec, dense, norm
+
+STREAM = vit.STREAM
+DECODER = "P_dec"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The ViT encoder's options (always a class token), the decoder's and the masking's."""
+
+    input_shape: tuple[int, int, int]
+    num_classes: int = 0  # not used in pretraining: the classes of the probe's ViT
+    patch_size: int = 4
+    width: int = 64
+    depth: int = 4
+    heads: int = 4
+    mlp_ratio: int = 2  # encoder and decoder
+    position: str = "sincos"  # MAE's fixed sin-cos tables (encoder and decoder), or "learned"
+    decoder_width: int = 32
+    decoder_depth: int = 2
+    decoder_heads: int = 4
+    mask_ratio: float = 0.75  # fraction of patches masked
+    norm_pix: bool = False  # targets normalised per patch
+    mask_seed: int = 0  # the masks of model(x) without a mask
+
+    def __post_init__(self) -> None:
+        for key in ("patch_size", "width", "depth", "heads", "mlp_ratio", "decoder_width", "decoder_depth"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.mae.{key} must be a positive integer, got {getattr(self, key)}")
+        if self.decoder_heads < 1 or self.decoder_width % self.decoder_heads:
+            raise ValueError(
+                f"model.mae.decoder_heads: {self.decoder_heads} heads do not divide "
+                f"the decoder width {self.decoder_width}"
+            )
+        if self.position == "sincos" and self.decoder_width % 4:
+            raise ValueError(f"model.mae.decoder_width: sin-cos needs a multiple of 4, got {self.decoder_width}")
+        self.encoder  # noqa: B018 (the ViT's own checks of the encoder options)
+        masked_count(self.patches, self.mask_ratio)
+
+    @property
+    def encoder(self) -> vit.Config:
+        """The encoder as a supervised ViT's config (class token; its head unused)."""
+        keys = ("input_shape", "num_classes", "patch_size", "width", "depth", "heads", "mlp_ratio", "position")
+        return vit.Config(**{k: getattr(self, k) for k in keys}, pool="cls")
+
+    @property
+    def decoder(self) -> vit.Config:
+        """The decoder's blocks as a ViT's config of the decoder width, depth and heads."""
+        return dataclasses.replace(
+            self.encoder, width=self.decoder_width, depth=self.decoder_depth, heads=self.decoder_heads
+        )
+
+    @property
+    def patches(self) -> int:
+        grid = self.encoder.grid
+        return grid[0] * grid[1]
+
+
+def position_table(module: nn.Module, name: str, config: vit.Config) -> None:
+    """Register ``name`` (1, 1 + patches, width): a learned parameter or the fixed sin-cos buffer."""
+    if config.position == "learned":
+        module.register_parameter(name, nn.Parameter(0.02 * torch.randn(1, config.tokens, config.width)))
+    else:
+        module.register_buffer(name, vit.sincos_table(config.width, config.grid, cls=True))
+
+
+def gather_tokens(tokens: Tensor, index: Tensor) -> Tensor:
+    """``tokens[i, index[i]]`` for every sample ``i``. (n, len(index[i]), width)."""
+    return tokens.gather(1, index[..., None].expand(-1, -1, tokens.shape[-1]))
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        enc, dec = config.encoder, config.decoder
+        self.config = config
+        self.embed = nn.Conv2d(config.input_shape[0], enc.width, enc.patch_size, stride=enc.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, enc.width))
+        position_table(self, "pos_embed", enc)
+        self.blocks = nn.ModuleList(vit.Block(enc) for _ in range(enc.depth))
+        self.norm = nn.LayerNorm(enc.width)
+        self.decoder_embed = nn.Linear(enc.width, dec.width)
+        self.mask_token = nn.Parameter(0.02 * torch.randn(1, 1, dec.width))
+        position_table(self, "decoder_pos_embed", dec)
+        self.decoder_blocks = nn.ModuleList(vit.Block(dec) for _ in range(dec.depth))
+        self.decoder_norm = nn.LayerNorm(dec.width)
+        self.decoder_pred = nn.Linear(dec.width, config.patch_size**2 * config.input_shape[0])
+
+    def encode(self, x: Tensor, visible: Tensor) -> Tensor:
+        """The class token and the ``visible`` patches through the encoder. (n, 1 + visible, width)."""
+        tokens = self.embed(x).flatten(2).transpose(1, 2) + self.pos_embed[:, 1:]  # (n, patches, width)
+        cls = (self.cls_token + self.pos_embed[:, :1]).expand(x.shape[0], -1, -1)
+        z = torch.cat([cls, gather_tokens(tokens, visible)], dim=1)
+        for block in self.blocks:
+            z = block(z)
+        return self.norm(z)
+
+    def decode(self, latent: Tensor, visible: Tensor) -> Tensor:
+        """Mask tokens everywhere but at the ``visible`` patches, through the decoder. (n, patches, p·p·C)."""
+        y = self.decoder_embed(latent)  # (n, 1 + visible, decoder width)
+        index = visible[..., None].expand(-1, -1, y.shape[-1])
+        full = self.mask_token.expand(y.shape[0], self.config.patches, -1).scatter(1, index, y[:, 1:])
+        z = torch.cat([y[:, :1], full], dim=1) + self.decoder_pos_embed
+        for block in self.decoder_blocks:
+            z = block(z)
+        return self.decoder_pred(self.decoder_norm(z))[:, 1:]
+
+    def default_mask(self, n: int) -> Tensor:
+        """The masks of ``n`` images called without one: drawn from ``config.mask_seed``."""
+        generator = torch.Generator().manual_seed(self.config.mask_seed)
+        return random_masks(n, self.config.patches, self.config.mask_ratio, generator)
+
+    def predict(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The decoder's pixel predictions of every patch (the loss uses the masked ones). (n, patches, p·p·C)."""
+        mask = self.default_mask(x.shape[0]) if mask is None else mask
+        if mask.shape != (x.shape[0], self.config.patches):
+            raise ValueError(f"mask: shape {tuple(mask.shape)}, expected ({x.shape[0]}, {self.config.patches})")
+        visible = visible_indices(mask).to(x.device)
+        return self.decode(self.encode(x, visible), visible)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The MAE loss of images ``x`` (n, C, H, W) under ``mask`` (n, patches): MSE over masked patches."""
+        mask = self.default_mask(x.shape[0]) if mask is None else mask
+        target = pixel_targets(x, self.config.patch_size, self.config.norm_pix)
+        return masked_mse(self.predict(x, mask), target, mask.to(x.device))
+
+
+def permutation_spec(config: Config) -> PermutationSpec:
+    """The ViT's spec of the encoder (without its head), the decoder stream and the decoder's groups."""
+    encoder = vit.permutation_spec(config.encoder)
+    dec = config.decoder
+    parts = [
+        {k: v for k, v in encoder.axes.items() if not k.startswith("head.")},
+        dense("decoder_embed", DECODER, STREAM),
+        {"mask_token": (None, None, DECODER), "decoder_pos_embed": (None, None, DECODER)},
+        *(vit.block_spec(f"decoder_blocks.{k}", k, DECODER, DECODER) for k in range(dec.depth)),
+        norm("decoder_norm", DECODER, running_stats=False),
+        dense("decoder_pred", None, DECODER),
+    ]
+    return build_spec(*parts, heads={**encoder.heads, **vit.head_groups(dec.depth, dec.heads, DECODER)})
+
+
+def activation_points(config: Config) -> dict[str, list[str]]:
+    """The ViT's points of the encoder and the same of the decoder (its LayerNorms, q/k, v, GELUs)."""
+    return {
+        **vit.stack_points("blocks", "norm", config.depth),
+        **vit.stack_points("decoder_blocks", "decoder_norm", config.decoder_depth, DECODER, DECODER),
+    }
+
+
+def encoder_params(params: Mapping[str, Tensor]) -> Params:
+    """The encoder's entries of an MAE ``state_dict``: a probe's ViT takes them (its head apart)."""
+    return {k: v for k, v in params.items() if not k.startswith(("decoder_", "mask_token"))}
+
+
+def probe_config(config: Config, num_classes: int) -> vit.Config:
+    """The supervised ViT whose ``state_dict`` is :func:`encoder_params` plus a ``head`` of ``num_classes``."""
+    return dataclasses.replace(config.encoder, num_classes=num_classes)
