@@ -2,6 +2,9 @@
 MAE-pretrained ViTs (:mod:`lmclab.archs.mae`) and its barriers (the paper's Definition 2.1 with the MAE loss
 in place of the classification loss).
 
+Also the reconstruction error on masked and on visible patches apart (:func:`masked_visible_error`);
+the encoder's evaluation (linear probe, kNN) is :mod:`lmclab.analysis.mae_probe`.
+
 The masks are drawn once (:func:`fixed_masks`) and the same masks are used at every λ, so the curve
 measures the models, not the masking noise. The convention is the project's
 (:func:`lmclab.core.merge.interpolate`): ``θ(λ) = λ θa + (1 − λ) θb``, θa at λ = 1 and θb at λ = 0.
@@ -15,9 +18,25 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.archs.masking import random_masks
+from lmclab.archs.masking import pixel_targets, random_masks
 from lmclab.core.merge import interpolate
 from lmclab.core.metrics import barrier, midpoint_barrier
+
+
+class _Method(nn.Module):
+    """``model.<name>`` as a module's forward, so that :func:`functional_call` runs it with other parameters."""
+
+    def __init__(self, model: nn.Module, name: str) -> None:
+        super().__init__()
+        self.model, self.name = model, name
+
+    def forward(self, *args: object) -> Tensor:
+        return getattr(self.model, self.name)(*args)
+
+
+def functional_method(model: nn.Module, params: Mapping[str, Tensor], name: str, *args: object) -> Tensor:
+    """``model.<name>(*args)`` with ``params`` in place of the model's own (never mutated)."""
+    return functional_call(_Method(model, name), {f"model.{k}": v for k, v in params.items()}, args)
 
 
 def fixed_masks(n: int, patches: int, mask_ratio: float, seed: int) -> Tensor:
@@ -77,3 +96,25 @@ def reconstruction_barriers(rows: Sequence[dict]) -> dict[str, float]:
         "mae_loss_b": at[0.0],
         "mae_loss_mid": at[0.5],
     }
+
+
+@torch.no_grad()
+def masked_visible_error(
+    model: nn.Module, params: Mapping[str, Tensor], images: Tensor, masks: Tensor, *, batch_size: int = 256
+) -> dict[str, float]:
+    """``{masked, visible}``: the mean squared error per pixel of the decoder's predictions
+    (:meth:`~lmclab.archs.mae.Model.predict`) against the loss's targets, over the masked patches (the MAE
+    loss) and over the visible patches (which the loss never trains: how much the decoder copies its input)."""
+    if masks.shape[0] != images.shape[0]:
+        raise ValueError(f"masks: {masks.shape[0]} masks for {images.shape[0]} images")
+    config = model.config
+    sums, counts = {True: 0.0, False: 0.0}, {True: 0, False: 0}
+    for start in range(0, images.shape[0], batch_size):
+        x, mask = images[start : start + batch_size], masks[start : start + batch_size].to(images.device)
+        pred = functional_method(model, params, "predict", x, mask)
+        per_patch = (pred - pixel_targets(x, config.patch_size, config.norm_pix)).pow(2).mean(-1)  # (n, patches)
+        for hidden in (True, False):
+            chosen = mask if hidden else ~mask
+            sums[hidden] += float(per_patch[chosen].sum())
+            counts[hidden] += int(chosen.sum())
+    return {"masked": sums[True] / counts[True], "visible": sums[False] / counts[False]}

@@ -6,6 +6,7 @@ what they need of one."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -46,8 +47,11 @@ def make_config(arch: str, **fields: Any) -> Any:
 def build_model(arch: str, config: Any, seed: int | None = None) -> nn.Module:
     """The ``nn.Module``; with ``seed``, its initialisation is drawn from that seed only."""
     module = get_arch(arch)
-    if seed is None:
-        return module.Model(config)
+    return module.Model(config) if seed is None else seeded_model(module.Model, config, seed)
+
+
+def seeded_model(model_cls: Callable[[Any], nn.Module], config: Any, seed: int) -> nn.Module:
+    """``model_cls(config)`` initialised from ``seed`` only (the global generator is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return module.Model(config)
+        return model_cls(config)
