@@ -44,11 +44,15 @@ def check_mode(mode: str) -> None:
 
 
 def layer_names(spec: PermutationSpec, params: Mapping[str, Tensor]) -> list[str]:
-    """The ≥2-D weights that count as layers for R and spectra, in spec order."""
+    """The ≥2-D ``.weight`` s that count as layers for R and spectra, in spec order (a class token or a
+    position embedding is ≥2-D but no layer's weight)."""
     return [
         name
         for name in spec.axes
-        if name not in spec.stats and params[name].is_floating_point() and params[name].dim() >= 2
+        if name.endswith(".weight")
+        and name not in spec.stats
+        and params[name].is_floating_point()
+        and params[name].dim() >= 2
     ]
 
 
