@@ -22,7 +22,10 @@ HAND = [
     ("resnet20", {"width_multiplier": 1}, (3, 32, 32)),
     ("resnet50", {"width_multiplier": 0.25}, (3, 32, 32)),
     ("mixer", {"patch_size": 7, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2}, (1, 28, 28)),
+    ("vit", {"patch_size": 7, "width": 16, "depth": 2, "heads": 4}, (1, 28, 28)),
+    ("vit", {"patch_size": 7, "width": 32, "depth": 2, "heads": 2, "pool": "mean", "position": "sincos"}, (1, 28, 28)),
 ]
+HAND_IDS = ["mlp", "vgg", "resnet20", "resnet50", "mixer", "vit-cls-learned", "vit-mean-sincos"]
 SUPPORTED = [
     "resnet18",
     "resnet50",
@@ -49,13 +52,24 @@ def partition(spec: PermutationSpec) -> set[frozenset]:
     return {frozenset(places) for places in spec.groups.values()}
 
 
-@pytest.mark.parametrize("arch,options,shape", HAND, ids=[h[0] for h in HAND])
+def headed(spec: PermutationSpec) -> tuple[dict[frozenset, int], set[frozenset]]:
+    """The head count of each headed group (as its set of places) and the ties as sets of such groups:
+    equal up to renaming of groups and of ties."""
+    places = {g: frozenset(p) for g, p in spec.groups.items()}
+    ties: dict[str, set] = {}
+    for g, heads in spec.heads.items():
+        ties.setdefault(heads.tie, set()).add(places[g])
+    return {places[g]: heads.count for g, heads in spec.heads.items()}, {frozenset(t) for t in ties.values()}
+
+
+@pytest.mark.parametrize("arch,options,shape", HAND, ids=HAND_IDS)
 def test_traced_spec_equals_the_hand_written_one(arch, options, shape):
     config = make_config(arch, input_shape=shape, num_classes=10, **options)
     traced = trace_spec(build_model(arch, config), torch.zeros(2, *shape))
     hand = get_arch(arch).permutation_spec(config)
     assert set(traced.axes) == set(hand.axes)
     assert partition(traced) == partition(hand) and traced.stats == hand.stats
+    assert headed(traced) == headed(hand)
 
 
 def permuted_copy(name: str, model: nn.Module, spec: PermutationSpec, seed: int) -> tuple[nn.Module, dict]:
@@ -359,12 +373,13 @@ class Forward(nn.Module):
             r"node 'flatten'.*a flatten of two permuted axes into one",
         ),
         (lambda m, x: m.a(x).mean(2), r"node 'mean'.*a mean over a permuted axis"),
+        (lambda m, x: m.a(x)[:, :, 0], r"node 'getitem'.*an index that picks units of a permuted axis"),
         (
             lambda m, x: m.conv(m.a(x.reshape(-1, 1, 4, 5).expand(-1, 3, -1, -1))),
             r"node 'conv': Conv2d in conv .*a convolution over a permuted axis that is not its channel axis",
         ),
     ],
-    ids=["flatten-two-permuted-axes", "mean-over-permuted-axis", "conv-over-permuted-width"],
+    ids=["flatten-two-permuted-axes", "mean-over-permuted-axis", "index-a-unit", "conv-over-permuted-width"],
 )
 def test_what_mixes_a_permuted_axis_with_others_is_refused(forward, message):
     with pytest.raises(TraceError, match=message):

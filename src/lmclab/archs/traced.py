@@ -2,7 +2,8 @@
 (``lmclab.trace``): ``model.arch: traced`` with ``model.traced.factory`` = ``module:callable``
 (e.g. ``torchvision.models:resnet18``, an installed package's, or the repository's own file:
 ``nets.mine:build`` for ``nets/mine.py``; list that file under the train stage's deps in dvc.yaml so
-that editing it retrains).
+that editing it retrains). Attention gives headed groups (:mod:`lmclab.trace.attention`), e.g.
+``torchvision.models:vit_b_16`` with ``kwargs: {image_size: 32}`` on 3 × 32 × 32 inputs.
 
 The factory is called with ``model.traced.kwargs``, plus ``num_classes`` when it takes that keyword
 and the kwargs do not set it. ``in_channels`` is the number of input channels the network expects:

@@ -21,11 +21,18 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
 - ``flatten`` (or the equal ``reshape``) of ``C × H × W`` maps each channel onto a block of ``H·W``
   features (a composite axis, :class:`lmclab.core.spec.Segment`); ``cat`` along the channel axis joins the
   groups side by side (one segment each);
+- multi-head attention (:mod:`lmclab.trace.attention`): a reshape of one group's units into
+  ``(heads, d)`` makes the group headed (``PermutationSpec.heads``); ``q @ kᵀ`` makes the query and key
+  groups one, ``softmax(…) @ v`` ties the value group's head order to theirs; ``nn.MultiheadAttention``
+  is a leaf whose ``in_proj_weight`` rows are three segments (Q, K: one headed group; V: another, tied);
+- an index by ints and full slices (``x[:, 0]``) keeps the axes it does not pick from; a class token
+  (a parameter, ``expand``-ed) concatenated to the tokens is permuted as they are;
 - the model's inputs and outputs are never permuted.
 
 Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel
 shuffle), a grouped conv reading segments that split its groups, a flatten or mean over a permuted
-axis mixed with others, attention — is refused with one line naming the graph node,
+axis mixed with others, an op over heads it cannot prove (a Linear across heads, a mean over them,
+heads of different counts) — is refused with one line naming the graph node,
 its op and the module path; with ``partial=True`` the groups reaching it are left unpermuted instead.
 Nothing is guessed: the tests check the result by invariance of the function in float64.
 """

@@ -3,26 +3,32 @@ change a tensor's shape live in :mod:`lmclab.trace.shapes`)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import fx, nn
 
+from lmclab.core.heads import Heads
 from lmclab.core.spec import Entry, PermutationSpec, Segment, stats_of
+from lmclab.trace.attention import AttentionRules
 from lmclab.trace.groups import (
     CARRY_FUNCTIONS,
     CARRY_MODULES,
     FIXED,
+    MATMUL_FUNCTIONS,
     MERGE_FUNCTIONS,
     POOL_FUNCTIONS,
     POOL_MODULES,
+    SOFTMAX_FUNCTIONS,
     Groups,
     Layout,
-    Seg,
     Tag,
     TraceError,
+    Within,
 )
+from lmclab.trace.layers import LayerRules
 from lmclab.trace.shapes import ShapeRules
 
 
@@ -40,7 +46,7 @@ def _op_name(node: fx.Node, model: nn.Module) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-class GraphTracer(ShapeRules):
+class GraphTracer(LayerRules, ShapeRules, AttentionRules):
     """One pass over the graph in topological order, tagging each node's output."""
 
     def __init__(self, gm: fx.GraphModule, partial: bool) -> None:
@@ -50,6 +56,7 @@ class GraphTracer(ShapeRules):
         self.writers: dict[int, list[tuple[str, str]]] = {}  # group -> (norm | layer, activation point)
         self.state_keys = set(gm.state_dict())
         self.names: dict[int, str] = {}  # union-find root -> P_k, filled by result()
+        self.attention_heads: dict[fx.Node, tuple[int, int, int]] = {}  # MultiheadAttention -> (tie, H, ndim)
 
     # ---- helpers ----------------------------------------------------------------------------
     def tag(self, arg: object) -> Tag | None:
@@ -92,9 +99,14 @@ class GraphTracer(ShapeRules):
         different blocks, the finer group is coarsened to the longer runs (grouped conv ⊙ its SE scale)."""
         if a is None or b is None:
             return a is None and b is None
+        if any(isinstance(s, Within) for s in (*a, *b)):  # per-head features: of one group, or not alike
+            if not (len(a) == len(b) == 1 and type(a[0]) is type(b[0]) and a[0].length == b[0].length):
+                return False
+            return self.groups.joinable(a[0].gid, b[0].gid) and self.groups.union(a[0].gid, b[0].gid) is not None
         a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
         if [s.length for s in a] != [s.length for s in b] or any(
-            max(x.block, y.block) % min(x.block, y.block) for x, y in zip(a, b, strict=True)
+            max(x.block, y.block) % min(x.block, y.block) or not self.groups.joinable(x.gid, y.gid)
+            for x, y in zip(a, b, strict=True)
         ):
             return False
         for x, y in zip(a, b, strict=True):
@@ -105,6 +117,8 @@ class GraphTracer(ShapeRules):
 
     def record(self, name: str, layouts: Sequence[Layout]) -> None:
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
+        if any(self.is_headed(s) for lay in layouts if lay is not None for s in lay):
+            raise TraceError(f"trace_spec: {name!r} would be permuted along a head axis, which no spec can say")
         if name in self.axes:
             if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts, strict=True)):
                 raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
@@ -119,15 +133,22 @@ class GraphTracer(ShapeRules):
             elif node.op == "output":
                 for t in self.tagged_inputs(node):  # outputs are never permuted
                     self.pin(t.gids)
+                self.pin([self.attention_heads[a][0] for a in node.all_input_nodes if a in self.attention_heads])
             elif node.op == "call_module":
                 self.module(node, self.gm.get_submodule(str(node.target)))
             else:
                 self.function(node)
+            if (t := self.tags.get(node)) is not None and not self.well_formed(t):
+                self.refuse(node, "per-head features beside no axis of their heads, or two")
 
     def module(self, node: fx.Node, module: nn.Module) -> None:
         name, x = str(node.target), node.args[0] if node.args else None
         t_in = self.tag(x)
-        if isinstance(module, nn.Linear):
+        if not self.knows_heads(node, [t_in], module):
+            return self.refuse(node, "an operation over heads or per-head features it does not know")
+        if isinstance(module, nn.MultiheadAttention):
+            self.attention(node, name, module)
+        elif isinstance(module, nn.Linear):
             self.layer(node, name, module, t_in, len(self.shape(node)) - 1, spatial=0)
         elif isinstance(module, nn.Conv2d):
             if t_in is not None and self.live(t_in) not in ([], [1]):
@@ -143,70 +164,6 @@ class GraphTracer(ShapeRules):
             self.refuse(node, "an operation the tracer does not know")
         else:
             self.tags[node] = None
-
-    def layer(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None, axis: int, spatial: int) -> None:
-        """Linear (``axis`` last) or ungrouped conv (``axis`` 1): a new group on the output's ``axis``, the
-        input's layout of it on the weight's axis 1. The input's other permuted axes pass through: a Linear
-        maps every position of them alike (a Mixer's token MLP keeps the channels' permutation)."""
-        g, shape = self.groups.new(), self.shape(node)
-        self.write(g, "layer", name, axis, len(shape))
-        self.record(f"{name}.weight", [(Seg(g, shape[axis]),), t_in.at(axis) if t_in else None] + [None] * spatial)
-        if getattr(module, "bias", None) is not None:
-            self.record(f"{name}.bias", [(Seg(g, shape[axis]),)])
-        base = t_in.layouts if t_in and not spatial else (None,) * len(shape)  # a conv's spatial axes: none
-        self.tags[node] = Tag.of(base[:axis] + ((Seg(g, shape[axis]),),) + base[axis + 1 :])
-
-    def conv(self, node: fx.Node, name: str, module: nn.Conv2d, t_in: Tag | None) -> None:
-        if module.groups == 1:
-            return self.layer(node, name, module, t_in, 1, spatial=2)
-        c_in, c_out = module.in_channels // module.groups, module.out_channels // module.groups
-        if t_in is None or t_in.at(1) is None:  # the conv's groups stay in place: a new group, pinned
-            layout: tuple[Seg, ...] = (Seg(self.groups.union(self.groups.new(), FIXED), module.out_channels, c_out),)
-        elif (layout := self.grouped_output(t_in, c_in, c_out)) is None:
-            return self.refuse(
-                node,
-                f"a grouped convolution ({module.groups} groups of {c_in} channels) reading "
-                "segments that do not hold whole groups",
-            )
-        self.record(f"{name}.weight", [layout, None, None, None])
-        if module.bias is not None:
-            self.record(f"{name}.bias", [layout])
-        self.tags[node] = Tag.of((None, layout, None, None))
-
-    def grouped_output(self, t_in: Tag, c_in: int, c_out: int) -> tuple[Seg, ...] | None:
-        """A grouped conv (depthwise: ``c_in = 1``) maps its input's conv groups onto its output's: permuting
-        whole groups of ``c_in`` input channels permutes the groups of ``c_out`` outputs alike (no permutation
-        inside a group is a symmetry of the kernel's shared input axis). Each input segment is coarsened to
-        runs of whole groups; None when a segment does not hold whole groups."""
-        out = []
-        for seg in map(self.groups.resolve, t_in.at(1)):
-            if seg.length % c_in:
-                return None
-            if seg.block % c_in:  # runs shorter than a group: permute whole groups only
-                if c_in % seg.block:
-                    return None
-                seg = self.groups.resolve(Seg(self.groups.coarsen(seg.gid, c_in // seg.block), seg.length, c_in))
-            out.append(Seg(seg.gid, seg.length // c_in * c_out, seg.block // c_in * c_out))
-        return tuple(out)
-
-    def norm(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None) -> None:
-        """BatchNorm (channels on axis 1, statistics over all other axes) or LayerNorm over the last axis: its
-        parameters and statistics take the layout of that axis; other permuted axes pass through."""
-        shape = self.shape(node)
-        axis = len(shape) - 1 if isinstance(module, nn.LayerNorm) else 1
-        if (
-            isinstance(module, nn.LayerNorm)
-            and t_in is not None
-            and len(module.normalized_shape) > 1
-            and any(a >= len(shape) - len(module.normalized_shape) for a in self.live(t_in))
-        ):
-            return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
-        if t_in is not None:
-            if t_in.plain(axis):  # the axis holds exactly the units of one group: an activation point
-                self.write(t_in.at(axis)[0].gid, "norm", name, axis, len(shape))
-            for key, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [t_in.at(axis)])
-        self.tags[node] = t_in
 
     def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
         shape_in = self.shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
@@ -228,9 +185,13 @@ class GraphTracer(ShapeRules):
     def function(self, node: fx.Node) -> None:
         target, tagged = node.target, self.tagged_inputs(node)
         method = target if node.op == "call_method" else None
+        if target is operator.getitem and node.args[0] in self.attention_heads:
+            return self.attention_item(node, node.args[0])
+        if not self.knows_heads(node, tagged):
+            return self.refuse(node, "an operation over heads or per-head features it does not know")
         if not tagged:
             self.tags[node] = None
-        elif target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__"):
+        elif target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub"):
             self.merge(node)
         elif target in CARRY_FUNCTIONS or method in ("relu", "relu_", "sigmoid", "tanh", "contiguous", "clone"):
             self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
@@ -242,6 +203,12 @@ class GraphTracer(ShapeRules):
             self.reshape(node, tagged[0])
         elif target in (torch.cat, torch.concat, torch.concatenate):
             self.cat(node)
+        elif target in SOFTMAX_FUNCTIONS or method == "softmax":
+            self.softmax(node, tagged[0])
+        elif target in MATMUL_FUNCTIONS:
+            self.matmul(node)
+        elif target is operator.getitem and self.shape(node) is not None and self.shape(node.args[0]) is not None:
+            self.index(node, tagged[0])
         elif target is torch.mean or method == "mean":
             self.reduce(node, tagged[0])
         elif target in (torch.transpose, torch.permute, torch.swapaxes) or method in (
@@ -271,6 +238,10 @@ class GraphTracer(ShapeRules):
         for a in tensors:
             s, offset = self.shape(a), len(shape) - len(self.shape(a))
             if self.tag(a) is None and a.op == "get_attr" and a.target in self.state_keys:
+                if any(
+                    out[k + offset] and any(map(self.is_headed, out[k + offset])) for k, n in enumerate(s) if n != 1
+                ):
+                    return self.refuse(node, "a parameter varying along heads or per-head features")
                 self.record(str(a.target), [None if n == 1 else out[k + offset] for k, n in enumerate(s)])
                 continue
             self.pin(
@@ -304,9 +275,16 @@ class GraphTracer(ShapeRules):
 
     def result(self, model: nn.Module) -> Traced:
         """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
+        self.groups.pin_ties()
         axes = {
             key: tuple(self.entry(lay) for lay in self.axes[key]) if key in self.axes else (None,) * value.dim()
             for key, value in model.state_dict().items()
+        }
+        ties: dict[int, str] = {}
+        heads = {
+            self.names[root]: Heads(count, ties.setdefault(self.groups.find(tie), f"P_heads_{len(ties)}"))
+            for root, (count, tie) in self.groups.heads.items()
+            if root in self.names
         }
         found: dict[str, dict[str, list[str]]] = {}
         for gid, points in self.writers.items():
@@ -314,7 +292,7 @@ class GraphTracer(ShapeRules):
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        return Traced(PermutationSpec(axes=axes, stats=stats_of(axes)), points)
+        return Traced(PermutationSpec(axes=axes, stats=stats_of(axes), heads=heads), points)
 
 
 class Traced(NamedTuple):

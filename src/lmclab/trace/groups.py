@@ -52,7 +52,20 @@ CARRY_FUNCTIONS = {
     *POOL_FUNCTIONS,
     torchvision.ops.stochastic_depth,
 }  # drops whole samples (or the whole batch), never channels
-MERGE_FUNCTIONS = {operator.add, torch.add, operator.mul, torch.mul, operator.iadd, operator.imul}
+MERGE_FUNCTIONS = {
+    operator.add,
+    torch.add,
+    operator.mul,
+    torch.mul,
+    operator.iadd,
+    operator.imul,
+    operator.sub,
+    torch.sub,
+    operator.truediv,
+    torch.div,
+}
+SOFTMAX_FUNCTIONS = {torch.softmax, torch.nn.functional.softmax}
+MATMUL_FUNCTIONS = {operator.matmul, torch.matmul}
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,18 @@ class Seg:
     block: int = 1
 
 
-Layout = tuple[Seg, ...] | None  # one axis: segments of union-find elements, or never permuted
+@dataclass(frozen=True)
+class Within:
+    """An axis of the ``length`` features of each head of the headed group ``gid`` (a ``(…, H, d)`` reshape
+    of its units): the features of head ``h`` are permuted by ``τ_h``, so the permutation of this axis
+    depends on the position along the tensor's head axis (the one segment ``Seg(tie, H)`` of ``gid``'s tie)."""
+
+    gid: int
+    length: int
+    block: int = 1
+
+
+Layout = tuple[Seg | Within, ...] | None  # one axis: segments of union-find elements, or never permuted
 
 
 @dataclass(frozen=True)
@@ -116,6 +140,8 @@ class Groups:
     def __init__(self) -> None:
         self.parent: dict[int, int] = {FIXED: FIXED}
         self.coarse: dict[int, tuple[int, int]] = {}  # root -> (coarse gid, factor)
+        self.heads: dict[int, tuple[int, int]] = {}  # root of a headed group -> (head count, its tie)
+        self.ties: set[int] = set()  # elements that are head orders σ (a head axis), never spec groups
 
     def new(self) -> int:
         gid = len(self.parent) - 1
@@ -142,12 +168,55 @@ class Groups:
             )
         return coarse
 
+    def headed(self, gid: int, count: int) -> int:
+        """Mark ``gid``'s group as ``count`` heads; its tie (a new element of :attr:`ties` the first time)."""
+        root = self.find(gid)
+        if root == FIXED:
+            return FIXED
+        if root not in self.heads:
+            tie = self.new()
+            self.ties.add(tie)
+            self.heads[root] = (count, tie)
+        if self.heads[root][0] != count:
+            raise TraceError(f"trace_spec: one group is split into {self.heads[root][0]} and into {count} heads")
+        return self.find(self.heads[root][1])
+
+    def tie_of(self, gid: int) -> int | None:
+        """The head order of ``gid``'s group (None: not headed)."""
+        found = self.heads.get(self.find(gid))
+        return None if found is None else self.find(found[1])
+
+    def joinable(self, a: int, b: int) -> bool:
+        """Two elements may be one: not a head order and a group, nor groups of different head counts
+        (a pinned element joins anything: it pins the other)."""
+        ra, rb = self.find(a), self.find(b)
+        if FIXED in (ra, rb) or ra == rb:
+            return True
+        counts = [self.heads[r][0] for r in (ra, rb) if r in self.heads]
+        return (ra in self.ties) == (rb in self.ties) and len(set(counts)) <= 1
+
+    def pin_ties(self) -> None:
+        """A pinned head order pins every group it orders (their σ is the identity, which no
+        :class:`~lmclab.core.heads.Heads` can say), and a pinned headed group pins its order (in union)."""
+        while pinned := [r for r, (_, tie) in self.heads.items() if self.find(tie) == FIXED]:
+            for root in pinned:
+                self.union(root, FIXED)
+
     def union(self, a: int, b: int) -> int:
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return ra
         root, child = (ra, rb) if ra == FIXED or (rb != FIXED and ra < rb) else (rb, ra)
         self.parent[child] = root
+        if child in self.ties and root != FIXED:
+            self.ties.add(root)
+        if (headed := self.heads.pop(child, None)) is not None:
+            if root == FIXED:
+                self.union(headed[1], FIXED)
+            elif root in self.heads:  # one group: one head count (joinable), one head order
+                self.union(self.heads[root][1], headed[1])
+            else:
+                self.heads[root] = headed
         moved = self.coarse.pop(child, None)
         if root == FIXED and moved:
             self.union(moved[0], FIXED)

@@ -7,7 +7,8 @@ equal to it, transposes, concatenation and means. Mixed into :class:`lmclab.trac
 - ``transpose``/``permute`` move the permuted axes with their layouts;
 - ``cat`` along a permuted axis joins the segments of its operands (an unpermuted operand becomes a
   segment that is never permuted); on every other axis its operands must be permuted alike;
-- a mean over other axes keeps the permuted ones.
+- a mean over other axes keeps the permuted ones;
+- an index by ints and full slices (``x[:, 0]``, the class token) keeps the permuted axes it does not pick from.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class ShapeRules:
         shape_in, lays = self.shape(node.args[0]), t_in.layouts
         start, end = start % len(shape_in), end % len(shape_in)
         inside = [a for a in self.live(t_in) if start <= a <= end]
+        if any(self.is_headed(s) for a in inside for s in lays[a]):
+            if (joined := self.joined_heads(lays, inside, start, end)) is None:
+                return self.refuse(node, "a flatten that does not join a head axis to the features of its heads")
+            self.tags[node] = Tag.of(lays[:start] + (joined,) + lays[end + 1 :])
+            return
         if len(inside) > 1:
             return self.refuse(node, "a flatten of two permuted axes into one")
         if inside and any(n != 1 for n in shape_in[start : inside[0]]):
@@ -49,20 +55,21 @@ class ShapeRules:
         self.tags[node] = Tag.of(lays[:start] + (merged,) + lays[end + 1 :])
 
     def reshape(self, node: fx.Node, t_in: Tag) -> None:
-        """A reshape that keeps the permuted axes (reshaping only others) or flattens one into the axes
-        after it; anything else (a channel shuffle) is refused."""
+        """A reshape that keeps the permuted axes (reshaping only others), flattens one into the axes
+        after it, or splits one group's units into ``(heads, d)`` (:mod:`lmclab.trace.attention`); anything
+        else (a channel shuffle) is refused."""
         shape_in, shape = self.shape(node.args[0]), self.shape(node)
         n, head, tail = min(len(shape_in), len(shape)), 0, 0
         while head < n and shape_in[head] == shape[head]:
             head += 1
         while tail < n - head and shape_in[-1 - tail] == shape[-1 - tail]:
             tail += 1
-        lays = t_in.layouts
+        lays, split = t_in.layouts, len(shape_in) - head - tail == 1 and len(shape) - head - tail == 2
         if not any(head <= a < len(shape_in) - tail for a in self.live(t_in)):  # permuted axes untouched
             self.tags[node] = Tag.of(lays[:head] + (None,) * (len(shape) - head - tail) + lays[len(lays) - tail :])
         elif len(shape) - head - tail == 1:  # = flatten(x, head, -1 - tail)
             self.flatten(node, t_in, head, len(shape_in) - 1 - tail)
-        else:
+        elif not (split and self.split_heads(node, t_in, head, *shape[head : head + 2])):
             self.refuse(node, f"a reshape {shape_in} -> {shape} it cannot follow")
 
     def move(self, node: fx.Node, t_in: Tag) -> None:
@@ -77,13 +84,26 @@ class ShapeRules:
         out: list[Layout] = []
         for axis in range(len(shape)):
             lays = [t.at(axis) if t is not None else None for t in tags]
-            if axis == dim or all(lay is None for lay in lays):
+            present = [lay for lay in lays if lay is not None]
+            if axis == dim or not present:
                 out.append(self.joined(tensors, lays, dim) if axis == dim else None)
-            elif any(lay is None for lay in lays) or not all(self.unite(lays[0], lay) for lay in lays[1:]):
+            elif any(
+                lay is None and self.parameter(a) is None for a, lay in zip(tensors, lays, strict=True)
+            ) or not all(self.unite(present[0], lay) for lay in present[1:]):
                 return self.refuse(node, "a concatenation of tensors permuted on another axis, not alike")
             else:
-                out.append(lays[0])
+                out.append(present[0])
+        for a, t in zip(tensors, tags, strict=True):  # a class token: permuted as the tokens it joins
+            if t is None and (param := self.parameter(a)) is not None:
+                s, offset = self.shape(param), len(shape) - len(self.shape(param))
+                self.record(str(param.target), [None if n == 1 else out[k + offset] for k, n in enumerate(s)])
         self.tags[node] = Tag.of(out)
+
+    def parameter(self, arg: fx.Node) -> fx.Node | None:
+        """The parameter or buffer of the model that ``arg`` is, or broadcasts (``expand``)."""
+        while arg.op == "call_method" and arg.target == "expand":
+            arg = arg.args[0]
+        return arg if arg.op == "get_attr" and arg.target in self.state_keys else None
 
     def joined(self, tensors: list[fx.Node], lays: list[Layout], dim: int) -> Layout:
         """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand."""
@@ -96,6 +116,30 @@ class ShapeRules:
                 lay if lay is not None else (Seg(self.groups.union(self.groups.new(), FIXED), self.shape(a)[dim]),)
             )
         )
+
+    def index(self, node: fx.Node, t_in: Tag) -> None:
+        """``x[i, :, None, …]`` with ints, slices and ``None``: an int drops an axis, ``None`` adds one; an
+        int or a partial slice on a permuted axis (one unit, or some) is refused."""
+        items = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        ndim = len(self.shape(node.args[0]))
+        if sum(i is Ellipsis for i in items) > 1 or not all(
+            i is None or isinstance(i, (int, slice)) or i is Ellipsis for i in items
+        ):
+            return self.refuse(node, "an index by tensors")
+        rest = ndim - sum(i is not None and i is not Ellipsis for i in items)
+        items = [j for i in items for j in ([slice(None)] * rest if i is Ellipsis else [i])]
+        items += [slice(None)] * (ndim + sum(i is None for i in items) - len(items))
+        out, axis, live = [], 0, self.live(t_in)
+        for i in items:
+            if i is None:
+                out.append(None)
+                continue
+            if axis in live and i != slice(None):
+                return self.refuse(node, "an index that picks units of a permuted axis")
+            if isinstance(i, slice):
+                out.append(t_in.at(axis) if i == slice(None) else None)
+            axis += 1
+        self.tags[node] = Tag.of(out)
 
     def reduce(self, node: fx.Node, t_in: Tag) -> None:
         shape_in, shape = self.shape(node.args[0]), self.shape(node)

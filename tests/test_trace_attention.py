@@ -1,0 +1,261 @@
+"""The tracer on attention (lmclab.trace.attention): torchvision's VisionTransformer (nn.MultiheadAttention
+as a leaf) is invariant in float64 under random headed permutations of its traced spec and not under
+permutations that cross heads or untie them; what it cannot prove about heads is refused in one line.
+(The project's own ViT, written with separate q/k/v Linears, is compared to its hand-written spec in
+tests/test_trace.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torchvision.models.vision_transformer import VisionTransformer
+
+from lmclab.archs import build_model, get_arch, make_config
+from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
+from lmclab.search.weight_matching import weight_matching
+from lmclab.trace import TraceError, trace_spec
+
+SMALL = {"image_size": 28, "patch_size": 7, "num_layers": 2, "num_heads": 4, "hidden_dim": 16, "mlp_dim": 32}
+
+
+def small_vit(seed: int = 0) -> nn.Module:
+    """The small VisionTransformer in float64, eval mode, with every weight random (torchvision zeroes
+    the head and the class token, which would hide the function)."""
+    torch.manual_seed(seed)
+    model = VisionTransformer(**SMALL, num_classes=10).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 1 / math.sqrt(p.shape[-1]) if p.dim() > 1 else 0.3)
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def logits_after(model: nn.Module, spec: PermutationSpec, perm: dict, x: torch.Tensor) -> torch.Tensor:
+    copy = small_vit()
+    copy.load_state_dict(apply_permutation(spec, perm, model.state_dict()))
+    with torch.no_grad():
+        return copy(x)
+
+
+@pytest.fixture(scope="module")
+def traced():
+    model, x = small_vit(), torch.randn(3, 3, 28, 28, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    spec.check(model.state_dict())
+    with torch.no_grad():
+        expected = model(x)
+    assert (expected[0] - expected[1]).abs().max() > 1e-3 * expected.abs().max()  # the logits depend on x
+    return model, x, spec, expected
+
+
+def test_the_traced_spec_of_multihead_attention_is_headed_and_tied(traced):
+    _, _, spec, _ = traced
+    attn = "encoder.layers.encoder_layer_0.self_attention"
+    q, k, v = spec.axes[f"{attn}.in_proj_weight"][0]
+    assert q == k and q.group != v.group and (q.length, v.length, q.block) == (16, 16, 1)
+    assert spec.axes[f"{attn}.out_proj.weight"] == (spec.axes["encoder.ln.weight"][0], v.group)
+    assert spec.axes[f"{attn}.in_proj_bias"] == (spec.axes[f"{attn}.in_proj_weight"][0],)
+    assert spec.heads[q.group].count == spec.heads[v.group].count == 4
+    assert spec.heads[q.group].tie == spec.heads[v.group].tie and len(spec.heads) == 4
+    assert len({h.tie for h in spec.heads.values()}) == 2  # one head order per layer
+    assert (
+        spec.axes["class_token"]
+        == spec.axes["encoder.pos_embedding"]
+        == (None, None, spec.axes["encoder.ln.weight"][0])
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_headed_permutations_leave_torchvision_vit_unchanged(traced, seed):
+    model, x, spec, expected = traced
+    sizes = spec.group_sizes(model.state_dict())
+    perm = random_permutation(sizes, torch.Generator().manual_seed(seed), spec.heads)
+    assert all(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
+    got = logits_after(model, spec, perm, x)
+    assert (got - expected).abs().max() <= 1e-12 * expected.abs().max()
+
+
+def test_permutations_that_cross_heads_or_untie_them_change_the_logits(traced):
+    """The negative controls: the heads are a real restriction, and so is the tie."""
+    model, x, spec, expected = traced
+    sizes = spec.group_sizes(model.state_dict())
+    perm = random_permutation(sizes, torch.Generator().manual_seed(4), spec.heads)
+    qk = spec.axes["encoder.layers.encoder_layer_0.self_attention.in_proj_weight"][0][0].group
+    vo = spec.axes["encoder.layers.encoder_layer_0.self_attention.out_proj.weight"][1]
+    crossing = {**perm, qk: torch.randperm(16, generator=torch.Generator().manual_seed(5))}
+    untied = {**perm, vo: (perm[vo].reshape(4, 4)[[1, 0, 2, 3]]).reshape(-1)}  # another head order for V/O only
+    for bad in (crossing, untied):
+        assert (logits_after(model, spec, bad, x) - expected).abs().max() > 1e-3 * expected.abs().max()
+
+
+def test_weight_matching_on_the_traced_spec_recovers_a_permuted_vit(traced):
+    model, _, spec, _ = traced
+    params_a = model.state_dict()
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(6), spec.heads)
+    params_b = apply_permutation(spec, perm, params_a)
+    found = weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
+    back = apply_permutation(spec, found.perm, params_b)
+    assert all(torch.equal(back[k], v) for k, v in spec.matched(params_a).items())
+
+
+def test_the_traced_architecture_builds_vit_b_16():
+    config = make_config(
+        "traced",
+        input_shape=(3, 32, 32),
+        num_classes=10,
+        factory="torchvision.models:vit_b_16",
+        kwargs={"image_size": 32},
+    )
+    spec = get_arch("traced").permutation_spec(config)
+    spec.check(build_model("traced", config).state_dict())
+    assert len(spec.heads) == 2 * 12 and {h.count for h in spec.heads.values()} == {12}
+    assert len({h.tie for h in spec.heads.values()}) == 12
+
+
+class Attention(nn.Module):
+    """Self-attention with separate q/k/v Linears (4 heads of 4) and a ``forward`` given as a function."""
+
+    def __init__(self, forward) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.out = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.k1, self.v1, self.mix = nn.Linear(16, 4), nn.Linear(16, 4), nn.Linear(4, 4)
+        self.f = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, tokens, 16)
+        return self.f(self, x)
+
+
+def heads(x: torch.Tensor, count: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], x.shape[1], count, -1).transpose(1, 2)
+
+
+def merged(o: torch.Tensor) -> torch.Tensor:
+    return o.transpose(1, 2).reshape(o.shape[0], o.shape[2], -1)
+
+
+def attend(m: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mix=None) -> torch.Tensor:
+    logits = q @ k.transpose(-2, -1)
+    if mix is not None:
+        logits = mix(logits)
+    return m.out(merged(torch.softmax(logits, dim=-1) @ v)) + x
+
+
+REFUSED = {
+    "multi-query": (  # one key head for four query heads: τ would have to be shared by every head
+        lambda m, x: attend(m, x, heads(m.q(x), 4), heads(m.k1(x), 1), heads(m.v1(x), 1)),
+        r"node 'matmul': matmul .*a product over an axis its operands permute differently",
+    ),
+    "two-head-counts": (  # one group split into 4 heads for q, 2 for k
+        lambda m, x: (
+            attend(m, x, heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4)) + m.out(merged(heads(m.q(x), 2)))
+        ),
+        r"node 'reshape_4'.*a split into 2 heads of a group split into 4 heads elsewhere",
+    ),
+    "heads-not-batched": (  # q @ kᵀ with the heads left beside the features: logits between heads
+        lambda m, x: m.out(
+            (
+                torch.softmax(m.q(x).reshape(2, 9, 4, 4) @ m.k(x).reshape(2, 9, 4, 4).transpose(-2, -1), dim=-1)
+                @ m.v(x).reshape(2, 9, 4, 4)
+            ).reshape(2, 9, 16)
+        ),
+        r"node 'matmul': matmul .*a product over the features of heads that are not one batch axis",
+    ),
+    "talking-heads": (  # a Linear mixing the heads of the logits
+        lambda m, x: attend(
+            m,
+            x,
+            heads(m.q(x), 4),
+            heads(m.k(x), 4),
+            heads(m.v(x), 4),
+            lambda w: m.mix(w.transpose(1, -1)).transpose(1, -1),
+        ),
+        r"node 'mix': Linear in mix .*an operation over heads or per-head features it does not know",
+    ),
+    "softmax-across-heads": (
+        lambda m, x: m.out(merged(torch.softmax(heads(m.v(x), 4), dim=1))),
+        r"node 'softmax': softmax .*a softmax across heads whose features are permuted per head",
+    ),
+    "outer-product-of-heads": (  # (…, H, 1, t, d) * (…, 1, H, t, d): two head axes, features permuted per head
+        lambda m, x: m.out(merged((heads(m.v(x), 4)[:, None] * heads(m.v(x), 4)[:, :, None]).sum(1))),
+        r"node 'mul': mul .*per-head features beside no axis of their heads, or two",
+    ),
+    "mean-over-heads": (
+        lambda m, x: m.out(torch.cat([heads(m.v(x), 4).mean(1)] * 4, dim=-1)),
+        r"node 'mean': mean .*an operation over heads or per-head features",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_attention_it_cannot_prove_is_refused_in_one_line(name):
+    forward, message = REFUSED[name]
+    with pytest.raises(TraceError, match=message) as err:
+        trace_spec(Attention(forward), torch.zeros(2, 9, 16))
+    assert "\n" not in str(err.value)
+
+
+def test_the_same_attention_with_shared_heads_is_traced():
+    """The control of the refusals: the plain form of the module above is traced, headed and tied."""
+    spec = trace_spec(
+        Attention(lambda m, x: attend(m, x, heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4))),
+        torch.zeros(2, 9, 16),
+    )
+    (qk, stream), (vo, _) = spec.axes["q.weight"], spec.axes["v.weight"]
+    assert spec.axes["k.weight"] == (qk, stream) and spec.axes["out.weight"] == (stream, vo)
+    assert spec.heads[qk].count == spec.heads[vo].count == 4 and spec.heads[qk].tie == spec.heads[vo].tie
+
+
+def weights_out(m: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4)
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return m.out(merged(weights @ v)) + x, weights
+
+
+def queries_out(m: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    q = m.q(x)
+    return attend(m, x, heads(q, 4), heads(m.k(x), 4), heads(m.v(x), 4)), q
+
+
+@pytest.mark.parametrize("forward", [weights_out, queries_out], ids=["per-head-weights", "queries"])
+def test_an_output_fixing_the_head_order_pins_every_group_it_orders(forward):
+    """Per-head weights (or the queries) leave the model unpermuted: σ is the identity, so no group it
+    orders may stay headed (a Heads would draw another σ): q/k and v/o are pinned."""
+    spec = trace_spec(Attention(forward), torch.zeros(2, 9, 16))
+    assert not spec.heads and spec.axes["q.weight"] == spec.axes["v.weight"] == (None, None)
+    assert not spec.groups  # (the stream holds the input: never permuted)
+
+
+class Leaf(nn.Module):
+    """``nn.MultiheadAttention`` (4 heads of 4) after a Linear, returning ``out(attention(h, h, h))``."""
+
+    def __init__(self, returned) -> None:
+        super().__init__()
+        self.proj, self.attn, self.returned = (
+            nn.Linear(16, 16),
+            nn.MultiheadAttention(16, 4, batch_first=True),
+            returned,
+        )
+
+    def forward(self, x: torch.Tensor):
+        h = self.proj(x)
+        return self.returned(self.attn(h, h, h, average_attn_weights=False), self.attn(h, h, h)[1])
+
+
+@pytest.mark.parametrize(
+    "returned,headed",
+    [
+        (lambda both, averaged: both[0] + averaged.sum(), True),  # weights averaged over heads: invariant
+        (lambda both, averaged: both, False),  # the tuple itself, per-head weights included
+        (lambda both, averaged: both[1], False),  # per-head weights
+    ],
+    ids=["output-and-averaged-weights", "the-tuple", "per-head-weights"],
+)
+def test_multihead_attention_weights_per_head_in_the_output_pin_its_head_order(returned, headed):
+    spec = trace_spec(Leaf(returned), torch.zeros(2, 9, 16))
+    assert bool(spec.heads) == headed and spec.axes["proj.weight"][0] is not None
+    assert (spec.axes["attn.in_proj_weight"][0] is not None) == headed
