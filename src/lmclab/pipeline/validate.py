@@ -19,7 +19,6 @@ from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
 from lmclab.pipeline.schema import MISSING, Block, Params, defaults, field_expected
 from lmclab.pipeline.stage import model_key
-from lmclab.search import HEADLESS, METHODS
 from lmclab.search.midpoint import n_heldout
 
 
@@ -44,7 +43,6 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _reused_alignments,
         _schedule,
         _architecture,
-        _headed_methods,
         _search_batches,
         _ste_selection,
         _device,
@@ -227,26 +225,6 @@ def _architecture(p: Params) -> Problems:
         except ValueError as exc:  # the line names the key (a tracer's refusal does not itself)
             yield f"model.{arch}", str(exc) if str(exc).startswith("model.") else f"model.{arch}: {exc}"
             return
-
-
-def _headed_methods(p: Params) -> Problems:
-    """An architecture with attention heads (headed groups) only with methods that search them."""
-    arch = p.model.arch
-    try:
-        config = make_config(arch, input_shape=_input_shape(p), num_classes=10, **getattr(p.model, arch).model_dump())
-        heads = get_arch(arch).permutation_spec(config).heads
-    except ValueError:  # a config that does not build: _architecture's line says why
-        return
-    for key in ("permute.methods", "three.methods"):
-        refused = [m for m in getattr(p, key.split(".")[0]).methods if m in HEADLESS] if heads else []
-        if refused:
-            yield (
-                key,
-                (
-                    f"{key}: {', '.join(refused)} cannot search the attention heads of model.arch {arch}; "
-                    f"expected methods among {sorted(set(METHODS) - HEADLESS)}"
-                ),
-            )
 
 
 def _search_batches(p: Params) -> Problems:

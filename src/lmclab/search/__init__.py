@@ -40,9 +40,6 @@ METHODS: dict[str, Callable[..., SearchResult]] = {
     "ste_sinkhorn": ste_sinkhorn.ste_sinkhorn,
 }
 
-# the methods that do not search headed groups (attention heads; lmclab.core.heads) and refuse such a spec
-HEADLESS: frozenset[str] = frozenset({"wm_sinkhorn", "ste_sinkhorn"})
-
 
 @dataclass(frozen=True)
 class SearchProblem:

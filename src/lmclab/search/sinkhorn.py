@@ -11,7 +11,7 @@ the weight of unit ``j`` of θb at position ``i``, so a hard permutation is the 
 every axis the spec lists is multiplied by its group's ``S`` (``W' = S_ℓ W S_{ℓ-1}ᵀ`` for a dense
 layer, kernels on their channel axes, biases, norm parameters and running statistics alike). The
 hard permutation is the linear assignment maximising ``Σ_i scores[i, perm[i]]`` (equal to the
-assignment on ``S``: Sinkhorn only adds row and column constants to ``scores / τ``).
+assignment on ``log S``: Sinkhorn only adds row and column constants to ``scores / τ``).
 
 Two evaluations of the same map. :func:`scaling_sinkhorn` (used when the scores' range allows,
 which is every case at ``τ ≈ 1``) iterates the scaling vectors ``S = diag(u) K diag(v)``,
@@ -20,7 +20,14 @@ hand-written backward that is the exact adjoint of those iterations (the unrolle
 rank-``n_iter`` updates of ``∂K`` are two small matrix products). :func:`log_sinkhorn` runs the
 same iterations with ``logsumexp`` and autograd, for ranges where ``exp`` would overflow (small
 ``τ``). Both are unrolled rather than implicit as in the authors' code: the exact gradient of the
-map actually evaluated, needing no converged fixed point. Groups of the same size are batched.
+map actually evaluated, needing no converged fixed point. Matrices of the same size are batched.
+
+Headed groups (attention; :mod:`lmclab.core.heads`) get a soft *headed* permutation: a tie of ``H``
+heads has head scores ``S_t: (H, H)`` (key :func:`tie_key`), each of its groups within-head scores
+``T_g: (H, H, d, d)`` (one ``d × d`` block per pair of heads), and
+``P_g[h·d + j, h'·d + j'] = sinkhorn(S_t)[h, h'] · sinkhorn(T_g[h, h'])[j, j']`` (:func:`headed_soft`),
+as doubly stochastic as its factors (rows sum to 1 exactly), and a hard headed permutation exactly
+when both factors are permutation matrices.
 """
 
 from __future__ import annotations
@@ -28,24 +35,22 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
+from lmclab.core.heads import Heads, head_size, solve_tied, split_headed, tie_sets
 from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
 from lmclab.search.weight_matching import solve_assignment
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
+NO_HEADS: Mapping[str, Heads] = MappingProxyType({})
 
 
-def refuse_heads(spec: PermutationSpec, method: str) -> None:
-    """One-line error when ``spec`` has headed groups (attention): a Sinkhorn matrix over all ``E`` units
-    of a group mixes heads, and its hard assignment can cross heads, which changes the function."""
-    if spec.heads:
-        raise ValueError(
-            f"spec: {method} does not search headed groups (attention heads, e.g. {min(spec.heads)!r}); "
-            "use wm, am or ste, which solve the headed assignment exactly"
-        )
+def tie_key(tie: str) -> str:
+    """The key of the head scores ``S_t`` of tie ``tie`` among the scores (beside the groups' keys)."""
+    return f"tie:{tie}"
 
 
 def scaling_max_range(dtype: torch.dtype) -> float:
@@ -54,13 +59,18 @@ def scaling_max_range(dtype: torch.dtype) -> float:
     return 0.45 * math.log(torch.finfo(dtype).max)
 
 
-def log_sinkhorn(scores: Tensor, *, tau: float, n_iter: int) -> Tensor:
-    """``exp(log_p)`` after ``n_iter`` column+row normalisations of ``scores/τ`` (…, n, n)."""
+def sinkhorn_log(scores: Tensor, *, tau: float, n_iter: int) -> Tensor:
+    """``log_p`` after ``n_iter`` column+row normalisations of ``scores/τ`` (…, n, n)."""
     log_p = scores / tau
     for _ in range(n_iter):
         log_p = log_p - torch.logsumexp(log_p, dim=-2, keepdim=True)
         log_p = log_p - torch.logsumexp(log_p, dim=-1, keepdim=True)
-    return log_p.exp()
+    return log_p
+
+
+def log_sinkhorn(scores: Tensor, *, tau: float, n_iter: int) -> Tensor:
+    """``exp`` of :func:`sinkhorn_log`: the map in the log domain, for any range of ``scores/τ``."""
+    return sinkhorn_log(scores, tau=tau, n_iter=n_iter).exp()
 
 
 def _vec_mat(vec: Tensor, mat: Tensor) -> Tensor:
@@ -115,33 +125,99 @@ def sinkhorn(scores: Tensor, *, tau: float, n_iter: int) -> Tensor:
     return method(scores, tau=tau, n_iter=n_iter)
 
 
+def _noisy_identity(batch: tuple[int, ...], n: int, generator: torch.Generator) -> Tensor:
+    """``I + INIT_NOISE · N(0, 1)`` of shape (*batch, n, n)."""
+    return torch.eye(n) + INIT_NOISE * torch.randn(*batch, n, n, generator=generator)
+
+
 def init_scores(
-    sizes: Mapping[str, int], generator: torch.Generator, device: torch.device | str = "cpu"
+    sizes: Mapping[str, int],
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+    heads: Mapping[str, Heads] = NO_HEADS,
 ) -> dict[str, Tensor]:
-    """Identity plus ``INIT_NOISE`` · N(0, 1) per group, drawn in sorted group order."""
+    """Identity plus ``INIT_NOISE`` · N(0, 1) per factor: the plain groups first, drawn in sorted group
+    order (as for a spec without heads), then per tie (:func:`~lmclab.core.heads.tie_sets` order) ``S_t``
+    (H, H) and each of its groups' ``T_g`` (H, H, d, d) in sorted order."""
+    scores = {g: _noisy_identity((), n, generator).to(device) for g, n in sorted(sizes.items()) if g not in heads}
+    for members in tie_sets(heads, heads):
+        count = heads[members[0]].count
+        scores[tie_key(heads[members[0]].tie)] = _noisy_identity((), count, generator).to(device)
+        for g in members:
+            d = head_size(g, sizes[g], heads[g])
+            scores[g] = _noisy_identity((count, count), d, generator).to(device)
+    return scores
+
+
+def scores_at(
+    scores: Mapping[str, Tensor], perm: Permutation, heads: Mapping[str, Heads] = NO_HEADS
+) -> dict[str, Tensor]:
+    """``scores`` with each group's columns reordered so that its diagonal sits at ``perm``:
+    ``new[i, perm[i]] = scores[i, i]`` (the identity initialisation moved to the permutation ``perm``,
+    whose :func:`hard_permutation` it then is). For a headed ``perm = (σ, τ)`` the same reordering of
+    the columns of ``P_g`` acts on the factors: ``S_t``'s columns by σ, and the block ``T_g[h, h']``
+    moves to ``(h, σ[h'])`` with its columns reordered by ``τ_{h'}`` (so ``T_g[h, h]``'s diagonal sits
+    at ``T_g[h, σ[h]][j, τ_h[j]]``)."""
+    moved = {g: s[:, torch.argsort(perm[g].to(s.device))] for g, s in scores.items() if g in perm and g not in heads}
+    for g in heads:
+        split = split_headed(perm[g].cpu(), heads[g].count)
+        if split is None:
+            raise ValueError(f"perm: the permutation of headed group {g!r} crosses heads")
+        inner = torch.argsort(split[1], dim=1).to(scores[g].device)  # (H, d): τ_{h'}⁻¹
+        heads_back = torch.argsort(split[0]).to(scores[g].device)  # σ⁻¹
+        within = torch.take_along_dim(scores[g], inner[None, :, None, :], dim=3)  # columns of block (h, h') by τ_{h'}
+        moved[g] = within[:, heads_back]
+        moved[tie_key(heads[g].tie)] = scores[tie_key(heads[g].tie)][:, heads_back]
+    return {k: moved[k] for k in scores}
+
+
+def headed_soft(head: Tensor, within: Tensor) -> Tensor:
+    """``P[h·d + j, h'·d + j'] = head[h, h'] · within[h, h', j, j']`` (E, E) from ``head`` (H, H) and
+    ``within`` (H, H, d, d).
+
+    Doubly stochastic when both factors are: the row ``h·d + j`` sums to
+    ``Σ_{h'} head[h, h'] Σ_{j'} within[h, h'][j, j'] = Σ_{h'} head[h, h'] · 1 = 1``, and a column
+    ``h'·d + j'`` to ``Σ_h head[h, h'] Σ_j within[h, h'][j, j'] = 1`` alike. When ``head`` is the
+    permutation matrix of σ and each ``within[h, σ[h]]`` that of τ_h, the only nonzero entries are
+    ``P[h·d + j, σ[h]·d + τ_h[j]] = 1``: the headed permutation ``(σ, τ)``, and every headed permutation
+    is of this form (:func:`lmclab.core.heads.headed_permutation`)."""
+    return _unblock(head[:, :, None, None] * within)
+
+
+def _unblock(blocks: Tensor) -> Tensor:
+    """(H, H, d, d) → (E, E): ``out[h·d + j, h'·d + j'] = blocks[h, h', j, j']``."""
+    count, d = blocks.shape[0], blocks.shape[-1]
+    return blocks.transpose(1, 2).reshape(count * d, count * d)
+
+
+def _sinkhorn_batched(scores: Mapping[str, Tensor], *, tau: float, n_iter: int, log: bool = False) -> dict[str, Tensor]:
+    """``sinkhorn`` (or :func:`sinkhorn_log`) of every (…, n, n) score tensor, the n×n matrices of one
+    size in one batched call; each result has its scores' shape."""
+    flat = {k: s.reshape(-1, s.shape[-1], s.shape[-1]) for k, s in scores.items()}
+    by_size: dict[int, list[str]] = defaultdict(list)
+    for k, s in flat.items():
+        by_size[s.shape[-1]].append(k)
+    out: dict[str, Tensor] = {}
+    for names in by_size.values():
+        batch = (sinkhorn_log if log else sinkhorn)(torch.cat([flat[k] for k in names]), tau=tau, n_iter=n_iter)
+        out.update(zip(names, batch.split([len(flat[k]) for k in names]), strict=True))
+    return {k: out[k].reshape(s.shape) for k, s in scores.items()}
+
+
+def soft_permutation(
+    scores: Mapping[str, Tensor], *, tau: float, n_iter: int, heads: Mapping[str, Heads] = NO_HEADS
+) -> dict[str, Tensor]:
+    """The (E, E) soft permutation of every group: ``sinkhorn`` of a plain group's scores, the
+    :func:`headed_soft` product of its tie's ``sinkhorn(S_t)`` and its blocks ``sinkhorn(T_g[h, h'])``
+    for a headed one; matrices of one size in one batched call."""
+    soft, ties = _sinkhorn_batched(scores, tau=tau, n_iter=n_iter), _tie_keys(heads)
     return {
-        g: (torch.eye(n) + INIT_NOISE * torch.randn(n, n, generator=generator)).to(device)
-        for g, n in sorted(sizes.items())
+        g: headed_soft(soft[tie_key(heads[g].tie)], soft[g]) if g in heads else soft[g] for g in scores if g not in ties
     }
 
 
-def scores_at(scores: Mapping[str, Tensor], perm: Permutation) -> dict[str, Tensor]:
-    """``scores`` with each group's columns reordered so that its diagonal sits at ``perm``:
-    ``new[i, perm[i]] = scores[i, i]`` (the identity initialisation moved to the permutation ``perm``,
-    whose :func:`hard_permutation` it then is)."""
-    return {g: s[:, torch.argsort(perm[g].to(s.device))] for g, s in scores.items()}
-
-
-def soft_permutation(scores: Mapping[str, Tensor], *, tau: float, n_iter: int) -> dict[str, Tensor]:
-    """``sinkhorn`` of every group, groups of the same size in one batched call."""
-    by_size: dict[int, list[str]] = defaultdict(list)
-    for g, s in scores.items():
-        by_size[s.shape[0]].append(g)
-    soft: dict[str, Tensor] = {}
-    for names in by_size.values():
-        batch = sinkhorn(torch.stack([scores[g] for g in names]), tau=tau, n_iter=n_iter)
-        soft.update(zip(names, batch.unbind(0), strict=True))
-    return {g: soft[g] for g in scores}
+def _tie_keys(heads: Mapping[str, Heads]) -> set[str]:
+    return {tie_key(h.tie) for h in heads.values()}
 
 
 def _apply_on_axis(value: Tensor, soft: Tensor, axis: int) -> Tensor:
@@ -181,6 +257,25 @@ def soft_apply(spec: PermutationSpec, soft: Mapping[str, Tensor], params: Mappin
 
 
 @torch.no_grad()
-def hard_permutation(scores: Mapping[str, Tensor]) -> Permutation:
-    """The permutation maximising ``Σ_i scores[g][i, perm[i]]`` per group (linear assignment)."""
-    return {g: solve_assignment(s) for g, s in scores.items()}
+def hard_permutation(
+    scores: Mapping[str, Tensor], *, tau: float, n_iter: int, heads: Mapping[str, Heads] = NO_HEADS
+) -> Permutation:
+    """The permutation maximising ``Σ_i log P_g[i, perm[i]]`` per group, ``P_g`` the soft permutation
+    (:func:`soft_permutation`).
+
+    A plain group: the linear assignment on its scores (``log P = scores/τ`` plus row and column
+    constants, which no permutation's sum depends on; ``τ`` and ``n_iter`` are unused). A tie: the
+    structured assignment :func:`~lmclab.core.heads.solve_tied` on ``log P_g = log S[h, h'] +
+    log B_g[h, h'][j, j']`` (float64, log domain), i.e. within each block the assignment on ``T_g[h, h']``
+    and σ by ``Σ_g d_g·log S[h, h']`` plus the blocks' best values, whose normalisation constants do
+    depend on the head pair. With ``H = 1`` or ``d = 1`` this is the plain rule."""
+    ties = _tie_keys(heads)
+    perm = {g: solve_assignment(s) for g, s in scores.items() if g not in heads and g not in ties}
+    if heads:
+        headed = {k: s.detach().double() for k, s in scores.items() if k in heads or k in ties}
+        log_p = _sinkhorn_batched(headed, tau=tau, n_iter=n_iter, log=True)
+        for members in tie_sets(heads, heads):
+            log_s = log_p[tie_key(heads[members[0]].tie)]
+            costs = {g: _unblock(log_s[:, :, None, None] + log_p[g]) for g in members}  # log P_g (E, E)
+            perm.update(solve_tied(costs, heads, solve_assignment))
+    return {g: perm[g] for g in scores if g not in ties}

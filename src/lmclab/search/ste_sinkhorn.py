@@ -10,8 +10,9 @@ the last, smaller batch is kept as the authors' ``DataLoader`` keeps it (``drop_
 (:func:`lmclab.search.weight_matching.weight_matching`, default options) instead of the identity
 (the authors' initialisation), so that STE inherits WM's alignment — the three-model study's
 question whether that inheritance, not the midpoint loss, decides whether alignments compose.
-The hard permutation is the linear assignment on the final scores (the authors' choice: the
-midpoint loss has no data-free score to select an epoch by); after every epoch the monitor (if any)
+The hard permutation is that of the final scores (the authors' choice: the midpoint loss has no
+data-free score to select an epoch by): the linear assignment, the structured one for headed groups
+(:func:`lmclab.search.sinkhorn.hard_permutation`); after every epoch the monitor (if any)
 records its L2 distance and merged test metrics.
 
 ``precision="bf16"`` runs π_soft(θb) and the midpoint model's forward (and so their backward) under
@@ -34,7 +35,7 @@ from lmclab.core.options import Count, NonNegative, Options, Positive, one_of, o
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, refuse_heads, scores_at, soft_apply, soft_permutation
+from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at, soft_apply, soft_permutation
 from lmclab.search.weight_matching import weight_matching
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -75,20 +76,20 @@ def ste_sinkhorn(
 ) -> SearchResult:
     """Optimise the Sinkhorn scores against the midpoint loss (options: :class:`STESinkhornOptions`);
     ``stats['curve']``: one row per epoch (``steps``: optimiser steps so far)."""
-    refuse_heads(spec, "ste_sinkhorn")
     epochs, batch_size = options.epochs, options.batch_size
     check_batch(batch_size, len(data))
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
-    scores = init_scores(spec.group_sizes(params_a), generator, device)
+    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
     if options.init == "wm":
-        scores = scores_at(scores, weight_matching(spec, params_a, params_b, generator=generator).perm)
+        scores = scores_at(scores, weight_matching(spec, params_a, params_b, generator=generator).perm, spec.heads)
     scores = {g: s.requires_grad_() for g, s in scores.items()}
+    hard = partial(hard_permutation, scores, tau=options.tau, n_iter=options.sinkhorn_iters, heads=spec.heads)
     opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
     data = data.to(device)
-    curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard_permutation(scores)) if monitor else {})}]
+    curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard()) if monitor else {})}]
     step = partial(
         _step,
         opt,
@@ -109,10 +110,8 @@ def ste_sinkhorn(
             "train_loss": total / sum(len(i) for i in batches),
             "steps": curve[-1]["steps"] + len(batches),
         }
-        curve.append({**row, **(monitor(hard_permutation(scores)) if monitor else {})})
-    return SearchResult(
-        hard_permutation(scores), {"curve": curve, "epochs": epochs, "seconds": time.perf_counter() - start}
-    )
+        curve.append({**row, **(monitor(hard()) if monitor else {})})
+    return SearchResult(hard(), {"curve": curve, "epochs": epochs, "seconds": time.perf_counter() - start})
 
 
 def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -135,7 +134,7 @@ def _step(
     bf16: bool = False,
 ) -> float:
     """One optimiser step on the minibatch's midpoint loss; returns the loss."""
-    soft = soft_permutation(scores, tau=tau, n_iter=n_iter)
+    soft = soft_permutation(scores, tau=tau, n_iter=n_iter, heads=spec.heads)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         loss = midpoint_loss(model, spec, params_a, soft_apply(spec, soft, params_b), x, y)
     opt.zero_grad(set_to_none=True)

@@ -14,7 +14,8 @@ step, the scores' range grows without bound (42 after 100 steps at lr 1 on the M
 permutation (⟨θa, π(θb)⟩ 111.0 → 86.3 in one epoch; docs/methods.md, CHANGELOG.md). With the mean,
 the same entries move by ≈ lr·g/ε and the range stays between 15 and 25 over the 1,000 steps.
 
-After every epoch the current hard permutation (linear assignment on the scores) is scored by
+After every epoch the current hard permutation (linear assignment on the scores; the structured one
+of :func:`~lmclab.search.sinkhorn.hard_permutation` for headed groups) is scored by
 ``⟨θa, π(θb)⟩``, the quantity DistL2 minimises over hard permutations; ``select='best'`` returns
 the best scored one, ``'last'`` the final one (the authors' code). ``patience`` stops the search
 once that many consecutive epochs have not raised the best objective — in particular once the hard
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -36,7 +38,7 @@ from lmclab.core.options import Count, Options, Positive, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, refuse_heads, soft_apply, soft_permutation
+from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
 from lmclab.search.weight_matching import matching_objective
 
 SELECTIONS = ("best", "last")
@@ -66,7 +68,7 @@ def distance_loss(
     n_iter: int,
 ) -> Tensor:
     """``Σ ‖θa − π_soft(θb)‖² / N`` over the N matched entries (the authors' ``DistL2Loss``)."""
-    permuted = soft_apply(spec, soft_permutation(scores, tau=tau, n_iter=n_iter), matched_b)
+    permuted = soft_apply(spec, soft_permutation(scores, tau=tau, n_iter=n_iter, heads=spec.heads), matched_b)
     total = sum((params_a[k] - v).pow(2).sum() for k, v in permuted.items())
     return total / sum(v.numel() for v in permuted.values())
 
@@ -83,16 +85,17 @@ def wm_sinkhorn(
 ) -> SearchResult:
     """Adam on the Sinkhorn scores (options: :class:`WMSinkhornOptions`); ``stats['curve']`` has one
     row per epoch (epoch 0: the start)."""
-    refuse_heads(spec, "wm_sinkhorn")
     iterations, tau, n_iter, patience = options.iterations, options.tau, options.sinkhorn_iters, options.patience
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
     matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
     params_a = {k: v.detach() for k, v in params_a.items()}
-    scores = {g: s.requires_grad_() for g, s in init_scores(spec.group_sizes(params_a), generator, device).items()}
+    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
+    scores = {g: s.requires_grad_() for g, s in scores.items()}
+    hard = partial(hard_permutation, scores, tau=tau, n_iter=n_iter, heads=spec.heads)
     optimizer = torch.optim.Adam(scores.values(), lr=options.lr)
     track = _Tracker(spec, params_a, params_b, monitor, start)
-    track(0, None, hard_permutation(scores))
+    track(0, None, hard())
     for epoch in range(1, options.epochs + 1):
         total = 0.0
         for _ in range(iterations):
@@ -101,7 +104,7 @@ def wm_sinkhorn(
             loss.backward()
             optimizer.step()
             total += loss.item()
-        track(epoch, total / iterations, hard_permutation(scores))
+        track(epoch, total / iterations, hard())
         if patience is not None and track.stale >= patience:
             break
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
