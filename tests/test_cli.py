@@ -111,17 +111,13 @@ def test_lmclab_checkpoints_bring_their_spec_and_activation_points(work: Path) -
 def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
     out = lmclab(work, "trace", "torchvision.models:resnet18", "--input-shape", "3,32,32").stdout
     assert "groups over" in out and "conv1.weight[0]" in out
-    bad = lmclab(
-        work,
-        "trace",
-        "torchvision.models:vit_b_16",
-        "--kwargs",
-        '{"image_size": 32}',
-        "--input-shape",
-        "3,32,32",
-        ok=False,
+    vit = lmclab(
+        work, "trace", "torchvision.models:vit_b_16", "--kwargs", '{"image_size": 32}', "--input-shape", "3,32,32"
     )
+    assert "(768 units; 12 heads, head order" in vit.stdout and "in_proj_weight[0]" in vit.stdout
+    bad = lmclab(work, "trace", "torchvision.models:swin_t", "--input-shape", "3,32,32", ok=False)
     assert bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+    assert "shifted_window_attention" in bad.stderr  # an operation the tracer does not know
 
 
 @pytest.mark.parametrize(

@@ -200,10 +200,10 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     (
         lambda: get_arch("transformer"),
         "arch: unknown architecture 'transformer'; expected one of ['mixer', 'mlp', 'resnet20', 'resnet50', 'traced', "
-        "'vgg']",
+        "'vgg', 'vit']",
         ("train",),
         "model.arch: unknown architecture 'transformer'; expected one of ['mixer', 'mlp', "
-        "'resnet20', 'resnet50', 'traced', 'vgg']",
+        "'resnet20', 'resnet50', 'traced', 'vgg', 'vit']",
     ),
     (
         lambda: _traced(factory="nope"),

@@ -279,7 +279,9 @@ def trace(
     sizes = traced.spec.group_sizes(net.state_dict())
     for group, places in traced.spec.groups.items():
         where = ", ".join(f"{name}[{axis}]" for name, axis in places)
-        typer.echo(f"{group} ({sizes[group]} units): {where}")
+        heads = traced.spec.heads.get(group)
+        headed = f"; {heads.count} heads, head order {heads.tie}" if heads else ""
+        typer.echo(f"{group} ({sizes[group]} units{headed}): {where}")
     typer.echo(f"{len(sizes)} groups over {len(traced.spec.axes)} tensors")
 
 
