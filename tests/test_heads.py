@@ -123,11 +123,9 @@ def test_headed_permutations_compose_and_invert_within_the_headed_set():
     assert all(torch.equal(twice[k], once[k]) for k in params)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_solve_tied_equals_brute_force_over_every_headed_permutation(seed):
-    gen = torch.Generator().manual_seed(seed)
-    heads = {"A": Heads(3, "S"), "B": Heads(3, "S")}
-    costs = {"A": 2 * torch.randn(6, 6, generator=gen), "B": torch.randn(9, 9, generator=gen)}
+def _brute_force_best(costs):
+    """The headed permutation of tie ``{"A": 3 heads × 2, "B": 3 heads × 3}`` maximising ``Σ_g Σ_i
+    costs[g][i, perm_g[i]]``, by enumerating all 3!·(2!)³·(3!)³ of them."""
     best, best_value = None, -float("inf")
     for sigma in itertools.permutations(range(3)):
         for ta in itertools.product(itertools.permutations(range(2)), repeat=3):
@@ -139,6 +137,15 @@ def test_solve_tied_equals_brute_force_over_every_headed_permutation(seed):
                 value = sum(float(costs[g][torch.arange(len(p)), p].sum()) for g, p in perm.items())
                 if value > best_value:
                     best, best_value = perm, value
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_solve_tied_equals_brute_force_over_every_headed_permutation(seed):
+    gen = torch.Generator().manual_seed(seed)
+    heads = {"A": Heads(3, "S"), "B": Heads(3, "S")}
+    costs = {"A": 2 * torch.randn(6, 6, generator=gen), "B": torch.randn(9, 9, generator=gen)}
+    best = _brute_force_best(costs)
     solved = solve_tied(costs, heads, solve_assignment)
     assert all(torch.equal(solved[g], best[g]) for g in costs)
     assert tie_sets(["B", "C", "A"], heads) == [("A", "B"), ("C",)]
@@ -280,17 +287,7 @@ def test_hard_headed_permutation_maximises_the_log_soft_weight_by_brute_force(se
     gen = torch.Generator().manual_seed(seed)
     scores = {k: v + noise * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in _scores(seed).items()}
     soft = soft_permutation(scores, tau=0.5, n_iter=5, heads=HEADS)
-    best, best_value = None, -float("inf")
-    for sigma in itertools.permutations(range(3)):
-        for ta in itertools.product(itertools.permutations(range(2)), repeat=3):
-            for tb in itertools.product(itertools.permutations(range(3)), repeat=3):
-                perm = {
-                    "A": headed_permutation(torch.tensor(sigma), torch.tensor(ta)),
-                    "B": headed_permutation(torch.tensor(sigma), torch.tensor(tb)),
-                }
-                value = sum(float(soft[g][torch.arange(len(p)), p].log().sum()) for g, p in perm.items())
-                if value > best_value:
-                    best, best_value = perm, value
+    best = _brute_force_best({g: w.log() for g, w in soft.items()})
     hard = hard_permutation(scores, tau=0.5, n_iter=5, heads=HEADS)
     assert all(torch.equal(hard[g], best[g]) for g in best)
     assert torch.equal(hard["P"], solve_assignment(scores["P"]))
