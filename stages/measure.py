@@ -1,8 +1,10 @@
 """Stage measure (one instance per pair, every method of ``permute.methods``): everything measured
 on θa and each π(θb). Loss/accuracy along θ(λ) on train and test (BatchNorm nets: with stale and
 with repaired statistics at every λ), barriers, L2 distances; the Taylor-approximated barrier
-(Thm 3.1) on ``measure.taylor_splits``, R_γ (Thm 4.1) and the Theorem 4.2 bound. Writes
-``<method>/{curve,taylor,theorem42,cka}.parquet`` and ``<method>/summary.json``. One process per pair
+(Thm 3.1) on ``measure.taylor_splits``, R_γ (Thm 4.1) and the Theorem 4.2 bound; with ``measure.repair``, the
+curves of nets without BatchNorm also with REPAIR (``lmclab.core.repair``). Writes
+``<method>/{curve,taylor,theorem42,cka}.parquet`` and ``<method>/summary.json`` (MAE endpoints also
+``mae.parquet`` and ``residual.parquet``: ``lmclab.analysis.mae_pair``). One process per pair
 (each python stage pays ~3 s of imports). Default MLP: ~5 s per method. With
 ``measure.nproc_per_node > 1`` it relaunches itself under torchrun: the curves' evaluation and BN repair
 are sharded over the processes (the analyses are computed by each), rank 0 writes."""
@@ -21,6 +23,7 @@ from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
 KEYS = under("measure", "num_lambdas", mode="conv_spectrum", num_samples="bn_repair_samples", gamma="gammas")
+REPAIR_KEYS = under("measure", num_samples="repair_samples")
 
 
 @app.command()
@@ -40,14 +43,17 @@ def main(
 
     from lmclab.analysis.alignment import check_mode
     from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
+    from lmclab.analysis.mae_pair import mae_pair
     from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import load_checkpoint
     from lmclab.core.atomic import atomic_path
-    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
+    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
     from lmclab.core.metrics import lambda_grid
+    from lmclab.core.objective import is_reconstruction
+    from lmclab.core.repair import RepairAt
 
     read = stage_params("measure", params, dvc_yaml=DVC_YAML)
     opts = read("measure")
@@ -71,6 +77,10 @@ def main(
         if opts["bn_repair"] and has_batchnorm(model)
         else None
     )
+    repair_at = None
+    if opts["repair"] and not has_batchnorm(model):  # REPAIR of LayerNorm and norm-free nets (lmclab.core.repair)
+        with params_errors(REPAIR_KEYS):
+            repair_at = RepairAt(model, repair_subset(splits["train"], opts["repair_samples"]))
     spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
     factors_a, factors_b = (
         endpoint_factors(spec, model, p, mode=mode, input_shape=a.config.input_shape) for p in (params_a, params_b)
@@ -100,13 +110,20 @@ def main(
             input_shape=a.config.input_shape,
             taylor_splits=opts["taylor_splits"],
             repair=repair,
+            repair_at=repair_at,
             factors_a=factors_a,
             factors_b=factors_b,
             world=world,
         )
+        tables = {"curve": curve, "taylor": taylor, "theorem42": bounds, "cka": cka}
+        if is_reconstruction(model):  # MAE endpoints: the encoder as a representation, patch errors, blocks
+            tables["mae"], tables["residual"], extra = mae_pair(
+                model, params_a, on(permuted_b.state_dict), splits["train"].to(device), splits["test"].to(device), lams
+            )
+            summary |= extra
         if not world.is_main:  # one writer
             continue
-        for name, rows in (("curve", curve), ("taylor", taylor), ("theorem42", bounds), ("cka", cka)):
+        for name, rows in tables.items():
             with atomic_path(out / method / f"{name}.parquet") as tmp:
                 pd.DataFrame(rows).to_parquet(tmp, index=False)
         record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}

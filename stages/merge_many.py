@@ -60,9 +60,10 @@ def main(
         pd.DataFrame(rows).to_parquet(tmp, index=False)
     with atomic_path(out / "trace.json") as tmp:
         tmp.write_text(json.dumps({"seeds": opts["seeds"], **result.stats}, indent=2) + "\n")
-    test = {r["model"]: r["acc"] for r in rows if r["split"] == "test"}
+    quantity = "acc" if all(r["acc"] == r["acc"] for r in rows) else "loss"  # NaN: a reconstruction model
+    test = {r["model"]: r[quantity] for r in rows if r["split"] == "test"}
     typer.echo(
-        f"MergeMany of {len(ckpts)}: test acc {test['MergeMany average']:.4f}, "
+        f"MergeMany of {len(ckpts)}: test {quantity} {test['MergeMany average']:.4f}, "
         f"ensemble {test['ensemble']:.4f}, naive average {test['naive average']:.4f}"
     )
 

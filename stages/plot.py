@@ -51,6 +51,7 @@ def main(
     history = pd.read_parquet(tables_dir / "history.parquet")
     edges = pd.read_parquet(tables_dir / "three_edges.parquet")
     evaluation = pd.read_parquet(tables_dir / "merge_many.parquet")
+    landscape = pd.read_parquet(tables_dir / "landscape.parquet")
     figures = {
         "interpolation": plot_interpolation(
             curves_table, out / "figures" / "interpolation.png", dpi=opts["dpi"], band=opts["band"]
@@ -58,7 +59,10 @@ def main(
         "training": plot_training(history, out / "figures" / "training.png", dpi=opts["dpi"]),
         "three": plot_three_barriers(edges, out / "figures" / "three_barriers.png", dpi=opts["dpi"]),
         "landscape": plot_landscape(
-            pd.read_parquet(tables_dir / "landscape.parquet"), out / "figures" / "landscape.png", dpi=opts["dpi"]
+            landscape,
+            out / "figures" / "landscape.png",
+            dpi=opts["dpi"],
+            quantity="acc" if landscape["acc"].notna().any() else "loss",  # a reconstruction model has no accuracy
         ),
         "merge_many": plot_merge_many(
             pd.read_parquet(tables_dir / "merge_many_trace.parquet"),

@@ -55,11 +55,8 @@ def main(
     live: Path = typer.Option(..., help="DVCLive directory of this seed (metrics.json, plots/metrics/)"),
     params: Path = Path("params.yaml"),
 ) -> None:
-    import pandas as pd
-
     from lmclab.archs import make_config
     from lmclab.archs.checkpoint import save_checkpoint
-    from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_meta, load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
@@ -93,6 +90,12 @@ def main(
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
         config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
+    if read("train.objective") == "mae":
+        with epoch_logger(live, main=True) as on_epoch:
+            rows = pretrain_mae(config, seed, read("train.mae"), opts, data, out, world.device, on_epoch)
+        write_history(history, seed, rows)
+        typer.echo(f"seed {seed}: MAE test reconstruction loss {rows[-1]['test_loss']:.4f}")
+        return
     with params_errors(KEYS, model_key(arch)), epoch_logger(live, main=world.is_main) as on_epoch:
         ckpt, rows = train(
             arch,
@@ -108,13 +111,66 @@ def main(
         )
     if world.is_main:  # one writer
         save_checkpoint(out, ckpt)
-        with atomic_path(history) as tmp:
-            pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
+        write_history(history, seed, rows)
         typer.echo(
             f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}"
             + (f" ({world.size} processes)" if world.size > 1 else "")
         )
     leave_world(world)
+
+
+MAE_KEYS = {
+    **KEYS,
+    **{
+        k: f"train.mae.{k}"
+        for k in (
+            "pretraining",
+            "decoder_width",
+            "decoder_depth",
+            "decoder_heads",
+            "mask_ratio",
+            "norm_pix",
+            "mask_seed",
+        )
+    },
+    "pool": "model.vit.pool",
+}
+
+
+def pretrain_mae(vit_config, seed: int, pretraining: dict, opts: dict, data: Path, out: Path, device, on_epoch):
+    """``train.objective: mae``: pretrain the MAE whose encoder is ``model.vit`` (lmclab.train.mae_training)
+    and save it as an ``mae`` checkpoint; the history rows carry NaN accuracies (there are no predictions)."""
+    from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
+    from lmclab.archs.mae import from_vit
+    from lmclab.core.data import load_split
+    from lmclab.train.mae_training import train_mae
+
+    keys = ("epochs", "lr", "batch_size", "weight_decay", "schedule", "warmup_epochs")
+    with params_errors(MAE_KEYS):
+        config = from_vit(vit_config, **pretraining)
+        state, rows = train_mae(
+            config,
+            seed,
+            load_split(data, "train"),
+            **{k: opts[k] for k in keys},
+            test=load_split(data, "test"),
+            device=device,
+            progress=show_progress(),
+            on_epoch=on_epoch,
+        )
+    save_checkpoint(out, Checkpoint("mae", config, seed, state))
+    nan = float("nan")
+    return [{"train_acc": nan, "test_acc": nan, **r} for r in rows]
+
+
+def write_history(path: Path, seed: int, rows: list[dict]) -> None:
+    """One row per epoch, tagged with ``seed`` (Parquet, written atomically)."""
+    import pandas as pd
+
+    from lmclab.core.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
 
 
 if __name__ == "__main__":

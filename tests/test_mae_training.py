@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmclab.analysis.mae import fixed_masks, functional_method, masked_visible_error, reconstruction_loss
+from lmclab.analysis.mae import fixed_masks, masked_visible_error, reconstruction_loss
 from lmclab.analysis.mae_probe import (
     encoder_features,
     knn_accuracy,
@@ -18,6 +18,7 @@ from lmclab.analysis.mae_probe import (
 from lmclab.archs import mae, seeded_model, vit
 from lmclab.archs.masking import patchify
 from lmclab.core.data import Split
+from lmclab.core.objective import functional_method
 from lmclab.core.options import OptionError
 from lmclab.train.mae_training import decay_groups, train_mae
 

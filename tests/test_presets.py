@@ -1,5 +1,5 @@
-"""Named paper presets: each applies to the repository's params.yaml, keeps its comments, and
-validates; a typo in a preset is a one-line error."""
+"""Named presets: the paper's settings and the transformer extensions (issue 29); each applies to the
+repository's params.yaml, keeps its comments, and validates; a typo in a preset is a one-line error."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from lmclab.pipeline.stage import parse_yaml
 from lmclab.pipeline.validate import check_params
 
 NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+PAPER = ["cifar10_resnet20", "cifar10_vgg11", "fashion_mnist_mlp", "imagenet_resnet50", "mnist_mlp"]
+EXTENSIONS = ["cifar10_mae", "cifar10_vit", "mae", "vit"]  # transformers (docs/transformers.md)
 
 
-def test_the_papers_settings_are_all_there():
-    assert NAMES == ["cifar10_resnet20", "cifar10_vgg11", "fashion_mnist_mlp", "imagenet_resnet50", "mnist_mlp"]
+def test_the_papers_settings_and_the_extensions_are_all_there():
+    assert sorted(PAPER + EXTENSIONS) == NAMES
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_preset_applies_keeps_comments_and_validates(name):
+def _applied(name: str) -> dict:
+    """The preset applied to params.yaml: its values set, every other line and comment kept, valid."""
     text = (ROOT / "params.yaml").read_text()
     new = apply_preset(name, text)
     preset = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
@@ -32,6 +34,12 @@ def test_preset_applies_keeps_comments_and_validates(name):
         ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln
     ]
     check_params(tree)
+    return tree
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_preset_applies_keeps_comments_and_validates(name):
+    tree = _applied(name)
     assert tree["train"]["batch_size"] == 512 and len(tree["permute"]["pairs"]) == 5
     # every table runs the paper's WM and STE (the Sinkhorn methods, Appendix D.2) at its settings
     assert {"wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
@@ -55,3 +63,16 @@ def test_unknown_key_and_block_are_errors():
 def test_unknown_preset_is_one_line_error():
     with pytest.raises(FileNotFoundError, match="known"):
         apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", EXTENSIONS)
+def test_transformer_presets_pretrain_or_train_the_same_vit_and_measure_repair(name):
+    tree = _applied(name)
+    assert tree["model"]["arch"] == "vit" and tree["model"]["vit"]["pool"] == "cls"
+    assert tree["train"]["objective"] == ("mae" if name.endswith("mae") else "supervised")
+    assert tree["data"]["name"] == ("cifar10" if name.startswith("cifar10") else "mnist5k")  # offline: mnist5k
+    assert {"identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
+    assert tree["measure"]["repair"] is True and len(tree["permute"]["pairs"]) >= 3
+    twin = _applied(name.replace("mae", "vit") if name.endswith("mae") else name.replace("vit", "mae"))
+    assert twin["model"]["vit"] == tree["model"]["vit"]  # supervised and MAE: the same encoder
+    assert twin["train"]["seeds"] == tree["train"]["seeds"] and twin["permute"]["pairs"] == tree["permute"]["pairs"]

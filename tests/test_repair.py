@@ -11,7 +11,7 @@ from torch.func import functional_call
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
 from lmclab.core.merge import interpolate
-from lmclab.core.repair import repair, repair_points, repair_statistics, unit_statistics
+from lmclab.core.repair import RepairAt, repair, repair_points, repair_statistics, unit_statistics
 from lmclab.core.spec import apply_permutation, random_permutation
 
 ARCHS = {
@@ -148,3 +148,17 @@ def test_bad_arguments_give_one_line_errors(kwargs, match):
     with pytest.raises(ValueError, match=match) as info:
         repair(model, params_a, params_b, kwargs.pop("lam"), data, **kwargs)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_repair_at_is_repair_at_every_lambda_and_for_each_new_pair_of_endpoints(arch):
+    """The measure's REPAIR (RepairAt: endpoint statistics measured once per pair) equals repair()."""
+    model, spec, params_a, params_b, data = _setup(arch)
+    repair_at = RepairAt(model, data)
+    perm = random_permutation(spec.group_sizes(params_b), torch.Generator().manual_seed(2), spec.heads)
+    other = apply_permutation(spec, perm, params_b)
+    for a, b, lam in ((params_a, params_b, 0.3), (params_a, params_b, 0.7), (params_a, other, 0.3)):
+        got, want = repair_at(a, b, lam), repair(model, a, b, lam, data)
+        assert max((got[k] - want[k]).abs().max().item() for k in want) <= TOL
+    with pytest.raises(ValueError, match="lam must be in"):
+        repair_at(params_a, params_b, 1.5)

@@ -11,8 +11,8 @@ import pytest
 from dvc_repo import ROOT
 from test_pipeline import TINY
 
-from lmclab.archs import ARCHS
-from lmclab.pipeline.schema import Block, Params, defaults, key_rows
+from lmclab.archs import ARCHS, mae, vit
+from lmclab.pipeline.schema import MODEL_ARCHS, Block, Params, defaults, key_rows
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.search import METHODS
@@ -163,6 +163,27 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         },
         "permute.ste.batch_size: expected at most the 90 training samples available, got 91",
     ),
+    # MAE pretraining (train.objective: mae) of model.vit
+    ({"train__objective": "mae"}, "model.arch: train.objective mae pretrains a ViT: expected vit, got 'mlp'"),
+    ({"train__objective": "byol"}, "train.objective: expected one of supervised, mae, got 'byol'"),
+    ({"model__arch": "mae"}, "model.arch: expected one of"),
+    (
+        {"train__objective": "mae", "model__arch": "vit", "model__vit__pool": "mean"},
+        "model.vit.pool: an MAE encoder has a class token: expected 'cls', got 'mean'",
+    ),
+    (
+        {"train__objective": "mae", "model__arch": "vit", "train__mae__decoder_width": 30},
+        "train.mae.decoder_heads: 4 heads do not divide train.mae.decoder_width 30",
+    ),
+    (
+        {"train__objective": "mae", "model__arch": "vit", "train__optimizer": "sgd"},
+        "train.optimizer: train.objective mae needs 'adam', got 'sgd'",
+    ),
+    (
+        {"train__objective": "mae", "model__arch": "vit", "train__mae__mask_ratio": 1.0},
+        "train.mae.mask_ratio: expected a number in (0, 1), got 1.0",
+    ),
+    ({"measure__repair_samples": 1}, "measure.repair_samples: expected"),
 ]
 
 
@@ -198,7 +219,20 @@ def test_each_method_block_lists_exactly_the_options_its_search_takes(method: st
     assert accepted == list(METHODS[method].options.model_fields)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_mae_pretraining_of_the_vit_is_valid() -> None:
+    check_params(_params(train__objective="mae", model__arch="vit"))
+
+
+def test_the_mae_block_lists_exactly_the_mae_config_fields_the_vit_does_not_give() -> None:
+    import dataclasses
+
+    given = ("input_shape", "num_classes", *mae.ENCODER_KEYS)
+    fields = [f.name for f in dataclasses.fields(mae.Config) if f.name not in given]
+    assert list(Params.model_fields["train"].annotation.model_fields["mae"].annotation.model_fields) == fields
+    assert set(mae.ENCODER_KEYS) <= {f.name for f in dataclasses.fields(vit.Config)}
+
+
+@pytest.mark.parametrize("arch", sorted(MODEL_ARCHS))
 def test_each_architecture_block_lists_exactly_its_config_fields(arch: str) -> None:
     import dataclasses
 

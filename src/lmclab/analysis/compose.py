@@ -21,7 +21,7 @@ from lmclab.analysis.energy import input_energy, input_sizes, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
-from lmclab.core.interpolation import Repair, measure_pair_with_repair
+from lmclab.core.interpolation import Repair, RepairAt, measure_pair_with_repair
 from lmclab.core.spec import PermutationSpec
 
 
@@ -174,17 +174,18 @@ def measure_and_analyze(
     input_shape: Sequence[int],
     taylor_splits: Sequence[str] | None = None,
     repair: Repair | None = None,
+    repair_at: RepairAt | None = None,
     factors_a: Mapping[str, Factors] | None = None,
     factors_b: Mapping[str, Factors] | None = None,
     world: World = ALONE,
 ) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
-    repair when given; sharded over ``world``'s processes), L2 distances, the analyses of
+    repair or REPAIR when given; sharded over ``world``'s processes), L2 distances, the analyses of
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the
     test split (:mod:`lmclab.analysis.cka`; the summary gets their means over layers).
     Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows, CKA rows)``."""
     curve, summary = measure_pair_with_repair(
-        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, world=world
+        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, repair_at=repair_at, world=world
     )
     analysis, taylor_rows, bound_rows = analyze_pair(
         spec,

@@ -21,22 +21,7 @@ from torch.func import functional_call
 from lmclab.archs.masking import pixel_targets, random_masks
 from lmclab.core.merge import interpolate
 from lmclab.core.metrics import barrier, midpoint_barrier
-
-
-class _Method(nn.Module):
-    """``model.<name>`` as a module's forward, so that :func:`functional_call` runs it with other parameters."""
-
-    def __init__(self, model: nn.Module, name: str) -> None:
-        super().__init__()
-        self.model, self.name = model, name
-
-    def forward(self, *args: object) -> Tensor:
-        return getattr(self.model, self.name)(*args)
-
-
-def functional_method(model: nn.Module, params: Mapping[str, Tensor], name: str, *args: object) -> Tensor:
-    """``model.<name>(*args)`` with ``params`` in place of the model's own (never mutated)."""
-    return functional_call(_Method(model, name), {f"model.{k}": v for k, v in params.items()}, args)
+from lmclab.core.objective import functional_method
 
 
 def fixed_masks(n: int, patches: int, mask_ratio: float, seed: int) -> Tensor:

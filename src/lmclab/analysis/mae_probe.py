@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmclab.analysis.mae import functional_method
 from lmclab.core.data import Split
 from lmclab.core.merge import interpolate
+from lmclab.core.objective import functional_method
 
 POOLS = ("cls", "mean")
 PROBE_L2 = 1e-4  # the probe's L2 penalty λ_2 on its weights (not its bias)

@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, jvp
+from torch.func import grad, jvp
 
 from lmclab.core.data import Split
+from lmclab.core.objective import batch_loss
 from lmclab.core.spec import Params
 
 LossFn = Callable[[Params], Tensor]
@@ -89,14 +89,14 @@ def directional_terms(
 def split_loss_fns(
     model: nn.Module, split: Split, *, batch_size: int = 1000, device: torch.device | str = "cpu"
 ) -> list[tuple[float, LossFn]]:
-    """The mean cross-entropy over ``split`` as ``Σ_k w_k L_k``: one (weight, loss) per batch."""
+    """The mean loss over ``split`` (:mod:`lmclab.core.objective`) as ``Σ_k w_k L_k``: one (weight, loss) per batch."""
     out = []
     for start in range(0, len(split), batch_size):
         x = split.x[start : start + batch_size].to(device)
         y = split.y[start : start + batch_size].to(device)
 
         def loss_fn(params: Params, x: Tensor = x, y: Tensor = y) -> Tensor:
-            return F.cross_entropy(functional_call(model, params, (x,)), y)
+            return batch_loss(model, params, x, y)
 
         out.append((len(y) / len(split), loss_fn))
     return out

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmclab.archs import mixer, mlp, resnet20, resnet50, traced, vgg, vit
+from lmclab.archs import mae, mixer, mlp, resnet20, resnet50, traced, vgg, vit
 from lmclab.core.options import OptionError, got
 
 ARCHS: dict[str, ModuleType] = {
@@ -24,6 +24,7 @@ ARCHS: dict[str, ModuleType] = {
     "traced": traced,
     "mixer": mixer,
     "vit": vit,
+    "mae": mae,  # a ViT pretrained as a masked autoencoder: reached by train.objective: mae
 }
 
 

@@ -14,7 +14,8 @@ by ``P_heads_k``, ``P_mlp_k``); the decoder's residual stream ``P_dec`` (``decod
 ``mask_token``, ``decoder_pos_embed``, its LayerNorms, ``decoder_pred``'s input) with its own headed
 ``P_dec_qk_k``/``P_dec_vo_k`` (tied by ``P_dec_heads_k``) and ``P_dec_mlp_k``. Pixels are never permuted.
 
-Training (``train.objective: mae``, not wired yet) draws fresh masks per batch and minimises the loss::
+Training (``train.objective: mae``, :func:`lmclab.train.mae_training.train_mae`) draws fresh masks per
+batch and minimises the loss::
 
     mask = random_masks(len(x), config.patches, config.mask_ratio, generator)  # seeded generator
     loss = model(x, mask)  # or functional_call(model, params, (x, mask))
@@ -33,7 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.archs import vit
-from lmclab.archs.masking import masked_count, masked_mse, pixel_targets, random_masks, visible_indices
+from lmclab.archs.masking import masked_mse, pixel_targets, random_masks, visible_indices
+from lmclab.core.objective import RECONSTRUCTION
+from lmclab.core.options import OptionError, got
 from lmclab.core.spec import Params, PermutationSpec, build_spec, dense, norm
 
 STREAM = vit.STREAM
@@ -60,18 +63,28 @@ class Config:
     mask_seed: int = 0  # the masks of model(x) without a mask
 
     def __post_init__(self) -> None:
-        for key in ("patch_size", "width", "depth", "heads", "mlp_ratio", "decoder_width", "decoder_depth"):
+        """One-line :class:`OptionError` s naming the decoder's and the masking's fields; the encoder's are
+        the ViT's own checks (:class:`lmclab.archs.vit.Config`)."""
+        for key in ("decoder_width", "decoder_depth", "decoder_heads"):
             if getattr(self, key) < 1:
-                raise ValueError(f"model.mae.{key} must be a positive integer, got {getattr(self, key)}")
-        if self.decoder_heads < 1 or self.decoder_width % self.decoder_heads:
-            raise ValueError(
-                f"model.mae.decoder_heads: {self.decoder_heads} heads do not divide "
-                f"the decoder width {self.decoder_width}"
+                raise OptionError(f"{{{key}}} must be a positive integer, got {got(getattr(self, key))}")
+        if self.decoder_width % self.decoder_heads:
+            raise OptionError(
+                f"{{decoder_heads}}: {self.decoder_heads} heads do not divide {{decoder_width}} {self.decoder_width}"
             )
         if self.position == "sincos" and self.decoder_width % 4:
-            raise ValueError(f"model.mae.decoder_width: sin-cos needs a multiple of 4, got {self.decoder_width}")
+            raise OptionError(
+                f"{{decoder_width}}: a sin-cos position table needs a multiple of 4, got {self.decoder_width}"
+            )
+        if not 0 < self.mask_ratio < 1:
+            raise OptionError(f"{{mask_ratio}} must be in (0, 1), got {got(self.mask_ratio)}")
         self.encoder  # noqa: B018 (the ViT's own checks of the encoder options)
-        masked_count(self.patches, self.mask_ratio)
+        count = round(self.mask_ratio * self.patches)  # masking.masked_count's rule
+        if not 0 < count < self.patches:
+            raise OptionError(
+                f"{{mask_ratio}}: {self.mask_ratio} masks {count} of {self.patches} patches; "
+                "at least one must be masked and one visible"
+            )
 
     @property
     def encoder(self) -> vit.Config:
@@ -92,6 +105,22 @@ class Config:
         return grid[0] * grid[1]
 
 
+ENCODER_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio", "position")  # the ViT's options it takes
+
+
+def from_vit(encoder: vit.Config, **pretraining: object) -> Config:
+    """The MAE whose encoder is the supervised ViT ``encoder`` (its classes become the probe's), with the
+    decoder and masking options ``pretraining`` (:class:`Config`'s other fields). The encoder must pool
+    by its class token; an unknown option or a bad value is a one-line :class:`OptionError` naming it."""
+    if encoder.pool != "cls":
+        raise OptionError(f"{{pool}}: an MAE encoder has a class token: expected 'cls', got {got(encoder.pool)}")
+    known = {f.name for f in dataclasses.fields(Config)} - {"input_shape", "num_classes", *ENCODER_KEYS}
+    for name in sorted(set(pretraining) - known):
+        raise OptionError(f"{{pretraining}}: unknown option {got(name)}; expected some of {got(sorted(known))}")
+    shared = {k: getattr(encoder, k) for k in ("input_shape", "num_classes", *ENCODER_KEYS)}
+    return Config(**shared, **pretraining)
+
+
 def position_table(module: nn.Module, name: str, config: vit.Config) -> None:
     """Register ``name`` (1, 1 + patches, width): a learned parameter or the fixed sin-cos buffer."""
     if config.position == "learned":
@@ -106,6 +135,8 @@ def gather_tokens(tokens: Tensor, index: Tensor) -> Tensor:
 
 
 class Model(nn.Module):
+    objective = RECONSTRUCTION  # forward(x) is the loss (lmclab.core.objective)
+
     def __init__(self, config: Config) -> None:
         super().__init__()
         enc, dec = config.encoder, config.decoder
@@ -154,11 +185,16 @@ class Model(nn.Module):
         visible = visible_indices(mask).to(x.device)
         return self.decode(self.encode(x, visible), visible)
 
+    def prediction_loss(self, prediction: Tensor, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The MAE loss of the pixel predictions ``prediction`` (n, patches, p·p·C) of images ``x`` under ``mask``."""
+        mask = self.default_mask(x.shape[0]) if mask is None else mask
+        target = pixel_targets(x, self.config.patch_size, self.config.norm_pix)
+        return masked_mse(prediction, target, mask.to(x.device))
+
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """The MAE loss of images ``x`` (n, C, H, W) under ``mask`` (n, patches): MSE over masked patches."""
         mask = self.default_mask(x.shape[0]) if mask is None else mask
-        target = pixel_targets(x, self.config.patch_size, self.config.norm_pix)
-        return masked_mse(self.predict(x, mask), target, mask.to(x.device))
+        return self.prediction_loss(self.predict(x, mask), x, mask)
 
 
 def permutation_spec(config: Config) -> PermutationSpec:

@@ -13,6 +13,8 @@ from lmclab.core.metrics import barrier, l2_distance, midpoint_barrier, reductio
 from lmclab.core.spec import Params, PermutationSpec
 
 Repair = Callable[[Params], Params]  # e.g. BatchNorm statistics repair of an interpolated model
+# a repair that needs the endpoints and λ: the repaired θ(λ) of (θa, θb, λ), e.g. REPAIR (lmclab.core.repair)
+RepairAt = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], float], Params]
 
 
 def interpolation_curve(
@@ -23,13 +25,17 @@ def interpolation_curve(
     splits: Mapping[str, Split],
     *,
     repair: Repair | None = None,
+    repair_at: RepairAt | None = None,
     world: World = ALONE,
 ) -> list[dict]:
     """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows);
+    ``repair``: applied to each θ(λ); ``repair_at``: gives each repaired θ(λ) from the endpoints and λ;
     ``world``: each data-parallel process evaluates its shard of every split (the same numbers)."""
+    if repair is not None and repair_at is not None:
+        raise ValueError("repair, repair_at: expected at most one of them")
     rows = []
     for lam in lams:
-        params = interpolate(params_a, params_b, lam)
+        params = interpolate(params_a, params_b, lam) if repair_at is None else repair_at(params_a, params_b, lam)
         if repair is not None:
             params = repair(params)
         for split, data in splits.items():
@@ -66,12 +72,15 @@ def measure_pair(
     splits: Mapping[str, Split],
     *,
     repair: Repair | None = None,
+    repair_at: RepairAt | None = None,
     world: World = ALONE,
 ) -> tuple[list[dict], dict[str, float]]:
     """Curve between θa and π(θb); barriers; ``‖θa−θb‖``, ``‖θa−π(θb)‖`` and the reduction %."""
     if 0.5 not in lams or 0.0 not in lams or 1.0 not in lams:
         raise ValueError("the λ grid must contain 0, ½ and 1")
-    curve = interpolation_curve(model, params_a, permuted_b, lams, splits, repair=repair, world=world)
+    curve = interpolation_curve(
+        model, params_a, permuted_b, lams, splits, repair=repair, repair_at=repair_at, world=world
+    )
     summary = barriers_from_curve(curve)
     before, after = l2_distance(spec, params_a, params_b), l2_distance(spec, params_a, permuted_b)
     summary.update(l2_before=before, l2_after=after, l2_reduction_pct=reduction_rate(before, after))
@@ -88,19 +97,22 @@ def measure_pair_with_repair(
     splits: Mapping[str, Split],
     *,
     repair: Repair | None,
+    repair_at: RepairAt | None = None,
     world: World = ALONE,
 ) -> tuple[list[dict], dict[str, float]]:
-    """:func:`measure_pair` without and, if ``repair`` is given, with BN repair at every λ.
+    """:func:`measure_pair` without and, if ``repair`` (BN repair) or ``repair_at`` (REPAIR) is given,
+    with that repair at every λ.
 
-    Curve rows carry ``repair`` (bool). With repair, the summary's barriers are the repaired
-    ones (what the paper reports for BN networks) and the stale-statistics barriers are kept
-    under ``norepair_<key>``; ``bn_repair`` says which case it is."""
+    Curve rows carry ``repair`` (bool). With a repair, the summary's barriers are the repaired
+    ones (what the paper reports for BN networks) and the unrepaired barriers are kept under
+    ``norepair_<key>``; ``bn_repair`` and ``ln_repair`` say which case it is."""
     curve, summary = measure_pair(spec, model, params_a, params_b, permuted_b, lams, splits, world=world)
     rows = [{**r, "repair": False} for r in curve]
-    if repair is None:
-        return rows, {**summary, "bn_repair": False}
+    flags = {"bn_repair": repair is not None, "ln_repair": repair_at is not None}
+    if repair is None and repair_at is None:
+        return rows, {**summary, **flags}
     fixed, fixed_summary = measure_pair(
-        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, world=world
+        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, repair_at=repair_at, world=world
     )
     stale = {f"norepair_{k}": v for k, v in summary.items() if not k.startswith("l2_")}
-    return rows + [{**r, "repair": True} for r in fixed], {**fixed_summary, **stale, "bn_repair": True}
+    return rows + [{**r, "repair": True} for r in fixed], {**fixed_summary, **stale, **flags}

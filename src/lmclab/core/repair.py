@@ -169,6 +169,39 @@ def repair(
     return _repair(model, params_a, params_b, lam, data, points, batch_size)[0]
 
 
+class RepairAt:
+    """REPAIR as the measure's ``repair_at`` (:func:`lmclab.core.interpolation.interpolation_curve`):
+    ``repair_at(θa, θb, λ)`` is :func:`repair`'s θ(λ) on ``data``, with the endpoints' statistics measured
+    once per pair of endpoints (a curve's λ share them) and the points found once."""
+
+    def __init__(self, model: nn.Module, data: Split, *, points: list[str] | None = None, batch_size: int = 500):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive number of samples, got {batch_size}")
+        self.model, self.data, self.points, self.batch_size = model, data, points, batch_size
+        self._endpoints: tuple = ()  # (θa, θb, points, their targets' inputs): the last pair seen
+
+    def _statistics(self, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]):
+        if not (self._endpoints and self._endpoints[0] is params_a and self._endpoints[1] is params_b):
+            points = repair_points(self.model, params_a, self.data, self.points)
+            stats = (
+                unit_statistics(self.model, p, self.data, points, batch_size=self.batch_size)
+                for p in (params_a, params_b)
+            )
+            self._endpoints = (params_a, params_b, points, *stats)
+        return self._endpoints[2:]
+
+    def __call__(self, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], lam: float) -> Params:
+        if not 0 <= lam <= 1:
+            raise ValueError(f"lam must be in [0, 1], got {lam}")
+        points, stats_a, stats_b = self._statistics(params_a, params_b)
+        targets = target_statistics(stats_a, stats_b, lam)
+        params = interpolate(params_a, params_b, lam)
+        for p in points:  # forward order, as in repair()
+            merged = unit_statistics(self.model, params, self.data, [p], batch_size=self.batch_size)[p]
+            params = rescale(params, p, merged, targets[p])
+        return params
+
+
 def repair_statistics(
     model: nn.Module,
     params_a: Mapping[str, Tensor],

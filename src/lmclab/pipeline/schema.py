@@ -141,8 +141,12 @@ class Traced(Block):
     partial: bool = key(False, "traced: leave what tracing cannot prove unpermuted instead of refusing")
 
 
+OBJECTIVES = ["supervised", "mae"]
+MODEL_ARCHS = [a for a in ARCHS if a != "mae"]  # an MAE is reached by train.objective: mae
+
+
 class Model(Block):
-    arch: one_of(ARCHS) = key("mlp", "architecture (registry: src/lmclab/archs); its block model.<arch> is used")
+    arch: one_of(MODEL_ARCHS) = key("mlp", "architecture (registry: src/lmclab/archs); its block model.<arch> is used")
     mlp: Mlp
     vgg: Vgg
     resnet20: Resnet20
@@ -152,7 +156,22 @@ class Model(Block):
     vit: Vit
 
 
+class MaePretraining(Block):
+    decoder_width: Count = key(32, "mae: channels of the decoder's residual stream (a multiple of its heads; of 4)")
+    decoder_depth: Count = key(2, "mae: decoder blocks")
+    decoder_heads: Count = key(4, "mae: attention heads per decoder block")
+    mask_ratio: Annotated[float, Field(gt=0, lt=1)] = key(0.75, "mae: fraction of each image's patches masked")
+    norm_pix: bool = key(False, "mae: targets are each patch's pixels normalised to mean 0, variance 1")
+    mask_seed: Seed = key(0, "mae: seeds the fixed masks of every evaluation (the same at every λ)")
+
+
 class Train(Block):
+    objective: one_of(OBJECTIVES) = key(
+        "supervised",
+        "supervised (cross-entropy on labels) or mae: masked-autoencoder pretraining of model.vit "
+        "(AdamW, β = (0.9, 0.95); the decoder and masks of train.mae)",
+    )
+    mae: MaePretraining
     seeds: Seeds = key([0, 1, 2, 3, 4, 5], "one independently trained endpoint per seed (distinct)")
     epochs: Count = key(20, "full passes over the training split (paper: 100)")
     lr: Positive = key(0.001, "learning rate (paper: 1e-3)")
@@ -246,6 +265,12 @@ class Measure(Block):
     )
     bn_repair: bool = key(True, "BatchNorm nets: also measure every λ with statistics recomputed on training data")
     bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
+    repair: bool = key(
+        False,
+        "nets without BatchNorm (LayerNorm ViTs, Mixers, MLPs): also measure every λ with REPAIR "
+        "(each merged unit's statistics rescaled to the interpolation of the endpoints')",
+    )
+    repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of REPAIR's statistics (null: all)")
     nproc_per_node: Count = key(
         1, "data-parallel processes sharding the evaluation of measure and connect and the BN repair (torchrun)"
     )

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lmclab.archs import get_arch, make_config
+from lmclab.archs.mae import from_vit
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
 from lmclab.pipeline.schema import MISSING, Block, Params, defaults, field_expected
@@ -43,6 +44,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _reused_alignments,
         _schedule,
         _architecture,
+        _objective,
         _search_batches,
         _ste_selection,
         _device,
@@ -179,6 +181,38 @@ def _schedule(p: Params) -> Problems:
             "train.warmup_epochs",
             (f"train.warmup_epochs: expected at most train.epochs ({p.train.epochs}), got {p.train.warmup_epochs}"),
         )
+
+
+# what MAE pretraining (lmclab.train.mae_training) does not do: the setting each of these keys must keep
+MAE_FIXED = {"optimizer": "adam", "mixup_alpha": 0.0, "precision": "fp32", "nproc_per_node": 1, "nnodes": 1}
+
+
+def _objective(p: Params) -> Problems:
+    """``train.objective: mae`` pretrains ``model.vit`` (class-token pooling) with the decoder of
+    ``train.mae`` in one fp32 process with AdamW, without augmentation or mixup."""
+    if p.train.objective != "mae":
+        return
+    if p.model.arch != "vit":
+        yield "model.arch", f"model.arch: train.objective mae pretrains a ViT: expected vit, got {p.model.arch!r}"
+        return
+    for name, value in MAE_FIXED.items():
+        if getattr(p.train, name) != value:
+            yield (
+                f"train.{name}",
+                (f"train.{name}: train.objective mae needs {value!r}, got {getattr(p.train, name)!r}"),
+            )
+    if p.train.augment not in ("auto", "none"):
+        yield (
+            "train.augment",
+            f"train.augment: MAE pretraining does not augment: expected auto or none, got {p.train.augment!r}",
+        )
+    try:
+        vit = make_config("vit", input_shape=_input_shape(p), num_classes=10, **p.model.vit.model_dump())
+        from_vit(vit, **p.train.mae.model_dump())
+    except OptionError as err:
+        yield "train.mae", err.keyed(lambda name: {"pool": "model.vit.pool"}.get(name, f"train.mae.{name}"))
+    except ValueError:  # the ViT's own options: _architecture names them
+        return
 
 
 def _launch(p: Params) -> Problems:

@@ -196,15 +196,26 @@ def analysis_section(
     return text
 
 
+def _flag(pairs: pd.DataFrame, name: str) -> bool:
+    return name in pairs and pairs[name].fillna(False).astype(bool).any()
+
+
 def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
-    """For BatchNorm networks: the barriers above use repaired statistics; these do not."""
-    if "bn_repair" not in pairs or not pairs["bn_repair"].fillna(False).astype(bool).any():
-        return ""
-    return (
-        "The barriers above are measured with BatchNorm statistics repaired on training data at "
-        "every λ (Jordan et al. 2023). Without repair (stale running statistics interpolated with the "
-        "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n"
-    )
+    """For BatchNorm networks, or with REPAIR: the barriers above are repaired ones; these are not."""
+    if _flag(pairs, "bn_repair"):
+        return (
+            "The barriers above are measured with BatchNorm statistics repaired on training data at "
+            "every λ (Jordan et al. 2023). Without repair (stale running statistics interpolated with the "
+            "weights):\n\n" + barrier_table(pairs, methods, prefix="norepair_") + "\n\n"
+        )
+    if _flag(pairs, "ln_repair"):
+        return (
+            "The barriers above are measured with REPAIR at every λ (Jordan et al. 2023; measure.repair: each "
+            "merged unit's mean and std rescaled to the interpolation of the endpoints'). Without REPAIR:\n\n"
+            + barrier_table(pairs, methods, prefix="norepair_")
+            + "\n\n"
+        )
+    return ""
 
 
 def paper_tables(pairs: pd.DataFrame, methods: Sequence[str], t1: pd.DataFrame | None, row: str | None) -> str:

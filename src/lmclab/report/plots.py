@@ -34,8 +34,8 @@ def label(method: str) -> str:
 
 def plot_interpolation(curves: pd.DataFrame, path: Path, *, dpi: int = 120, band: str = "std") -> Path:
     """Loss and accuracy along ``θ(λ)`` (λ=0: π(θb), λ=1: θa) for train and test; one line per
-    method, the mean over pairs with a ±std (or min–max) band. When the table has BatchNorm
-    repaired curves (``repair`` column), they are solid and the stale-statistics ones dashed."""
+    method, the mean over pairs with a ±std (or min–max) band. When the table has repaired curves
+    (``repair`` column: BatchNorm repair or REPAIR), they are solid and the unrepaired ones dashed."""
     splits = [s for s in ("train", "test") if s in set(curves["split"])]
     repaired = "repair" in curves and bool(curves["repair"].any())
     if "repair" not in curves:
@@ -49,7 +49,7 @@ def plot_interpolation(curves: pd.DataFrame, path: Path, *, dpi: int = 120, band
                 g = sub.groupby("lam")[q]
                 mean, std = (v * scale for v in mean_std(g))
                 lo, hi = (mean - std, mean + std) if band == "std" else (g.min() * scale, g.max() * scale)
-                suffix = "" if not repaired else ", BN repaired" if fixed else ", stale BN stats"
+                suffix = "" if not repaired else ", repaired" if fixed else ", not repaired"
                 (line,) = ax.plot(
                     mean.index,
                     mean.values,

@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from lmclab.core.data import Split
 from lmclab.core.merge import interpolate
+from lmclab.core.objective import batch_loss
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Permutation, PermutationSpec
 
@@ -32,11 +31,12 @@ def midpoint_loss(
     x: Tensor,
     y: Tensor,
 ) -> Tensor:
-    """Mean cross-entropy of the merged model ``(θa + π(θb)) / 2`` on ``(x, y)``, training mode."""
+    """Mean loss of the merged model ``(θa + π(θb)) / 2`` on ``(x, y)``, training mode (classifiers:
+    cross-entropy; :mod:`lmclab.core.objective`)."""
     merged = interpolate(params_a, permuted_b, 0.5)
     merged = {k: v.detach().clone() if k in spec.stats else v for k, v in merged.items()}
     model.train()
-    return F.cross_entropy(functional_call(model, merged, (x,)), y)
+    return batch_loss(model, merged, x, y)
 
 
 @torch.no_grad()

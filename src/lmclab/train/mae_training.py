@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 from pydantic import model_validator
@@ -22,6 +23,7 @@ from tqdm import tqdm
 from lmclab.archs import mae, seeded_model
 from lmclab.archs.masking import random_masks
 from lmclab.core.data import Split
+from lmclab.core.evaluate import evaluate
 from lmclab.core.options import Count, Fraction, NonNegative, OptionError, Options, Positive, one_of, option, takes
 from lmclab.core.spec import Params
 from lmclab.train.training import CPU, SCHEDULES, lr_factor
@@ -66,13 +68,18 @@ def train_mae(
     images: Split,
     *,
     options: MAETrainOptions,
+    test: Split | None = None,
     device: torch.device = CPU,
     progress: bool = False,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
 ) -> tuple[Params, list[dict[str, float]]]:
     """Minimise the masked reconstruction loss (:class:`lmclab.archs.mae.Model`) on ``images.x`` (labels
     unused; options: :class:`MAETrainOptions`). Returns the CPU ``state_dict`` and one history row per
     epoch: ``epoch``, ``lr`` (after the epoch), ``train_loss`` (the mean over the epoch's masked patches,
-    i.e. over its minibatches weighted by size) and ``seconds`` (wall time of the epoch)."""
+    i.e. over its minibatches weighted by size), ``seconds`` (wall time of the epoch's steps) and, with a
+    ``test`` split, ``test_loss``: its reconstruction loss in eval mode under the fixed masks of
+    ``config.mask_seed`` (:meth:`lmclab.archs.mae.Model.default_mask`). ``on_epoch(row)``: called with a
+    copy of each row as soon as it is measured (the train stage feeds DVCLive with it)."""
     o = options
     if o.batch_size > len(images):
         raise OptionError(f"{{batch_size}} must be at most the {len(images)} training images, got {o.batch_size}")
@@ -98,6 +105,11 @@ def train_mae(
             loss_sum += loss.item() * len(idx)  # every image has the same number of masked patches
         seconds = time.perf_counter() - start
         row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"], "train_loss": loss_sum / len(images)}
+        if test is not None:
+            row["test_loss"] = evaluate(model, dict(model.state_dict()), test).loss
+            model.train()
         history.append(row | {"seconds": seconds})
+        if on_epoch is not None:
+            on_epoch(dict(history[-1]))
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return state, history
