@@ -187,6 +187,8 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                     "conv_spectrum": "reshape",
                     "bn_repair": True,
                     "bn_repair_samples": None,
+                    "repair": False,
+                    "repair_samples": 500,
                     "nproc_per_node": 1,
                 },
             }

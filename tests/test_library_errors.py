@@ -199,10 +199,10 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     ),
     (
         lambda: get_arch("transformer"),
-        "arch: unknown architecture 'transformer'; expected one of ['mixer', 'mlp', 'resnet20', 'resnet50', 'traced', "
-        "'vgg', 'vit']",
+        "arch: unknown architecture 'transformer'; expected one of ['mae', 'mixer', 'mlp', 'resnet20', 'resnet50', "
+        "'traced', 'vgg', 'vit']",
         ("train",),
-        "model.arch: unknown architecture 'transformer'; expected one of ['mixer', 'mlp', "
+        "model.arch: unknown architecture 'transformer'; expected one of ['mae', 'mixer', 'mlp', "
         "'resnet20', 'resnet50', 'traced', 'vgg', 'vit']",
     ),
     (
