@@ -11,24 +11,12 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor, nn
 
 from lmclab.analysis.mae import fixed_masks, masked_visible_error
-from lmclab.analysis.mae_probe import encoder_features, knn_accuracy, linear_probe_accuracy, residual_change
+from lmclab.analysis.mae_probe import probe_curve, residual_change
 from lmclab.core.data import Split
 from lmclab.core.merge import interpolate
 from lmclab.core.metrics import midpoint_barrier
 
 ENDS = (1.0, 0.5, 0.0)  # θa, the midpoint, π(θb): where the residual change is measured
-
-
-def lambda_row(model: nn.Module, params: Mapping[str, Tensor], train: Split, test: Split, masks: Tensor) -> dict:
-    """Probe and kNN test accuracy of the encoder's class-token features, and masked/visible patch error."""
-    f_train, f_test = (encoder_features(model, params, s.x) for s in (train, test))
-    errors = masked_visible_error(model, params, test.x, masks)
-    return {
-        "probe_acc": linear_probe_accuracy(f_train, train.y, f_test, test.y),
-        "knn_acc": knn_accuracy(f_train, train.y, f_test, test.y),
-        "masked_error": errors["masked"],
-        "visible_error": errors["visible"],
-    }
 
 
 def mae_pair(
@@ -41,8 +29,9 @@ def mae_pair(
 ) -> tuple[list[dict], list[dict], dict[str, float]]:
     """``(rows, residual rows, summary)`` of an MAE pair (``model``: :class:`lmclab.archs.mae.Model`).
 
-    rows: per λ, :func:`lambda_row` (the probe is fitted afresh on ``train`` at each λ; the masks of the
-    test split are the model's fixed ones, ``config.mask_seed``). residual rows: ``{lam, block, change}``
+    rows: per λ, :func:`~lmclab.analysis.mae_probe.probe_curve`'s probe and kNN test accuracy (the probe
+    fitted afresh on ``train`` at each λ) and the masked and visible patch error on the test split under the
+    model's fixed masks (``config.mask_seed``). residual rows: ``{lam, block, change}``
     at λ = 1, ½, 0, :func:`~lmclab.analysis.mae_probe.residual_change` on all test patches. summary: the
     probe and kNN accuracies (percent) at θa, θb and the midpoint and their midpoint barriers (points; the
     paper's accuracy convention: positive = the midpoint is worse), the masked and visible error at ½."""
@@ -50,11 +39,13 @@ def mae_pair(
         raise ValueError("lams: the λ grid must contain 0, ½ and 1")
     config = model.config
     masks = fixed_masks(len(test), config.patches, config.mask_ratio, config.mask_seed).to(test.x.device)
-    rows, residual = [], []
-    for lam in lams:
+    rows, residual = probe_curve(model, params_a, permuted_b, train, test, lams), []
+    for row in rows:
+        lam = row["lam"]
         params = interpolate(params_a, permuted_b, lam)
-        rows.append({"lam": float(lam), **lambda_row(model, params, train, test, masks)})
-        if float(lam) in ENDS:
+        errors = masked_visible_error(model, params, test.x, masks)
+        row |= {"masked_error": errors["masked"], "visible_error": errors["visible"]}
+        if lam in ENDS:
             changes = residual_change(model, params, test.x)
             residual += [{"lam": float(lam), "block": k, "change": v} for k, v in changes.items()]
     at = {r["lam"]: r for r in rows}
