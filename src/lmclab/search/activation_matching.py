@@ -10,7 +10,8 @@ similarity of the units' activations over the training data:
 
 Activations are read with forward hooks on the modules the architecture lists in
 ``activation_points`` (units on axis 1, or on the axis named after ``@`` — ``blocks.0.act@-1`` for
-token-major tensors such as a Mixer's; every other position of a feature map counts as a sample).
+token-major tensors such as a Mixer's; every other position of a feature map counts as a sample; ``[i/n]``
+after it: part ``i`` of ``n`` equal parts of that axis, as in a packed ``qkv`` projection).
 A group with several points (a residual stream) sums their statistics. The headed groups of attention
 (queries/keys and values, tied by one head order) sum their costs in one structured assignment that is
 exact for this objective (:func:`lmclab.core.heads.solve_tied`).
@@ -66,9 +67,20 @@ def _as_samples(z: Tensor, axis: int = 1) -> Tensor:
 
 
 def _point(name: str) -> tuple[str, int]:
-    """An activation point ``module`` (units on axis 1) or ``module@axis`` (e.g. ``@-1``: the last axis)."""
-    module, _, axis = name.partition("@")
+    """An activation point ``module`` (units on axis 1) or ``module@axis`` (e.g. ``@-1``: the last axis),
+    optionally of one part ``[i/n]`` of that axis."""
+    module, _, axis = name.split("[")[0].partition("@")
     return module, int(axis) if axis else 1
+
+
+def _units(z: Tensor, name: str) -> Tensor:
+    """The samples × units of point ``name`` in ``z``: part ``i`` of ``n`` equal parts of the unit axis
+    with ``[i/n]`` (timm's packed ``qkv``: ``blocks.0.attn.qkv@-1[2/3]`` holds the values)."""
+    z = _as_samples(z, _point(name)[1])
+    if "[" not in name:
+        return z
+    i, n = map(int, name.split("[")[1].rstrip("]").split("/"))
+    return z.chunk(n, dim=1)[i]
 
 
 @torch.no_grad()
@@ -123,7 +135,7 @@ def activation_matching(
         za, zb = _record(model, params_a, all_points, x), _record(model, params_b, all_points, x)
         for g, ps in points.items():
             for p in ps:
-                moments[g].add(_as_samples(za[p], _point(p)[1]), _as_samples(zb[p], _point(p)[1]))
+                moments[g].add(_units(za[p], p), _units(zb[p], p))
     similarity = {g: m.similarity(statistic) for g, m in moments.items()}
     perm = {}
     for unit in tie_sets(similarity, spec.heads):  # headed groups of one tie: one structured assignment

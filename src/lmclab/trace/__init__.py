@@ -25,6 +25,9 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   ``(heads, d)`` makes the group headed (``PermutationSpec.heads``); ``q @ kᵀ`` makes the query and key
   groups one, ``softmax(…) @ v`` ties the value group's head order to theirs; ``nn.MultiheadAttention``
   is a leaf whose ``in_proj_weight`` rows are three segments (Q, K: one headed group; V: another, tied);
+  a packed projection (timm's ``qkv``) reshaped into ``(3, heads, d)`` is refined into three groups side
+  by side, its part axis followed through ``permute``, ``unbind`` and ``qkv[i]``;
+  ``F.scaled_dot_product_attention`` is its two products (:mod:`lmclab.trace.packed`);
 - an index by ints and full slices (``x[:, 0]``) keeps the axes it does not pick from; a class token
   (a parameter, ``expand``-ed) concatenated to the tokens is permuted as they are;
 - the model's inputs and outputs are never permuted.

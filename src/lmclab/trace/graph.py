@@ -29,6 +29,7 @@ from lmclab.trace.groups import (
     Within,
 )
 from lmclab.trace.layers import LayerRules
+from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.shapes import ShapeRules
 
 
@@ -46,7 +47,7 @@ def _op_name(node: fx.Node, model: nn.Module) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-class GraphTracer(LayerRules, ShapeRules, AttentionRules):
+class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules):
     """One pass over the graph in topological order, tagging each node's output."""
 
     def __init__(self, gm: fx.GraphModule, partial: bool) -> None:
@@ -57,6 +58,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules):
         self.state_keys = set(gm.state_dict())
         self.names: dict[int, str] = {}  # union-find root -> P_k, filled by result()
         self.attention_heads: dict[fx.Node, tuple[int, int, int]] = {}  # MultiheadAttention -> (tie, H, ndim)
+        self.packed: dict[fx.Node, tuple[int, list[Tag | None]]] = {}  # (part axis, each part's tag)
+        self.unbound: dict[fx.Node, list[Tag | None]] = {}  # unbind of a packed tensor -> each part's tag
 
     # ---- helpers ----------------------------------------------------------------------------
     def tag(self, arg: object) -> Tag | None:
@@ -133,7 +136,10 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules):
             elif node.op == "output":
                 for t in self.tagged_inputs(node):  # outputs are never permuted
                     self.pin(t.gids)
+                self.pin([g for a in node.all_input_nodes for g in self.packed_gids(a)])
                 self.pin([self.attention_heads[a][0] for a in node.all_input_nodes if a in self.attention_heads])
+            elif any(a in self.packed or a in self.unbound for a in node.all_input_nodes):
+                self.on_packed(node)
             elif node.op == "call_module":
                 self.module(node, self.gm.get_submodule(str(node.target)))
             else:
@@ -187,6 +193,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules):
         method = target if node.op == "call_method" else None
         if target is operator.getitem and node.args[0] in self.attention_heads:
             return self.attention_item(node, node.args[0])
+        if target is SDPA and tagged:
+            return self.fused_attention(node)
         if not self.knows_heads(node, tagged):
             return self.refuse(node, "an operation over heads or per-head features it does not know")
         if not tagged:

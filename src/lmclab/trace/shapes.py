@@ -56,20 +56,27 @@ class ShapeRules:
 
     def reshape(self, node: fx.Node, t_in: Tag) -> None:
         """A reshape that keeps the permuted axes (reshaping only others), flattens one into the axes
-        after it, or splits one group's units into ``(heads, d)`` (:mod:`lmclab.trace.attention`); anything
-        else (a channel shuffle) is refused."""
+        after it, splits one group's units into ``(heads, d)`` (:mod:`lmclab.trace.attention`) or into
+        ``(parts, heads, d)`` (:mod:`lmclab.trace.packed`); anything else (a channel shuffle) is refused."""
         shape_in, shape = self.shape(node.args[0]), self.shape(node)
         n, head, tail = min(len(shape_in), len(shape)), 0, 0
         while head < n and shape_in[head] == shape[head]:
             head += 1
         while tail < n - head and shape_in[-1 - tail] == shape[-1 - tail]:
             tail += 1
-        lays, split = t_in.layouts, len(shape_in) - head - tail == 1 and len(shape) - head - tail == 2
+        lays, new = t_in.layouts, len(shape) - head - tail
+        one = len(shape_in) - head - tail == 1  # one axis becomes ``new`` axes
         if not any(head <= a < len(shape_in) - tail for a in self.live(t_in)):  # permuted axes untouched
-            self.tags[node] = Tag.of(lays[:head] + (None,) * (len(shape) - head - tail) + lays[len(lays) - tail :])
-        elif len(shape) - head - tail == 1:  # = flatten(x, head, -1 - tail)
+            self.tags[node] = Tag.of(lays[:head] + (None,) * new + lays[len(lays) - tail :])
+        elif new == 1:  # = flatten(x, head, -1 - tail)
             self.flatten(node, t_in, head, len(shape_in) - 1 - tail)
-        elif not (split and self.split_heads(node, t_in, head, *shape[head : head + 2])):
+        elif not (
+            one
+            and (
+                (new == 2 and self.split_heads(node, t_in, head, *shape[head : head + 2]))
+                or (new == 3 and self.split_packed(node, t_in, head, *shape[head : head + 3]))
+            )
+        ):
             self.refuse(node, f"a reshape {shape_in} -> {shape} it cannot follow")
 
     def move(self, node: fx.Node, t_in: Tag) -> None:
