@@ -1,5 +1,7 @@
 """Stage connect (one instance per triple and method): align θb and θc to θa separately, then
-barriers between every pair of {θa, π_b(θb), π_c(θc)} and the landscape on their plane (test split).
+barriers between every pair of {θa, π_b(θb), π_c(θc)} and the landscape on their plane (test split);
+with ``measure.bn_repair`` (BatchNorm nets) or ``measure.repair`` (REPAIR, nets without BatchNorm) each
+edge is measured without and with the repair, as in the measure stage.
 ``--aligned-b`` is the permute stage's output for the pair (θa, θb) with this method: its
 permutation is θb's alignment (the same search, options and seed; not run twice), so only θc is
 searched here. Writes ``perms.pt``, ``edges.json``, ``curves.parquet``, ``landscape.parquet``."""
@@ -26,6 +28,10 @@ from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
 KEYS = {**under("three", "resolution", "margin"), **under("measure", "num_lambdas", gamma="gammas")}
+REPAIR_KEYS = {
+    "bn_repair": under("measure", num_samples="bn_repair_samples"),
+    "repair": under("measure", num_samples="repair_samples"),
+}
 
 
 @app.command()
@@ -43,6 +49,7 @@ def main(
     import pandas as pd
 
     from lmclab.analysis.three_models import connect_triple
+    from lmclab.archs import build_model
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
@@ -84,15 +91,11 @@ def main(
     for k in "bc":
         check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
     aligned = {"b": load_alignment(aligned_b, method)} if aligned_b else {}
+    train = load_split(data, "train")
+    settings |= repairs(read("measure"), build_model(ckpts["a"].arch, ckpts["a"].config).to(world.device), train, world)
     with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
         result = connect_triple(
-            method,
-            ckpts,
-            load_split(data, "train"),
-            load_split(data, "test"),
-            options=options,
-            aligned=aligned,
-            **settings,
+            method, ckpts, train, load_split(data, "test"), options=options, aligned=aligned, **settings
         )
     leave_world(world)
     if not world.is_main:  # one writer
@@ -108,6 +111,20 @@ def main(
         )
     bc = next(e for e in result.edges if e["edge"] == "b-c")
     typer.echo(f"{method} {seeds}: b-c test loss barrier {bc['test_loss_barrier_max']:.4f}")
+
+
+def repairs(measure: dict, model, train, world) -> dict:
+    """``repair`` (BN repair) or ``repair_at`` (REPAIR) as the measure stage builds them from ``measure``."""
+    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
+    from lmclab.core.repair import RepairAt
+
+    if measure["bn_repair"] and has_batchnorm(model):
+        with params_errors(REPAIR_KEYS["bn_repair"]):
+            return {"repair": bn_repair_hook(model, train, num_samples=measure["bn_repair_samples"], world=world)}
+    if measure["repair"] and not has_batchnorm(model):
+        with params_errors(REPAIR_KEYS["repair"]):
+            return {"repair_at": RepairAt(model, repair_subset(train, measure["repair_samples"]))}
+    return {}
 
 
 def load_alignment(folder: Path, method: str):

@@ -15,8 +15,10 @@ import torch
 from dvc_repo import TINY, deep_update, make_repo
 from dvc_repo import run as _run
 
-from lmclab.archs import get_arch
+from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import load_checkpoint
+from lmclab.core.data import load_split
+from lmclab.core.evaluate import evaluate
 from lmclab.core.spec import check_permutation
 
 pytestmark = pytest.mark.slow  # ~3 min: a dozen python processes each importing torch
@@ -72,6 +74,24 @@ def test_measure_writes_reconstruction_curves_with_and_without_repair_and_the_pr
     assert all(0 <= v <= 1 for v in mae["probe_acc"]) and math.isfinite(summary["probe_acc_barrier_mid"])
     residual = pd.read_parquet(out / "residual.parquet")
     assert set(residual["block"]) == {"blocks.0"} and set(residual["lam"]) == {0.0, 0.5, 1.0}
+
+
+def test_the_merged_midpoint_and_the_three_model_edges_are_repaired_too(repo):
+    """The merge stage writes REPAIR's θ(½) (the measure's repaired midpoint: the same loss); the
+    connect stage measures every edge with and without REPAIR."""
+    merged = repo / "data" / "merged" / "seed0-seed1" / "wm"
+    mid, pi_b = (load_checkpoint(merged / f"{name}.pt").state_dict for name in ("midpoint", "permuted_b"))
+    a = load_checkpoint(repo / "data" / "models" / "seed0.pt")
+    plain = {k: (v + pi_b[k]) / 2 for k, v in a.state_dict.items()}
+    assert any(not torch.allclose(mid[k], plain[k]) for k in plain)  # not the plain average
+    curve = pd.read_parquet(repo / "data" / "measure" / "seed0-seed1" / "wm" / "curve.parquet")
+    at = curve[curve["repair"] & (curve["split"] == "test") & (curve["lam"] == 0.5)]["loss"].item()
+    test = load_split(repo / "data" / "prepared", "test")
+    assert evaluate(build_model(a.arch, a.config), mid, test).loss == pytest.approx(at, rel=1e-5)
+    where = repo / "data" / "connect" / "seed0-seed1-seed2" / "wm"
+    edges = json.loads((where / "edges.json").read_text())["edges"]
+    assert all(e["ln_repair"] and "norepair_test_loss_barrier_max" in e for e in edges)
+    assert set(pd.read_parquet(where / "curves.parquet")["repair"]) == {True, False}
 
 
 def test_the_report_says_the_barriers_are_repaired_and_shows_them_without(repo):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -11,8 +12,10 @@ from lmclab.analysis.landscape import landscape, plane_frame, plane_grid, plane_
 from lmclab.analysis.three_models import connect_triple
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
+from lmclab.core.bn_repair import repair_subset
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.core.metrics import l2_distance, lambda_grid
+from lmclab.core.repair import RepairAt, repair
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search import run_search
 from lmclab.search.merge_many import merge_many, summed_distance
@@ -149,3 +152,30 @@ def test_ensemble_of_identical_models_is_the_model(trained, splits) -> None:
     single = evaluate(model, ckpt.state_dict, splits["test"])
     both = evaluate_ensemble(model, [ckpt.state_dict, ckpt.state_dict], splits["test"])
     assert both.acc == single.acc and math.isclose(both.loss, single.loss, rel_tol=1e-5)
+
+
+def test_repair_measures_every_edge_with_and_without_it(trained, splits) -> None:
+    """REPAIR in three-model connectivity: the plain barriers are kept as norepair_* (equal to a run
+    without it), each repaired curve point is repair()'s θ(λ) between the aligned pair, and REPAIR moves
+    the b–c midpoint."""
+    ckpts = {k: trained(s) for k, s in zip("abc", (0, 1, 2), strict=True)}
+    model, data, cpu = build_model("mlp", ckpts["a"].config), repair_subset(splits["train"], 200), torch.device("cpu")
+    args = dict(options={}, seed=0, lams=lambda_grid(3), resolution=2, margin=0.0, device=cpu)
+    plain = connect_triple("wm", ckpts, splits["train"], splits["test"], **args)
+    fixed = connect_triple("wm", ckpts, splits["train"], splits["test"], repair_at=RepairAt(model, data), **args)
+    for p, f in zip(plain.edges, fixed.edges, strict=True):
+        assert f["ln_repair"] and not p["ln_repair"] and not f["bn_repair"]
+        barriers = [k for k in p if "barrier" in k]
+        assert barriers and all(f[f"norepair_{k}"] == p[k] for k in barriers)
+    curves = pd.DataFrame(fixed.curves)
+    assert set(curves["repair"]) == {False, True} and not pd.DataFrame(plain.curves)["repair"].any()
+    spec = get_arch("mlp").permutation_spec(ckpts["a"].config)
+    b, c = (apply_permutation(spec, fixed.perms[k], ckpts[k].state_dict) for k in "bc")
+    mid = curves[(curves["edge"] == "b-c") & curves["repair"] & (curves["split"] == "test") & (curves["lam"] == 0.5)]
+    assert mid["loss"].item() == pytest.approx(evaluate(model, repair(model, b, c, 0.5, data), splits["test"]).loss)
+    bc = next(e for e in fixed.edges if e["edge"] == "b-c")
+    assert bc["test_loss_mid"] != bc["norepair_test_loss_mid"]
+    with pytest.raises(ValueError, match="^repair, repair_at: expected at most one of them"):
+        connect_triple(
+            "wm", ckpts, splits["train"], splits["test"], repair=lambda p: p, repair_at=RepairAt(model, data), **args
+        )

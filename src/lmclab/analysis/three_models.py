@@ -18,7 +18,7 @@ from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
-from lmclab.core.interpolation import Repair, barriers_from_curve, interpolation_curve
+from lmclab.core.interpolation import Repair, RepairAt, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
 from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation, check_permutation
 from lmclab.search import run_search
@@ -37,26 +37,42 @@ def three_model_barriers(
     *,
     gammas: Sequence[float] = (0.3,),
     repair: Repair | None = None,
+    repair_at: RepairAt | None = None,
     world: World = ALONE,
 ) -> tuple[list[dict], list[dict]]:
     """Curves and barriers for every pair of ``models`` = {"a": θa, "b": π_b(θb), "c": π_c(θc)}.
 
     Along edge (x, y), ``λ = 1`` is model x and ``λ = 0`` model y. Returns (curve rows, one
     summary row per edge with every barrier of :func:`barriers_from_curve`, the L2 distance and
-    ``R_γ`` for each γ (Theorem 4.1, kernels reshaped; the paper's Figure 5 uses γ = 0.3))."""
+    ``R_γ`` for each γ (Theorem 4.1, kernels reshaped; the paper's Figure 5 uses γ = 0.3)).
+    With ``repair`` (BN repair) or ``repair_at`` (REPAIR), as in
+    :func:`lmclab.core.interpolation.measure_pair_with_repair`: each edge is measured without and with
+    it (curve rows carry ``repair``), its barriers are the repaired ones and the plain ones are kept as
+    ``norepair_<key>``; ``bn_repair`` and ``ln_repair`` say which case it is."""
+    if repair is not None and repair_at is not None:
+        raise ValueError("repair, repair_at: expected at most one of them")
     layers = layer_names(spec, models["a"])
     factors = {k: model_factors(p, layers) for k, p in models.items()}
+    flags = {"bn_repair": repair is not None, "ln_repair": repair_at is not None}
     curves, summaries = [], []
     for x, y in EDGES:
-        rows = interpolation_curve(model, models[x], models[y], lams, splits, repair=repair, world=world)
         edge = f"{x}-{y}"
-        curves += [{"edge": edge, **r} for r in rows]
+        plain = interpolation_curve(model, models[x], models[y], lams, splits, world=world)
+        curves += [{"edge": edge, **r, "repair": False} for r in plain]
+        barriers = barriers_from_curve(plain)
+        if repair is not None or repair_at is not None:
+            fixed = interpolation_curve(
+                model, models[x], models[y], lams, splits, repair=repair, repair_at=repair_at, world=world
+            )
+            curves += [{"edge": edge, **r, "repair": True} for r in fixed]
+            barriers = {**barriers_from_curve(fixed), **{f"norepair_{k}": v for k, v in barriers.items()}}
         summaries.append(
             {
                 "edge": edge,
-                **barriers_from_curve(rows),
+                **barriers,
                 "l2": l2_distance(spec, models[x], models[y]),
                 **{r_key(g): alignment_r(factors[x], factors[y], g) for g in gammas},
+                **flags,
             }
         )
     return curves, summaries
@@ -91,10 +107,13 @@ def connect_triple(
     device: torch.device,
     gammas: Sequence[float] = (0.3,),
     repair: Repair | None = None,
+    repair_at: RepairAt | None = None,
     world: World = ALONE,
     aligned: Mapping[str, SearchResult] | None = None,
 ) -> TripleResult:
-    """Align θb and θc to θa with ``method``; barriers on all edges; the plane's landscape (with
+    """Align θb and θc to θa with ``method``; barriers on all edges (with BN ``repair`` or REPAIR
+    ``repair_at`` too, :func:`three_model_barriers`); the plane's landscape (BN-repaired with ``repair``;
+    REPAIR's targets are defined between two endpoints, so the plane is not REPAIRed) (with
     ``world``, every process searches alike and evaluates its shard of the data).
 
     ``aligned`` holds alignments to θa already found for "b" and/or "c" (the pipeline passes the
@@ -115,7 +134,15 @@ def connect_triple(
         models[k] = apply_permutation(problem.spec, result.perm, on[k])
     spec, model = problem.spec, problem.model
     curves, edges = three_model_barriers(
-        spec, model, models, lams, {"train": train, "test": test}, gammas=gammas, repair=repair, world=world
+        spec,
+        model,
+        models,
+        lams,
+        {"train": train, "test": test},
+        gammas=gammas,
+        repair=repair,
+        repair_at=repair_at,
+        world=world,
     )
     plane = landscape(
         model,

@@ -267,8 +267,9 @@ class Measure(Block):
     bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
     repair: bool = key(
         False,
-        "nets without BatchNorm (LayerNorm ViTs, Mixers, MLPs): also measure every λ with REPAIR "
-        "(each merged unit's statistics rescaled to the interpolation of the endpoints')",
+        "nets without BatchNorm (LayerNorm ViTs, Mixers, MLPs): also measure every λ (pairs and three-model "
+        "edges) with REPAIR (each merged unit's statistics rescaled to the interpolation of the endpoints'); "
+        "the merged midpoint is REPAIR's",
     )
     repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of REPAIR's statistics (null: all)")
     nproc_per_node: Count = key(
