@@ -18,9 +18,10 @@ from lmclab.core.metrics import l2_distance, lambda_grid
 from lmclab.core.repair import RepairAt, repair
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search import run_search
-from lmclab.search.merge_many import merge_many, summed_distance
+from lmclab.search.merge_many import merge_many
 from lmclab.search.registered import search_problem
 from lmclab.search.result import SearchResult
+from lmclab.search.universe import summed_distance
 from lmclab.search.weight_matching import weight_matching
 
 

@@ -11,7 +11,8 @@ from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.core.spec import Params
-from lmclab.search.merge_many import MergeManyResult, mean_params, merge_many
+from lmclab.search.merge_many import MergeManyResult, merge_many
+from lmclab.search.universe import mean_params
 
 Repair = Callable[[Params], Params]
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
+from lmclab.search.universe import mean_params, summed_distance
 from lmclab.search.weight_matching import weight_matching
 
 
@@ -26,20 +27,6 @@ class MergeManyResult(NamedTuple):
     perms: list[Permutation]  # π_i for every model, in input order
     merged: Params  # mean of the aligned models (running statistics averaged too: repair them)
     stats: dict  # "distance": D after each iteration (index 0: before), "iterations", "seconds"
-
-
-def mean_params(params: Sequence[Mapping[str, Tensor]]) -> Params:
-    """Element-wise mean; integer buffers are taken from the first model."""
-    return {
-        k: torch.stack([p[k] for p in params]).mean(0) if v.is_floating_point() else v.clone()
-        for k, v in params[0].items()
-    }
-
-
-def summed_distance(spec: PermutationSpec, params: Sequence[Mapping[str, Tensor]]) -> float:
-    """``D = Σ_i ‖θ_i − θ̄‖²`` over the matched entries (running statistics excluded)."""
-    mean = mean_params([spec.matched(p) for p in params])
-    return sum(float((p[k].double() - m.double()).pow(2).sum()) for p in params for k, m in mean.items())
 
 
 def merge_many(
