@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from lmclab.core.options import OptionError
-from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
-from lmclab.search.universe import mean_params, summed_distance
+from lmclab.core.spec import PermutationSpec, apply_permutation, identity_permutation
+from lmclab.search.universe import UniverseResult, mean_params, summed_distance, universe_result
 from lmclab.search.weight_matching import weight_matching
 
-
-class MergeManyResult(NamedTuple):
-    perms: list[Permutation]  # π_i for every model, in input order
-    merged: Params  # mean of the aligned models (running statistics averaged too: repair them)
-    stats: dict  # "distance": D after each iteration (index 0: before), "iterations", "seconds"
+MergeManyResult = UniverseResult  # perms, merged, stats (the shared result of the n-model methods)
 
 
 def merge_many(
@@ -61,4 +56,4 @@ def merge_many(
         if distance[-2] - distance[-1] <= tol * abs(distance[-2]):
             break
     stats = {"distance": distance, "iterations": len(distance) - 1, "seconds": time.perf_counter() - start}
-    return MergeManyResult(perms, mean_params(aligned), stats)
+    return universe_result(spec, perms, params, stats)
