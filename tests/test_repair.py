@@ -11,7 +11,14 @@ from torch.func import functional_call
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
 from lmclab.core.merge import interpolate
-from lmclab.core.repair import RepairAt, repair, repair_points, repair_statistics, unit_statistics
+from lmclab.core.repair import (
+    RepairAt,
+    repair,
+    repair_merged,
+    repair_points,
+    repair_statistics,
+    unit_statistics,
+)
 from lmclab.core.spec import apply_permutation, random_permutation
 
 ARCHS = {
@@ -162,3 +169,43 @@ def test_repair_at_is_repair_at_every_lambda_and_for_each_new_pair_of_endpoints(
         assert max((got[k] - want[k]).abs().max().item() for k in want) <= TOL
     with pytest.raises(ValueError, match="lam must be in"):
         repair_at(params_a, params_b, 1.5)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_repair_merged_of_two_endpoints_is_repair_at_their_weights(arch):
+    model, _, params_a, params_b, data = _setup(arch)
+    lam = 0.3
+    pair = repair(model, params_a, params_b, lam, data)
+    many = repair_merged(model, [params_a, params_b], data, weights=[lam, 1 - lam])
+    assert max((pair[k] - many[k]).abs().max().item() for k in pair) < TOL
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_repair_merged_sets_each_unit_to_the_weighted_endpoint_statistics(arch):
+    model, spec, params_a, params_b, data = _setup(arch)
+    perm = random_permutation(spec.group_sizes(params_b), torch.Generator().manual_seed(3), spec.heads)
+    third = apply_permutation(spec, perm, params_b)
+    third = {k: v * 1.1 if v.is_floating_point() else v for k, v in third.items()}  # other statistics
+    aligned, weights = [params_a, params_b, third], [0.5, 0.2, 0.3]
+    points = repair_points(model, params_a, data)
+    repaired = repair_merged(model, aligned, data, weights=weights, batch_size=9)
+    stats = [unit_statistics(model, p, data, points, batch_size=len(data)) for p in aligned]
+    after = unit_statistics(model, repaired, data, points, batch_size=len(data))
+    for p in points:
+        target_mean = sum(w * s[p].mean for w, s in zip(weights, stats, strict=True))
+        target_std = sum(w * s[p].std for w, s in zip(weights, stats, strict=True))
+        assert (after[p].mean - target_mean).abs().max() < TOL, p
+        assert (after[p].std - target_std).abs().max() < TOL, p
+    equal = repair_merged(model, aligned, data)  # default weights: 1/N each
+    mean = unit_statistics(model, equal, data, points[:1], batch_size=len(data))[points[0]].mean
+    assert (mean - sum(s[points[0]].mean for s in stats) / 3).abs().max() < TOL
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [([0.5, 0.6], "weights must be 2 non-negative numbers summing to 1"), ([1.0], "weights must be 2")],
+)
+def test_repair_merged_refuses_bad_weights_in_one_line(weights, match):
+    model, _, params_a, params_b, data = _setup("mlp")
+    with pytest.raises(ValueError, match=match):
+        repair_merged(model, [params_a, params_b], data, weights=weights)

@@ -24,7 +24,7 @@ cannot be rescaled: only its mean is moved to μ_t. Parameters are never mutated
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -138,6 +138,26 @@ def rescale(params: Mapping[str, Tensor], point: str, merged: Moments, target: M
     }
 
 
+def repair_to(
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    data: Split,
+    targets: Mapping[str, Moments],
+    *,
+    batch_size: int = 500,
+) -> Params:
+    """``params`` with each point of ``targets`` (module names, in forward order) rescaled so that its
+    units have the target mean and std on ``data`` (:func:`rescale`), one point at a time: each
+    measurement sees every correction upstream of it. One pass over ``data`` per point."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive number of samples, got {batch_size}")
+    params = dict(params)
+    for p, target in targets.items():
+        merged = unit_statistics(model, params, data, [p], batch_size=batch_size)[p]
+        params = rescale(params, p, merged, target)
+    return params
+
+
 def _repair(model, params_a, params_b, lam, data, points, batch_size):
     if not 0 <= lam <= 1:
         raise ValueError(f"lam must be in [0, 1], got {lam}")
@@ -147,10 +167,7 @@ def _repair(model, params_a, params_b, lam, data, points, batch_size):
     stats_a = unit_statistics(model, params_a, data, points, batch_size=batch_size)
     stats_b = unit_statistics(model, params_b, data, points, batch_size=batch_size)
     targets = target_statistics(stats_a, stats_b, lam)
-    params = interpolate(params_a, params_b, lam)
-    for p in points:  # forward order: each measurement sees every correction upstream of it
-        merged = unit_statistics(model, params, data, [p], batch_size=batch_size)[p]
-        params = rescale(params, p, merged, targets[p])
+    params = repair_to(model, interpolate(params_a, params_b, lam), data, targets, batch_size=batch_size)
     return params, points, stats_a, stats_b, targets
 
 
@@ -167,6 +184,37 @@ def repair(
     """The REPAIRed ``θ(λ) = λ θa + (1 − λ) θb`` (θb: the aligned π(θb)); ``points``: module names
     (default :func:`repair_points`). One pass per endpoint, then one per point, over ``data``."""
     return _repair(model, params_a, params_b, lam, data, points, batch_size)[0]
+
+
+def repair_merged(
+    model: nn.Module,
+    aligned: Sequence[Mapping[str, Tensor]],
+    data: Split,
+    *,
+    weights: Sequence[float] | None = None,
+    points: list[str] | None = None,
+    batch_size: int = 500,
+) -> Params:
+    """REPAIR of the merge of N endpoints already in one frame (MergeMany, C2M3, …): ``θ = Σ_i w_i θ_i``
+    with each point's units set to ``μ_t = Σ_i w_i μ_i``, ``σ_t = Σ_i w_i σ_i`` (the pair's targets with
+    weights (λ, 1 − λ); ``weights`` default 1/N each, non-negative, summing to 1). The endpoints'
+    statistics must be those of the *aligned* models: unaligned endpoints put a unit's target on other
+    units' statistics. One pass per endpoint and one per point over ``data``."""
+    if len(aligned) < 1:
+        raise ValueError("aligned must hold at least one model, got none")
+    weights = [1 / len(aligned)] * len(aligned) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(aligned) or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
+        raise ValueError(f"weights must be {len(aligned)} non-negative numbers summing to 1, got {weights}")
+    points = repair_points(model, aligned[0], data, points)
+    stats = [unit_statistics(model, p, data, points, batch_size=batch_size) for p in aligned]
+    targets = {
+        p: Moments(*(sum(w * s[p][f] for w, s in zip(weights, stats, strict=True)) for f in (0, 1))) for p in points
+    }
+    merged = {
+        k: sum(w * p[k] for w, p in zip(weights, aligned, strict=True)) if v.is_floating_point() else v.clone()
+        for k, v in aligned[0].items()
+    }
+    return repair_to(model, merged, data, targets, batch_size=batch_size)
 
 
 class RepairAt:
@@ -195,11 +243,9 @@ class RepairAt:
             raise ValueError(f"lam must be in [0, 1], got {lam}")
         points, stats_a, stats_b = self._statistics(params_a, params_b)
         targets = target_statistics(stats_a, stats_b, lam)
-        params = interpolate(params_a, params_b, lam)
-        for p in points:  # forward order, as in repair()
-            merged = unit_statistics(self.model, params, self.data, [p], batch_size=self.batch_size)[p]
-            params = rescale(params, p, merged, targets[p])
-        return params
+        return repair_to(
+            self.model, interpolate(params_a, params_b, lam), self.data, targets, batch_size=self.batch_size
+        )
 
 
 def repair_statistics(
