@@ -1,0 +1,141 @@
+"""ZipIt! (Stoica et al. 2024, "ZipIt! Merging Models from Different Tasks without Training") for N models.
+
+For each group, the features of all N models at the group's activation points are concatenated
+(``D = N·n`` features; the statistics activation matching reads, :mod:`lmclab.search.features`) and
+their Pearson correlation ``C`` (D × D) computed. Starting from D singleton clusters, ZipIt! greedily
+merges the pair of clusters with the highest correlation until ``n`` clusters remain; a merged
+cluster's correlation with any other is the smallest over their members (complete linkage, as in the
+authors' code). The merge matrix averages a cluster's members and the unmerge matrix copies the merged
+feature back to each (Section 4):
+
+    M_i[k, j] = 1/|c_k|,   U_i[j, k] = 1      for feature j of model i in cluster c_k,
+
+and θ = Σ_i M_i θ_i U_i (:func:`lmclab.core.transform.transform_merge`).
+
+``within_model`` (the paper's default): features of the same model may merge ("zip" redundant
+features of one model). Without it a cluster holds at most one feature per model, and so that the
+greedy always ends with exactly n clusters for any N, every merge joins a cluster holding one of model
+0's features (n such clusters exist, and a feature of model i can always join one that lacks model i);
+for N = 2 that is every cross-model merge, the result is a permutation per model and the greedy is a
+greedy maximum-correlation matching (at most AM's optimum on the Pearson correlation).
+
+``partial_zip = k`` (Section 4.3, "partial zipping"): zip only the first k groups in the spec's order
+and keep each model's later layers, fed the zipped features through ``U_i``
+(:func:`lmclab.core.transform.partial_merge`). The paper's α (repeat-merge penalty) and β (same-model
+budget) are not implemented. The merged network needs REPAIR
+(:func:`lmclab.search.features.repair_transformed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lmclab.core.data import Split
+from lmclab.core.options import Count, OptionError, Options, option, takes
+from lmclab.core.spec import PermutationSpec
+from lmclab.core.transform import Transform, TransformResult, partial_merge, transform_merge
+from lmclab.search.features import check_models, feature_statistics
+
+
+class ZipItOptions(Options):
+    """Options of :func:`zipit`."""
+
+    within_model: bool = option(True, "ZipIt!: features of one model may merge (false: only across models)")
+    partial_zip: Count | None = option(
+        None, "ZipIt!: zip only the first k groups (the spec's order), keep each model's later layers (null: all)"
+    )
+    batch_size: Count = option(1000, "ZipIt!: inputs per forward pass")
+    max_samples: Count | None = option(None, "ZipIt!: training inputs used (null: all)")
+
+
+def _admissible(models: Tensor, k: int, within_model: bool) -> Tensor:
+    """Which clusters cluster ``k`` may merge with (``models``: (D, N) bool, each cluster's models)."""
+    if within_model:
+        return torch.ones(models.shape[0], dtype=torch.bool)
+    disjoint = ~(models & models[k]).any(1)
+    return disjoint & (models[:, 0] ^ models[k, 0])  # anchored at model 0's features (module docstring)
+
+
+def zip_clusters(correlation: Tensor, sizes: Sequence[int], within_model: bool) -> list[list[int]]:
+    """ZipIt!'s greedy (module docstring) on the correlation of the concatenated features (``sizes[i]``
+    features of model i, all equal): ``sizes[0]`` clusters of feature indices, ordered by first member."""
+    if len(set(sizes)) != 1:
+        raise ValueError(f"ZipIt! merges models of equal width, got widths {list(sizes)}")
+    total, owner = sum(sizes), torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    models = torch.nn.functional.one_hot(owner, len(sizes)).bool()  # (D, N)
+    link = correlation.double().clone()  # complete-linkage correlation of the current clusters
+    allowed = torch.stack([_admissible(models, k, within_model) for k in range(total)])
+    allowed.fill_diagonal_(False)
+    members, alive = [[j] for j in range(total)], torch.ones(total, dtype=torch.bool)
+    for _ in range(total - sizes[0]):
+        best = int(link.masked_fill(~allowed, -torch.inf).argmax())
+        i, j = sorted(divmod(best, total))
+        if not allowed[i, j]:
+            raise RuntimeError("ZipIt!: no admissible merge left")  # excluded by the anchoring
+        members[i] += members[j]
+        models[i] |= models[j]
+        link[i] = link[:, i] = torch.minimum(link[i], link[j])
+        alive[j] = allowed[j] = allowed[:, j] = False
+        allowed[i] = allowed[:, i] = _admissible(models, i, within_model) & alive
+        allowed[i, i] = False
+    return sorted(sorted(members[k]) for k in range(total) if alive[k])
+
+
+def cluster_transforms(clusters: Sequence[Sequence[int]], sizes: Sequence[int]) -> tuple[list[Tensor], list[Tensor]]:
+    """ZipIt!'s ``M_i`` (average of a cluster's members) and ``U_i`` (copy back) of every model."""
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    unmerge = torch.zeros(sum(sizes), len(clusters), dtype=torch.float64)  # (D, n): [U_0; …; U_{N−1}]
+    for k, cluster in enumerate(clusters):
+        unmerge[list(cluster), k] = 1.0
+    merge = (unmerge / unmerge.sum(0)).T  # (n, D): rows average their cluster
+    return (
+        [merge[:, o : o + n] for o, n in zip(offsets, sizes, strict=True)],
+        [unmerge[o : o + n] for o, n in zip(offsets, sizes, strict=True)],
+    )
+
+
+@takes(ZipItOptions)
+def zipit(
+    spec: PermutationSpec,
+    params: Sequence[Mapping[str, Tensor]],
+    *,
+    model: nn.Module,
+    points: Mapping[str, list[str]],
+    data: Split,
+    options: ZipItOptions,
+) -> TransformResult:
+    """Merge ``params`` (N ≥ 2 models) by ZipIt! (module docstring; options: :class:`ZipItOptions`).
+    With ``partial_zip`` the result has no ``merged`` model but one of ``heads`` per model;
+    ``stats['correlation']``: per zipped group, the mean correlation of the pairs inside a cluster."""
+    groups = list(spec.groups)
+    if options.partial_zip is not None and options.partial_zip > len(groups):
+        raise OptionError(f"{{partial_zip}} must be at most the spec's {len(groups)} groups, got {options.partial_zip}")
+    zipped = groups[: options.partial_zip]
+    check_models(spec, params, points, zipped)
+    start = time.perf_counter()
+    stats = feature_statistics(
+        model,
+        params,
+        {g: points[g] for g in zipped},
+        data,
+        batch_size=options.batch_size,
+        max_samples=options.max_samples,
+    )
+    merges: list[Transform] = [{} for _ in params]
+    unmerges: list[Transform] = [{} for _ in params]
+    correlation = {}
+    for g, s in stats.items():
+        corr = s.correlation()
+        clusters = zip_clusters(corr, s.sizes, options.within_model)
+        for i, (m, u) in enumerate(zip(*cluster_transforms(clusters, s.sizes), strict=True)):
+            merges[i][g], unmerges[i][g] = m, u
+        pairs = [corr[a, b] for c in clusters for a in c for b in c if a < b]
+        correlation[g] = float(torch.stack(pairs).mean()) if pairs else float("nan")
+    info = {"seconds": time.perf_counter() - start, "correlation": correlation, "zipped": zipped}
+    if options.partial_zip is None:
+        return TransformResult(merges, unmerges, transform_merge(spec, params, merges, unmerges), [], info)
+    return TransformResult(merges, unmerges, None, partial_merge(spec, params, merges, unmerges, zipped), info)
