@@ -62,7 +62,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"model__mlp__width": True}, "model.mlp.width: expected an integer ≥ 1, got True"),
     ({"measure__bn_repair": "yes"}, "measure.bn_repair: expected true or false, got 'yes'"),
     ({"train__seeds": [0, "1"]}, "train.seeds: expected a non-empty list of integers ≥ 0, got [0, '1']"),
-    ({"permute__wm": 5}, "permute.wm: expected a block with the keys max_iter, tol, got 5"),
+    ({"permute__wm": 5}, "permute.wm: expected a block with the keys lap_backend, max_iter, tol, got 5"),
     # out of range
     ({"permute__wm__max_iter": 0}, "permute.wm.max_iter: expected an integer ≥ 1, got 0"),
     ({"train__lr": -1.0}, "train.lr: expected a number > 0, got -1.0"),
@@ -96,7 +96,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ),
     ({"device": "tpu"}, "device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
     # unknown keys (typos) and missing keys
-    ({"permute__wm__iters": 3}, "permute.wm.iters: unknown key (set to 3); expected only the keys max_iter, tol"),
+    (
+        {"permute__wm__iters": 3},
+        "permute.wm.iters: unknown key (set to 3); expected only the keys lap_backend, max_iter, tol",
+    ),
     ({"trian": {"epochs": 1}}, "trian: unknown key (set to {'epochs': 1}); expected only the keys device, data, "),
     (
         {"model__resnet20__depth": 20},
@@ -105,7 +108,8 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"permute__seed": DELETE}, "permute.seed: missing; expected an integer ≥ 0 (default: 0)"),
     (
         {"permute__am": DELETE},
-        "permute.am: missing; expected a block with the keys statistic, batch_size, max_samples (default: ",
+        "permute.am: missing; expected a block with the keys lap_backend, statistic, batch_size, max_samples "
+        "(default: ",
     ),
     # checks that span several keys
     ({"train__seeds": [0, 0, 1, 2]}, "train.seeds: expected no repeated entries, got [0, 0, 1, 2] (0 more than once)"),

@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.data import Split
 from lmclab.core.heads import solve_tied, tie_sets
-from lmclab.core.options import Count, Options, one_of, option, takes
+from lmclab.core.options import Count, one_of, option, takes
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
-from lmclab.search.weight_matching import solve_assignment
 
 STATISTICS = ("cross_moment", "pearson")
 
@@ -98,7 +99,7 @@ def _record(model: nn.Module, params: Mapping[str, Tensor], points: list[str], x
     return seen
 
 
-class AMOptions(Options):
+class AMOptions(AssignmentOptions):
     """Options of :func:`activation_matching`."""
 
     statistic: one_of(STATISTICS) = option(
@@ -137,7 +138,8 @@ def activation_matching(
             for p in ps:
                 moments[g].add(_units(za[p], p), _units(zb[p], p))
     similarity = {g: m.similarity(statistic) for g, m in moments.items()}
-    perm = {}
+    perm, solve = {}, partial(solve_assignment, backend=options.lap_backend)
     for unit in tie_sets(similarity, spec.heads):  # headed groups of one tie: one structured assignment
-        perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve_assignment))
-    return SearchResult(perm, {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic})
+        perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve))
+    stats = {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic}
+    return SearchResult(perm, stats | {"lap_backend": options.lap_backend})

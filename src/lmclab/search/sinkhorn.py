@@ -35,14 +35,15 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping
+from functools import partial
 from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
+from lmclab.core.assignment import solve_assignment
 from lmclab.core.heads import Heads, head_size, solve_tied, split_headed, tie_sets
 from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
-from lmclab.search.weight_matching import solve_assignment
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 NO_HEADS: Mapping[str, Heads] = MappingProxyType({})
@@ -258,7 +259,12 @@ def soft_apply(spec: PermutationSpec, soft: Mapping[str, Tensor], params: Mappin
 
 @torch.no_grad()
 def hard_permutation(
-    scores: Mapping[str, Tensor], *, tau: float, n_iter: int, heads: Mapping[str, Heads] = NO_HEADS
+    scores: Mapping[str, Tensor],
+    *,
+    tau: float,
+    n_iter: int,
+    heads: Mapping[str, Heads] = NO_HEADS,
+    lap_backend: str = "scipy",
 ) -> Permutation:
     """The permutation maximising ``Σ_i log P_g[i, perm[i]]`` per group, ``P_g`` the soft permutation
     (:func:`soft_permutation`).
@@ -268,14 +274,15 @@ def hard_permutation(
     structured assignment :func:`~lmclab.core.heads.solve_tied` on ``log P_g = log S[h, h'] +
     log B_g[h, h'][j, j']`` (float64, log domain), i.e. within each block the assignment on ``T_g[h, h']``
     and σ by ``Σ_g d_g·log S[h, h']`` plus the blocks' best values, whose normalisation constants do
-    depend on the head pair. With ``H = 1`` or ``d = 1`` this is the plain rule."""
-    ties = _tie_keys(heads)
-    perm = {g: solve_assignment(s) for g, s in scores.items() if g not in heads and g not in ties}
+    depend on the head pair. With ``H = 1`` or ``d = 1`` this is the plain rule. The assignments are
+    solved by ``lap_backend`` (:mod:`lmclab.core.assignment`)."""
+    ties, solve = _tie_keys(heads), partial(solve_assignment, backend=lap_backend)
+    perm = {g: solve(s) for g, s in scores.items() if g not in heads and g not in ties}
     if heads:
         headed = {k: s.detach().double() for k, s in scores.items() if k in heads or k in ties}
         log_p = _sinkhorn_batched(headed, tau=tau, n_iter=n_iter, log=True)
         for members in tie_sets(heads, heads):
             log_s = log_p[tie_key(heads[members[0]].tie)]
             costs = {g: _unblock(log_s[:, :, None, None] + log_p[g]) for g in members}  # log P_g (E, E)
-            perm.update(solve_tied(costs, heads, solve_assignment))
+            perm.update(solve_tied(costs, heads, solve))
     return {g: perm[g] for g in scores if g not in ties}

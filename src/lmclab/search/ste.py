@@ -26,8 +26,9 @@ import torch
 from pydantic import model_validator
 from torch import Tensor, nn
 
+from lmclab.core.assignment import AssignmentOptions
 from lmclab.core.data import Split
-from lmclab.core.options import Count, Fraction, OptionError, Options, Positive, one_of, option, takes
+from lmclab.core.options import Count, Fraction, OptionError, Positive, one_of, option, takes
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
 from lmclab.search.midpoint import Monitor, check_batch, heldout_loss, midpoint_loss, minibatches, split_holdout
 from lmclab.search.result import SearchResult
@@ -38,7 +39,7 @@ Projector = Callable[[Mapping[str, Tensor], Permutation | None], Permutation]  #
 SELECTIONS = ("holdout", "best_batch")
 
 
-class STEOptions(Options):
+class STEOptions(AssignmentOptions):
     """Options of :func:`ste`."""
 
     optimizer: one_of(OPTIMIZERS) = option("adam", "STE: optimiser of the continuous copy θ̃")
@@ -83,7 +84,7 @@ def ste(
     train, held = train.to(device), held.to(device)
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
     opt = make_optimizer(options.optimizer, tilde.values(), lr=options.lr, momentum=options.momentum)
-    project = projector(spec, params_b, options.wm_max_iter, generator)
+    project = projector(spec, params_b, options.wm_max_iter, generator, lap_backend=options.lap_backend)
     score = partial(
         _score,
         model=model,
@@ -121,9 +122,8 @@ def ste(
     else:
         best_epoch = min(curve, key=lambda row: row["heldout_loss"])["epoch"]
         best_perm = epoch_perms[best_epoch]
-    return SearchResult(
-        best_perm, {"curve": curve, "epochs": epochs, "best_epoch": best_epoch, "seconds": time.perf_counter() - start}
-    )
+    stats = {"curve": curve, "epochs": epochs, "best_epoch": best_epoch, "lap_backend": options.lap_backend}
+    return SearchResult(best_perm, stats | {"seconds": time.perf_counter() - start})
 
 
 def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, momentum: float) -> torch.optim.Optimizer:
@@ -165,9 +165,14 @@ def ste_step(
 
 
 def projector(
-    spec: PermutationSpec, params_b: Mapping[str, Tensor], max_iter: int, generator: torch.Generator
+    spec: PermutationSpec,
+    params_b: Mapping[str, Tensor],
+    max_iter: int,
+    generator: torch.Generator,
+    *,
+    lap_backend: str = "scipy",
 ) -> Projector:
-    """``θ̃ ↦ argmin_π ‖θ̃ − π(θb)‖`` by WM, warm-started from the previous permutation.
+    """``θ̃ ↦ argmin_π ‖θ̃ − π(θb)‖`` by WM (assignments by ``lap_backend``), warm-started from the previous permutation.
     (Running statistics only give WM the group sizes; they never enter its cost.)"""
     stats = {k: v for k, v in params_b.items() if k in spec.stats}
 
@@ -181,6 +186,7 @@ def projector(
                 tol=0.0,
                 generator=generator,
                 init_perm=previous,
+                lap_backend=lap_backend,
             ).perm
 
     return project

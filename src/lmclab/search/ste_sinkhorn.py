@@ -30,8 +30,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.assignment import AssignmentOptions
 from lmclab.core.data import Split
-from lmclab.core.options import Count, NonNegative, Options, Positive, one_of, option, takes
+from lmclab.core.options import Count, NonNegative, Positive, one_of, option, takes
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
@@ -43,7 +44,7 @@ PRECISIONS = ("fp32", "bf16")
 INITS = ("identity", "wm")
 
 
-class STESinkhornOptions(Options):
+class STESinkhornOptions(AssignmentOptions):
     """Options of :func:`ste_sinkhorn` (defaults: the paper's Adam, lr 1, batch 512, 5 epochs)."""
 
     optimizer: one_of(OPTIMIZERS) = option("adam", "Sinkhorn STE: adam (paper) or adamw (authors' example)")
@@ -84,9 +85,17 @@ def ste_sinkhorn(
     params_b = {k: v.detach() for k, v in params_b.items()}
     scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
     if options.init == "wm":
-        scores = scores_at(scores, weight_matching(spec, params_a, params_b, generator=generator).perm, spec.heads)
+        found = weight_matching(spec, params_a, params_b, generator=generator, lap_backend=options.lap_backend)
+        scores = scores_at(scores, found.perm, spec.heads)
     scores = {g: s.requires_grad_() for g, s in scores.items()}
-    hard = partial(hard_permutation, scores, tau=options.tau, n_iter=options.sinkhorn_iters, heads=spec.heads)
+    hard = partial(
+        hard_permutation,
+        scores,
+        tau=options.tau,
+        n_iter=options.sinkhorn_iters,
+        heads=spec.heads,
+        lap_backend=options.lap_backend,
+    )
     opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
     data = data.to(device)
     curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard()) if monitor else {})}]
@@ -111,7 +120,8 @@ def ste_sinkhorn(
             "steps": curve[-1]["steps"] + len(batches),
         }
         curve.append({**row, **(monitor(hard()) if monitor else {})})
-    return SearchResult(hard(), {"curve": curve, "epochs": epochs, "seconds": time.perf_counter() - start})
+    stats = {"curve": curve, "epochs": epochs, "lap_backend": options.lap_backend}
+    return SearchResult(hard(), stats | {"seconds": time.perf_counter() - start})
 
 
 def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -4,8 +4,9 @@
 ``argmax_π ⟨θa, π(θb)⟩``. Coordinate descent: visit the permutation groups in random order; for
 one group, with all others fixed, the objective is linear in ``P`` with cost
 ``C = Σ_{(w, axis) ∈ group} W^a_(axis) · (W^b permuted on its other axes)_(axis)ᵀ`` and the best
-``P`` is a linear assignment problem (for the headed groups of attention, tied by a shared head
-order, one structured assignment solved exactly by :func:`lmclab.core.heads.solve_tied`). Stop when
+``P`` is a linear assignment problem (solved by ``lap_backend``, :mod:`lmclab.core.assignment`; for the
+headed groups of attention, tied by a shared head order, one structured assignment solved exactly by
+:func:`lmclab.core.heads.solve_tied`). Stop when
 a full sweep raises the objective by no more than ``tol`` relative to it, or after ``max_iter``
 sweeps. Data-free.
 
@@ -19,14 +20,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
 
-import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.heads import solve_tied, tie_sets
-from lmclab.core.options import Count, NonNegative, Options, option, takes
+from lmclab.core.options import Count, NonNegative, option, takes
 from lmclab.core.spec import (
     Permutation,
     PermutationSpec,
@@ -118,12 +119,6 @@ def cost_dependencies(spec: PermutationSpec, group: str) -> frozenset[str]:
     )
 
 
-def solve_assignment(cost: Tensor) -> Tensor:
-    """The permutation ``p`` maximising ``Σ_i cost[i, p[i]]`` (Hungarian / LAPJV via scipy)."""
-    rows, cols = linear_sum_assignment(cost.detach().cpu().double().numpy(), maximize=True)
-    return torch.from_numpy(cols[np.argsort(rows)]).long()
-
-
 def matching_objective(
     spec: PermutationSpec, perm: Mapping[str, Tensor], params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
 ) -> float:
@@ -132,7 +127,7 @@ def matching_objective(
     return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
 
 
-class WMOptions(Options):
+class WMOptions(AssignmentOptions):
     """Options of :func:`weight_matching`."""
 
     max_iter: Count = option(100, "weight matching: sweeps over all permutation groups at most")
@@ -151,7 +146,7 @@ def weight_matching(
 ) -> SearchResult:
     """Coordinate-descent WM (options: :class:`WMOptions`); ``stats['objective']`` holds ⟨θa, π(θb)⟩
     after each sweep."""
-    max_iter, tol = options.max_iter, options.tol
+    max_iter, tol, solve = options.max_iter, options.tol, partial(solve_assignment, backend=options.lap_backend)
     start = time.perf_counter()
     generator = generator or torch.Generator().manual_seed(0)
     sizes = spec.group_sizes(params_a)
@@ -168,7 +163,7 @@ def weight_matching(
             if solved_at[unit] >= max((changed_at[g] for g in depends[unit]), default=0):
                 continue  # same cost as at the last solve, hence the same optimum
             costs = {g: group_cost(spec, g, perm, params_a, params_b, constants) for g in unit}
-            new = solve_tied(costs, spec.heads, solve_assignment)
+            new = solve_tied(costs, spec.heads, solve)
             solved_at[unit], solves = step, solves + 1
             for g in unit:
                 if not torch.equal(new[g], perm[g]):
@@ -182,6 +177,7 @@ def weight_matching(
             "objective": objective,
             "sweeps": len(objective) - 1,
             "assignments": solves,
+            "lap_backend": options.lap_backend,
             "seconds": time.perf_counter() - start,
         },
     )

@@ -34,7 +34,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from lmclab.core.options import Count, Options, Positive, one_of, option, takes
+from lmclab.core.assignment import AssignmentOptions
+from lmclab.core.options import Count, Positive, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
 from lmclab.search.result import SearchResult
@@ -44,7 +45,7 @@ from lmclab.search.weight_matching import matching_objective
 SELECTIONS = ("best", "last")
 
 
-class WMSinkhornOptions(Options):
+class WMSinkhornOptions(AssignmentOptions):
     """Options of :func:`wm_sinkhorn` (defaults: the paper's 10 epochs × 100 Adam steps at lr 1)."""
 
     lr: Positive = option(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
@@ -92,7 +93,7 @@ def wm_sinkhorn(
     params_a = {k: v.detach() for k, v in params_a.items()}
     scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
     scores = {g: s.requires_grad_() for g, s in scores.items()}
-    hard = partial(hard_permutation, scores, tau=tau, n_iter=n_iter, heads=spec.heads)
+    hard = partial(hard_permutation, scores, tau=tau, n_iter=n_iter, heads=spec.heads, lap_backend=options.lap_backend)
     optimizer = torch.optim.Adam(scores.values(), lr=options.lr)
     track = _Tracker(spec, params_a, params_b, monitor, start)
     track(0, None, hard())
@@ -114,6 +115,7 @@ def wm_sinkhorn(
             "curve": track.curve,
             "epochs": track.curve[-1]["epoch"],
             "best_epoch": best["epoch"],
+            "lap_backend": options.lap_backend,
             "seconds": time.perf_counter() - start,
         },
     )

@@ -1,0 +1,167 @@
+"""The linear assignment solvers (issue 30): every backend reaches the brute-force optimum for n ≤ 7
+(square and rectangular) and scipy's optimal value on random, tie-heavy and rectangular matrices; every
+pair method that solves assignments takes ``lap_backend``, solves all of them with it (a spy on both
+solvers), records it in its stats and gives the same permutation with either backend on a planted
+case; a bad or missing backend is one line naming ``lap_backend``."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_params
+from test_heads import _vit
+
+import lmclab.core.assignment as assignment
+from lmclab.archs import get_arch, make_config
+from lmclab.core.assignment import BACKENDS, solve_assignment
+from lmclab.core.data import Split
+from lmclab.core.options import OptionError
+from lmclab.core.spec import apply_permutation, invert, random_permutation
+from lmclab.search import METHODS, check_method, run_search
+from lmclab.search.registered import search_problem
+from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at
+from lmclab.search.weight_matching import matching_objective, weight_matching
+
+PAIR_METHODS = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")  # every pair method that solves assignments
+QUICK = {  # enough for a planted MLP, in a fraction of a second
+    "ste": {"epochs": 1, "batch_size": 100},
+    "wm_sinkhorn": {"epochs": 2, "iterations": 5},
+    "ste_sinkhorn": {"epochs": 1, "batch_size": 100, "init": "wm"},
+}
+
+
+def _value(cost: np.ndarray, p: torch.Tensor) -> float:
+    return float(cost[np.arange(len(p)), p.numpy()].sum())
+
+
+def _brute_force(cost: np.ndarray) -> float:
+    """``max_p Σ_i cost[i, p[i]]`` over every injection of the rows into the columns."""
+    n, m = cost.shape
+    choices = np.array(list(itertools.permutations(range(m), n)), dtype=np.int64).reshape(-1, n)
+    return float(cost[np.arange(n), choices].sum(1).max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", range(1, 8))
+def test_every_backend_reaches_the_brute_force_optimum(backend, n):
+    rng = np.random.default_rng(n)
+    for cost in (rng.standard_normal((n, n)), rng.integers(0, 3, (n, n)).astype(float), rng.random((n, n + 1))):
+        p = solve_assignment(torch.from_numpy(cost), backend)
+        assert p.dtype == torch.long and len(set(p.tolist())) == n and p.min() >= 0 and p.max() < cost.shape[1]
+        assert _value(cost, p) == pytest.approx(_brute_force(cost), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kind,shape",
+    [("random", (300, 300)), ("random", (64, 64)), ("ties", (200, 200)), ("ties", (33, 33))]
+    + [("rectangular", (100, 257)), ("rectangular", (1, 40)), ("planted", (256, 256)), ("offset", (128, 128))],
+)
+def test_lapx_matches_scipys_optimal_value(kind, shape):
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        if kind == "ties":
+            cost = rng.integers(0, 3, shape).astype(float)  # many optima: the values must still agree
+        elif kind == "planted":
+            cost = 0.3 * rng.standard_normal(shape)
+            cost[np.arange(shape[0]), rng.permutation(shape[1])] += 1.0
+        else:
+            cost = rng.standard_normal(shape) + (1e6 if kind == "offset" else 0.0)
+        scipy_value = _value(cost, solve_assignment(torch.from_numpy(cost), "scipy"))
+        lapx = solve_assignment(torch.from_numpy(cost), "lapx")
+        assert len(set(lapx.tolist())) == shape[0]
+        assert _value(cost, lapx) == pytest.approx(scipy_value, rel=1e-13, abs=1e-9)
+
+
+def test_solve_assignment_refuses_in_one_line():
+    with pytest.raises(OptionError, match=r"^backend must be one of \['scipy', 'lapx'\], got 'jv'$"):
+        solve_assignment(torch.eye(3), "jv")
+    with pytest.raises(ValueError, match=r"^cost must be an \(n, m\) matrix with n ≤ m, got shape \(3, 2\)$"):
+        solve_assignment(torch.ones(3, 2))
+    with pytest.raises(ValueError, match="^cost has NaN or infinite entries$"):
+        solve_assignment(torch.tensor([[0.0, float("nan")], [1.0, 2.0]]), "lapx")
+
+
+def test_a_bad_or_missing_backend_is_one_line_naming_lap_backend(monkeypatch):
+    spec, params = _mlp(8)
+    with pytest.raises(OptionError, match=r"^lap_backend must be one of \['scipy', 'lapx'\], got 'lapjv'$"):
+        weight_matching(spec, params, params, lap_backend="lapjv")
+    with pytest.raises(OptionError, match=r"^lap_backend must be one of"):
+        check_method("wm_sinkhorn", {"lap_backend": None})
+    monkeypatch.setattr(assignment.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(OptionError, match=r"^lap_backend is 'lapx' but the lapx package is not installed"):
+        check_method("am", {"lap_backend": "lapx"})
+    monkeypatch.setitem(__import__("sys").modules, "lap", None)  # `import lap` now fails
+    with pytest.raises(ModuleNotFoundError, match=r"^lap_backend 'lapx' needs the lapx package: pip install lapx$"):
+        solve_assignment(torch.eye(2), "lapx")
+
+
+def test_exactly_the_methods_that_solve_assignments_take_lap_backend():
+    assert {m for m, f in METHODS.items() if "lap_backend" in f.options.model_fields} == set(PAIR_METHODS)
+    for method in PAIR_METHODS:
+        assert METHODS[method].options.model_fields["lap_backend"].default == "scipy"
+
+
+def _mlp(width: int, seed: int = 0):
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=width)
+    return get_arch("mlp").permutation_spec(config), random_params("mlp", config, seed)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts of the assignments each solver ran during the test."""
+    counts = dict.fromkeys(BACKENDS, 0)
+    scipy_solve, lapx = assignment.linear_sum_assignment, assignment._lapx()
+
+    def scipy_spy(*args, **kwargs):
+        counts["scipy"] += 1
+        return scipy_solve(*args, **kwargs)
+
+    class LapxSpy:
+        def lapjvr(self, *args, **kwargs):
+            counts["lapx"] += 1
+            return lapx.lapjvr(*args, **kwargs)
+
+    monkeypatch.setattr(assignment, "linear_sum_assignment", scipy_spy)
+    monkeypatch.setattr(assignment, "_lapx", LapxSpy)
+    return counts
+
+
+@pytest.mark.parametrize("method", PAIR_METHODS)
+def test_every_pair_method_solves_with_its_backend_and_agrees_on_a_planted_copy(method, splits, calls):
+    config = make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=24)
+    params_a = random_params("mlp", config, 0)
+    spec = search_problem("mlp", config, params_a, params_a, device=torch.device("cpu")).spec
+    planted = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
+    params_b = apply_permutation(spec, planted, params_a)
+    train = Split(splits["train"].x[:300], splits["train"].y[:300])
+    problem = search_problem("mlp", config, params_a, params_b, device=torch.device("cpu"), train=train)
+    found = {}
+    for backend in BACKENDS:
+        before = dict(calls)
+        found[backend] = run_search(method, problem, seed=0, options={**QUICK.get(method, {}), "lap_backend": backend})
+        other = next(b for b in BACKENDS if b != backend)
+        assert calls[backend] > before[backend] and calls[other] == before[other], backend
+        assert found[backend].stats["lap_backend"] == backend
+    assert all(torch.equal(found["scipy"].perm[g], p) for g, p in found["lapx"].perm.items())
+    if method in ("wm", "am", "ste"):  # exact on a permuted copy
+        assert all(torch.equal(found["lapx"].perm[g], p) for g, p in invert(planted).items())
+    objective = [matching_objective(spec, found[b].perm, params_a, params_b) for b in BACKENDS]
+    assert objective[0] == objective[1]
+
+
+def test_headed_groups_solve_with_the_backend(calls):
+    """WM on a permuted copy of a ViT (attention: the structured assignment of each tie) and the Sinkhorn
+    rounding of headed scores, with lapx only."""
+    _, _, spec, params = _vit()
+    sizes = spec.group_sizes(params)
+    planted = random_permutation(sizes, torch.Generator().manual_seed(4), spec.heads)
+    found = weight_matching(spec, params, apply_permutation(spec, planted, params), lap_backend="lapx")
+    assert all(torch.equal(found.perm[g], p) for g, p in invert(planted).items())
+    gen = torch.Generator().manual_seed(5)
+    moved = scores_at(init_scores(sizes, gen, heads=spec.heads), planted, spec.heads)
+    hard = hard_permutation(moved, tau=1.0, n_iter=20, heads=spec.heads, lap_backend="lapx")
+    assert all(torch.equal(hard[g], p) for g, p in planted.items())
+    assert calls["scipy"] == 0 and calls["lapx"] > 0
