@@ -20,7 +20,12 @@ timed in one process, alternating, medians of ``--repeats`` (issue 30).
    lmclab.
 
     python benchmarks/bench_lap.py --models data/models --models <a 3 × 2048 run's data/models> --repeats 3 \
-        [--rebasin /tmp/git-re-basin --site /tmp/jax-site]
+        --threads 1,2 [--rebasin /tmp/git-re-basin --site /tmp/jax-site]
+
+``--threads``: torch's intra-op threads during WM, one count after another (JAX keeps its own pool, one
+thread when ``--threads 1``). On a machine whose cores other jobs also use, two threads can be many
+times slower than one (OpenMP threads waiting for each other), which is why the JSON also records the
+load average.
 
 Writes ``benchmarks/results/lap.json`` with the command, commit, date and machine.
 """
@@ -200,9 +205,13 @@ def main(
     sizes: str = typer.Option(",".join(map(str, SIZES)), help="comma-separated matrix sizes"),
     rebasin: Path | None = typer.Option(None, help="a folder with git-re-basin's weight_matching.py (see above)"),
     site: Path | None = typer.Option(None, help="a folder with jax, searched after the venv"),
+    threads: str = typer.Option("", help="comma-separated torch thread counts to time WM with (default: torch's)"),
     out: Path = typer.Option(ROOT / "benchmarks/results/lap.json"),
 ) -> None:
     torch.set_grad_enabled(False)
+    counts = [int(t) for t in threads.split(",") if t.strip()] or [torch.get_num_threads()]
+    if counts == [1]:  # XLA's CPU thread pool too (read when jax is first imported)
+        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     sys.path += [str(p) for p in (rebasin, site) if p is not None]
     pairs = _pairs([m for m in models if (m / "seed0.pt").is_file() and (m / "seed1.pt").is_file()])
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -229,11 +238,12 @@ def main(
                 f" (same optimum: {row['same_optimum']['lapx']}), lapjvs ×{row['ratio_lapjvs']:.2f}"
             )
     timed = _pairs([m for m in wm_models if (m / "seed0.pt").is_file() and (m / "seed1.pt").is_file()])
-    for width in sorted(timed):
-        row = time_wm(timed[width], repeats, rebasin=rebasin is not None)
+    for count, width in ((c, w) for c in counts for w in sorted(timed)):
+        torch.set_num_threads(count)
+        row = {"torch_threads": count, **time_wm(timed[width], repeats, rebasin=rebasin is not None)}
         result["weight_matching"].append(row)
         typer.echo(
-            f"WM {row['model']}: scipy {row['median_s']['scipy']:.2f} s"
+            f"WM {row['model']}, {count} torch threads: scipy {row['median_s']['scipy']:.2f} s"
             f" ({row['median_assignment_s']['scipy']:.2f} s assigning), lapx {row['median_s']['lapx']:.2f} s"
             f" ({row['median_assignment_s']['lapx']:.2f} s; ×{row['ratio_lapx']:.2f});"
             f" same permutation: {row['same_permutation']}"
