@@ -1,6 +1,12 @@
-"""Stage merge_many: align the models of ``merge_many.seeds`` to each other (MergeMany) and
-compare the average with the output ensemble and each model. Writes ``merged.pt``, ``perms.pt``,
-``trace.json`` (summed distance per iteration) and ``evaluation.parquet``. 4 × MLP 3×512: ~15 s."""
+"""Stage merge_many: map the models of ``merge_many.seeds`` into one frame by every method of
+``merge_many.methods`` (MergeMany, C2M3, sync, star) and compare the merges with the references
+(each model, the output ensemble, the unaligned average, direct pairwise WM); ``merge_many.repair``
+also evaluates each merge repaired. Writes ``evaluation.parquet`` (loss and accuracy per method, model,
+repair and split), ``methods.parquet`` (objective, cycle error, mean pairwise barrier, time,
+assignments), ``pairwise.parquet`` (the test barrier at λ = ½ of every pair's map), ``trace.json``
+(each method's stats, e.g. its objective per iteration) and ``<method>/merged.pt`` with ``perms.pt``
+(permutations) or ``transforms.pt`` (CCA Merge and ZipIt!'s merge and unmerge matrices).
+4 × MLP 3×512: ~25 s."""
 
 from __future__ import annotations
 
@@ -14,12 +20,17 @@ from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stag
 
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
-KEYS = under("merge_many", "max_iter", "tol", params="seeds")
+KEYS = under("merge_many", "repair", params="seeds", names="seeds", num_samples="repair_samples")
+
+
+def _method_key(method: str):
+    """An n-model method's option ``x`` is ``merge_many.<method>.x``."""
+    block = f"merge_many.{method}"
+    return lambda name: {"method": "merge_many.methods", "options": block}.get(name, f"{block}.{name}")
 
 
 @app.command()
 @one_line_errors
-@params_errors(KEYS)  # the library's errors, under their params.yaml keys
 def main(
     models: Path = typer.Option(...),
     data: Path = typer.Option(...),
@@ -28,7 +39,8 @@ def main(
 ) -> None:
     import pandas as pd
 
-    from lmclab.analysis.ensemble import merge_and_compare
+    from lmclab.analysis.many_models import compare_many
+    from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import (
         Checkpoint,
         atomic_save,
@@ -37,35 +49,56 @@ def main(
         save_checkpoint,
     )
     from lmclab.core.atomic import atomic_path
+    from lmclab.core.bn_repair import repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
+    from lmclab.search.many import check_many
 
     read = stage_params("merge_many", params, dvc_yaml=DVC_YAML)
     opts = read("merge_many")
+    methods = {m: opts[m] or {} for m in opts["methods"]}
+    for method, options in methods.items():  # every bad option before any work
+        with params_errors(_method_key(method)):
+            check_many(method, options)
     paths = [models / f"seed{s}.pt" for s in opts["seeds"]]
     ckpts = [load_checkpoint(p) for p in paths]
     for p, c in zip(paths[1:], ckpts[1:], strict=True):
         check_same_architecture(ckpts[0], c, paths[0], p)
-    result, rows = merge_and_compare(
-        ckpts,
-        {"train": load_split(data, "train"), "test": load_split(data, "test")},
-        max_iter=opts["max_iter"],
-        tol=opts["tol"],
-        seed=read("permute.seed"),
-        device=resolve_device(read("device")),
-    )
-    save_checkpoint(out / "merged.pt", Checkpoint(ckpts[0].arch, ckpts[0].config, None, result.merged))
-    atomic_save([{g: p.cpu() for g, p in perm.items()} for perm in result.perms], out / "perms.pt")
-    with atomic_path(out / "evaluation.parquet") as tmp:
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
+    device, first = resolve_device(read("device")), ckpts[0]
+    train = load_split(data, "train")
+    with params_errors(KEYS):
+        found = compare_many(
+            build_model(first.arch, first.config).to(device),
+            get_arch(first.arch).permutation_spec(first.config),
+            [{k: v.to(device) for k, v in c.state_dict.items()} for c in ckpts],
+            [f"seed{c.seed}" for c in ckpts],
+            {"train": train, "test": load_split(data, "test")},
+            methods=methods,
+            seed=read("permute.seed"),
+            repair=opts["repair"],
+            repair_data=repair_subset(train, opts["repair_samples"]),
+            points=get_arch(first.arch).activation_points(first.config),
+            train=train,
+        )
+    for method, result in found.results.items():
+        if result.merged is not None:  # a partial zip has one network per model instead
+            save_checkpoint(out / method / "merged.pt", Checkpoint(first.arch, first.config, None, result.merged))
+        if hasattr(result, "perms"):
+            atomic_save([{g: p.cpu() for g, p in perm.items()} for perm in result.perms], out / method / "perms.pt")
+        else:  # merge and unmerge matrices per model and group
+            atomic_save({"merges": result.merges, "unmerges": result.unmerges}, out / method / "transforms.pt")
+    for name, rows in (("evaluation", found.evaluation), ("methods", found.methods), ("pairwise", found.pairwise)):
+        with atomic_path(out / f"{name}.parquet") as tmp:
+            pd.DataFrame(rows).to_parquet(tmp, index=False)
     with atomic_path(out / "trace.json") as tmp:
-        tmp.write_text(json.dumps({"seeds": opts["seeds"], **result.stats}, indent=2) + "\n")
-    quantity = "acc" if all(r["acc"] == r["acc"] for r in rows) else "loss"  # NaN: a reconstruction model
-    test = {r["model"]: r[quantity] for r in rows if r["split"] == "test"}
-    typer.echo(
-        f"MergeMany of {len(ckpts)}: test {quantity} {test['MergeMany average']:.4f}, "
-        f"ensemble {test['ensemble']:.4f}, naive average {test['naive average']:.4f}"
-    )
+        trace = {
+            "seeds": opts["seeds"],
+            "repair": opts["repair"],
+            "methods": {m: r.stats for m, r in found.results.items()},
+        }
+        tmp.write_text(json.dumps(trace, indent=2) + "\n")
+    for row in found.methods:
+        typer.echo(f"{row['method']}: cycle error {row['cycle_error']:.3f}, {row['seconds']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ def main(
     import pandas as pd
 
     from lmclab.report.document import write_report
+    from lmclab.report.many_models import plot_many
     from lmclab.report.plot_data import plot_tables, write_plot_tables
     from lmclab.report.plots import (
         plot_alignment,
         plot_energy,
         plot_interpolation,
         plot_landscape,
-        plot_merge_many,
         plot_output_scale,
         plot_search_curves,
         plot_spectra,
@@ -64,7 +64,7 @@ def main(
             dpi=opts["dpi"],
             quantity="acc" if landscape["acc"].notna().any() else "loss",  # a reconstruction model has no accuracy
         ),
-        "merge_many": plot_merge_many(
+        "merge_many": plot_many(
             pd.read_parquet(tables_dir / "merge_many_trace.parquet"),
             evaluation,
             out / "figures" / "merge_many.png",
@@ -108,6 +108,7 @@ def main(
         bounds=read("theorem42"),
         edges=edges,
         evaluation=evaluation,
+        many_methods=read("merge_many_methods"),
         data=read_params("data.name"),
         arch=read_params("model.arch"),
         findings=json.loads(findings.read_text()),

@@ -1,7 +1,8 @@
 """Stage summarize: gather the measurements of the current params into Parquet tables (``curves``,
 ``pairs``, ``history``; from the analyses ``taylor``, ``theorem42``, ``spectrum``, ``energy``,
-``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``;
-``merge_many``, ``merge_many_trace``), the headline metrics ``metrics/headline.json`` (what
+``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``; n models
+``merge_many``, ``merge_many_methods``, ``merge_many_pairwise``, ``merge_many_trace``), the headline
+metrics ``metrics/headline.json`` (what
 ``dvc exp show`` and ``dvc metrics diff`` compare; ``lmclab.report.headline``) and the detail JSON files
 ``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) and ``environment.json`` (the
 machine: ``lmclab.core.device.describe_machine``) in ``--detail-dir``, and
@@ -43,10 +44,10 @@ def main(
     from lmclab.core.atomic import atomic_path
     from lmclab.core.device import describe_machine
     from lmclab.report.headline import headline_metrics
+    from lmclab.report.many_models import many_summary, objective_traces
     from lmclab.report.summary import (
         collect_pairs,
         collect_triples,
-        merge_many_summary,
         metrics_summary,
         output_scales,
         table1,
@@ -72,8 +73,10 @@ def main(
     out["history"] = pd.concat([pd.read_parquet(history_dir / f"seed{s}.parquet") for s in seeds], ignore_index=True)
     out.update(three_tables(collect_triples(connect_dir, read("three.triples"), three_methods)))
     out["merge_many"] = pd.read_parquet(merge_many_dir / "evaluation.parquet")
+    out["merge_many_methods"] = pd.read_parquet(merge_many_dir / "methods.parquet")
+    out["merge_many_pairwise"] = pd.read_parquet(merge_many_dir / "pairwise.parquet")
     trace = json.loads((merge_many_dir / "trace.json").read_text())
-    out["merge_many_trace"] = pd.DataFrame({"iteration": range(len(trace["distance"])), "distance": trace["distance"]})
+    out["merge_many_trace"] = objective_traces(trace, out["merge_many_methods"])
     for name, frame in out.items():
         with atomic_path(tables_dir / f"{name}.parquet") as tmp:
             frame.to_parquet(tmp, index=False)
@@ -99,7 +102,7 @@ def main(
         (metrics_dir, "findings", findings),
         (detail_dir, "summary", metrics_summary(out["pairs"], methods)),
         (detail_dir, "three_models", three_summary(out["three_edges"], three_methods)),
-        (detail_dir, "merge_many", merge_many_summary(out["merge_many"], trace)),
+        (detail_dir, "merge_many", many_summary(out["merge_many"], out["merge_many_methods"])),
         (detail_dir, "environment", describe_machine()),  # where these numbers were taken
     ):
         with atomic_path(folder / f"{name}.json") as tmp:

@@ -24,7 +24,7 @@ OVERRIDES = {  # a tiny run of the repository's own params.yaml
     "permute": {"pairs": [[0, 1]], "methods": ["identity", "wm", "am"]},
     "measure": {"num_lambdas": 5},
     "three": {"triples": [[0, 1, 2]], "methods": ["identity", "wm"], "resolution": 3, "margin": 0.1},
-    "merge_many": {"seeds": [0, 1, 2], "max_iter": 3},
+    "merge_many": {"seeds": [0, 1, 2], "merge_many": {"max_iter": 3}, "c2m3": {"max_iter": 10}, "repair_samples": 100},
     "plot": {"dpi": 40, "title": "tiny"},
 }
 

@@ -35,7 +35,8 @@ OVERRIDES = {
     "three.resolution": 2,
     "three.margin": 0.0,
     "merge_many.seeds": [0, 1, 2],
-    "merge_many.max_iter": 2,
+    "merge_many.merge_many.max_iter": 2,
+    "merge_many.repair": "bn",  # a BatchNorm net
 }
 
 

@@ -106,10 +106,12 @@ def test_headline_metrics_average_pairs_and_take_the_b_c_edge():
     history = pd.DataFrame({"seed": [0, 0, 1, 1], "epoch": [1, 2, 1, 2], "test_acc": [0.5, 0.9, 0.5, 0.95]})
     evaluation = pd.DataFrame(
         {
-            "split": ["test"] * 3,
-            "model": ["MergeMany average", "naive average", "ensemble"],
-            "acc": [0.8, 0.1, 0.97],
-            "loss": [0.5, 2.3, 0.1],
+            "split": ["test"] * 6,
+            "method": ["merge_many", "naive", "ensemble", "c2m3", "c2m3", "models"],
+            "model": ["merged", "average", "ensemble", "merged", "merged", "seed0"],
+            "repaired": [False, False, False, False, True, False],
+            "acc": [0.8, 0.1, 0.97, 0.85, 0.9, 0.95],
+            "loss": [0.5, 2.3, 0.1, 0.4, 0.3, 0.2],
         }
     )
     out = headline_metrics(
@@ -129,6 +131,7 @@ def test_headline_metrics_average_pairs_and_take_the_b_c_edge():
         "merged_acc": 80.0,
         "naive_acc": 10.0,
         "ensemble_acc": 97.0,
+        "c2m3_acc": 85.0,  # the unrepaired merge; members are no headline
     }
 
 

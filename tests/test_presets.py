@@ -1,4 +1,5 @@
-"""Named presets: the paper's settings and the transformer extensions (issue 29); each applies to the
+"""Named presets: the paper's settings, the transformer extensions (issue 29) and the n-model one (issue
+30); each applies to the
 repository's params.yaml, keeps its comments, and validates; a typo in a preset is a one-line error."""
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from lmclab.pipeline.validate import check_params
 NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
 PAPER = ["cifar10_resnet20", "cifar10_vgg11", "fashion_mnist_mlp", "imagenet_resnet50", "mnist_mlp"]
 EXTENSIONS = ["cifar10_mae", "cifar10_vit", "mae", "vit"]  # transformers (docs/transformers.md)
+MANY = ["cifar10_resnet20x4_many"]  # n models in one frame (docs/methods.md)
 
 
 def test_the_papers_settings_and_the_extensions_are_all_there():
-    assert sorted(PAPER + EXTENSIONS) == NAMES
+    assert sorted(PAPER + EXTENSIONS + MANY) == NAMES
 
 
 def _applied(name: str) -> dict:
@@ -76,3 +78,12 @@ def test_transformer_presets_pretrain_or_train_the_same_vit_and_measure_repair(n
     twin = _applied(name.replace("mae", "vit") if name.endswith("mae") else name.replace("vit", "mae"))
     assert twin["model"]["vit"] == tree["model"]["vit"]  # supervised and MAE: the same encoder
     assert twin["train"]["seeds"] == tree["train"]["seeds"] and twin["permute"]["pairs"] == tree["permute"]["pairs"]
+
+
+@pytest.mark.parametrize("name", MANY)
+def test_many_model_preset_merges_five_batchnorm_nets_by_every_method_with_bn_repair(name):
+    tree = _applied(name)
+    assert tree["model"]["arch"] == "resnet20" and tree["model"]["resnet20"]["width_multiplier"] == 4
+    assert tree["merge_many"]["seeds"] == tree["train"]["seeds"] == [0, 1, 2, 3, 4]
+    assert tree["merge_many"]["methods"] == ["merge_many", "c2m3", "sync", "star"]
+    assert tree["merge_many"]["repair"] == "bn"  # validate refuses REPAIR on a BatchNorm net

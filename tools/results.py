@@ -31,6 +31,7 @@ NAMES = {
     "wm_sinkhorn": "**WM Sinkhorn: the paper's WM**",
     "ste_sinkhorn": "**STE Sinkhorn: the paper's STE**",
 }
+MANY = {"c2m3": "C2M3", "sync": "sync", "star": "star"}  # the other n-model methods, as the README names them
 COLUMNS = (  # (summary key, header, digits)
     ("test_loss_barrier_mid", "B½ test loss", 3),
     ("test_acc_barrier_max", "test acc barrier (points)", 2),
@@ -87,7 +88,9 @@ def readme_block(d: dict) -> str:
             f"Mean ± std over the {n_pairs} pairs of {len(train['seeds'])} {params['model']['arch'].upper()}s "
             f"({train['epochs']} epochs; test accuracy of the endpoints {head['endpoints']['acc']:.2f} %). "
             f"MergeMany of {len(params['merge_many']['seeds'])}: {mm['merged_acc']:.1f} % test accuracy "
-            f"(averaging without permutations {mm['naive_acc']:.1f} %, ensemble {mm['ensemble_acc']:.1f} %). "
+            f"(averaging without permutations {mm['naive_acc']:.1f} %, ensemble {mm['ensemble_acc']:.1f} %"
+            + "".join(f", {name} {mm[f'{m}_acc']:.1f} %" for m, name in MANY.items() if f"{m}_acc" in mm)
+            + "). "
             f"Of the paper's findings, {d['findings']['held']} of {d['findings']['tested']} testable ones hold "
             f"([results](docs/results.md)). Machine: {_machine(d['machine'])}.",
             *_wall_time(d["bench"]),

@@ -19,12 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
+from lmclab.analysis.many_models import REPAIRS
 from lmclab.archs import ARCHS
 from lmclab.archs.vit import POOLS as VIT_POOLS
 from lmclab.archs.vit import POSITIONS as VIT_POSITIONS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, Positive, one_of
 from lmclab.search import METHODS
+from lmclab.search.many import MANY_METHODS
 from lmclab.train.augment import AUGMENTATIONS
 from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 
@@ -207,24 +209,39 @@ _SINKHORN_BUDGET = (
     "params.yaml runs 25 × 10 Sinkhorn WM steps to fit the default run's time budget "
     "(⟨θa, π(θb)⟩ within 0.1 % of 30 × 10); the paper and wm_sinkhorn() use 10 × 100"
 )
+_MERGE_MANY_BUDGET = (
+    "params.yaml stops MergeMany after 3 passes or a pass gaining < 1e-4 (the default run's Σ‖·‖² is within "
+    "0.5 % of its limit by then); merge_many() runs 20 passes to 1e-7"
+)
 # the only pipeline defaults of the search options that are not the library's
 PIPELINE_DEFAULTS: dict[str, Override] = {
     "permute.wm_sinkhorn.epochs": Override(25, _SINKHORN_BUDGET),
     "permute.wm_sinkhorn.iterations": Override(10, _SINKHORN_BUDGET),
+    "merge_many.merge_many.max_iter": Override(3, _MERGE_MANY_BUDGET),
+    "merge_many.merge_many.tol": Override(1.0e-4, _MERGE_MANY_BUDGET),
 }
 
 
-def method_block(method: str) -> type[Block]:
-    """The block ``permute.<method>``: the fields of ``METHODS[method].options`` — each option's one
-    definition of type, range, meaning and default — with only the defaults of PIPELINE_DEFAULTS changed."""
-    options = METHODS[method].options
+def options_block(options: type, prefix: str) -> type[Block]:
+    """A params.yaml block of a library function's options model: each option's one definition of type,
+    range, meaning and default, with only the defaults of PIPELINE_DEFAULTS (``<prefix>.<option>``) changed."""
     fields: dict[str, Any] = {}
     for name, field in options.model_fields.items():
-        override = PIPELINE_DEFAULTS.get(f"permute.{method}.{name}")
+        override = PIPELINE_DEFAULTS.get(f"{prefix}.{name}")
         if override is not None:
             field = FieldInfo.merge_field_infos(field, default=override.default)
         fields[name] = (field.annotation, field)
     return create_model(options.__name__, __base__=Block, __doc__=options.__doc__, __module__=__name__, **fields)
+
+
+def method_block(method: str) -> type[Block]:
+    """The block ``permute.<method>``: ``METHODS[method]``'s options (:func:`options_block`)."""
+    return options_block(METHODS[method].options, f"permute.{method}")
+
+
+def many_block(method: str) -> type[Block]:
+    """The block ``merge_many.<method>``: ``MANY_METHODS[method]``'s options (:func:`options_block`)."""
+    return options_block(MANY_METHODS[method].options, f"merge_many.{method}")
 
 
 Identity = method_block("identity")
@@ -291,10 +308,33 @@ class Three(Block):
     margin: NonNegative = key(0.2, "the grid spans [-margin, 1 + margin] in plane coordinates")
 
 
+ManyMergeMany = many_block("merge_many")
+ManyC2M3 = many_block("c2m3")
+ManySync = many_block("sync")
+ManyStar = many_block("star")
+ManyCca = many_block("cca")
+ManyZipit = many_block("zipit")
+
+
 class MergeMany(Block):
-    seeds: Annotated[list[Seed], Field(min_length=2)] = key([0, 1, 2, 3], "the N models MergeMany aligns to each other")
-    max_iter: Count = key(3, "passes over all models at most")
-    tol: NonNegative = key(1.0e-4, "stop when a pass lowers Σ‖π_i(θ_i) − θ̄‖² by ≤ this fraction")
+    seeds: Annotated[list[Seed], Field(min_length=2)] = key([0, 1, 2, 3], "the N models aligned to each other")
+    methods: Annotated[list[one_of(MANY_METHODS)], Field(min_length=1)] = key(
+        ["merge_many", "star"],
+        "n-model methods (options from merge_many.<method>): merge_many, c2m3, sync, star map every model into "
+        "one frame by permutations; cca and zipit merge through general linear maps",
+    )
+    repair: one_of(REPAIRS) = key(
+        "repair",
+        "each merge is also evaluated repaired: bn = BatchNorm statistics recomputed (BatchNorm nets), "
+        "repair = REPAIR to the aligned endpoints' unit statistics (nets without BatchNorm), none",
+    )
+    repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of the repair (null: all)")
+    merge_many: ManyMergeMany
+    c2m3: ManyC2M3
+    sync: ManySync
+    star: ManyStar
+    cca: ManyCca
+    zipit: ManyZipit
 
 
 class Plot(Block):
@@ -399,8 +439,8 @@ def _override_note(key: str) -> str:
     """For a key of PIPELINE_DEFAULTS: its library default and why params.yaml's differs."""
     if key not in PIPELINE_DEFAULTS:
         return ""
-    _, method, name = key.split(".")
-    library = METHODS[method].options.model_fields[name].default
+    block, method, name = key.split(".")
+    library = (METHODS if block == "permute" else MANY_METHODS)[method].options.model_fields[name].default
     return f" — differs from the library default ({library}): {PIPELINE_DEFAULTS[key].reason}"
 
 

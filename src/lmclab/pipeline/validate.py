@@ -14,12 +14,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lmclab.archs import get_arch, make_config
+from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.mae import from_vit
+from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
 from lmclab.pipeline.schema import MISSING, Block, Params, defaults, field_expected
 from lmclab.pipeline.stage import model_key
+from lmclab.search.many import UNIVERSE
 from lmclab.search.midpoint import n_heldout
 
 
@@ -47,6 +49,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _objective,
         _search_batches,
         _ste_selection,
+        _merge_many,
         _device,
         _launch,
     ):
@@ -284,6 +287,31 @@ def _ste_selection(p: Params) -> Problems:
                 "'holdout' (or select: best_batch), got 0"
             ),
         )
+
+
+def _merge_many(p: Params) -> Problems:
+    """``merge_many.repair`` fits the network (``bn`` for BatchNorm nets, ``repair`` for nets without)
+    and CCA Merge and ZipIt! get no attention heads (a general linear map would mix them); a traced
+    network is checked when the merge_many stage builds it."""
+    transforms = [m for m in p.merge_many.methods if m not in UNIVERSE]
+    if (p.merge_many.repair == "none" and not transforms) or p.model.arch == "traced":
+        return
+    try:
+        options = getattr(p.model, p.model.arch).model_dump()
+        config = make_config(p.model.arch, input_shape=_input_shape(p), num_classes=10, **options)
+        batchnorm = has_batchnorm(build_model(p.model.arch, config))
+        heads = get_arch(p.model.arch).permutation_spec(config).heads
+    except ValueError:  # the config itself: _architecture names it
+        return
+    if p.merge_many.repair != "none" and (p.merge_many.repair == "bn") != batchnorm:
+        need = "bn (the network has BatchNorm)" if batchnorm else "repair or none (the network has no BatchNorm)"
+        line = f"{p.merge_many.repair!r} does not fit model.arch {p.model.arch!r}; expected {need}"
+        yield "merge_many.repair", f"merge_many.repair: {line}"
+    if transforms and heads:
+        line = (
+            f"{transforms} merge through general linear maps, which would mix the attention heads of {p.model.arch!r}"
+        )
+        yield "merge_many.methods", f"merge_many.methods: {line}; expected methods among {list(UNIVERSE)}"
 
 
 def _device(p: Params) -> Problems:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmclab.core.atomic import atomic_path
+from lmclab.report.many_models import many_table
 from lmclab.report.paper import paper_row
 from lmclab.report.plots import label
 from lmclab.report.report_paper import (
@@ -129,19 +130,9 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     return "\n".join(lines) + table3_paper_lines(row, 9 + (3 if r_col else 0))
 
 
-def merge_many_table(evaluation: pd.DataFrame) -> str:
-    lines = ["| model | test acc % | test loss | train acc % |", "|---|---|---|---|"]
-    test = evaluation[evaluation["split"] == "test"].set_index("model")
-    train = evaluation[evaluation["split"] == "train"].set_index("model")
-    for name in test.index:
-        lines.append(
-            f"| {name} | {100 * test.loc[name, 'acc']:.2f} | {test.loc[name, 'loss']:.4f} | "
-            f"{100 * train.loc[name, 'acc']:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, str], row: str | None) -> str:
+def three_section(
+    edges: pd.DataFrame, evaluation: pd.DataFrame, many_methods: pd.DataFrame, rel: dict[str, str], row: str | None
+) -> str:
     n = edges["triple"].nunique()
     return f"""
 ## Three models (Table 3 layout; test split, max over λ, {n} triple(s))
@@ -154,11 +145,16 @@ def three_section(edges: pd.DataFrame, evaluation: pd.DataFrame, rel: dict[str, 
 
 ![landscape]({rel["landscape"]})
 
-## MergeMany ({sum(evaluation["model"].str.startswith("seed")) // 2} models)
+## N models in one frame ({sum((evaluation["method"] == "models") & (evaluation["split"] == "test"))} models)
 
-{merge_many_table(evaluation)}
+Every n-model method maps each model into one frame; its pairwise maps π_ij = π_j ∘ π_i⁻¹ are then
+cycle-consistent (cycle error 0), unlike independent pairwise WM. F is the shared objective
+Σ_{{i<j}} ⟨π_i θ_i, π_j θ_j⟩ over the best method's; pair B½ is the mean test barrier at λ = ½ between
+θ_i and π_ij(θ_j) over the pairs; "repaired" evaluates the merge repaired as `merge_many.repair` says.
 
-![MergeMany]({rel["merge_many"]})
+{many_table(evaluation, many_methods)}
+
+![n-model methods]({rel["merge_many"]})
 """
 
 
@@ -270,6 +266,7 @@ def write_report(
     figures: dict[str, Path],
     edges: pd.DataFrame | None = None,
     evaluation: pd.DataFrame | None = None,
+    many_methods: pd.DataFrame | None = None,
     t1: pd.DataFrame | None = None,
     bounds: pd.DataFrame | None = None,
     data: str = "",
@@ -302,7 +299,7 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 ![interpolation]({rel["interpolation"]})
 {analysis_section(rel, pairs, methods, bounds)}"""
     if edges is not None:
-        text += three_section(edges, evaluation, rel, row)
+        text += three_section(edges, evaluation, many_methods, rel, row)
     if "cka" in rel:
         text += cka_section(rel["cka"], pairs, methods)
     if "search_curves" in rel:

@@ -164,20 +164,6 @@ def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> P
     return _save(fig, path, dpi)
 
 
-def plot_merge_many(trace: pd.DataFrame, evaluation: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
-    """MergeMany: summed squared distance to the mean per iteration, and test accuracy of the
-    members, the naive average, the MergeMany average and the output ensemble."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    axes[0].plot(trace["iteration"], trace["distance"], marker="o")
-    axes[0].set(xlabel="iteration", ylabel="Σ‖π_i(θ_i) − θ̄‖²", title="MergeMany convergence")
-    test = evaluation[evaluation["split"] == "test"]
-    axes[1].barh(test["model"], test["acc"] * 100)
-    axes[1].set(xlabel="test accuracy (%)", title="merged vs ensemble vs members")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    return _save(fig, path, dpi)
-
-
 def _layer_axes(layers: list[str], height: float = 3.2) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(4, len(layers))
     rows = -(-len(layers) // cols)

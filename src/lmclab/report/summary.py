@@ -216,22 +216,6 @@ def three_summary(edges: pd.DataFrame, method_order: Sequence[str]) -> dict:
     }
 
 
-def merge_many_summary(evaluation: pd.DataFrame, trace: dict) -> dict:
-    """Test accuracy/loss of the MergeMany average, naive average, ensemble and mean member."""
-    test = evaluation[evaluation["split"] == "test"].set_index("model")
-    members = test[test.index.str.startswith("seed")]
-    out = {
-        name: {"test_acc": round(float(test.loc[name, "acc"]), 6), "test_loss": round(float(test.loc[name, "loss"]), 6)}
-        for name in ("MergeMany average", "naive average", "ensemble")
-    }
-    out["members mean"] = {
-        "test_acc": round(float(members["acc"].mean()), 6),
-        "test_loss": round(float(members["loss"].mean()), 6),
-    }
-    out["iterations"] = trace["iterations"]
-    return out
-
-
 def collect_pairs(
     measure_dir: Path, perms_dir: Path, pairs: Sequence[Sequence[int]], methods: Sequence[str]
 ) -> list[dict]:

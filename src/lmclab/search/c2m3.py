@@ -34,26 +34,27 @@ the doubly-stochastic matrices, made unique by a seeded Sinkhorn of small noise)
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 import torch
 from numpy.polynomial import polynomial
 from torch import Tensor
 
+from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.heads import solve_tied, tie_sets
-from lmclab.core.options import Count, NonNegative, OptionError, Options, one_of, option, takes
+from lmclab.core.options import Count, NonNegative, OptionError, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec, entry_groups
 from lmclab.search.merge_many import merge_many
 from lmclab.search.sinkhorn import sinkhorn, soft_apply
 from lmclab.search.universe import UniverseResult, universe_result
-from lmclab.search.weight_matching import solve_assignment
 
 INITS = ("identity", "sinkhorn_barycenter", "merge_many")
 Soft = list[dict[str, Tensor]]  # per model, per group: a doubly-stochastic matrix
 
 
-class C2M3Options(Options):
+class C2M3Options(AssignmentOptions):
     """Options of :func:`c2m3`."""
 
     max_iter: Count = option(100, "C2M3: Frank–Wolfe iterations at most")
@@ -84,30 +85,33 @@ def line_search(objective, degree: int) -> float:
     return max(candidates, key=lambda t: (polynomial.polyval(t, coef), -t))
 
 
-def _vertex(spec: PermutationSpec, grads: Mapping[str, Tensor]) -> dict[str, Tensor]:
+Solve = Callable[[Tensor], Tensor]  # a linear assignment solver (lmclab.core.assignment, one backend)
+
+
+def _vertex(spec: PermutationSpec, grads: Mapping[str, Tensor], solve: Solve) -> dict[str, Tensor]:
     """The linear step: per tie set (a group alone, or the headed groups of one tie) the permutation
     maximising ``⟨G, S⟩``, as a 0/1 matrix."""
     out = {}
     for unit in tie_sets(grads, spec.heads):
-        perm = solve_tied({g: grads[g] for g in unit}, spec.heads, solve_assignment)
+        perm = solve_tied({g: grads[g] for g in unit}, spec.heads, solve)
         for g in unit:
             out[g] = torch.eye(len(perm[g]), dtype=grads[g].dtype)[perm[g]]
     return out
 
 
-def _round(spec: PermutationSpec, soft: Mapping[str, Tensor]) -> Permutation:
+def _round(spec: PermutationSpec, soft: Mapping[str, Tensor], solve: Solve) -> Permutation:
     perm: Permutation = {}
     for unit in tie_sets(soft, spec.heads):
-        perm |= solve_tied({g: soft[g] for g in unit}, spec.heads, solve_assignment)
+        perm |= solve_tied({g: soft[g] for g in unit}, spec.heads, solve)
     return perm
 
 
-def _start(spec, params, sizes, init: str, generator: torch.Generator) -> Soft:
+def _start(spec, params, sizes, init: str, generator: torch.Generator, lap_backend: str = "scipy") -> Soft:
     eye = {g: torch.eye(n, dtype=torch.float64) for g, n in sizes.items()}
     if init == "identity":
         return [dict(eye) for _ in params]
     if init == "merge_many":
-        found = merge_many(spec, params, generator=generator).perms
+        found = merge_many(spec, params, generator=generator, lap_backend=lap_backend).perms
         return [{g: eye[g][p[g]] for g in sizes} for p in found]
     noise = {g: 1e-3 * torch.rand(n, n, generator=generator, dtype=torch.float64) for g, n in sizes.items()}
     bary = {g: sinkhorn(noise[g], tau=1.0, n_iter=200) for g in sizes}
@@ -118,13 +122,21 @@ def _moved(soft: Soft, direction: Soft, t: float) -> Soft:
     return [{g: s[g] + t * d[g] for g in s} for s, d in zip(soft, direction, strict=True)]
 
 
-def frank_wolfe_step(spec: PermutationSpec, soft: Soft, matched: Sequence[Mapping[str, Tensor]], degree: int):
+def frank_wolfe_step(
+    spec: PermutationSpec,
+    soft: Soft,
+    matched: Sequence[Mapping[str, Tensor]],
+    degree: int,
+    solve: Solve = solve_assignment,
+):
     """One iteration at ``soft``: ``(gap, t, direction)`` — the Frank–Wolfe gap, the exact step and
     ``S − P`` (module docstring, steps 1–4)."""
     leaves = [{g: m.clone().requires_grad_() for g, m in s.items()} for s in soft]
     flat = iter(torch.autograd.grad(relaxed_objective(spec, leaves, matched), [m for s in leaves for m in s.values()]))
     grads = [{g: next(flat) for g in s} for s in leaves]
-    direction = [{g: v - s[g] for g, v in _vertex(spec, grad).items()} for grad, s in zip(grads, soft, strict=True)]
+    direction = [
+        {g: v - s[g] for g, v in _vertex(spec, grad, solve).items()} for grad, s in zip(grads, soft, strict=True)
+    ]
     direction[0] = {g: torch.zeros_like(d) for g, d in direction[0].items()}  # model 0 fixes the universe
     gap = sum(float((grad[g] * d[g]).sum()) for grad, d in zip(grads, direction, strict=True) for g in grad)
     t = line_search(lambda t: float(relaxed_objective(spec, _moved(soft, direction, t), matched)), degree)
@@ -148,17 +160,18 @@ def c2m3(
     sizes = spec.group_sizes(params[0])
     matched = [{k: v.double() for k, v in spec.matched(p).items()} for p in params]
     degree, per_step = _degree(spec, list(matched[0])), len(params) * len(tie_sets(sizes, spec.heads))
-    soft = _start(spec, params, sizes, options.init, generator)
+    solve = partial(solve_assignment, backend=options.lap_backend)
+    soft = _start(spec, params, sizes, options.init, generator, options.lap_backend)
     trace, gaps, steps = [float(relaxed_objective(spec, soft, matched))], [], []
     for _ in range(options.max_iter):
-        gap, t, direction = frank_wolfe_step(spec, soft, matched, degree)
+        gap, t, direction = frank_wolfe_step(spec, soft, matched, degree, solve)
         gaps.append(gap)
         if gap <= options.tol * abs(trace[-1]) or t == 0.0:  # converged, or no ascent along the direction
             break
         soft = _moved(soft, direction, t)
         steps.append(t)
         trace.append(float(relaxed_objective(spec, soft, matched)))
-    perms = [_round(spec, s) for s in soft]
+    perms = [_round(spec, s, solve) for s in soft]
     stats = {
         "objective": trace,
         "gap": gaps,
@@ -166,6 +179,7 @@ def c2m3(
         "iterations": len(gaps),
         "assignments": per_step * (len(gaps) + 1),  # one linear step per iteration, and the rounding
         "init": options.init,
+        "lap_backend": options.lap_backend,
         "seconds": time.perf_counter() - start,
     }
     return universe_result(spec, perms, params, stats)

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from lmclab.core.options import OptionError
+from lmclab.core.assignment import AssignmentOptions
+from lmclab.core.options import Count, NonNegative, OptionError, option, takes
 from lmclab.core.spec import PermutationSpec, apply_permutation, identity_permutation
 from lmclab.search.universe import UniverseResult, mean_params, summed_distance, universe_result
 from lmclab.search.weight_matching import weight_matching
@@ -24,36 +25,54 @@ from lmclab.search.weight_matching import weight_matching
 MergeManyResult = UniverseResult  # perms, merged, stats (the shared result of the n-model methods)
 
 
+class MergeManyOptions(AssignmentOptions):
+    """Options of :func:`merge_many`."""
+
+    max_iter: Count = option(20, "MergeMany: passes over all models at most")
+    tol: NonNegative = option(1.0e-7, "MergeMany: stop when a pass lowers Σ‖π_i(θ_i) − θ̄‖² by ≤ this fraction")
+    wm_max_iter: Count = option(100, "MergeMany: weight-matching sweeps per model and pass at most")
+
+
+@takes(MergeManyOptions)
 def merge_many(
     spec: PermutationSpec,
     params: Sequence[Mapping[str, Tensor]],
     *,
-    max_iter: int = 20,
-    tol: float = 1e-7,
-    wm_max_iter: int = 100,
+    options: MergeManyOptions,
     generator: torch.Generator | None = None,
 ) -> MergeManyResult:
-    """Align ``params`` (N ≥ 2 models) to each other and average them."""
+    """Align ``params`` (N ≥ 2 models) to each other and average them (options: :class:`MergeManyOptions`)."""
     if len(params) < 2:
         raise OptionError(f"{{params}} must name at least 2 models, got {len(params)}")
-    if max_iter < 1:
-        raise OptionError(f"{{max_iter}} must be a positive number of iterations, got {max_iter}")
-    if tol < 0:
-        raise OptionError(f"{{tol}} must be non-negative, got {tol}")
+    max_iter, tol, wm_max_iter = options.max_iter, options.tol, options.wm_max_iter
     start = time.perf_counter()
     generator = generator or torch.Generator().manual_seed(0)
     perms = [identity_permutation(spec.group_sizes(p)) for p in params]
     aligned = [dict(p) for p in params]
-    distance = [summed_distance(spec, aligned)]
+    distance, assignments = [summed_distance(spec, aligned)], 0
     for _ in range(max_iter):
         for i in torch.randperm(len(params), generator=generator).tolist():
             others = mean_params([aligned[j] for j in range(len(params)) if j != i])
-            perms[i] = weight_matching(
-                spec, others, params[i], max_iter=wm_max_iter, tol=0.0, generator=generator, init_perm=perms[i]
-            ).perm
+            found = weight_matching(
+                spec,
+                others,
+                params[i],
+                max_iter=wm_max_iter,
+                tol=0.0,
+                generator=generator,
+                init_perm=perms[i],
+                lap_backend=options.lap_backend,
+            )
+            perms[i], assignments = found.perm, assignments + found.stats["assignments"]
             aligned[i] = apply_permutation(spec, perms[i], params[i])
         distance.append(summed_distance(spec, aligned))
         if distance[-2] - distance[-1] <= tol * abs(distance[-2]):
             break
-    stats = {"distance": distance, "iterations": len(distance) - 1, "seconds": time.perf_counter() - start}
+    stats = {
+        "distance": distance,
+        "iterations": len(distance) - 1,
+        "assignments": assignments,
+        "lap_backend": options.lap_backend,
+        "seconds": time.perf_counter() - start,
+    }
     return universe_result(spec, perms, params, stats)

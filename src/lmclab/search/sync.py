@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from itertools import combinations
 
 import torch
 from torch import Tensor
 
+from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.heads import solve_tied, tie_sets
-from lmclab.core.options import OptionError
+from lmclab.core.options import Count, OptionError, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.universe import UniverseResult, universe_result
-from lmclab.search.weight_matching import solve_assignment, weight_matching
+from lmclab.search.weight_matching import weight_matching
 
 
 def synchronise(pairwise: Mapping[tuple[int, int], Tensor], n_models: int, size: int) -> list[Tensor]:
@@ -44,11 +46,18 @@ def synchronise(pairwise: Mapping[tuple[int, int], Tensor], n_models: int, size:
     return [blocks[0] @ b.T for b in blocks]
 
 
+class SyncOptions(AssignmentOptions):
+    """Options of :func:`sync`."""
+
+    wm_max_iter: Count = option(100, "sync: weight-matching sweeps per pair at most")
+
+
+@takes(SyncOptions)
 def sync(
     spec: PermutationSpec,
     params: Sequence[Mapping[str, Tensor]],
     *,
-    wm_max_iter: int = 100,
+    options: SyncOptions,
     generator: torch.Generator | None = None,
 ) -> UniverseResult:
     """Pairwise WM of every pair, synchronised (module docstring); ``stats``: ``seconds``,
@@ -57,18 +66,25 @@ def sync(
         raise OptionError(f"{{params}} must name at least 2 models, got {len(params)}")
     start, generator = time.perf_counter(), generator or torch.Generator().manual_seed(0)
     sizes = spec.group_sizes(params[0])
-    found = {
-        (i, j): weight_matching(spec, params[i], params[j], max_iter=wm_max_iter, generator=generator)
-        for i, j in combinations(range(len(params)), 2)
-    }
+    wm = partial(weight_matching, max_iter=options.wm_max_iter, generator=generator, lap_backend=options.lap_backend)
+    found = {(i, j): wm(spec, params[i], params[j]) for i, j in combinations(range(len(params)), 2)}
     scores = {g: synchronise({k: r.perm[g] for k, r in found.items()}, len(params), n) for g, n in sizes.items()}
     perms: list[Permutation] = []
+    solve = partial(solve_assignment, backend=options.lap_backend)
     for i in range(len(params)):
         perm: Permutation = {}
         for unit in tie_sets(sizes, spec.heads):
-            perm |= solve_tied({g: scores[g][i] for g in unit}, spec.heads, solve_assignment)
+            perm |= solve_tied({g: scores[g][i] for g in unit}, spec.heads, solve)
         perms.append(perm)
     solves = sum(r.stats["assignments"] for r in found.values()) + len(params) * len(tie_sets(sizes, spec.heads))
     return universe_result(
-        spec, perms, params, {"assignments": solves, "pairs": len(found), "seconds": time.perf_counter() - start}
+        spec,
+        perms,
+        params,
+        {
+            "assignments": solves,
+            "pairs": len(found),
+            "lap_backend": options.lap_backend,
+            "seconds": time.perf_counter() - start,
+        },
     )
