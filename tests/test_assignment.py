@@ -1,6 +1,6 @@
 """The linear assignment solvers (issue 30): every backend reaches the brute-force optimum for n ≤ 7
 (square and rectangular) and scipy's optimal value on random, tie-heavy and rectangular matrices; every
-pair method that solves assignments takes ``lap_backend``, solves all of them with it (a spy on both
+method that solves assignments takes ``lap_backend``, solves all of them with it (a spy on both
 solvers), records it in its stats and gives the same permutation with either backend on a planted
 case; a bad or missing backend is one line naming ``lap_backend``."""
 
@@ -21,15 +21,19 @@ from lmclab.core.data import Split
 from lmclab.core.options import OptionError
 from lmclab.core.spec import apply_permutation, invert, random_permutation
 from lmclab.search import METHODS, check_method, run_search
+from lmclab.search.many import MANY_METHODS, check_many, run_many
 from lmclab.search.registered import search_problem
 from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at
+from lmclab.search.universe import pairwise_maps
 from lmclab.search.weight_matching import matching_objective, weight_matching
 
 PAIR_METHODS = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")  # every pair method that solves assignments
+MANY = ("merge_many", "c2m3", "sync", "star")  # every n-model method that does
 QUICK = {  # enough for a planted MLP, in a fraction of a second
     "ste": {"epochs": 1, "batch_size": 100},
     "wm_sinkhorn": {"epochs": 2, "iterations": 5},
     "ste_sinkhorn": {"epochs": 1, "batch_size": 100, "init": "wm"},
+    "c2m3": {"max_iter": 20},
 }
 
 
@@ -89,7 +93,7 @@ def test_a_bad_or_missing_backend_is_one_line_naming_lap_backend(monkeypatch):
     with pytest.raises(OptionError, match=r"^lap_backend must be one of \['scipy', 'lapx'\], got 'lapjv'$"):
         weight_matching(spec, params, params, lap_backend="lapjv")
     with pytest.raises(OptionError, match=r"^lap_backend must be one of"):
-        check_method("wm_sinkhorn", {"lap_backend": None})
+        check_many("sync", {"lap_backend": None})
     monkeypatch.setattr(assignment.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(OptionError, match=r"^lap_backend is 'lapx' but the lapx package is not installed"):
         check_method("am", {"lap_backend": "lapx"})
@@ -100,8 +104,10 @@ def test_a_bad_or_missing_backend_is_one_line_naming_lap_backend(monkeypatch):
 
 def test_exactly_the_methods_that_solve_assignments_take_lap_backend():
     assert {m for m, f in METHODS.items() if "lap_backend" in f.options.model_fields} == set(PAIR_METHODS)
-    for method in PAIR_METHODS:
-        assert METHODS[method].options.model_fields["lap_backend"].default == "scipy"
+    assert {m for m, f in MANY_METHODS.items() if "lap_backend" in f.options.model_fields} == set(MANY)
+    for method in (*PAIR_METHODS, *MANY):
+        options = (METHODS.get(method) or MANY_METHODS[method]).options
+        assert options.model_fields["lap_backend"].default == "scipy"
 
 
 def _mlp(width: int, seed: int = 0):
@@ -150,6 +156,28 @@ def test_every_pair_method_solves_with_its_backend_and_agrees_on_a_planted_copy(
         assert all(torch.equal(found["lapx"].perm[g], p) for g, p in invert(planted).items())
     objective = [matching_objective(spec, found[b].perm, params_a, params_b) for b in BACKENDS]
     assert objective[0] == objective[1]
+
+
+@pytest.mark.parametrize("method", [*MANY, "c2m3-merge_many"])
+def test_every_n_model_method_solves_with_its_backend_and_recovers_planted_copies(method, calls):
+    spec, base = _mlp(16)
+    sizes, gen = spec.group_sizes(base), torch.Generator().manual_seed(2)
+    truth = [{g: torch.arange(k) for g, k in sizes.items()}] + [random_permutation(sizes, gen) for _ in range(2)]
+    params = [apply_permutation(spec, t, base) for t in truth]
+    name, options = method.split("-")[0], {**QUICK.get(method.split("-")[0], {})}
+    if method == "c2m3-merge_many":
+        options["init"] = "merge_many"
+    found = {}
+    for backend in BACKENDS:
+        before = dict(calls)
+        found[backend] = run_many(name, spec, params, seed=0, options={**options, "lap_backend": backend})
+        other = next(b for b in BACKENDS if b != backend)
+        assert calls[backend] > before[backend] and calls[other] == before[other], backend
+        assert found[backend].stats["lap_backend"] == backend
+    for backend in BACKENDS:
+        maps = pairwise_maps(found[backend].perms)
+        for (i, j), m in maps.items():
+            assert all(torch.equal(m[g], truth[j][g].argsort()[truth[i][g]]) for g in sizes), (backend, i, j)
 
 
 def test_headed_groups_solve_with_the_backend(calls):
