@@ -21,6 +21,7 @@ from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params, key_rows
 from lmclab.pipeline.stage import search_errors
 from lmclab.search import METHODS, check_method
+from lmclab.search.many import MANY_METHODS
 from lmclab.search.midpoint import check_batch
 from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
@@ -29,8 +30,9 @@ PERMUTE = Params.model_fields["permute"].annotation
 OPTIONS = [(method, name) for method in METHODS for name in METHODS[method].options.model_fields]
 
 
-def _own(method: str, name: str):
-    return METHODS[method].options.model_fields[name]
+def _own(method: str, name: str, block: str = "permute"):
+    """The field of option ``name`` of ``method``: a pair method's (``permute``) or an n-model one's."""
+    return (METHODS if block == "permute" else MANY_METHODS)[method].options.model_fields[name]
 
 
 @pytest.mark.parametrize(("method", "name"), OPTIONS, ids=[f"{m}.{n}" for m, n in OPTIONS])
@@ -82,13 +84,16 @@ def test_every_pipeline_default_that_differs_says_why_in_the_parameter_table() -
     rows = {key: (default, meaning) for key, default, _, meaning in key_rows()}
     assert PIPELINE_DEFAULTS, "params.yaml runs Sinkhorn WM shorter than the paper"
     for key, override in PIPELINE_DEFAULTS.items():
-        _, method, name = key.split(".")
-        library = _own(method, name).default
+        block, method, name = key.split(".")
+        library = _own(method, name, block).default
         assert override.default != library and override.reason
         default, meaning = rows[key]
         assert default == override.default
         assert meaning.endswith(f" — differs from the library default ({library}): {override.reason}")
-    differing = {f"permute.{m}.{n}" for m, n in OPTIONS if rows[f"permute.{m}.{n}"][0] != _own(m, n).default}
+    every = [("permute", m, n) for m, n in OPTIONS] + [
+        ("merge_many", m, n) for m in MANY_METHODS for n in MANY_METHODS[m].options.model_fields
+    ]
+    differing = {f"{b}.{m}.{n}" for b, m, n in every if rows[f"{b}.{m}.{n}"][0] != _own(m, n, b).default}
     assert differing == set(PIPELINE_DEFAULTS)
 
 
