@@ -140,10 +140,11 @@ def test_frank_wolfe_iterates_stay_doubly_stochastic_and_never_lower_the_objecti
     soft = _start(spec, params, spec.group_sizes(params[0]), init, torch.Generator().manual_seed(0))
     values = [float(relaxed_objective(spec, soft, matched))]
     for _ in range(8):
-        gap, t, direction = frank_wolfe_step(spec, soft, matched, degree=4)
+        gap, t, direction, value = frank_wolfe_step(spec, soft, matched, degree=4, current=values[-1])
         assert gap >= -1e-9 and 0.0 <= t <= 1.0
         soft = _moved(soft, direction, t)
         values.append(float(relaxed_objective(spec, soft, matched)))
+        assert value == pytest.approx(values[-1], rel=1e-10)  # the step's F is the iterate's
         for matrix in (m for s in soft for m in s.values()):
             ones = torch.ones(len(matrix), dtype=matrix.dtype)
             assert matrix.min() >= -1e-12

@@ -64,7 +64,11 @@ class C2M3Options(AssignmentOptions):
 
 def relaxed_objective(spec: PermutationSpec, soft: Soft, params: Sequence[Mapping[str, Tensor]]) -> Tensor:
     """``F(P) = Σ_{i<j} ⟨P_i(θ_i), P_j(θ_j)⟩ = (‖Σ_i A_i‖² − Σ_i ‖A_i‖²) / 2`` over the matched entries."""
-    mapped = [soft_apply(spec, s, p) for s, p in zip(soft, params, strict=True)]
+    return _objective([soft_apply(spec, s, p) for s, p in zip(soft, params, strict=True)])
+
+
+def _objective(mapped: Sequence[Mapping[str, Tensor]]) -> Tensor:
+    """F of the mapped models ``A_i = P_i(θ_i)`` (:func:`relaxed_objective`)."""
     keys = list(mapped[0])
     total = sum(sum(m[k] for m in mapped).pow(2).sum() for k in keys)
     return (total - sum(m[k].pow(2).sum() for m in mapped for k in keys)) / 2
@@ -75,14 +79,25 @@ def _degree(spec: PermutationSpec, keys: Sequence[str]) -> int:
     return 2 * max(sum(bool(entry_groups(e)) for e in spec.axes[k]) for k in keys)
 
 
-def line_search(objective, degree: int) -> float:
+def line_search(objective, degree: int, at_zero: float | None = None) -> float:
     """The t ∈ [0, 1] maximising the polynomial ``objective(t)`` of ``degree`` (exact: fitted through
-    degree + 1 points, maximised over the ends and the real roots of its derivative)."""
+    degree + 1 points, maximised over the ends and the real roots of its derivative); ``at_zero``, if
+    known, is ``objective(0)`` and saves one evaluation."""
+    return _maximum(_fit(objective, degree, at_zero))[0]
+
+
+def _fit(objective, degree: int, at_zero: float | None = None) -> np.ndarray:
     ts = np.linspace(0.0, 1.0, degree + 1)
-    coef = polynomial.polyfit(ts, [objective(float(t)) for t in ts], degree)
-    roots = polynomial.polyroots(polynomial.polyder(coef)) if degree > 1 else np.array([])
+    values = [at_zero if t == 0 and at_zero is not None else objective(float(t)) for t in ts]
+    return polynomial.polyfit(ts, values, degree)
+
+
+def _maximum(coef: np.ndarray) -> tuple[float, float]:
+    """``(t, value)`` of the polynomial ``coef``'s maximum over [0, 1] (the smallest such t)."""
+    roots = polynomial.polyroots(polynomial.polyder(coef)) if len(coef) > 2 else np.array([])
     candidates = [0.0, 1.0] + [float(r.real) for r in roots if abs(r.imag) < 1e-12 and 0 < r.real < 1]
-    return max(candidates, key=lambda t: (polynomial.polyval(t, coef), -t))
+    best = max(candidates, key=lambda t: (polynomial.polyval(t, coef), -t))
+    return best, float(polynomial.polyval(best, coef))
 
 
 Solve = Callable[[Tensor], Tensor]  # a linear assignment solver (lmclab.core.assignment, one backend)
@@ -128,19 +143,28 @@ def frank_wolfe_step(
     matched: Sequence[Mapping[str, Tensor]],
     degree: int,
     solve: Solve = solve_assignment,
+    current: float | None = None,
 ):
-    """One iteration at ``soft``: ``(gap, t, direction)`` — the Frank–Wolfe gap, the exact step and
-    ``S − P`` (module docstring, steps 1–4)."""
-    leaves = [{g: m.clone().requires_grad_() for g, m in s.items()} for s in soft]
-    flat = iter(torch.autograd.grad(relaxed_objective(spec, leaves, matched), [m for s in leaves for m in s.values()]))
+    """One iteration at ``soft``: ``(gap, t, direction, value)`` — the Frank–Wolfe gap, the exact step,
+    ``S − P`` and F at ``P + t (S − P)`` (module docstring, steps 1–4); ``current`` is F at ``soft``,
+    if known. Model 0 stays where it is: its mapped parameters are computed once, outside the gradient."""
+    fixed = {k: v.detach() for k, v in soft_apply(spec, soft[0], matched[0]).items()}
+    leaves = [{g: m.clone().requires_grad_() for g, m in s.items()} for s in soft[1:]]
+    mapped = [fixed] + [soft_apply(spec, s, p) for s, p in zip(leaves, matched[1:], strict=True)]
+    flat = iter(torch.autograd.grad(_objective(mapped), [m for s in leaves for m in s.values()]))
     grads = [{g: next(flat) for g in s} for s in leaves]
-    direction = [
-        {g: v - s[g] for g, v in _vertex(spec, grad, solve).items()} for grad, s in zip(grads, soft, strict=True)
+    direction = [{g: torch.zeros_like(m) for g, m in soft[0].items()}]  # model 0 fixes the universe
+    direction += [
+        {g: v - s[g] for g, v in _vertex(spec, grad, solve).items()} for grad, s in zip(grads, soft[1:], strict=True)
     ]
-    direction[0] = {g: torch.zeros_like(d) for g, d in direction[0].items()}  # model 0 fixes the universe
-    gap = sum(float((grad[g] * d[g]).sum()) for grad, d in zip(grads, direction, strict=True) for g in grad)
-    t = line_search(lambda t: float(relaxed_objective(spec, _moved(soft, direction, t), matched)), degree)
-    return gap, t, direction
+    gap = sum(float((grad[g] * d[g]).sum()) for grad, d in zip(grads, direction[1:], strict=True) for g in grad)
+
+    def along(t: float) -> float:
+        moved = _moved(soft[1:], direction[1:], t)
+        return float(_objective([fixed] + [soft_apply(spec, s, p) for s, p in zip(moved, matched[1:], strict=True)]))
+
+    t, value = _maximum(_fit(along, degree, current))
+    return gap, t, direction, value
 
 
 @takes(C2M3Options)
@@ -164,13 +188,13 @@ def c2m3(
     soft = _start(spec, params, sizes, options.init, generator, options.lap_backend)
     trace, gaps, steps = [float(relaxed_objective(spec, soft, matched))], [], []
     for _ in range(options.max_iter):
-        gap, t, direction = frank_wolfe_step(spec, soft, matched, degree, solve)
+        gap, t, direction, value = frank_wolfe_step(spec, soft, matched, degree, solve, current=trace[-1])
         gaps.append(gap)
         if gap <= options.tol * abs(trace[-1]) or t == 0.0:  # converged, or no ascent along the direction
             break
         soft = _moved(soft, direction, t)
         steps.append(t)
-        trace.append(float(relaxed_objective(spec, soft, matched)))
+        trace.append(value)  # F at the new iterate: the fitted polynomial at t (exact to rounding)
     perms = [_round(spec, s, solve) for s in soft]
     stats = {
         "objective": trace,
