@@ -102,15 +102,15 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     ),
     (
         lambda: merge_many(None, [{}, {}], max_iter=0),
-        "max_iter must be a positive number of iterations, got 0",
+        "max_iter must be a positive integer, got 0",
         ("merge_many",),
-        "merge_many.max_iter must be a positive number of iterations, got 0",
+        "merge_many.merge_many.max_iter must be a positive integer, got 0",
     ),
     (
         lambda: merge_many(None, [{}, {}], tol=-1.0),
-        "tol must be non-negative, got -1.0",
+        "tol must be a non-negative number, got -1.0",
         ("merge_many",),
-        "merge_many.tol must be non-negative, got -1.0",
+        "merge_many.merge_many.tol must be a non-negative number, got -1.0",
     ),
     (
         lambda: _options(optimizer="rmsprop"),
@@ -280,8 +280,12 @@ PIPELINE = [
 
 def stage_keys(stage: str) -> tuple:
     """The keys ``stage`` reports the library's errors under (its script's ``KEYS``, and what it adds)."""
-    keys = importlib.import_module(stage).KEYS
-    return {"train": (keys, model_key("traced")), "connect": (keys, search_key("wm"))}.get(stage, (keys,))
+    module = importlib.import_module(stage)
+    keys = module.KEYS
+    extra = {"train": model_key("traced"), "connect": search_key("wm")}
+    if stage == "merge_many":
+        extra["merge_many"] = module._method_key("merge_many")  # an n-model method's options
+    return (keys, extra[stage]) if stage in extra else (keys,)
 
 
 @pytest.mark.parametrize(("call", "line"), LIBRARY)

@@ -232,7 +232,12 @@ def test_floats_as_dvc_writes_them_reach_the_stages_as_numbers(repo: Path) -> No
     which PyYAML would read as a string; the stages read params.yaml as DVC does (YAML 1.2)."""
     _run(repo, "git", "add", "-A")
     _run(repo, "git", "commit", "-qm", "before -S floats", "--allow-empty")
-    sets = {"permute.wm.tol": "1e-6", "permute.ste.lr": "1E-3", "three.margin": ".5", "merge_many.merge_many.tol": "5e2"}
+    sets = {
+        "permute.wm.tol": "1e-6",
+        "permute.ste.lr": "1E-3",
+        "three.margin": ".5",
+        "merge_many.merge_many.tol": "5e2",
+    }
     ran = _ran(_run(repo, "dvc", "exp", "run", *[a for k, v in sets.items() for a in ("-S", f"{k}={v}")]))
     assert {"validate", "permute@pair0-wm", "connect@triple0-wm", "merge_many"} <= ran
     text = (repo / "params.yaml").read_text()

@@ -3,7 +3,8 @@ the default run's four MLPs, with the library's default options — run by hand,
 is a finished run of the merge_many stage with all methods, which costs more than the default run's
 time budget (C2M3's 100 Frank–Wolfe iterations and ZipIt!'s clustering take minutes on 2 cores).
 
-    git clone . ../run-many && cd ../run-many && dvc exp run -S 'merge_many.methods=[merge_many,c2m3,sync,star,cca,zipit]' merge_many
+    git clone . ../run-many && cd ../run-many
+    dvc exp run -S 'merge_many.methods=[merge_many,c2m3,sync,star,cca,zipit]' merge_many
     python tools/many_study.py collect --run ../run-many
 
 ``collect`` reads the run's ``data/merge_many/`` (``evaluation``, ``methods``, ``pairwise`` tables and
