@@ -4,9 +4,12 @@ report's objective traces, headline metrics and table."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
+import yaml
 from test_many_models import mlp, planted
 
 from lmclab.analysis.many_models import PAIRWISE, compare_many, repaired_merge
@@ -173,3 +176,30 @@ def test_transform_methods_join_the_comparison_with_their_merges_plain_and_repai
     assert set(zipped["model"]) == {"heads ensemble"} and not zipped["repaired"].any()
     with pytest.raises(OptionError, match=r"^model: cca reads the models' activations and needs it, got None$"):
         run_many("cca", spec, params, seed=0)
+
+
+def test_the_study_page_is_collected_from_a_finished_run(tmp_path):
+    from many_study import app
+    from typer.testing import CliRunner
+
+    spec, params, _ = planted(6, 3, noise=0.3)
+    model, splits = _model_and_data()
+    found = compare_many(model, spec, params, list("abc"), splits, methods=METHODS, seed=0)
+    folder = tmp_path / "run" / "data" / "merge_many"
+    folder.mkdir(parents=True)
+    for name in ("evaluation", "methods", "pairwise"):
+        pd.DataFrame(getattr(found, name)).to_parquet(folder / f"{name}.parquet")
+    trace = {"seeds": [0, 1, 2], "repair": "none", "methods": {m: r.stats for m, r in found.results.items()}}
+    (folder / "trace.json").write_text(json.dumps(trace))
+    tree = {"model": {"arch": "mlp", "mlp": {"hidden": 2, "width": 6}}, "train": {"epochs": 1}}
+    tree["merge_many"] = {"seeds": [0, 1, 2], "repair": "none", "methods": list(METHODS), **METHODS}
+    (tmp_path / "run" / "params.yaml").write_text(yaml.safe_dump(tree))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["collect", "--run", str(tmp_path / "run"), "--out", str(out), "--dpi", "30"])
+    assert result.exit_code == 0, result.output
+    page = (out / "many_models.md").read_text()
+    assert page.count("\n| ") == 1 + 1 + len(METHODS) + 3  # header, pairwise WM, the methods, three references
+    assert "| C2M3 | " in page and (out / "many_models.png").stat().st_size > 0
+    assert json.loads((out / "run.json").read_text())["seeds"] == [0, 1, 2]
+    missing = CliRunner().invoke(app, ["collect", "--run", str(tmp_path), "--out", str(out)])
+    assert missing.exit_code != 0 and "--run: expected a run with" in str(missing.exception or missing.output)
