@@ -205,6 +205,90 @@ def test_greedy_complete_linkage_on_a_hand_made_correlation():
     assert torch.equal(unmerges[1], torch.eye(2, dtype=torch.float64))
 
 
+def _reference_admissible(models, k, within_model):
+    """Copy of zipit._admissible as of 387ff6b, so the reference below never follows later edits."""
+    if within_model:
+        return torch.ones(models.shape[0], dtype=torch.bool)
+    disjoint = ~(models & models[k]).any(1)
+    return disjoint & (models[:, 0] ^ models[k, 0])
+
+
+def _reference_zip_clusters(correlation, sizes, within_model):
+    """Copy of zip_clusters as of 387ff6b: each merge scans the whole masked D × D linkage."""
+    total, owner = sum(sizes), torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    models = torch.nn.functional.one_hot(owner, len(sizes)).bool()  # (D, N)
+    link = correlation.double().clone()
+    allowed = torch.stack([_reference_admissible(models, k, within_model) for k in range(total)])
+    allowed.fill_diagonal_(False)
+    members, alive = [[j] for j in range(total)], torch.ones(total, dtype=torch.bool)
+    for _ in range(total - sizes[0]):
+        best = int(link.masked_fill(~allowed, -torch.inf).argmax())
+        i, j = sorted(divmod(best, total))
+        if not allowed[i, j]:
+            raise RuntimeError("ZipIt!: no admissible merge left")
+        members[i] += members[j]
+        models[i] |= models[j]
+        link[i] = link[:, i] = torch.minimum(link[i], link[j])
+        alive[j] = allowed[j] = allowed[:, j] = False
+        allowed[i] = allowed[:, i] = _reference_admissible(models, i, within_model) & alive
+        allowed[i, i] = False
+    return sorted(sorted(members[k]) for k in range(total) if alive[k])
+
+
+def random_correlation(n_models: int, width: int, seed: int, decimals: int | None = None, skew: float = 0.0):
+    """A Pearson correlation of N noisy, permuted copies of shared features, symmetric unless ``skew``
+    (then off by up to ~skew, as a float covariance may be off in its last bits); rounded: ties."""
+    gen = torch.Generator().manual_seed(seed)
+    shared = torch.randn(30, width, generator=gen, dtype=torch.float64)
+    noise = float(torch.rand((), generator=gen, dtype=torch.float64)) * 2
+    z = torch.cat(
+        [
+            shared[:, torch.randperm(width, generator=gen)]
+            + noise * torch.randn(30, width, generator=gen, dtype=torch.float64)
+            for _ in range(n_models)
+        ],
+        1,
+    )
+    corr = torch.corrcoef(z.T)
+    corr = (corr + corr.T) / 2 + skew * torch.randn(corr.shape, generator=gen, dtype=torch.float64)
+    return corr if decimals is None else corr.round(decimals=decimals)
+
+
+@pytest.mark.parametrize("within_model", [True, False])
+@pytest.mark.parametrize("n_models", [2, 3, 4])
+def test_zip_clusters_equals_the_full_scan_greedy(n_models, within_model):
+    """The cached row maxima give the full scan's clusters exactly, ties (1 decimal) broken alike, also
+    on asymmetric matrices (where complete linkage can raise an entry of the merged column) and with NaN."""
+    for seed in range(6):
+        width = 3 + (5 * seed + n_models) % 14  # widths 3-16
+        for decimals, skew in [(None, 0.0), (1, 0.0), (None, 0.5), (1, 0.5)]:
+            corr = random_correlation(n_models, width, seed, decimals, skew)
+            sizes = [width] * n_models
+            assert zip_clusters(corr, sizes, within_model) == _reference_zip_clusters(corr, sizes, within_model)
+        scattered = torch.rand(corr.shape, generator=torch.Generator().manual_seed(seed)) < 0.03
+        corr[scattered] = torch.nan  # argmax ranks NaN above all; complete linkage spreads it
+        assert zip_clusters(corr, sizes, within_model) == _reference_zip_clusters(corr, sizes, within_model)
+
+
+@pytest.mark.parametrize(
+    ("entries", "clusters"),
+    [
+        ({(2, 3): 0.9, (3, 2): 0.9, (2, 0): 0.8, (3, 0): 0.8, (0, 1): 0.5, (1, 0): 0.8}, [[0, 2, 3], [1]]),
+        ({(2, 3): 0.9, (3, 2): 0.9, (2, 0): 0.8, (3, 0): 0.8, (0, 1): 0.8}, [[0, 1], [2, 3]]),
+        ({(1, 2): 0.9, (2, 1): 0.9, (1, 0): 0.7, (2, 0): 0.7, (0, 3): 0.7}, [[0, 1, 2], [3]]),
+    ],
+)
+def test_zip_clusters_when_a_merge_raises_an_asymmetric_entry(entries, clusters):
+    """Asymmetric linkage: merging j into i sets row 0's entry at i to min(ρ(i,0), ρ(j,0)), above
+    ρ(0,i) = 0 and reaching row 0's old maximum; the row-major first maximum then lies at (0, i):
+    before row 1's equal maximum, before row 0's equal entry at column 3, after its one at column 1."""
+    corr = torch.zeros(4, 4, dtype=torch.float64)
+    for (a, b), v in entries.items():
+        corr[a, b] = v
+    assert zip_clusters(corr, [2, 2], within_model=True) == clusters
+    assert _reference_zip_clusters(corr, [2, 2], within_model=True) == clusters
+
+
 def test_partial_zip_heads_compute_their_models_functions():
     model, spec, points, base = mlp(hidden=3)
     truth = random_permutation(spec.group_sizes(base), torch.Generator().manual_seed(8))

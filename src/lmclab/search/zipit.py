@@ -60,9 +60,34 @@ def _admissible(models: Tensor, k: int, within_model: bool) -> Tensor:
     return disjoint & (models[:, 0] ^ models[k, 0])  # anchored at model 0's features (module docstring)
 
 
+def _row_best(link: Tensor, allowed: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Each of ``rows``' first admissible maximum (value, column), in ``argmax``'s order (NaN above all)."""
+    masked = link[rows].masked_fill(~allowed[rows], -torch.inf)  # (len(rows), D)
+    column = masked.argmax(1)
+    return masked.gather(1, column[:, None])[:, 0], column
+
+
+def _update_best(link: Tensor, allowed: Tensor, value: Tensor, column: Tensor, i: int, j: int) -> None:
+    """Refresh the cached row maxima after cluster j merged into i. Only row i and columns i, j changed:
+    column j is inadmissible now (a lower entry elsewhere than a row's maximum keeps it), and column i
+    takes the minimum of rows i and j, which on an asymmetric linkage (a float covariance) can exceed the
+    old column. Rows whose maximum sat at i
+    or j, or whose new entry is NaN (argmax ranks it above all), are rescanned; the rest compare their
+    new entry at i with their maximum."""
+    new = link[:, i].masked_fill(~allowed[:, i], -torch.inf)  # (D,)
+    stale = (column == i) | (column == j) | new.isnan()
+    stale[i] = stale[j] = True
+    better = ~stale & ((new > value) | ((new == value) & (column > i)))  # ties: the first column wins
+    value[better], column[better] = new[better], i
+    rows = stale.nonzero()[:, 0]
+    value[rows], column[rows] = _row_best(link, allowed, rows)
+
+
 def zip_clusters(correlation: Tensor, sizes: Sequence[int], within_model: bool) -> list[list[int]]:
     """ZipIt!'s greedy (module docstring) on the correlation of the concatenated features (``sizes[i]``
-    features of model i, all equal): ``sizes[0]`` clusters of feature indices, ordered by first member."""
+    features of model i, all equal): ``sizes[0]`` clusters of feature indices, ordered by first member.
+    Each step merges the first admissible maximum of the linkage in row-major order, found from a cache
+    of each row's first maximum (:func:`_update_best`): O(D) per merge instead of O(D²)."""
     if len(set(sizes)) != 1:
         raise ValueError(f"ZipIt! merges models of equal width, got widths {list(sizes)}")
     total, owner = sum(sizes), torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
@@ -71,9 +96,10 @@ def zip_clusters(correlation: Tensor, sizes: Sequence[int], within_model: bool) 
     allowed = torch.stack([_admissible(models, k, within_model) for k in range(total)])
     allowed.fill_diagonal_(False)
     members, alive = [[j] for j in range(total)], torch.ones(total, dtype=torch.bool)
+    value, column = _row_best(link, allowed, torch.arange(total))  # (D,), (D,): each row's first maximum
     for _ in range(total - sizes[0]):
-        best = int(link.masked_fill(~allowed, -torch.inf).argmax())
-        i, j = sorted(divmod(best, total))
+        row = int(value.argmax())  # the first row holding the maximum: with its column, the flat argmax
+        i, j = sorted((row, int(column[row])))
         if not allowed[i, j]:
             raise RuntimeError("ZipIt!: no admissible merge left")  # excluded by the anchoring
         members[i] += members[j]
@@ -82,6 +108,7 @@ def zip_clusters(correlation: Tensor, sizes: Sequence[int], within_model: bool) 
         alive[j] = allowed[j] = allowed[:, j] = False
         allowed[i] = allowed[:, i] = _admissible(models, i, within_model) & alive
         allowed[i, i] = False
+        _update_best(link, allowed, value, column, i, j)
     return sorted(sorted(members[k]) for k in range(total) if alive[k])
 
 
