@@ -63,7 +63,7 @@ def markdown(info: dict, evaluation: pd.DataFrame, methods: pd.DataFrame) -> str
             "",
             f"Run at commit {info['commit']}: {len(info['seeds'])} models ({model}; {info['epochs']} epochs; seeds "
             f"{info['seeds']}), repair `{info['repair']}`, options {options}. "
-            f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores.",
+            f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores. {info['note']}".rstrip(),
             "",
             many_table(evaluation, methods),
             "",
@@ -90,6 +90,7 @@ def collect(
     run: Path = typer.Option(..., help="a run whose merge_many stage finished (RUN/data/merge_many/)"),
     out: Path = typer.Option(ROOT / "reports" / "many_models"),
     dpi: int = typer.Option(120),
+    note: str = typer.Option("", help="a sentence on the run the page should carry (e.g. how loaded the machine was)"),
 ) -> None:
     """Build reports/many_models/ from a finished run."""
     folder = run / "data" / "merge_many"
@@ -97,7 +98,7 @@ def collect(
         raise ValueError(f"--run: expected a run with {folder}/{{{','.join(TABLES)}}}.parquet, got {run}")
     tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
     trace = json.loads((folder / "trace.json").read_text())
-    info = _run_info(run, trace)
+    info = {**_run_info(run, trace), "note": note}
     for name, frame in tables.items():
         with atomic_path(out / f"{name}.parquet") as tmp:
             frame.to_parquet(tmp, index=False)

@@ -106,7 +106,7 @@ def many_table(evaluation: pd.DataFrame, methods: pd.DataFrame) -> str:
             f"| {NAMES.get(method, method)} | {_merged_cell(evaluation, method)} | "
             f"{_merged_cell(evaluation, method, True)} | "
             f"{_cell(row['objective'] / best, 5)} | {_cell(row['cycle_error'], 3)} | "
-            f"{row['pair_test_loss_barrier_mid']:.4f} | {row['pair_test_acc_barrier_mid']:.2f} | "
+            f"{_cell(row['pair_test_loss_barrier_mid'], 4)} | {_cell(row['pair_test_acc_barrier_mid'], 2)} | "
             f"{row['seconds']:.2f} | {int(row['assignments'])} |"
         )
     members = evaluation[(evaluation["method"] == "models") & (evaluation["split"] == "test")]
