@@ -67,7 +67,8 @@ def merge_many_metrics(evaluation: pd.DataFrame) -> dict[str, float]:
     test = evaluation[(evaluation["split"] == "test") & ~evaluation["repaired"].astype(bool)]
     acc = {m: round(100 * float(a), DIGITS) for m, a in zip(test["method"], test["acc"], strict=True) if m != "models"}
     names = {"merge_many": "merged_acc", "naive": "naive_acc", "ensemble": "ensemble_acc"}
-    return {names.get(m, f"{m}_acc"): a for m, a in acc.items()}
+    first = [m for m in names if m in acc]  # MergeMany's and the references' names first, as before
+    return {names.get(m, f"{m}_acc"): acc[m] for m in [*first, *(m for m in acc if m not in names)]}
 
 
 def headline_metrics(
