@@ -31,6 +31,21 @@ def _model_and_data(width: int = 6, n: int = 64, seed: int = 0):
     return build_model("mlp", config), {"train": data, "test": data}
 
 
+def _repaired_comparison(model, spec, params, splits):
+    """``METHODS`` on three models named a, b, c, each merge also REPAIRed on the training split."""
+    return compare_many(
+        model,
+        spec,
+        params,
+        ["a", "b", "c"],
+        splits,
+        methods=METHODS,
+        seed=0,
+        repair="repair",
+        repair_data=splits["train"],
+    )
+
+
 def test_every_method_runs_behind_one_call_and_refuses_bad_options_in_one_line():
     spec, params, _ = planted(5, 3)
     model, splits = _model_and_data(width=5)
@@ -52,17 +67,7 @@ def test_every_method_runs_behind_one_call_and_refuses_bad_options_in_one_line()
 def test_planted_copies_every_method_merges_the_one_model_with_zero_barriers_and_cycle_error():
     spec, params, _ = planted(6, 3)
     model, splits = _model_and_data()
-    found = compare_many(
-        model,
-        spec,
-        params,
-        ["a", "b", "c"],
-        splits,
-        methods=METHODS,
-        seed=0,
-        repair="repair",
-        repair_data=splits["train"],
-    )
+    found = _repaired_comparison(model, spec, params, splits)
     rows = pd.DataFrame(found.methods).set_index("method")
     assert list(rows.index) == [PAIRWISE, *METHODS]
     assert (rows["cycle_error"] == 0).all()  # independent WM recovers each planted map: consistent too
@@ -123,17 +128,7 @@ def test_objective_traces_turn_merge_many_distances_into_the_shared_objective():
 def test_headline_summary_and_table_of_a_comparison():
     spec, params, _ = planted(6, 3, noise=0.3)
     model, splits = _model_and_data()
-    found = compare_many(
-        model,
-        spec,
-        params,
-        ["a", "b", "c"],
-        splits,
-        methods=METHODS,
-        seed=0,
-        repair="repair",
-        repair_data=splits["train"],
-    )
+    found = _repaired_comparison(model, spec, params, splits)
     evaluation, methods = pd.DataFrame(found.evaluation), pd.DataFrame(found.methods)
     headline = merge_many_metrics(evaluation)
     assert set(headline) == {"merged_acc", "naive_acc", "ensemble_acc", "c2m3_acc", "sync_acc", "star_acc"}
