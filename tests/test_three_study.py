@@ -135,3 +135,25 @@ def test_r_explains_ordering_counts_opposite_signs_with_the_sign_tests_closed_fo
     ranks_r = [4.5, 6.5, 3, 8, 2, 4.5, 9, 1, 6.5]  # Spearman ρ: Pearson's r of the ranks (ties averaged)
     ranks_b = [4.5, 3, 6, 2, 7, 4.5, 1, 8, 9]
     assert out["rho"] == pytest.approx(float(pd.Series(ranks_r).corr(pd.Series(ranks_b))))
+
+
+def test_collect_keeps_the_committed_rows_of_points_run_on_another_machine(tmp_path, monkeypatch) -> None:
+    """No experiment of the study exists in this checkout: collect rebuilds the page from the committed
+    edges of the points it is asked for, unchanged, instead of leaving them out."""
+    import shutil
+
+    from dvc_repo import ROOT
+    from three_study import app
+    from typer.testing import CliRunner
+
+    committed = pd.read_parquet(ROOT / "reports/three_study/edges.parquet")
+    shutil.copy(ROOT / "reports/three_study/edges.parquet", tmp_path / "edges.parquet")
+    monkeypatch.chdir(ROOT)
+    args = ["collect", "--out", str(tmp_path), "--points", "default,width-128", "--params", str(ROOT / "params.yaml")]
+    result = CliRunner().invoke(app, [*args, "--dpi", "30"])
+    assert result.exit_code == 0, result.output
+    assert "default: 27 edges kept from" in result.output
+    edges = pd.read_parquet(tmp_path / "edges.parquet")
+    expected = committed[committed["point"].isin(["default", "width-128"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(edges.reset_index(drop=True), expected)
+    assert set(pd.read_parquet(tmp_path / "table.parquet")["point"]) == {"default", "width-128"}

@@ -11,7 +11,8 @@ stages the connect stage needs run (validate, download, train, the permute stage
 (θa, θb) pair, whose alignment connect reuses, and connect); a point whose models are the default's
 restores them from the run cache. ``collect`` reads every queued point's
 ``data/connect/*/*/edges.json`` from its experiment (by name, ``three-<point>``) and builds the table
-and figure of :mod:`lmclab.analysis.three_study`.
+and figure of :mod:`lmclab.analysis.three_study`; a point with no experiment here (run on another
+machine) keeps its rows of the committed ``edges.parquet``, so one new point can be added alone.
 """
 
 from __future__ import annotations
@@ -146,10 +147,16 @@ def collect(
     from lmclab.report.plots_three import plot_three_study
 
     frames = []
+    committed = pd.read_parquet(out / "edges.parquet") if (out / "edges.parquet").is_file() else None
     for point in _points(points) if points else POINTS:
         try:
             rows = _edges(PREFIX + point)
-        except Exception as exc:  # not run, still queued or failed: dvc names no such revision
+        except Exception as exc:  # not run here, still queued or failed: dvc names no such revision
+            kept = committed[committed["point"] == point] if committed is not None else []
+            if len(kept):  # run on another machine: its committed rows stay
+                frames.append(kept)
+                typer.echo(f"{point}: {len(kept)} edges kept from {out / 'edges.parquet'} (no experiment here)")
+                continue
             typer.echo(f"{point}: left out ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
             continue
         axis, value, _ = POINTS[point]
