@@ -98,11 +98,12 @@ def test_independent_models_pairwise_wm_is_not_cycle_consistent_and_universes_ar
 def test_repair_of_merges_fits_the_network_and_is_refused_in_one_line_otherwise():
     model, splits = _model_and_data()
     assert repaired_merge("none", model, None) is None
+    assert repaired_merge("auto", model, splits["train"]) is not None  # REPAIR: the MLP has no BatchNorm
     with pytest.raises(OptionError, match=r"^repair: 'bn' does not fit this model; use repair or none"):
         repaired_merge("bn", model, splits["train"])
     with pytest.raises(OptionError, match=r"^repair_data: repair 'repair' needs training data, got None$"):
         repaired_merge("repair", model, None)
-    with pytest.raises(OptionError, match=r"^repair must be one of \['none', 'bn', 'repair'\], got 'rebasin'$"):
+    with pytest.raises(OptionError, match=r"^repair must be one of \['auto', 'none', 'bn', 'repair'\], got 'rebasin'$"):
         repaired_merge("rebasin", model, None)
 
 

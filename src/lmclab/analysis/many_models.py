@@ -13,7 +13,8 @@ are what each pair could reach alone, its cycle error what independence costs).
 Repair of a merge (``repair``): ``none``; ``bn``, BatchNorm running statistics recomputed on
 ``repair_data``; ``repair``, REPAIR of the N endpoints (:func:`lmclab.core.repair.repair_merged`), its
 targets the statistics of the *aligned* endpoints (the unaligned average is repaired with its own,
-unaligned, endpoints: that is what naive merging is).
+unaligned, endpoints: that is what naive merging is); ``auto``, ``bn`` for a network with BatchNorm
+and ``repair`` for one without.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from lmclab.search.many import UNIVERSE, check_many, run_many
 from lmclab.search.universe import UniverseResult, aligned_models, cycle_error, mean_params, pairwise_maps
 from lmclab.search.weight_matching import weight_matching
 
-REPAIRS = ("none", "bn", "repair")
+REPAIRS = ("auto", "none", "bn", "repair")
 PAIRWISE = "pairwise WM"  # the reference row of independent pairwise matchings
 Merge = Callable[[Sequence[Mapping[str, Tensor]]], Params]  # aligned endpoints -> their repaired merge
 
@@ -57,6 +58,8 @@ def repaired_merge(repair: str, model: nn.Module, data: Split | None) -> Merge |
     """The merge of aligned endpoints under ``repair`` (module docstring); None for ``none``."""
     if repair not in REPAIRS:
         raise OptionError(f"{{repair}} must be one of {list(REPAIRS)}, got {got(repair)}")
+    if repair == "auto":  # the repair the network takes
+        repair = "bn" if has_batchnorm(model) else "repair"
     if repair == "none":
         return None
     if data is None:
@@ -190,6 +193,8 @@ def compare_many(
     for method, options in methods.items():
         check_many(method, options)  # every bad option before any search
     merge = repaired_merge(repair, model, repair_data)
+    if repair == "auto":
+        repair = "bn" if has_batchnorm(model) else "repair"
     run = _Run(model, spec, params, splits["test"], seed, merge, repair, repair_data, points, train)
     naive = {False: mean_params(params)} | ({True: merge(params)} if merge is not None else {})
     evaluation = [r | {"model": "average"} for r in _evaluate_merges(model, "naive", naive, splits)]

@@ -324,9 +324,10 @@ class MergeMany(Block):
         "one frame by permutations; cca and zipit merge through general linear maps",
     )
     repair: one_of(REPAIRS) = key(
-        "repair",
+        "auto",
         "each merge is also evaluated repaired: bn = BatchNorm statistics recomputed (BatchNorm nets), "
-        "repair = REPAIR to the aligned endpoints' unit statistics (nets without BatchNorm), none",
+        "repair = REPAIR to the aligned endpoints' unit statistics (nets without BatchNorm), auto = the one "
+        "the network takes, none",
     )
     repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of the repair (null: all)")
     merge_many: ManyMergeMany

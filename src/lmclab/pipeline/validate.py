@@ -294,7 +294,7 @@ def _merge_many(p: Params) -> Problems:
     and CCA Merge and ZipIt! get no attention heads (a general linear map would mix them); a traced
     network is checked when the merge_many stage builds it."""
     transforms = [m for m in p.merge_many.methods if m not in UNIVERSE]
-    if (p.merge_many.repair == "none" and not transforms) or p.model.arch == "traced":
+    if (p.merge_many.repair in ("none", "auto") and not transforms) or p.model.arch == "traced":
         return
     try:
         options = getattr(p.model, p.model.arch).model_dump()
@@ -303,7 +303,7 @@ def _merge_many(p: Params) -> Problems:
         heads = get_arch(p.model.arch).permutation_spec(config).heads
     except ValueError:  # the config itself: _architecture names it
         return
-    if p.merge_many.repair != "none" and (p.merge_many.repair == "bn") != batchnorm:
+    if p.merge_many.repair in ("bn", "repair") and (p.merge_many.repair == "bn") != batchnorm:
         need = "bn (the network has BatchNorm)" if batchnorm else "repair or none (the network has no BatchNorm)"
         line = f"{p.merge_many.repair!r} does not fit model.arch {p.model.arch!r}; expected {need}"
         yield "merge_many.repair", f"merge_many.repair: {line}"
