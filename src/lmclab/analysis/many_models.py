@@ -54,12 +54,18 @@ class ManyComparison(NamedTuple):
     pairwise: list[dict]  # method, pair, test barriers at λ = ½ of θ_i and π_ij(θ_j)
 
 
-def repaired_merge(repair: str, model: nn.Module, data: Split | None) -> Merge | None:
-    """The merge of aligned endpoints under ``repair`` (module docstring); None for ``none``."""
+def resolved_repair(repair: str, model: nn.Module) -> str:
+    """``repair`` checked, with ``auto`` made the repair ``model`` takes (``bn`` or ``repair``)."""
     if repair not in REPAIRS:
         raise OptionError(f"{{repair}} must be one of {list(REPAIRS)}, got {got(repair)}")
-    if repair == "auto":  # the repair the network takes
-        repair = "bn" if has_batchnorm(model) else "repair"
+    if repair == "auto":
+        return "bn" if has_batchnorm(model) else "repair"
+    return repair
+
+
+def repaired_merge(repair: str, model: nn.Module, data: Split | None) -> Merge | None:
+    """The merge of aligned endpoints under ``repair`` (module docstring); None for ``none``."""
+    repair = resolved_repair(repair, model)
     if repair == "none":
         return None
     if data is None:
@@ -192,9 +198,8 @@ def compare_many(
         )
     for method, options in methods.items():
         check_many(method, options)  # every bad option before any search
+    repair = resolved_repair(repair, model)
     merge = repaired_merge(repair, model, repair_data)
-    if repair == "auto":
-        repair = "bn" if has_batchnorm(model) else "repair"
     run = _Run(model, spec, params, splits["test"], seed, merge, repair, repair_data, points, train)
     naive = {False: mean_params(params)} | ({True: merge(params)} if merge is not None else {})
     evaluation = [r | {"model": "average"} for r in _evaluate_merges(model, "naive", naive, splits)]
