@@ -18,7 +18,8 @@ from dvc_repo import ROOT, TINY
 
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
-from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params, key_rows
+from lmclab.pipeline.keys import key_rows
+from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params
 from lmclab.pipeline.stage import search_errors
 from lmclab.search import METHODS, check_method
 from lmclab.search.many import MANY_METHODS

@@ -12,7 +12,10 @@ from dvc_repo import ROOT
 from test_pipeline import TINY
 
 from lmclab.archs import ARCHS, mae, vit
-from lmclab.pipeline.schema import MODEL_ARCHS, Block, Params, defaults, key_rows
+from lmclab.pipeline.block import Block
+from lmclab.pipeline.keys import defaults, key_rows
+from lmclab.pipeline.model_blocks import MODEL_ARCHS
+from lmclab.pipeline.schema import Params
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.search import METHODS

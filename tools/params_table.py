@@ -26,7 +26,7 @@ END = "<!-- end of parameter table -->"
 
 
 def markdown() -> str:
-    from lmclab.pipeline.schema import key_rows
+    from lmclab.pipeline.keys import key_rows
 
     lines = ["| key | default | expected | meaning |", "|---|---|---|---|"]
     lines += [

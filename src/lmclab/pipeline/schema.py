@@ -5,68 +5,27 @@ for the search blocks ``permute.<method>``, the place is the method's own option
 Strict types (a string where a number belongs is refused; an integer where a number belongs is
 fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing
 key is named with its default). ``lmclab.pipeline.validate`` runs it and turns each error into one line;
-``key_rows`` gives the table of docs/parameters.md. Names (data sets, architectures, methods, …) come
+``lmclab.pipeline.keys`` gives the table of docs/parameters.md. Names (data sets, architectures, methods, …) come
 from the library's registries, so adding one to a registry is enough for the schema to accept it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import UnionType
-from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import Field, create_model
 from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.analysis.many_models import REPAIRS
-from lmclab.archs import ARCHS
-from lmclab.archs.vit import POOLS as VIT_POOLS
-from lmclab.archs.vit import POSITIONS as VIT_POSITIONS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, Positive, one_of
+from lmclab.pipeline.block import Block, Methods, Seed, Seeds, group, key
+from lmclab.pipeline.model_blocks import Model
 from lmclab.search import METHODS
 from lmclab.search.many import MANY_METHODS
 from lmclab.train.augment import AUGMENTATIONS
 from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
-
-Seed = Annotated[int, Field(ge=0)]
-Method = one_of(METHODS)
-Seeds = Annotated[list[Seed], Field(min_length=1)]
-Methods = Annotated[list[Method], Field(min_length=1)]
-
-
-def group(size: int) -> Any:
-    """A non-empty list of seed groups of ``size`` seeds each (pairs, triples)."""
-    return Annotated[list[Annotated[list[Seed], Field(min_length=size, max_length=size)]], Field(min_length=1)]
-
-
-def key(default: Any, meaning: str, **constraints: Any) -> Any:
-    return Field(default, description=meaning, **constraints)
-
-
-class Missing:
-    """Stands for a key absent from params.yaml: it fails every type, so the error is reported
-    at the key's own place (``lmclab.pipeline.validate`` names it with its default)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING = Missing()
-
-
-class Block(BaseModel):
-    """A mapping of params.yaml: no unknown keys, no missing keys, strict types, finite numbers."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _every_key_written(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {**{name: MISSING for name in cls.model_fields}, **data}
-        return data
 
 
 class Data(Block):
@@ -81,81 +40,7 @@ class Data(Block):
     image_size: Annotated[int, Field(ge=28)] = key(224, "imagenet only: side in pixels after resize + centre crop")
 
 
-class Mlp(Block):
-    hidden: Count = key(3, "hidden layers (paper: 3)")
-    width: Count = key(512, "units per hidden layer (paper: 512)")
-
-
-class Vgg(Block):
-    layers: Annotated[list[Count | Literal["M"]], Field(min_length=1)] = key(
-        [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
-        "conv 3×3 + BatchNorm + ReLU per channel count, M = 2×2 max-pool (VGG11)",
-    )
-    width_multiplier: Positive = key(4, "multiplies every channel count (paper: 4)")
-
-
-class Resnet20(Block):
-    width_multiplier: Positive = key(16, "multiplies the 16/32/64 channels of the three stages (paper: 16)")
-    blocks: Count = key(3, "basic blocks per stage (3 = ResNet20)")
-
-
-class Resnet50(Block):
-    width_multiplier: Positive = key(1, "multiplies the inner width of every bottleneck (1 = standard)")
-
-
-class Mixer(Block):
-    patch_size: Count = key(
-        7, "mixer: side of the square patches (must divide the image: 7 → 16 tokens of a 28-pixel digit)"
-    )
-    hidden: Count = key(64, "mixer: channels of the residual stream")
-    token_mlp: Count = key(32, "mixer: hidden units of each token-mixing MLP")
-    channel_mlp: Count = key(128, "mixer: hidden units of each channel-mixing MLP")
-    depth: Count = key(2, "mixer: blocks")
-
-
-class Vit(Block):
-    patch_size: Count = key(
-        4, "vit: side of the square patches (must divide the image: 4 → 49 tokens of a 28-pixel digit)"
-    )
-    width: Count = key(64, "vit: channels of the residual stream (a multiple of heads; of 4 with sincos)")
-    depth: Count = key(4, "vit: transformer blocks")
-    heads: Count = key(4, "vit: attention heads per block")
-    mlp_ratio: Count = key(2, "vit: hidden units of each MLP per channel of the stream")
-    pool: one_of(VIT_POOLS) = key("cls", "vit: cls (a learned class token) or mean (the mean over tokens)")
-    position: one_of(VIT_POSITIONS) = key(
-        "learned", "vit: position embedding, learned or sincos (MAE's fixed 2-D sine-cosine table)"
-    )
-
-
-class Traced(Block):
-    factory: str = key(
-        "torchvision.models:resnet18",
-        "traced: module:callable building the nn.Module (spec derived by torch.fx tracing, src/lmclab/trace/)",
-    )
-    kwargs: dict[str, int | float | str | bool | None] = key(
-        {},
-        "traced: keyword arguments of the factory (num_classes is added when it takes it)",
-        json_schema_extra={"expected": "a mapping of names to numbers, strings, booleans or null"},
-    )
-    in_channels: Count | None = key(
-        3, "traced: input channels the network expects; the data's are repeated (null: the data's own)"
-    )
-    partial: bool = key(False, "traced: leave what tracing cannot prove unpermuted instead of refusing")
-
-
 OBJECTIVES = ["supervised", "mae"]
-MODEL_ARCHS = [a for a in ARCHS if a != "mae"]  # an MAE is reached by train.objective: mae
-
-
-class Model(Block):
-    arch: one_of(MODEL_ARCHS) = key("mlp", "architecture (registry: src/lmclab/archs); its block model.<arch> is used")
-    mlp: Mlp
-    vgg: Vgg
-    resnet20: Resnet20
-    resnet50: Resnet50
-    traced: Traced
-    mixer: Mixer
-    vit: Vit
 
 
 class MaePretraining(Block):
@@ -358,97 +243,3 @@ class Params(Block):
     three: Three
     merge_many: MergeMany
     plot: Plot
-
-
-# ---- what a key expects, in words (error lines and the docs' table) -----------------------------
-
-
-def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:
-    """``Annotated[int, Field(ge=1)]`` -> "an integer ≥ 1" (``plural``: "integers ≥ 1")."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Annotated:
-        extra = [m for a in args[1:] for m in (a.metadata if isinstance(a, FieldInfo) else [a])]
-        return expected(args[0], [*metadata, *extra], plural=plural)
-    if origin in (Union, UnionType):
-        text = " or ".join(expected(a, plural=plural) for a in args if a is not type(None))
-        return text + " or null" if type(None) in args else text
-    if origin is Literal:
-        names = ", ".join(str(a) for a in args)
-        return names if len(args) == 1 else (f"values among {names}" if plural else f"one of {names}")
-    bounds = _bounds(metadata)
-    if origin is list:
-        size = {type(m).__name__: m for m in metadata}
-        lo = getattr(size.get("MinLen"), "min_length", 0)
-        hi = getattr(size.get("MaxLen"), "max_length", None)
-        count = f"{lo} " if lo == hi else (f"at least {lo} " if lo > 1 else "")
-        items = expected(args[0], plural=True)
-        if plural:
-            return f"lists of {count}{items}"
-        return f"a {'non-empty ' if lo == 1 and hi is None else ''}list of {count}{items}"
-    if isinstance(tp, type) and issubclass(tp, Block):
-        keys = ", ".join(tp.model_fields)
-        return "blocks" if plural else (f"a block with the keys {keys}" if keys else "an empty block {}")
-    words = {
-        int: ("an integer", "integers"),
-        float: ("a number", "numbers"),
-        bool: ("true or false", "booleans"),
-        str: ("a string", "strings"),
-    }[tp]
-    return words[plural] + bounds
-
-
-def _bounds(metadata: Sequence[Any]) -> str:
-    lower = {type(m).__name__: m for m in metadata if type(m).__name__ in ("Ge", "Gt")}
-    upper = {type(m).__name__: m for m in metadata if type(m).__name__ in ("Le", "Lt")}
-    lo = ("[", lower["Ge"].ge) if "Ge" in lower else (("(", lower["Gt"].gt) if "Gt" in lower else None)
-    hi = ("]", upper["Le"].le) if "Le" in upper else ((")", upper["Lt"].lt) if "Lt" in upper else None)
-    if lo and hi:
-        return f" in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
-    if lo:
-        return f" {'≥' if lo[0] == '[' else '>'} {lo[1]}"
-    return f" {'≤' if hi[0] == ']' else '<'} {hi[1]}" if hi else ""
-
-
-def field_expected(field: FieldInfo) -> str:
-    """What ``field`` expects, in words (a field may state it itself: ``json_schema_extra``)."""
-    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    return str(extra.get("expected") or expected(field.annotation, field.metadata))
-
-
-def key_rows(block: type[Block] = Params, prefix: str = "") -> list[tuple[str, Any, str, str]]:
-    """``(dotted key, default, expected, meaning)`` of every leaf key, in params.yaml order."""
-    rows = []
-    for name, field in block.model_fields.items():
-        tp = field.annotation
-        if isinstance(tp, type) and issubclass(tp, Block) and tp.model_fields:
-            rows += key_rows(tp, f"{prefix}{name}.")
-        else:
-            empty = isinstance(tp, type) and issubclass(tp, Block)  # a block without keys: its docstring says why
-            meaning = (tp.__doc__ if empty else field.description) or ""
-            rows.append(
-                (
-                    f"{prefix}{name}",
-                    {} if empty else field.default,
-                    field_expected(field),
-                    meaning + _override_note(f"{prefix}{name}"),
-                )
-            )
-    return rows
-
-
-def _override_note(key: str) -> str:
-    """For a key of PIPELINE_DEFAULTS: its library default and why params.yaml's differs."""
-    if key not in PIPELINE_DEFAULTS:
-        return ""
-    block, method, name = key.split(".")
-    library = (METHODS if block == "permute" else MANY_METHODS)[method].options.model_fields[name].default
-    return f" — differs from the library default ({library}): {PIPELINE_DEFAULTS[key].reason}"
-
-
-def defaults(block: type[Block] = Params) -> dict[str, Any]:
-    """The default of every key, as the tree params.yaml holds."""
-    out: dict[str, Any] = {}
-    for name, field in block.model_fields.items():
-        tp = field.annotation
-        out[name] = defaults(tp) if isinstance(tp, type) and issubclass(tp, Block) else field.default
-    return out

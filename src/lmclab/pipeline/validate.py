@@ -19,7 +19,9 @@ from lmclab.archs.mae import from_vit
 from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
-from lmclab.pipeline.schema import MISSING, Block, Params, defaults, field_expected
+from lmclab.pipeline.block import MISSING, Block
+from lmclab.pipeline.keys import defaults, field_expected
+from lmclab.pipeline.schema import Params
 from lmclab.pipeline.stage import model_key
 from lmclab.search.many import UNIVERSE
 from lmclab.search.midpoint import n_heldout
