@@ -24,6 +24,7 @@ from lmclab.search.features import feature_statistics, repair_transformed, trans
 from lmclab.search.zipit import cluster_transforms, zip_clusters, zipit
 
 WIDTH = 6
+PLAIN = {"alpha": 1.0, "beta": None}  # ZipIt!'s greedy without Section 4.3's penalty and budget (the defaults)
 
 
 def mlp(seed: int = 0, linear: bool = False, hidden: int = 2):
@@ -195,8 +196,8 @@ def test_greedy_complete_linkage_on_a_hand_made_correlation():
     corr = torch.eye(4, dtype=torch.float64)
     for (i, j), v in {(0, 1): 0.9, (0, 2): 0.8, (2, 3): 0.2, (1, 3): 0.1}.items():
         corr[i, j] = corr[j, i] = v
-    assert zip_clusters(corr, [2, 2], within_model=True) == [[0, 1], [2, 3]]
-    assert zip_clusters(corr, [2, 2], within_model=False) == [[0, 2], [1, 3]]
+    assert zip_clusters(corr, [2, 2], within_model=True, **PLAIN) == [[0, 1], [2, 3]]
+    assert zip_clusters(corr, [2, 2], within_model=False, **PLAIN) == [[0, 2], [1, 3]]
     merges, unmerges = cluster_transforms([[0, 1, 2], [3]], [2, 2])  # a within-model cluster of three
     third = 1 / 3
     assert torch.allclose(merges[0], torch.tensor([[third, third], [0, 0]], dtype=torch.float64))
@@ -264,10 +265,11 @@ def test_zip_clusters_equals_the_full_scan_greedy(n_models, within_model):
         for decimals, skew in [(None, 0.0), (1, 0.0), (None, 0.5), (1, 0.5)]:
             corr = random_correlation(n_models, width, seed, decimals, skew)
             sizes = [width] * n_models
-            assert zip_clusters(corr, sizes, within_model) == _reference_zip_clusters(corr, sizes, within_model)
+            ours = zip_clusters(corr, sizes, within_model, **PLAIN)
+            assert ours == _reference_zip_clusters(corr, sizes, within_model)
         scattered = torch.rand(corr.shape, generator=torch.Generator().manual_seed(seed)) < 0.03
         corr[scattered] = torch.nan  # argmax ranks NaN above all; complete linkage spreads it
-        assert zip_clusters(corr, sizes, within_model) == _reference_zip_clusters(corr, sizes, within_model)
+        assert zip_clusters(corr, sizes, within_model, **PLAIN) == _reference_zip_clusters(corr, sizes, within_model)
 
 
 @pytest.mark.parametrize(
@@ -285,7 +287,7 @@ def test_zip_clusters_when_a_merge_raises_an_asymmetric_entry(entries, clusters)
     corr = torch.zeros(4, 4, dtype=torch.float64)
     for (a, b), v in entries.items():
         corr[a, b] = v
-    assert zip_clusters(corr, [2, 2], within_model=True) == clusters
+    assert zip_clusters(corr, [2, 2], within_model=True, **PLAIN) == clusters
     assert _reference_zip_clusters(corr, [2, 2], within_model=True) == clusters
 
 

@@ -21,13 +21,32 @@ greedy maximum-correlation matching (at most AM's optimum on the Pearson correla
 
 ``partial_zip = k`` (Section 4.3, "partial zipping"): zip only the first k groups in the spec's order
 and keep each model's later layers, fed the zipped features through ``U_i``
-(:func:`lmclab.core.transform.partial_merge`). The paper's α (repeat-merge penalty) and β (same-model
-budget) are not implemented. The merged network needs REPAIR
+(:func:`lmclab.core.transform.partial_merge`). The merged network needs REPAIR
 (:func:`lmclab.search.features.repair_transformed`).
+
+Section 4.3 (the extensions of ZipIt!'s matching) steers the greedy with two more hyperparameters,
+implemented here with the semantics of the authors' code (gstoica27/ZipIt, ``match_tensors_zipit``):
+
+- ``alpha`` (α ∈ (0, 1], against repeated matching of one feature): the merged cluster's linkage to every
+  other cluster is ``α · min(link_i, link_j)``; the links of i and j carry their own earlier factors, so
+  the penalty compounds (a cluster grown by k merges carries up to k factors α: a feature merged twice is
+  at α², not α) and a cluster that already absorbed features loses to a fresh pair of nearly the same
+  correlation. The authors' default is α = 0.3; ours is 1 (no penalty, the plain greedy). A negative
+  linkage moves towards 0 (favoured, not penalised), as in the authors' code; their α ≤ 0 (which instead
+  forbids a merged cluster the models of its members) is not offered. Without ``within_model`` and N = 2
+  a merged cluster holds both models and never merges again: α is moot there.
+- ``beta`` (β ≥ 0, the same-model budget): a merge is *same-model* when both clusters' representatives
+  (their lowest-index features) belong to one model m, and each model may make at most
+  ``b = ⌊β·⌊(D − n)/N⌋⌋`` of them (the authors use β = 0.125; ours defaults to null, no budget). Once m has
+  spent b, no two clusters represented by m merge. The authors' code checks the budget only after a
+  merge, so a model with b = 0 still makes one; here b = 0 means none (for b ≥ 1 both make exactly b).
+  The budget counts representatives, not features: {x_0, y_1} (represented by model 0) may still take a
+  second feature of model 1. Without ``within_model`` no same-model merge can happen and β is moot.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -35,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.core.options import Count, OptionError, Options, option, takes
+from lmclab.core.options import Count, Factor, NonNegative, OptionError, Options, option, takes
 from lmclab.core.spec import PermutationSpec
 from lmclab.core.transform import Transform, TransformResult, partial_merge, transform_merge
 from lmclab.search.features import check_models, feature_statistics
@@ -45,6 +64,15 @@ class ZipItOptions(Options):
     """Options of :func:`zipit`."""
 
     within_model: bool = option(True, "ZipIt!: features of one model may merge (false: only across models)")
+    alpha: Factor = option(
+        1.0,
+        "ZipIt!: a merged cluster's correlations times α, compounding per merge (Section 4.3; authors: 0.3; 1: off)",
+    )
+    beta: NonNegative | None = option(
+        None,
+        "ZipIt!: same-model merges per model at most ⌊β·⌊(D−n)/N⌋⌋ (Section 4.3; authors: 0.125; null: no limit; "
+        "moot if within_model is false)",
+    )
     partial_zip: Count | None = option(
         None, "ZipIt!: zip only the first k groups (the spec's order), keep each model's later layers (null: all)"
     )
@@ -52,12 +80,38 @@ class ZipItOptions(Options):
     max_samples: Count | None = option(None, "ZipIt!: training inputs used (null: all)")
 
 
-def _admissible(models: Tensor, k: int, within_model: bool) -> Tensor:
-    """Which clusters cluster ``k`` may merge with (``models``: (D, N) bool, each cluster's models)."""
-    if within_model:
-        return torch.ones(models.shape[0], dtype=torch.bool)
-    disjoint = ~(models & models[k]).any(1)
+def _budgets(beta: float | None, sizes: Sequence[int]) -> list[float]:
+    """Each model's same-model merges ``⌊β·⌊(D − n)/N⌋⌋`` (module docstring; inf without β), the product
+    rounded to 9 decimals first so that float noise (0.29 · 100 = 28.999…) costs no merge."""
+    quota = (sum(sizes) - sizes[0]) // len(sizes)
+    return [math.inf if beta is None else math.floor(round(beta * quota, 9))] * len(sizes)
+
+
+def _admissible(models: Tensor, owner: Tensor, budget: Sequence[float], k: int, within_model: bool) -> Tensor:
+    """Which clusters cluster ``k`` may merge with (``models``: (D, N) bool, each cluster's models; a
+    cluster keeps the index of its lowest feature, its representative, so ``owner`` (D,) is the
+    representative's model; ``budget``: same-model merges left per model)."""
+    if within_model:  # features come in model order, n = D/N each: m is the model of feature k
+        m = k * len(budget) // len(owner)
+        return owner != m if budget[m] <= 0 else torch.ones_like(owner, dtype=torch.bool)  # (D,)
+    disjoint = ~(models & models[k]).any(1)  # excludes same-model merges (both clusters hold m): no budget
     return disjoint & (models[:, 0] ^ models[k, 0])  # anchored at model 0's features (module docstring)
+
+
+def _spend(allowed: Tensor, owner: Tensor, alive: Tensor, budget: list[float], i: int, j: int) -> Tensor | None:
+    """Charge the merge of cluster j into i to their model's budget if it is same-model; when that empties
+    the budget, no two clusters the model represents may merge any more. Returns those clusters (D,) bool,
+    whose cached row maxima may now be inadmissible, or None if no pair was closed."""
+    m = i * len(budget) // len(owner)  # as in _admissible
+    if j * len(budget) // len(owner) != m:
+        return None
+    budget[m] -= 1
+    if budget[m] > 0:
+        return None
+    closed = alive & (owner == m)
+    rows = closed.nonzero()[:, 0]
+    allowed[rows[:, None], rows] = False
+    return closed
 
 
 def _row_best(link: Tensor, allowed: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,15 +121,19 @@ def _row_best(link: Tensor, allowed: Tensor, rows: Tensor) -> tuple[Tensor, Tens
     return masked.gather(1, column[:, None])[:, 0], column
 
 
-def _update_best(link: Tensor, allowed: Tensor, value: Tensor, column: Tensor, i: int, j: int) -> None:
-    """Refresh the cached row maxima after cluster j merged into i. Only row i and columns i, j changed:
-    column j is inadmissible now (a lower entry elsewhere than a row's maximum keeps it), and column i
-    takes the minimum of rows i and j, which on an asymmetric linkage (a float covariance) can exceed the
-    old column. Rows whose maximum sat at i
-    or j, or whose new entry is NaN (argmax ranks it above all), are rescanned; the rest compare their
-    new entry at i with their maximum."""
+def _update_best(
+    link: Tensor, allowed: Tensor, value: Tensor, column: Tensor, i: int, j: int, closed: Tensor | None
+) -> None:
+    """Refresh the cached row maxima after cluster j merged into i. Only row i and columns i, j changed
+    (and the pairs ``closed`` by a spent budget, :func:`_spend`): column j is inadmissible now (a lower
+    entry elsewhere than a row's maximum keeps it), and column i takes α times the minimum of rows i and
+    j, which on an asymmetric linkage (a float covariance) can exceed the old column. Rows whose maximum
+    sat at i or j, or whose new entry is NaN (argmax ranks it above all), or in ``closed``, are
+    rescanned; the rest compare their new entry at i with their maximum."""
     new = link[:, i].masked_fill(~allowed[:, i], -torch.inf)  # (D,)
     stale = (column == i) | (column == j) | new.isnan()
+    if closed is not None:
+        stale |= closed
     stale[i] = stale[j] = True
     better = ~stale & ((new > value) | ((new == value) & (column > i)))  # ties: the first column wins
     value[better], column[better] = new[better], i
@@ -83,33 +141,52 @@ def _update_best(link: Tensor, allowed: Tensor, value: Tensor, column: Tensor, i
     value[rows], column[rows] = _row_best(link, allowed, rows)
 
 
-def zip_clusters(correlation: Tensor, sizes: Sequence[int], within_model: bool) -> list[list[int]]:
-    """ZipIt!'s greedy (module docstring) on the correlation of the concatenated features (``sizes[i]``
-    features of model i, all equal): ``sizes[0]`` clusters of feature indices, ordered by first member.
-    Each step merges the first admissible maximum of the linkage in row-major order, found from a cache
-    of each row's first maximum (:func:`_update_best`): O(D) per merge instead of O(D²)."""
+def zip_merges(
+    correlation: Tensor, sizes: Sequence[int], within_model: bool, *, alpha: float, beta: float | None
+) -> list[tuple[int, int]]:
+    """ZipIt!'s greedy (module docstring; ``alpha``, ``beta``: Section 4.3) on the correlation of the
+    concatenated features (``sizes[i]`` features of model i, all equal): the merges in order, each
+    ``(i, j)`` with i < j, cluster j into cluster i (a cluster keeps its lowest feature's index). Each step
+    merges the first admissible maximum of the linkage in row-major order, found from a cache of each
+    row's first maximum (:func:`_update_best`): O(D) per merge instead of O(D²). Until n clusters
+    remain a merge is admissible: without ``within_model`` by the anchoring; with spent budgets because
+    they close only pairs represented by one model, and model 0 represents at most n clusters, so with
+    more left some cluster of another model may still merge with cluster 0 (which never dies)."""
     if len(set(sizes)) != 1:
         raise ValueError(f"ZipIt! merges models of equal width, got widths {list(sizes)}")
     total, owner = sum(sizes), torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     models = torch.nn.functional.one_hot(owner, len(sizes)).bool()  # (D, N)
+    budget = _budgets(beta, sizes)  # same-model merges left per model
     link = correlation.double().clone()  # complete-linkage correlation of the current clusters
-    allowed = torch.stack([_admissible(models, k, within_model) for k in range(total)])
+    allowed = torch.stack([_admissible(models, owner, budget, k, within_model) for k in range(total)])
     allowed.fill_diagonal_(False)
-    members, alive = [[j] for j in range(total)], torch.ones(total, dtype=torch.bool)
+    alive, merges = torch.ones(total, dtype=torch.bool), []
     value, column = _row_best(link, allowed, torch.arange(total))  # (D,), (D,): each row's first maximum
     for _ in range(total - sizes[0]):
         row = int(value.argmax())  # the first row holding the maximum: with its column, the flat argmax
         i, j = sorted((row, int(column[row])))
         if not allowed[i, j]:
-            raise RuntimeError("ZipIt!: no admissible merge left")  # excluded by the anchoring
-        members[i] += members[j]
+            raise RuntimeError("ZipIt!: no admissible merge left")  # excluded (docstring)
+        merges.append((i, j))
         models[i] |= models[j]
-        link[i] = link[:, i] = torch.minimum(link[i], link[j])
+        link[i] = link[:, i] = torch.minimum(link[i], link[j]) * alpha  # α compounds: α^k after k merges
         alive[j] = allowed[j] = allowed[:, j] = False
-        allowed[i] = allowed[:, i] = _admissible(models, i, within_model) & alive
+        closed = _spend(allowed, owner, alive, budget, i, j)
+        allowed[i] = allowed[:, i] = _admissible(models, owner, budget, i, within_model) & alive
         allowed[i, i] = False
-        _update_best(link, allowed, value, column, i, j)
-    return sorted(sorted(members[k]) for k in range(total) if alive[k])
+        _update_best(link, allowed, value, column, i, j, closed)
+    return merges
+
+
+def zip_clusters(
+    correlation: Tensor, sizes: Sequence[int], within_model: bool, *, alpha: float, beta: float | None
+) -> list[list[int]]:
+    """ZipIt!'s clusters (:func:`zip_merges`): ``sizes[0]`` lists of feature indices, ordered by first member."""
+    members = [[k] for k in range(sum(sizes))]
+    for i, j in zip_merges(correlation, sizes, within_model, alpha=alpha, beta=beta):
+        members[i] += members[j]
+        members[j] = []
+    return sorted(sorted(c) for c in members if c)
 
 
 def cluster_transforms(clusters: Sequence[Sequence[int]], sizes: Sequence[int]) -> tuple[list[Tensor], list[Tensor]]:
@@ -157,7 +234,7 @@ def zipit(
     correlation = {}
     for g, s in stats.items():
         corr = s.correlation()
-        clusters = zip_clusters(corr, s.sizes, options.within_model)
+        clusters = zip_clusters(corr, s.sizes, options.within_model, alpha=options.alpha, beta=options.beta)
         for i, (m, u) in enumerate(zip(*cluster_transforms(clusters, s.sizes), strict=True)):
             merges[i][g], unmerges[i][g] = m, u
         pairs = [corr[a, b] for c in clusters for a in c for b in c if a < b]
