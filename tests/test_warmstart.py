@@ -447,3 +447,18 @@ def test_a_worker_dies_with_its_session(tmp_path, warm_env) -> None:
 def _kill_quietly(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def test_an_interpreter_found_through_a_relative_path_entry_runs_warm(tmp_path, warm_env) -> None:
+    """``.venv/bin/dvc repro`` runs its stages' ``python`` through the relative PATH entry ``.venv/bin``, so
+    ``sys.executable`` is relative; the server (started in /) must still start, and the stage run warm."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    (cwd / "env").symlink_to(sys.prefix)  # this environment, reached from cwd as env/bin (as .venv/bin)
+    env = {**warm_env, "PATH": "env/bin" + os.pathsep + warm_env["PATH"]}
+    name = Path(sys.executable).name
+    run = subprocess.run(
+        [name, str(tmp_path / "script.py"), "0"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[0] == "warm"

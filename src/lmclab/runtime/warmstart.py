@@ -104,7 +104,7 @@ def run_script(script: str, argv: list[str]) -> int | None:
     if problem:
         return _refuse(f"{root} {problem}")
     path = root / socket_name()
-    conn = _connect(path) or (_spawn_server(path) and _connect(path, retries=40))
+    conn = _connect(path) or (_connect(path, retries=40) if _spawn_server(path) else None)
     if conn is None:
         return None
     with conn:
@@ -152,7 +152,7 @@ def _spawn_server(path: Path) -> bool:
         src = str(Path(__file__).resolve().parents[2])
         code = f"import sys; sys.path[0] = {src!r}; from lmclab.runtime.warmstart import serve; serve({str(path)!r})"
         subprocess.Popen(
-            [sys.executable, "-c", code],
+            [os.path.abspath(sys.executable), "-c", code],  # relative when PATH held a relative dir; cwd is /
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
