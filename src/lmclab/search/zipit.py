@@ -91,8 +91,8 @@ def _admissible(models: Tensor, owner: Tensor, budget: Sequence[float], k: int, 
     """Which clusters cluster ``k`` may merge with (``models``: (D, N) bool, each cluster's models; a
     cluster keeps the index of its lowest feature, its representative, so ``owner`` (D,) is the
     representative's model; ``budget``: same-model merges left per model)."""
-    if within_model:  # features come in model order, n = D/N each: m is the model of feature k
-        m = k * len(budget) // len(owner)
+    if within_model:
+        m = int(owner[k])
         return owner != m if budget[m] <= 0 else torch.ones_like(owner, dtype=torch.bool)  # (D,)
     disjoint = ~(models & models[k]).any(1)  # excludes same-model merges (both clusters hold m): no budget
     return disjoint & (models[:, 0] ^ models[k, 0])  # anchored at model 0's features (module docstring)
@@ -102,8 +102,8 @@ def _spend(allowed: Tensor, owner: Tensor, alive: Tensor, budget: list[float], i
     """Charge the merge of cluster j into i to their model's budget if it is same-model; when that empties
     the budget, no two clusters the model represents may merge any more. Returns those clusters (D,) bool,
     whose cached row maxima may now be inadmissible, or None if no pair was closed."""
-    m = i * len(budget) // len(owner)  # as in _admissible
-    if j * len(budget) // len(owner) != m:
+    m = int(owner[i])
+    if int(owner[j]) != m:
         return None
     budget[m] -= 1
     if budget[m] > 0:
