@@ -3,7 +3,9 @@ midpoint searches (STE, Sinkhorn STE), as the authors' reference computes them (
 
 from __future__ import annotations
 
+import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -27,7 +29,13 @@ from lmclab.search.sinkhorn import (
     soft_permutation,
 )
 from lmclab.search.weight_matching import matching_objective, weight_matching
-from lmclab.search.wm_sinkhorn import distance_loss, wm_sinkhorn
+from lmclab.search.wm_sinkhorn import (
+    StalledSearchWarning,
+    distance_loss,
+    stalled,
+    start_gradients,
+    wm_sinkhorn,
+)
 
 MLP = get_arch("mlp")
 
@@ -221,6 +229,61 @@ def test_patience_counts_epochs_since_the_last_better_one() -> None:
 
     assert stop_epoch(6, restart=True) != stop_epoch(6, restart=False)  # the case tells them apart
     assert run(patience=6).stats["curve"][-1]["epoch"] == stop_epoch(6, restart=True)
+
+
+def test_stalled_means_no_epoch_changed_the_hard_permutation() -> None:
+    start = {"epoch": 0, "changed": None}
+    assert stalled([start, {"changed": 0}, {"changed": 0}])
+    assert not stalled([start, {"changed": 0}, {"changed": 3}, {"changed": 0}])  # it moved once
+    assert not stalled([start])  # no epoch ran
+    assert not stalled([{"epoch": 0}, {"epoch": 1}])  # a curve without "changed" (STE, coordinate descent)
+
+
+@pytest.mark.slow
+def test_below_adams_eps_the_search_stalls_warns_and_a_larger_lr_recovers() -> None:
+    """Scaling θa and θb by s scales the DistL2 gradients by s²: at s = 0.01 they fall below Adam's
+    ε (1e-8), a step is ≈ lr·g/ε and at lr 1 the planted permutation of the unscaled case is never
+    reached — the search returns its start (the identity) and says so; lr 10 finds it again."""
+    spec, params_a, params_b, expected = _planted(64, hidden=2, seed=6, noise=0.05)
+    small_a, small_b = ({k: 0.01 * v for k, v in p.items()} for p in (params_a, params_b))
+
+    def run(a, b, lr):
+        return wm_sinkhorn(spec, a, b, generator=torch.Generator().manual_seed(0), epochs=20, iterations=10, lr=lr)
+
+    with pytest.warns(StalledSearchWarning, match=r"in 200 Adam steps .* raise lr \(it was 1\)"):
+        stuck = run(small_a, small_b, 1.0)
+    assert stuck.stats["stalled"] and stuck.stats["best_epoch"] == 0
+    assert all(torch.equal(p, torch.arange(len(p))) for p in stuck.perm.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StalledSearchWarning)
+        found, unscaled = run(small_a, small_b, 10.0), run(params_a, params_b, 1.0)
+    for result in (found, unscaled):
+        assert result.stats["stalled"] is False
+        assert all(torch.equal(result.perm[g], p) for g, p in expected.items())
+
+
+def test_start_gradients_scale_with_the_weights_squared_and_give_adams_first_step() -> None:
+    """The DistL2 gradient is quadratic in θ (× s²); Adam's first step at lr 1 is g/(|g| + ε), i.e.
+    ≈ ±1 for g ≫ ε and ≈ g/ε for g ≪ ε — checked against torch's Adam on the same scores."""
+    spec, params_a, params_b, _ = _planted(32, hidden=2, seed=3, noise=0.5)
+    one = start_gradients(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
+    small_a, small_b = ({k: 1e-3 * v for k, v in p.items()} for p in (params_a, params_b))
+    small = start_gradients(spec, small_a, small_b, generator=torch.Generator().manual_seed(0))
+    for g in one:
+        assert small[g]["rms_grad"] == pytest.approx(1e-6 * one[g]["rms_grad"], rel=1e-4)
+        assert one[g]["n"] == 32 and one[g]["max_grad"] >= one[g]["rms_grad"]
+    scores = {
+        g: s.requires_grad_() for g, s in init_scores({"P_0": 32, "P_1": 32}, torch.Generator().manual_seed(0)).items()
+    }
+    before = {g: s.detach().clone() for g, s in scores.items()}
+    optimizer = torch.optim.Adam(scores.values(), lr=1.0)
+    matched = spec.matched(small_b)
+    distance_loss(spec, scores, small_a, matched, tau=1.0, n_iter=20).backward()
+    optimizer.step()
+    for g in scores:
+        moved = float((scores[g].detach() - before[g]).double().pow(2).mean().sqrt())
+        assert moved == pytest.approx(small[g]["first_step_rms"], rel=1e-3)
+        assert moved == pytest.approx(small[g]["rms_over_eps"], rel=0.2)  # g ≪ ε: the step is ≈ g/ε
 
 
 # ---- optimiser options: two steps of a fixed gradient g, by hand ---------------------------
@@ -457,3 +520,26 @@ def test_ste_best_batch_returns_the_permutation_of_the_step_with_the_lowest_loss
     assert len(steps) == 12 and torch.equal(result.perm["P"], best_perm["P"])
     assert result.stats["best_epoch"] == 1 + best // 3 == 3
     assert not torch.equal(best_perm["P"], epoch_perms[result.stats["best_epoch"]]["P"])
+
+
+def test_the_gradients_tool_writes_start_gradients_of_each_pair(tmp_path, trained) -> None:
+    from sinkhorn_gradients import app
+    from typer.testing import CliRunner
+
+    from lmclab.archs.checkpoint import save_checkpoint
+
+    a, b = trained(0), trained(1)
+    for name, ckpt in (("a.pt", a), ("b.pt", b)):
+        save_checkpoint(tmp_path / name, ckpt)
+    out, pair = tmp_path / "grad.json", f"{tmp_path / 'a.pt'} {tmp_path / 'b.pt'}"
+    result = CliRunner().invoke(app, ["--pair", pair, "--out", str(out), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    rows = {r["group"]: r for r in json.loads(out.read_text())["rows"]}
+    spec = MLP.permutation_spec(a.config)
+    expected = start_gradients(spec, a.state_dict, b.state_dict, generator=torch.Generator().manual_seed(3))
+    assert set(rows) == set(expected) == {"P_0", "P_1"}
+    for g, numbers in expected.items():
+        assert {k: rows[g][k] for k in numbers} == numbers
+        assert rows[g]["entries"] == sum(v.numel() for v in spec.matched(b.state_dict).values())
+    bad = CliRunner().invoke(app, ["--pair", str(tmp_path / "a.pt"), "--out", str(out)])
+    assert bad.exit_code != 0 and "--pair: expected two checkpoint paths 'A B'" in bad.output

@@ -10,6 +10,7 @@ import pytest
 from lmclab.analysis.findings import study_note
 from lmclab.analysis.three_study import (
     BC,
+    edge_stalled,
     ordering,
     paired_test,
     r_explains_ordering,
@@ -135,6 +136,36 @@ def test_r_explains_ordering_counts_opposite_signs_with_the_sign_tests_closed_fo
     ranks_r = [4.5, 6.5, 3, 8, 2, 4.5, 9, 1, 6.5]  # Spearman ρ: Pearson's r of the ranks (ties averaged)
     ranks_b = [4.5, 3, 6, 2, 7, 4.5, 1, 8, 9]
     assert out["rho"] == pytest.approx(float(pd.Series(ranks_r).corr(pd.Series(ranks_b))))
+
+
+def test_edge_stalled_names_the_searches_behind_each_edge() -> None:
+    moved, stuck = {"curve": [{"changed": None}, {"changed": 4}]}, {"curve": [{"changed": None}, {"changed": 0}]}
+    search = {"b": stuck, "c": moved}
+    assert edge_stalled("a-b", search) and not edge_stalled("a-c", search) and edge_stalled("b-c", search)
+    assert not edge_stalled("b-c", {"b": moved, "c": moved})
+    assert not edge_stalled("a-b", {"b": {"objective": [1.0, 2.0]}})  # coordinate descent: no curve
+
+
+def test_a_stalled_search_leaves_its_setting_out_of_the_verdicts_and_the_statistics() -> None:
+    """width 128's STE below WM in every triple; one of its WM searches (triple t1's θb) stalled: the
+    setting gets no verdict, its WM row leaves the pooled ρ (6 rows → 5) and the sign test (3 → 2)."""
+    edges = _three_points()
+    stuck = (edges["point"] == "width-128") & (edges["method"] == "wm_sinkhorn") & (edges["triple"] == "t1")
+    edges["stalled"] = stuck & (edges["edge"] != "a-c")  # a–b and b–c: θb's search
+    table = study_table(edges)
+    rows = table.set_index(["point", "method"])
+    assert (
+        rows.loc[("width-128", "wm_sinkhorn"), "stalled"] == 1 and rows.loc[("default", "wm_sinkhorn"), "stalled"] == 0
+    )
+    assert ordering(rows.loc[("width-128", "wm_sinkhorn")]) == "stalled"
+    assert ordering(rows.loc[("epochs-100", "wm_sinkhorn")]) == "holds"
+    assert r_tracks_barrier(table)["n"] == 5 and r_explains_ordering(table)["n"] == 2
+    text = study_markdown(table, edges, defaults={"epochs": "20"})
+    assert "| width 128 | wm_sinkhorn (**stalled** in 1 of 6 searches) | 3 |" in text
+    assert "| width 128 | — (a search stalled) |" in text
+    note = study_note(study_summary(table))
+    assert "no verdict, a search stalled (found no alignment): width 128 (WM " in note
+    assert "reversed in every triple" not in note and "in 0 of 2 settings" in note
 
 
 def test_collect_keeps_the_committed_rows_of_points_run_on_another_machine(tmp_path, monkeypatch) -> None:

@@ -119,15 +119,20 @@ def queue(
 
 
 def _edges(experiment: str) -> list[dict]:
-    """Every edges.json under data/connect of ``experiment`` (from its DVC cache)."""
+    """Every edges.json under data/connect of ``experiment`` (from its DVC cache), each edge with
+    whether a search behind it stalled."""
     import dvc.api
+
+    from lmclab.analysis.three_study import edge_stalled
 
     fs = dvc.api.DVCFileSystem(".", rev=experiment)
     rows = []
     for path in sorted(fs.glob("data/connect/*/*/edges.json")):
         blob = json.loads(fs.read_text(path))
         triple = "seed" + blob["seeds"].replace(",", "-seed")
-        rows += [{"triple": triple, "method": blob["method"], **edge} for edge in blob["edges"]]
+        for edge in blob["edges"]:
+            stalled = edge_stalled(edge["edge"], blob.get("search", {}))
+            rows.append({"triple": triple, "method": blob["method"], **edge, "stalled": stalled})
     return rows
 
 

@@ -217,7 +217,12 @@ def ste_barrier_without_alignment(pairs: pd.DataFrame, r: dict[str, str], level:
     )
 
 
-STUDY_WORDS = {"holds": "holds in every triple", "reversed": "reversed in every triple", "mixed": "mixed"}
+STUDY_WORDS = {
+    "holds": "holds in every triple",
+    "reversed": "reversed in every triple",
+    "mixed": "mixed",
+    "stalled": "no verdict, a search stalled (found no alignment)",
+}
 
 
 def study_note(study: dict) -> str:

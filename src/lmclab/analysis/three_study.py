@@ -4,8 +4,11 @@ with one setting at a time.
 
 Input: the long table of every study point's edges, one row per (point, triple, method, edge) with
 the columns of :func:`lmclab.analysis.three_models.three_model_barriers` plus ``point``, ``axis``
-and ``value``. :func:`study_table` gives one row per point and method; :func:`paired_test` compares
-two methods' b–c barriers over the same triples (a paired two-sided t-test).
+and ``value``, and ``stalled`` (:func:`edge_stalled`). :func:`study_table` gives one row per point
+and method; :func:`paired_test` compares two methods' b–c barriers over the same triples (a paired
+two-sided t-test). A (point, method) whose search stalled in any triple (its hard permutation never
+left the start: no alignment, :func:`lmclab.search.wm_sinkhorn.stalled`) measured the start, not the
+method: it has no verdict and is left out of the sign test and the correlations.
 """
 
 from __future__ import annotations
@@ -14,8 +17,26 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from lmclab.search.wm_sinkhorn import stalled
+
 BC = ("test_loss_barrier_mid", "test_loss_barrier_max", "test_acc_barrier_max", "train_loss_barrier_max")
 PAPER_WM, PAPER_STE = "wm_sinkhorn", "ste_sinkhorn"
+
+
+SEARCHED = {"a-b": "b", "a-c": "c", "b-c": "bc"}  # the searches (of θb, θc) behind each edge
+
+
+def edge_stalled(edge: str, search: Mapping[str, Mapping]) -> bool:
+    """Whether a search behind ``edge`` stalled (a–b: θb's, a–c: θc's, b–c: either), from the
+    connect stage's ``search`` stats (``"b"``, ``"c"`` → stats with a per-epoch ``curve``)."""
+    return any(stalled(search.get(k, {}).get("curve", [])) for k in SEARCHED[edge])
+
+
+def _stalled_count(edges: pd.DataFrame) -> int:
+    """Stalled searches among ``edges`` (those of a–b and a–c: one search each; 0 without the column)."""
+    if "stalled" not in edges:
+        return 0
+    return int(edges[edges["edge"].isin(("a-b", "a-c"))]["stalled"].fillna(False).astype(bool).sum())
 
 
 def paired_test(edges: pd.DataFrame, column: str, first: str = PAPER_WM, second: str = PAPER_STE) -> dict:
@@ -46,6 +67,7 @@ def study_table(edges: pd.DataFrame) -> pd.DataFrame:
             "value": group["value"].iloc[0],
             "method": method,
             "n_triples": group["triple"].nunique(),
+            "stalled": _stalled_count(group),
         }
         for edge in ("a-b", "a-c", "b-c"):
             on = group[group["edge"] == edge]
@@ -56,6 +78,7 @@ def study_table(edges: pd.DataFrame) -> pd.DataFrame:
                 row[f"{key}_std"] = float(on[column].std(ddof=1)) if len(on) > 1 else 0.0
         if method == PAPER_WM:
             at = edges[edges["point"] == point]
+            row["paired_stalled"] = _stalled_count(at[at["method"].isin((PAPER_WM, PAPER_STE))])
             for column in BC:
                 test = paired_test(at, column)
                 row[f"p_{column}"], row[f"below_{column}"] = test["p"], test["below_in_every"]
@@ -89,7 +112,7 @@ def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mappin
         setting = "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}"
         cells = [_cell(r, c, 3 if "loss" in c else 2) for c in BC]
         cells += [_cell(r, f"R_0.3_{e}", 3) for e in ("a-b", "a-c")] + [_cell(r, "R_0.3", 3)]
-        lines.append(f"| {setting} | {r['method']} | {r['n_triples']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {setting} | {_method_cell(r)} | {r['n_triples']} | " + " | ".join(cells) + " |")
     lines += ["", "## Does the paper's ordering hold? (WM Sinkhorn's b–c barrier below STE Sinkhorn's)", ""]
     lines += ["| setting | " + " | ".join(BC) + " |", "|---|" + "---|" * len(BC)]
     for _, r in table[table["method"] == PAPER_WM].iterrows():
@@ -99,7 +122,9 @@ def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mappin
     lines += [
         "",
         "Cell: yes = WM below STE in every triple, reversed = STE below WM in every triple, mixed = "
-        "neither; with the paired two-sided t-test's p over triples.",
+        "neither; with the paired two-sided t-test's p over triples. A search that stalled (its hard "
+        "permutation never left the start: no alignment, so the row measures the start, not the method) "
+        "leaves its setting without a verdict and out of the statistics below.",
         "",
     ]
     if len(table[table["method"].isin((PAPER_WM, PAPER_STE))]) >= 3:
@@ -116,23 +141,38 @@ def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mappin
     return "\n".join(lines)
 
 
+def _method_cell(row: pd.Series) -> str:
+    n = _count(row.get("stalled"))
+    return row["method"] + (f" (**stalled** in {n} of {2 * row['n_triples']} searches)" if n else "")
+
+
 def _num(value: float | None) -> str:
     return "—" if value is None or value != value else f"{value:.2f}"
 
 
 def ordering(row: pd.Series, column: str = "test_loss_barrier_mid") -> str | None:
     """The paper's ordering at one point (the paper's WM row): ``holds`` (WM's b–c barrier below
-    STE's in every triple), ``reversed`` (above in every triple), ``mixed``; None without a test."""
+    STE's in every triple), ``reversed`` (above in every triple), ``mixed``; ``stalled`` when a
+    search of either method stalled there; None without a test."""
     below, above = row.get(f"below_{column}"), row.get(f"above_{column}")
     if below is None or below != below:
         return None
+    if _count(row.get("paired_stalled")):
+        return "stalled"
     return "holds" if below else ("reversed" if above else "mixed")
+
+
+def _count(value) -> int:
+    """A stalled count read from a table row (0 when missing or NaN: a table from before the column)."""
+    return 0 if value is None or value != value else int(value)
 
 
 def _verdict(row: pd.Series, column: str) -> str:
     found, p = ordering(row, column), row[f"p_{column}"]
     if found is None:
         return "—"
+    if found == "stalled":
+        return "— (a search stalled)"
     word = {"holds": "yes", "reversed": "reversed", "mixed": "mixed"}[found]
     return word + (f" (p {p:.3g})" if p is not None and p == p else "")
 
@@ -162,12 +202,18 @@ def study_summary(table: pd.DataFrame, column: str = "test_loss_barrier_mid") ->
 
 def r_tracks_barrier(table: pd.DataFrame, methods: Sequence[str] = (PAPER_WM, PAPER_STE)) -> dict:
     """Spearman ρ across the study's points and methods between R_0.3 of b–c and the b–c test
-    midpoint barrier (the paper: better-aligned dominant directions, lower barrier → ρ < 0)."""
+    midpoint barrier (the paper: better-aligned dominant directions, lower barrier → ρ < 0); rows
+    with a stalled search are left out."""
     from scipy import stats
 
-    rows = table[table["method"].isin(methods)]
+    rows = _searched(table[table["method"].isin(methods)])
     rho, p = stats.spearmanr(rows["R_0.3_mean"], rows["test_loss_barrier_mid_mean"])
     return {"rho": float(rho), "p": float(p), "n": len(rows)}
+
+
+def _searched(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``table`` whose searches all moved (``stalled`` 0 or missing)."""
+    return table[[_count(v) == 0 for v in table["stalled"]]] if "stalled" in table else table
 
 
 def r_explains_ordering(table: pd.DataFrame, first: str = PAPER_WM, second: str = PAPER_STE) -> dict:
@@ -175,10 +221,10 @@ def r_explains_ordering(table: pd.DataFrame, first: str = PAPER_WM, second: str 
     the b–c test midpoint barrier (dB): the paper's explanation predicts opposite signs (the method
     that aligns b and c's dominant singular directions better has the lower barrier). Returns the
     number of settings with opposite signs, the two-sided sign test's p (binomial, ½) and Spearman's
-    ρ of dR against dB."""
+    ρ of dR against dB; settings where either method's search stalled are left out."""
     from scipy import stats
 
-    at = table.set_index(["point", "method"])
+    at = _searched(table).set_index(["point", "method"])
     points = [p for p in dict.fromkeys(table["point"]) if (p, first) in at.index and (p, second) in at.index]
     d_r = [at.loc[(p, first), "R_0.3_mean"] - at.loc[(p, second), "R_0.3_mean"] for p in points]
     d_b = [

@@ -9,7 +9,8 @@ import pandas as pd
 
 def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> None:
     """Left: mean ± std over triples of the b–c test midpoint loss barrier per setting and method,
-    with every triple as a dot; right: b–c R_0.3 against that barrier (one point per triple)."""
+    with every triple as a dot, hatched where a search stalled; right: b–c R_0.3 against that barrier
+    (one point per triple; a triple whose search stalled as a hollow marker: the statistics leave it out)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,11 +27,22 @@ def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dp
         rows = table[table["method"] == method].set_index("point").reindex(settings)
         xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(settings))]
         left.bar(xs, rows["test_loss_barrier_mid_mean"], width, yerr=rows["test_loss_barrier_mid_std"], label=method)
-        for x, point in zip(xs, settings, strict=True):
+        stalled = rows["stalled"].fillna(0) if "stalled" in rows else pd.Series(0, rows.index)
+        for x, point, height, count in zip(xs, settings, rows["test_loss_barrier_mid_mean"], stalled, strict=True):
             dots = bc[(bc["point"] == point) & (bc["method"] == method)]["test_loss_barrier_mid"]
             left.scatter([x] * len(dots), dots, color="black", s=6, zorder=3)
+            if count:
+                left.bar(x, height, width, fill=False, hatch="//", edgecolor="black")
         mine = bc[bc["method"] == method]
-        right.scatter(mine["R_0.3"], mine["test_loss_barrier_mid"], s=12, label=method)
+        stuck = mine["stalled"].fillna(False).astype(bool) if "stalled" in mine else pd.Series(False, mine.index)
+        dot = right.scatter(mine["R_0.3"][~stuck], mine["test_loss_barrier_mid"][~stuck], s=12, label=method)
+        right.scatter(
+            mine["R_0.3"][stuck],
+            mine["test_loss_barrier_mid"][stuck],
+            s=12,
+            facecolors="none",
+            edgecolors=dot.get_facecolor(),
+        )
     left.axhline(0, color="grey", lw=0.5)
     left.set_xticks(range(len(settings)), settings, rotation=30, ha="right")
     left.set_ylabel("b–c test loss barrier at λ = ½")

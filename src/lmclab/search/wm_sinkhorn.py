@@ -21,14 +21,25 @@ the best scored one, ``'last'`` the final one (the authors' code). ``patience`` 
 once that many consecutive epochs have not raised the best objective — in particular once the hard
 permutation has stopped changing; at lr 1 a few units keep swapping (tens of 1,536 per 10 steps on
 the MNIST pair) while the objective plateaus, so a stop on an unchanged permutation alone would
-rarely fire. The monitor (if any) records the merged test metrics of each epoch's permutation
-(the paper's Figure 6).
+rarely fire. The monitor (if any) records the merged test metrics of each epoch's permutation (the paper's
+Figure 6).
+
+The same ε makes ``lr`` depend on the model's size. The gradient of the mean falls with the number
+N of matched entries and with the group width n (a soft permutation near its uniform start passes
+≈ 1/n of a score's change on): at the start its RMS is about 0.01·ε for the default run's 3 × 512
+MLP and 25–80 times smaller at width 2048 (:func:`start_gradients`; ``tools/sinkhorn_gradients.py``
+writes them to ``reports/three_study/wm_sinkhorn_gradients.json``). Below ε an Adam step is
+≈ lr·g/ε, so at lr 1 the 2048-wide scores move by ≈ 10⁻⁴ per step and 250 steps never change the
+hard permutation: the search returns its start (no alignment; the paper raises lr to 10 for
+ResNet50). :func:`stalled` detects it — the hard permutation of every epoch equal to the start's —
+and ``wm_sinkhorn`` then warns (:class:`StalledSearchWarning`) and records ``stats["stalled"]``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import torch
@@ -43,6 +54,19 @@ from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, so
 from lmclab.search.weight_matching import matching_objective
 
 SELECTIONS = ("best", "last")
+ADAM_EPS = 1e-8  # Adam's ε (torch's default, the authors' code): it sets the step below it (module doc)
+
+
+class StalledSearchWarning(RuntimeWarning):
+    """A Sinkhorn search whose hard permutation never left its start: it returned no alignment."""
+
+
+def stalled(curve: Sequence[Mapping]) -> bool:
+    """Whether a search's per-epoch ``curve`` (rows with ``changed``: units moved since the last
+    epoch; the first row is the start) never changed its hard permutation. A curve without
+    ``changed`` counts (coordinate descent, STE) or with no epoch after the start is not stalled."""
+    after = curve[1:]
+    return bool(after) and all(row.get("changed") == 0 for row in after)
 
 
 class WMSinkhornOptions(AssignmentOptions):
@@ -92,9 +116,10 @@ def wm_sinkhorn(
     matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
     params_a = {k: v.detach() for k, v in params_a.items()}
     scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
+    start_scores = {g: s.clone() for g, s in scores.items()}
     scores = {g: s.requires_grad_() for g, s in scores.items()}
     hard = partial(hard_permutation, scores, tau=tau, n_iter=n_iter, heads=spec.heads, lap_backend=options.lap_backend)
-    optimizer = torch.optim.Adam(scores.values(), lr=options.lr)
+    optimizer = torch.optim.Adam(scores.values(), lr=options.lr, eps=ADAM_EPS)
     track = _Tracker(spec, params_a, params_b, monitor, start)
     track(0, None, hard())
     for epoch in range(1, options.epochs + 1):
@@ -109,15 +134,61 @@ def wm_sinkhorn(
         if patience is not None and track.stale >= patience:
             break
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
+    if stalled(track.curve):
+        warnings.warn(_stall_message(track.curve, options, scores, start_scores), StalledSearchWarning, stacklevel=2)
     return SearchResult(
         perm,
         {
             "curve": track.curve,
+            "stalled": stalled(track.curve),
             "epochs": track.curve[-1]["epoch"],
             "best_epoch": best["epoch"],
             "lap_backend": options.lap_backend,
             "seconds": time.perf_counter() - start,
         },
+    )
+
+
+def start_gradients(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    generator: torch.Generator,
+    tau: float = 1.0,
+    n_iter: int = 20,
+) -> dict[str, dict[str, float]]:
+    """Per group, the gradient of the mean DistL2 loss at the search's start scores (the seeded
+    noisy identity): its RMS and largest entry, the RMS over Adam's ε, and the RMS of Adam's first
+    step at lr 1 (``g / (|g| + ε)`` elementwise: bias-corrected moments of one step), against which
+    the start's diagonal margin of 1 must be crossed for the hard permutation to change."""
+    matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
+    params_a = {k: v.detach() for k, v in params_a.items()}
+    scores = init_scores(spec.group_sizes(params_a), generator, next(iter(params_a.values())).device, spec.heads)
+    scores = {g: s.requires_grad_() for g, s in scores.items()}
+    distance_loss(spec, scores, params_a, matched_b, tau=tau, n_iter=n_iter).backward()
+    out = {}
+    for g, s in scores.items():
+        grad = s.grad.double()
+        rms = float(grad.pow(2).mean().sqrt())
+        step = grad / (grad.abs() + ADAM_EPS)
+        out[g] = {
+            "n": s.shape[-1],
+            "rms_grad": rms,
+            "max_grad": float(grad.abs().max()),
+            "rms_over_eps": rms / ADAM_EPS,
+            "first_step_rms": float(step.pow(2).mean().sqrt()),
+        }
+    return out
+
+
+def _stall_message(curve: list[dict], options: WMSinkhornOptions, scores: Mapping, start: Mapping) -> str:
+    steps = curve[-1]["epoch"] * options.iterations
+    drift = max(float((scores[g].detach() - start[g]).abs().max()) for g in scores)
+    return (
+        f"wm_sinkhorn: the hard permutation never left its start in {steps} Adam steps (scores moved at most "
+        f"{drift:.2g}): the mean DistL2 gradients are below Adam's ε for a model this size, so a step is "
+        f"≈ lr·gradient/ε; no alignment was found — raise lr (it was {options.lr:g})"
     )
 
 
