@@ -15,6 +15,7 @@ from lmclab.analysis.three_study import (
     paired_test,
     r_explains_ordering,
     r_tracks_barrier,
+    search_objective,
     study_markdown,
     study_summary,
     study_table,
@@ -166,6 +167,19 @@ def test_a_stalled_search_leaves_its_setting_out_of_the_verdicts_and_the_statist
     note = study_note(study_summary(table))
     assert "no verdict, a search stalled (found no alignment): width 128 (WM " in note
     assert "reversed in every triple" not in note and "in 0 of 2 settings" in note
+
+
+def test_search_objective_is_that_of_the_returned_permutation() -> None:
+    assert search_objective({"objective": [6.3, 200.0, 324.5]}) == 324.5  # coordinate descent: last sweep
+    curve = [{"epoch": e, "objective": v} for e, v in enumerate([6.3, 50.0, 90.0, 80.0])]
+    assert search_objective({"curve": curve, "best_epoch": 2}) == 90.0  # select: best
+    assert search_objective({"curve": curve, "best_epoch": 3}) == 80.0  # select: last
+    assert search_objective({"curve": [{"epoch": 0, "train_loss": None}]}) is None  # STE: none recorded
+    edges = _edges().assign(objective=lambda e: [None if x != "a-b" else 10.0 + i for i, x in enumerate(e["edge"])])
+    edges.loc[edges["method"] == "ste_sinkhorn", "objective"] = None
+    text = study_markdown(study_table(edges), edges, defaults={})
+    assert "| 0.020 ± 0.010 | 13.0 ± 3.0 |" in text  # wm_sinkhorn's a–b rows 0, 3, 6: 10, 13, 16
+    assert "| 0.030 ± 0.010 | — |" in text  # STE records no objective
 
 
 def test_collect_keeps_the_committed_rows_of_points_run_on_another_machine(tmp_path, monkeypatch) -> None:

@@ -49,6 +49,13 @@ POINTS: dict[str, tuple[str, str, dict]] = {
     "width-128": ("width", "128", {"model.mlp.width": 128}),
     "width-1024": ("width", "1024", {"model.mlp.width": 1024}),
     "width-2048": ("width", "2048", {"model.mlp.width": 2048}),
+    # Sinkhorn WM's lr scaled with the width (docs/methods.md: its step is ≈ lr·g/ε; 80 = the ratio of
+    # the first group's start gradient at width 512 to that at 2048, wm_sinkhorn_gradients.json)
+    "width-2048-wm-lr80": (
+        "width, Sinkhorn WM lr 80",
+        "2048",
+        {"model.mlp.width": 2048, "permute.wm_sinkhorn.lr": 80},
+    ),
     "wm-10x100": (
         "Sinkhorn WM schedule",
         "10 × 100",
@@ -67,6 +74,7 @@ AXIS_KEYS = {
     "training epochs": ("train.epochs",),
     "training digits": ("data.max_train",),
     "width": ("model.mlp.width",),
+    "width, Sinkhorn WM lr 80": ("model.mlp.width", "permute.wm_sinkhorn.lr"),
     "Sinkhorn WM schedule": ("permute.wm_sinkhorn.epochs", "permute.wm_sinkhorn.iterations"),
     "STE epochs": ("permute.ste_sinkhorn.epochs",),
     "STE initialisation": ("permute.ste_sinkhorn.init",),
@@ -86,7 +94,7 @@ def defaults(params: Path) -> dict[str, str]:
     return {axis: " × ".join(value(k) for k in keys) for axis, keys in AXIS_KEYS.items()}
 
 
-COSTLY = ("width-2048",)  # ~10 min per Sinkhorn WM search on 2 cores: left out unless named
+COSTLY = ("width-2048", "width-2048-wm-lr80")  # ~10 min per Sinkhorn WM search on 2 cores: left out unless named
 
 
 def queue_command(point: str) -> list[str]:
@@ -120,10 +128,10 @@ def queue(
 
 def _edges(experiment: str) -> list[dict]:
     """Every edges.json under data/connect of ``experiment`` (from its DVC cache), each edge with
-    whether a search behind it stalled."""
+    whether a search behind it stalled and, for a–b and a–c, the ⟨θa, π(θ)⟩ its search returned."""
     import dvc.api
 
-    from lmclab.analysis.three_study import edge_stalled
+    from lmclab.analysis.three_study import SEARCHED, edge_stalled, search_objective
 
     fs = dvc.api.DVCFileSystem(".", rev=experiment)
     rows = []
@@ -131,8 +139,10 @@ def _edges(experiment: str) -> list[dict]:
         blob = json.loads(fs.read_text(path))
         triple = "seed" + blob["seeds"].replace(",", "-seed")
         for edge in blob["edges"]:
-            stalled = edge_stalled(edge["edge"], blob.get("search", {}))
-            rows.append({"triple": triple, "method": blob["method"], **edge, "stalled": stalled})
+            search = blob.get("search", {})
+            found = search.get(SEARCHED[edge["edge"]], {})  # a–b: θb's search, a–c: θc's; b–c: none
+            extra = {"stalled": edge_stalled(edge["edge"], search), "objective": search_objective(found)}
+            rows.append({"triple": triple, "method": blob["method"], **edge, **extra})
     return rows
 
 
