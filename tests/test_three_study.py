@@ -11,6 +11,7 @@ from lmclab.analysis.findings import study_note
 from lmclab.analysis.three_study import (
     BC,
     edge_stalled,
+    objective_ratio,
     ordering,
     paired_test,
     r_explains_ordering,
@@ -180,6 +181,31 @@ def test_search_objective_is_that_of_the_returned_permutation() -> None:
     text = study_markdown(study_table(edges), edges, defaults={})
     assert "| 0.020 ± 0.010 | 13.0 ± 3.0 |" in text  # wm_sinkhorn's a–b rows 0, 3, 6: 10, 13, 16
     assert "| 0.030 ± 0.010 | — |" in text  # STE records no objective
+
+
+def test_an_unconverged_sinkhorn_wm_gets_no_verdict_and_leaves_the_statistics() -> None:
+    """Sinkhorn WM's a–b objective over coordinate descent's, per triple then averaged: width 128's
+    (40, 45, 50)/100 = 0.45 < ½ → unconverged; epochs 100's (90, 95, 100)/100 = 0.95 keeps its verdict."""
+    edges = _three_points().assign(objective=float("nan"))
+    ab = edges["edge"] == "a-b"
+    for point, values in (("width-128", [40.0, 45.0, 50.0]), ("epochs-100", [90.0, 95.0, 100.0])):
+        for t, v in enumerate(values):
+            edges.loc[
+                ab & (edges["point"] == point) & (edges["method"] == "wm_sinkhorn") & (edges["triple"] == f"t{t}"),
+                "objective",
+            ] = v
+    wm_rows = edges[ab & (edges["method"] == "wm_sinkhorn")].assign(method="wm", objective=100.0)
+    edges = pd.concat([edges, wm_rows], ignore_index=True)
+    assert objective_ratio(edges[edges["point"] == "width-128"]) == pytest.approx(0.45)
+    assert objective_ratio(edges[edges["point"] == "default"]) is None  # Sinkhorn WM recorded none there
+    table = study_table(edges)
+    rows = table.set_index(["point", "method"])
+    assert ordering(rows.loc[("width-128", "wm_sinkhorn")]) == "unconverged"
+    assert ordering(rows.loc[("epochs-100", "wm_sinkhorn")]) == "holds"
+    assert r_explains_ordering(table)["n"] == 2 and r_tracks_barrier(table)["n"] == 5
+    text = study_markdown(table, edges, defaults={})
+    assert "| width 128 | — (WM unconverged: ⟨θa, π(θb)⟩ 0.45 of coordinate descent's) |" in text
+    assert "no verdict, Sinkhorn WM unconverged" in study_note(study_summary(table))
 
 
 def test_collect_keeps_the_committed_rows_of_points_run_on_another_machine(tmp_path, monkeypatch) -> None:

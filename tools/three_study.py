@@ -49,11 +49,16 @@ POINTS: dict[str, tuple[str, str, dict]] = {
     "width-128": ("width", "128", {"model.mlp.width": 128}),
     "width-1024": ("width", "1024", {"model.mlp.width": 1024}),
     "width-2048": ("width", "2048", {"model.mlp.width": 2048}),
-    # Sinkhorn WM's lr scaled with the width (docs/methods.md: its step is ≈ lr·g/ε; 80 = the ratio of
-    # the first group's start gradient at width 512 to that at 2048, wm_sinkhorn_gradients.json)
+    # Sinkhorn WM's lr scaled with the width (docs/methods.md: its step is ≈ lr·g/ε): ≈ the ratio of the
+    # first group's start gradient at width 512 to that at 1024 (9.5) and 2048 (82), wm_sinkhorn_gradients.json
+    "width-1024-wm-lr10": (
+        "width (Sinkhorn WM lr scaled)",
+        "1024, lr 10",
+        {"model.mlp.width": 1024, "permute.wm_sinkhorn.lr": 10},
+    ),
     "width-2048-wm-lr80": (
-        "width, Sinkhorn WM lr 80",
-        "2048",
+        "width (Sinkhorn WM lr scaled)",
+        "2048, lr 80",
         {"model.mlp.width": 2048, "permute.wm_sinkhorn.lr": 80},
     ),
     "wm-10x100": (
@@ -74,7 +79,7 @@ AXIS_KEYS = {
     "training epochs": ("train.epochs",),
     "training digits": ("data.max_train",),
     "width": ("model.mlp.width",),
-    "width, Sinkhorn WM lr 80": ("model.mlp.width", "permute.wm_sinkhorn.lr"),
+    "width (Sinkhorn WM lr scaled)": ("model.mlp.width", "permute.wm_sinkhorn.lr"),
     "Sinkhorn WM schedule": ("permute.wm_sinkhorn.epochs", "permute.wm_sinkhorn.iterations"),
     "STE epochs": ("permute.ste_sinkhorn.epochs",),
     "STE initialisation": ("permute.ste_sinkhorn.init",),
@@ -94,7 +99,7 @@ def defaults(params: Path) -> dict[str, str]:
     return {axis: " × ".join(value(k) for k in keys) for axis, keys in AXIS_KEYS.items()}
 
 
-COSTLY = ("width-2048", "width-2048-wm-lr80")  # ~10 min per Sinkhorn WM search on 2 cores: left out unless named
+COSTLY = ("width-2048", "width-2048-wm-lr80")  # ~30 min per Sinkhorn WM search on 2 cores: left out unless named
 
 
 def queue_command(point: str) -> list[str]:

@@ -222,6 +222,7 @@ STUDY_WORDS = {
     "reversed": "reversed in every triple",
     "mixed": "mixed",
     "stalled": "no verdict, a search stalled (found no alignment)",
+    "unconverged": "no verdict, Sinkhorn WM unconverged (⟨θa, π(θb)⟩ under half of coordinate descent's)",
 }
 
 

@@ -8,7 +8,9 @@ and ``value``, and ``stalled`` (:func:`edge_stalled`). :func:`study_table` gives
 and method; :func:`paired_test` compares two methods' b–c barriers over the same triples (a paired
 two-sided t-test). A (point, method) whose search stalled in any triple (its hard permutation never
 left the start: no alignment, :func:`lmclab.search.wm_sinkhorn.stalled`) measured the start, not the
-method: it has no verdict and is left out of the sign test and the correlations.
+method; a paper's-WM row whose a–b ⟨θa, π(θb)⟩ is below ``CONVERGED`` of coordinate-descent WM's on
+the same pairs (both maximise it) measured a search stopped far from its optimum. Either leaves its
+setting without a verdict and its row out of the sign test and the correlations.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pandas as pd
 
 from lmclab.search.wm_sinkhorn import stalled
 
+CONVERGED = 0.5  # Sinkhorn WM's a–b ⟨θa, π(θb)⟩ over coordinate descent's below this: unconverged
 BC = ("test_loss_barrier_mid", "test_loss_barrier_max", "test_acc_barrier_max", "train_loss_barrier_max")
 PAPER_WM, PAPER_STE = "wm_sinkhorn", "ste_sinkhorn"
 
@@ -39,6 +42,18 @@ def search_objective(stats: Mapping) -> float | None:
         return float(stats["objective"][-1])
     rows = [r for r in stats.get("curve", []) if "objective" in r and r.get("epoch") == stats.get("best_epoch")]
     return float(rows[0]["objective"]) if rows else None
+
+
+def objective_ratio(edges: pd.DataFrame, method: str = PAPER_WM, reference: str = "wm") -> float | None:
+    """Mean over triples of ``method``'s a–b ⟨θa, π(θb)⟩ over ``reference``'s (the ``objective``
+    column); None where either is not recorded."""
+    if "objective" not in edges:
+        return None
+    ab = edges[edges["edge"] == "a-b"].pivot_table(index="triple", columns="method", values="objective")
+    if not {method, reference} <= set(ab.columns):
+        return None
+    both = ab[[method, reference]].dropna()
+    return float((both[method] / both[reference]).mean()) if len(both) else None
 
 
 def _stalled_count(edges: pd.DataFrame) -> int:
@@ -88,6 +103,7 @@ def study_table(edges: pd.DataFrame) -> pd.DataFrame:
         if method == PAPER_WM:
             at = edges[edges["point"] == point]
             row["paired_stalled"] = _stalled_count(at[at["method"].isin((PAPER_WM, PAPER_STE))])
+            row["objective_ratio"] = objective_ratio(at)
             for column in BC:
                 test = paired_test(at, column)
                 row[f"p_{column}"], row[f"below_{column}"] = test["p"], test["below_in_every"]
@@ -134,8 +150,9 @@ def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mappin
         "",
         "Cell: yes = WM below STE in every triple, reversed = STE below WM in every triple, mixed = "
         "neither; with the paired two-sided t-test's p over triples. A search that stalled (its hard "
-        "permutation never left the start: no alignment, so the row measures the start, not the method) "
-        "leaves its setting without a verdict and out of the statistics below.",
+        "permutation never left the start: no alignment, so the row measures the start, not the method), "
+        f"or a Sinkhorn WM whose a–b ⟨θa, π(θb)⟩ is below {CONVERGED:g} of coordinate-descent WM's on the same "
+        "pairs (unconverged), leaves its setting without a verdict and out of the statistics below.",
         "",
     ]
     if len(table[table["method"].isin((PAPER_WM, PAPER_STE))]) >= 3:
@@ -164,13 +181,21 @@ def _num(value: float | None) -> str:
 def ordering(row: pd.Series, column: str = "test_loss_barrier_mid") -> str | None:
     """The paper's ordering at one point (the paper's WM row): ``holds`` (WM's b–c barrier below
     STE's in every triple), ``reversed`` (above in every triple), ``mixed``; ``stalled`` when a
-    search of either method stalled there; None without a test."""
+    search of either method stalled there, ``unconverged`` when WM's objective ratio is below
+    ``CONVERGED``; None without a test."""
     below, above = row.get(f"below_{column}"), row.get(f"above_{column}")
     if below is None or below != below:
         return None
     if _count(row.get("paired_stalled")):
         return "stalled"
+    if _unconverged(row):
+        return "unconverged"
     return "holds" if below else ("reversed" if above else "mixed")
+
+
+def _unconverged(row: pd.Series) -> bool:
+    ratio = row.get("objective_ratio")
+    return ratio is not None and ratio == ratio and ratio < CONVERGED
 
 
 def _count(value) -> int:
@@ -184,6 +209,8 @@ def _verdict(row: pd.Series, column: str) -> str:
         return "—"
     if found == "stalled":
         return "— (a search stalled)"
+    if found == "unconverged":
+        return f"— (WM unconverged: ⟨θa, π(θb)⟩ {row['objective_ratio']:.2f} of coordinate descent's)"
     word = {"holds": "yes", "reversed": "reversed", "mixed": "mixed"}[found]
     return word + (f" (p {p:.3g})" if p is not None and p == p else "")
 
@@ -214,7 +241,7 @@ def study_summary(table: pd.DataFrame, column: str = "test_loss_barrier_mid") ->
 def r_tracks_barrier(table: pd.DataFrame, methods: Sequence[str] = (PAPER_WM, PAPER_STE)) -> dict:
     """Spearman ρ across the study's points and methods between R_0.3 of b–c and the b–c test
     midpoint barrier (the paper: better-aligned dominant directions, lower barrier → ρ < 0); rows
-    with a stalled search are left out."""
+    with a stalled or unconverged search are left out."""
     from scipy import stats
 
     rows = _searched(table[table["method"].isin(methods)])
@@ -222,9 +249,15 @@ def r_tracks_barrier(table: pd.DataFrame, methods: Sequence[str] = (PAPER_WM, PA
     return {"rho": float(rho), "p": float(p), "n": len(rows)}
 
 
+def failed(row: pd.Series) -> bool:
+    """Whether a table row's searches stalled or (the paper's WM) did not converge: it measured them,
+    not the method."""
+    return _count(row.get("stalled")) > 0 or _unconverged(row)
+
+
 def _searched(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of ``table`` whose searches all moved (``stalled`` 0 or missing)."""
-    return table[[_count(v) == 0 for v in table["stalled"]]] if "stalled" in table else table
+    """The rows of ``table`` that did not fail (:func:`failed`)."""
+    return table[[not failed(r) for _, r in table.iterrows()]]
 
 
 def r_explains_ordering(table: pd.DataFrame, first: str = PAPER_WM, second: str = PAPER_STE) -> dict:
@@ -232,7 +265,7 @@ def r_explains_ordering(table: pd.DataFrame, first: str = PAPER_WM, second: str 
     the b–c test midpoint barrier (dB): the paper's explanation predicts opposite signs (the method
     that aligns b and c's dominant singular directions better has the lower barrier). Returns the
     number of settings with opposite signs, the two-sided sign test's p (binomial, ½) and Spearman's
-    ρ of dR against dB; settings where either method's search stalled are left out."""
+    ρ of dR against dB; settings where either method's search stalled or did not converge are left out."""
     from scipy import stats
 
     at = _searched(table).set_index(["point", "method"])

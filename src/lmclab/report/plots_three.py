@@ -9,13 +9,15 @@ import pandas as pd
 
 def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> None:
     """Left: mean ± std over triples of the b–c test midpoint loss barrier per setting and method,
-    with every triple as a dot, hatched where a search stalled; right: b–c R_0.3 against that barrier
-    (one point per triple; a triple whose search stalled as a hollow marker: the statistics leave it out)."""
+    with every triple as a dot, hatched where the searches failed (stalled or unconverged,
+    :func:`~lmclab.analysis.three_study.failed`); right: b–c R_0.3 against that barrier (one point per
+    triple; those of a failed row hollow: the statistics leave them out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lmclab.analysis.three_study import failed
     from lmclab.core.atomic import atomic_path
 
     settings = list(dict.fromkeys(table["point"]))
@@ -27,14 +29,14 @@ def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dp
         rows = table[table["method"] == method].set_index("point").reindex(settings)
         xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(settings))]
         left.bar(xs, rows["test_loss_barrier_mid_mean"], width, yerr=rows["test_loss_barrier_mid_std"], label=method)
-        stalled = rows["stalled"].fillna(0) if "stalled" in rows else pd.Series(0, rows.index)
-        for x, point, height, count in zip(xs, settings, rows["test_loss_barrier_mid_mean"], stalled, strict=True):
+        for x, point, (_, row) in zip(xs, settings, rows.iterrows(), strict=True):
             dots = bc[(bc["point"] == point) & (bc["method"] == method)]["test_loss_barrier_mid"]
             left.scatter([x] * len(dots), dots, color="black", s=6, zorder=3)
-            if count:
-                left.bar(x, height, width, fill=False, hatch="//", edgecolor="black")
+            if failed(row):
+                left.bar(x, row["test_loss_barrier_mid_mean"], width, fill=False, hatch="//", edgecolor="black")
         mine = bc[bc["method"] == method]
-        stuck = mine["stalled"].fillna(False).astype(bool) if "stalled" in mine else pd.Series(False, mine.index)
+        gone = {p for p, (_, row) in zip(settings, rows.iterrows(), strict=True) if failed(row)}
+        stuck = mine["point"].isin(gone)
         dot = right.scatter(mine["R_0.3"][~stuck], mine["test_loss_barrier_mid"][~stuck], s=12, label=method)
         right.scatter(
             mine["R_0.3"][stuck],
