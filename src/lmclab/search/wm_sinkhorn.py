@@ -21,8 +21,8 @@ the best scored one, ``'last'`` the final one (the authors' code). ``patience`` 
 once that many consecutive epochs have not raised the best objective — in particular once the hard
 permutation has stopped changing; at lr 1 a few units keep swapping (tens of 1,536 per 10 steps on
 the MNIST pair) while the objective plateaus, so a stop on an unchanged permutation alone would
-rarely fire. The monitor (if any) records the merged test metrics of each epoch's permutation (the paper's
-Figure 6).
+rarely fire. The monitor (if any) records the merged test metrics of each epoch's permutation
+(the paper's Figure 6).
 
 The same ε makes ``lr`` depend on the model's size. The gradient of the mean falls with the number
 N of matched entries and with the group width n (a soft permutation near its uniform start passes
@@ -113,11 +113,8 @@ def wm_sinkhorn(
     iterations, tau, n_iter, patience = options.iterations, options.tau, options.sinkhorn_iters, options.patience
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
-    matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
-    params_a = {k: v.detach() for k, v in params_a.items()}
-    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
-    start_scores = {g: s.clone() for g, s in scores.items()}
-    scores = {g: s.requires_grad_() for g, s in scores.items()}
+    params_a, matched_b, scores = _start(spec, params_a, params_b, generator, device)
+    start_scores = {g: s.detach().clone() for g, s in scores.items()}
     hard = partial(hard_permutation, scores, tau=tau, n_iter=n_iter, heads=spec.heads, lap_backend=options.lap_backend)
     optimizer = torch.optim.Adam(scores.values(), lr=options.lr, eps=ADAM_EPS)
     track = _Tracker(spec, params_a, params_b, monitor, start)
@@ -134,13 +131,14 @@ def wm_sinkhorn(
         if patience is not None and track.stale >= patience:
             break
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
-    if stalled(track.curve):
+    stuck = stalled(track.curve)
+    if stuck:
         warnings.warn(_stall_message(track.curve, options, scores, start_scores), StalledSearchWarning, stacklevel=2)
     return SearchResult(
         perm,
         {
             "curve": track.curve,
-            "stalled": stalled(track.curve),
+            "stalled": stuck,
             "epochs": track.curve[-1]["epoch"],
             "best_epoch": best["epoch"],
             "lap_backend": options.lap_backend,
@@ -162,10 +160,8 @@ def start_gradients(
     noisy identity): its RMS and largest entry, the RMS over Adam's ε, and the RMS of Adam's first
     step at lr 1 (``g / (|g| + ε)`` elementwise: bias-corrected moments of one step), against which
     the start's diagonal margin of 1 must be crossed for the hard permutation to change."""
-    matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
-    params_a = {k: v.detach() for k, v in params_a.items()}
-    scores = init_scores(spec.group_sizes(params_a), generator, next(iter(params_a.values())).device, spec.heads)
-    scores = {g: s.requires_grad_() for g, s in scores.items()}
+    device = next(iter(params_a.values())).device
+    params_a, matched_b, scores = _start(spec, params_a, params_b, generator, device)
     distance_loss(spec, scores, params_a, matched_b, tau=tau, n_iter=n_iter).backward()
     out = {}
     for g, s in scores.items():
@@ -180,6 +176,20 @@ def start_gradients(
             "first_step_rms": float(step.pow(2).mean().sqrt()),
         }
     return out
+
+
+def _start(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    generator: torch.Generator,
+    device: torch.device,
+) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """θa and θb's matched entries detached, and the start scores (:func:`init_scores`) requiring grad."""
+    matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
+    params_a = {k: v.detach() for k, v in params_a.items()}
+    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
+    return params_a, matched_b, {g: s.requires_grad_() for g, s in scores.items()}
 
 
 def _stall_message(curve: list[dict], options: WMSinkhornOptions, scores: Mapping, start: Mapping) -> str:
