@@ -142,9 +142,8 @@ def _edges(experiment: str) -> list[dict]:
     rows = []
     for path in sorted(fs.glob("data/connect/*/*/edges.json")):
         blob = json.loads(fs.read_text(path))
-        triple = "seed" + blob["seeds"].replace(",", "-seed")
+        triple, search = "seed" + blob["seeds"].replace(",", "-seed"), blob.get("search", {})
         for edge in blob["edges"]:
-            search = blob.get("search", {})
             found = search.get(SEARCHED[edge["edge"]], {})  # a–b: θb's search, a–c: θc's; b–c: none
             extra = {"stalled": edge_stalled(edge["edge"], search), "objective": search_objective(found)}
             rows.append({"triple": triple, "method": blob["method"], **edge, **extra})

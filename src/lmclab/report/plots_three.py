@@ -29,13 +29,13 @@ def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dp
         rows = table[table["method"] == method].set_index("point").reindex(settings)
         xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(settings))]
         left.bar(xs, rows["test_loss_barrier_mid_mean"], width, yerr=rows["test_loss_barrier_mid_std"], label=method)
-        for x, point, (_, row) in zip(xs, settings, rows.iterrows(), strict=True):
+        gone = {point for point, row in rows.iterrows() if failed(row)}
+        for x, point, height in zip(xs, settings, rows["test_loss_barrier_mid_mean"], strict=True):
             dots = bc[(bc["point"] == point) & (bc["method"] == method)]["test_loss_barrier_mid"]
             left.scatter([x] * len(dots), dots, color="black", s=6, zorder=3)
-            if failed(row):
-                left.bar(x, row["test_loss_barrier_mid_mean"], width, fill=False, hatch="//", edgecolor="black")
+            if point in gone:
+                left.bar(x, height, width, fill=False, hatch="//", edgecolor="black")
         mine = bc[bc["method"] == method]
-        gone = {p for p, (_, row) in zip(settings, rows.iterrows(), strict=True) if failed(row)}
         stuck = mine["point"].isin(gone)
         dot = right.scatter(mine["R_0.3"][~stuck], mine["test_loss_barrier_mid"][~stuck], s=12, label=method)
         right.scatter(
