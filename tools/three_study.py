@@ -99,7 +99,8 @@ def defaults(params: Path) -> dict[str, str]:
     return {axis: " × ".join(value(k) for k in keys) for axis, keys in AXIS_KEYS.items()}
 
 
-COSTLY = ("width-2048", "width-2048-wm-lr80")  # ≥ 8 min per Sinkhorn WM search on 2 idle cores: left out unless named
+# About 12 min per Sinkhorn WM search on 2 idle cores: left out unless named.
+COSTLY = ("width-2048", "width-2048-wm-lr80")
 
 
 def queue_command(point: str) -> list[str]:
