@@ -52,7 +52,7 @@ def main(
     from lmclab.core.bn_repair import repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
-    from lmclab.search.many import check_many
+    from lmclab.search.many_methods import check_many
 
     read = stage_params("merge_many", params, dvc_yaml=DVC_YAML)
     opts = read("merge_many")

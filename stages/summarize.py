@@ -7,7 +7,7 @@ metrics ``metrics/headline.json`` (what
 ``{summary,three_models,merge_many}.json`` (every statistic, mean ± std) and ``environment.json`` (the
 machine: ``lmclab.core.device.describe_machine``) in ``--detail-dir``, and
 ``findings.json`` beside the headline metrics: the paper's findings checked on this run
-(``lmclab.analysis.findings``). ~3 s."""
+(``lmclab.studies.findings``). ~3 s."""
 
 from __future__ import annotations
 
@@ -39,8 +39,6 @@ def main(
 ) -> None:
     import pandas as pd
 
-    from lmclab.analysis.findings import paper_findings
-    from lmclab.analysis.three_study import study_summary
     from lmclab.core.atomic import atomic_path
     from lmclab.core.device import describe_machine
     from lmclab.report.headline import headline_metrics
@@ -55,6 +53,8 @@ def main(
         three_summary,
         three_tables,
     )
+    from lmclab.studies.findings import paper_findings
+    from lmclab.studies.three_study import study_summary
 
     read = stage_params("summarize", params, dvc_yaml=DVC_YAML)
     methods, seeds = read("permute.methods"), read("train.seeds")

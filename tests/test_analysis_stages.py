@@ -243,7 +243,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
 
 
 def test_width_tables_combine_runs_by_width():
-    from lmclab.analysis.width import alignment_markdown, width_tables
+    from lmclab.studies.width import alignment_markdown, width_tables
 
     def run(width, r):
         idx = list(range(width))
@@ -288,7 +288,7 @@ def three_pairs() -> pd.DataFrame:
 
 
 def test_every_summary_over_pairs_reports_the_sample_std():
-    from lmclab.analysis.width import width_tables
+    from lmclab.studies.width import width_tables
 
     summary = metrics_summary(three_pairs(), ["wm"])["wm"]
     assert summary["n_pairs"] == 3

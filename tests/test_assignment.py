@@ -21,7 +21,7 @@ from lmclab.core.data import Split
 from lmclab.core.options import OptionError
 from lmclab.core.spec import apply_permutation, invert, random_permutation
 from lmclab.search import METHODS, check_method, run_search
-from lmclab.search.many import MANY_METHODS, check_many, run_many
+from lmclab.search.many_methods import MANY_METHODS, check_many, run_many
 from lmclab.search.registered import search_problem
 from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at
 from lmclab.search.universe import pairwise_maps

@@ -105,7 +105,7 @@ def test_a_mixup_step_minimises_the_mixed_cross_entropy(splits):
 def test_the_mixup_table_compares_endpoints_and_methods_per_alpha():
     import pandas as pd
 
-    from lmclab.analysis.mixup import mixup_table
+    from lmclab.studies.mixup import mixup_table
 
     def run(acc: float, nc1: float, barrier: float) -> dict:
         history = pd.DataFrame(

@@ -1,4 +1,4 @@
-"""The paper's findings checked on a run (lmclab.analysis.findings), the paper's rows in the report."""
+"""The paper's findings checked on a run (lmclab.studies.findings), the paper's rows in the report."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmclab.analysis.findings import (
+from lmclab.report.paper_numbers import TABLE1, paper_row
+from lmclab.report.paper_tables import findings_section, marked, table2, table3_paper_lines
+from lmclab.studies.findings import (
     by_pair,
     energy_concentrates,
     p_greater,
@@ -18,8 +20,6 @@ from lmclab.analysis.findings import (
     wm_aligns,
     wm_small_l2,
 )
-from lmclab.report.paper import TABLE1, paper_row
-from lmclab.report.report_paper import findings_section, marked, table2, table3_paper_lines
 
 PAIRS = ["seed0-seed1", "seed2-seed3", "seed4-seed5"]
 

@@ -12,7 +12,7 @@ from dvc_repo import ROOT
 from lmclab.pipeline.closure import imported_modules
 
 # lowest first: a package may import the packages before it in this list, never one after it
-LAYERS = ["core", "trace", "archs", "search", "analysis", "train", "report", "api", "pipeline", "cli"]
+LAYERS = ["core", "trace", "archs", "search", "analysis", "studies", "train", "report", "api", "pipeline", "cli"]
 # process plumbing (warm start, whom it trusts, lifetime): for the pipeline's stage scripts only
 PRIVATE = {"runtime": {"pipeline"}}
 SRC = ROOT / "src" / "lmclab"

@@ -18,7 +18,7 @@ from lmclab.core.data import Split
 from lmclab.core.options import OptionError
 from lmclab.report.headline import merge_many_metrics
 from lmclab.report.many_models import many_summary, many_table, objective_traces
-from lmclab.search.many import MANY_METHODS, UNIVERSE, check_many, run_many
+from lmclab.search.many_methods import MANY_METHODS, UNIVERSE, check_many, run_many
 from lmclab.search.universe import shared_objective
 
 METHODS = {"merge_many": {}, "c2m3": {"max_iter": 30}, "sync": {}, "star": {}}

@@ -22,7 +22,7 @@ from lmclab.pipeline.keys import key_rows
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params
 from lmclab.pipeline.stage import search_errors
 from lmclab.search import METHODS, check_method
-from lmclab.search.many import MANY_METHODS
+from lmclab.search.many_methods import MANY_METHODS
 from lmclab.search.midpoint import check_batch
 from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lmclab.analysis.sweep import sweep_markdown, sweep_points, sweep_table, trends
+from lmclab.studies.sweep import sweep_markdown, sweep_points, sweep_table, trends
 
 
 def pairs(b: list[float], r: list[float]) -> pd.DataFrame:

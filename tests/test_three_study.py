@@ -1,4 +1,4 @@
-"""The three-model study's table builder (src/lmclab/analysis/three_study.py): closed forms."""
+"""The three-model study's table builder (src/lmclab/studies/three_study.py): closed forms."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from lmclab.analysis.findings import study_note
-from lmclab.analysis.three_study import (
+from lmclab.studies.findings import study_note
+from lmclab.studies.three_study import (
     BC,
     edge_stalled,
     objective_ratio,

@@ -1,4 +1,4 @@
-"""The transformer study's table (lmclab.analysis.transformer_study): closed cases of the identity
+"""The transformer study's table (lmclab.studies.transformer_study): closed cases of the identity
 fraction, means and sample stds over pairs, a column a run lacks shown as a dash."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lmclab.analysis.transformer_study import identity_fraction, markdown_table, study_table
+from lmclab.studies.transformer_study import identity_fraction, markdown_table, study_table
 
 
 def test_identity_fraction_counts_the_units_left_in_place():

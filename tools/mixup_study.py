@@ -26,8 +26,8 @@ def main(
     workspace: bool = typer.Option(False, help="also include the workspace's own run"),
     methods: str = typer.Option("identity,wm,wm_sinkhorn", help="methods to tabulate"),
 ) -> None:
-    from lmclab.analysis.mixup import mixup_markdown, mixup_table
     from lmclab.core.atomic import atomic_path
+    from lmclab.studies.mixup import mixup_markdown, mixup_table
 
     def value(row: dict) -> float:
         if PARAM not in row:

@@ -31,10 +31,10 @@ def main(
 ) -> None:
     import pandas as pd
 
-    from lmclab.analysis.findings import roles
-    from lmclab.analysis.sweep import sweep_markdown, sweep_points, sweep_table, trends
     from lmclab.core.atomic import atomic_path
     from lmclab.report.plots_sweep import plot_sweep
+    from lmclab.studies.findings import roles
+    from lmclab.studies.sweep import sweep_markdown, sweep_points, sweep_table, trends
 
     def value(row: dict) -> float:
         if param not in row:

@@ -11,7 +11,7 @@ stages the connect stage needs run (validate, download, train, the permute stage
 (θa, θb) pair, whose alignment connect reuses, and connect); a point whose models are the default's
 restores them from the run cache. ``collect`` reads every queued point's
 ``data/connect/*/*/edges.json`` from its experiment (by name, ``three-<point>``) and builds the table
-and figure of :mod:`lmclab.analysis.three_study`; a point with no experiment here (run on another
+and figure of :mod:`lmclab.studies.three_study`; a point with no experiment here (run on another
 machine) keeps its rows of the committed ``edges.parquet``, so one new point can be added alone.
 """
 
@@ -137,7 +137,7 @@ def _edges(experiment: str) -> list[dict]:
     whether a search behind it stalled and, for a–b and a–c, the ⟨θa, π(θ)⟩ its search returned."""
     import dvc.api
 
-    from lmclab.analysis.three_study import SEARCHED, edge_stalled, search_objective
+    from lmclab.studies.three_study import SEARCHED, edge_stalled, search_objective
 
     fs = dvc.api.DVCFileSystem(".", rev=experiment)
     rows = []
@@ -162,9 +162,9 @@ def collect(
     """Build the study's table, figure and Parquet tables from the finished experiments."""
     import pandas as pd
 
-    from lmclab.analysis.three_study import study_markdown, study_table
     from lmclab.core.atomic import atomic_path
     from lmclab.report.plots_three import plot_three_study
+    from lmclab.studies.three_study import study_markdown, study_table
 
     frames = []
     committed = pd.read_parquet(out / "edges.parquet") if (out / "edges.parquet").is_file() else None

@@ -8,7 +8,7 @@ inputs are two finished runs of the pipeline.
 ``collect`` reads each run's ``data/tables/pairs.parquet`` (written by its summarize stage), its
 permutations (``data/perms/<pair>/<method>/perm.pt``: the fraction of ``P_res`` left at the identity),
 its training histories and its params.yaml, and writes ``reports/transformers/``: ``table.parquet``
-(:func:`lmclab.analysis.transformer_study.study_table`), ``runs.json`` (each run's commit, model,
+(:func:`lmclab.studies.transformer_study.study_table`), ``runs.json`` (each run's commit, model,
 training and time per epoch) and ``transformers.md``.
 """
 
@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 import typer
 
-from lmclab.analysis.transformer_study import COLUMNS, identity_fraction, markdown_table, study_table
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
 from lmclab.report.plots import METHOD_LABELS
+from lmclab.studies.transformer_study import COLUMNS, identity_fraction, markdown_table, study_table
 
 ROOT = Path(__file__).resolve().parent.parent
 app = typer.Typer(add_completion=False)

@@ -26,9 +26,9 @@ def main(
     workspace: bool = typer.Option(False, help="also include the workspace's own run"),
     dpi: int = typer.Option(120),
 ) -> None:
-    from lmclab.analysis.width import alignment_markdown, width_tables
     from lmclab.core.atomic import atomic_path
     from lmclab.report.plots import plot_width
+    from lmclab.studies.width import alignment_markdown, width_tables
 
     def width(row: dict) -> float:
         arch = row["model.arch"]

@@ -1,7 +1,7 @@
 """N models merged by every n-model method, side by side (issue 30): what each method's universe frame
 gives and what it costs.
 
-Per method (:data:`lmclab.search.many.MANY_METHODS`): the shared objective
+Per method (:data:`lmclab.search.many_methods.MANY_METHODS`): the shared objective
 ``F = Σ_{i<j} ⟨π_i(θ_i), π_j(θ_j)⟩`` of its permutations and MergeMany's ``D = Σ_i ‖π_i(θ_i) − θ̄‖²``
 (:mod:`lmclab.search.universe`), the **cycle error** of its pairwise maps ``π_{ij} = π_j ∘ π_i⁻¹`` over
 every ordered triple (0 for a universe: measured, not assumed), the merged model's loss and accuracy
@@ -36,7 +36,7 @@ from lmclab.core.repair import repair_merged
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
 from lmclab.core.transform import TransformResult
 from lmclab.search.features import repair_transformed
-from lmclab.search.many import UNIVERSE, check_many, run_many
+from lmclab.search.many_methods import UNIVERSE, check_many, run_many
 from lmclab.search.universe import UniverseResult, aligned_models, cycle_error, mean_params, pairwise_maps
 from lmclab.search.weight_matching import weight_matching
 

@@ -12,7 +12,7 @@ from pydantic.fields import FieldInfo
 from lmclab.pipeline.block import Block
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params
 from lmclab.search import METHODS
-from lmclab.search.many import MANY_METHODS
+from lmclab.search.many_methods import MANY_METHODS
 
 
 def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:

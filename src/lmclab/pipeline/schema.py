@@ -23,7 +23,7 @@ from lmclab.core.options import Count, NonNegative, Positive, one_of
 from lmclab.pipeline.block import Block, Methods, Seed, Seeds, group, key
 from lmclab.pipeline.model_blocks import Model
 from lmclab.search import METHODS
-from lmclab.search.many import MANY_METHODS
+from lmclab.search.many_methods import MANY_METHODS
 from lmclab.train.augment import AUGMENTATIONS
 from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
 

@@ -23,7 +23,7 @@ from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
 from lmclab.pipeline.schema import Params
 from lmclab.pipeline.stage import model_key
-from lmclab.search.many import UNIVERSE
+from lmclab.search.many_methods import UNIVERSE
 from lmclab.search.midpoint import n_heldout
 
 

@@ -9,9 +9,8 @@ import pandas as pd
 
 from lmclab.core.atomic import atomic_path
 from lmclab.report.many_models import many_table
-from lmclab.report.paper import paper_row
-from lmclab.report.plots import label
-from lmclab.report.report_paper import (
+from lmclab.report.paper_numbers import paper_row
+from lmclab.report.paper_tables import (
     findings_section,
     marked,
     mean_pm,
@@ -20,6 +19,7 @@ from lmclab.report.report_paper import (
     table2,
     table3_paper_lines,
 )
+from lmclab.report.plots import label
 
 
 def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", t1: pd.DataFrame | None = None) -> str:
@@ -108,7 +108,7 @@ def endpoint_table(history: pd.DataFrame) -> str:
 def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
     a–b and a–c edges for comparison; test split, max over λ (and the b–c midpoint barrier, the
-    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.report.paper`) below."""
+    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.report.paper_numbers`) below."""
     r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
     r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
     lines = [
@@ -274,7 +274,7 @@ def write_report(
     findings: dict | None = None,
 ) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder. ``data`` and
-    ``arch`` select the paper's rows (:mod:`lmclab.report.paper`); ``findings`` is ``findings.json``."""
+    ``arch`` select the paper's rows (:mod:`lmclab.report.paper_numbers`); ``findings`` is ``findings.json``."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
     n_pairs, row = pairs["pair"].nunique(), paper_row(data, arch)

@@ -10,15 +10,15 @@ import pandas as pd
 def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> None:
     """Left: mean ± std over triples of the b–c test midpoint loss barrier per setting and method,
     with every triple as a dot, hatched where the searches failed (stalled or unconverged,
-    :func:`~lmclab.analysis.three_study.failed`); right: b–c R_0.3 against that barrier (one point per
+    :func:`~lmclab.studies.three_study.failed`); right: b–c R_0.3 against that barrier (one point per
     triple; those of a failed row hollow: the statistics leave them out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lmclab.analysis.three_study import failed
     from lmclab.core.atomic import atomic_path
+    from lmclab.studies.three_study import failed
 
     settings = list(dict.fromkeys(table["point"]))
     methods = list(dict.fromkeys(table["method"]))

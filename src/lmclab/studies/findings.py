@@ -227,7 +227,7 @@ STUDY_WORDS = {
 
 
 def study_note(study: dict) -> str:
-    """One paragraph from :func:`lmclab.analysis.three_study.study_summary`: the settings where the
+    """One paragraph from :func:`lmclab.studies.three_study.study_summary`: the settings where the
     paper's ordering holds, reverses or is mixed, each with both means, and R's relation to the barrier."""
     parts = []
     for word, phrase in STUDY_WORDS.items():
@@ -282,7 +282,7 @@ def paper_findings(
     study: dict | None = None,
 ) -> list[Finding]:
     """Every finding of the paper in its order; untestable ones with ``holds = None``. ``study``
-    (:func:`lmclab.analysis.three_study.study_summary`) adds the three-model study's note."""
+    (:func:`lmclab.studies.three_study.study_summary`) adds the three-model study's note."""
     r, r3 = roles(methods), roles(three_methods)
     pair_checks: list[tuple[tuple[str, ...], Callable[[], Finding], tuple[str, str]]] = [
         (("WM", "naive"), lambda: wm_small_l2(pairs, r, level), ("wm_small_l2", "WM reduces L2 by only ~6–20 %")),

@@ -1,6 +1,6 @@
 """The report's comparison with the paper: Tables 1–3 in its layout with the paper's rows marked and
-its numbers beside this run's (:mod:`lmclab.report.paper`), and the findings section
-(:mod:`lmclab.analysis.findings`, read from the saved ``findings.json``)."""
+its numbers beside this run's (:mod:`lmclab.report.paper_numbers`), and the findings section
+(:mod:`lmclab.studies.findings`, read from the saved ``findings.json``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from lmclab.report.paper import PAPER_METHOD, TABLE1, TABLE2, TABLE3, caveat, paper_row
+from lmclab.report.paper_numbers import PAPER_METHOD, TABLE1, TABLE2, TABLE3, caveat, paper_row
 from lmclab.report.plots import label
 
 MARK = {"wm_sinkhorn": " **← the paper's WM**", "ste_sinkhorn": " **← the paper's STE**"}
