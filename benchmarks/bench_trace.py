@@ -1,7 +1,7 @@
 """Which torchvision classification models ``lmclab.trace.trace_spec`` supports, and how fast.
 
 For each model (``num_classes=10``, float64, eval mode, the random weights and BatchNorm statistics of
-``tests/test_trace.py``): the time to trace it (symbolic
+``tests/trace/test_trace.py``): the time to trace it (symbolic
 trace + one ShapeProp forward on ``--size`` pixels; median of ``--repeats``), and either the number
 of groups and the largest relative change of the logits under a random permutation of the traced
 spec, or the one-line refusal.

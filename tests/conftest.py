@@ -18,7 +18,7 @@ from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.train.training import train
 
-# small configurations for the float32 invariance tests (every arch: tests/test_conv_archs.py)
+# small configurations for the float32 invariance tests (every arch: tests/archs/test_every_arch.py)
 SMALL_CONFIGS: dict[str, dict] = {
     "mlp": {"hidden": 3, "width": 12},
 }

@@ -5,7 +5,7 @@ stage (~2 s).
     python tools/params_table.py             # rewrite the table in docs/parameters.md
     python tools/params_table.py --check     # exit 1 if docs/parameters.md's table differs from the schema
 
-tests/test_validate.py checks the same, so the table and the schema cannot drift apart.
+tests/pipeline/test_validate.py checks the same, so the table and the schema cannot drift apart.
 """
 
 from __future__ import annotations

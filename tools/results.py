@@ -7,7 +7,7 @@ results page), from the files `dvc repro` commits — never typed by hand.
 Sources: ``reports/detail/summary.json`` (mean ± std over the pairs), ``metrics/headline.json``,
 ``metrics/findings.json``, ``reports/detail/environment.json`` (the machine), ``params.yaml`` (the
 settings that produced them) and, when committed, ``benchmarks/results/default_run.json`` (wall time).
-tests/test_results_pages.py runs ``--check``, so a number in either place that disagrees with the
+tests/meta/test_results_pages.py runs ``--check``, so a number in either place that disagrees with the
 committed metrics fails the suite.
 """
 

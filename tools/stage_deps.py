@@ -1,4 +1,4 @@
-"""Keep the code dependencies of dvc.yaml in the form tests/test_stage_deps.py checks:
+"""Keep the code dependencies of dvc.yaml in the form tests/pipeline/test_stage_deps.py checks:
 
     python tools/stage_deps.py            # print what each stage's code file covers and what is out of place
     python tools/stage_deps.py --write    # rewrite the code stage and every stage's code dep in dvc.yaml

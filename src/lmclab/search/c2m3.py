@@ -23,7 +23,7 @@ Model 0 stays at the identity: F is invariant to one permutation of the universe
 model, so model 0 may fix its order (every permutation solution keeps its value). Left free, all N
 models move at once from the identity towards each other's old positions and Frank–Wolfe zig-zags: on
 four permuted copies of one MLP it had not reached the planted optimum after 100 iterations, and
-reaches it in 5 with model 0 fixed (``tests/test_many_models.py``).
+reaches it in 5 with model 0 fixed (``tests/search/test_many_models.py``).
 
 At the end each ``P_i^g`` is rounded to the permutation maximising ``⟨P, ·⟩``. Initialisation:
 ``identity``, ``sinkhorn_barycenter`` (the default; every model but 0 at the barycentre ``J/n`` of

@@ -1,6 +1,6 @@
 """Stages read params.yaml as DVC does (YAML 1.2) and only through the keys their ``params:`` in
 dvc.yaml declare, so a key a stage reads but does not declare fails the stage instead of letting
-DVC serve a stale result when it changes (every stage runs this reader in tests/test_pipeline.py)."""
+DVC serve a stale result when it changes (every stage runs this reader in tests/pipeline/test_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_every_declared_key_exists_in_params_yaml(stage: str) -> None:
 @pytest.mark.slow
 def test_the_stages_reading_permute_seed_run_on_their_declarations(prepared, tmp_path) -> None:
     """permute, connect and merge_many on three random MLPs, in-process, reading the tiny params
-    through their own declarations (tests/test_pipeline.py runs every stage through dvc repro)."""
+    through their own declarations (tests/pipeline/test_pipeline.py runs every stage through dvc repro)."""
     import connect
     import merge_many
     import permute

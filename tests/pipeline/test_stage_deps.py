@@ -2,7 +2,7 @@
 reruns what depends on it: the import closure of each stage script (static analysis, imports inside
 functions included), through the stage's code file (``data/code/<stage>.txt``, written by the code
 stage), and every path on its command line. The edit-and-rerun checks through real ``dvc repro`` /
-``dvc status`` are in tests/test_pipeline.py."""
+``dvc status`` are in tests/pipeline/test_pipeline.py."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def test_bad_input_is_one_line_and_exit_1(work: Path, args: list[str], message: 
 
 
 def test_validate_reads_a_params_file(work: Path) -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert "valid" in lmclab(work, "validate", str(root / "params.yaml")).stdout
     (work / "bad.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1))
     assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False).stderr

@@ -33,7 +33,7 @@ from lmclab.core.metrics import lambda_grid
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.train.training import Step
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # max |Δθ| after 2 epochs of Adam on 800 digits: measured 3.0e-8 (float32 summation in another order);
 # Adam's normalisation lets such differences grow (default MLP, 5 epochs on 4,000 digits: 1.3e-5,
 # benchmarks/bench_ddp.py), so the bound is loose but far below any training effect (~1e-2)

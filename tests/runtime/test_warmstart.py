@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import os, sys, time
 from lmclab.runtime.warmstart import WORKER_ENV, run_script

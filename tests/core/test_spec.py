@@ -29,7 +29,7 @@ def _setup(arch: str):
     return config, get_arch(arch).permutation_spec(config), random_params(arch, config, seed=0), shape
 
 
-@pytest.mark.parametrize("arch", sorted(SMALL_CONFIGS))  # float32 at 1e-5; all archs: test_conv_archs
+@pytest.mark.parametrize("arch", sorted(SMALL_CONFIGS))  # float32 at 1e-5; all archs: test_every_arch
 def test_spec_keys_equal_state_dict_keys(arch: str) -> None:
     config, spec, params, _ = _setup(arch)
     assert set(spec.axes) == set(params)
@@ -38,7 +38,7 @@ def test_spec_keys_equal_state_dict_keys(arch: str) -> None:
         assert len(axes) == params[name].dim(), name
 
 
-@pytest.mark.parametrize("arch", sorted(SMALL_CONFIGS))  # float32 at 1e-5; all archs: test_conv_archs
+@pytest.mark.parametrize("arch", sorted(SMALL_CONFIGS))  # float32 at 1e-5; all archs: test_every_arch
 def test_random_permutation_leaves_logits_unchanged(arch: str) -> None:
     config, spec, params, shape = _setup(arch)
     model = build_model(arch, config).eval()
@@ -53,7 +53,7 @@ def test_random_permutation_leaves_logits_unchanged(arch: str) -> None:
     assert any(not torch.equal(permuted[k], params[k]) for k in params)
 
 
-@pytest.mark.parametrize("arch", sorted(SMALL_CONFIGS))  # float32 at 1e-5; all archs: test_conv_archs
+@pytest.mark.parametrize("arch", sorted(SMALL_CONFIGS))  # float32 at 1e-5; all archs: test_every_arch
 def test_permutation_then_inverse_is_identity(arch: str) -> None:
     _, spec, params, _ = _setup(arch)
     perm = random_permutation(spec.group_sizes(params), torch.Generator().manual_seed(3))

@@ -2,7 +2,7 @@
 as a leaf) is invariant in float64 under random headed permutations of its traced spec and not under
 permutations that cross heads or untie them; what it cannot prove about heads is refused in one line.
 (The project's own ViT, written with separate q/k/v Linears, is compared to its hand-written spec in
-tests/test_trace.py.)"""
+tests/trace/test_trace.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The offline template of `dvc plots show` (tools/offline_plots.py): the vl-convert-python bundle inlined
 in one script element, nothing fetched, DVC's placeholders kept. That it draws the plots is
-tests/test_dvc_interface.py::test_the_plots_page_renders_offline_in_headless_chromium."""
+tests/pipeline/test_dvc_interface.py::test_the_plots_page_renders_offline_in_headless_chromium."""
 
 from __future__ import annotations
 

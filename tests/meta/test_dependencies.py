@@ -1,7 +1,7 @@
 """The dependency split of pyproject.toml (docs/install.md): the library imports only its own
 dependencies (the ``pipeline`` and ``runtime`` packages may also import the ``[pipeline]`` extra's),
 the public API runs without the pipeline's packages, and requirements.lock pins every declared
-dependency for each platform it was resolved for. Static over the AST, like tests/test_layers.py."""
+dependency for each platform it was resolved for. Static over the AST, like tests/meta/test_layers.py."""
 
 from __future__ import annotations
 
