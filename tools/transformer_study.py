@@ -23,7 +23,7 @@ import torch
 import typer
 
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
-from lmclab.report.plots import METHOD_LABELS
+from lmclab.report.plots import label
 from lmclab.studies.transformer_study import COLUMNS, identity_fraction, markdown_table, study_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
         "",
         "Mean ± std over pairs (θ(λ) = λ·θa + (1−λ)·π(θb); test split):",
         "",
-        markdown_table(table, METHOD_LABELS),
+        markdown_table(table, label),
         "",
     ]
     lines += [f"- **{k}**: {meaning}" for k, (_, meaning) in COLUMNS.items()]

@@ -27,7 +27,8 @@ from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at
 from lmclab.search.universe import pairwise_maps
 from lmclab.search.weight_matching import matching_objective, weight_matching
 
-PAIR_METHODS = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")  # every pair method that solves assignments
+# every pair method that solves assignments: those whose options choose the solver
+PAIR_METHODS = tuple(m for m in METHODS if "lap_backend" in METHODS[m].options.model_fields)
 MANY = ("merge_many", "c2m3", "sync", "star")  # every n-model method that does
 QUICK = {  # enough for a planted MLP, in a fraction of a second
     "ste": {"epochs": 1, "batch_size": 100},

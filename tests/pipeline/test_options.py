@@ -16,10 +16,12 @@ import torch
 import yaml
 from dvc_repo import ROOT, TINY
 
+from lmclab.archs import ARCHS
+from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.keys import key_rows
-from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params
+from lmclab.pipeline.schema import PIPELINE_DEFAULTS, params_model
 from lmclab.pipeline.stage import search_errors
 from lmclab.search import METHODS, check_method
 from lmclab.search.many_methods import MANY_METHODS
@@ -27,12 +29,16 @@ from lmclab.search.midpoint import check_batch
 from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
 
-PERMUTE = Params.model_fields["permute"].annotation
+PERMUTE = params_model().model_fields["permute"].annotation
+MODEL_ARCHS = [a for a, m in ARCHS.items() if not hasattr(m, "OBJECTIVE")]
 OPTIONS = [(method, name) for method in METHODS for name in METHODS[method].options.model_fields]
 
 
 def _own(method: str, name: str, block: str = "permute"):
-    """The field of option ``name`` of ``method``: a pair method's (``permute``) or an n-model one's."""
+    """The field of option ``name`` of ``method``: a pair method's (``permute``), an n-model one's
+    (``merge_many``) or an architecture's (``model``)."""
+    if block == "model":
+        return ARCHS[method].Config.model_fields[name]
     return (METHODS if block == "permute" else MANY_METHODS)[method].options.model_fields[name]
 
 
@@ -91,11 +97,18 @@ def test_every_pipeline_default_that_differs_says_why_in_the_parameter_table() -
         default, meaning = rows[key]
         assert default == override.default
         assert meaning.endswith(f" — differs from the library default ({library}): {override.reason}")
-    every = [("permute", m, n) for m, n in OPTIONS] + [
-        ("merge_many", m, n) for m in MANY_METHODS for n in MANY_METHODS[m].options.model_fields
-    ]
-    differing = {f"{b}.{m}.{n}" for b, m, n in every if rows[f"{b}.{m}.{n}"][0] != _own(m, n, b).default}
+    every = (
+        [("permute", m, n) for m, n in OPTIONS]
+        + [("merge_many", m, n) for m in MANY_METHODS for n in MANY_METHODS[m].options.model_fields]
+        + [("model", a, n) for a in MODEL_ARCHS for n in ARCHS[a].Config.model_fields if n not in DATA_FIELDS]
+    )
+    differing = {f"{b}.{m}.{n}" for b, m, n in every if not _same(rows[f"{b}.{m}.{n}"][0], _own(m, n, b).default)}
     assert differing == set(PIPELINE_DEFAULTS)
+
+
+def _same(pipeline: object, library: object) -> bool:
+    """params.yaml writes a sequence as a list, the library's frozen configs hold a tuple."""
+    return pipeline == (list(library) if isinstance(library, tuple) else library)
 
 
 def test_the_library_defaults_of_sinkhorn_wm_are_the_papers() -> None:

@@ -95,9 +95,9 @@ def test_bad_training_options(splits) -> None:
     ):
         with pytest.raises(ValueError, match=pattern):
             train("mlp", config, 0, splits["train"], splits["test"], progress=False, **opts)
-    with pytest.raises(ValueError, match="model.mlp.width must be a positive"):
+    with pytest.raises(ValueError, match="^width must be a positive integer, got 0"):
         make_config("mlp", input_shape=(1, 28, 28), num_classes=10, width=0)
     with pytest.raises(ValueError, match="^arch: unknown architecture 'transformer'"):
         make_config("transformer", input_shape=(1, 28, 28), num_classes=10)
-    with pytest.raises(ValueError, match=r"model: mlp takes no option\(s\) \['depth'\]"):
+    with pytest.raises(ValueError, match=r"^config: mlp takes no option\(s\) \['depth'\]"):
         make_config("mlp", input_shape=(1, 28, 28), num_classes=10, depth=3)

@@ -1,11 +1,12 @@
-"""Registry of architectures. Each module declares ``Config``, ``Model``, ``permutation_spec``
-and ``activation_points``; adding an architecture is one file and one line here.
+"""Registry of architectures. Each module declares ``Config`` (an options model, :mod:`lmclab.archs.base`:
+each option's type, range, default and meaning), ``Model``, ``permutation_spec`` and ``activation_points``;
+adding an architecture is one file and one line here (and its block ``model.<name>`` in params.yaml). A
+module that sets ``OBJECTIVE`` is reached by ``train.objective`` of that name instead of ``model.arch``.
 The searches never see the registry: :func:`lmclab.search.registered.search_problem` hands them
 what they need of one."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from lmclab.archs import mae, mixer, mlp, resnet20, resnet50, traced, vgg, vit
+from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.options import OptionError, got
 
 ARCHS: dict[str, ModuleType] = {
@@ -36,13 +38,20 @@ def get_arch(arch: str) -> ModuleType:
 
 
 def make_config(arch: str, **fields: Any) -> Any:
-    """The frozen config of ``arch`` from plain values (lists become tuples)."""
+    """The frozen config of ``arch`` from plain values (lists become tuples); a one-line
+    :class:`OptionError` naming the field otherwise."""
     cls = get_arch(arch).Config
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - known)
+    unknown = sorted(set(fields) - set(cls.model_fields))
     if unknown:
-        raise ValueError(f"model: {arch} takes no option(s) {unknown}; expected some of {sorted(known)}")
+        raise OptionError(
+            f"{{config}}: {arch} takes no option(s) {got(unknown)}; expected some of {got(sorted(cls.model_fields))}"
+        )
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def arch_options(arch: str) -> dict[str, Any]:
+    """The fields of ``arch``'s config that are its own options (not the data's)."""
+    return {k: f for k, f in get_arch(arch).Config.model_fields.items() if k not in DATA_FIELDS}
 
 
 def build_model(arch: str, config: Any, seed: int | None = None) -> nn.Module:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,7 +16,7 @@ FORMAT = "lmclab-checkpoint-1"
 
 class Checkpoint(NamedTuple):
     arch: str
-    config: Any  # the architecture's frozen Config
+    config: Any  # the architecture's Config (lmclab.archs.base.ArchConfig)
     seed: int | None
     state_dict: dict[str, Tensor]
 
@@ -37,7 +36,7 @@ def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
         {
             "format": FORMAT,
             "arch": ckpt.arch,
-            "config": dataclasses.asdict(ckpt.config),
+            "config": ckpt.config.model_dump(),
             "seed": ckpt.seed,
             "state_dict": {k: v.detach().cpu() for k, v in ckpt.state_dict.items()},
         },
@@ -75,6 +74,6 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint, path_a: Path, path_b: 
     """Two endpoints can only be matched and interpolated if their architectures agree."""
     if a.arch != b.arch or a.config != b.config:
         raise CheckpointError(
-            f"{path_b}: architecture {b.arch} {dataclasses.asdict(b.config)} "
-            f"differs from {path_a}: {a.arch} {dataclasses.asdict(a.config)}"
+            f"{path_b}: architecture {b.arch} {b.config.model_dump()} "
+            f"differs from {path_a}: {a.arch} {a.config.model_dump()}"
         )

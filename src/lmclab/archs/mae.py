@@ -26,48 +26,44 @@ Without a mask (``model(x)``, as activation matching calls it) the masks are dra
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from lmclab.archs import vit
+from lmclab.archs.base import DATA_FIELDS
 from lmclab.archs.masking import masked_mse, pixel_targets, random_masks, visible_indices
 from lmclab.core.objective import RECONSTRUCTION
-from lmclab.core.options import OptionError, got
+from lmclab.core.options import Count, OptionError, got, one_of, option
 from lmclab.core.spec import Params, PermutationSpec, build_spec, dense, norm
 
 STREAM = vit.STREAM
 DECODER = "P_dec"
+OBJECTIVE = "mae"  # reached by train.objective: mae (its forward returns the loss), not by model.arch
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(vit.Config):
     """The ViT encoder's options (always a class token), the decoder's and the masking's."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int = 0  # not used in pretraining: the classes of the probe's ViT
-    patch_size: int = 4
-    width: int = 64
-    depth: int = 4
-    heads: int = 4
-    mlp_ratio: int = 2  # encoder and decoder
-    position: str = "sincos"  # MAE's fixed sin-cos tables (encoder and decoder), or "learned"
-    decoder_width: int = 32
-    decoder_depth: int = 2
-    decoder_heads: int = 4
-    mask_ratio: float = 0.75  # fraction of patches masked
-    norm_pix: bool = False  # targets normalised per patch
-    mask_seed: int = 0  # the masks of model(x) without a mask
+    num_classes: Annotated[int, Field(ge=0)] = option(0, "not used in pretraining: the classes of the probe's ViT")
+    pool: Literal["cls"] = option("cls", "an MAE encoder has a class token")
+    position: one_of(vit.POSITIONS) = option("sincos", "MAE's fixed sin-cos tables (encoder and decoder), or learned")
+    decoder_width: Count = option(32, "channels of the decoder's residual stream (a multiple of its heads; of 4)")
+    decoder_depth: Count = option(2, "decoder blocks")
+    decoder_heads: Count = option(4, "attention heads per decoder block")
+    mask_ratio: Annotated[float, Field(gt=0, lt=1)] = option(0.75, "fraction of each image's patches masked")
+    norm_pix: bool = option(False, "targets are each patch's pixels normalised to mean 0, variance 1")
+    mask_seed: Annotated[int, Field(ge=0)] = option(
+        0, "seeds the fixed masks of every evaluation (the same at every λ; model(x) without a mask)"
+    )
 
-    def __post_init__(self) -> None:
-        """One-line :class:`OptionError` s naming the decoder's and the masking's fields; the encoder's are
-        the ViT's own checks (:class:`lmclab.archs.vit.Config`)."""
-        for key in ("decoder_width", "decoder_depth", "decoder_heads"):
-            if getattr(self, key) < 1:
-                raise OptionError(f"{{{key}}} must be a positive integer, got {got(getattr(self, key))}")
+    @model_validator(mode="after")
+    def _decoder_fits(self) -> Config:
+        """One-line :class:`OptionError` s naming the decoder's and the masking's fields (the encoder's are
+        the ViT's own checks)."""
         if self.decoder_width % self.decoder_heads:
             raise OptionError(
                 f"{{decoder_heads}}: {self.decoder_heads} heads do not divide {{decoder_width}} {self.decoder_width}"
@@ -76,15 +72,13 @@ class Config:
             raise OptionError(
                 f"{{decoder_width}}: a sin-cos position table needs a multiple of 4, got {self.decoder_width}"
             )
-        if not 0 < self.mask_ratio < 1:
-            raise OptionError(f"{{mask_ratio}} must be in (0, 1), got {got(self.mask_ratio)}")
-        self.encoder  # noqa: B018 (the ViT's own checks of the encoder options)
         count = round(self.mask_ratio * self.patches)  # masking.masked_count's rule
         if not 0 < count < self.patches:
             raise OptionError(
                 f"{{mask_ratio}}: {self.mask_ratio} masks {count} of {self.patches} patches; "
                 "at least one must be masked and one visible"
             )
+        return self
 
     @property
     def encoder(self) -> vit.Config:
@@ -95,9 +89,8 @@ class Config:
     @property
     def decoder(self) -> vit.Config:
         """The decoder's blocks as a ViT's config of the decoder width, depth and heads."""
-        return dataclasses.replace(
-            self.encoder, width=self.decoder_width, depth=self.decoder_depth, heads=self.decoder_heads
-        )
+        update = {"width": self.decoder_width, "depth": self.decoder_depth, "heads": self.decoder_heads}
+        return vit.Config(**{**self.encoder.model_dump(), **update})
 
     @property
     def patches(self) -> int:
@@ -106,6 +99,7 @@ class Config:
 
 
 ENCODER_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio", "position")  # the ViT's options it takes
+PRETRAINING_KEYS = tuple(k for k in Config.model_fields if k not in (*DATA_FIELDS, *ENCODER_KEYS, "pool"))
 
 
 def from_vit(encoder: vit.Config, **pretraining: object) -> Config:
@@ -114,9 +108,10 @@ def from_vit(encoder: vit.Config, **pretraining: object) -> Config:
     by its class token; an unknown option or a bad value is a one-line :class:`OptionError` naming it."""
     if encoder.pool != "cls":
         raise OptionError(f"{{pool}}: an MAE encoder has a class token: expected 'cls', got {got(encoder.pool)}")
-    known = {f.name for f in dataclasses.fields(Config)} - {"input_shape", "num_classes", *ENCODER_KEYS}
-    for name in sorted(set(pretraining) - known):
-        raise OptionError(f"{{pretraining}}: unknown option {got(name)}; expected some of {got(sorted(known))}")
+    for name in sorted(set(pretraining) - set(PRETRAINING_KEYS)):
+        raise OptionError(
+            f"{{pretraining}}: unknown option {got(name)}; expected some of {got(sorted(PRETRAINING_KEYS))}"
+        )
     shared = {k: getattr(encoder, k) for k in ("input_shape", "num_classes", *ENCODER_KEYS)}
     return Config(**shared, **pretraining)
 
@@ -227,4 +222,4 @@ def encoder_params(params: Mapping[str, Tensor]) -> Params:
 
 def probe_config(config: Config, num_classes: int) -> vit.Config:
     """The supervised ViT whose ``state_dict`` is :func:`encoder_params` plus a ``head`` of ``num_classes``."""
-    return dataclasses.replace(config.encoder, num_classes=num_classes)
+    return vit.Config(**{**config.encoder.model_dump(), "num_classes": num_classes})

@@ -16,36 +16,35 @@ tests check it equal to :func:`permutation_spec`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from pydantic import model_validator
 from torch import Tensor, nn
 
+from lmclab.archs.base import ArchConfig
+from lmclab.core.options import Count, OptionError, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
 
 STREAM = "P_stream"
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(ArchConfig):
     """``input_shape`` (C, H, W) with H and W multiples of ``patch_size``."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    patch_size: int = 7
-    hidden: int = 64
-    token_mlp: int = 32
-    channel_mlp: int = 128
-    depth: int = 2
+    patch_size: Count = option(
+        7, "side of the square patches (must divide the image: 7 → 16 tokens of a 28-pixel digit)"
+    )
+    hidden: Count = option(64, "channels of the residual stream")
+    token_mlp: Count = option(32, "hidden units of each token-mixing MLP")
+    channel_mlp: Count = option(128, "hidden units of each channel-mixing MLP")
+    depth: Count = option(2, "blocks")
 
-    def __post_init__(self) -> None:
-        for key in ("patch_size", "hidden", "token_mlp", "channel_mlp", "depth"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.mixer.{key} must be a positive integer, got {getattr(self, key)}")
+    @model_validator(mode="after")
+    def _patches_tile(self) -> Config:
         if any(side % self.patch_size for side in self.input_shape[1:]):
-            raise ValueError(
-                f"model.mixer.patch_size: {self.patch_size} does not divide the image "
+            raise OptionError(
+                f"{{patch_size}}: {self.patch_size} does not divide the image "
                 f"{self.input_shape[1]} × {self.input_shape[2]}"
             )
+        return self
 
     @property
     def tokens(self) -> int:

@@ -7,27 +7,19 @@ read-out. Hidden layer ℓ carries permutation group ``P_ℓ``; inputs and logit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from lmclab.archs.base import ArchConfig
+from lmclab.core.options import Count, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(ArchConfig):
     """``input_shape`` is (channels, height, width) of one image; paper: 3 hidden × 512."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    hidden: int = 3
-    width: int = 512
-
-    def __post_init__(self) -> None:
-        if self.hidden < 1:
-            raise ValueError(f"model.mlp.hidden must be a positive number of layers, got {self.hidden}")
-        if self.width < 1:
-            raise ValueError(f"model.mlp.width must be a positive number of units, got {self.width}")
+    hidden: Count = option(3, "hidden layers (paper: 3)")
+    width: Count = option(512, "units per hidden layer (paper: 512)")
 
 
 class Model(nn.Module):

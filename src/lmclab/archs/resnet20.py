@@ -12,29 +12,20 @@ Any input size works (convolutions + global pooling): 1 or 3 channels, 28 or 32 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor, nn
 
+from lmclab.archs.base import ArchConfig
+from lmclab.core.options import Count, Positive, option
 from lmclab.core.spec import PermutationSpec, basic_block, build_spec, conv_bn, dense
 
 STAGE_WIDTHS = (16, 32, 64)
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(ArchConfig):
     """``input_shape`` (C, H, W); ``blocks`` per stage (3 = ResNet20); paper ``width_multiplier`` 16."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    width_multiplier: float = 1.0
-    blocks: int = 3
-
-    def __post_init__(self) -> None:
-        if not self.width_multiplier > 0:
-            raise ValueError(f"model.resnet20.width_multiplier must be positive, got {self.width_multiplier}")
-        if self.blocks < 1:
-            raise ValueError(f"model.resnet20.blocks must be a positive number of blocks, got {self.blocks}")
+    width_multiplier: Positive = option(1.0, "multiplies the 16/32/64 channels of the three stages (paper: 16)")
+    blocks: Count = option(3, "basic blocks per stage (3 = ResNet20)")
 
     def widths(self) -> list[int]:
         return [max(1, round(w * self.width_multiplier)) for w in STAGE_WIDTHS]

@@ -8,27 +8,20 @@ two inner groups per bottleneck block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor, nn
 
+from lmclab.archs.base import ArchConfig
+from lmclab.core.options import Positive, option
 from lmclab.core.spec import PermutationSpec, bottleneck, build_spec, conv_bn, dense
 
 BLOCKS = (3, 4, 6, 3)
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(ArchConfig):
     """``input_shape`` (C, H, W); ``width_multiplier`` scales torchvision's ``width_per_group``
     (64) of the inner layers, 1 = the standard ResNet50."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    width_multiplier: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.width_multiplier > 0:
-            raise ValueError(f"model.resnet50.width_multiplier must be positive, got {self.width_multiplier}")
+    width_multiplier: Positive = option(1.0, "multiplies the inner width of every bottleneck (1 = standard)")
 
 
 class Model(nn.Module):

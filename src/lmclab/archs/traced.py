@@ -18,38 +18,59 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BeforeValidator, model_validator
 from torch import Tensor, nn
 
-from lmclab.core.options import OptionError, escaped, got
+from lmclab.archs.base import ArchConfig
+from lmclab.core.options import Count, OptionError, escaped, got, option
 from lmclab.core.spec import PermutationSpec
 
+Scalar = int | float | str | bool | None
 
-@dataclass(frozen=True)
-class Config:
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    factory: str = "torchvision.models:resnet18"
-    kwargs: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs: hashable, so specs are cached
-    in_channels: int | None = None
-    partial: bool = False
 
-    def __post_init__(self) -> None:
-        items = self.kwargs.items() if isinstance(self.kwargs, dict) else self.kwargs
-        object.__setattr__(
-            self, "kwargs", tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in items))
-        )
+def _sorted_pairs(kwargs: Any) -> Any:
+    """A mapping of keyword arguments as sorted ``(name, value)`` pairs (lists as tuples): hashable, so the
+    traced spec is cached per config."""
+    items = kwargs.items() if isinstance(kwargs, dict) else kwargs
+    if not isinstance(items, tuple | list | type({}.items())) or not all(
+        isinstance(i, tuple | list) and len(i) == 2 for i in items
+    ):
+        raise ValueError(f"expected a mapping of names to numbers, strings, booleans or null, got {kwargs!r}")
+    return tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in items))
+
+
+class Config(ArchConfig):
+    """The factory, its keyword arguments and the channels it expects."""
+
+    factory: str = option(
+        "torchvision.models:resnet18",
+        "module:callable building the nn.Module (spec derived by torch.fx tracing, src/lmclab/trace/)",
+    )
+    kwargs: Annotated[tuple[tuple[str, Scalar | tuple[Scalar, ...]], ...], BeforeValidator(_sorted_pairs)] = option(
+        {},
+        "keyword arguments of the factory (num_classes is added when it takes it)",
+        expected="a mapping of names to numbers, strings, booleans or null",
+        validate_default=True,
+    )
+    in_channels: Count | None = option(
+        None, "input channels the network expects; the data's are repeated (null: the data's own)"
+    )
+    partial: bool = option(False, "leave what tracing cannot prove unpermuted instead of refusing")
+
+    @model_validator(mode="after")
+    def _factory_imports(self) -> Config:
         load_factory(self.factory)
         if self.in_channels is not None and self.in_channels % self.input_shape[0]:
             raise OptionError(
                 f"{{in_channels}}: {self.in_channels} is not a multiple of the data's {self.input_shape[0]} channel(s)"
             )
+        return self
 
 
 def load_factory(factory: str) -> Callable[..., nn.Module]:

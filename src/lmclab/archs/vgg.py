@@ -9,11 +9,14 @@ the five pools of VGG11 fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Literal
 
 import torch.nn.functional as F
+from pydantic import model_validator
 from torch import Tensor, nn
 
+from lmclab.archs.base import ArchConfig, tuple_of
+from lmclab.core.options import Count, OptionError, Positive, got, option
 from lmclab.core.spec import PermutationSpec, build_spec, conv_bn, dense
 
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -21,29 +24,23 @@ VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"
 VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(ArchConfig):
     """``input_shape`` (C, H, W) with H = W ∈ {28, 32}; paper: VGG11, ``width_multiplier`` 4."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    layers: tuple[int | str, ...] = VGG11
-    width_multiplier: float = 1.0
+    layers: tuple_of(Count | Literal["M"]) = option(
+        VGG11, "conv 3×3 + BatchNorm + ReLU per channel count, M = 2×2 max-pool (VGG11)"
+    )
+    width_multiplier: Positive = option(1.0, "multiplies every channel count (paper: 4)")
 
-    def __post_init__(self) -> None:
-        if not self.width_multiplier > 0:
-            raise ValueError(f"model.vgg.width_multiplier must be positive, got {self.width_multiplier}")
-        if not any(isinstance(c, int) for c in self.layers) or any(
-            not (c == "M" or (isinstance(c, int) and c > 0)) for c in self.layers
-        ):
-            raise ValueError(
-                f"model.vgg.layers must list positive channel counts and 'M' (max-pool), got {list(self.layers)}"
-            )
-        side = max(self.input_shape[1:])
-        if side > 32 or min(self.input_shape[1:]) < 28:
-            raise ValueError(f"model: vgg takes 28- or 32-pixel images, got {self.input_shape}")
+    @model_validator(mode="after")
+    def _fits(self) -> Config:
+        if not any(isinstance(c, int) for c in self.layers):
+            raise OptionError(f"{{layers}}: expected at least one channel count, got {got(list(self.layers))}")
+        if max(self.input_shape[1:]) > 32 or min(self.input_shape[1:]) < 28:
+            raise OptionError(f"{{input_shape}}: vgg takes 28- or 32-pixel images, got {got(self.input_shape)}")
         if 32 >> self.layers.count("M") < 1:
-            raise ValueError(f"model.vgg.layers: {self.layers.count('M')} max-pools do not fit 32 pixels")
+            raise OptionError(f"{{layers}}: {self.layers.count('M')} max-pools do not fit 32 pixels")
+        return self
 
     def channels(self) -> list[int]:
         """Output channels of each conv layer at this width."""

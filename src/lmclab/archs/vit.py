@@ -19,12 +19,14 @@ fc1, the outputs of the attention's ``out`` and of fc2, the head's input); per b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
+from pydantic import model_validator
 from torch import Tensor, nn
 
+from lmclab.archs.base import ArchConfig
 from lmclab.core.heads import Heads
+from lmclab.core.options import Count, OptionError, one_of, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
 
 STREAM = "P_res"
@@ -32,34 +34,33 @@ POOLS = ("cls", "mean")
 POSITIONS = ("learned", "sincos")
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(ArchConfig):
     """``input_shape`` (C, H, W) with H and W multiples of ``patch_size``; ``width`` a multiple of ``heads``."""
 
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    patch_size: int = 4
-    width: int = 64
-    depth: int = 4
-    heads: int = 4
-    mlp_ratio: int = 2
-    pool: str = "cls"
-    position: str = "learned"
+    patch_size: Count = option(
+        4, "side of the square patches (must divide the image: 4 → 49 tokens of a 28-pixel digit)"
+    )
+    width: Count = option(64, "channels of the residual stream (a multiple of heads; of 4 with sincos)")
+    depth: Count = option(4, "transformer blocks")
+    heads: Count = option(4, "attention heads per block")
+    mlp_ratio: Count = option(2, "hidden units of each MLP per channel of the stream")
+    pool: one_of(POOLS) = option("cls", "cls (a learned class token) or mean (the mean over tokens)")
+    position: one_of(POSITIONS) = option(
+        "learned", "position embedding, learned or sincos (MAE's fixed 2-D sine-cosine table)"
+    )
 
-    def __post_init__(self) -> None:
-        for key in ("patch_size", "width", "depth", "heads", "mlp_ratio"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model.vit.{key} must be a positive integer, got {getattr(self, key)}")
+    @model_validator(mode="after")
+    def _shapes_fit(self) -> Config:
         if self.width % self.heads:
-            raise ValueError(f"model.vit.heads: {self.heads} heads do not divide the width {self.width}")
+            raise OptionError(f"{{heads}}: {self.heads} heads do not divide the width {self.width}")
+        if self.position == "sincos" and self.width % 4:
+            raise OptionError(f"{{width}}: a sin-cos position embedding needs a multiple of 4, got {self.width}")
         if any(side % self.patch_size for side in self.input_shape[1:]):
-            raise ValueError(
-                f"model.vit.patch_size: {self.patch_size} does not divide the image "
+            raise OptionError(
+                f"{{patch_size}}: {self.patch_size} does not divide the image "
                 f"{self.input_shape[1]} × {self.input_shape[2]}"
             )
-        for key, allowed in (("pool", POOLS), ("position", POSITIONS)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"model.vit.{key} must be one of {list(allowed)}, got {getattr(self, key)!r}")
+        return self
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -75,7 +76,7 @@ def sincos_table(width: int, grid: tuple[int, int], cls: bool) -> Tensor:
     """The fixed 2-D sine-cosine position embedding (MAE): half the channels encode the row, half the
     column, each as sin/cos at ``width/4`` frequencies; the class token's row is zero. (1, tokens, width)."""
     if width % 4:
-        raise ValueError(f"model.vit.width: a sin-cos position embedding needs a multiple of 4, got {width}")
+        raise OptionError(f"{{width}}: a sin-cos position embedding needs a multiple of 4, got {width}")
     omega = 1.0 / 10000 ** (torch.arange(width // 4, dtype=torch.float64) / (width / 4))
     rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
     parts = [f(pos.reshape(-1, 1).double() * omega) for pos in (rows, cols) for f in (torch.sin, torch.cos)]

@@ -31,9 +31,28 @@ def one_of(names: Any) -> Any:
     return Literal[tuple(names)]  # type: ignore[valid-type]
 
 
-def option(default: Any, meaning: str) -> Any:
-    """A field with its library default (the paper's, where it has one) and its one-line meaning."""
-    return Field(default, description=meaning)
+def option(
+    default: Any,
+    meaning: str,
+    *,
+    expected: str | None = None,
+    per_step: bool = False,
+    held_out: bool = False,
+    **field: Any,
+) -> Any:
+    """A field with its library default (the paper's, where it has one) and its one-line meaning; ``expected``
+    words what it takes where the type alone would not say it well (the docs' parameter table). A caller
+    that knows the training data checks the marked options against it: ``per_step``, training samples drawn
+    per optimisation step (at most those available); ``held_out``, the fraction of them held out."""
+    marks = {"expected": expected, "per_step": per_step, "held_out": held_out}
+    extra = {k: v for k, v in marks.items() if v} or None
+    return Field(default, description=meaning, json_schema_extra=extra, **field)
+
+
+def marked(options: type[BaseModel], mark: str) -> str | None:
+    """The name of the field of ``options`` that :func:`option` marked ``mark`` (``per_step``, ``held_out``)."""
+    names = [n for n, f in options.model_fields.items() if (f.json_schema_extra or {}).get(mark)]
+    return names[0] if names else None
 
 
 class OptionError(ValueError):
@@ -74,6 +93,13 @@ class Options(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
+    def __init__(self, **values: Any) -> None:
+        """Built directly (``Config(width=0, …)``), a bad value is the same one-line :class:`OptionError`."""
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise _one_line(type(self), err, values) from None
+
     @classmethod
     def check(cls, values: Mapping[str, Any]) -> Self:
         """``values`` validated, or the :class:`OptionError` of the first bad one."""
@@ -94,6 +120,8 @@ def _one_line(model: type[Options], err: ValidationError, values: Mapping[str, A
         return errors[0]["ctx"]["error"]
     name = errors[0]["loc"][0]
     field = model.model_fields[name]
+    if name not in values:
+        return OptionError(f"{{{name}}} is required: {must_be(field.annotation, field.metadata)}")
     return OptionError(f"{{{name}}} must be {must_be(field.annotation, field.metadata)}, got {got(values[name])}")
 
 

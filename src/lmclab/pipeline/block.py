@@ -8,13 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lmclab.core.options import one_of
-from lmclab.search import METHODS
-
 Seed = Annotated[int, Field(ge=0)]
-Method = one_of(METHODS)
 Seeds = Annotated[list[Seed], Field(min_length=1)]
-Methods = Annotated[list[Method], Field(min_length=1)]
 
 
 def group(size: int) -> Any:

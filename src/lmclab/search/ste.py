@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
+from typing import ClassVar
 
 import torch
 from pydantic import model_validator
@@ -42,12 +43,14 @@ SELECTIONS = ("holdout", "best_batch")
 class STEOptions(AssignmentOptions):
     """Options of :func:`ste`."""
 
+    label: ClassVar[str] = "STE (re-basin)"  # in tables and figures
+
     optimizer: one_of(OPTIMIZERS) = option("adam", "STE: optimiser of the continuous copy θ̃")
     lr: Positive = option(0.001, "STE: learning rate of θ̃")
     momentum: Fraction = option(0.0, "STE: SGD momentum (original STE v2: 0.9; ignored by adam)")
     epochs: Count = option(5, "STE: passes over the training split minus the held-out part (paper: 5)")
-    batch_size: Count = option(512, "STE: images per step (paper: 512)")
-    holdout: Fraction = option(0.1, "STE: fraction of the training split held out (select: holdout)")
+    batch_size: Count = option(512, "STE: images per step (paper: 512)", per_step=True)
+    holdout: Fraction = option(0.1, "STE: fraction of the training split held out (select: holdout)", held_out=True)
     select: one_of(SELECTIONS) = option("holdout", "STE: best epoch on held-out data, or best_batch (original)")
     wm_max_iter: Count = option(100, "STE: WM sweeps at most per projection")
 

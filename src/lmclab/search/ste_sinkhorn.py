@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -47,11 +48,13 @@ INITS = ("identity", "wm")
 class STESinkhornOptions(AssignmentOptions):
     """Options of :func:`ste_sinkhorn` (defaults: the paper's Adam, lr 1, batch 512, 5 epochs)."""
 
+    label: ClassVar[str] = "STE Sinkhorn"  # in tables and figures
+
     optimizer: one_of(OPTIMIZERS) = option("adam", "Sinkhorn STE: adam (paper) or adamw (authors' example)")
     lr: Positive = option(1.0, "Sinkhorn STE: learning rate on the score matrices (paper: 1)")
     weight_decay: NonNegative = option(0.0, "Sinkhorn STE: weight decay of the scores (authors' AdamW: 0.01)")
     epochs: Count = option(5, "Sinkhorn STE: passes over the training split (paper: 5)")
-    batch_size: Count = option(512, "Sinkhorn STE: images per step (paper: 512)")
+    batch_size: Count = option(512, "Sinkhorn STE: images per step (paper: 512)", per_step=True)
     drop_last: bool = option(False, "Sinkhorn STE: drop the last, smaller batch of an epoch (authors: kept)")
     tau: Positive = option(1.0, "Sinkhorn STE: temperature")
     sinkhorn_iters: Count = option(20, "Sinkhorn STE: column+row normalisations per soft permutation")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -129,6 +130,8 @@ def matching_objective(
 
 class WMOptions(AssignmentOptions):
     """Options of :func:`weight_matching`."""
+
+    label: ClassVar[str] = "WM (re-basin)"  # in tables and figures
 
     max_iter: Count = option(100, "weight matching: sweeps over all permutation groups at most")
     tol: NonNegative = option(1.0e-7, "weight matching: stop when a sweep raises ⟨θa, π(θb)⟩ by ≤ this fraction")

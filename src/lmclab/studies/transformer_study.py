@@ -10,7 +10,7 @@ are not on one scale, each is compared within its own run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pandas as pd
 from torch import Tensor
@@ -57,8 +57,8 @@ def _cell(row: pd.Series, name: str, digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if pd.notna(std) else f"{mean:.{digits}f}"
 
 
-def markdown_table(table: pd.DataFrame, labels: Mapping[str, str]) -> str:
-    """The table in markdown, methods named by ``labels`` (method -> label)."""
+def markdown_table(table: pd.DataFrame, label: Callable[[str], str]) -> str:
+    """The table in markdown, methods named by ``label(method)``."""
     names = (
         "B½",
         "B½ REPAIR",
@@ -85,5 +85,5 @@ def markdown_table(table: pd.DataFrame, labels: Mapping[str, str]) -> str:
             _cell(r, "p_res_identity", 2),
             _cell(r, "search_s", 1),
         ]
-        lines.append(f"| {r['run']} | {labels.get(r['method'], r['method'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['run']} | {label(r['method'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
