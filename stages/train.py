@@ -24,21 +24,10 @@ from lmclab.pipeline.stage import (
     under,
 )
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
+from lmclab.train.training import TrainOptions
 
 app = typer.Typer(add_completion=False)
-TRAIN_KEYS = (
-    "epochs",
-    "lr",
-    "batch_size",
-    "optimizer",
-    "momentum",
-    "weight_decay",
-    "schedule",
-    "warmup_epochs",
-    "augment",
-    "precision",
-    "mixup_alpha",
-)
+TRAIN_KEYS = tuple(TrainOptions.model_fields)  # train()'s options, each a key train.<option>
 LAUNCH_KEYS = ("nproc_per_node", "nnodes", "rdzv_endpoint")
 # the params.yaml key of each argument the library's errors name (the architecture's: model_key)
 KEYS = under("train", *TRAIN_KEYS, *LAUNCH_KEYS, alpha="mixup_alpha")

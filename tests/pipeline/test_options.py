@@ -18,6 +18,7 @@ from dvc_repo import ROOT, TINY
 
 from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS
+from lmclab.train.training import TrainOptions
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.keys import key_rows
@@ -39,6 +40,8 @@ def _own(method: str, name: str, block: str = "permute"):
     (``merge_many``) or an architecture's (``model``)."""
     if block == "model":
         return ARCHS[method].Config.model_fields[name]
+    if block == "train":  # train.<option>: the training function's own
+        return TrainOptions.model_fields[method]
     return (METHODS if block == "permute" else MANY_METHODS)[method].options.model_fields[name]
 
 
@@ -91,7 +94,7 @@ def test_every_pipeline_default_that_differs_says_why_in_the_parameter_table() -
     rows = {key: (default, meaning) for key, default, _, meaning in key_rows()}
     assert PIPELINE_DEFAULTS, "params.yaml runs Sinkhorn WM shorter than the paper"
     for key, override in PIPELINE_DEFAULTS.items():
-        block, method, name = key.split(".")
+        block, method, name = (key.split(".") + [""])[:3]
         library = _own(method, name, block).default
         assert override.default != library and override.reason
         default, meaning = rows[key]
@@ -102,8 +105,13 @@ def test_every_pipeline_default_that_differs_says_why_in_the_parameter_table() -
         + [("merge_many", m, n) for m in MANY_METHODS for n in MANY_METHODS[m].options.model_fields]
         + [("model", a, n) for a in MODEL_ARCHS for n in ARCHS[a].Config.model_fields if n not in DATA_FIELDS]
     )
+    train = {f"train.{n}" for n in TrainOptions.model_fields if n != "augment" and _differs(rows[f"train.{n}"][0], n)}
     differing = {f"{b}.{m}.{n}" for b, m, n in every if not _same(rows[f"{b}.{m}.{n}"][0], _own(m, n, b).default)}
-    assert differing == set(PIPELINE_DEFAULTS)
+    assert differing | train == set(PIPELINE_DEFAULTS)
+
+
+def _differs(pipeline: object, name: str) -> bool:
+    return pipeline != TrainOptions.model_fields[name].default
 
 
 def _same(pipeline: object, library: object) -> bool:

@@ -27,12 +27,12 @@ from lmclab.analysis.many_models import REPAIRS
 from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
-from lmclab.core.options import Count, NonNegative, Positive, one_of
+from lmclab.core.options import Count, NonNegative, one_of
 from lmclab.pipeline.block import Block, Seed, Seeds, group, key
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
 from lmclab.train.augment import AUGMENTATIONS
-from lmclab.train.training import OPTIMIZERS, PRECISIONS, SCHEDULES
+from lmclab.train.training import TrainOptions
 
 
 class Data(Block):
@@ -48,19 +48,11 @@ class Data(Block):
 
 
 class Train(Block):
-    """train: the training of every endpoint (the objective and its block come first, from the registry)."""
+    """train: the training of every endpoint (``params_model`` puts the objective and its block first, then
+    ``seeds``, the options of :func:`lmclab.train.training.train`, and the launch keys)."""
 
     seeds: Seeds = key([0, 1, 2, 3, 4, 5], "one independently trained endpoint per seed (distinct)")
-    epochs: Count = key(20, "full passes over the training split (paper: 100)")
-    lr: Positive = key(0.001, "learning rate (paper: 1e-3)")
-    batch_size: Count = key(512, "images per step (paper: 512)")
-    optimizer: one_of(OPTIMIZERS) = key("adam", "adam (paper) or sgd with train.momentum")
-    momentum: Annotated[float, Field(ge=0, lt=1)] = key(0.9, "SGD momentum (ignored by adam)")
-    weight_decay: NonNegative = key(0.0, "L2 penalty coefficient added to the gradient (paper: 0)")
-    schedule: one_of(SCHEDULES) = key("constant", "learning-rate schedule per step (linear: decay to 0)")
-    warmup_epochs: Annotated[int, Field(ge=0)] = key(0, "epochs of linear warm-up to train.lr (at most train.epochs)")
     augment: one_of(["auto", *AUGMENTATIONS]) = key("auto", "auto = the paper's choice (cifar10: crop_flip, else none)")
-    mixup_alpha: NonNegative = key(0.0, "mixup: inputs and one-hot targets mixed with λ ~ Beta(α, α) (0 = off)")
     nproc_per_node: Count = key(
         1, "data-parallel processes per machine (> 1: the stage relaunches itself under torchrun)"
     )
@@ -68,10 +60,6 @@ class Train(Block):
     rdzv_endpoint: Annotated[str, Field(pattern=r"^[\w.-]+:\d+$")] | None = key(
         None, "host:port of torchrun's rendezvous on one of the machines (null: this machine alone)"
     )
-    precision: one_of(PRECISIONS) = key("fp32", "fp32, or bf16 autocast of the forward pass (for GPUs)")
-
-
-# ---- permute.<method>: the method's own options model (lmclab.search), defaults aside ---------
 
 
 # ---- the blocks of the registries' entries: the library's own options model, defaults aside ---------
@@ -98,6 +86,7 @@ PIPELINE_DEFAULTS: dict[str, Override] = {
     "permute.wm_sinkhorn.iterations": Override(10, _SINKHORN_BUDGET),
     "merge_many.merge_many.max_iter": Override(3, _MERGE_MANY_BUDGET),
     "merge_many.merge_many.tol": Override(1.0e-4, _MERGE_MANY_BUDGET),
+    "train.epochs": Override(20, "20 epochs fit the default run's CPU budget and show WM's negative B½ (10 do not)"),
     "model.vgg.width_multiplier": Override(4, "the paper's VGG11 is 4 times as wide as the plain VGG11 of vgg.Config"),
     "model.resnet20.width_multiplier": Override(
         16, "the paper's ResNet20 is 16 times as wide as the plain ResNet20 of resnet20.Config"
@@ -125,12 +114,20 @@ def options_block(options: type, prefix: str, keys: Sequence[str] | None = None)
     return create_model(options.__name__, __base__=Block, __doc__=options.__doc__, __module__=__name__, **fields)
 
 
-def _derived(base: type[Block], *, first: dict | None = None, types: dict | None = None, last: dict | None = None):
+def _derived(
+    base: type[Block],
+    *,
+    first: dict | None = None,
+    types: dict | None = None,
+    last: dict | None = None,
+    name: str | None = None,
+) -> type[Block]:
     """``base`` with the fields ``first`` before its own and ``last`` after them (name -> (type, field)), and
     the types of its fields named in ``types`` replaced (their defaults and meanings kept)."""
     own = {n: ((types or {}).get(n, f.annotation), f) for n, f in base.model_fields.items()}
     fields = {**(first or {}), **own, **(last or {})}
-    return create_model(base.__name__, __base__=Block, __doc__=base.__doc__, __module__=__name__, **fields)
+    doc, name = base.__doc__, name or base.__name__
+    return create_model(name, __base__=Block, __doc__=doc, __module__=__name__, **fields)
 
 
 class Permute(Block):
@@ -234,12 +231,18 @@ def params_model() -> type[Block]:
 def _params_model(methods: tuple, many: tuple, archs: tuple) -> type[Block]:
     names = list[one_of([m for m, _ in methods])]
     objectives = {m.OBJECTIVE: m for _, m in archs if hasattr(m, "OBJECTIVE")}
+    own = Train.model_fields
+    training = options_block(TrainOptions, "train").model_fields | {"augment": own["augment"]}
     train = _derived(
-        Train,
+        Block,
         first={
             "objective": (one_of(["supervised", *objectives]), key("supervised", _OBJECTIVE)),
             **{o: (options_block(m.Config, f"train.{o}", m.PRETRAINING_KEYS), ...) for o, m in objectives.items()},
+            "seeds": (own["seeds"].annotation, own["seeds"]),
+            **{n: (f.annotation, f) for n, f in training.items()},
         },
+        last={n: (f.annotation, f) for n, f in own.items() if n not in ("seeds", "augment")},
+        name="Train",
     )
     model = _derived(
         Model,

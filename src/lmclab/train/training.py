@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from tqdm import tqdm
 
 from lmclab.analysis.collapse import neural_collapse
@@ -22,7 +23,17 @@ from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World, evaluate_sharded
-from lmclab.core.options import OptionError, got
+from lmclab.core.options import (
+    Count,
+    Fraction,
+    NonNegative,
+    OptionError,
+    Options,
+    Positive,
+    one_of,
+    option,
+    takes,
+)
 from lmclab.train.augment import AUGMENTATIONS, Mixup, augment_batch
 
 OPTIMIZERS = ("adam", "sgd")
@@ -32,40 +43,39 @@ CPU = torch.device("cpu")  # the default device of train()
 AUGMENT_STREAM = 2**32  # the augmentation generator is seeded with seed + this: its own stream
 
 
-def check_training_options(
-    *,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    n_train: int,
-    optimizer: str = "adam",
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    schedule: str = "constant",
-    warmup_epochs: int = 0,
-    augment: str = "none",
-) -> None:
-    """One-line errors for impossible options, raised before any training starts (:class:`OptionError`,
-    naming the arguments)."""
-    for key, value, allowed in (
-        ("optimizer", optimizer, OPTIMIZERS),
-        ("schedule", schedule, SCHEDULES),
-        ("augment", augment, AUGMENTATIONS),
-    ):
-        if value not in allowed:
-            raise OptionError(f"{{{key}}}: expected one of {got(allowed)}, got {got(value)}")
-    if not 0 <= momentum < 1:
-        raise OptionError(f"{{momentum}} must be in [0, 1), got {momentum}")
-    if weight_decay < 0:
-        raise OptionError(f"{{weight_decay}} must be non-negative, got {weight_decay}")
-    if not 0 <= warmup_epochs <= epochs:
-        raise OptionError(f"{{warmup_epochs}} must be between 0 and {{epochs}} ({epochs}), got {warmup_epochs}")
-    if epochs < 1:
-        raise OptionError(f"{{epochs}} must be a positive number of epochs, got {epochs}")
-    if lr <= 0:
-        raise OptionError(f"{{lr}} must be positive, got {lr}")
-    if not 1 <= batch_size <= n_train:
-        raise OptionError(f"{{batch_size}} must be between 1 and the {n_train} training samples, got {batch_size}")
+class TrainOptions(Options):
+    """Options of :func:`train` (defaults: the paper's, Adam 1e-3 at batch 512 for 100 epochs)."""
+
+    epochs: Count = option(100, "full passes over the training split (paper: 100)")
+    lr: Positive = option(1e-3, "learning rate (paper: 1e-3)")
+    batch_size: Count = option(512, "images per step (paper: 512)")
+    optimizer: one_of(OPTIMIZERS) = option("adam", "adam (paper) or sgd with momentum")
+    momentum: Fraction = option(0.9, "SGD momentum (ignored by adam)")
+    weight_decay: NonNegative = option(0.0, "L2 penalty coefficient added to the gradient (paper: 0)")
+    schedule: one_of(SCHEDULES) = option("constant", "learning-rate schedule per step (linear: decay to 0)")
+    warmup_epochs: Annotated[int, Field(ge=0)] = option(0, "epochs of linear warm-up to lr (at most epochs)")
+    augment: one_of(AUGMENTATIONS) = option("none", "augmentation of each training batch")
+    mixup_alpha: NonNegative = option(0.0, "mixup: inputs and one-hot targets mixed with λ ~ Beta(α, α) (0 = off)")
+    precision: one_of(PRECISIONS) = option("fp32", "fp32, or bf16 autocast of the forward pass (for GPUs)")
+
+    @model_validator(mode="after")
+    def _warmup_within_training(self) -> TrainOptions:
+        if self.warmup_epochs > self.epochs:
+            raise OptionError(
+                f"{{warmup_epochs}} must be between 0 and {{epochs}} ({self.epochs}), got {self.warmup_epochs}"
+            )
+        return self
+
+
+def check_training_options(n_train: int, **options: Any) -> TrainOptions:
+    """``options`` validated by :class:`TrainOptions`, and ``batch_size`` within the ``n_train`` training
+    samples: one-line :class:`OptionError` s naming the arguments, raised before any training starts."""
+    checked = TrainOptions.check(options)
+    if checked.batch_size > n_train:
+        raise OptionError(
+            f"{{batch_size}} must be between 1 and the {n_train} training samples, got {checked.batch_size}"
+        )
+    return checked
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int = 0) -> float:
@@ -91,6 +101,7 @@ def make_optimizer(
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
 
 
+@takes(TrainOptions)
 def train(
     arch: str,
     config: Any,
@@ -98,17 +109,7 @@ def train(
     train_split: Split,
     test_split: Split,
     *,
-    epochs: int,
-    lr: float = 1e-3,
-    batch_size: int = 512,
-    optimizer: str = "adam",
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    schedule: str = "constant",
-    warmup_epochs: int = 0,
-    augment: str = "none",
-    mixup_alpha: float = 0.0,
-    precision: str = "fp32",
+    options: TrainOptions,
     device: torch.device = CPU,
     world: World = ALONE,
     progress: bool = False,
@@ -126,25 +127,15 @@ def train(
     ``on_epoch(row)``: called with a copy of each epoch's row as soon as it is measured, in every process
     (a caller under torchrun passes it on rank 0 only); the train stage feeds DVCLive with it.
     """
-    options = dict(
-        optimizer=optimizer,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        schedule=schedule,
-        warmup_epochs=warmup_epochs,
-        augment=augment,
-    )
-    check_training_options(epochs=epochs, lr=lr, batch_size=batch_size, n_train=len(train_split), **options)
-    if precision not in PRECISIONS:
-        raise OptionError(f"{{precision}}: expected one of {got(PRECISIONS)}, got {got(precision)}")
-    if mixup_alpha < 0:
-        raise OptionError(f"{{mixup_alpha}} must be ≥ 0 (0 = off), got {mixup_alpha}")
+    o = check_training_options(len(train_split), **options.model_dump())
     model = build_model(arch, config, seed=seed).to(device)
     wrapped = world.wrap(model)
-    opt = make_optimizer(wrapped.parameters(), optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    steps_per_epoch = math.ceil(len(train_split) / batch_size)
+    opt = make_optimizer(
+        wrapped.parameters(), optimizer=o.optimizer, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay
+    )
+    steps_per_epoch = math.ceil(len(train_split) / o.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: lr_factor(schedule, step, epochs * steps_per_epoch, warmup_epochs * steps_per_epoch)
+        opt, lambda step: lr_factor(o.schedule, step, o.epochs * steps_per_epoch, o.warmup_epochs * steps_per_epoch)
     )
     order = torch.Generator().manual_seed(seed)
     step = Step(
@@ -152,16 +143,18 @@ def train(
         opt,
         sched,
         train_split.to(device),
-        augment,
+        o.augment,
         torch.Generator().manual_seed(seed + AUGMENT_STREAM),
         world,
-        precision,
-        Mixup(mixup_alpha, seed) if mixup_alpha > 0 else None,
+        o.precision,
+        Mixup(o.mixup_alpha, seed) if o.mixup_alpha > 0 else None,
     )
     history = []
-    bar = tqdm(range(1, epochs + 1), desc=f"train seed {seed}", disable=not progress or not world.is_main, leave=False)
+    bar = tqdm(
+        range(1, o.epochs + 1), desc=f"train seed {seed}", disable=not progress or not world.is_main, leave=False
+    )
     for epoch in bar:
-        loss, acc = step.epoch(torch.randperm(len(train_split), generator=order).split(batch_size))
+        loss, acc = step.epoch(torch.randperm(len(train_split), generator=order).split(o.batch_size))
         test = evaluate_sharded(model, dict(model.state_dict()), test_split, world)
         row = {
             "epoch": epoch,
