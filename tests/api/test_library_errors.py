@@ -154,7 +154,12 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
         ("train",),
         "train.epochs must be a positive integer, got 0",
     ),
-    (lambda: _options(lr=0.0), "lr must be a positive number, got 0.0", ("train",), "train.lr must be a positive number, got 0.0"),
+    (
+        lambda: _options(lr=0.0),
+        "lr must be a positive number, got 0.0",
+        ("train",),
+        "train.lr must be a positive number, got 0.0",
+    ),
     (
         lambda: _options(batch_size=9),
         "batch_size must be between 1 and the 8 training samples, got 9",

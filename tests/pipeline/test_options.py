@@ -18,7 +18,6 @@ from dvc_repo import ROOT, TINY
 
 from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS
-from lmclab.train.training import TrainOptions
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.keys import key_rows
@@ -29,6 +28,7 @@ from lmclab.search.many_methods import MANY_METHODS
 from lmclab.search.midpoint import check_batch
 from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
+from lmclab.train.training import TrainOptions
 
 PERMUTE = params_model().model_fields["permute"].annotation
 MODEL_ARCHS = [a for a, m in ARCHS.items() if not hasattr(m, "OBJECTIVE")]

@@ -155,7 +155,12 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "merge_many.seeds: expected seeds of train.seeds [0, 1, 2], got [0, 5] ([5] not trained)",
     ),
     ({"merge_many__seeds": [0]}, "merge_many.seeds: expected a list of at least 2 integers ≥ 0, got [0]"),
-    ({"train__warmup_epochs": 5}, "train.warmup_epochs: expected at most train.epochs (1), got 5"),
+    ({"train__warmup_epochs": 5}, "train.warmup_epochs must be between 0 and train.epochs (1), got 5"),
+    (  # a check of the method's own options model, under the block's keys
+        {"permute__ste__select": "holdout", "permute__ste__holdout": 0.0},
+        "permute.ste.holdout must be above 0 when permute.ste.select is 'holdout' "
+        "(or choose select: best_batch), got 0",
+    ),
     (
         {"model__arch": "vgg", "model__vgg__layers": [8, "M", "M", "M", "M", "M", "M"]},
         "model.vgg.layers: 6 max-pools do not fit 32 pixels",

@@ -46,11 +46,10 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _repeats,
         _trained_seeds,
         _reused_alignments,
-        _schedule,
+        _library_checks,
         _architecture,
         _objective,
         _search_batches,
-        _ste_selection,
         _merge_many,
         _device,
         _launch,
@@ -180,12 +179,20 @@ def _reused_alignments(p: Params) -> Problems:
         )
 
 
-def _schedule(p: Params) -> Problems:
-    if p.train.warmup_epochs > p.train.epochs:
-        yield (
-            "train.warmup_epochs",
-            (f"train.warmup_epochs: expected at most train.epochs ({p.train.epochs}), got {p.train.warmup_epochs}"),
-        )
+def _library_checks(p: Params) -> Problems:
+    """The checks across options that the library's own options models make (their model validators: STE's
+    ``select: holdout`` needs held-out data, warm-up within training, …), on each block that embeds one; the
+    line names the block's keys."""
+    blocks = [("train", TrainOptions, {n: getattr(p.train, n) for n in TrainOptions.model_fields if n != "augment"})]
+    for prefix, registry in (("permute", METHODS), ("merge_many", MANY_METHODS)):
+        blocks += [
+            (f"{prefix}.{m}", fn.options, getattr(getattr(p, prefix), m).model_dump()) for m, fn in registry.items()
+        ]
+    for prefix, options, values in blocks:
+        try:
+            options.check(values)
+        except OptionError as err:
+            yield prefix, err.keyed(lambda name, prefix=prefix: f"{prefix}.{name}")
 
 
 # what MAE pretraining (lmclab.train.mae_training) does not do: the setting each of these keys must keep
@@ -282,17 +289,6 @@ def _search_batches(p: Params) -> Problems:
             key = f"permute.{method}.{per_step}"
             got = getattr(opts, per_step)
             yield key, f"{key}: expected at most the {available} training samples available, got {got}"
-
-
-def _ste_selection(p: Params) -> Problems:
-    if p.permute.ste.select == "holdout" and p.permute.ste.holdout == 0:
-        yield (
-            "permute.ste.holdout",
-            (
-                "permute.ste.holdout: expected above 0 when permute.ste.select is "
-                "'holdout' (or select: best_batch), got 0"
-            ),
-        )
 
 
 def _merge_many(p: Params) -> Problems:
