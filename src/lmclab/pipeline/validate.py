@@ -23,8 +23,10 @@ from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
 from lmclab.pipeline.schema import Params, params_model
 from lmclab.pipeline.stage import model_key
-from lmclab.search.many_methods import UNIVERSE
+from lmclab.search import METHODS
+from lmclab.search.many_methods import MANY_METHODS, UNIVERSE
 from lmclab.search.midpoint import n_heldout
+from lmclab.train.training import TrainOptions
 
 
 class ParamsError(ValueError):
@@ -183,11 +185,11 @@ def _library_checks(p: Params) -> Problems:
     """The checks across options that the library's own options models make (their model validators: STE's
     ``select: holdout`` needs held-out data, warm-up within training, …), on each block that embeds one; the
     line names the block's keys."""
-    blocks = [("train", TrainOptions, {n: getattr(p.train, n) for n in TrainOptions.model_fields if n != "augment"})]
+    training = {n: getattr(p.train, n) for n in TrainOptions.model_fields if n != "augment"}  # auto: the pipeline's
+    blocks = [("train", TrainOptions, training)]
     for prefix, registry in (("permute", METHODS), ("merge_many", MANY_METHODS)):
-        blocks += [
-            (f"{prefix}.{m}", fn.options, getattr(getattr(p, prefix), m).model_dump()) for m, fn in registry.items()
-        ]
+        block = getattr(p, prefix)
+        blocks += [(f"{prefix}.{m}", fn.options, getattr(block, m).model_dump()) for m, fn in registry.items()]
     for prefix, options, values in blocks:
         try:
             options.check(values)
