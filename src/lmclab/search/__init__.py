@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,12 +82,25 @@ def run_search(
     search = METHODS[method]
     start = time.perf_counter()
     inputs = _inputs(search, problem, seed)
-    if "monitor" in inspect.signature(search).parameters:
-        result = _monitored(problem, search, **inputs, **dict(options or {}))
-    else:
-        result = search(problem.spec, problem.params_a, problem.params_b, **inputs, **dict(options or {}))
+    with kept_modes(problem.model):
+        if "monitor" in inspect.signature(search).parameters:
+            result = _monitored(problem, search, **inputs, **dict(options or {}))
+        else:
+            result = search(problem.spec, problem.params_a, problem.params_b, **inputs, **dict(options or {}))
     result.stats.setdefault("seconds", time.perf_counter() - start)
     return result
+
+
+@contextmanager
+def kept_modes(model: nn.Module | None) -> Iterator[None]:
+    """Every submodule of ``model`` back in the train/eval mode it had, however the method ran it (AM and
+    the evaluations put it in eval mode, STE's steps in train mode): the caller's module is never changed."""
+    modes = [(m, m.training) for m in model.modules()] if model is not None else []
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _inputs(search: Callable[..., SearchResult], problem: SearchProblem, seed: int) -> dict[str, Any]:
