@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import types
-from typing import ClassVar
 
 import pytest
 import torch
@@ -33,7 +32,6 @@ from lmclab.search.result import SearchResult
 class NormRankOptions(Options):
     """Options of :func:`norm_rank`."""
 
-    label: ClassVar[str] = "norm rank"
     descending: bool = option(True, "norm rank: pair the largest units first (else the smallest)")
 
 

@@ -200,8 +200,8 @@ ERRORS = [  # (method, options, the library's line, the pipeline's line: as the 
     (
         "wm",
         {"iters": 3},
-        "options: unknown option(s) ['iters']; expected some of ['lap_backend', 'max_iter', 'tol']",
-        "permute.wm: unknown option(s) ['iters']; expected some of ['lap_backend', 'max_iter', 'tol']",
+        "options: unknown option(s) ['iters']; expected some of ['lap_backend', 'max_iter', 'tol', 'restarts']",
+        "permute.wm: unknown option(s) ['iters']; expected some of ['lap_backend', 'max_iter', 'tol', 'restarts']",
     ),
     (
         "identity",

@@ -64,7 +64,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"model__mlp__width": True}, "model.mlp.width: expected an integer ≥ 1, got True"),
     ({"measure__bn_repair": "yes"}, "measure.bn_repair: expected true or false, got 'yes'"),
     ({"train__seeds": [0, "1"]}, "train.seeds: expected a non-empty list of integers ≥ 0, got [0, '1']"),
-    ({"permute__wm": 5}, "permute.wm: expected a block with the keys lap_backend, max_iter, tol, got 5"),
+    ({"permute__wm": 5}, "permute.wm: expected a block with the keys lap_backend, max_iter, tol, restarts, got 5"),
     # out of range
     ({"permute__wm__max_iter": 0}, "permute.wm.max_iter: expected an integer ≥ 1, got 0"),
     ({"train__lr": -1.0}, "train.lr: expected a number > 0, got -1.0"),
@@ -100,7 +100,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     # unknown keys (typos) and missing keys
     (
         {"permute__wm__iters": 3},
-        "permute.wm.iters: unknown key (set to 3); expected only the keys lap_backend, max_iter, tol",
+        "permute.wm.iters: unknown key (set to 3); expected only the keys lap_backend, max_iter, tol, restarts",
     ),
     ({"trian": {"epochs": 1}}, "trian: unknown key (set to {'epochs': 1}); expected only the keys device, data, "),
     (

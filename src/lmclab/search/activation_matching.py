@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from functools import partial
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -102,8 +101,6 @@ def _record(model: nn.Module, params: Mapping[str, Tensor], points: list[str], x
 
 class AMOptions(AssignmentOptions):
     """Options of :func:`activation_matching`."""
-
-    label: ClassVar[str] = "AM"  # in tables and figures
 
     statistic: one_of(STATISTICS) = option(
         "cross_moment", "activation matching: cross_moment = E[a bᵀ] (L2 objective), pearson"

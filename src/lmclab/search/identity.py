@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
 
 from torch import Tensor
 
@@ -14,8 +13,6 @@ from lmclab.search.result import SearchResult
 
 class IdentityOptions(Options):
     """identity (the naive "w/o" baseline) takes no options"""
-
-    label: ClassVar[str] = "naive (w/o)"  # in tables and figures
 
 
 @takes(IdentityOptions)

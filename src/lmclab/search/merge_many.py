@@ -62,6 +62,7 @@ def merge_many(
                 generator=generator,
                 init_perm=perms[i],
                 lap_backend=options.lap_backend,
+                restarts=1,  # warm-started from the model's current permutation
             )
             perms[i], assignments = found.perm, assignments + found.stats["assignments"]
             aligned[i] = apply_permutation(spec, perms[i], params[i])

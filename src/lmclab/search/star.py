@@ -40,7 +40,13 @@ def star(
     start, generator = time.perf_counter(), generator or torch.Generator().manual_seed(0)
     found = [
         weight_matching(
-            spec, params[0], p, max_iter=options.wm_max_iter, generator=generator, lap_backend=options.lap_backend
+            spec,
+            params[0],
+            p,
+            max_iter=options.wm_max_iter,
+            generator=generator,
+            lap_backend=options.lap_backend,
+            restarts=1,  # the common baseline: one descent per model
         )
         for p in params[1:]
     ]

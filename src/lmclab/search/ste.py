@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
-from typing import ClassVar
 
 import torch
 from pydantic import model_validator
@@ -42,8 +41,6 @@ SELECTIONS = ("holdout", "best_batch")
 
 class STEOptions(AssignmentOptions):
     """Options of :func:`ste`."""
-
-    label: ClassVar[str] = "STE (re-basin)"  # in tables and figures
 
     optimizer: one_of(OPTIMIZERS) = option("adam", "STE: optimiser of the continuous copy θ̃")
     lr: Positive = option(0.001, "STE: learning rate of θ̃")
@@ -190,6 +187,7 @@ def projector(
                 generator=generator,
                 init_perm=previous,
                 lap_backend=lap_backend,
+                restarts=1,  # a projection warm-started from the last one
             ).perm
 
     return project

@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from functools import partial
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -47,8 +46,6 @@ INITS = ("identity", "wm")
 
 class STESinkhornOptions(AssignmentOptions):
     """Options of :func:`ste_sinkhorn` (defaults: the paper's Adam, lr 1, batch 512, 5 epochs)."""
-
-    label: ClassVar[str] = "STE Sinkhorn"  # in tables and figures
 
     optimizer: one_of(OPTIMIZERS) = option("adam", "Sinkhorn STE: adam (paper) or adamw (authors' example)")
     lr: Positive = option(1.0, "Sinkhorn STE: learning rate on the score matrices (paper: 1)")
@@ -88,7 +85,9 @@ def ste_sinkhorn(
     params_b = {k: v.detach() for k, v in params_b.items()}
     scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
     if options.init == "wm":
-        found = weight_matching(spec, params_a, params_b, generator=generator, lap_backend=options.lap_backend)
+        found = weight_matching(
+            spec, params_a, params_b, generator=generator, lap_backend=options.lap_backend, restarts=1
+        )
         scores = scores_at(scores, found.perm, spec.heads)
     scores = {g: s.requires_grad_() for g, s in scores.items()}
     hard = partial(

@@ -41,7 +41,6 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -72,8 +71,6 @@ def stalled(curve: Sequence[Mapping]) -> bool:
 
 class WMSinkhornOptions(AssignmentOptions):
     """Options of :func:`wm_sinkhorn` (defaults: the paper's 10 epochs × 100 Adam steps at lr 1)."""
-
-    label: ClassVar[str] = "WM Sinkhorn"  # in tables and figures
 
     lr: Positive = option(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
     epochs: Count = option(10, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
