@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate
-from lmclab.core.merge import merge
+from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance
 from lmclab.core.options import OptionError, Options, got
 from lmclab.core.spec import Params, Permutation, PermutationSpec
@@ -110,7 +110,7 @@ def _monitor(problem: SearchProblem) -> Monitor:
         raise ValueError("SearchProblem.model: the learning curve on SearchProblem.test needs it, got None")
 
     def row(perm: Permutation) -> dict[str, float]:
-        permuted_b, merged = merge(spec, problem.params_a, problem.params_b, perm)
+        permuted_b, merged = aligned_midpoint(spec, problem.params_a, problem.params_b, perm)
         out = {"l2": l2_distance(spec, problem.params_a, permuted_b)}
         if problem.test is not None:
             merged = problem.repair(merged) if problem.repair is not None else merged
