@@ -149,7 +149,7 @@ def match(
         example_inputs=torch.zeros(2, *shape) if shape else None,
         seed=seed,
         device=device,
-        **_options(option),
+        options=_options(option),
     )
     save_permutation(out, res.perm, method=method, stats=res.stats)
     typer.echo(
@@ -197,7 +197,7 @@ def _aligned(
         if shape is None:
             raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
         spec = trace_spec(net, torch.zeros(2, *shape))
-    return params_a, apply_permutation(spec, params_b, load_permutation(perm)), net
+    return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -234,12 +234,12 @@ def barrier(
     device: str = DEVICE,
 ) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
-    from lmclab.api import interpolate
+    from lmclab.api import curve as measure_curve
 
     params_a, params_b, net = _aligned(model_a, model_b, perm, factory, kwargs, input_shape)
     test = _data(data, split, data_root, in_channels)
     repair_data = _data(data, "train", data_root, in_channels) if repair else None
-    curve = interpolate(
+    curve = measure_curve(
         params_a,
         params_b,
         model=net,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,11 +18,23 @@ from lmclab.core.metrics import lambda_grid
 QUANTITIES, KINDS = ("loss", "acc"), ("max", "mid")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Curve:
     """Rows ``{lam, split, loss, acc}`` of ``θ(λ) = λ·θa + (1−λ)·θb`` (λ = 1: θa, λ = 0: θb)."""
 
     rows: list[dict]
+
+    def __repr__(self) -> str:
+        return (
+            f"Curve(splits={self.splits}, {len(self.lams)} λ values, "
+            f"loss barrier {self.barrier():.4g} on {self.splits[0]!r})"
+        )
+
+    def to_frame(self) -> Any:
+        """The rows as a pandas ``DataFrame`` (columns ``lam``, ``split``, ``loss``, ``acc``)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=["lam", "split", "loss", "acc"])
 
     @property
     def lams(self) -> list[float]:
@@ -50,7 +63,7 @@ class Curve:
         return self.barriers()[f"{split}_{quantity}_barrier_{kind}"]
 
 
-def interpolate(
+def curve(
     model_a: Model,
     model_b: Model,
     *,
@@ -63,7 +76,10 @@ def interpolate(
     device: str = "auto",
 ) -> Curve:
     """Evaluate ``θ(λ)`` for every λ (``lams`` evenly spaced values in [0, 1] plus ½, or the given
-    ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``).
+    ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``): the
+    measured path of the paper's Definition 2.1, whose barriers :meth:`Curve.barrier` gives. Every
+    source is held in memory as one :class:`~lmclab.core.data.Split` (:func:`lmclab.as_split`): each
+    λ makes one more pass over it, and a DataLoader is not guaranteed to yield the same batches twice.
 
     ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
     re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of

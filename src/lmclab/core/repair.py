@@ -186,7 +186,7 @@ def repair_interpolated(
     return _repair(model, params_a, params_b, lam, data, points, batch_size)[0]
 
 
-def repair_merged(
+def merged_targets(
     model: nn.Module,
     aligned: Sequence[Mapping[str, Tensor]],
     data: Split,
@@ -194,12 +194,10 @@ def repair_merged(
     weights: Sequence[float] | None = None,
     points: list[str] | None = None,
     batch_size: int = 500,
-) -> Params:
-    """REPAIR of the merge of N endpoints already in one frame (MergeMany, C2M3, …): ``θ = Σ_i w_i θ_i``
-    with each point's units set to ``μ_t = Σ_i w_i μ_i``, ``σ_t = Σ_i w_i σ_i`` (the pair's targets with
-    weights (λ, 1 − λ); ``weights`` default 1/N each, non-negative, summing to 1). The endpoints'
-    statistics must be those of the *aligned* models: unaligned endpoints put a unit's target on other
-    units' statistics. One pass per endpoint and one per point over ``data``."""
+) -> tuple[list[float], dict[str, Moments]]:
+    """The checked ``weights`` (default 1/N each, non-negative, summing to 1) and REPAIR's targets of the
+    merge of N endpoints in one frame: ``μ_t = Σ_i w_i μ_i``, ``σ_t = Σ_i w_i σ_i`` at every point (the
+    pair's targets with weights (λ, 1 − λ)). One pass per endpoint over ``data``."""
     if len(aligned) < 1:
         raise ValueError("aligned must hold at least one model, got none")
     weights = [1 / len(aligned)] * len(aligned) if weights is None else [float(w) for w in weights]
@@ -210,6 +208,23 @@ def repair_merged(
     targets = {
         p: Moments(*(sum(w * s[p][f] for w, s in zip(weights, stats, strict=True)) for f in (0, 1))) for p in points
     }
+    return weights, targets
+
+
+def repair_merged(
+    model: nn.Module,
+    aligned: Sequence[Mapping[str, Tensor]],
+    data: Split,
+    *,
+    weights: Sequence[float] | None = None,
+    points: list[str] | None = None,
+    batch_size: int = 500,
+) -> Params:
+    """REPAIR of the merge of N endpoints already in one frame (MergeMany, C2M3, …): ``θ = Σ_i w_i θ_i``
+    with each point's units set to :func:`merged_targets`. The endpoints' statistics must be those of the
+    *aligned* models: unaligned endpoints put a unit's target on other units' statistics. One pass per
+    endpoint and one per point over ``data``."""
+    weights, targets = merged_targets(model, aligned, data, weights=weights, points=points, batch_size=batch_size)
     merged = {
         k: sum(w * p[k] for w, p in zip(weights, aligned, strict=True)) if v.is_floating_point() else v.clone()
         for k, v in aligned[0].items()

@@ -72,6 +72,33 @@ def check_method(method: str, options: Mapping[str, Any] | None = None) -> Optio
     return METHODS[method].options.check(options or {})
 
 
+def _registered(method: str) -> Callable[..., Any]:
+    """The search function of ``method``, a pair method (:data:`METHODS`) or an n-model one."""
+    from lmclab.search.many_methods import MANY_METHODS
+
+    if method not in METHODS and method not in MANY_METHODS:
+        known = [*METHODS, *MANY_METHODS]
+        raise OptionError(f"{{method}}: unknown method {got(method)}; expected one of {got(known)}")
+    return METHODS.get(method) or MANY_METHODS[method]
+
+
+def _requires(method: str, argument: str) -> bool:
+    parameter = inspect.signature(_registered(method)).parameters.get(argument)
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def needs_data(method: str) -> bool:
+    """Whether ``method`` (a pair or n-model method) reads training data: its search function has a
+    ``data`` parameter without a default (activation matching, STE, CCA Merge, ZipIt!, …)."""
+    return _requires(method, "data")
+
+
+def needs_model(method: str) -> bool:
+    """Whether ``method`` runs the models forward: its search function has a ``model`` parameter
+    without a default (the skeleton it calls with ``functional_call``)."""
+    return _requires(method, "model")
+
+
 def run_search(
     method: str, problem: SearchProblem, *, seed: int, options: Mapping[str, Any] | None = None
 ) -> SearchResult:
