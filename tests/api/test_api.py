@@ -160,7 +160,9 @@ def test_lams_must_hold_both_endpoints_and_the_midpoint() -> None:
         lmclab.curve(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), lams=[0, 1])
 
 
-@pytest.mark.parametrize("module", ["lmclab.api.functions", "lmclab.api.curves", "lmclab.api.many", "lmclab.api"])
+@pytest.mark.parametrize(
+    "module", ["lmclab.api.functions", "lmclab.api.curves", "lmclab.api.many", "lmclab.api", "lmclab.core.merge"]
+)
 def test_the_docstring_examples_run(module: str) -> None:
     import importlib
 

@@ -1,4 +1,15 @@
-"""Interpolation and merging of two endpoints (the paper's Section 2)."""
+"""Interpolation and merging of two endpoints (the paper's Section 2).
+
+>>> import torch
+>>> from lmclab.core.spec import PermutationSpec
+>>> a, b = {"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([4.0, 3.0])}
+>>> lerp_params(a, b, 0.25)["w"]                       # λ = 1: θa, λ = 0: θb
+tensor([3.2500, 2.7500])
+>>> spec = PermutationSpec({"w": ("P",)})                   # axis 0 of w: group P
+>>> permuted_b, midpoint = aligned_midpoint(spec, a, b, {"P": torch.tensor([1, 0])})
+>>> permuted_b["w"], midpoint["w"]
+(tensor([3., 4.]), tensor([2., 3.]))
+"""
 
 from __future__ import annotations
 
