@@ -208,3 +208,22 @@ def test_as_split_keeps_integer_token_inputs_integers() -> None:
     )
     half = torch.randn(4, 3).double()
     assert lmclab.as_split((half, y)).x.dtype == torch.float64
+
+
+def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_split(monkeypatch) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    a, b = _mlp(0), _mlp(1)
+    x, y = torch.randn(100, 12), torch.randint(0, 3, (100,))
+    held = lmclab.curve(a, b, data=(x, y), lams=3, device="cpu")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a DataLoader was concatenated into memory")
+
+    monkeypatch.setattr("lmclab.api.curves.as_split", never)
+    streamed = lmclab.curve(a, b, data=DataLoader(TensorDataset(x, y), batch_size=30), lams=3, device="cpu")
+    assert [r["lam"] for r in streamed.rows] == [r["lam"] for r in held.rows]
+    for r, s in zip(streamed.rows, held.rows, strict=True):
+        assert r["loss"] == pytest.approx(s["loss"], rel=1e-5) and r["acc"] == pytest.approx(s["acc"])
+    with pytest.raises(ValueError, match="^data: a DataLoader yielded no batches$"):
+        lmclab.curve(a, b, data=DataLoader(TensorDataset(x[:0], y[:0])), lams=3, device="cpu")
