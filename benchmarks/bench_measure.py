@@ -24,7 +24,7 @@ from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import lambda_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def bare_forwards(model, params_a, permuted, lams, splits) -> None:
     model.eval()
     for permuted_b in permuted.values():
         for lam in lams:
-            params = interpolate(params_a, permuted_b, lam)
+            params = lerp_params(params_a, permuted_b, lam)
             for split in splits.values():
                 for lo in range(0, len(split), 1024):
                     functional_call(model, params, (split.x[lo : lo + 1024],))

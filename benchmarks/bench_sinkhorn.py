@@ -35,7 +35,7 @@ from lmclab.archs import get_arch
 from lmclab.archs.checkpoint import atomic_save
 from lmclab.core.data import load_meta, load_split
 from lmclab.core.evaluate import evaluate
-from lmclab.core.merge import merge
+from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate
 from lmclab.core.spec import PermutationSpec, apply_permutation
 from lmclab.search.ste import ste
@@ -92,7 +92,7 @@ class Pair:
     def score(self, perm: dict) -> dict:
         """⟨θa, π(θb)⟩, L2 reduction % and test B½ of ``perm`` (θb aligned to θa)."""
         spec, a, b = self.spec, self.params_a, self.params_b
-        permuted_b, merged = merge(spec, a, b, perm)
+        permuted_b, merged = aligned_midpoint(spec, a, b, perm)
         losses = [evaluate(self.model(), p, self.test).loss for p in (a, permuted_b, merged)]
         return {
             "objective": matching_objective(spec, perm, a, b),

@@ -24,7 +24,7 @@ import yaml
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split
 from lmclab.core.evaluate import evaluate
-from lmclab.core.merge import merge
+from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance, midpoint_barrier, reduction_rate
 from lmclab.search import SearchProblem, run_search
 from lmclab.search.registered import search_problem
@@ -37,7 +37,7 @@ def run(problem: SearchProblem, method: str, options: dict, seed: int) -> dict:
     result = run_search(method, problem, seed=seed, options=options)
     wall = time.perf_counter() - start
     spec, model = problem.spec, problem.model
-    permuted_b, merged = merge(spec, problem.params_a, problem.params_b, result.perm)
+    permuted_b, merged = aligned_midpoint(spec, problem.params_a, problem.params_b, result.perm)
     loss_a, loss_b, loss_mid = (evaluate(model, p, problem.test).loss for p in (problem.params_a, permuted_b, merged))
     before = l2_distance(spec, problem.params_a, problem.params_b)
     after = l2_distance(spec, problem.params_a, permuted_b)

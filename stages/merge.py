@@ -40,7 +40,7 @@ def main(
     from lmclab.archs.checkpoint import Checkpoint, check_same_architecture, load_checkpoint, save_checkpoint
     from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
     from lmclab.core.data import load_split
-    from lmclab.core.merge import merge
+    from lmclab.core.merge import aligned_midpoint
     from lmclab.core.repair import RepairAt
     from lmclab.core.spec import check_permutation
 
@@ -58,7 +58,7 @@ def main(
     for method in read("permute.methods"):
         pi = torch.load(perms / method / "perm.pt", weights_only=True)
         check_permutation(pi, spec.group_sizes(b.state_dict), spec.heads)
-        permuted_b, midpoint = merge(spec, a.state_dict, b.state_dict, pi)
+        permuted_b, midpoint = aligned_midpoint(spec, a.state_dict, b.state_dict, pi)
         if repair is not None:
             midpoint = repair(midpoint)
         elif repair_at is not None:  # REPAIR's θ(½) = (θa + π(θb))/2 with its units' statistics repaired

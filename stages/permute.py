@@ -54,7 +54,7 @@ def main(
             seed=read("permute.seed"),
             device=read("device"),
             progress=show_progress(),
-            **options,
+            options=options,
         )
     atomic_save(result.perm, out / "perm.pt")
     with atomic_path(out / "stats.json") as tmp:

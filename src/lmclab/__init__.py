@@ -12,12 +12,15 @@ __version__ = "0.1.0"
 API = (
     "Alignment",
     "Curve",
+    "ManyMerge",
     "apply_permutation",
     "as_split",
+    "curve",
     "find_permutation",
-    "interpolate",
     "l2_reduction",
     "merge",
+    "merge_many",
+    "repair",
 )
 __all__ = [*API, "__version__"]
 

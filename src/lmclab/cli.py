@@ -2,6 +2,7 @@
 
     lmclab match A B --method wm [--factory pkg.mod:fn --kwargs '{…}'] --out perm.pt
     lmclab merge A B [--perm perm.pt] [--lam 0.5] --out merged.pt
+    lmclab merge-many A B C … --method c2m3 [--data …] [--repair auto] --out merged.safetensors
     lmclab barrier A B [--perm perm.pt] --data mnist5k|cifar10|PREPARED_DIR
     lmclab trace pkg.mod:fn --input-shape 3,32,32
     lmclab validate params.yaml
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
+from lmclab.search import METHODS
+from lmclab.search.many_methods import MANY_METHODS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 
@@ -69,11 +73,25 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any, Any, Any]:
-    """Both models' parameters, the module they run in, and (checkpoints) their spec and points."""
+def _method_options(check: Callable, method: str, pairs: list[str]) -> dict[str, Any]:
+    """The ``--option`` pairs checked by ``method``'s options model; errors name ``--method``/``--option``."""
+    from lmclab.core.options import OptionError
+
+    options = _options(pairs)
+    try:
+        check(method, options)
+    except OptionError as err:
+        names = {"method": "--method", "options": "--option"}
+        raise ValueError(err.keyed(lambda name: names.get(name, f"--option {name}"))) from None
+    return options
+
+
+def _load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[list[Any], Any]:
+    """Every model's parameters, the module they run in, and (checkpoints) their spec and points."""
     from lmclab.api.files import build_factory, load_model_file
 
-    la, lb = load_model_file(a), load_model_file(b)
+    loaded = [load_model_file(p) for p in paths]
+    params = [m.params for m in loaded]
     if factory is not None:
         try:
             parsed = json.loads(kwargs)
@@ -81,10 +99,16 @@ def _load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any,
             raise ValueError(f"--kwargs: not valid JSON ({exc})") from None
         if not isinstance(parsed, dict):
             raise ValueError(f"--kwargs: expected a JSON object, got {kwargs!r}")
-        return la.params, lb.params, (build_factory(factory, parsed), None, None)
-    if la.model is None:
-        raise ValueError(f"{a}: a plain state dict needs --factory module:callable to build its module")
-    return la.params, lb.params, (la.model, la.spec, la.points)
+        return params, (build_factory(factory, parsed), None, None)
+    if loaded[0].model is None:
+        raise ValueError(f"{paths[0]}: a plain state dict needs --factory module:callable to build its module")
+    return params, (loaded[0].model, loaded[0].spec, loaded[0].points)
+
+
+def _load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any, Any, Any]:
+    """Both models' parameters, the module they run in, and (checkpoints) their spec and points."""
+    (params_a, params_b), found = _load_models([a, b], factory, kwargs)
+    return params_a, params_b, found
 
 
 def _data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
@@ -117,12 +141,12 @@ def _data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
 def match(
     model_a: Path = typer.Argument(..., help="θa: state dict or lmclab checkpoint"),
     model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
-    method: str = typer.Option("wm", help="wm, am, ste, wm_sinkhorn, ste_sinkhorn or identity"),
+    method: str = typer.Option("wm", help=f"one of {', '.join(METHODS)}"),
     out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
     factory: str = FACTORY,
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
-    data: str = typer.Option(None, help="training data of am/ste/ste_sinkhorn: a data set name or prepared folder"),
+    data: str = typer.Option(None, help="training data (methods that read activations): a data set name or folder"),
     data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
     in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
     option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
@@ -134,7 +158,11 @@ def match(
 
     from lmclab.api import find_permutation, l2_reduction
     from lmclab.api.files import save_permutation
+    from lmclab.search import check_method, needs_data
 
+    options = _method_options(check_method, method, option)
+    if needs_data(method) and data is None:
+        raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
     params_a, params_b, (net, spec, points) = _load_pair(model_a, model_b, factory, kwargs)
     shape = _shape(input_shape)
     train = _data(data, "train", data_root, in_channels) if data is not None else None
@@ -149,7 +177,7 @@ def match(
         example_inputs=torch.zeros(2, *shape) if shape else None,
         seed=seed,
         device=device,
-        **_options(option),
+        options=options,
     )
     save_permutation(out, res.perm, method=method, stats=res.stats)
     typer.echo(
@@ -178,6 +206,60 @@ def merge(
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
 
 
+@app.command("merge-many")
+@one_line
+def merge_many(
+    models: list[Path] = typer.Argument(..., help="the models to merge (state dicts or lmclab checkpoints), 2 or more"),
+    method: str = typer.Option("merge_many", help=f"one of {', '.join(MANY_METHODS)}"),
+    out: Path = typer.Option(..., help="the merged state dict (.pt or .safetensors)"),
+    factory: str = FACTORY,
+    kwargs: str = KWARGS,
+    input_shape: str = SHAPE,
+    data: str = typer.Option(None, help="training data (cca, zipit, --repair): a data set name or prepared folder"),
+    data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
+    in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
+    repair: str = typer.Option(None, help="bn, repair or auto: repair the merged model's statistics on --data"),
+    option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
+    seed: int = 0,
+    device: str = DEVICE,
+) -> None:
+    """Merge N models into one by an n-model method; write the merged state dict to --out."""
+    import torch
+
+    from lmclab.api import merge_many as merge_models
+    from lmclab.search import needs_data
+    from lmclab.search.many_methods import check_many
+
+    if len(models) < 2:
+        raise ValueError(f"MODELS: expected at least 2 model files, got {len(models)}")
+    options = _method_options(check_many, method, option)
+    if (needs_data(method) or repair is not None) and data is None:
+        why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
+        raise ValueError(f"--data: {why}; give a data set name or prepared folder")
+    params, (net, spec, points) = _load_models(models, factory, kwargs)
+    shape = _shape(input_shape)
+    if spec is None and shape is None and data is None:
+        raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
+    res = merge_models(
+        params,
+        method,
+        spec=spec,
+        model=net,
+        points=points,
+        example_inputs=torch.zeros(2, *shape) if shape else None,
+        data=_data(data, "train", data_root, in_channels) if data is not None else None,
+        repair=repair,
+        options=options,
+        seed=seed,
+        device=device,
+    )
+    if res.merged is None:
+        raise ValueError(f"--option: this {method} merge is partial (one network per model), no single model to write")
+    _save_state(out, res.merged)
+    repaired = f", repaired ({res.repair})" if res.repair else ""
+    typer.echo(f"{method}: {len(models)} models, {res.stats.get('seconds', 0.0):.2f} s{repaired}; wrote {out}")
+
+
 def _aligned(
     model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str, input_shape: str | None
 ) -> tuple[Any, Any, Any]:
@@ -197,7 +279,7 @@ def _aligned(
         if shape is None:
             raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
         spec = trace_spec(net, torch.zeros(2, *shape))
-    return params_a, apply_permutation(spec, params_b, load_permutation(perm)), net
+    return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -234,12 +316,12 @@ def barrier(
     device: str = DEVICE,
 ) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
-    from lmclab.api import interpolate
+    from lmclab.api import curve as measure_curve
 
     params_a, params_b, net = _aligned(model_a, model_b, perm, factory, kwargs, input_shape)
     test = _data(data, split, data_root, in_channels)
     repair_data = _data(data, "train", data_root, in_channels) if repair else None
-    curve = interpolate(
+    curve = measure_curve(
         params_a,
         params_b,
         model=net,

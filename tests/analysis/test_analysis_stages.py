@@ -17,7 +17,7 @@ from lmclab.analysis.energy import theorem42
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
 from lmclab.core.data import load_split, prepare
-from lmclab.core.merge import merge
+from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.spec import random_permutation
 from lmclab.report.summary import (
@@ -47,9 +47,9 @@ def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
     config, params_a = tiny(0)
     spec = get_arch("mlp").permutation_spec(config)
     perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
-    params_b = {k: v.clone() for k, v in merge(spec, params_a, params_a, perm)[0].items()}  # θb = π(θa)
+    params_b = {k: v.clone() for k, v in aligned_midpoint(spec, params_a, params_a, perm)[0].items()}  # θb = π(θa)
     inverse = {g: torch.argsort(p) for g, p in perm.items()}
-    permuted_b, midpoint = merge(spec, params_a, params_b, inverse)  # aligning recovers θa exactly
+    permuted_b, midpoint = aligned_midpoint(spec, params_a, params_b, inverse)  # aligning recovers θa exactly
     splits = {"test": load_split(prepared, "test")}
     summary, taylor, bounds = analyze_pair(
         spec,
@@ -79,7 +79,7 @@ def test_shared_endpoint_factors_change_nothing(prepared):
     params_b = tiny(1)[1]
     spec = get_arch("mlp").permutation_spec(config)
     perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(2))
-    permuted_b, midpoint = merge(spec, params_a, params_b, perm)
+    permuted_b, midpoint = aligned_midpoint(spec, params_a, params_b, perm)
     model, splits = build_model("mlp", config), {"test": load_split(prepared, "test")}
     kwargs = dict(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
     shared = {
@@ -168,7 +168,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
     spec = get_arch("mlp").permutation_spec(config)
     for seed, params in ((0, params_a), (1, params_b)):
         save_checkpoint(tmp_path / f"seed{seed}.pt", Checkpoint("mlp", config, seed, params))
-    permuted_b, midpoint = merge(
+    permuted_b, midpoint = aligned_midpoint(
         spec, params_a, params_b, random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(0))
     )
     save_checkpoint(tmp_path / "merged" / "wm" / "permuted_b.pt", Checkpoint("mlp", config, 1, permuted_b))

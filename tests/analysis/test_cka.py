@@ -10,7 +10,7 @@ import torch
 
 from lmclab.analysis.cka import PAIRS, cka_rows, hidden_layers, linear_cka
 from lmclab.archs import build_model, get_arch
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.spec import apply_permutation
 from lmclab.search.weight_matching import weight_matching
 
@@ -45,7 +45,7 @@ def test_layer_rows_of_an_aligned_pair(trained, splits):
     model = build_model(a.arch, a.config)
     perm = weight_matching(spec, a.state_dict, b.state_dict).perm
     pi_b = apply_permutation(spec, perm, b.state_dict)
-    models = {"a": a.state_dict, "b": b.state_dict, "pi_b": pi_b, "mid": interpolate(a.state_dict, pi_b, 0.5)}
+    models = {"a": a.state_dict, "b": b.state_dict, "pi_b": pi_b, "mid": lerp_params(a.state_dict, pi_b, 0.5)}
     rows = cka_rows(spec, model, models, splits["test"])
     layers = hidden_layers(spec, model)
     assert layers == [f"layers.{i}" for i in range(a.config.hidden)]

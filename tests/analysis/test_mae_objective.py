@@ -16,7 +16,7 @@ from lmclab.archs import mae, seeded_model, vit
 from lmclab.archs.masking import masked_mse, pixel_targets
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.objective import functional_method, is_reconstruction
 from lmclab.core.options import OptionError
 from lmclab.search.midpoint import midpoint_loss
@@ -62,14 +62,14 @@ def test_evaluate_gives_the_reconstruction_loss_on_the_fixed_masks_and_no_accura
     masks = fixed_masks(40, CONFIG.patches, CONFIG.mask_ratio, CONFIG.mask_seed)
     assert got.loss == pytest.approx(reconstruction_loss(model, a, data.x, masks), rel=1e-12)
     assert math.isnan(got.acc)
-    assert evaluate(model, interpolate(a, a, 0.3), data, batch_size=64).loss == pytest.approx(got.loss, rel=1e-12)
+    assert evaluate(model, lerp_params(a, a, 0.3), data, batch_size=64).loss == pytest.approx(got.loss, rel=1e-12)
 
 
 def test_the_midpoint_objective_is_the_loss_of_the_merged_mae():
     model, a, b = _pair()
     data = _images(8)
     got = midpoint_loss(model, mae.permutation_spec(CONFIG), a, b, data.x, data.y)
-    merged = interpolate(a, b, 0.5)
+    merged = lerp_params(a, b, 0.5)
     mask = model.default_mask(8)
     pred = functional_method(model, merged, "predict", data.x, mask)
     want = masked_mse(pred, pixel_targets(data.x, 7, False), mask)
@@ -107,7 +107,7 @@ def test_the_mae_analyses_of_a_pair_are_consistent_with_their_parts():
     assert summary["probe_acc_barrier_mid"] == pytest.approx(want)
     assert summary["knn_acc_a"] == pytest.approx(100 * at[1.0]["knn_acc"])
     masks = fixed_masks(30, CONFIG.patches, CONFIG.mask_ratio, CONFIG.mask_seed)
-    mid = interpolate(a, b, 0.5)
+    mid = lerp_params(a, b, 0.5)
     assert summary["masked_error_mid"] == pytest.approx(reconstruction_loss(model, mid, test.x, masks), rel=1e-10)
     assert {(r["lam"], r["block"]) for r in residual} == {(lam, "blocks.0") for lam in (0.0, 0.5, 1.0)}
     with pytest.raises(ValueError, match="lams: the λ grid must contain 0, ½ and 1"):

@@ -15,7 +15,7 @@ from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.bn_repair import repair_subset
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.core.metrics import l2_distance, lambda_grid
-from lmclab.core.repair import RepairAt, repair
+from lmclab.core.repair import RepairAt, repair_interpolated
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search import run_search
 from lmclab.search.merge_many import merge_many
@@ -157,7 +157,7 @@ def test_ensemble_of_identical_models_is_the_model(trained, splits) -> None:
 
 def test_repair_measures_every_edge_with_and_without_it(trained, splits) -> None:
     """REPAIR in three-model connectivity: the plain barriers are kept as norepair_* (equal to a run
-    without it), each repaired curve point is repair()'s θ(λ) between the aligned pair, and REPAIR moves
+    without it), each repaired curve point is repair_interpolated()'s θ(λ) between the aligned pair, and REPAIR moves
     the b–c midpoint."""
     ckpts = {k: trained(s) for k, s in zip("abc", (0, 1, 2), strict=True)}
     model, data, cpu = build_model("mlp", ckpts["a"].config), repair_subset(splits["train"], 200), torch.device("cpu")
@@ -173,7 +173,9 @@ def test_repair_measures_every_edge_with_and_without_it(trained, splits) -> None
     spec = get_arch("mlp").permutation_spec(ckpts["a"].config)
     b, c = (apply_permutation(spec, fixed.perms[k], ckpts[k].state_dict) for k in "bc")
     mid = curves[(curves["edge"] == "b-c") & curves["repair"] & (curves["split"] == "test") & (curves["lam"] == 0.5)]
-    assert mid["loss"].item() == pytest.approx(evaluate(model, repair(model, b, c, 0.5, data), splits["test"]).loss)
+    assert mid["loss"].item() == pytest.approx(
+        evaluate(model, repair_interpolated(model, b, c, 0.5, data), splits["test"]).loss
+    )
     bc = next(e for e in fixed.edges if e["edge"] == "b-c")
     assert bc["test_loss_mid"] != bc["norepair_test_loss_mid"]
     with pytest.raises(ValueError, match="^repair, repair_at: expected at most one of them"):

@@ -97,6 +97,101 @@ def test_merge_writes_the_aligned_midpoint_as_a_plain_state_dict(work: Path) -> 
     assert all(torch.allclose(merged[k], a[k]) for k in a)  # the midpoint of θa and π(θb) = θa
 
 
+def _planted_copy(work: Path, name: str, seed: int) -> dict:
+    """``name``: θa under another random permutation (the same function); returns θa."""
+    a = torch.load(work / "a.pt")
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    from lmclab.trace import trace_spec
+
+    spec = trace_spec(mlp(), torch.zeros(2, 1, 28, 28))
+    perm = random_permutation(spec.group_sizes(a), torch.Generator().manual_seed(seed))
+    torch.save(apply_permutation(spec, perm, a), work / name)
+    return a
+
+
+def _mlp_of(work: Path, params: dict) -> torch.Tensor:
+    """The factory MLP with ``params`` on fixed inputs: its function, comparable across frames."""
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    net = mlp()
+    net.load_state_dict(params)
+    return net(torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(0)))
+
+
+def test_merge_many_of_planted_copies_writes_their_function(work: Path) -> None:
+    a = _planted_copy(work, "c.pt", seed=5)
+    factory = ["--factory", "nets:mlp", "--input-shape", "1,28,28"]
+    out = lmclab(work, "merge-many", "a.pt", "b.pt", "c.pt", "--method", "c2m3", *factory, "--out", "m.safetensors")
+    assert out.stdout.startswith("c2m3: 3 models") and "wrote m.safetensors" in out.stdout
+    from safetensors.torch import load_file
+
+    merged = load_file(str(work / "m.safetensors"))
+    assert merged.keys() == a.keys() and torch.allclose(_mlp_of(work, merged), _mlp_of(work, a), atol=1e-5)
+    files = [torch.load(work / f) for f in ("a.pt", "b.pt", "c.pt")]
+    naive = {k: sum(f[k] for f in files) / 3 for k in a}  # negative control: the unaligned average
+    assert not torch.allclose(_mlp_of(work, naive), _mlp_of(work, a), atol=1e-3)
+    lmclab(work, "merge-many", "a.pt", "b.pt", "c.pt", *factory, "--option", "max_iter=3", "--out", "mm.pt")
+    assert torch.allclose(_mlp_of(work, torch.load(work / "mm.pt")), _mlp_of(work, a), atol=1e-5)
+
+
+def test_merge_many_with_a_transform_method_reads_data_and_repairs(work: Path) -> None:
+    _planted_copy(work, "c.pt", seed=5)
+    args = ["merge-many", "a.pt", "b.pt", "c.pt", "--method", "cca", "--factory", "nets:mlp", "--data", "digits"]
+    out = lmclab(work, *args, "--repair", "auto", "--out", "cca.pt").stdout
+    assert out.startswith("cca: 3 models") and "repaired (repair)" in out
+    assert torch.load(work / "cca.pt").keys() == torch.load(work / "a.pt").keys()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["a.pt"], "error: MODELS: expected at least 2 model files, got 1"),
+        (["a.pt", "b.pt", "--method", "wm"], "error: --method: unknown n-model method 'wm'; expected one of"),
+        (["a.pt", "b.pt", "--method", "cca"], "error: --data: method 'cca' reads activations"),
+        (["a.pt", "b.pt", "--repair", "auto"], "error: --data: --repair auto measures statistics"),
+        (["a.pt", "b.pt", "--option", "seed=1"], "error: --option: unknown option(s) ['seed']"),
+        (["a.pt", "b.pt", "--option", "max_iter=0"], "error: --option max_iter must be a positive integer, got 0"),
+        (["a.pt", "b.pt", "--input-shape", "1,28,28"], "error: a.pt: a plain state dict needs --factory"),
+        (["a.pt", "b.pt", "--factory", "nets:mlp"], "error: --input-shape: needed with --factory to trace the spec"),
+        (
+            ["a.pt", "b.pt", "wide.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28"],
+            "error: models[2]: tensor '1.weight' has shape (32, 784), models[0]'s (16, 784)",
+        ),
+    ],
+)
+def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], message: str) -> None:
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    torch.save(mlp(width=32).state_dict(), work / "wide.pt")
+    err = lmclab(work, "merge-many", *args, "--out", "never.pt", ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not (work / "never.pt").exists()
+
+
+def test_the_method_help_lists_the_registries() -> None:
+    import typer
+
+    from lmclab.cli import app
+    from lmclab.search import METHODS
+    from lmclab.search.many_methods import MANY_METHODS
+
+    commands = typer.main.get_command(app).commands
+    helps = {
+        name: next(p.help for p in commands[name].params if p.name == "method") for name in ("match", "merge-many")
+    }
+    assert helps == {"match": f"one of {', '.join(METHODS)}", "merge-many": f"one of {', '.join(MANY_METHODS)}"}
+
+
 def test_lmclab_checkpoints_bring_their_spec_and_activation_points(work: Path) -> None:
     config = make_config("mlp", hidden=1, width=16, input_shape=(1, 28, 28), num_classes=10)
     for seed in (0, 1):
@@ -143,7 +238,7 @@ def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
                 "--out",
                 "x.pt",
             ],
-            "error: max_iter must be",
+            "error: --option max_iter must be a positive integer, got 0",
         ),
         (["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere"], "error: --data: expected one of"),
         (

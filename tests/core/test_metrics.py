@@ -11,7 +11,7 @@ from torch import nn
 from lmclab.archs import build_model, get_arch
 from lmclab.core.data import Split
 from lmclab.core.interpolation import barriers_from_curve, interpolation_curve, measure_pair
-from lmclab.core.merge import interpolate, merge
+from lmclab.core.merge import aligned_midpoint, lerp_params
 from lmclab.core.metrics import barrier, l2_distance, lambda_grid, midpoint_barrier, reduction_rate
 from lmclab.core.spec import build_spec, dense, identity_permutation
 
@@ -48,14 +48,14 @@ def test_interpolate_endpoints_and_merge_midpoint() -> None:
     spec = build_spec(dense("l", "P", None))
     a = {"l.weight": torch.ones(3, 2), "l.bias": torch.zeros(3)}
     b = {"l.weight": 3 * torch.ones(3, 2), "l.bias": torch.ones(3)}
-    assert torch.equal(interpolate(a, b, 1.0)["l.weight"], a["l.weight"])
-    assert torch.equal(interpolate(a, b, 0.0)["l.weight"], b["l.weight"])
-    permuted_b, mid = merge(spec, a, b, identity_permutation({"P": 3}))
+    assert torch.equal(lerp_params(a, b, 1.0)["l.weight"], a["l.weight"])
+    assert torch.equal(lerp_params(a, b, 0.0)["l.weight"], b["l.weight"])
+    permuted_b, mid = aligned_midpoint(spec, a, b, identity_permutation({"P": 3}))
     assert torch.equal(permuted_b["l.weight"], b["l.weight"])
     assert torch.equal(mid["l.weight"], 2 * torch.ones(3, 2)) and torch.equal(mid["l.bias"], torch.full((3,), 0.5))
     # a real permutation: the midpoint is (θa + π(θb)) / 2, not (θa + θb) / 2
     b = {"l.weight": torch.arange(6.0).reshape(3, 2), "l.bias": torch.tensor([0.0, 2.0, 4.0])}
-    permuted_b, mid = merge(spec, a, b, {"P": torch.tensor([2, 0, 1])})
+    permuted_b, mid = aligned_midpoint(spec, a, b, {"P": torch.tensor([2, 0, 1])})
     assert torch.equal(permuted_b["l.bias"], torch.tensor([4.0, 0.0, 2.0]))
     assert torch.equal(mid["l.weight"], (a["l.weight"] + b["l.weight"][[2, 0, 1]]) / 2)
     assert torch.equal(mid["l.bias"], torch.tensor([2.0, 0.0, 1.0]))

@@ -10,10 +10,10 @@ from torch.func import functional_call
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.repair import (
     RepairAt,
-    repair,
+    repair_interpolated,
     repair_merged,
     repair_points,
     repair_statistics,
@@ -65,10 +65,12 @@ def test_repaired_statistics_equal_the_interpolated_endpoint_statistics(arch):
     model, _, params_a, params_b, data = _setup(arch)
     lam = 0.3
     points = repair_points(model, params_a, data)
-    repaired = repair(model, params_a, params_b, lam, data, batch_size=7)  # batches of 7: the moments are merged
+    repaired = repair_interpolated(
+        model, params_a, params_b, lam, data, batch_size=7
+    )  # batches of 7: the moments are merged
     stats_a, stats_b, after, before = (
         unit_statistics(model, p, data, points, batch_size=len(data))
-        for p in (params_a, params_b, repaired, interpolate(params_a, params_b, lam))
+        for p in (params_a, params_b, repaired, lerp_params(params_a, params_b, lam))
     )
     for p in points:
         target_mean = lam * stats_a[p].mean + (1 - lam) * stats_b[p].mean
@@ -83,7 +85,7 @@ def test_repair_at_the_endpoints_keeps_their_functions(arch):
     model, _, params_a, params_b, data = _setup(arch)
     with torch.no_grad():
         for lam, endpoint in ((1.0, params_a), (0.0, params_b)):  # θ(λ) = λ θa + (1 − λ) θb
-            logits = functional_call(model, repair(model, params_a, params_b, lam, data), (data.x,))
+            logits = functional_call(model, repair_interpolated(model, params_a, params_b, lam, data), (data.x,))
             assert (logits - functional_call(model, endpoint, (data.x,))).abs().max() < TOL, lam
 
 
@@ -107,10 +109,10 @@ def test_unit_statistics_are_the_per_unit_moments_over_samples_and_positions(arc
 def test_repair_commutes_with_permutations(arch):
     model, spec, params_a, params_b, data = _setup(arch)
     perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(3), spec.heads)
-    permuted = repair(
+    permuted = repair_interpolated(
         model, apply_permutation(spec, perm, params_a), apply_permutation(spec, perm, params_b), 0.4, data
     )
-    expected = apply_permutation(spec, perm, repair(model, params_a, params_b, 0.4, data))
+    expected = apply_permutation(spec, perm, repair_interpolated(model, params_a, params_b, 0.4, data))
     assert max((permuted[k] - expected[k]).abs().max().item() for k in expected) < TOL
 
 
@@ -118,7 +120,7 @@ def test_repair_statistics_report_what_changed():
     model, _, params_a, params_b, data = _setup("vit")
     report = repair_statistics(model, params_a, params_b, 0.5, data)
     assert list(report) == repair_points(model, params_a, data)
-    plain = unit_statistics(model, interpolate(params_a, params_b, 0.5), data, list(report))
+    plain = unit_statistics(model, lerp_params(params_a, params_b, 0.5), data, list(report))
     assert _max_gap([r["repaired"] for r in report.values()], [r["target"] for r in report.values()]) < TOL
     assert _max_gap([r["interpolated"] for r in report.values()], list(plain.values())) < TOL
     assert _max_gap([r["interpolated"] for r in report.values()], [r["target"] for r in report.values()]) > 1e-2
@@ -128,7 +130,7 @@ def test_dead_unit_gets_its_mean_and_no_nan():
     model, _, params_a, params_b, data = _setup("mlp")
     params_b = {**params_b, "layers.0.weight": params_b["layers.0.weight"].clone()}
     params_b["layers.0.weight"][0] = -params_a["layers.0.weight"][0]  # unit 0 of θ(½) is constant: σ_m = 0
-    repaired = repair(model, params_a, params_b, 0.5, data)
+    repaired = repair_interpolated(model, params_a, params_b, 0.5, data)
     assert all(torch.isfinite(v).all() for v in repaired.values())
     points = ["layers.0", "layers.1"]
     after = unit_statistics(model, repaired, data, points)
@@ -153,19 +155,19 @@ def test_bad_arguments_give_one_line_errors(kwargs, match):
     model, _, params_a, params_b, data = _setup("vit")
     kwargs = {"lam": 0.5, **kwargs}
     with pytest.raises(ValueError, match=match) as info:
-        repair(model, params_a, params_b, kwargs.pop("lam"), data, **kwargs)
+        repair_interpolated(model, params_a, params_b, kwargs.pop("lam"), data, **kwargs)
     assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_repair_at_is_repair_at_every_lambda_and_for_each_new_pair_of_endpoints(arch):
-    """The measure's REPAIR (RepairAt: endpoint statistics measured once per pair) equals repair()."""
+    """The measure's REPAIR (RepairAt: endpoint statistics measured once per pair) equals repair_interpolated()."""
     model, spec, params_a, params_b, data = _setup(arch)
     repair_at = RepairAt(model, data)
     perm = random_permutation(spec.group_sizes(params_b), torch.Generator().manual_seed(2), spec.heads)
     other = apply_permutation(spec, perm, params_b)
     for a, b, lam in ((params_a, params_b, 0.3), (params_a, params_b, 0.7), (params_a, other, 0.3)):
-        got, want = repair_at(a, b, lam), repair(model, a, b, lam, data)
+        got, want = repair_at(a, b, lam), repair_interpolated(model, a, b, lam, data)
         assert max((got[k] - want[k]).abs().max().item() for k in want) <= TOL
     with pytest.raises(ValueError, match="lam must be in"):
         repair_at(params_a, params_b, 1.5)
@@ -175,7 +177,7 @@ def test_repair_at_is_repair_at_every_lambda_and_for_each_new_pair_of_endpoints(
 def test_repair_merged_of_two_endpoints_is_repair_at_their_weights(arch):
     model, _, params_a, params_b, data = _setup(arch)
     lam = 0.3
-    pair = repair(model, params_a, params_b, lam, data)
+    pair = repair_interpolated(model, params_a, params_b, lam, data)
     many = repair_merged(model, [params_a, params_b], data, weights=[lam, 1 - lam])
     assert max((pair[k] - many[k]).abs().max().item() for k in pair) < TOL
 

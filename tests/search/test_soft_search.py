@@ -15,7 +15,7 @@ from torch.func import functional_call, grad
 from lmclab.archs import ARCHS, build_model, make_config
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
-from lmclab.core.merge import merge
+from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance
 from lmclab.core.spec import apply_permutation, build_spec, check_permutation, dense, invert, norm, random_permutation
 from lmclab.pipeline.stage import search_errors
@@ -56,7 +56,7 @@ def pair(mnist: tuple[Split, Split]) -> SearchProblem:
 
 
 def _midpoint_train_loss(problem: SearchProblem, perm: dict) -> float:
-    _, merged = merge(problem.spec, problem.params_a, problem.params_b, perm)
+    _, merged = aligned_midpoint(problem.spec, problem.params_a, problem.params_b, perm)
     return evaluate(problem.model, merged, problem.train).loss
 
 

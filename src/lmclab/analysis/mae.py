@@ -7,7 +7,7 @@ the encoder's evaluation (linear probe, kNN) is :mod:`lmclab.analysis.mae_probe`
 
 The masks are drawn once (:func:`fixed_masks`) and the same masks are used at every λ, so the curve
 measures the models, not the masking noise. The convention is the project's
-(:func:`lmclab.core.merge.interpolate`): ``θ(λ) = λ θa + (1 − λ) θb``, θa at λ = 1 and θb at λ = 0.
+(:func:`lmclab.core.merge.lerp_params`): ``θ(λ) = λ θa + (1 − λ) θb``, θa at λ = 1 and θb at λ = 0.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.archs.masking import pixel_targets, random_masks
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import barrier, midpoint_barrier
 from lmclab.core.objective import functional_method
 
@@ -61,7 +61,7 @@ def reconstruction_curve(
     """Rows ``{lam, loss}``: the MAE loss of ``θ(λ) = λθa + (1−λ)θb`` on ``images`` under the same ``masks``."""
     rows = []
     for lam in lams:
-        params = interpolate(params_a, params_b, lam)
+        params = lerp_params(params_a, params_b, lam)
         loss = reconstruction_loss(model, params, images, masks, batch_size=batch_size)
         rows.append({"lam": float(lam), "loss": loss})
     return rows

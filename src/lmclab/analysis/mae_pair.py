@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from lmclab.analysis.mae import fixed_masks, masked_visible_error
 from lmclab.analysis.mae_probe import probe_curve, residual_change
 from lmclab.core.data import Split
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import midpoint_barrier
 
 ENDS = (1.0, 0.5, 0.0)  # θa, the midpoint, π(θb): where the residual change is measured
@@ -42,7 +42,7 @@ def mae_pair(
     rows, residual = probe_curve(model, params_a, permuted_b, train, test, lams), []
     for row in rows:
         lam = row["lam"]
-        params = interpolate(params_a, permuted_b, lam)
+        params = lerp_params(params_a, permuted_b, lam)
         errors = masked_visible_error(model, params, test.x, masks)
         row |= {"masked_error": errors["masked"], "visible_error": errors["visible"]}
         if lam in ENDS:

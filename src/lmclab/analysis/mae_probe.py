@@ -4,7 +4,7 @@ changes the residual stream.
 
 Features are the encoder's output on *all* patches (no mask), after its final LayerNorm: the class token
 (``pool="cls"``) or the mean of the patch tokens (``pool="mean"``). The convention of the curve is the
-project's (:func:`lmclab.core.merge.interpolate`): ``θ(λ) = λ θa + (1 − λ) θb``, θa at λ = 1.
+project's (:func:`lmclab.core.merge.lerp_params`): ``θ(λ) = λ θa + (1 − λ) θb``, θa at λ = 1.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.objective import functional_method
 
 POOLS = ("cls", "mean")
@@ -124,7 +124,7 @@ def probe_curve(
     ``θ(λ) = λθa + (1−λ)θb``, a probe fitted afresh at each λ on ``train``'s features."""
     rows = []
     for lam in lams:
-        params = interpolate(params_a, params_b, lam)
+        params = lerp_params(params_a, params_b, lam)
         f_train, f_test = (encoder_features(model, params, s.x, pool=pool) for s in (train, test))
         probe = linear_probe_accuracy(f_train, train.y, f_test, test.y, l2=l2, steps=steps)
         knn = knn_accuracy(f_train, train.y, f_test, test.y, k=k)

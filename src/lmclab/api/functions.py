@@ -9,14 +9,23 @@
 >>> a, b = mlp(0), mlp(1)
 >>> x = torch.randn(64, 4)
 >>> res = lmclab.find_permutation(a, b, method="wm", example_inputs=x)      # data-free
->>> pi_b = lmclab.apply_permutation(res.spec, b.state_dict(), res.perm)
+>>> res                                                                     # short: no tensors
+Alignment(method='wm', 1 group {P_0: 8}, ...)
+>>> pi_b = lmclab.apply_permutation(res.spec, res.perm, b.state_dict())
 >>> bool(torch.allclose(b(x), torch.func.functional_call(b, pi_b, (x,)), atol=1e-6))  # same function
 True
 >>> lmclab.l2_reduction(a, b, res) > 0                                      # closer to θa
 True
->>> curve = lmclab.interpolate(a, pi_b, data=(x, torch.randint(0, 3, (64,))), lams=5)
->>> sorted(curve.lams) == [0.0, 0.25, 0.5, 0.75, 1.0] and isinstance(curve.barrier(), float)
+>>> wrong = {g: p.flip(0) for g, p in res.perm.items()}                   # another permutation
+>>> moved = lmclab.apply_permutation(res.spec, wrong, b.state_dict())
+>>> bool(torch.allclose(pi_b["1.weight"], moved["1.weight"]))           # other units moved
+False
+>>> curve = lmclab.curve(a, pi_b, data=(x, torch.randint(0, 3, (64,))), lams=5)
+>>> curve.lams == [0.0, 0.25, 0.5, 0.75, 1.0] and isinstance(curve.barrier(), float)
 True
+>>> curve.to_frame().shape                                                 # one row per λ and split
+(5, 4)
+>>> midpoint = lmclab.merge(a, b, res, lam=0.5)                            # (θa + π(θb)) / 2
 """
 
 from __future__ import annotations
@@ -28,17 +37,38 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmclab.api.inputs import Data, Model, as_split, params_of, resolve
+from lmclab.api.inputs import Data, Model, as_split, named_as, params_of, resolve
 from lmclab.core import spec as spec_ops
-from lmclab.core.merge import interpolate as lerp
+from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.spec import Params, Permutation, PermutationSpec
-from lmclab.search import METHODS, SearchProblem, run_search
-
-DATA_METHODS = ("am", "ste", "ste_sinkhorn")  # they run the model forward on training data
+from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search
 
 
-@dataclass(frozen=True)
+def checked_options(method: str, options: Mapping[str, Any] | None, check: Any = check_method) -> dict[str, Any]:
+    """``options`` (a mapping or None) checked by ``method``'s options model before anything runs;
+    errors name ``method``, ``options`` or ``options['<name>']``."""
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"options must be a mapping of option names to values, got {type(options).__name__}")
+    with named_as(**{name: f"options[{name!r}]" for name in options or {}}):
+        check(method, options)
+    return dict(options or {})
+
+
+def short_stats(stats: Mapping[str, Any], count: int = 3) -> str:
+    """The first ``count`` numeric entries of ``stats`` as ``, name=value`` (for a ``repr``)."""
+    numbers = [(k, v) for k, v in stats.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return "".join(f", {k}={v:.4g}" for k, v in numbers[:count])
+
+
+def short_groups(sizes: Mapping[str, int], count: int = 6) -> str:
+    """``{g: n, …}`` of the first ``count`` groups (for a ``repr``)."""
+    shown = ", ".join(f"{g}: {n}" for g, n in list(sizes.items())[:count])
+    noun = "group" if len(sizes) == 1 else "groups"
+    return f"{len(sizes)} {noun} {{{shown}{', …' if len(sizes) > count else ''}}}"
+
+
+@dataclass(frozen=True, repr=False)
 class Alignment:
     """The permutation ``perm`` (group → index tensor) found by ``method`` aligning θb to θa under
     ``spec``; ``stats`` holds what the search recorded (seconds, objective, curves)."""
@@ -50,7 +80,11 @@ class Alignment:
 
     def apply(self, params_b: Model) -> Params:
         """π(θb) for a module or state dict ``params_b``."""
-        return apply_permutation(self.spec, params_of(params_b, "params_b", torch.device("cpu")), self.perm)
+        return apply_permutation(self.spec, self.perm, params_of(params_b, "params_b", torch.device("cpu")))
+
+    def __repr__(self) -> str:
+        sizes = {g: len(p) for g, p in self.perm.items()}
+        return f"Alignment(method={self.method!r}, {short_groups(sizes)}{short_stats(self.stats)})"
 
 
 def find_permutation(
@@ -67,19 +101,20 @@ def find_permutation(
     seed: int = 0,
     device: str = "auto",
     progress: bool = False,
-    **options: Any,
+    options: Mapping[str, Any] | None = None,
 ) -> Alignment:
-    """The permutation π of θb's hidden units that aligns it to θa (``method``: ``wm``, ``am``,
-    ``ste``, ``wm_sinkhorn``, ``ste_sinkhorn``, ``identity``; ``options`` are the method's own).
+    """The permutation π of θb's hidden units that aligns it to θa (``method``: a name of
+    :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
+    against its options model before anything runs).
 
     ``spec`` defaults to the one traced from the model on ``example_inputs`` (or on ``data``'s first
-    batch); ``model`` is the module of two state dicts; ``data`` (training batches) is needed by
-    ``am``, ``ste`` and ``ste_sinkhorn``; ``points`` overrides the traced activation points of AM;
-    with ``test`` data the iterative methods record the merged model's test loss and accuracy after
-    each search epoch in ``stats["curve"]`` (the paper's Figure 6)."""
-    if method not in METHODS:
-        raise ValueError(f"method: unknown method {method!r}; expected one of {sorted(METHODS)}")
-    if method in DATA_METHODS and data is None:
+    batch); ``model`` is the module of two state dicts; ``data`` (training batches) is needed by the
+    methods that read activations (:func:`lmclab.search.needs_data`: ``am``, ``ste``, ``ste_sinkhorn``);
+    ``points`` overrides the traced activation points of AM; with ``test`` data the iterative methods
+    record the merged model's test loss and accuracy after each search epoch in ``stats["curve"]``
+    (the paper's Figure 6)."""
+    options = checked_options(method, options)
+    if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
     problem = resolve(
         model_a,
@@ -89,7 +124,7 @@ def find_permutation(
         example_inputs=example_inputs,
         data=data,
         device=device,
-        needs_forward=method in DATA_METHODS or test is not None,  # the learning curve runs the model too
+        needs_forward=needs_model(method) or test is not None,  # the learning curve runs the model too
     )
     params_a, params_b = (params_of(m, n, problem.device) for m, n in ((model_a, "model_a"), (model_b, "model_b")))
     problem.spec.check(params_a, "model_a")
@@ -109,8 +144,11 @@ def find_permutation(
     return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
 
 
-def apply_permutation(spec: PermutationSpec, params: Mapping[str, Tensor], perm: Mapping[str, Tensor]) -> Params:
-    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor."""
+def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
+    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor in ``perm``
+    (the argument order of :func:`lmclab.core.spec.apply_permutation` and git-re-basin's)."""
+    if not isinstance(perm, Mapping) or not isinstance(params, Mapping):
+        raise TypeError("perm and params must be mappings (group -> index tensor; name -> tensor), in that order")
     spec.check(params, "params")
     spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads)
     return spec_ops.apply_permutation(spec, perm, params)
@@ -123,7 +161,7 @@ def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *,
     cpu = torch.device("cpu")
     params_a = params_of(model_a, "model_a", cpu)
     params_b = alignment.apply(model_b) if alignment is not None else params_of(model_b, "model_b", cpu)
-    return lerp(params_a, params_b, lam)
+    return lerp_params(params_a, params_b, lam)
 
 
 def l2_reduction(model_a: Model, model_b: Model, alignment: Alignment) -> float:

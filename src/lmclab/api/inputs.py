@@ -42,12 +42,28 @@ def skeleton(model: nn.Module | None, model_a: Model, why: str) -> nn.Module:
     return found
 
 
+def on_device(net: nn.Module, device: torch.device) -> nn.Module:
+    """``net`` if all its tensors are on ``device``, else a copy moved there (the caller's module stays
+    where it is: ``nn.Module.to`` moves in place)."""
+    if all(t.device == device for t in (*net.parameters(), *net.buffers())):
+        return net
+    import copy
+
+    return copy.deepcopy(net).to(device)
+
+
 def as_split(data: Data, name: str = "data") -> Split:
-    """All of ``data`` as one :class:`Split` (inputs ``x``, integer class targets ``y``)."""
+    """All of ``data`` as one :class:`Split` in memory (inputs ``x`` in their own dtype — integer
+    token ids stay integers —, integer class targets ``y``).
+
+    Held whole because every consumer passes over it more than once or by index: the search methods
+    that read activations (``am``, ``ste``, ``ste_sinkhorn``, CCA Merge, ZipIt!: one pass per epoch
+    or per statistic), REPAIR and BatchNorm reset (a fixed subset, one pass per repair point), and
+    :func:`lmclab.curve` (one pass per λ, the same samples at every λ)."""
     if isinstance(data, Split):
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        return Split(data[0].float(), data[1].long())
+        return Split(data[0], data[1].long())
     if isinstance(data, Iterable):
         items = iter(data)
     elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):  # a map-style Dataset of samples
@@ -67,7 +83,7 @@ def as_split(data: Data, name: str = "data") -> Split:
         ys.append(y.unsqueeze(0) if sample else y)
     if not xs:
         raise ValueError(f"{name} is empty")
-    return Split(torch.cat(xs).float(), torch.cat(ys).long())
+    return Split(torch.cat(xs), torch.cat(ys).long())
 
 
 def first_inputs(data: Data) -> Tensor:
@@ -80,7 +96,7 @@ def first_inputs(data: Data) -> Tensor:
     if item is None:
         raise ValueError("data is empty")
     x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
-    return (x.unsqueeze(0) if y.dim() == 0 else x[:2]).float()
+    return x.unsqueeze(0) if y.dim() == 0 else x[:2]
 
 
 @contextmanager
@@ -128,6 +144,6 @@ def resolve(
             if data is None:
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
             example_inputs = first_inputs(data)
-        traced = trace(net.cpu(), example_inputs.cpu())
+        traced = trace(on_device(net, torch.device("cpu")), example_inputs.cpu())
         spec, points = traced.spec, traced.points
-    return Problem(spec, points, net.to(dev) if net is not None else None, dev)
+    return Problem(spec, points, on_device(net, dev) if net is not None else None, dev)

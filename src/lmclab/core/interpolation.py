@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World, evaluate_sharded
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import barrier, l2_distance, midpoint_barrier, reduction_rate
 from lmclab.core.spec import Params, PermutationSpec
 
@@ -35,7 +35,7 @@ def interpolation_curve(
         raise ValueError("repair, repair_at: expected at most one of them")
     rows = []
     for lam in lams:
-        params = interpolate(params_a, params_b, lam) if repair_at is None else repair_at(params_a, params_b, lam)
+        params = lerp_params(params_a, params_b, lam) if repair_at is None else repair_at(params_a, params_b, lam)
         if repair is not None:
             params = repair(params)
         for split, data in splits.items():

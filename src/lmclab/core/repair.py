@@ -2,7 +2,7 @@
 Activations for Interpolation Repair"): LayerNorm ViTs and Mixers, plain MLPs.
 
 In the interpolated network ``θ(λ) = λ θa + (1 − λ) π(θb)`` (the project's convention of
-:func:`lmclab.core.merge.interpolate`: λ = 1 is θa, λ = 0 is π(θb); the paper's α is our 1 − λ)
+:func:`lmclab.core.merge.lerp_params`: λ = 1 is θa, λ = 0 is π(θb); the paper's α is our 1 − λ)
 the pre-activations of aligned units lose variance ("variance collapse"). REPAIR gives each unit of
 each repair point the interpolation of the endpoints' statistics (Jordan et al. 2023, the REPAIR
 targets: E[X_α] = (1−α) E[X_1] + α E[X_2], std(X_α) = (1−α) std(X_1) + α std(X_2)):
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.core.data import Split
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.spec import Params
 
 DEAD = 64  # σ_m ≤ DEAD · eps · |μ_m| is a constant unit: float rounding, not a distribution
@@ -167,11 +167,11 @@ def _repair(model, params_a, params_b, lam, data, points, batch_size):
     stats_a = unit_statistics(model, params_a, data, points, batch_size=batch_size)
     stats_b = unit_statistics(model, params_b, data, points, batch_size=batch_size)
     targets = target_statistics(stats_a, stats_b, lam)
-    params = repair_to(model, interpolate(params_a, params_b, lam), data, targets, batch_size=batch_size)
+    params = repair_to(model, lerp_params(params_a, params_b, lam), data, targets, batch_size=batch_size)
     return params, points, stats_a, stats_b, targets
 
 
-def repair(
+def repair_interpolated(
     model: nn.Module,
     params_a: Mapping[str, Tensor],
     params_b: Mapping[str, Tensor],
@@ -186,7 +186,7 @@ def repair(
     return _repair(model, params_a, params_b, lam, data, points, batch_size)[0]
 
 
-def repair_merged(
+def merged_targets(
     model: nn.Module,
     aligned: Sequence[Mapping[str, Tensor]],
     data: Split,
@@ -194,12 +194,10 @@ def repair_merged(
     weights: Sequence[float] | None = None,
     points: list[str] | None = None,
     batch_size: int = 500,
-) -> Params:
-    """REPAIR of the merge of N endpoints already in one frame (MergeMany, C2M3, …): ``θ = Σ_i w_i θ_i``
-    with each point's units set to ``μ_t = Σ_i w_i μ_i``, ``σ_t = Σ_i w_i σ_i`` (the pair's targets with
-    weights (λ, 1 − λ); ``weights`` default 1/N each, non-negative, summing to 1). The endpoints'
-    statistics must be those of the *aligned* models: unaligned endpoints put a unit's target on other
-    units' statistics. One pass per endpoint and one per point over ``data``."""
+) -> tuple[list[float], dict[str, Moments]]:
+    """The checked ``weights`` (default 1/N each, non-negative, summing to 1) and REPAIR's targets of the
+    merge of N endpoints in one frame: ``μ_t = Σ_i w_i μ_i``, ``σ_t = Σ_i w_i σ_i`` at every point (the
+    pair's targets with weights (λ, 1 − λ)). One pass per endpoint over ``data``."""
     if len(aligned) < 1:
         raise ValueError("aligned must hold at least one model, got none")
     weights = [1 / len(aligned)] * len(aligned) if weights is None else [float(w) for w in weights]
@@ -210,6 +208,23 @@ def repair_merged(
     targets = {
         p: Moments(*(sum(w * s[p][f] for w, s in zip(weights, stats, strict=True)) for f in (0, 1))) for p in points
     }
+    return weights, targets
+
+
+def repair_merged(
+    model: nn.Module,
+    aligned: Sequence[Mapping[str, Tensor]],
+    data: Split,
+    *,
+    weights: Sequence[float] | None = None,
+    points: list[str] | None = None,
+    batch_size: int = 500,
+) -> Params:
+    """REPAIR of the merge of N endpoints already in one frame (MergeMany, C2M3, …): ``θ = Σ_i w_i θ_i``
+    with each point's units set to :func:`merged_targets`. The endpoints' statistics must be those of the
+    *aligned* models: unaligned endpoints put a unit's target on other units' statistics. One pass per
+    endpoint and one per point over ``data``."""
+    weights, targets = merged_targets(model, aligned, data, weights=weights, points=points, batch_size=batch_size)
     merged = {
         k: sum(w * p[k] for w, p in zip(weights, aligned, strict=True)) if v.is_floating_point() else v.clone()
         for k, v in aligned[0].items()
@@ -219,7 +234,7 @@ def repair_merged(
 
 class RepairAt:
     """REPAIR as the measure's ``repair_at`` (:func:`lmclab.core.interpolation.interpolation_curve`):
-    ``repair_at(θa, θb, λ)`` is :func:`repair`'s θ(λ) on ``data``, with the endpoints' statistics measured
+    ``repair_at(θa, θb, λ)`` is :func:`repair_interpolated`'s θ(λ) on ``data``, with the endpoints' statistics measured
     once per pair of endpoints (a curve's λ share them) and the points found once."""
 
     def __init__(self, model: nn.Module, data: Split, *, points: list[str] | None = None, batch_size: int = 500):
@@ -244,7 +259,7 @@ class RepairAt:
         points, stats_a, stats_b = self._statistics(params_a, params_b)
         targets = target_statistics(stats_a, stats_b, lam)
         return repair_to(
-            self.model, interpolate(params_a, params_b, lam), self.data, targets, batch_size=self.batch_size
+            self.model, lerp_params(params_a, params_b, lam), self.data, targets, batch_size=self.batch_size
         )
 
 
@@ -261,7 +276,7 @@ def repair_statistics(
     """What REPAIR changed, per point (forward order): the statistics of ``a``, ``b``, the
     ``target``, the plain ``interpolated`` network and the ``repaired`` one, all on ``data``."""
     repaired, points, stats_a, stats_b, targets = _repair(model, params_a, params_b, lam, data, points, batch_size)
-    before = unit_statistics(model, interpolate(params_a, params_b, lam), data, points, batch_size=batch_size)
+    before = unit_statistics(model, lerp_params(params_a, params_b, lam), data, points, batch_size=batch_size)
     after = unit_statistics(model, repaired, data, points, batch_size=batch_size)
     return {
         p: {"a": stats_a[p], "b": stats_b[p], "target": targets[p], "interpolated": before[p], "repaired": after[p]}

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate
-from lmclab.core.merge import merge
+from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance
 from lmclab.core.options import OptionError, Options, got
 from lmclab.core.spec import Params, Permutation, PermutationSpec
@@ -71,6 +71,33 @@ def check_method(method: str, options: Mapping[str, Any] | None = None) -> Optio
     if method not in METHODS:
         raise OptionError(f"{{method}}: unknown method {got(method)}; expected one of {got(sorted(METHODS))}")
     return METHODS[method].options.check(options or {})
+
+
+def _registered(method: str) -> Callable[..., Any]:
+    """The search function of ``method``, a pair method (:data:`METHODS`) or an n-model one."""
+    from lmclab.search.many_methods import MANY_METHODS
+
+    if method not in METHODS and method not in MANY_METHODS:
+        known = [*METHODS, *MANY_METHODS]
+        raise OptionError(f"{{method}}: unknown method {got(method)}; expected one of {got(known)}")
+    return METHODS.get(method) or MANY_METHODS[method]
+
+
+def _requires(method: str, argument: str) -> bool:
+    parameter = inspect.signature(_registered(method)).parameters.get(argument)
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def needs_data(method: str) -> bool:
+    """Whether ``method`` (a pair or n-model method) reads training data: its search function has a
+    ``data`` parameter without a default (activation matching, STE, CCA Merge, ZipIt!, …)."""
+    return _requires(method, "data")
+
+
+def needs_model(method: str) -> bool:
+    """Whether ``method`` runs the models forward: its search function has a ``model`` parameter
+    without a default (the skeleton it calls with ``functional_call``)."""
+    return _requires(method, "model")
 
 
 def run_search(
@@ -124,7 +151,7 @@ def _monitor(problem: SearchProblem) -> Monitor:
         raise ValueError("SearchProblem.model: the learning curve on SearchProblem.test needs it, got None")
 
     def row(perm: Permutation) -> dict[str, float]:
-        permuted_b, merged = merge(spec, problem.params_a, problem.params_b, perm)
+        permuted_b, merged = aligned_midpoint(spec, problem.params_a, problem.params_b, perm)
         out = {"l2": l2_distance(spec, problem.params_a, permuted_b)}
         if problem.test is not None:
             merged = problem.repair(merged) if problem.repair is not None else merged

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.core.data import Split
-from lmclab.core.merge import interpolate
+from lmclab.core.merge import lerp_params
 from lmclab.core.objective import batch_loss
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Permutation, PermutationSpec
@@ -33,7 +33,7 @@ def midpoint_loss(
 ) -> Tensor:
     """Mean loss of the merged model ``(θa + π(θb)) / 2`` on ``(x, y)``, training mode (classifiers:
     cross-entropy; :mod:`lmclab.core.objective`)."""
-    merged = interpolate(params_a, permuted_b, 0.5)
+    merged = lerp_params(params_a, permuted_b, 0.5)
     merged = {k: v.detach().clone() if k in spec.stats else v for k, v in merged.items()}
     model.train()
     return batch_loss(model, merged, x, y)

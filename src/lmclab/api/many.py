@@ -1,0 +1,247 @@
+"""N models merged into one (the n-model methods of :mod:`lmclab.search.many_methods`), and the repair of
+a merged model's statistics (Jordan et al. 2023), on any ``nn.Module``s or state dicts.
+
+>>> import torch, lmclab
+>>> from torch import nn
+>>> from lmclab.core.spec import apply_permutation, random_permutation
+>>> torch.manual_seed(0)
+<torch._C.Generator object at ...>
+>>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+>>> x = torch.randn(64, 4)
+>>> spec = lmclab.find_permutation(net, net, example_inputs=x).spec        # traced
+>>> sizes = spec.group_sizes(net.state_dict())
+>>> copies = [net.state_dict()] + [
+...     apply_permutation(spec, random_permutation(sizes, torch.Generator().manual_seed(s)), net.state_dict())
+...     for s in (1, 2)
+... ]                                                                      # three permuted copies of one net
+>>> res = lmclab.merge_many(copies, method="c2m3", model=net, spec=spec)
+>>> res
+ManyMerge(method='c2m3', 3 models, 1 group {P_0: 8}, ...)
+>>> merged = torch.func.functional_call(net, res.merged, (x,))
+>>> bool(torch.allclose(merged, net(x), atol=1e-5))                       # the copies' function recovered
+True
+>>> fixed = lmclab.repair(net, res.merged, res.aligned, data=(x, torch.zeros(64)), kind="repair")
+>>> sorted(fixed) == sorted(net.state_dict())
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+from lmclab.api.functions import checked_options, short_groups, short_stats
+from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params_of, resolve, skeleton
+from lmclab.core.bn_repair import has_batchnorm, repair_bn, repair_subset
+from lmclab.core.device import resolve_device
+from lmclab.core.repair import merged_targets, repair_to
+from lmclab.core.spec import Params, Permutation, PermutationSpec
+from lmclab.search import needs_data, needs_model
+from lmclab.search.many_methods import UNIVERSE, check_many, run_many
+
+KINDS = ("auto", "bn", "repair")
+
+
+@dataclass(frozen=True, repr=False)
+class ManyMerge:
+    """What :func:`merge_many` found. Universe methods (MergeMany, C2M3, sync, star): ``perms`` (one
+    permutation per model) and ``aligned`` (each model permuted into the common frame; ``merged`` is
+    their mean). Transform methods (CCA Merge, ZipIt!): ``merges``/``unmerges`` (per model, group →
+    matrix; ``merged = Σ_i M_i θ_i U_i``) and no ``aligned``; a partial zip has ``merged = None`` and
+    one network per model in ``heads``. ``repair``: the repair applied to ``merged`` (``bn``,
+    ``repair``) or None; ``stats``: what the method recorded."""
+
+    method: str
+    merged: Params | None
+    aligned: list[Params] = field(default_factory=list)
+    perms: list[Permutation] = field(default_factory=list)
+    merges: list[dict[str, Tensor]] = field(default_factory=list)
+    unmerges: list[dict[str, Tensor]] = field(default_factory=list)
+    heads: list[Params] = field(default_factory=list)
+    repair: str | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        n = len(self.perms or self.merges)
+        frame = self.perms[0] if self.perms else {g: m.shape[0] for g, m in (self.merges or [{}])[0].items()}
+        sizes = {g: p if isinstance(p, int) else len(p) for g, p in frame.items()}
+        repaired = f", repair={self.repair!r}" if self.repair else ""
+        return (
+            f"ManyMerge(method={self.method!r}, {n} models, {short_groups(sizes)}{repaired}{short_stats(self.stats)})"
+        )
+
+
+def same_tensors(params: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> None:
+    """One-line ``ValueError`` unless every ``params[i]`` (called ``names[i]``) has the first's tensor
+    names and shapes."""
+    first = params[0]
+    for p, name in zip(params[1:], names[1:], strict=True):
+        missing, extra = sorted(set(first) - set(p)), sorted(set(p) - set(first))
+        if missing or extra:
+            raise ValueError(
+                f"{name}: tensor names differ from {names[0]}'s (missing {missing[:3]}, extra {extra[:3]})"
+            )
+        for key, v in first.items():
+            if p[key].shape != v.shape:
+                raise ValueError(
+                    f"{name}: tensor {key!r} has shape {tuple(p[key].shape)}, {names[0]}'s {tuple(v.shape)}"
+                )
+
+
+def _check_call(models: Sequence[Model], method: str, options, data, repair) -> dict[str, Any]:
+    if isinstance(models, Mapping | nn.Module) or not isinstance(models, Sequence) or len(models) < 2:
+        raise ValueError("models: expected a list of at least 2 models (nn.Modules or state dicts)")
+    options = checked_options(method, options, check=check_many)
+    if needs_data(method) and data is None:
+        raise ValueError(f"data: method {method!r} reads the models' activations and needs training data")
+    if repair is not None and repair not in KINDS:
+        raise ValueError(f"repair must be None or one of {list(KINDS)}, got {repair!r}")
+    if repair is not None and data is None:
+        raise ValueError(f"data: repair={repair!r} needs training data to measure the statistics on")
+    return options
+
+
+def merge_many(
+    models: Sequence[Model],
+    method: str = "merge_many",
+    *,
+    spec: PermutationSpec | None = None,
+    example_inputs: Tensor | None = None,
+    data: Data | None = None,
+    model: nn.Module | None = None,
+    points: Mapping[str, Sequence[str]] | None = None,
+    repair: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    device: str = "auto",
+) -> ManyMerge:
+    """Merge N ≥ 2 models by ``method`` (a name of :data:`lmclab.search.many_methods.MANY_METHODS`;
+    ``options``: its own, checked before anything runs), as the pipeline's ``merge_many`` stage does.
+
+    ``spec`` defaults to the one traced from the module (``model``, else ``models[0]``) on
+    ``example_inputs`` or ``data``'s first batch; ``data`` (training batches) is needed by the
+    transform methods and by ``repair``: ``bn`` recomputes BatchNorm statistics, ``repair`` rescales
+    units to the endpoints' mean statistics (REPAIR, :func:`lmclab.core.repair.repair_merged`),
+    ``auto`` the one that fits the model. Returns a :class:`ManyMerge` (tensors on the CPU)."""
+    options = _check_call(models, method, options, data, repair)
+    problem = resolve(
+        models[0],
+        models[1],
+        spec=spec,
+        model=model,
+        example_inputs=example_inputs,
+        data=data,
+        device=device,
+        needs_forward=needs_model(method) or repair is not None,
+    )
+    names = [f"models[{i}]" for i in range(len(models))]
+    params = [params_of(m, name, problem.device) for m, name in zip(models, names, strict=True)]
+    same_tensors(params, names)
+    for p, name in zip(params, names, strict=True):
+        problem.spec.check(p, name)
+    train = as_split(data).to(problem.device) if data is not None else None
+    fix = _repair_of(repair, problem.model, train)
+    with named_as(params="models"):
+        result = run_many(
+            method,
+            problem.spec,
+            params,
+            seed=seed,
+            options=options,
+            model=problem.model,
+            points=dict(points) if points is not None else problem.points,
+            data=train,
+        )
+    return _collected(method, problem, params, result, fix, train)
+
+
+def _repair_of(repair: str | None, net: nn.Module | None, train: Any) -> tuple[str, Any] | None:
+    """``repair`` resolved for ``net`` and the pipeline's merge of aligned endpoints under it
+    (:func:`lmclab.analysis.many_models.repaired_merge`), checked before any search."""
+    from lmclab.analysis.many_models import repaired_merge, resolved_repair
+
+    if repair is None:
+        return None
+    with named_as(repair_data="data"):
+        kind = resolved_repair(repair, net)
+        return kind, repaired_merge(kind, net, train)
+
+
+def _collected(method, problem, params, result, fix, train) -> ManyMerge:
+    """The :class:`ManyMerge` of ``result``, its merge repaired by ``fix`` (the pipeline's repairs of
+    :mod:`lmclab.analysis.many_models`), every tensor on the CPU."""
+    from lmclab.search.features import repair_transformed
+    from lmclab.search.universe import aligned_models
+
+    def cpu(p):
+        return {k: v.cpu() for k, v in p.items()}
+
+    aligned = aligned_models(problem.spec, result.perms, params) if method in UNIVERSE else []
+    merged, kind = result.merged, None
+    if fix is not None and merged is not None:
+        kind, merge = fix
+        if method in UNIVERSE:
+            merged = merge(aligned)
+        elif kind == "bn":
+            merged = repair_bn(problem.model, merged, train)
+        else:  # REPAIR to the transformed endpoints' statistics
+            merged = repair_transformed(problem.model, problem.spec, params, result, train)
+    transforms = {"merges": [], "unmerges": [], "heads": []}
+    if method not in UNIVERSE:
+        transforms = {"merges": result.merges, "unmerges": result.unmerges, "heads": [cpu(h) for h in result.heads]}
+    return ManyMerge(
+        method,
+        cpu(merged) if merged is not None else None,
+        [cpu(a) for a in aligned],
+        [{g: p.cpu() for g, p in perm.items()} for perm in getattr(result, "perms", [])],
+        repair=kind,
+        stats=dict(result.stats),
+        **transforms,
+    )
+
+
+def repair(
+    model: nn.Module,
+    merged_params: Model,
+    endpoints: Sequence[Model] = (),
+    *,
+    data: Data,
+    kind: str = "auto",
+    weights: Sequence[float] | None = None,
+    samples: int | None = None,
+    device: str = "auto",
+) -> Params:
+    """``merged_params`` (of the module ``model``) with its statistics repaired on ``samples`` inputs of
+    ``data`` (all by default; Jordan et al. 2023). ``kind="bn"`` recomputes every BatchNorm's running
+    statistics; ``kind="repair"`` (REPAIR, for networks without BatchNorm) rescales each unit of every
+    Linear/Conv2d with a bias but the last so that its mean and std are ``Σ_i w_i μ_i`` and
+    ``Σ_i w_i σ_i`` of the ``endpoints`` (the models merged, in one frame; ``weights`` default 1/N each:
+    for ``θ(λ)`` of a pair give ``[θa, π(θb)]`` and ``[λ, 1 − λ]``); ``auto``: ``bn`` for a network with
+    BatchNorm, else ``repair``. Returns a new state dict on the CPU; the arguments are not changed."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+    net = skeleton(model, model, "repair")
+    kind = ("bn" if has_batchnorm(net) else "repair") if kind == "auto" else kind
+    if kind == "bn" and not has_batchnorm(net):
+        raise ValueError("kind: 'bn' needs a model with BatchNorm layers; this one has none")
+    if kind == "repair" and has_batchnorm(net):
+        raise ValueError("kind: 'repair' does not fit a model with BatchNorm; use 'bn'")
+    if kind == "repair" and not endpoints:
+        raise ValueError("endpoints: kind='repair' needs the merged models (their statistics are the targets)")
+    dev = resolve_device(device)
+    merged = params_of(merged_params, "merged_params", dev)
+    names = [f"endpoints[{i}]" for i in range(len(endpoints))]
+    ends = [params_of(e, name, dev) for e, name in zip(endpoints, names, strict=True)]
+    same_tensors([merged, *ends], ["merged_params", *names])
+    with named_as(num_samples="samples"):
+        split = repair_subset(as_split(data).to(dev), samples)
+    net = on_device(net, dev)
+    if kind == "bn":
+        fixed = repair_bn(net, merged, split)
+    else:
+        _, targets = merged_targets(net, ends, split, weights=weights)
+        fixed = repair_to(net, merged, split, targets)
+    return {k: v.cpu() for k, v in fixed.items()}

@@ -1,0 +1,229 @@
+"""The public API's n-model merge (``lmclab.merge_many``), repair (``lmclab.repair``), the argument
+order of ``lmclab.apply_permutation``, the short reprs, ``Curve.to_frame`` and the data-needing methods
+read off the registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+import lmclab
+from lmclab.core.merge import lerp_params
+from lmclab.core.repair import repair_interpolated, repair_points, unit_statistics
+from lmclab.core.spec import random_permutation
+from lmclab.search import METHODS, needs_data, needs_model
+from lmclab.search.many_methods import MANY_METHODS
+from lmclab.trace import trace_spec
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _copies(net: nn.Module, x: torch.Tensor, n: int = 3) -> list[dict]:
+    """``net``'s state dict and n − 1 randomly permuted copies of it (the same function)."""
+    spec = trace_spec(net, x)
+    sizes = spec.group_sizes(net.state_dict())
+    perms = [random_permutation(sizes, torch.Generator().manual_seed(s)) for s in range(1, n)]
+    return [net.state_dict()] + [lmclab.apply_permutation(spec, p, net.state_dict()) for p in perms]
+
+
+def _close(a: dict, b: dict, atol: float = 1e-5) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=atol) for k in a)
+
+
+def test_apply_permutation_takes_spec_perm_params_and_round_trips() -> None:
+    net, x = _mlp(0), torch.randn(8, 12)
+    spec = trace_spec(net, x)
+    perm = random_permutation(spec.group_sizes(net.state_dict()), torch.Generator().manual_seed(3))
+    moved = lmclab.apply_permutation(spec, perm, net.state_dict())
+    assert torch.allclose(functional_call(net, moved, (x,)), net(x), atol=1e-6)  # the same function
+    back = lmclab.apply_permutation(spec, {g: p.argsort() for g, p in perm.items()}, moved)
+    assert _close(back, net.state_dict(), atol=0)
+    wrong = {g: p.roll(1) for g, p in perm.items()}  # negative control: another π is another model
+    half = {**moved, **{k: v for k, v in lmclab.apply_permutation(spec, wrong, net.state_dict()).items() if "3." in k}}
+    assert not torch.allclose(functional_call(net, half, (x,)), net(x), atol=1e-3)
+    with pytest.raises(TypeError, match="^perm and params must be mappings"):
+        lmclab.apply_permutation(spec, net.state_dict(), list(perm.values()))
+
+
+def test_data_needing_methods_are_read_off_the_registry() -> None:
+    assert [m for m in METHODS if needs_data(m)] == ["am", "ste", "ste_sinkhorn"]
+    assert [m for m in MANY_METHODS if needs_data(m)] == ["cca", "zipit"]
+    assert needs_model("am") and not needs_model("wm") and not needs_data("c2m3")
+    with pytest.raises(ValueError, match=r"^method: unknown method 'nope'"):
+        needs_data("nope")
+
+
+@pytest.mark.parametrize("method", ["merge_many", "star", "c2m3"])
+def test_merge_many_recovers_three_permuted_copies(method: str) -> None:
+    net, x = _mlp(0), torch.randn(8, 12)
+    copies = _copies(net, x)
+    res = lmclab.merge_many([net, *copies[1:]], method=method, example_inputs=x, device="cpu")
+    assert len(res.aligned) == 3 and all(_close(a, res.aligned[0]) for a in res.aligned)  # one frame
+    assert _close(res.merged, res.aligned[0])  # the merge is each copy, in the common frame
+    assert torch.allclose(functional_call(net, res.merged, (x,)), net(x), atol=1e-5)  # the same function
+    assert len(res.perms) == 3 and res.merges == [] and res.repair is None
+    assert repr(res).startswith(f"ManyMerge(method={method!r}, 3 models, 2 groups {{P_0: 16, P_1: 16}}")
+    assert "tensor" not in repr(res)
+    naive = {k: torch.stack([c[k] for c in copies]).mean(0) for k in copies[0]}
+    assert not torch.allclose(functional_call(net, naive, (x,)), net(x), atol=1e-3)  # negative control
+
+
+def test_merge_many_with_a_transform_method_reads_data_and_repairs() -> None:
+    net, x = _mlp(0), torch.randn(256, 12)
+    copies = _copies(net, x[:2])
+    data = (x, torch.randint(0, 3, (256,)))
+    res = lmclab.merge_many(copies, method="zipit", model=net, data=data, device="cpu")
+    assert res.aligned == [] and len(res.merges) == 3 and res.perms == []
+    assert torch.allclose(functional_call(net, res.merged, (x,)), net(x), atol=1e-4)  # copies zip to the net
+    fixed = lmclab.merge_many(copies, method="cca", model=net, data=data, repair="auto", device="cpu")
+    assert fixed.repair == "repair" and torch.allclose(functional_call(net, fixed.merged, (x,)), net(x), atol=1e-3)
+
+
+def test_merge_many_leaves_the_callers_module_and_state_dicts_alone() -> None:
+    net, x = _mlp(0), torch.randn(8, 12)
+    copies = _copies(net, x)
+    before = [{k: v.clone() for k, v in c.items()} for c in copies]
+    net.train()
+    lmclab.merge_many(copies, model=net, example_inputs=x, repair="repair", data=(x, torch.zeros(8)), device="cpu")
+    assert net.training and all(_close(c, b, atol=0) for c, b in zip(copies, before, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m, x: lmclab.merge_many([m], example_inputs=x), r"^models: expected a list of at least 2 models"),
+        (lambda m, x: lmclab.merge_many(m, example_inputs=x), r"^models: expected a list of at least 2 models"),
+        (lambda m, x: lmclab.merge_many([m, m], method="wm", example_inputs=x), r"^method: unknown n-model method"),
+        (lambda m, x: lmclab.merge_many([m, m], method="cca", example_inputs=x), r"^data: method 'cca' reads"),
+        (
+            lambda m, x: lmclab.merge_many([m, m], options={"seed": 1}, example_inputs=x),
+            r"^options: unknown option\(s\) \['seed'\]",
+        ),
+        (
+            lambda m, x: lmclab.merge_many([m, m], options={"max_iter": 0}, example_inputs=x),
+            r"^options\['max_iter'\] must be a positive integer",
+        ),
+        (lambda m, x: lmclab.merge_many([m, m], repair="bn", example_inputs=x), r"^data: repair='bn' needs"),
+        (lambda m, x: lmclab.merge_many([m, m], repair="x", example_inputs=x), r"^repair must be None or one of"),
+        (
+            lambda m, x: lmclab.merge_many([m, m], repair="bn", data=(x, torch.zeros(8))),
+            r"^repair: 'bn' does not fit this model",
+        ),
+        (
+            lambda m, x: lmclab.merge_many([m, {**m.state_dict(), "3.bias": torch.zeros(5)}], example_inputs=x),
+            r"^models\[1\]: tensor '3.bias' has shape \(5,\), models\[0\]'s \(16,\)$",
+        ),
+        (
+            lambda m, x: lmclab.merge_many([m, m, {"w": torch.zeros(2)}], example_inputs=x),
+            r"^models\[2\]: tensor names differ from models\[0\]'s",
+        ),
+    ],
+)
+def test_merge_many_refuses_bad_calls_in_one_line_before_any_search(call, message: str, monkeypatch) -> None:
+    import lmclab.search.many_methods as many
+
+    def never(*args, **kwargs):
+        raise AssertionError("a search ran before the call was checked")
+
+    monkeypatch.setattr(many, "run_many", never)
+    monkeypatch.setattr("lmclab.api.many.run_many", never)
+    with pytest.raises((ValueError, TypeError), match=message) as err:
+        call(_mlp(0), torch.randn(8, 12))
+    assert "\n" not in str(err.value)
+
+
+def test_repair_with_unequal_endpoint_weights_is_repair_of_the_interpolated_pair() -> None:
+    net, x = _mlp(0), torch.randn(300, 12) * 2
+    a, b = _mlp(0).state_dict(), _mlp(1).state_dict()
+    lam, data = 0.3, (x, torch.zeros(300))
+    merged = lerp_params(a, b, lam)
+    fixed = lmclab.repair(net, merged, [a, b], data=data, kind="repair", weights=[lam, 1 - lam], device="cpu")
+    expected = repair_interpolated(net, a, b, lam, lmclab.as_split(data))
+    assert _close(fixed, expected, atol=1e-5)
+    split = lmclab.as_split(data)
+    points = repair_points(net, a, split)
+    stats = [unit_statistics(net, p, split, points) for p in (a, b, fixed, merged)]
+    for point in points:
+        target = lam * stats[0][point].std + (1 - lam) * stats[1][point].std
+        assert torch.allclose(stats[2][point].std, target, atol=1e-4)
+        assert not torch.allclose(stats[3][point].std, target, atol=1e-2)  # the plain merge had lost variance
+    even = lmclab.repair(net, merged, [a, b], data=data, kind="repair", device="cpu")  # weights ½, ½
+    assert not _close(even, fixed, atol=1e-3)
+    assert _close(merged, lerp_params(a, b, lam), atol=0)  # the caller's state dict is untouched
+
+
+def test_repair_bn_recomputes_the_running_statistics() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(300, 6) * 3 + 1
+    fixed = lmclab.repair(net, net.state_dict(), data=(x, torch.zeros(300)), device="cpu")  # auto: bn
+    h = net[0](x)
+    assert torch.allclose(fixed["1.running_mean"], h.mean(0), atol=1e-4)
+    assert not torch.allclose(net.state_dict()["1.running_mean"], h.mean(0), atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "bn"}, r"^kind: 'bn' needs a model with BatchNorm"),
+        ({"kind": "nope"}, r"^kind must be one of"),
+        ({"kind": "repair", "endpoints": []}, r"^endpoints: kind='repair' needs the merged models"),
+        ({"kind": "repair", "endpoints": [{"x": torch.zeros(1)}]}, r"^endpoints\[0\]: tensor names differ"),
+        ({"samples": 0}, r"^samples must be a positive number"),
+        ({"endpoints": ["a", "b"]}, r"^endpoints\[0\] must be an nn.Module or a state dict"),
+    ],
+)
+def test_repair_refuses_bad_calls_in_one_line(kwargs: dict, message: str) -> None:
+    net = _mlp(0)
+    call = {"endpoints": [net.state_dict()], **kwargs}
+    with pytest.raises((ValueError, TypeError), match=message):
+        lmclab.repair(net, net.state_dict(), data=(torch.randn(8, 12), torch.zeros(8)), device="cpu", **call)
+    bn = nn.Sequential(nn.Linear(12, 4), nn.BatchNorm1d(4))
+    with pytest.raises(ValueError, match=r"^kind: 'repair' does not fit a model with BatchNorm"):
+        lmclab.repair(bn, bn.state_dict(), [bn.state_dict()], data=(torch.randn(8, 12), torch.zeros(8)), kind="repair")
+
+
+def test_alignment_and_curve_have_short_reprs_and_the_curve_a_frame() -> None:
+    a, b, x = _mlp(0), _mlp(1), torch.randn(32, 12)
+    res = lmclab.find_permutation(a, b, example_inputs=x, device="cpu")
+    assert repr(res).startswith("Alignment(method='wm', 2 groups {P_0: 16, P_1: 16}, ")
+    assert "tensor" not in repr(res) and len(repr(res)) < 200
+    curve = lmclab.curve(a, res.apply(b), data=(x, torch.randint(0, 3, (32,))), lams=3, device="cpu")
+    assert repr(curve) == f"Curve(splits=['test'], 3 λ values, loss barrier {curve.barrier():.4g} on 'test')"
+    frame = curve.to_frame()
+    assert list(frame.columns) == ["lam", "split", "loss", "acc"] and len(frame) == 3
+    assert frame["loss"].tolist() == [r["loss"] for r in curve.rows]
+
+
+def test_as_split_keeps_integer_token_inputs_integers() -> None:
+    tokens, y = torch.randint(0, 50, (4, 7)), torch.tensor([0, 1, 0, 1], dtype=torch.int32)
+    assert lmclab.as_split((tokens, y)).x.dtype == torch.int64
+    assert (
+        lmclab.as_split([(tokens, y)]).x.dtype == torch.int64 and lmclab.as_split([(tokens, y)]).y.dtype == torch.int64
+    )
+    half = torch.randn(4, 3).double()
+    assert lmclab.as_split((half, y)).x.dtype == torch.float64
+
+
+def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_split(monkeypatch) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    a, b = _mlp(0), _mlp(1)
+    x, y = torch.randn(100, 12), torch.randint(0, 3, (100,))
+    held = lmclab.curve(a, b, data=(x, y), lams=3, device="cpu")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a DataLoader was concatenated into memory")
+
+    monkeypatch.setattr("lmclab.api.curves.as_split", never)
+    streamed = lmclab.curve(a, b, data=DataLoader(TensorDataset(x, y), batch_size=30), lams=3, device="cpu")
+    assert [r["lam"] for r in streamed.rows] == [r["lam"] for r in held.rows]
+    for r, s in zip(streamed.rows, held.rows, strict=True):
+        assert r["loss"] == pytest.approx(s["loss"], rel=1e-5) and r["acc"] == pytest.approx(s["acc"])
+    with pytest.raises(ValueError, match="^data: a DataLoader yielded no batches$"):
+        lmclab.curve(a, b, data=DataLoader(TensorDataset(x[:0], y[:0])), lams=3, device="cpu")
