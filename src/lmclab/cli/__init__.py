@@ -21,6 +21,15 @@ from typing import Any
 
 import typer
 
+from lmclab.cli.inputs import (
+    aligned_pair,
+    checked_options,
+    load_data,
+    load_models,
+    load_pair,
+    parse_shape,
+    save_state,
+)
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
 
@@ -48,94 +57,6 @@ def one_line(fn: Callable) -> Callable:
     return wrapper
 
 
-def _shape(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        shape = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        shape = ()
-    if not shape or min(shape) < 1:
-        raise ValueError(f"--input-shape: expected positive integers separated by commas, got {text!r}")
-    return shape
-
-
-def _options(pairs: list[str]) -> dict[str, Any]:
-    """``--option key=value`` pairs, values read as YAML (numbers, booleans, null, strings)."""
-    from ruamel.yaml import YAML
-
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option: expected key=value, got {pair!r}")
-        out[key] = YAML(typ="safe", pure=True).load(value)
-    return out
-
-
-def _method_options(check: Callable, method: str, pairs: list[str]) -> dict[str, Any]:
-    """The ``--option`` pairs checked by ``method``'s options model; errors name ``--method``/``--option``."""
-    from lmclab.core.options import OptionError
-
-    options = _options(pairs)
-    try:
-        check(method, options)
-    except OptionError as err:
-        names = {"method": "--method", "options": "--option"}
-        raise ValueError(err.keyed(lambda name: names.get(name, f"--option {name}"))) from None
-    return options
-
-
-def _load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[list[Any], Any]:
-    """Every model's parameters, the module they run in, and (checkpoints) their spec and points."""
-    from lmclab.api.files import build_factory, load_model_file
-
-    loaded = [load_model_file(p) for p in paths]
-    params = [m.params for m in loaded]
-    if factory is not None:
-        try:
-            parsed = json.loads(kwargs)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--kwargs: not valid JSON ({exc})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError(f"--kwargs: expected a JSON object, got {kwargs!r}")
-        return params, (build_factory(factory, parsed), None, None)
-    if loaded[0].model is None:
-        raise ValueError(f"{paths[0]}: a plain state dict needs --factory module:callable to build its module")
-    return params, (loaded[0].model, loaded[0].spec, loaded[0].points)
-
-
-def _load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any, Any, Any]:
-    """Both models' parameters, the module they run in, and (checkpoints) their spec and points."""
-    (params_a, params_b), found = _load_models([a, b], factory, kwargs)
-    return params_a, params_b, found
-
-
-def _data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
-    """A data set by name (prepared into a private temporary folder) or a prepared folder's ``split``."""
-    import tempfile
-
-    from lmclab.core.data import LOADERS, Split, load_split, prepare
-    from lmclab.core.options import OptionError
-
-    if source in LOADERS:
-        with tempfile.TemporaryDirectory(prefix="lmclab-") as tmp:  # mode 0700: this user only
-            try:
-                prepare(source, root, Path(tmp) / "prepared")
-            except OptionError as err:  # not downloadable, or its package missing: named as --data
-                raise ValueError(err.keyed(lambda name: "--data" if name == "name" else name)) from None
-            data = load_split(Path(tmp) / "prepared", split)
-    elif Path(source).is_dir():
-        data = load_split(Path(source), split)
-    else:
-        raise ValueError(f"--data: expected one of {sorted(LOADERS)} or a prepared data folder, got {source!r}")
-    if in_channels is not None:
-        if in_channels % data.x.shape[1]:
-            raise ValueError(f"--in-channels: {in_channels} is not a multiple of the data's {data.x.shape[1]}")
-        data = Split(data.x.repeat(1, in_channels // data.x.shape[1], 1, 1), data.y)
-    return data
-
-
 @app.command()
 @one_line
 def match(
@@ -160,12 +81,12 @@ def match(
     from lmclab.api.files import save_permutation
     from lmclab.search import check_method, needs_data
 
-    options = _method_options(check_method, method, option)
+    options = checked_options(check_method, method, option)
     if needs_data(method) and data is None:
         raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
-    params_a, params_b, (net, spec, points) = _load_pair(model_a, model_b, factory, kwargs)
-    shape = _shape(input_shape)
-    train = _data(data, "train", data_root, in_channels) if data is not None else None
+    params_a, params_b, (net, spec, points) = load_pair(model_a, model_b, factory, kwargs)
+    shape = parse_shape(input_shape)
+    train = load_data(data, "train", data_root, in_channels) if data is not None else None
     res = find_permutation(
         params_a,
         params_b,
@@ -201,8 +122,8 @@ def merge(
     """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
     from lmclab.api import merge as merge_models
 
-    merged = merge_models(*_aligned(model_a, model_b, perm, factory, kwargs, input_shape)[:2], lam=lam)
-    _save_state(out, merged)
+    merged = merge_models(*aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape)[:2], lam=lam)
+    save_state(out, merged)
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
 
 
@@ -232,12 +153,12 @@ def merge_many(
 
     if len(models) < 2:
         raise ValueError(f"MODELS: expected at least 2 model files, got {len(models)}")
-    options = _method_options(check_many, method, option)
+    options = checked_options(check_many, method, option)
     if (needs_data(method) or repair is not None) and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
-    params, (net, spec, points) = _load_models(models, factory, kwargs)
-    shape = _shape(input_shape)
+    params, (net, spec, points) = load_models(models, factory, kwargs)
+    shape = parse_shape(input_shape)
     if spec is None and shape is None and data is None:
         raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
     res = merge_models(
@@ -247,7 +168,7 @@ def merge_many(
         model=net,
         points=points,
         example_inputs=torch.zeros(2, *shape) if shape else None,
-        data=_data(data, "train", data_root, in_channels) if data is not None else None,
+        data=load_data(data, "train", data_root, in_channels) if data is not None else None,
         repair=repair,
         options=options,
         seed=seed,
@@ -255,46 +176,9 @@ def merge_many(
     )
     if res.merged is None:
         raise ValueError(f"--option: this {method} merge is partial (one network per model), no single model to write")
-    _save_state(out, res.merged)
+    save_state(out, res.merged)
     repaired = f", repaired ({res.repair})" if res.repair else ""
     typer.echo(f"{method}: {len(models)} models, {res.stats.get('seconds', 0.0):.2f} s{repaired}; wrote {out}")
-
-
-def _aligned(
-    model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str, input_shape: str | None
-) -> tuple[Any, Any, Any]:
-    """θa, π(θb) (θb without ``perm``) and the module they run in."""
-    import torch
-
-    from lmclab.api import apply_permutation
-    from lmclab.api.files import load_permutation
-
-    params_a, params_b, (net, spec, _) = _load_pair(model_a, model_b, factory, kwargs)
-    if perm is None:
-        return params_a, params_b, net
-    if spec is None:
-        from lmclab.trace import trace_spec
-
-        shape = _shape(input_shape)
-        if shape is None:
-            raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
-        spec = trace_spec(net, torch.zeros(2, *shape))
-    return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
-
-
-def _save_state(path: Path, state: dict) -> None:
-    from lmclab.archs.checkpoint import atomic_save
-
-    state = {k: v.contiguous() for k, v in state.items()}
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
-        from lmclab.core.atomic import atomic_path
-
-        with atomic_path(path) as tmp:
-            save_file(state, str(tmp))
-    else:
-        atomic_save(state, path)
 
 
 @app.command()
@@ -318,9 +202,9 @@ def barrier(
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import curve as measure_curve
 
-    params_a, params_b, net = _aligned(model_a, model_b, perm, factory, kwargs, input_shape)
-    test = _data(data, split, data_root, in_channels)
-    repair_data = _data(data, "train", data_root, in_channels) if repair else None
+    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape)
+    test = load_data(data, split, data_root, in_channels)
+    repair_data = load_data(data, "train", data_root, in_channels) if repair else None
     curve = measure_curve(
         params_a,
         params_b,
@@ -357,7 +241,7 @@ def trace(
     from lmclab.trace import trace as trace_model
 
     net = build_factory(factory, json.loads(kwargs))
-    traced = trace_model(net, torch.zeros(2, *_shape(input_shape)), partial=partial)
+    traced = trace_model(net, torch.zeros(2, *parse_shape(input_shape)), partial=partial)
     sizes = traced.spec.group_sizes(net.state_dict())
     for group, places in traced.spec.groups.items():
         where = ", ".join(f"{name}[{axis}]" for name, axis in places)

@@ -1,0 +1,135 @@
+"""What the ``lmclab`` command reads and writes, checked before any computation: model files and the
+module they run in, data by name or folder, ``--option`` pairs, ``--input-shape``, and the files it writes
+(atomically)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ValueError(f"--input-shape: expected positive integers separated by commas, got {text!r}")
+    return shape
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``--option key=value`` pairs, values read as YAML (numbers, booleans, null, strings)."""
+    from ruamel.yaml import YAML
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option: expected key=value, got {pair!r}")
+        out[key] = YAML(typ="safe", pure=True).load(value)
+    return out
+
+
+def checked_options(check: Callable, method: str, pairs: list[str]) -> dict[str, Any]:
+    """The ``--option`` pairs checked by ``method``'s options model; errors name ``--method``/``--option``."""
+    from lmclab.core.options import OptionError
+
+    options = parse_options(pairs)
+    try:
+        check(method, options)
+    except OptionError as err:
+        names = {"method": "--method", "options": "--option"}
+        raise ValueError(err.keyed(lambda name: names.get(name, f"--option {name}"))) from None
+    return options
+
+
+def load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[list[Any], Any]:
+    """Every model's parameters, the module they run in, and (checkpoints) their spec and points."""
+    from lmclab.api.files import build_factory, load_model_file
+
+    loaded = [load_model_file(p) for p in paths]
+    params = [m.params for m in loaded]
+    if factory is not None:
+        try:
+            parsed = json.loads(kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--kwargs: not valid JSON ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"--kwargs: expected a JSON object, got {kwargs!r}")
+        return params, (build_factory(factory, parsed), None, None)
+    if loaded[0].model is None:
+        raise ValueError(f"{paths[0]}: a plain state dict needs --factory module:callable to build its module")
+    return params, (loaded[0].model, loaded[0].spec, loaded[0].points)
+
+
+def load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any, Any, Any]:
+    """Both models' parameters, the module they run in, and (checkpoints) their spec and points."""
+    (params_a, params_b), found = load_models([a, b], factory, kwargs)
+    return params_a, params_b, found
+
+
+def load_data(source: str, split: str, root: Path, in_channels: int | None) -> Any:
+    """A data set by name (prepared into a private temporary folder) or a prepared folder's ``split``."""
+    import tempfile
+
+    from lmclab.core.data import LOADERS, Split, load_split, prepare
+    from lmclab.core.options import OptionError
+
+    if source in LOADERS:
+        with tempfile.TemporaryDirectory(prefix="lmclab-") as tmp:  # mode 0700: this user only
+            try:
+                prepare(source, root, Path(tmp) / "prepared")
+            except OptionError as err:  # not downloadable, or its package missing: named as --data
+                raise ValueError(err.keyed(lambda name: "--data" if name == "name" else name)) from None
+            data = load_split(Path(tmp) / "prepared", split)
+    elif Path(source).is_dir():
+        data = load_split(Path(source), split)
+    else:
+        raise ValueError(f"--data: expected one of {sorted(LOADERS)} or a prepared data folder, got {source!r}")
+    if in_channels is not None:
+        if in_channels % data.x.shape[1]:
+            raise ValueError(f"--in-channels: {in_channels} is not a multiple of the data's {data.x.shape[1]}")
+        data = Split(data.x.repeat(1, in_channels // data.x.shape[1], 1, 1), data.y)
+    return data
+
+
+def aligned_pair(
+    model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str, input_shape: str | None
+) -> tuple[Any, Any, Any]:
+    """θa, π(θb) (θb without ``perm``) and the module they run in."""
+    import torch
+
+    from lmclab.api import apply_permutation
+    from lmclab.api.files import load_permutation
+
+    params_a, params_b, (net, spec, _) = load_pair(model_a, model_b, factory, kwargs)
+    if perm is None:
+        return params_a, params_b, net
+    if spec is None:
+        from lmclab.trace import trace_spec
+
+        shape = parse_shape(input_shape)
+        if shape is None:
+            raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
+        spec = trace_spec(net, torch.zeros(2, *shape))
+    return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
+
+
+def save_state(path: Path, state: dict) -> None:
+    from lmclab.archs.checkpoint import atomic_save
+
+    state = {k: v.contiguous() for k, v in state.items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        from lmclab.core.atomic import atomic_path
+
+        with atomic_path(path) as tmp:
+            save_file(state, str(tmp))
+    else:
+        atomic_save(state, path)
