@@ -269,3 +269,87 @@ def test_validate_reads_a_params_file(work: Path) -> None:
     assert "valid" in lmclab(work, "validate", str(root / "params.yaml")).stdout
     (work / "bad.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1))
     assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False).stderr
+
+
+@pytest.fixture(scope="module")
+def broken(work: Path) -> Path:
+    """Files a researcher may hand the command by mistake, beside the good ones."""
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    torch.save(mlp(width=32).state_dict(), work / "wide.pt")
+    good = (work / "a.pt").read_bytes()
+    (work / "truncated.pt").write_bytes(good[: len(good) // 2])
+    torch.save(mlp(), work / "module.pt")  # the pickled module, not its state dict
+    save_file(torch.load(work / "a.pt"), str(work / "a.safetensors"))
+    tensors = (work / "a.safetensors").read_bytes()
+    (work / "truncated.safetensors").write_bytes(tensors[:-7])
+    (work / "text.safetensors").write_text("not a safetensors file")
+    torch.save({"model": torch.load(work / "a.pt"), "epoch": 3}, work / "nested.pt")
+    return work
+
+
+FACTORY = ["--factory", "nets:mlp", "--input-shape", "1,28,28"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["match", "a.pt", "wide.pt", *FACTORY],
+            "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)",
+        ),
+        (
+            ["match", "wide.pt", "wide.pt", *FACTORY],
+            "error: wide.pt: tensor '1.weight' has shape (32, 784), the module of --factory nets:mlp's (16, 784)",
+        ),
+        (
+            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--kwargs", '{"width": 8}', "--input-shape", "1,28,28"],
+            "error: a.pt: tensor '1.weight' has shape (16, 784), the module of --factory nets:mlp's (8, 784)",
+        ),
+        (["match", "truncated.pt", "b.pt", *FACTORY], "error: truncated.pt: not a readable PyTorch file (truncated"),
+        (["match", "module.pt", "b.pt", *FACTORY], "error: module.pt: holds pickled objects, not only tensors"),
+        (
+            ["match", "truncated.safetensors", "b.pt", *FACTORY],
+            "error: truncated.safetensors: not a readable safetensors file",
+        ),
+        (["match", "text.safetensors", "b.pt", *FACTORY], "error: text.safetensors: not a readable safetensors file"),
+        (["merge", "a.pt", "wide.pt", "--factory", "nets:mlp"], "error: wide.pt: tensor '1.weight' has shape"),
+        (["merge-many", "a.pt", "b.pt", "wide.pt", *FACTORY], "error: wide.pt: tensor '1.weight' has shape"),
+    ],
+)
+def test_bad_files_and_shapes_are_one_line_before_any_work(broken: Path, args: list[str], message: str) -> None:
+    out = broken / "never.pt"
+    err = lmclab(broken, *args, "--out", str(out), ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["match", "a.pt", "b.pt", *FACTORY, "--out", "no_such_dir/p.pt"], "error: --out: the folder no_such_dir"),
+        (["match", "a.pt", "b.pt", *FACTORY, "--out", "."], "error: --out: . is a folder"),
+        (["merge", "a.pt", "b.pt", "--factory", "nets:mlp", "--out", "no_such_dir/m.pt"], "error: --out: the folder"),
+        (
+            ["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere", "--json", "no_such_dir/b.json"],
+            "error: --json: the folder no_such_dir of no_such_dir/b.json does not exist",  # before --data is read
+        ),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(broken: Path, args: list[str], message: str) -> None:
+    err = lmclab(broken, *args, ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_nested_and_safetensors_checkpoints_are_read(broken: Path) -> None:
+    """``{"model": state_dict, …}`` (a training script's checkpoint) and ``.safetensors`` are the same model."""
+    out = broken / "nested_perm.pt"
+    lmclab(broken, "match", "nested.pt", "b.pt", *FACTORY, "--out", str(out))
+    first = torch.load(out)["perm"]
+    lmclab(broken, "match", "a.safetensors", "b.pt", *FACTORY, "--out", str(out))
+    assert all(torch.equal(first[g], p) for g, p in torch.load(out)["perm"].items())

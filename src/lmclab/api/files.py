@@ -5,6 +5,7 @@ permutation file ``lmclab match`` writes."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,11 +32,24 @@ class Loaded(NamedTuple):
 def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # zip/pickle errors of truncated files, pickled modules
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except pickle.UnpicklingError:  # a file torch reads, holding objects other than tensors
         raise ValueError(
-            f"{path}: not a readable state dict (save model.state_dict(), not the module: {first[:120]})"
+            f"{path}: holds pickled objects, not only tensors (save model.state_dict(), not the module)"
         ) from None
+    except Exception as exc:  # zip or pickle errors: a truncated, corrupted or foreign file
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a readable PyTorch file (truncated or corrupted? {first[:120]})") from None
+
+
+def _safetensors_load(path: Path) -> dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or corrupted? {first[:120]})") from None
 
 
 def load_model_file(path: Path) -> Loaded:
@@ -44,9 +58,7 @@ def load_model_file(path: Path) -> Loaded:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return Loaded(load_file(str(path)))
+        return Loaded(_safetensors_load(path))
     blob = _torch_load(path)
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         ckpt = load_checkpoint(path)

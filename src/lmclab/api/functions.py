@@ -41,7 +41,7 @@ from lmclab.api.inputs import Data, Model, as_split, named_as, params_of, resolv
 from lmclab.core import spec as spec_ops
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
-from lmclab.core.spec import Params, Permutation, PermutationSpec
+from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search
 
 
@@ -116,6 +116,8 @@ def find_permutation(
     options = checked_options(method, options)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
+    cpu = torch.device("cpu")
+    check_same_shapes(params_of(model_a, "model_a", cpu), params_of(model_b, "model_b", cpu), "model_b", "model_a")
     problem = resolve(
         model_a,
         model_b,

@@ -27,6 +27,7 @@ from lmclab.cli.inputs import (
     load_data,
     load_models,
     load_pair,
+    output_path,
     parse_shape,
     save_state,
 )
@@ -82,6 +83,7 @@ def match(
     from lmclab.search import check_method, needs_data
 
     options = checked_options(check_method, method, option)
+    output_path(out, "--out")
     if needs_data(method) and data is None:
         raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
     params_a, params_b, (net, spec, points) = load_pair(model_a, model_b, factory, kwargs)
@@ -122,6 +124,8 @@ def merge(
     """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
     from lmclab.api import merge as merge_models
 
+    output_path(out, "--out")
+
     merged = merge_models(*aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape)[:2], lam=lam)
     save_state(out, merged)
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
@@ -154,6 +158,7 @@ def merge_many(
     if len(models) < 2:
         raise ValueError(f"MODELS: expected at least 2 model files, got {len(models)}")
     options = checked_options(check_many, method, option)
+    output_path(out, "--out")
     if (needs_data(method) or repair is not None) and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
@@ -201,7 +206,10 @@ def barrier(
 ) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import curve as measure_curve
+    from lmclab.core.atomic import atomic_path
 
+    if json_out is not None:
+        output_path(json_out, "--json")
     params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape)
     test = load_data(data, split, data_root, in_channels)
     repair_data = load_data(data, "train", data_root, in_channels) if repair else None
@@ -223,7 +231,8 @@ def barrier(
             f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}"
         )
     if json_out is not None:
-        json_out.write_text(json.dumps({"barriers": found, "curve": curve.rows}, indent=2) + "\n")
+        with atomic_path(json_out) as tmp:
+            tmp.write_text(json.dumps({"barriers": found, "curve": curve.rows}, indent=2) + "\n")
 
 
 @app.command()

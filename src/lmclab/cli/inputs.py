@@ -51,9 +51,12 @@ def checked_options(check: Callable, method: str, pairs: list[str]) -> dict[str,
 def load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[list[Any], Any]:
     """Every model's parameters, the module they run in, and (checkpoints) their spec and points."""
     from lmclab.api.files import build_factory, load_model_file
+    from lmclab.core.spec import check_same_shapes
 
     loaded = [load_model_file(p) for p in paths]
     params = [m.params for m in loaded]
+    for path, model in zip(paths[1:], params[1:], strict=True):
+        check_same_shapes(params[0], model, str(path), str(paths[0]))
     if factory is not None:
         try:
             parsed = json.loads(kwargs)
@@ -61,7 +64,9 @@ def load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[li
             raise ValueError(f"--kwargs: not valid JSON ({exc})") from None
         if not isinstance(parsed, dict):
             raise ValueError(f"--kwargs: expected a JSON object, got {kwargs!r}")
-        return params, (build_factory(factory, parsed), None, None)
+        net = build_factory(factory, parsed)
+        check_same_shapes(net.state_dict(), params[0], str(paths[0]), f"the module of --factory {factory}")
+        return params, (net, None, None)
     if loaded[0].model is None:
         raise ValueError(f"{paths[0]}: a plain state dict needs --factory module:callable to build its module")
     return params, (loaded[0].model, loaded[0].spec, loaded[0].points)
@@ -133,3 +138,13 @@ def save_state(path: Path, state: dict) -> None:
             save_file(state, str(tmp))
     else:
         atomic_save(state, path)
+
+
+def output_path(path: Path, flag: str) -> Path:
+    """``path`` if the command can write it — checked before any computation: its folder exists and it
+    is not itself a folder; a one-line error naming ``flag`` otherwise."""
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a folder; expected a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag}: the folder {path.parent} of {path} does not exist")
+    return path
