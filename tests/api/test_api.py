@@ -143,8 +143,18 @@ def test_bad_arguments_are_one_line_naming_the_argument(kwargs: dict, message: s
 
 def test_a_state_dict_of_another_model_is_refused_naming_it() -> None:
     other = nn.Sequential(nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3))
-    with pytest.raises(ValueError, match="^model_b: keys do not match"):
+    with pytest.raises(ValueError, match=r"^model_b: its tensors are not model_a's \(missing \['5.bias', '5.weight'\]"):
         lmclab.find_permutation(_mlp(0), other.state_dict(), example_inputs=torch.randn(2, 12))
+
+
+@pytest.mark.parametrize("method", ["wm", "am", "identity"])
+def test_two_widths_are_refused_naming_the_tensor_and_both_shapes_before_any_work(method: str) -> None:
+    """Before: wm failed with 'start (0) + length (64) exceeds dimension size (32)', am in the cost matrix."""
+    narrow = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x = torch.randn(8, 12)
+    message = r"^model_b: tensor '1.weight' has shape \(8, 12\), model_a's \(16, 12\)$"
+    with pytest.raises(ValueError, match=message):
+        lmclab.find_permutation(_mlp(0), narrow, method=method, example_inputs=x, data=(x, torch.zeros(8).long()))
 
 
 def test_errors_of_the_functions_below_name_the_apis_own_arguments() -> None:
