@@ -1,4 +1,4 @@
-"""The measure stage's work on one pair against the bare forward passes it needs (issue 14).
+"""The measure stage's work on one pair against the bare forward passes it needs.
 
 After `dvc repro`, for one pair and every method of ``params.yaml``: the library work of the measure
 stage (``measure_and_analyze`` with θa's and θb's SVDs shared, as ``stages/measure.py`` runs it), and

@@ -1,4 +1,4 @@
-"""The n-model comparison at full length (issue 30; docs "Methods", many models): every n-model method on
+"""The n-model comparison at full length (docs "Methods", many models): every n-model method on
 the default run's four MLPs, with the library's default options — run by hand, not a DVC stage: its input
 is a finished run of the merge_many stage with all methods, which costs more than the default run's
 time budget (C2M3's 100 Frank–Wolfe iterations and ZipIt!'s clustering take minutes on 2 cores).

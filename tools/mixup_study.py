@@ -1,4 +1,4 @@
-"""Mixup study (issue 17), run by hand after `dvc exp run` of the pipeline with ``train.mixup_alpha`` > 0
+"""Mixup study, run by hand after `dvc exp run` of the pipeline with ``train.mixup_alpha`` > 0
 (docs/analyses.md): reads ``data/tables/{pairs,history}.parquet`` of every experiment that differs from the
 workspace only in ``train.mixup_alpha`` (and, with ``--workspace``, of the workspace's own run, usually
 α = 0), and writes ``--out``/``mixup.md`` (per α: endpoint accuracy, NC1, ETF distance, equinorm CV; per

@@ -1,4 +1,4 @@
-"""The n-model methods (issue 30): MergeMany, star, sync and C2M3's Frank–Wolfe map N models into one
+"""The n-model methods: MergeMany, star, sync and C2M3's Frank–Wolfe map N models into one
 universe. Planted copies are recovered exactly (every pairwise map, the optimum of the shared
 objective), with and without noise; brute force on three tiny MLPs bounds every method's objective
 and is reached on planted cases; maps from one universe have cycle error 0 while independent pairwise
