@@ -191,7 +191,7 @@ def collect(
             frame.to_parquet(tmp, index=False)
     plot_three_study(table, edges, out / "three_study.png", dpi=dpi)
     with atomic_path(out / "three_study.md") as tmp:
-        tmp.write_text(study_markdown(table, edges, defaults=defaults(params), rebuild=REBUILD))
+        tmp.write_text(study_markdown(table, defaults=defaults(params), rebuild=REBUILD))
 
 
 if __name__ == "__main__":
