@@ -51,7 +51,7 @@ def main(
     from lmclab.analysis.three_models import connect_triple
     from lmclab.archs import build_model
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json, write_table
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
@@ -102,13 +102,8 @@ def main(
         return
     atomic_save(result.perms, out / "perms.pt")
     for name, rows in (("curves", result.curves), ("landscape", result.landscape)):
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            pd.DataFrame(rows).to_parquet(tmp, index=False)
-    with atomic_path(out / "edges.json") as tmp:
-        tmp.write_text(
-            json.dumps({"seeds": seeds, "method": method, "edges": result.edges, "search": result.search}, indent=2)
-            + "\n"
-        )
+        write_table(out / f"{name}.parquet", pd.DataFrame(rows))
+    write_json(out / "edges.json", {"seeds": seeds, "method": method, "edges": result.edges, "search": result.search})
     bc = next(e for e in result.edges if e["edge"] == "b-c")
     typer.echo(f"{method} {seeds}: b-c test loss barrier {bc['test_loss_barrier_max']:.4f}")
 

@@ -11,7 +11,6 @@ are sharded over the processes (the analyses are computed by each), rank 0 write
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -46,7 +45,7 @@ def main(
     from lmclab.analysis.mae_pair import mae_pair
     from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import load_checkpoint
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json, write_table
     from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
@@ -124,11 +123,9 @@ def main(
         if not world.is_main:  # one writer
             continue
         for name, rows in tables.items():
-            with atomic_path(out / method / f"{name}.parquet") as tmp:
-                pd.DataFrame(rows).to_parquet(tmp, index=False)
+            write_table(out / method / f"{name}.parquet", pd.DataFrame(rows))
         record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}
-        with atomic_path(out / method / "summary.json") as tmp:
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(out / method / "summary.json", record)
         typer.echo(
             f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
             f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "

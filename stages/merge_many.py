@@ -10,7 +10,6 @@ assignments), ``pairwise.parquet`` (the test barrier at λ = ½ of every pair's 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -48,7 +47,7 @@ def main(
         load_checkpoint,
         save_checkpoint,
     )
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json, write_table
     from lmclab.core.bn_repair import repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
@@ -88,15 +87,13 @@ def main(
         else:  # merge and unmerge matrices per model and group
             atomic_save({"merges": result.merges, "unmerges": result.unmerges}, out / method / "transforms.pt")
     for name, rows in (("evaluation", found.evaluation), ("methods", found.methods), ("pairwise", found.pairwise)):
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            pd.DataFrame(rows).to_parquet(tmp, index=False)
-    with atomic_path(out / "trace.json") as tmp:
-        trace = {
-            "seeds": opts["seeds"],
-            "repair": opts["repair"],
-            "methods": {m: r.stats for m, r in found.results.items()},
-        }
-        tmp.write_text(json.dumps(trace, indent=2) + "\n")
+        write_table(out / f"{name}.parquet", pd.DataFrame(rows))
+    trace = {
+        "seeds": opts["seeds"],
+        "repair": opts["repair"],
+        "methods": {m: r.stats for m, r in found.results.items()},
+    }
+    write_json(out / "trace.json", trace)
     for row in found.methods:
         typer.echo(f"{row['method']}: cycle error {row['cycle_error']:.3f}, {row['seconds']:.1f} s")
 

@@ -39,7 +39,7 @@ def main(
 ) -> None:
     import pandas as pd
 
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json, write_table
     from lmclab.core.device import describe_machine
     from lmclab.report.headline import headline_metrics
     from lmclab.report.many_models import many_summary, objective_traces
@@ -78,8 +78,7 @@ def main(
     trace = json.loads((merge_many_dir / "trace.json").read_text())
     out["merge_many_trace"] = objective_traces(trace, out["merge_many_methods"])
     for name, frame in out.items():
-        with atomic_path(tables_dir / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
+        write_table(tables_dir / f"{name}.parquet", frame)
     headline = headline_metrics(
         history=out["history"],
         pairs=out["pairs"],
@@ -105,8 +104,7 @@ def main(
         (detail_dir, "merge_many", many_summary(out["merge_many"], out["merge_many_methods"])),
         (detail_dir, "environment", describe_machine()),  # where these numbers were taken
     ):
-        with atomic_path(folder / f"{name}.json") as tmp:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(folder / f"{name}.json", summary)
 
 
 if __name__ == "__main__":

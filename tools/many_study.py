@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import typer
 
-from lmclab.core.atomic import atomic_path
+from lmclab.core.atomic import write_json, write_table, write_text
 from lmclab.core.device import describe_machine
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
 from lmclab.report.many_models import many_table, objective_traces, plot_many
@@ -100,14 +100,11 @@ def collect(
     trace = json.loads((folder / "trace.json").read_text())
     info = {**_run_info(run, trace), "note": note}
     for name, frame in tables.items():
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
-    with atomic_path(out / "run.json") as tmp:
-        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        write_table(out / f"{name}.parquet", frame)
+    write_json(out / "run.json", info)
     traces = objective_traces(trace, tables["methods"])
     plot_many(traces, tables["evaluation"], out / "many_models.png", dpi=dpi)
-    with atomic_path(out / "many_models.md") as tmp:
-        tmp.write_text(markdown(info, tables["evaluation"], tables["methods"]))
+    write_text(out / "many_models.md", markdown(info, tables["evaluation"], tables["methods"]))
     typer.echo(f"{out}: {len(tables['methods'])} methods")
 
 
