@@ -12,6 +12,7 @@ pipeline: ``permute.wm.max_iter must be a positive integer, got 0``).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import wraps
 from types import UnionType
@@ -48,6 +49,11 @@ class OptionError(ValueError):
     def keyed(self, key: Callable[[str], str]) -> str:
         """The line with each argument ``name`` written as ``key(name)``."""
         return self.template.format_map(_Names(key))
+
+    def renamed(self, names: Mapping[str, str]) -> str:
+        """The template with each argument ``x`` of ``names`` named ``names[x]`` (for a new OptionError)."""
+        marked = escaped(self.keyed(lambda name: f"\0{names.get(name, name)}\0"))
+        return re.sub("\0(\\w+)\0", r"{\1}", marked)
 
 
 class _Names(dict):
