@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from lmclab.analysis.alignment import check_mode
 from lmclab.analysis.compose import Analysis, Endpoints, measure_and_analyze
@@ -66,18 +66,12 @@ def prepare_pair(
 ) -> Pair:
     """θa (``a``) and θb (``b``) on ``world``'s device, measured on ``splits`` (``train`` and ``test``) as
     ``settings`` say. Errors name the settings' fields."""
-    with _renamed(num_samples="bn_repair_samples", mode="conv_spectrum", gamma="gammas"):
+    with _renamed(mode="conv_spectrum"):
         lams = lambda_grid(settings.num_lambdas)
         check_mode(settings.conv_spectrum)
-        device = world.device
-        model = build_model(a.arch, a.config).to(device)
-        repair = None
-        if settings.bn_repair and has_batchnorm(model):
-            repair = bn_repair_hook(model, splits["train"], num_samples=settings.bn_repair_samples, world=world)
-    repair_at = None
-    if settings.repair and not has_batchnorm(model):  # REPAIR of LayerNorm and norm-free nets
-        with _renamed(num_samples="repair_samples"):
-            repair_at = RepairAt(model, repair_subset(splits["train"], settings.repair_samples))
+    device = world.device
+    model = build_model(a.arch, a.config).to(device)
+    repair, repair_at = build_repairs(settings, model, splits["train"], world=world)
     spec = get_arch(a.arch).permutation_spec(a.config)
     params_a, params_b = (on_device(c.state_dict, device) for c in (a, b))
     how = Analysis(
@@ -92,6 +86,20 @@ def prepare_pair(
         spec, model, params_a, params_b, splits, how.factors(bare, params_a), how.factors(bare, params_b)
     )
     return Pair(endpoints, how, repair, repair_at, world)
+
+
+def build_repairs(
+    settings: MeasureSettings, model: nn.Module, train: Split, *, world: World = ALONE
+) -> tuple[Repair | None, RepairAt | None]:
+    """``(repair, repair_at)`` of ``model`` on ``train`` as ``settings`` say: BatchNorm statistics recomputed at
+    every λ (BatchNorm nets), or REPAIR (nets without BatchNorm), or neither (None)."""
+    if settings.bn_repair and has_batchnorm(model):
+        with _renamed(num_samples="bn_repair_samples"):
+            return bn_repair_hook(model, train, num_samples=settings.bn_repair_samples, world=world), None
+    if settings.repair and not has_batchnorm(model):  # REPAIR of LayerNorm and norm-free nets
+        with _renamed(num_samples="repair_samples"):
+            return None, RepairAt(model, repair_subset(train, settings.repair_samples))
+    return None, None
 
 
 def measure_method(pair: Pair, permuted_b: Checkpoint, midpoint: Checkpoint) -> tuple[dict[str, list[dict]], dict]:
