@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from lmclab.analysis.alignment import layer_names
-from lmclab.analysis.compose import alignment_summary, analyze_model, analyze_pair
+from lmclab.analysis.compose import Analysis, Endpoints, alignment_summary, analyze_model, analyze_pair
 from lmclab.analysis.energy import theorem42
 from lmclab.analysis.taylor import taylor_terms
 from lmclab.archs import build_model, get_arch
@@ -64,7 +64,10 @@ def main() -> None:
         ),
         "theorem 4.2 (test)": lambda: theorem42(model, pa, pb, splits["test"], layer_names(spec, pa)),
         "full analyze_pair (stage analyze)": lambda: analyze_pair(
-            spec, model, pa, b.state_dict, pb, mid, splits, lams=lambda_grid(25), gammas=[0, 0.3], input_shape=shape
+            Endpoints(spec, model, pa, b.state_dict, splits),
+            pb,
+            mid,
+            Analysis(lams=lambda_grid(25), gammas=[0, 0.3], input_shape=shape),
         ),
         "analyze_model, one seed (stage spectra)": lambda: analyze_model(
             spec, model, pa, splits["test"], input_shape=shape

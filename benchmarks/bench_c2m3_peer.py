@@ -1,5 +1,5 @@
 """C2M3's own Frank–Wolfe matcher and lmclab's ``c2m3`` side by side on the same N checkpoints, in one
-process, interleaved per repeat (issue 30, "Side by side"); MergeMany as a third row.
+process, interleaved per repeat ("Side by side"); MergeMany as a third row.
 
 The peer (github.com/crisostomi/cycle-consistent-model-merging, Crisostomi et al., NeurIPS 2024) is *not*
 part of lmclab: check it out anywhere outside the project and pass its folder as ``--peer``; nothing of it

@@ -1,4 +1,4 @@
-"""LMC of ResNet20 on the offline mnist5k digits, with and without BatchNorm repair (issue 3).
+"""LMC of ResNet20 on the offline mnist5k digits, with and without BatchNorm repair.
 
     python benchmarks/bench_conv_lmc.py [--width 0.5] [--epochs 4] [--threads 1]
 

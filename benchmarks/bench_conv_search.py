@@ -1,11 +1,11 @@
-"""Time one weight-matching search on random weights of the paper's conv nets (issue 3).
+"""Time one weight-matching search on random weights of the paper's conv nets.
 
     python benchmarks/bench_conv_search.py [--threads 1] [--only resnet20|vgg]
 
 Two independently initialised models (seeds 0 and 1, CIFAR input 3×32×32) with randomised BN
-statistics; prints sweeps and seconds of WM (coordinate descent, LAP per group). Target from the
-issue: ResNet20 ×16 under 30 s on the 2-core CPU. ``cpu_seconds`` (process CPU time) is what the
-search costs without other load on the machine (with one thread: roughly its wall time when idle).
+statistics; prints sweeps and seconds of WM (coordinate descent, LAP per group). Target: ResNet20 ×16
+under 30 s on the 2-core CPU. ``cpu_seconds`` (process CPU time) is what the search costs without other load on
+the machine (with one thread: roughly its wall time when idle).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the default run needs to show the paper's MNIST-MLP findings (issue 14), measured.
+"""What the default run needs to show the paper's MNIST-MLP findings, measured.
 
 Trains ``--seeds`` MLPs (3 × 512, Adam 1e-3, batch 512: the paper's recipe) on the prepared split of
 a `dvc repro` workspace for each of ``--epochs``, then runs the searches of ``--methods`` on the pairs

@@ -1,5 +1,5 @@
 """Benchmark: the two assignment solvers of ``lap_backend`` (lmclab.core.assignment), scipy and lapx,
-timed in one process, alternating, medians of ``--repeats`` (issue 30).
+timed in one process, alternating, medians of ``--repeats``.
 
 1. Single assignments at 512², 1024², 2048² (float64, maximised) on
    ``random`` (standard normal), ``ties`` (integers in {0, 1, 2}: many optima), ``planted`` (a

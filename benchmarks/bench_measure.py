@@ -1,7 +1,7 @@
-"""The measure stage's work on one pair against the bare forward passes it needs (issue 14).
+"""The measure stage's work on one pair against the bare forward passes it needs.
 
 After `dvc repro`, for one pair and every method of ``params.yaml``: the library work of the measure
-stage (``measure_and_analyze`` with θa's and θb's SVDs shared, as ``stages/measure.py`` runs it), and
+stage (``measure_and_analyze`` with θa's and θb's SVDs shared, as ``lmclab.analysis.pair`` runs it for the stage), and
 the bare minimum its curves need — one forward pass per λ of the grid, method and split over every
 image, no loss, no bookkeeping — timed in the same process, interleaved per repeat. Prints both, the
 ratio, and where the rest goes (Taylor, R_γ, Theorem 4.2).
@@ -20,7 +20,7 @@ import torch
 import yaml
 from torch.func import functional_call
 
-from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
+from lmclab.analysis.compose import Analysis, Endpoints, measure_and_analyze
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split
@@ -58,26 +58,18 @@ def main() -> None:
     lams, opts = lambda_grid(params["measure"]["num_lambdas"]), params["measure"]
 
     def stage_work() -> None:
-        shared = {
-            f"factors_{k}": endpoint_factors(spec, model, p, input_shape=a.config.input_shape)
-            for k, p in (("a", a.state_dict), ("b", b.state_dict))
-        }
+        how = Analysis(
+            lams=lams,
+            gammas=opts["gammas"],
+            input_shape=a.config.input_shape,
+            mode=opts["conv_spectrum"],
+            taylor_splits=opts["taylor_splits"],
+        )
+        bare = Endpoints(spec, model, a.state_dict, b.state_dict, splits)
+        shared = [how.factors(bare, p) for p in (a.state_dict, b.state_dict)]
+        pair = Endpoints(spec, model, a.state_dict, b.state_dict, splits, *shared)
         for m in methods:
-            measure_and_analyze(
-                spec,
-                model,
-                a.state_dict,
-                b.state_dict,
-                permuted[m],
-                midpoints[m],
-                splits,
-                lams=lams,
-                gammas=opts["gammas"],
-                mode=opts["conv_spectrum"],
-                input_shape=a.config.input_shape,
-                taylor_splits=opts["taylor_splits"],
-                **shared,
-            )
+            measure_and_analyze(pair, permuted[m], midpoints[m], how)
 
     times: dict[str, list[float]] = {"stage": [], "bare": []}
     for _ in range(args.repeats):

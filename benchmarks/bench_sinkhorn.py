@@ -1,6 +1,6 @@
 """lmclab's side of the Sinkhorn benchmark against the authors' reference (README "Sinkhorn methods").
 
-The pair of the issue: two 784-512-512-512-10 MLPs (seeds 0 and 1) trained 30 epochs with Adam 1e-3
+The benchmark pair: two 784-512-512-512-10 MLPs (seeds 0 and 1) trained 30 epochs with Adam 1e-3
 at batch 512 on the prepared split of a `dvc repro` workspace (mnist5k by default; cached in
 ``--cache``). On it, with the reference's settings:
 

@@ -1,7 +1,7 @@
 """Benchmark the permutation searches on trained pairs of a `dvc repro` workspace.
 
 For each pair and method: search time (learning-curve monitoring excluded), L2 before/after,
-reduction %, and the midpoint test-loss barrier B_½ (SPEC.md §2); for `ste`, seconds per epoch.
+reduction %, and the midpoint test-loss barrier B_½ (the paper's Tables 1–3); for `ste`, seconds per epoch.
 Options come from the params file's ``permute.<method>`` blocks (``--set method.key=value`` to
 override, e.g. ``--set wm_sinkhorn.iterations=100`` for the paper's setting). Writes
 ``benchmarks/results/soft_search.json`` and prints a Markdown table.

@@ -1,4 +1,4 @@
-"""Training throughput (images/s) of one architecture on the mnist5k digits (issue 3).
+"""Training throughput (images/s) of one architecture on the mnist5k digits.
 
     python benchmarks/bench_train_throughput.py [--arch resnet20] [--width 1] [--epochs 1]
 

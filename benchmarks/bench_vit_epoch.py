@@ -1,4 +1,4 @@
-"""Seconds per epoch of the transformer presets (issue 29): supervised training of the ``vit`` preset's
+"""Seconds per epoch of the transformer presets: supervised training of the ``vit`` preset's
 ViT and MAE pretraining of the ``mae`` preset's, on the mnist5k digits, measured in one run, alternating
 (lone timings drift by half on a shared machine).
 

@@ -93,7 +93,7 @@ def spread_table(runs: dict[str, dict[str, float]]) -> tuple[list[dict], str]:
     return rows, "\n".join(lines)
 
 
-# another machine, as reported in issue 12 (committed metrics vs a fresh run elsewhere): |Δ| seen there
+# another machine, as reported in a cross-machine check (committed metrics vs a fresh run elsewhere): |Δ| seen there
 OTHER_MACHINE = {"endpoints.acc": 0.1, "wm.B_loss": 0.021, "merge_many.naive_acc": 1.1, "ste.bc_B_acc": 0.54}
 SECONDS_RULE = {"abs": 1.0, "rel": 1.0}  # timings: see propose_tolerances
 

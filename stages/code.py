@@ -15,7 +15,7 @@ import sys
 
 from _repo_src import REPO  # first: this repository's src/ on sys.path
 
-from lmclab.core.atomic import atomic_path
+from lmclab.core.atomic import write_text
 from lmclab.pipeline.closure import code_fingerprint
 
 
@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         text = code_fingerprint(REPO, f"stages/{name}.py")
         target = REPO / args.out / f"{name}.txt"
         target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(target) as tmp:
-            tmp.write_text(text)
+        write_text(target, text)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,12 @@ from lmclab.pipeline.stage import (
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
-# the params.yaml key of each argument the library's errors name
-KEYS = {**under("three", "resolution", "margin"), **under("measure", "num_lambdas", gamma="gammas")}
-REPAIR_KEYS = {
-    "bn_repair": under("measure", num_samples="bn_repair_samples"),
-    "repair": under("measure", num_samples="repair_samples"),
+# the params.yaml key of each name the library's errors use
+KEYS = {
+    **under("three", "resolution", "margin"),
+    **under("measure", "num_lambdas", "bn_repair_samples", "repair_samples", gamma="gammas"),
 }
+REPAIRS = ("bn_repair", "bn_repair_samples", "repair", "repair_samples")  # the measure settings it reads
 
 
 @app.command()
@@ -46,12 +46,9 @@ def main(
     aligned_b: Path | None = typer.Option(None, help="permute stage output (perm.pt, stats.json) of θb → θa"),
     params: Path = Path("params.yaml"),
 ) -> None:
-    import pandas as pd
-
+    from lmclab.analysis.pair import MeasureSettings, build_repairs
     from lmclab.analysis.three_models import connect_triple
     from lmclab.archs import build_model
-    from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
-    from lmclab.core.atomic import atomic_path
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
@@ -62,69 +59,61 @@ def main(
     options = read(f"permute.{method}") or {}
     with search_errors(method):  # the library's errors, under their params.yaml keys
         check_method(method, options)
-    relaunch_under_torchrun(
-        __file__,
-        [
-            f"--method={method}",
-            f"--seeds={seeds}",
-            f"--models={models}",
-            f"--data={data}",
-            f"--out={out}",
-            *([f"--aligned-b={aligned_b}"] if aligned_b else []),
-            f"--params={params}",
-        ],
-        run_id=f"lmclab-connect-{seeds}-{method}",
-        nproc_per_node=read("measure.nproc_per_node"),
-    )
+    args = {"method": method, "seeds": seeds, "models": models, "data": data, "out": out, "aligned-b": aligned_b}
+    argv = [f"--{k}={v}" for k, v in {**args, "params": params}.items() if v is not None]
+    nproc = read("measure.nproc_per_node")
+    relaunch_under_torchrun(__file__, argv, run_id=f"lmclab-connect-{seeds}-{method}", nproc_per_node=nproc)
     world = join_torchrun(resolve_device(read("device")))
-    settings = dict(
-        seed=read("permute.seed"),
-        lams=lambda_grid(read("measure.num_lambdas")),
-        resolution=read("three.resolution"),
-        margin=read("three.margin"),
-        gammas=read("measure.gammas"),
-        device=world.device,
-        world=world,
+    ckpts, train = load_triple(models, seeds), load_split(data, "train")
+    model = build_model(ckpts["a"].arch, ckpts["a"].config).to(world.device)
+    repair, repair_at = build_repairs(
+        MeasureSettings(**{k: read(f"measure.{k}") for k in REPAIRS}), model, train, world=world
     )
-    paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","), strict=True)}
-    ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
-    for k in "bc":
-        check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
+    settings = dict(seed=read("permute.seed"), resolution=read("three.resolution"), margin=read("three.margin"))
+    settings |= dict(lams=lambda_grid(read("measure.num_lambdas")), gammas=read("measure.gammas"), repair=repair)
     aligned = {"b": load_alignment(aligned_b, method)} if aligned_b else {}
-    train = load_split(data, "train")
-    settings |= repairs(read("measure"), build_model(ckpts["a"].arch, ckpts["a"].config).to(world.device), train, world)
     with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
         result = connect_triple(
-            method, ckpts, train, load_split(data, "test"), options=options, aligned=aligned, **settings
+            method,
+            ckpts,
+            train,
+            load_split(data, "test"),
+            options=options,
+            aligned=aligned,
+            repair_at=repair_at,
+            device=world.device,
+            world=world,
+            **settings,
         )
     leave_world(world)
-    if not world.is_main:  # one writer
-        return
+    if world.is_main:  # one writer
+        write_outputs(result, out, seeds, method)
+
+
+def write_outputs(result, out: Path, seeds: str, method: str) -> None:
+    """``perms.pt``, ``curves.parquet``, ``landscape.parquet`` and ``edges.json`` of a connect ``result``."""
+    import pandas as pd
+
+    from lmclab.archs.checkpoint import atomic_save
+    from lmclab.core.atomic import write_json, write_table
+
     atomic_save(result.perms, out / "perms.pt")
     for name, rows in (("curves", result.curves), ("landscape", result.landscape)):
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            pd.DataFrame(rows).to_parquet(tmp, index=False)
-    with atomic_path(out / "edges.json") as tmp:
-        tmp.write_text(
-            json.dumps({"seeds": seeds, "method": method, "edges": result.edges, "search": result.search}, indent=2)
-            + "\n"
-        )
+        write_table(out / f"{name}.parquet", pd.DataFrame(rows))
+    write_json(out / "edges.json", {"seeds": seeds, "method": method, "edges": result.edges, "search": result.search})
     bc = next(e for e in result.edges if e["edge"] == "b-c")
     typer.echo(f"{method} {seeds}: b-c test loss barrier {bc['test_loss_barrier_max']:.4f}")
 
 
-def repairs(measure: dict, model, train, world) -> dict:
-    """``repair`` (BN repair) or ``repair_at`` (REPAIR) as the measure stage builds them from ``measure``."""
-    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
-    from lmclab.core.repair import RepairAt
+def load_triple(models: Path, seeds: str) -> dict:
+    """The checkpoints ``a``, ``b``, ``c`` of ``seeds`` (``"a,b,c"``) in ``models``, of one architecture."""
+    from lmclab.archs.checkpoint import check_same_architecture, load_checkpoint
 
-    if measure["bn_repair"] and has_batchnorm(model):
-        with params_errors(REPAIR_KEYS["bn_repair"]):
-            return {"repair": bn_repair_hook(model, train, num_samples=measure["bn_repair_samples"], world=world)}
-    if measure["repair"] and not has_batchnorm(model):
-        with params_errors(REPAIR_KEYS["repair"]):
-            return {"repair_at": RepairAt(model, repair_subset(train, measure["repair_samples"]))}
-    return {}
+    paths = {k: models / f"seed{s}.pt" for k, s in zip("abc", seeds.split(","), strict=True)}
+    ckpts = {k: load_checkpoint(p) for k, p in paths.items()}
+    for k in "bc":
+        check_same_architecture(ckpts["a"], ckpts[k], paths["a"], paths[k])
+    return ckpts
 
 
 def load_alignment(folder: Path, method: str):

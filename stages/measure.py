@@ -11,7 +11,6 @@ are sharded over the processes (the analyses are computed by each), rank 0 write
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -21,9 +20,9 @@ from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, show
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 
 app = typer.Typer(add_completion=False)
-# the params.yaml key of each argument the library's errors name
-KEYS = under("measure", "num_lambdas", mode="conv_spectrum", num_samples="bn_repair_samples", gamma="gammas")
-REPAIR_KEYS = under("measure", num_samples="repair_samples")
+# the params.yaml key of each name the library's errors use: MeasureSettings' fields, and the arguments they feed
+SETTINGS = ("num_lambdas", "conv_spectrum", "bn_repair_samples", "repair_samples", "gammas")
+KEYS = under("measure", *SETTINGS, mode="conv_spectrum", num_samples="bn_repair_samples", gamma="gammas")
 
 
 @app.command()
@@ -40,20 +39,14 @@ def main(
     params: Path = Path("params.yaml"),
 ) -> None:
     import pandas as pd
+    from tqdm import tqdm
 
-    from lmclab.analysis.alignment import check_mode
-    from lmclab.analysis.compose import endpoint_factors, measure_and_analyze
-    from lmclab.analysis.mae_pair import mae_pair
-    from lmclab.archs import build_model, get_arch
+    from lmclab.analysis.pair import MeasureSettings, measure_method, prepare_pair
     from lmclab.archs.checkpoint import load_checkpoint
-    from lmclab.core.atomic import atomic_path
-    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
+    from lmclab.core.atomic import write_json, write_table
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
-    from lmclab.core.metrics import lambda_grid
-    from lmclab.core.objective import is_reconstruction
-    from lmclab.core.repair import RepairAt
 
     read = stage_params("measure", params, dvc_yaml=DVC_YAML)
     opts = read("measure")
@@ -61,80 +54,32 @@ def main(
         seed_a=seed_a, seed_b=seed_b, model_a=model_a, model_b=model_b, merged=merged, data=data, out=out, params=params
     )
     args = [f"--{k.replace('_', '-')}={v}" for k, v in named.items()]
-    relaunch_under_torchrun(
-        __file__, args, run_id=f"lmclab-measure-{seed_a}-{seed_b}", nproc_per_node=opts["nproc_per_node"]
-    )
-    lams, mode = lambda_grid(opts["num_lambdas"]), opts["conv_spectrum"]
-    check_mode(mode)
+    run_id = f"lmclab-measure-{seed_a}-{seed_b}"
+    relaunch_under_torchrun(__file__, args, run_id=run_id, nproc_per_node=opts["nproc_per_node"])
+    settings = MeasureSettings.of(opts)
     world = join_torchrun(resolve_device(read("device")))
-    device = world.device
-    a, b = load_checkpoint(model_a), load_checkpoint(model_b)
-    on = lambda sd: {k: v.to(device) for k, v in sd.items()}  # noqa: E731
-    model = build_model(a.arch, a.config).to(device)
     splits = {"train": load_split(data, "train"), "test": load_split(data, "test")}
-    repair = (
-        bn_repair_hook(model, splits["train"], num_samples=opts["bn_repair_samples"], world=world)
-        if opts["bn_repair"] and has_batchnorm(model)
-        else None
-    )
-    repair_at = None
-    if opts["repair"] and not has_batchnorm(model):  # REPAIR of LayerNorm and norm-free nets (lmclab.core.repair)
-        with params_errors(REPAIR_KEYS):
-            repair_at = RepairAt(model, repair_subset(splits["train"], opts["repair_samples"]))
-    spec, params_a, params_b = get_arch(a.arch).permutation_spec(a.config), on(a.state_dict), on(b.state_dict)
-    factors_a, factors_b = (
-        endpoint_factors(spec, model, p, mode=mode, input_shape=a.config.input_shape) for p in (params_a, params_b)
-    )  # shared by every method
-    from tqdm import tqdm
-
-    for method in tqdm(
-        read("permute.methods"),
-        desc=f"measure seed{seed_a}-seed{seed_b}",
-        unit="method",
-        disable=not show_progress(),
-        leave=False,
-    ):
-        permuted_b = load_checkpoint(merged / method / "permuted_b.pt")
-        midpoint = load_checkpoint(merged / method / "midpoint.pt")
-        curve, summary, taylor, bounds, cka = measure_and_analyze(
-            spec,
-            model,
-            params_a,
-            params_b,
-            on(permuted_b.state_dict),
-            on(midpoint.state_dict),
-            splits,
-            lams=lams,
-            gammas=[float(g) for g in opts["gammas"]],
-            mode=mode,
-            input_shape=a.config.input_shape,
-            taylor_splits=opts["taylor_splits"],
-            repair=repair,
-            repair_at=repair_at,
-            factors_a=factors_a,
-            factors_b=factors_b,
-            world=world,
-        )
-        tables = {"curve": curve, "taylor": taylor, "theorem42": bounds, "cka": cka}
-        if is_reconstruction(model):  # MAE endpoints: the encoder as a representation, patch errors, blocks
-            tables["mae"], tables["residual"], extra = mae_pair(
-                model, params_a, on(permuted_b.state_dict), splits["train"].to(device), splits["test"].to(device), lams
-            )
-            summary |= extra
-        if not world.is_main:  # one writer
-            continue
-        for name, rows in tables.items():
-            with atomic_path(out / method / f"{name}.parquet") as tmp:
-                pd.DataFrame(rows).to_parquet(tmp, index=False)
-        record = {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary}
-        with atomic_path(out / method / "summary.json") as tmp:
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
-        typer.echo(
-            f"{method} seed{seed_a}-seed{seed_b}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
-            f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
-            f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}" + (f" ({world.size} processes)" if world.size > 1 else "")
-        )
+    pair = prepare_pair(load_checkpoint(model_a), load_checkpoint(model_b), splits, settings, world=world)
+    name = f"seed{seed_a}-seed{seed_b}"
+    bar = dict(desc=f"measure {name}", unit="method", disable=not show_progress(), leave=False)
+    for method in tqdm(read("permute.methods"), **bar):
+        loaded = (load_checkpoint(merged / method / f"{c}.pt") for c in ("permuted_b", "midpoint"))
+        tables, summary = measure_method(pair, *loaded)
+        if world.is_main:  # one writer
+            for table, rows in tables.items():
+                write_table(out / method / f"{table}.parquet", pd.DataFrame(rows))
+            write_json(out / method / "summary.json", {"seed_a": seed_a, "seed_b": seed_b, "method": method, **summary})
+            typer.echo(report_line(method, name, summary, world.size))
     leave_world(world)
+
+
+def report_line(method: str, name: str, summary: dict, processes: int) -> str:
+    """The line printed per method: the test loss barrier at ½ (and Taylor's), the L2 reduction, R_0.3."""
+    return (
+        f"{method} {name}: test loss barrier ½ {summary['test_loss_barrier_mid']:.4f} "
+        f"(Taylor {summary['test_taylor_barrier_mid']:.4f}), L2 -{summary['l2_reduction_pct']:.1f}%, "
+        f"R_0.3 {summary.get('R_0.3', float('nan')):.3f}" + (f" ({processes} processes)" if processes > 1 else "")
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ assignments), ``pairwise.parquet`` (the test barrier at λ = ½ of every pair's 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -37,18 +36,8 @@ def main(
     out: Path = typer.Option(...),
     params: Path = Path("params.yaml"),
 ) -> None:
-    import pandas as pd
-
     from lmclab.analysis.many_models import compare_many
     from lmclab.archs import build_model, get_arch
-    from lmclab.archs.checkpoint import (
-        Checkpoint,
-        atomic_save,
-        check_same_architecture,
-        load_checkpoint,
-        save_checkpoint,
-    )
-    from lmclab.core.atomic import atomic_path
     from lmclab.core.bn_repair import repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
@@ -60,10 +49,7 @@ def main(
     for method, options in methods.items():  # every bad option before any work
         with params_errors(_method_key(method)):
             check_many(method, options)
-    paths = [models / f"seed{s}.pt" for s in opts["seeds"]]
-    ckpts = [load_checkpoint(p) for p in paths]
-    for p, c in zip(paths[1:], ckpts[1:], strict=True):
-        check_same_architecture(ckpts[0], c, paths[0], p)
+    ckpts = load_models(models, opts["seeds"])
     device, first = resolve_device(read("device")), ckpts[0]
     train = load_split(data, "train")
     with params_errors(KEYS):
@@ -80,6 +66,28 @@ def main(
             points=get_arch(first.arch).activation_points(first.config),
             train=train,
         )
+    write_outputs(found, out, first, {"seeds": opts["seeds"], "repair": opts["repair"]})
+
+
+def load_models(models: Path, seeds) -> list:
+    """The checkpoints of ``seeds`` in ``models``, of one architecture."""
+    from lmclab.archs.checkpoint import check_same_architecture, load_checkpoint
+
+    paths = [models / f"seed{s}.pt" for s in seeds]
+    ckpts = [load_checkpoint(p) for p in paths]
+    for p, c in zip(paths[1:], ckpts[1:], strict=True):
+        check_same_architecture(ckpts[0], c, paths[0], p)
+    return ckpts
+
+
+def write_outputs(found, out: Path, first, run: dict) -> None:
+    """Each method's merged model and permutations or transforms, the three tables and ``trace.json`` (``run``
+    and each method's stats) of a :func:`~lmclab.analysis.many_models.compare_many` result."""
+    import pandas as pd
+
+    from lmclab.archs.checkpoint import Checkpoint, atomic_save, save_checkpoint
+    from lmclab.core.atomic import write_json, write_table
+
     for method, result in found.results.items():
         if result.merged is not None:  # a partial zip has one network per model instead
             save_checkpoint(out / method / "merged.pt", Checkpoint(first.arch, first.config, None, result.merged))
@@ -88,15 +96,8 @@ def main(
         else:  # merge and unmerge matrices per model and group
             atomic_save({"merges": result.merges, "unmerges": result.unmerges}, out / method / "transforms.pt")
     for name, rows in (("evaluation", found.evaluation), ("methods", found.methods), ("pairwise", found.pairwise)):
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            pd.DataFrame(rows).to_parquet(tmp, index=False)
-    with atomic_path(out / "trace.json") as tmp:
-        trace = {
-            "seeds": opts["seeds"],
-            "repair": opts["repair"],
-            "methods": {m: r.stats for m, r in found.results.items()},
-        }
-        tmp.write_text(json.dumps(trace, indent=2) + "\n")
+        write_table(out / f"{name}.parquet", pd.DataFrame(rows))
+    write_json(out / "trace.json", {**run, "methods": {m: r.stats for m, r in found.results.items()}})
     for row in found.methods:
         typer.echo(f"{row['method']}: cycle error {row['cycle_error']:.3f}, {row['seconds']:.1f} s")
 

@@ -6,7 +6,6 @@ ste_sinkhorn take the seconds given in params.yaml."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -30,7 +29,7 @@ def main(
     from lmclab.api import find_permutation
     from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json
     from lmclab.core.data import load_split
     from lmclab.search import check_method
 
@@ -57,8 +56,7 @@ def main(
             options=options,
         )
     atomic_save(result.perm, out / "perm.pt")
-    with atomic_path(out / "stats.json") as tmp:
-        tmp.write_text(json.dumps({"method": method, **result.stats}, indent=2) + "\n")
+    write_json(out / "stats.json", {"method": method, **result.stats})
     typer.echo(f"{method}: {model_b.name} -> {model_a.name} in {result.stats['seconds']:.3f} s")
 
 

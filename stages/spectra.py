@@ -32,7 +32,7 @@ def main(
     from lmclab.analysis.compose import analyze_model
     from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import load_checkpoint
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_table
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
 
@@ -52,8 +52,7 @@ def main(
             input_shape=ckpt.config.input_shape,
         )
         for name, rows in (("spectrum", spectrum), ("energy", energy)):
-            with atomic_path(out / f"seed{seed}" / f"{name}.parquet") as tmp:
-                pd.DataFrame(rows).assign(seed=seed).to_parquet(tmp, index=False)
+            write_table(out / f"seed{seed}" / f"{name}.parquet", pd.DataFrame(rows).assign(seed=seed))
         typer.echo(f"seed{seed}: spectra of {pd.DataFrame(spectrum)['layer'].nunique()} layers ({mode})")
 
 

@@ -21,15 +21,14 @@ app = typer.Typer(add_completion=False)
 @app.command()
 @one_line_errors
 def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> None:
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_text
     from lmclab.pipeline.validate import ParamsError, check_params
 
     try:
         check_params(stage_params("validate", params, dvc_yaml=DVC_YAML)(""))
     except ParamsError as err:
         raise SystemExit("\n".join(f"error: {line}" for line in err.lines)) from None
-    with atomic_path(out) as tmp:
-        tmp.write_text("parameters valid\n")
+    write_text(out, "parameters valid\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The n-model comparison at full length (issue 30; docs "Methods", many models): every n-model method on
+"""The n-model comparison at full length (docs "Methods", many models): every n-model method on
 the default run's four MLPs, with the library's default options — run by hand, not a DVC stage: its input
 is a finished run of the merge_many stage with all methods, which costs more than the default run's
 time budget (C2M3's 100 Frank–Wolfe iterations and ZipIt!'s clustering take minutes on 2 cores).
@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import typer
 
-from lmclab.core.atomic import atomic_path
+from lmclab.core.atomic import write_json, write_table, write_text
 from lmclab.core.device import describe_machine
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
 from lmclab.report.many_models import many_table, objective_traces, plot_many
@@ -100,14 +100,11 @@ def collect(
     trace = json.loads((folder / "trace.json").read_text())
     info = {**_run_info(run, trace), "note": note}
     for name, frame in tables.items():
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
-    with atomic_path(out / "run.json") as tmp:
-        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        write_table(out / f"{name}.parquet", frame)
+    write_json(out / "run.json", info)
     traces = objective_traces(trace, tables["methods"])
     plot_many(traces, tables["evaluation"], out / "many_models.png", dpi=dpi)
-    with atomic_path(out / "many_models.md") as tmp:
-        tmp.write_text(markdown(info, tables["evaluation"], tables["methods"]))
+    write_text(out / "many_models.md", markdown(info, tables["evaluation"], tables["methods"]))
     typer.echo(f"{out}: {len(tables['methods'])} methods")
 
 

@@ -1,4 +1,4 @@
-"""Mixup study (issue 17), run by hand after `dvc exp run` of the pipeline with ``train.mixup_alpha`` > 0
+"""Mixup study, run by hand after `dvc exp run` of the pipeline with ``train.mixup_alpha`` > 0
 (docs/analyses.md): reads ``data/tables/{pairs,history}.parquet`` of every experiment that differs from the
 workspace only in ``train.mixup_alpha`` (and, with ``--workspace``, of the workspace's own run, usually
 α = 0), and writes ``--out``/``mixup.md`` (per α: endpoint accuracy, NC1, ETF distance, equinorm CV; per
@@ -26,7 +26,7 @@ def main(
     workspace: bool = typer.Option(False, help="also include the workspace's own run"),
     methods: str = typer.Option("identity,wm,wm_sinkhorn", help="methods to tabulate"),
 ) -> None:
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_table, write_text
     from lmclab.studies.mixup import mixup_markdown, mixup_table
 
     def value(row: dict) -> float:
@@ -36,15 +36,14 @@ def main(
 
     runs = experiment_runs(value, ("pairs", "history"), swept=lambda key: key == PARAM, exps=exps, workspace=workspace)
     table = mixup_table(runs, methods.split(","))
-    with atomic_path(out / "table.parquet") as tmp:
-        table.to_parquet(tmp, index=False)
-    with atomic_path(out / "mixup.md") as tmp:
-        tmp.write_text(
-            "# Endpoints trained with and without mixup\n\nMean ± sample std over seeds (endpoints) "
-            "and pairs (methods); B½ = test loss barrier at λ = ½ (identity: before alignment).\n\n"
-            + mixup_markdown(table)
-            + "\n"
-        )
+    write_table(out / "table.parquet", table)
+    write_text(
+        out / "mixup.md",
+        "# Endpoints trained with and without mixup\n\nMean ± sample std over seeds (endpoints) "
+        "and pairs (methods); B½ = test loss barrier at λ = ½ (identity: before alignment).\n\n"
+        + mixup_markdown(table)
+        + "\n",
+    )
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def main(
     params: Path = Path("params.yaml"),
     set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing"),
 ) -> None:
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_text
     from lmclab.pipeline.validate import ParamsError, check_params
 
     new_text = apply_preset(name, params.read_text())
@@ -112,8 +112,7 @@ def main(
         overrides = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
         typer.echo("dvc exp run " + " ".join(f"-S {shlex.quote(f'{k}={flow(v)}')}" for k, v in overrides.items()))
         return
-    with atomic_path(params) as tmp:
-        tmp.write_text(new_text)
+    write_text(params, new_text)
     typer.echo(f"{params}: applied preset {name}")
 
 

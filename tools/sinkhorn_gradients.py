@@ -12,7 +12,6 @@ train their models (``dvc exp``, ``tools/three_study.py``); their checkpoints ar
 
 from __future__ import annotations
 
-import json
 import platform
 from pathlib import Path
 
@@ -34,7 +33,7 @@ def main(
     """One row per pair and group; written atomically."""
     from lmclab.archs import get_arch
     from lmclab.archs.checkpoint import check_same_architecture, load_checkpoint
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json
     from lmclab.search.wm_sinkhorn import ADAM_EPS, start_gradients
 
     rows = []
@@ -50,8 +49,7 @@ def main(
             )
             typer.echo(f"{a.arch} width {numbers['n']} {group}: RMS gradient {numbers['rms_over_eps']:.2g}·ε")
     blob = {"adam_eps": ADAM_EPS, "seed": seed, "machine": platform.machine(), "torch": torch.__version__, "rows": rows}
-    with atomic_path(out) as tmp:
-        tmp.write_text(json.dumps(blob, indent=2) + "\n")
+    write_json(out, blob)
 
 
 def _pairs(values: list[str]) -> list[tuple[Path, Path]]:

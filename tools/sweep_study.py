@@ -7,7 +7,6 @@ are experiments, not files. ~5 s."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -31,7 +30,7 @@ def main(
 ) -> None:
     import pandas as pd
 
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json, write_table, write_text
     from lmclab.report.plots_sweep import plot_sweep
     from lmclab.studies.findings import roles
     from lmclab.studies.sweep import sweep_markdown, sweep_points, sweep_table, trends
@@ -47,17 +46,13 @@ def main(
     wm = roles(list(points["method"].unique())).get("WM")
     verdicts = trends(points, wm, param) if wm else []
     for name, frame in (("points", points), ("table", table), ("trends", pd.DataFrame(verdicts))):
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
+        write_table(out / f"{name}.parquet", frame)
     plot_sweep(table, out / "sweep.png", param=param, dpi=dpi)
-    with atomic_path(out / "sweep.md") as tmp:
-        tmp.write_text(
-            f"# Sweep of {param} (Appendix H.5)\n\n![sweep](sweep.png)\n\n"
-            + sweep_markdown(table, verdicts, param)
-            + "\n"
-        )
-    with atomic_path(out / "trends.json") as tmp:
-        tmp.write_text(json.dumps(verdicts, indent=2) + "\n")
+    write_text(
+        out / "sweep.md",
+        f"# Sweep of {param} (Appendix H.5)\n\n![sweep](sweep.png)\n\n" + sweep_markdown(table, verdicts, param) + "\n",
+    )
+    write_json(out / "trends.json", verdicts)
 
 
 if __name__ == "__main__":

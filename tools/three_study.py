@@ -162,7 +162,7 @@ def collect(
     """Build the study's table, figure and Parquet tables from the finished experiments."""
     import pandas as pd
 
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_table, write_text
     from lmclab.report.plots_three import plot_three_study
     from lmclab.studies.three_study import study_markdown, study_table
 
@@ -187,11 +187,9 @@ def collect(
     edges = pd.concat(frames, ignore_index=True)
     table = study_table(edges)
     for name, frame in (("edges", edges), ("table", table)):
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
+        write_table(out / f"{name}.parquet", frame)
     plot_three_study(table, edges, out / "three_study.png", dpi=dpi)
-    with atomic_path(out / "three_study.md") as tmp:
-        tmp.write_text(study_markdown(table, edges, defaults=defaults(params), rebuild=REBUILD))
+    write_text(out / "three_study.md", study_markdown(table, defaults=defaults(params), rebuild=REBUILD))
 
 
 if __name__ == "__main__":

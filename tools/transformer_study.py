@@ -1,4 +1,4 @@
-"""The transformer study (issue 29; docs "Transformers and MAE"): supervised ViTs against ViTs pretrained
+"""The transformer study (docs "Transformers and MAE"): supervised ViTs against ViTs pretrained
 as masked autoencoders, every method, with and without REPAIR — run by hand, not a DVC stage: its
 inputs are two finished runs of the pipeline.
 

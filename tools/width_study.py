@@ -26,7 +26,7 @@ def main(
     workspace: bool = typer.Option(False, help="also include the workspace's own run"),
     dpi: int = typer.Option(120),
 ) -> None:
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_table, write_text
     from lmclab.report.plots import plot_width
     from lmclab.studies.width import alignment_markdown, width_tables
 
@@ -44,13 +44,12 @@ def main(
     )
     combined = width_tables(runs)
     for name, frame in combined.items():
-        with atomic_path(out / f"{name}.parquet") as tmp:
-            frame.to_parquet(tmp, index=False)
+        write_table(out / f"{name}.parquet", frame)
     plot_width(combined["spectrum"], combined["energy"], combined["alignment"], out / "width.png", dpi=dpi)
-    with atomic_path(out / "width.md") as tmp:
-        tmp.write_text(
-            "# Width study (Appendix H.4)\n\n![width](width.png)\n\n" + alignment_markdown(combined["alignment"]) + "\n"
-        )
+    write_text(
+        out / "width.md",
+        "# Width study (Appendix H.4)\n\n![width](width.png)\n\n" + alignment_markdown(combined["alignment"]) + "\n",
+    )
 
 
 if __name__ == "__main__":

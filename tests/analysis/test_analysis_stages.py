@@ -12,13 +12,23 @@ import yaml
 from typer.testing import CliRunner
 
 from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
-from lmclab.analysis.compose import analyze_model, analyze_pair, endpoint_factors, r_key
+from lmclab.analysis.compose import (
+    Analysis,
+    Endpoints,
+    analyze_model,
+    analyze_pair,
+    endpoint_factors,
+    measure_and_analyze,
+    r_key,
+)
 from lmclab.analysis.energy import theorem42
+from lmclab.analysis.pair import MeasureSettings, measure_method, prepare_pair
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
 from lmclab.core.data import load_split, prepare
 from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import lambda_grid
+from lmclab.core.options import OptionError
 from lmclab.core.spec import random_permutation
 from lmclab.report.summary import (
     SUMMARY_KEYS,
@@ -51,18 +61,9 @@ def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
     inverse = {g: torch.argsort(p) for g, p in perm.items()}
     permuted_b, midpoint = aligned_midpoint(spec, params_a, params_b, inverse)  # aligning recovers θa exactly
     splits = {"test": load_split(prepared, "test")}
-    summary, taylor, bounds = analyze_pair(
-        spec,
-        build_model("mlp", config),
-        params_a,
-        params_b,
-        permuted_b,
-        midpoint,
-        splits,
-        lams=lambda_grid(5),
-        gammas=[0.0, 0.3],
-        input_shape=config.input_shape,
-    )
+    pair = Endpoints(spec, build_model("mlp", config), params_a, params_b, splits)
+    how = Analysis(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
+    summary, taylor, bounds = analyze_pair(pair, permuted_b, midpoint, how)
     for gamma in (0.0, 0.3):
         assert summary[r_key(gamma)] == pytest.approx(1.0)
         assert summary[r_key(gamma, "a_mid")] == pytest.approx(1.0)
@@ -81,13 +82,10 @@ def test_shared_endpoint_factors_change_nothing(prepared):
     perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(2))
     permuted_b, midpoint = aligned_midpoint(spec, params_a, params_b, perm)
     model, splits = build_model("mlp", config), {"test": load_split(prepared, "test")}
-    kwargs = dict(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
-    shared = {
-        f"factors_{k}": endpoint_factors(spec, model, p, input_shape=config.input_shape)
-        for k, p in (("a", params_a), ("b", params_b))
-    }
-    alone = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint, splits, **kwargs)
-    reused = analyze_pair(spec, model, params_a, params_b, permuted_b, midpoint, splits, **kwargs, **shared)
+    how = Analysis(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
+    shared = [endpoint_factors(spec, model, p, input_shape=config.input_shape) for p in (params_a, params_b)]
+    alone = analyze_pair(Endpoints(spec, model, params_a, params_b, splits), permuted_b, midpoint, how)
+    reused = analyze_pair(Endpoints(spec, model, params_a, params_b, splits, *shared), permuted_b, midpoint, how)
     assert {k: v for k, v in reused[0].items() if k != "analysis_seconds"} == {
         k: v for k, v in alone[0].items() if k != "analysis_seconds"
     }
@@ -99,6 +97,48 @@ def test_shared_endpoint_factors_change_nothing(prepared):
         for which, (x, y) in {"": (fa, fp), "naive": (fa, fb), "a_mid": (fa, fm), "b_mid": (fp, fm)}.items():
             assert reused[0][r_key(gamma, which)] == alignment_r(x, y, gamma)
     assert reused[2] == theorem42(model, params_a, permuted_b, splits["test"], layers)
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"num_lambdas": 1}, "num_lambdas must be at least 2 (both endpoints), got 1"),
+        ({"conv_spectrum": "exact"}, "conv_spectrum must be one of ['reshape', 'fft'], got 'exact'"),
+        ({"repair": True, "repair_samples": 0}, "repair_samples must be a positive number of images or null, got 0"),
+    ],
+)
+def test_prepare_pair_errors_name_the_settings_fields(prepared, changes, line):
+    config, params = tiny(0)
+    ckpt = Checkpoint("mlp", config, 0, params)
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    with pytest.raises(OptionError) as err:
+        prepare_pair(ckpt, ckpt, splits, MeasureSettings(**changes))
+    assert str(err.value) == line and err.value.keyed(lambda n: f"measure.{n}") == f"measure.{line}"
+
+
+def test_measure_method_is_measure_and_analyze_with_the_endpoints_svds_shared(prepared):
+    (config, params_a), params_b = tiny(0), tiny(1)[1]
+    spec = get_arch("mlp").permutation_spec(config)
+    permuted_b, midpoint = aligned_midpoint(
+        spec, params_a, params_b, random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(3))
+    )
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    settings = MeasureSettings(num_lambdas=3)
+    pair = prepare_pair(
+        Checkpoint("mlp", config, 0, params_a), Checkpoint("mlp", config, 1, params_b), splits, settings
+    )
+    tables, summary = measure_method(
+        pair, Checkpoint("mlp", config, 1, permuted_b), Checkpoint("mlp", config, 1, midpoint)
+    )
+    how = Analysis(lams=lambda_grid(3), gammas=[0.0, 0.3], input_shape=config.input_shape, taylor_splits=["test"])
+    model = build_model("mlp", config)
+    curve, alone, taylor, bounds, cka = measure_and_analyze(
+        Endpoints(spec, model, params_a, params_b, splits), permuted_b, midpoint, how
+    )
+    assert sorted(tables) == ["cka", "curve", "taylor", "theorem42"]
+    assert (tables["curve"], tables["taylor"], tables["theorem42"]) == (curve, taylor, bounds)
+    timing = {"analysis_seconds"}
+    assert {k: v for k, v in summary.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
 
 
 def test_analyze_model_rows(prepared):

@@ -1,4 +1,4 @@
-"""Linear CKA (issue 17): closed-form invariances, independence, both formulas, and the layer rows of an
+"""Linear CKA: closed-form invariances, independence, both formulas, and the layer rows of an
 aligned pair (CKA is blind to the permutation itself; the merged midpoint is not)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Neural collapse statistics and mixup (issue 17): closed forms of NC1 and the ETF distance, and mixup
+"""Neural collapse statistics and mixup: closed forms of NC1 and the ETF distance, and mixup
 training that is deterministic per seed and mixes what it says."""
 
 from __future__ import annotations

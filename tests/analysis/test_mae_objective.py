@@ -9,8 +9,9 @@ import math
 
 import pytest
 import torch
+from mae_reference import reconstruction_loss
 
-from lmclab.analysis.mae import fixed_masks, reconstruction_loss
+from lmclab.analysis.mae import fixed_masks
 from lmclab.analysis.mae_pair import mae_pair
 from lmclab.archs import mae, seeded_model, vit
 from lmclab.archs.masking import masked_mse, pixel_targets

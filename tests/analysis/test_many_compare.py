@@ -1,4 +1,4 @@
-"""The n-model comparison (issue 30): the registry behind one call (``run_many``), every method and
+"""The n-model comparison: the registry behind one call (``run_many``), every method and
 the references of ``compare_many`` on planted and on independent models, the repair of merges, and the
 report's objective traces, headline metrics and table."""
 

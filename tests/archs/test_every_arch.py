@@ -1,4 +1,4 @@
-"""Registry-parametrised checks of every architecture (STYLE.md §16): spec keys, invariance of
+"""Registry-parametrised checks of every architecture: spec keys, invariance of
 the logits under a random permutation (eval mode, BN statistics permuted), inverse, activation
 points, on 1-channel 28-pixel and 3-channel 32-pixel inputs."""
 

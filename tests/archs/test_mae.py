@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmclab.analysis.mae import fixed_masks, reconstruction_barriers, reconstruction_curve, reconstruction_loss
+from lmclab.analysis.mae import fixed_masks, masked_visible_error
 from lmclab.archs import build_model, get_arch, mae
 from lmclab.archs.masking import masked_mse, patchify, random_masks, unpatchify, visible_indices
 from lmclab.core.data import Split
@@ -158,29 +158,11 @@ def test_the_encoder_loads_into_the_supervised_vit_for_a_linear_probe(position):
     assert all(vit_spec.axes[k] == spec.axes[k] for k in encoder)
 
 
-def test_reconstruction_curve_hits_the_endpoint_losses_on_fixed_masks():
-    _, model, _, params_a = _mae(seed=0)
-    _, _, _, params_b = _mae(seed=1)
+def test_fixed_masks_are_reproducible_and_the_masked_error_is_the_mae_loss():
+    _, model, _, params = _mae(seed=0)
     x = _images(10)
     masks = fixed_masks(10, 16, 0.75, seed=4)
     assert torch.equal(masks, fixed_masks(10, 16, 0.75, seed=4))
-    loss_a = reconstruction_loss(model, params_a, x, masks, batch_size=3)
-    assert abs(loss_a - float(_loss(model, params_a, x, masks))) < 1e-12  # batches weighted by masked patches
-    rows = reconstruction_curve(model, params_a, params_b, x, [0.0, 0.25, 0.5, 1.0], masks, batch_size=4)
-    at = {r["lam"]: r["loss"] for r in rows}
-    assert at[1.0] == reconstruction_loss(model, params_a, x, masks, batch_size=4)
-    assert at[0.0] == reconstruction_loss(model, params_b, x, masks, batch_size=4)
-    summary = reconstruction_barriers(rows)
-    assert summary["mae_loss_a"] == at[1.0] and summary["mae_loss_b"] == at[0.0]
-    assert summary["mae_loss_barrier_mid"] == at[0.5] - (at[0.0] + at[1.0]) / 2
-    assert summary["mae_loss_barrier_max"] >= max(summary["mae_loss_barrier_mid"], 0.0)
-
-
-def test_identical_endpoints_have_a_flat_curve_and_zero_barrier():
-    _, model, _, params = _mae()
-    masks = fixed_masks(8, 16, 0.75, seed=4)
-    rows = reconstruction_curve(model, params, params, _images(8), [0.0, 0.3, 0.5, 0.7, 1.0], masks)
-    summary = reconstruction_barriers(rows)
-    assert abs(summary["mae_loss_barrier_max"]) < 1e-12 and abs(summary["mae_loss_barrier_mid"]) < 1e-12
-    with pytest.raises(ValueError, match=r"^lams: the λ grid must contain 0, ½ and 1"):
-        reconstruction_barriers(rows[:2])
+    errors = masked_visible_error(model, params, x, masks, batch_size=3)  # batches weighted by their patches
+    assert abs(errors["masked"] - float(_loss(model, params, x, masks))) < 1e-12
+    assert errors["visible"] > 0

@@ -1,4 +1,4 @@
-"""MLP-Mixer (issue 17): its hand-written spec (one stream group across blocks, token- and channel-hidden
+"""MLP-Mixer: its hand-written spec (one stream group across blocks, token- and channel-hidden
 groups, the token axis never permuted), weight and activation matching recovering a permuted copy, and
 the same spec derived by tracing (a Mixer's tensors are permuted on two axes at once)."""
 

@@ -1,4 +1,4 @@
-"""The linear assignment solvers (issue 30): every backend reaches the brute-force optimum for n ≤ 7
+"""The linear assignment solvers: every backend reaches the brute-force optimum for n ≤ 7
 (square and rectangular) and scipy's optimal value on random, tie-heavy and rectangular matrices; every
 method that solves assignments takes ``lap_backend``, solves all of them with it (a spy on both
 solvers), records it in its stats and gives the same permutation with either backend on a planted

@@ -1,4 +1,4 @@
-"""Composite axes of a PermutationSpec (issue 15): a flatten of a channel map onto the features of a
+"""Composite axes of a PermutationSpec: a flatten of a channel map onto the features of a
 Linear (blocks) and a concatenation of channel groups (segments), in apply_permutation, the checks,
 weight matching and the Sinkhorn relaxation."""
 

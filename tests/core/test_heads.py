@@ -1,4 +1,4 @@
-"""Headed permutation groups (attention, issue 29): the symmetry itself in float64 on the ViT, the three
+"""Headed permutation groups (attention): the symmetry itself in float64 on the ViT, the three
 negative controls that must change the function, the checks, the structured assignment against brute
 force, and planted recovery by WM and AM."""
 

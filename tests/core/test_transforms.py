@@ -1,4 +1,4 @@
-"""Merge/unmerge transforms (core/transform.py, issue 30): permutations as transforms reproduce MergeMany's
+"""Merge/unmerge transforms (core/transform.py): permutations as transforms reproduce MergeMany's
 merged model (torch.equal for N = 2 and 4, float64 rounding for N = 3) and the mean of the aligned
 models for any permutations; which axis produces is read off the spec (weights, vectors, token tensors,
 flattened conv features); invertible maps leave a linear network's function unchanged; a partial merge

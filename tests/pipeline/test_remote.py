@@ -1,4 +1,4 @@
-"""Sharing results between machines through a DVC remote (issue 16): a run pushed to a local-directory
+"""Sharing results between machines through a DVC remote: a run pushed to a local-directory
 remote is restored in a fresh clone by ``dvc repro --pull`` without running a stage, and an experiment
 travels with ``dvc exp push`` / ``dvc exp pull`` (its outputs through the remote, its refs through git)."""
 

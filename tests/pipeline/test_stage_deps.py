@@ -21,13 +21,17 @@ from lmclab.pipeline.closure import (
     code_closure,
     code_file,
     code_fingerprint,
-    covered,
     import_closure,
     stage_script,
 )
 from lmclab.pipeline.stage import load_yaml
 
 STAGES = load_yaml(ROOT / "dvc.yaml")["stages"]
+
+
+def covered(path: str, listed) -> bool:
+    """``path`` is one of ``listed`` or inside a listed directory."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in listed)
 
 
 def _listed(stage: dict, key: str) -> list[str]:

@@ -25,7 +25,7 @@ def test_numbers_as_dvc_writes_them_are_read_as_dvc_reads_them(text: str) -> Non
 
 
 def test_pyyaml_would_read_dvcs_exponent_as_a_string() -> None:
-    """The trap of issue 13: `dvc exp run -S tol=1e-6` writes `tol: 1e-06`."""
+    """The YAML float trap: `dvc exp run -S tol=1e-6` writes `tol: 1e-06`."""
     assert yaml.safe_load("tol: 1e-06")["tol"] == "1e-06"
 
 

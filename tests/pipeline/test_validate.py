@@ -55,7 +55,7 @@ def test_a_headed_architecture_takes_the_sinkhorn_methods() -> None:
 
 
 BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
-    # a string where a number belongs (issue 13: these were tracebacks)
+    # a string where a number belongs (these once were tracebacks)
     ({"train__lr": "abc"}, "train.lr: expected a number > 0, got 'abc'"),
     ({"measure__num_lambdas": "abc"}, "measure.num_lambdas: expected an integer ≥ 2, got 'abc'"),
     ({"three__margin": "abc"}, "three.margin: expected a number ≥ 0, got 'abc'"),

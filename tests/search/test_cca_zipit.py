@@ -1,4 +1,4 @@
-"""CCA Merge and ZipIt! (issue 30) on tiny float64 MLPs: CCA recovers planted invertible maps of a linear
+"""CCA Merge and ZipIt! on tiny float64 MLPs: CCA recovers planted invertible maps of a linear
 network (and the merge is model 0); ZipIt! without within-model merges returns a permutation whose summed
 correlation is at most AM's optimum, with equality (and the planted maps) on permuted copies; the greedy's
 complete linkage and both modes on a hand-made correlation; a partial zip's heads compute their models'

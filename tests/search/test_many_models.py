@@ -1,4 +1,4 @@
-"""The n-model methods (issue 30): MergeMany, star, sync and C2M3's Frank–Wolfe map N models into one
+"""The n-model methods: MergeMany, star, sync and C2M3's Frank–Wolfe map N models into one
 universe. Planted copies are recovered exactly (every pairwise map, the optimum of the shared
 objective), with and without noise; brute force on three tiny MLPs bounds every method's objective
 and is reached on planted cases; maps from one universe have cycle error 0 while independent pairwise
@@ -15,7 +15,7 @@ import torch
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.spec import apply_permutation, random_permutation
-from lmclab.search.c2m3 import INITS, _moved, _start, c2m3, frank_wolfe_step, line_search, relaxed_objective
+from lmclab.search.c2m3 import INITS, _fit, _maximum, _moved, _start, c2m3, frank_wolfe_step, relaxed_objective
 from lmclab.search.merge_many import merge_many
 from lmclab.search.star import star
 from lmclab.search.sync import sync, synchronise
@@ -156,6 +156,9 @@ def test_frank_wolfe_iterates_stay_doubly_stochastic_and_never_lower_the_objecti
 
 
 def test_the_line_search_finds_the_maximum_of_a_polynomial():
+    def line_search(objective, degree):  # as frank_wolfe_step searches along its segment
+        return _maximum(_fit(objective, degree))[0]
+
     assert line_search(lambda t: -((t - 0.3) ** 2), 2) == pytest.approx(0.3, abs=1e-12)
     assert line_search(lambda t: (t - 0.2) * (t - 0.5) * (t - 0.9) * t, 4) == pytest.approx(
         max((t for t in torch.linspace(0, 1, 100001).tolist()), key=lambda t: (t - 0.2) * (t - 0.5) * (t - 0.9) * t),

@@ -1,5 +1,5 @@
 """The Sinkhorn operator, WM Sinkhorn (DistL2Loss) and the optimiser/selection options of the
-midpoint searches (STE, Sinkhorn STE), as the authors' reference computes them (issue 19)."""
+midpoint searches (STE, Sinkhorn STE), as the authors' reference computes them."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def test_study_table_means_and_stds_per_point_and_method() -> None:
 
 def test_study_markdown_says_whether_the_ordering_holds_per_setting() -> None:
     edges = pd.concat([_edges(), _edges(ste=[0.2, 0.4, 0.5], point="epochs-100").assign(axis="epochs", value="100")])
-    text = study_markdown(study_table(edges), edges, defaults={"epochs": "20"})
+    text = study_markdown(study_table(edges), defaults={"epochs": "20"})
     ordering = text.split("## Does")[1]
     assert "| default | mixed (p 0.225)" in ordering and "| epochs 100 | yes (p " in ordering
     assert "| epochs 100 | wm_sinkhorn | 3 | 0.200 ± 0.100 |" in text
@@ -162,7 +162,7 @@ def test_a_stalled_search_leaves_its_setting_out_of_the_verdicts_and_the_statist
     assert ordering(rows.loc[("width-128", "wm_sinkhorn")]) == "stalled"
     assert ordering(rows.loc[("epochs-100", "wm_sinkhorn")]) == "holds"
     assert r_tracks_barrier(table)["n"] == 5 and r_explains_ordering(table)["n"] == 2
-    text = study_markdown(table, edges, defaults={"epochs": "20"})
+    text = study_markdown(table, defaults={"epochs": "20"})
     assert "| width 128 | wm_sinkhorn (**stalled** in 1 of 6 searches) | 3 |" in text
     assert "| width 128 | — (a search stalled) |" in text
     note = study_note(study_summary(table))
@@ -178,7 +178,7 @@ def test_search_objective_is_that_of_the_returned_permutation() -> None:
     assert search_objective({"curve": [{"epoch": 0, "train_loss": None}]}) is None  # STE: none recorded
     edges = _edges().assign(objective=lambda e: [None if x != "a-b" else 10.0 + i for i, x in enumerate(e["edge"])])
     edges.loc[edges["method"] == "ste_sinkhorn", "objective"] = None
-    text = study_markdown(study_table(edges), edges, defaults={})
+    text = study_markdown(study_table(edges), defaults={})
     assert "| 0.020 ± 0.010 | 13.0 ± 3.0 |" in text  # wm_sinkhorn's a–b rows 0, 3, 6: 10, 13, 16
     assert "| 0.030 ± 0.010 | — |" in text  # STE records no objective
 
@@ -203,7 +203,7 @@ def test_an_unconverged_sinkhorn_wm_gets_no_verdict_and_leaves_the_statistics() 
     assert ordering(rows.loc[("width-128", "wm_sinkhorn")]) == "unconverged"
     assert ordering(rows.loc[("epochs-100", "wm_sinkhorn")]) == "holds"
     assert r_explains_ordering(table)["n"] == 2 and r_tracks_barrier(table)["n"] == 5
-    text = study_markdown(table, edges, defaults={})
+    text = study_markdown(table, defaults={})
     assert "| width 128 | — (WM unconverged: ⟨θa, π(θb)⟩ 0.45 of coordinate descent's) |" in text
     assert "no verdict, Sinkhorn WM unconverged" in study_note(study_summary(table))
 

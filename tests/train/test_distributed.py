@@ -1,4 +1,4 @@
-"""Data-parallel training under torchrun (issue 16): two gloo processes of the train stage give the
+"""Data-parallel training under torchrun: two gloo processes of the train stage give the
 single-process model on the same global batch (up to float reduction order), the launcher's command,
 and the one-line refusals of impossible launches. The arithmetic behind it — each shard's loss scaling
 and the batch-weighted BatchNorm statistics — is also checked fast, in one process against closed forms."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mae_reference import reconstruction_loss
 
-from lmclab.analysis.mae import fixed_masks, masked_visible_error, reconstruction_loss
+from lmclab.analysis.mae import fixed_masks, masked_visible_error
 from lmclab.analysis.mae_probe import (
     encoder_features,
     knn_accuracy,

@@ -1,5 +1,5 @@
 """Functional similarity of two models: linear centred kernel alignment (CKA; Kornblith et al. 2019)
-between their hidden representations on the same inputs, layer by layer (issue 17).
+between their hidden representations on the same inputs, layer by layer.
 
 ``CKA(X, Y) = ‖Yᵀ X‖²_F / (‖Xᵀ X‖_F ‖Yᵀ Y‖_F)`` with ``X, Y`` the column-centred ``(samples × features)``
 representations (Kornblith et al., eq. 5; HSIC with linear kernels). It is 1 for representations equal

@@ -1,4 +1,4 @@
-"""Neural collapse of the last-layer features (Papyan, Han & Donoho 2020; issue 17), measured on the
+"""Neural collapse of the last-layer features (Papyan, Han & Donoho 2020), measured on the
 training split at the end of training: the features are the inputs of the logits layer (read off the
 :class:`lmclab.core.spec.PermutationSpec`: the last layer whose output axis is never permuted).
 

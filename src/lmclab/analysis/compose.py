@@ -3,15 +3,16 @@
 
 - :func:`analyze_model` (depends only on one trained model and the data): every layer's singular
   values and input energy (Figures 1, 4, 7, 9).
-- :func:`analyze_pair` (one pair and one permutation): the Taylor-approximated barrier over the λ
-  grid on every split (Table 1), R_γ for (θa, θb), (θa, π(θb)), (θa, mid) and (π(θb), mid)
-  (Figures 2, 3) and the Theorem 4.2 bound per layer.
+- :func:`analyze_pair` (one pair and one permutation, :class:`Endpoints`, analysed as :class:`Analysis`
+  says): the Taylor-approximated barrier over the λ grid on every split (Table 1), R_γ for (θa, θb),
+  (θa, π(θb)), (θa, mid) and (π(θb), mid) (Figures 2, 3) and the Theorem 4.2 bound per layer.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
@@ -114,69 +115,76 @@ def alignment_summary(
     return alignment_rs(fa, fb, fp, fm, gammas)
 
 
+@dataclass(frozen=True)
+class Analysis:
+    """How an aligned pair is analysed: the λ ``lams`` of the Taylor curve, the γ of R_γ, the spectrum
+    ``mode`` of conv kernels with the model's ``input_shape`` (the FFT spectrum needs it), the splits of the
+    Taylor barrier (None: every split) and the split of the Theorem 4.2 bound."""
+
+    lams: Sequence[float]
+    gammas: Sequence[float]
+    input_shape: Sequence[int]
+    mode: str = "reshape"
+    taylor_splits: Sequence[str] | None = None
+    energy_split: str = "test"
+
+    def factors(self, pair: Endpoints, params: Mapping[str, Tensor]) -> dict[str, Factors]:
+        """:func:`endpoint_factors` of ``params`` (a model of ``pair``) in this analysis' ``mode``."""
+        return endpoint_factors(pair.spec, pair.model, params, mode=self.mode, input_shape=self.input_shape)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """θa and θb of one pair with their permutation spec, the model skeleton and the data splits;
+    ``factors_a``/``factors_b``: their :func:`endpoint_factors`, when computed once for every method."""
+
+    spec: PermutationSpec
+    model: nn.Module
+    params_a: Mapping[str, Tensor]
+    params_b: Mapping[str, Tensor]
+    splits: Mapping[str, Split]
+    factors_a: Mapping[str, Factors] | None = None
+    factors_b: Mapping[str, Factors] | None = None
+
+
 def analyze_pair(
-    spec: PermutationSpec,
-    model: nn.Module,
-    params_a: Mapping[str, Tensor],
-    params_b: Mapping[str, Tensor],
-    permuted_b: Mapping[str, Tensor],
-    midpoint: Mapping[str, Tensor],
-    splits: Mapping[str, Split],
-    *,
-    lams: Sequence[float],
-    gammas: Sequence[float],
-    mode: str = "reshape",
-    input_shape: Sequence[int],
-    energy_split: str = "test",
-    taylor_splits: Sequence[str] | None = None,
-    factors_a: Mapping[str, Factors] | None = None,
-    factors_b: Mapping[str, Factors] | None = None,
+    pair: Endpoints, permuted_b: Mapping[str, Tensor], midpoint: Mapping[str, Tensor], how: Analysis
 ) -> tuple[dict[str, float], list[dict], list[dict]]:
-    """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb).
+    """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb) of ``pair``.
 
     summary: ``{split}_taylor_barrier_mid`` / ``_max`` and the Theorem 3.1 ingredients per split,
     the R_γ columns of :func:`alignment_summary` and ``analysis_seconds``; taylor rows:
-    ``{split, lam, taylor}``; theorem 4.2 rows: ``{layer, bound, measured}`` on ``energy_split``.
-    ``factors_a``/``factors_b``: :func:`endpoint_factors` of θa and θb in ``mode``, if already computed."""
+    ``{split, lam, taylor}``; theorem 4.2 rows: ``{layer, bound, measured}`` on ``how.energy_split``."""
     start = time.perf_counter()
+    model, params_a, splits = pair.model, pair.params_a, pair.splits
     summary: dict[str, float] = {}
     taylor_rows = []
-    for name in splits if taylor_splits is None else taylor_splits:  # None: every split
+    for name in splits if how.taylor_splits is None else how.taylor_splits:  # None: every split
         terms = taylor_terms(model, params_a, permuted_b, splits[name])
-        curve = taylor_curve(terms, lams)
-        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(lams, curve, strict=True)]
+        curve = taylor_curve(terms, how.lams)
+        taylor_rows += [{"split": name, "lam": float(lam), "taylor": t} for lam, t in zip(how.lams, curve, strict=True)]
         summary[f"{name}_taylor_barrier_mid"] = taylor_barrier(terms, 0.5)
         summary[f"{name}_taylor_barrier_max"] = max(curve)
         summary.update({f"{name}_taylor_{k}": v for k, v in terms._asdict().items()})
-    factors = lambda p: endpoint_factors(spec, model, p, mode=mode, input_shape=input_shape)  # noqa: E731
-    fa = factors(params_a) if factors_a is None else factors_a
-    fb = factors(params_b) if factors_b is None else factors_b
-    fp, fm = factors(permuted_b), factors(midpoint)
-    summary.update(alignment_rs(fa, fb, fp, fm, gammas))
-    shared = {"factors_a": fa, "factors_b": fp} if mode == "reshape" else {}  # Theorem 4.2 reshapes kernels
-    bound_rows = theorem42(model, params_a, permuted_b, splits[energy_split], layer_names(spec, params_a), **shared)
+    fa = how.factors(pair, params_a) if pair.factors_a is None else pair.factors_a
+    fb = how.factors(pair, pair.params_b) if pair.factors_b is None else pair.factors_b
+    fp, fm = how.factors(pair, permuted_b), how.factors(pair, midpoint)
+    summary.update(alignment_rs(fa, fb, fp, fm, how.gammas))
+    shared = {"factors_a": fa, "factors_b": fp} if how.mode == "reshape" else {}  # Theorem 4.2 reshapes kernels
+    layers = layer_names(pair.spec, params_a)
+    bound_rows = theorem42(model, params_a, permuted_b, splits[how.energy_split], layers, **shared)
     summary["analysis_seconds"] = time.perf_counter() - start
     return summary, taylor_rows, bound_rows
 
 
 def measure_and_analyze(
-    spec: PermutationSpec,
-    model: nn.Module,
-    params_a: Mapping[str, Tensor],
-    params_b: Mapping[str, Tensor],
+    pair: Endpoints,
     permuted_b: Mapping[str, Tensor],
     midpoint: Mapping[str, Tensor],
-    splits: Mapping[str, Split],
+    how: Analysis,
     *,
-    lams: Sequence[float],
-    gammas: Sequence[float],
-    mode: str,
-    input_shape: Sequence[int],
-    taylor_splits: Sequence[str] | None = None,
     repair: Repair | None = None,
     repair_at: RepairAt | None = None,
-    factors_a: Mapping[str, Factors] | None = None,
-    factors_b: Mapping[str, Factors] | None = None,
     world: World = ALONE,
 ) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
@@ -184,24 +192,20 @@ def measure_and_analyze(
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the
     test split (:mod:`lmclab.analysis.cka`; the summary gets their means over layers).
     Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows, CKA rows)``."""
+    spec, model, params_a, params_b = pair.spec, pair.model, pair.params_a, pair.params_b
     curve, summary = measure_pair_with_repair(
-        spec, model, params_a, params_b, permuted_b, lams, splits, repair=repair, repair_at=repair_at, world=world
-    )
-    analysis, taylor_rows, bound_rows = analyze_pair(
         spec,
         model,
         params_a,
         params_b,
         permuted_b,
-        midpoint,
-        splits,
-        lams=lams,
-        gammas=gammas,
-        mode=mode,
-        input_shape=input_shape,
-        taylor_splits=taylor_splits,
-        factors_a=factors_a,
-        factors_b=factors_b,
+        how.lams,
+        pair.splits,
+        repair=repair,
+        repair_at=repair_at,
+        world=world,
     )
-    cka = cka_rows(spec, model, {"a": params_a, "b": params_b, "pi_b": permuted_b, "mid": midpoint}, splits["test"])
+    analysis, taylor_rows, bound_rows = analyze_pair(pair, permuted_b, midpoint, how)
+    models = {"a": params_a, "b": params_b, "pi_b": permuted_b, "mid": midpoint}
+    cka = cka_rows(spec, model, models, pair.splits["test"])
     return curve, {**summary, **analysis, **cka_means(cka)}, taylor_rows, bound_rows, cka

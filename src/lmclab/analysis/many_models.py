@@ -1,4 +1,4 @@
-"""N models merged by every n-model method, side by side (issue 30): what each method's universe frame
+"""N models merged by every n-model method, side by side: what each method's universe frame
 gives and what it costs.
 
 Per method (:data:`lmclab.search.many_methods.MANY_METHODS`): the shared objective

@@ -1,4 +1,4 @@
-"""MLP-Mixer (Tolstikhin et al. 2021), small enough for the offline digits (issue 17).
+"""MLP-Mixer (Tolstikhin et al. 2021), small enough for the offline digits.
 
 Patches of ``patch_size`` pixels are embedded into ``hidden`` channels (a strided conv), giving
 ``(batch, tokens, hidden)``. Each of ``depth`` blocks adds a token-mixing MLP (LayerNorm over channels,

@@ -1,4 +1,4 @@
-"""Vision Transformer (Dosovitskiy et al. 2021), pre-LN, small enough for the offline digits (issue 29).
+"""Vision Transformer (Dosovitskiy et al. 2021), pre-LN, small enough for the offline digits.
 
 Patches of ``patch_size`` pixels are embedded into ``width`` channels (a strided conv), giving
 ``(batch, tokens, width)``; with ``pool = "cls"`` a learned class token is prepended. A position

@@ -206,7 +206,7 @@ def barrier(
 ) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import curve as measure_curve
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_json
 
     if json_out is not None:
         output_path(json_out, "--json")
@@ -231,8 +231,7 @@ def barrier(
             f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}"
         )
     if json_out is not None:
-        with atomic_path(json_out) as tmp:
-            tmp.write_text(json.dumps({"barriers": found, "curve": curve.rows}, indent=2) + "\n")
+        write_json(json_out, {"barriers": found, "curve": curve.rows})
 
 
 @app.command()

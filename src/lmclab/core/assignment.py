@@ -1,5 +1,5 @@
 """The linear assignment problem, the inner step of every permutation search: the permutation (or, for
-``n < m``, the injection) ``p`` maximising ``Σ_i cost[i, p[i]]``, by one of two exact solvers (issue 30):
+``n < m``, the injection) ``p`` maximising ``Σ_i cost[i, p[i]]``, by one of two exact solvers:
 
 * ``scipy`` — ``scipy.optimize.linear_sum_assignment`` (a shortest augmenting path LAPJV);
 * ``lapx`` — ``lap.lapjvr`` of the lapx package (Jonker–Volgenant in float64). On 512² to 2048² random,

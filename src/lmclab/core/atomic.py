@@ -1,14 +1,20 @@
 """Atomic output files: every writer of a stage output (Parquet tables, JSON, checkpoints,
 permutations, figures, the report) writes to a temporary file in the output's own directory and
 renames it into place (``os.replace``, atomic within a file system). An interrupted or failing
-stage therefore leaves either the previous file or none, never half of one that DVC could hash."""
+stage therefore leaves either the previous file or none, never half of one that DVC could hash.
+:func:`write_table`, :func:`write_json` and :func:`write_text` are the common cases."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @contextlib.contextmanager
@@ -26,3 +32,31 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_path`); returns ``path``."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_json(path: Path | str, obj: Any) -> Path:
+    """Write ``obj`` as JSON (indented by 2, one final newline) to ``path`` atomically; returns ``path``."""
+    return write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def write_table(path: Path | str, frame: pd.DataFrame, *, float_format: str | None = None) -> Path:
+    """Write ``frame`` without its index to ``path`` atomically, as Parquet or CSV by the suffix
+    (``float_format``: CSV only, e.g. ``"%.6g"``); returns ``path``."""
+    path = Path(path)
+    if path.suffix not in (".parquet", ".csv"):
+        raise ValueError(f"path must end in .parquet or .csv, got {str(path)!r}")
+    if float_format is not None and path.suffix != ".csv":
+        raise ValueError(f"float_format applies to a .csv path, got {str(path)!r}")
+    with atomic_path(path) as tmp:
+        if path.suffix == ".csv":
+            frame.to_csv(tmp, index=False, float_format=float_format)
+        else:
+            frame.to_parquet(tmp, index=False)
+    return path

@@ -1,4 +1,4 @@
-"""Data parallelism under ``torchrun`` (issue 16): the process group of one run and the arithmetic that
+"""Data parallelism under ``torchrun``: the process group of one run and the arithmetic that
 makes ``W`` processes compute what one process computes on the same global batch.
 
 Every process holds the whole (in-memory) split and draws the same global minibatch from the same

@@ -1,4 +1,4 @@
-"""Headed permutation groups: the symmetries of multi-head attention (issue 29).
+"""Headed permutation groups: the symmetries of multi-head attention.
 
 The ``E = H·d`` features of a multi-head attention's queries and keys (or values) are ``H`` heads of
 ``d`` features. Permuting them by an arbitrary permutation of ``E`` changes the function; what leaves it

@@ -12,12 +12,14 @@ pipeline: ``permute.wm.max_iter must be a positive integer, got 0``).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import wraps
 from types import UnionType
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 Count = Annotated[int, Field(ge=1)]
 Positive = Annotated[float, Field(gt=0)]
@@ -66,6 +68,11 @@ class OptionError(ValueError):
     def keyed(self, key: Callable[[str], str]) -> str:
         """The line with each argument ``name`` written as ``key(name)``."""
         return self.template.format_map(_Names(key))
+
+    def renamed(self, names: Mapping[str, str]) -> str:
+        """The template with each argument ``x`` of ``names`` named ``names[x]`` (for a new OptionError)."""
+        marked = escaped(self.keyed(lambda name: f"\0{names.get(name, name)}\0"))
+        return re.sub("\0(\\w+)\0", r"{\1}", marked)
 
 
 class _Names(dict):
@@ -121,38 +128,66 @@ def _one_line(model: type[Options], err: ValidationError, values: Mapping[str, A
     name = errors[0]["loc"][0]
     field = model.model_fields[name]
     if name not in values:
-        return OptionError(f"{{{name}}} is required: {must_be(field.annotation, field.metadata)}")
-    return OptionError(f"{{{name}}} must be {must_be(field.annotation, field.metadata)}, got {got(values[name])}")
+        return OptionError(f"{{{name}}} is required: {in_words(field.annotation, field.metadata, error=True)}")
+    return OptionError(
+        f"{{{name}}} must be {in_words(field.annotation, field.metadata, error=True)}, got {got(values[name])}"
+    )
 
 
-def must_be(annotation: Any, metadata: Sequence[Any] = ()) -> str:
-    """What a field accepts, as an error line says it: ``a positive integer``, ``a number in [0, 1)``,
-    ``one of ['adam', 'sgd']``, ``… or null``."""
+def in_words(annotation: Any, metadata: Sequence[Any] = (), *, plural: bool = False, error: bool = False) -> str:
+    """What a value of ``annotation`` (constrained by ``metadata``) must be, in English: as the docs'
+    parameter table says it (``an integer ≥ 1``, ``one of adam, sgd``, ``integers`` when ``plural``), or,
+    with ``error``, as an error line does (``a positive integer``, ``one of ['adam', 'sgd']``)."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:
-        extra = [m for a in args[1:] for m in getattr(a, "metadata", [a])]
-        return must_be(args[0], [*metadata, *extra])
+        extra = [m for a in args[1:] for m in (a.metadata if isinstance(a, FieldInfo) else [a])]
+        return in_words(args[0], [*metadata, *extra], plural=plural, error=error)
     if origin in (Union, UnionType):
-        (inner,) = (a for a in args if a is not type(None))
-        return f"{must_be(inner, metadata)} or null"
+        inner = [in_words(a, metadata, plural=plural, error=error) for a in args if a is not type(None)]
+        return " or ".join(inner) + (" or null" if type(None) in args else "")
     if origin is Literal:
-        return f"one of {list(args)}"
-    if annotation is bool:
-        return "true or false"
-    kind = "integer" if annotation is int else "number"
+        names = ", ".join(str(a) for a in args)
+        if error:
+            return f"one of {list(args)}"
+        return names if len(args) == 1 else (f"values among {names}" if plural else f"one of {names}")
+    if origin in (list, tuple):  # a tuple of a frozen config is a list in params.yaml
+        return _list_in_words(args[0], metadata, plural=plural, error=error)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        keys = ", ".join(annotation.model_fields)
+        return "blocks" if plural else (f"a block with the keys {keys}" if keys else "an empty block {}")
+    words = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans")}
+    words[str] = ("a string", "strings")
+    low, high = _limits(metadata)
+    noun = "integer" if annotation is int else "number"
+    if error and not (low and high) and (low == ("(", 0) or (noun == "integer" and low == ("[", 1))):
+        return f"a positive {noun}"
+    if error and not high and low == ("[", 0):
+        return f"a non-negative {noun}"
+    if low and high:
+        return f"{words[annotation][plural]} in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low or high:
+        sign = {"[": "≥", "(": ">", "]": "≤", ")": "<"}[(low or high)[0]]
+        return f"{words[annotation][plural]} {sign} {(low or high)[1]}"
+    return words[annotation][plural]
+
+
+def _limits(metadata: Sequence[Any]) -> tuple[tuple[str, Any] | None, tuple[str, Any] | None]:
+    """The lower and upper bound among ``metadata``, each ``(bracket, value)`` or None."""
     bound = {name: getattr(m, name) for m in metadata for name in ("ge", "gt", "le", "lt") if hasattr(m, name)}
     low = ("[", bound["ge"]) if "ge" in bound else (("(", bound["gt"]) if "gt" in bound else None)
     high = ("]", bound["le"]) if "le" in bound else ((")", bound["lt"]) if "lt" in bound else None)
-    if low and high:
-        return f"a {kind} in {low[0]}{low[1]}, {high[1]}{high[0]}"
-    if low == ("(", 0) or (kind == "integer" and low == ("[", 1)):
-        return f"a positive {kind}"
-    if low == ("[", 0):
-        return f"a non-negative {kind}"
-    if low or high:
-        sign = {"[": "≥", "(": ">", "]": "≤", ")": "<"}[(low or high)[0]]
-        return f"a {kind} {sign} {(low or high)[1]}"
-    return f"an {kind}" if kind == "integer" else f"a {kind}"
+    return low, high
+
+
+def _list_in_words(item: Any, metadata: Sequence[Any], *, plural: bool, error: bool) -> str:
+    """:func:`in_words` of a list of ``item`` (its length constrained by ``metadata``)."""
+    lo = max([m.min_length for m in metadata if hasattr(m, "min_length")], default=0)
+    hi = min([m.max_length for m in metadata if hasattr(m, "max_length")], default=None)
+    count = f"{lo} " if lo == hi else (f"at least {lo} " if lo > 1 else "")
+    items = in_words(item, plural=True, error=error)
+    if plural:
+        return f"lists of {count}{items}"
+    return f"a {'non-empty ' if lo == 1 and hi is None else ''}list of {count}{items}"
 
 
 def takes(model: type[Options]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -158,19 +158,6 @@ def repair_to(
     return params
 
 
-def _repair(model, params_a, params_b, lam, data, points, batch_size):
-    if not 0 <= lam <= 1:
-        raise ValueError(f"lam must be in [0, 1], got {lam}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive number of samples, got {batch_size}")
-    points = repair_points(model, params_a, data, points)
-    stats_a = unit_statistics(model, params_a, data, points, batch_size=batch_size)
-    stats_b = unit_statistics(model, params_b, data, points, batch_size=batch_size)
-    targets = target_statistics(stats_a, stats_b, lam)
-    params = repair_to(model, lerp_params(params_a, params_b, lam), data, targets, batch_size=batch_size)
-    return params, points, stats_a, stats_b, targets
-
-
 def repair_interpolated(
     model: nn.Module,
     params_a: Mapping[str, Tensor],
@@ -183,7 +170,15 @@ def repair_interpolated(
 ) -> Params:
     """The REPAIRed ``θ(λ) = λ θa + (1 − λ) θb`` (θb: the aligned π(θb)); ``points``: module names
     (default :func:`repair_points`). One pass per endpoint, then one per point, over ``data``."""
-    return _repair(model, params_a, params_b, lam, data, points, batch_size)[0]
+    if not 0 <= lam <= 1:
+        raise ValueError(f"lam must be in [0, 1], got {lam}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive number of samples, got {batch_size}")
+    points = repair_points(model, params_a, data, points)
+    stats_a = unit_statistics(model, params_a, data, points, batch_size=batch_size)
+    stats_b = unit_statistics(model, params_b, data, points, batch_size=batch_size)
+    targets = target_statistics(stats_a, stats_b, lam)
+    return repair_to(model, lerp_params(params_a, params_b, lam), data, targets, batch_size=batch_size)
 
 
 def merged_targets(
@@ -261,24 +256,3 @@ class RepairAt:
         return repair_to(
             self.model, lerp_params(params_a, params_b, lam), self.data, targets, batch_size=self.batch_size
         )
-
-
-def repair_statistics(
-    model: nn.Module,
-    params_a: Mapping[str, Tensor],
-    params_b: Mapping[str, Tensor],
-    lam: float,
-    data: Split,
-    *,
-    points: list[str] | None = None,
-    batch_size: int = 500,
-) -> dict[str, dict[str, Moments]]:
-    """What REPAIR changed, per point (forward order): the statistics of ``a``, ``b``, the
-    ``target``, the plain ``interpolated`` network and the ``repaired`` one, all on ``data``."""
-    repaired, points, stats_a, stats_b, targets = _repair(model, params_a, params_b, lam, data, points, batch_size)
-    before = unit_statistics(model, lerp_params(params_a, params_b, lam), data, points, batch_size=batch_size)
-    after = unit_statistics(model, repaired, data, points, batch_size=batch_size)
-    return {
-        p: {"a": stats_a[p], "b": stats_b[p], "target": targets[p], "interpolated": before[p], "repaired": after[p]}
-        for p in points
-    }

@@ -1,4 +1,4 @@
-"""Merge/unmerge transforms (issue 30): merging N models beyond permutations.
+"""Merge/unmerge transforms: merging N models beyond permutations.
 
 Each group ``g`` of a :class:`~lmclab.core.spec.PermutationSpec` gets, per model ``i``, a *merge* matrix
 ``M_i^g`` (``n_merged × n_i``) and an *unmerge* matrix ``U_i^g`` (``n_i × n_merged``) (Stoica et al. 2024,

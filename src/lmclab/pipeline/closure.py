@@ -70,11 +70,6 @@ def stage_script(cmd: str) -> str | None:
     return words[1] if len(words) > 1 and words[0] in ("python", "python3") and words[1].endswith(".py") else None
 
 
-def covered(path: str, listed: Iterable[str]) -> bool:
-    """``path`` is one of ``listed`` or inside a listed directory."""
-    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in listed)
-
-
 def code_closure(repo: Path, script: str) -> set[str]:
     """Repository-relative paths of the files running ``script`` imports (``src/`` and the script's folder)."""
     path = repo / script

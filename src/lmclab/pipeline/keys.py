@@ -3,66 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from lmclab.core.options import in_words
 from lmclab.pipeline.block import Block
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, params_model
-
-
-def expected(tp: Any, metadata: Sequence[Any] = (), *, plural: bool = False) -> str:
-    """``Annotated[int, Field(ge=1)]`` -> "an integer ≥ 1" (``plural``: "integers ≥ 1")."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Annotated:
-        extra = [m for a in args[1:] for m in (a.metadata if isinstance(a, FieldInfo) else [a])]
-        return expected(args[0], [*metadata, *extra], plural=plural)
-    if origin in (Union, UnionType):
-        text = " or ".join(expected(a, plural=plural) for a in args if a is not type(None))
-        return text + " or null" if type(None) in args else text
-    if origin is Literal:
-        names = ", ".join(str(a) for a in args)
-        return names if len(args) == 1 else (f"values among {names}" if plural else f"one of {names}")
-    bounds = _bounds(metadata)
-    if origin in (list, tuple):
-        size = {type(m).__name__: m for m in metadata}
-        lo = getattr(size.get("MinLen"), "min_length", 0)
-        hi = getattr(size.get("MaxLen"), "max_length", None)
-        count = f"{lo} " if lo == hi else (f"at least {lo} " if lo > 1 else "")
-        items = expected(args[0], plural=True)
-        if plural:
-            return f"lists of {count}{items}"
-        return f"a {'non-empty ' if lo == 1 and hi is None else ''}list of {count}{items}"
-    if isinstance(tp, type) and issubclass(tp, Block):
-        keys = ", ".join(tp.model_fields)
-        return "blocks" if plural else (f"a block with the keys {keys}" if keys else "an empty block {}")
-    words = {
-        int: ("an integer", "integers"),
-        float: ("a number", "numbers"),
-        bool: ("true or false", "booleans"),
-        str: ("a string", "strings"),
-    }[tp]
-    return words[plural] + bounds
-
-
-def _bounds(metadata: Sequence[Any]) -> str:
-    lower = {type(m).__name__: m for m in metadata if type(m).__name__ in ("Ge", "Gt")}
-    upper = {type(m).__name__: m for m in metadata if type(m).__name__ in ("Le", "Lt")}
-    lo = ("[", lower["Ge"].ge) if "Ge" in lower else (("(", lower["Gt"].gt) if "Gt" in lower else None)
-    hi = ("]", upper["Le"].le) if "Le" in upper else ((")", upper["Lt"].lt) if "Lt" in upper else None)
-    if lo and hi:
-        return f" in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
-    if lo:
-        return f" {'≥' if lo[0] == '[' else '>'} {lo[1]}"
-    return f" {'≤' if hi[0] == ']' else '<'} {hi[1]}" if hi else ""
 
 
 def field_expected(field: FieldInfo) -> str:
     """What ``field`` expects, in words (a field may state it itself: ``json_schema_extra``)."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    return str(extra.get("expected") or expected(field.annotation, field.metadata))
+    return str(extra.get("expected") or in_words(field.annotation, field.metadata))
 
 
 def key_rows(block: type[Block] | None = None, prefix: str = "") -> list[tuple[str, Any, str, str]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.core.atomic import atomic_path
+from lmclab.core.atomic import write_text
 from lmclab.report.many_models import many_table
 from lmclab.report.paper_numbers import paper_row
 from lmclab.report.paper_tables import (
@@ -311,6 +311,5 @@ merged midpoint model's test loss and accuracy (epoch 0 is the initial permutati
 
 ![search curves]({rel["search_curves"]})
 """
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    write_text(path, text)
     return path

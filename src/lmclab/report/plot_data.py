@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.core.atomic import atomic_path
+from lmclab.core.atomic import write_table
 
 # file stem -> the columns it holds (the x and y fields named in dvc.yaml's ``plots:``)
 COLUMNS = {
@@ -68,7 +68,6 @@ def write_plot_tables(tables: Mapping[str, pd.DataFrame], folder: Path) -> list[
     """One ``<name>.csv`` per table, each written atomically (``lmclab.core.atomic``)."""
     paths = []
     for name, frame in tables.items():
-        with atomic_path(folder / f"{name}.csv") as tmp:
-            frame.to_csv(tmp, index=False, float_format="%.6g")
+        write_table(folder / f"{name}.csv", frame, float_format="%.6g")
         paths.append(folder / f"{name}.csv")
     return paths

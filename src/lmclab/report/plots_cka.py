@@ -1,4 +1,4 @@
-"""The CKA figure (issue 17): layer × method heat map of CKA(θa, θ(½)) — how similar the merged
+"""The CKA figure: layer × method heat map of CKA(θa, θ(½)) — how similar the merged
 midpoint's hidden representations are to θa's — beside the endpoints' own CKA(θa, θb), read from the
 saved ``cka`` table only (mean over pairs)."""
 

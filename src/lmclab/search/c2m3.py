@@ -79,14 +79,9 @@ def _degree(spec: PermutationSpec, keys: Sequence[str]) -> int:
     return 2 * max(sum(bool(entry_groups(e)) for e in spec.axes[k]) for k in keys)
 
 
-def line_search(objective, degree: int, at_zero: float | None = None) -> float:
-    """The t ∈ [0, 1] maximising the polynomial ``objective(t)`` of ``degree`` (exact: fitted through
-    degree + 1 points, maximised over the ends and the real roots of its derivative); ``at_zero``, if
-    known, is ``objective(0)`` and saves one evaluation."""
-    return _maximum(_fit(objective, degree, at_zero))[0]
-
-
 def _fit(objective, degree: int, at_zero: float | None = None) -> np.ndarray:
+    """The exact line search's polynomial: ``objective(t)`` of ``degree`` fitted through degree + 1 points of
+    [0, 1]; ``at_zero``, if known, is ``objective(0)`` and saves one evaluation."""
     ts = np.linspace(0.0, 1.0, degree + 1)
     values = [at_zero if t == 0 and at_zero is not None else objective(float(t)) for t in ts]
     return polynomial.polyfit(ts, values, degree)

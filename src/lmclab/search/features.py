@@ -1,4 +1,4 @@
-"""Joint activation statistics of N models at each group's points, for the transform merges (issue 30),
+"""Joint activation statistics of N models at each group's points, for the transform merges,
 and the REPAIR of a transform merge.
 
 The features are read exactly as activation matching reads them

@@ -1,4 +1,4 @@
-"""The n-model methods behind one call, :func:`run_many` (issue 30), as :func:`lmclab.search.run_search`
+"""The n-model methods behind one call, :func:`run_many`, as :func:`lmclab.search.run_search`
 is for pairs.
 
 The *universe* methods (:data:`UNIVERSE`: MergeMany, C2M3, sync, star) map every one of N models into one

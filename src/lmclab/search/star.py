@@ -1,4 +1,4 @@
-"""Star: every model matched to model 0 by weight matching (the common n-model baseline, issue 30).
+"""Star: every model matched to model 0 by weight matching (the common n-model baseline).
 
 ``π_0`` is the identity and ``π_i = WM(θ_0, θ_i)``: model 0's frame is the universe. The maps between
 two other models go through model 0 (``π_{ij} = π_j ∘ π_i⁻¹``), so they are cycle-consistent, but

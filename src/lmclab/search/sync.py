@@ -1,5 +1,5 @@
 """Sync: all pairwise weight matchings, then spectral permutation synchronisation (Pachauri et al.
-2013), issue 30.
+2013).
 
 For each pair i < j, ``π_{ij} = WM(θ_i, θ_j)`` (model j into model i's frame), as a 0/1 matrix
 ``M_{ij}`` (``M_{ij}[q, π_{ij}[q]] = 1``; ``M_{ji} = M_{ij}ᵀ``, ``M_{ii} = I``). Were they consistent,

@@ -1,4 +1,4 @@
-"""What every n-model method shares (issue 30): a permutation ``π_i`` of each of N models into one
+"""What every n-model method shares: a permutation ``π_i`` of each of N models into one
 *universe* frame, the pairwise maps it implies, their cycle consistency, and the shared objective.
 
 Convention (as :func:`lmclab.core.spec.apply_permutation`): ``π_i[g][k]`` is the unit of model i that

@@ -5,34 +5,22 @@ as the authors' ``DistL2Loss`` computes it — with ``π_soft`` the per-group do
 matrices of :mod:`lmclab.search.sinkhorn`, optimised by Adam on the free scores for
 ``epochs × iterations`` steps (paper: lr 1, 10 × 100). Data-free.
 
-Why the mean matters: Adam is invariant to the scale of the loss except through its ε (1e-8), so
-the mean is Adam on the sum with ε·N (≈ 0.0093 for the 3 × 512 MLP) — and that damping is what
-keeps the search stable. Entries of a soft permutation that are nearly 0 have gradients far below
-any real signal; with the sum and a negligible ε, Adam still moves each such score by ≈ lr per
-step, the scores' range grows without bound (42 after 100 steps at lr 1 on the MNIST pair, 68 after
-600, 121 after 800), the soft permutations sharpen all at once, and the search falls to a worse
-permutation (⟨θa, π(θb)⟩ 111.0 → 86.3 in one epoch; docs/methods.md, CHANGELOG.md). With the mean,
-the same entries move by ≈ lr·g/ε and the range stays between 15 and 25 over the 1,000 steps.
+Why the mean: Adam is invariant to the loss's scale except through its ε, so the mean is Adam on the
+sum with ε·N, and that damping keeps the scores of near-zero entries from growing without bound
+(with the sum the soft permutations sharpen all at once and the search falls to a worse permutation).
+The same ε makes ``lr`` depend on the model's size: the mean's gradient falls with N and the group
+width, and below ε an Adam step is ≈ lr·g/ε, so a wide model at lr 1 may never change its hard
+permutation (:func:`start_gradients` measures it; the paper raises lr to 10 for ResNet50).
+:func:`stalled` detects that case; ``wm_sinkhorn`` then warns (:class:`StalledSearchWarning`) and
+records ``stats["stalled"]``.
 
 After every epoch the current hard permutation (linear assignment on the scores; the structured one
 of :func:`~lmclab.search.sinkhorn.hard_permutation` for headed groups) is scored by
 ``⟨θa, π(θb)⟩``, the quantity DistL2 minimises over hard permutations; ``select='best'`` returns
 the best scored one, ``'last'`` the final one (the authors' code). ``patience`` stops the search
-once that many consecutive epochs have not raised the best objective — in particular once the hard
-permutation has stopped changing; at lr 1 a few units keep swapping (tens of 1,536 per 10 steps on
-the MNIST pair) while the objective plateaus, so a stop on an unchanged permutation alone would
-rarely fire. The monitor (if any) records the merged test metrics of each epoch's permutation
-(the paper's Figure 6).
-
-The same ε makes ``lr`` depend on the model's size. The gradient of the mean falls with the number
-N of matched entries and with the group width n (a soft permutation near its uniform start passes
-≈ 1/n of a score's change on): at the start its RMS is about 0.01·ε for the default run's 3 × 512
-MLP and 25–80 times smaller at width 2048 (:func:`start_gradients`; ``tools/sinkhorn_gradients.py``
-writes them to ``reports/three_study/wm_sinkhorn_gradients.json``). Below ε an Adam step is
-≈ lr·g/ε, so at lr 1 the 2048-wide scores move by ≈ 10⁻⁴ per step and 250 steps never change the
-hard permutation: the search returns its start (no alignment; the paper raises lr to 10 for
-ResNet50). :func:`stalled` detects it — the hard permutation of every epoch equal to the start's —
-and ``wm_sinkhorn`` then warns (:class:`StalledSearchWarning`) and records ``stats["stalled"]``.
+once that many consecutive epochs have not raised the best objective (a few units keep swapping
+while the objective plateaus, so a stop on an unchanged permutation alone would rarely fire). The
+monitor (if any) records the merged test metrics of each epoch's permutation (the paper's Figure 6).
 """
 
 from __future__ import annotations

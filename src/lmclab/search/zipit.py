@@ -13,35 +13,12 @@ feature back to each (Section 4):
 and θ = Σ_i M_i θ_i U_i (:func:`lmclab.core.transform.transform_merge`).
 
 ``within_model`` (the paper's default): features of the same model may merge ("zip" redundant
-features of one model). Without it a cluster holds at most one feature per model, and so that the
-greedy always ends with exactly n clusters for any N, every merge joins a cluster holding one of model
-0's features (n such clusters exist, and a feature of model i can always join one that lacks model i);
-for N = 2 that is every cross-model merge, the result is a permutation per model and the greedy is a
-greedy maximum-correlation matching (at most AM's optimum on the Pearson correlation).
-
-``partial_zip = k`` (Section 4.3, "partial zipping"): zip only the first k groups in the spec's order
-and keep each model's later layers, fed the zipped features through ``U_i``
-(:func:`lmclab.core.transform.partial_merge`). The merged network needs REPAIR
-(:func:`lmclab.search.features.repair_transformed`).
-
-Section 4.3 (the extensions of ZipIt!'s matching) steers the greedy with two more hyperparameters,
-implemented here with the semantics of the authors' code (gstoica27/ZipIt, ``match_tensors_zipit``):
-
-- ``alpha`` (α ∈ (0, 1], against repeated matching of one feature): the merged cluster's linkage to every
-  other cluster is ``α · min(link_i, link_j)``; the links of i and j carry their own earlier factors, so
-  the penalty compounds (a cluster grown by k merges carries up to k factors α: a feature merged twice is
-  at α², not α) and a cluster that already absorbed features loses to a fresh pair of nearly the same
-  correlation. The authors' default is α = 0.3; ours is 1 (no penalty, the plain greedy). A negative
-  linkage moves towards 0 (favoured, not penalised), as in the authors' code; their α ≤ 0 (which instead
-  forbids a merged cluster the models of its members) is not offered. Without ``within_model`` and N = 2
-  a merged cluster holds both models and never merges again: α is moot there.
-- ``beta`` (β ≥ 0, the same-model budget): a merge is *same-model* when both clusters' representatives
-  (their lowest-index features) belong to one model m, and each model may make at most
-  ``b = ⌊β·⌊(D − n)/N⌋⌋`` of them (the authors use β = 0.125; ours defaults to null, no budget). Once m has
-  spent b, no two clusters represented by m merge. The authors' code checks the budget only after a
-  merge, so a model with b = 0 still makes one; here b = 0 means none (for b ≥ 1 both make exactly b).
-  The budget counts representatives, not features: {x_0, y_1} (represented by model 0) may still take a
-  second feature of model 1. Without ``within_model`` no same-model merge can happen and β is moot.
+features of one model); without it a cluster holds at most one feature per model (for N = 2: a greedy
+maximum-correlation matching, a permutation per model). ``partial_zip = k`` (Section 4.3, "partial
+zipping"): zip only the first k groups and keep each model's later layers, fed the zipped features through
+``U_i`` (:func:`lmclab.core.transform.partial_merge`); the merged network needs REPAIR
+(:func:`lmclab.search.features.repair_transformed`). ``alpha`` and ``beta`` (Section 4.3) steer the greedy
+as in the authors' code (:class:`ZipItOptions`).
 """
 
 from __future__ import annotations
@@ -61,7 +38,33 @@ from lmclab.search.features import check_models, feature_statistics
 
 
 class ZipItOptions(Options):
-    """Options of :func:`zipit`."""
+    """Options of :func:`zipit`.
+
+    ``within_model`` false: a cluster holds at most one feature per model, and so that the
+    greedy always ends with exactly n clusters for any N, every merge joins a cluster holding one of model
+    0's features (n such clusters exist, and a feature of model i can always join one that lacks model i);
+    for N = 2 that is every cross-model merge, the result is a permutation per model and the greedy is a
+    greedy maximum-correlation matching (at most AM's optimum on the Pearson correlation).
+
+    Section 4.3's two extra hyperparameters, with the semantics of the authors' code (gstoica27/ZipIt,
+    ``match_tensors_zipit``):
+
+    - ``alpha`` (α ∈ (0, 1], against repeated matching of one feature): the merged cluster's linkage to every
+      other cluster is ``α · min(link_i, link_j)``; the links of i and j carry their own earlier factors, so
+      the penalty compounds (a cluster grown by k merges carries up to k factors α: a feature merged twice is
+      at α², not α) and a cluster that already absorbed features loses to a fresh pair of nearly the same
+      correlation. The authors' default is α = 0.3; ours is 1 (no penalty, the plain greedy). A negative
+      linkage moves towards 0 (favoured, not penalised), as in the authors' code; their α ≤ 0 (which instead
+      forbids a merged cluster the models of its members) is not offered. Without ``within_model`` and N = 2
+      a merged cluster holds both models and never merges again: α is moot there.
+    - ``beta`` (β ≥ 0, the same-model budget): a merge is *same-model* when both clusters' representatives
+      (their lowest-index features) belong to one model m, and each model may make at most
+      ``b = ⌊β·⌊(D − n)/N⌋⌋`` of them (the authors use β = 0.125; ours defaults to null, no budget). Once m has
+      spent b, no two clusters represented by m merge. The authors' code checks the budget only after a
+      merge, so a model with b = 0 still makes one; here b = 0 means none (for b ≥ 1 both make exactly b).
+      The budget counts representatives, not features: {x_0, y_1} (represented by model 0) may still take a
+      second feature of model 1. Without ``within_model`` no same-model merge can happen and β is moot.
+    """
 
     within_model: bool = option(True, "ZipIt!: features of one model may merge (false: only across models)")
     alpha: Factor = option(
@@ -81,7 +84,7 @@ class ZipItOptions(Options):
 
 
 def _budgets(beta: float | None, sizes: Sequence[int]) -> list[float]:
-    """Each model's same-model merges ``⌊β·⌊(D − n)/N⌋⌋`` (module docstring; inf without β), the product
+    """Each model's same-model merges ``⌊β·⌊(D − n)/N⌋⌋`` (:class:`ZipItOptions`; inf without β), the product
     rounded to 9 decimals first so that float noise (0.29 · 100 = 28.999…) costs no merge."""
     quota = (sum(sizes) - sizes[0]) // len(sizes)
     return [math.inf if beta is None else math.floor(round(beta * quota, 9))] * len(sizes)
@@ -95,7 +98,7 @@ def _admissible(models: Tensor, owner: Tensor, budget: Sequence[float], k: int, 
         m = int(owner[k])
         return owner != m if budget[m] <= 0 else torch.ones_like(owner, dtype=torch.bool)  # (D,)
     disjoint = ~(models & models[k]).any(1)  # excludes same-model merges (both clusters hold m): no budget
-    return disjoint & (models[:, 0] ^ models[k, 0])  # anchored at model 0's features (module docstring)
+    return disjoint & (models[:, 0] ^ models[k, 0])  # anchored at model 0's features (:class:`ZipItOptions`)
 
 
 def _spend(allowed: Tensor, owner: Tensor, alive: Tensor, budget: list[float], i: int, j: int) -> Tensor | None:
@@ -144,7 +147,7 @@ def _update_best(
 def zip_merges(
     correlation: Tensor, sizes: Sequence[int], within_model: bool, *, alpha: float, beta: float | None
 ) -> list[tuple[int, int]]:
-    """ZipIt!'s greedy (module docstring; ``alpha``, ``beta``: Section 4.3) on the correlation of the
+    """ZipIt!'s greedy (module docstring; ``alpha``, ``beta``: :class:`ZipItOptions`) on the correlation of the
     concatenated features (``sizes[i]`` features of model i, all equal): the merges in order, each
     ``(i, j)`` with i < j, cluster j into cluster i (a cluster keeps its lowest feature's index). Each step
     merges the first admissible maximum of the linkage in row-major order, found from a cache of each

@@ -1,4 +1,4 @@
-"""The mixup comparison (issue 17): endpoints trained with and without mixup — per value of
+"""The mixup comparison: endpoints trained with and without mixup — per value of
 ``train.mixup_alpha``, the endpoints' test accuracy and neural-collapse statistics (last history row of
 every seed) and, per method, test B½ before (``identity``) and after alignment, L2 reduction and R_0.3
 (every pair): mean ± sample std. Built from the saved ``pairs`` and ``history`` tables of each run."""

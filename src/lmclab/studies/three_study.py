@@ -116,7 +116,7 @@ def _cell(row: pd.Series, key: str, digits: int) -> str:
     return f"{row[key + '_mean']:.{digits}f} ± {row[key + '_std']:.{digits}f}"
 
 
-def study_markdown(table: pd.DataFrame, edges: pd.DataFrame, *, defaults: Mapping[str, str], rebuild: str = "") -> str:
+def study_markdown(table: pd.DataFrame, *, defaults: Mapping[str, str], rebuild: str = "") -> str:
     """The study's page: the table (one row per point and method) and, per point, whether the
     paper's ordering (WM's b–c barriers below STE's in every triple) holds; ``rebuild`` says how
     the page was made."""

@@ -1,4 +1,4 @@
-"""The transformer study's table (issue 29, docs "Transformers and MAE"): supervised ViTs against ViTs
+"""The transformer study's table (docs "Transformers and MAE"): supervised ViTs against ViTs
 pretrained as masked autoencoders, every method, with and without REPAIR, mean ± std over pairs.
 
 Inputs are the ``pairs`` tables of finished runs (``data/tables/pairs.parquet``: one row per pair and

@@ -1,4 +1,4 @@
-"""The permutation spec of any ``nn.Module`` that ``torch.fx`` can trace (issue 15).
+"""The permutation spec of any ``nn.Module`` that ``torch.fx`` can trace.
 
 :func:`trace_spec` follows channel groups through the traced graph, with shapes from one forward
 pass on ``example_inputs`` (``torch.fx`` ShapeProp):

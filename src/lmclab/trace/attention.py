@@ -1,4 +1,4 @@
-"""The rules of :mod:`lmclab.trace` for multi-head attention (issue 29). Mixed into
+"""The rules of :mod:`lmclab.trace` for multi-head attention. Mixed into
 :class:`lmclab.trace.graph.GraphTracer`.
 
 A reshape of an axis holding one group's ``E`` units into ``(H, d)`` marks that group *headed*
