@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
+from lmclab.archs.mae import PRETRAINING_KEYS
 from lmclab.pipeline.live import epoch_logger
 from lmclab.pipeline.stage import (
     model_key,
@@ -44,41 +45,16 @@ def main(
     live: Path = typer.Option(..., help="DVCLive directory of this seed (metrics.json, plots/metrics/)"),
     params: Path = Path("params.yaml"),
 ) -> None:
-    from lmclab.archs import make_config
-    from lmclab.archs.checkpoint import save_checkpoint
-    from lmclab.core.data import load_meta, load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
-    from lmclab.train.augment import resolve_augment
-    from lmclab.train.training import train
 
     read = stage_params("train", params, dvc_yaml=DVC_YAML)
-    args = [
-        "--seed",
-        str(seed),
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--history",
-        str(history),
-        "--live",
-        str(live),
-        "--params",
-        str(params),
-    ]
-    relaunch_under_torchrun(
-        __file__, args, run_id=f"lmclab-train-seed{seed}", **{k: read(f"train.{k}") for k in LAUNCH_KEYS}
-    )
+    argv = [f"--{k}={v}" for k, v in dict(seed=seed, data=data, out=out, history=history, live=live).items()]
+    launch = {k: read(f"train.{k}") for k in LAUNCH_KEYS}
+    relaunch_under_torchrun(__file__, [*argv, f"--params={params}"], run_id=f"lmclab-train-seed{seed}", **launch)
+    world = join_torchrun(resolve_device(read("device")))
     arch = read("model.arch")
-    model = read(f"model.{arch}") or {}
-    opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
-    device = resolve_device(read("device"))
-    world = join_torchrun(device)
-    meta = load_meta(data)
-    opts["augment"] = resolve_augment(opts["augment"], meta["name"])
-    with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
-        config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
+    config, opts = config_and_options(read, arch, data)
     if read("train.objective") == "mae":
         with epoch_logger(live, main=True) as on_epoch:
             rows = pretrain_mae(config, seed, read("train.mae"), opts, data, out, world.device, on_epoch)
@@ -86,44 +62,46 @@ def main(
         typer.echo(f"seed {seed}: MAE test reconstruction loss {rows[-1]['test_loss']:.4f}")
         return
     with params_errors(KEYS, model_key(arch)), epoch_logger(live, main=world.is_main) as on_epoch:
-        ckpt, rows = train(
-            arch,
-            config,
-            seed,
-            load_split(data, "train"),
-            load_split(data, "test"),
-            device=world.device,
-            world=world,
-            progress=show_progress(),
-            on_epoch=on_epoch,
-            **opts,
-        )
+        ckpt, rows = train_supervised(arch, config, seed, data, opts, world, on_epoch)
     if world.is_main:  # one writer
+        from lmclab.archs.checkpoint import save_checkpoint
+
         save_checkpoint(out, ckpt)
         write_history(history, seed, rows)
+        processes = f" ({world.size} processes)" if world.size > 1 else ""
         typer.echo(
-            f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}"
-            + (f" ({world.size} processes)" if world.size > 1 else "")
+            f"seed {seed}: test acc {rows[-1]['test_acc']:.4f}, test loss {rows[-1]['test_loss']:.4f}{processes}"
         )
     leave_world(world)
 
 
-MAE_KEYS = {
-    **KEYS,
-    **{
-        k: f"train.mae.{k}"
-        for k in (
-            "pretraining",
-            "decoder_width",
-            "decoder_depth",
-            "decoder_heads",
-            "mask_ratio",
-            "norm_pix",
-            "mask_seed",
-        )
-    },
-    "pool": "model.vit.pool",
-}
+def config_and_options(read, arch: str, data: Path) -> tuple:
+    """The architecture's config for the prepared data's shape and classes (errors under ``model.<arch>``)
+    and train()'s options, ``augment: auto`` resolved for the data set."""
+    from lmclab.archs import make_config
+    from lmclab.core.data import load_meta
+    from lmclab.train.augment import resolve_augment
+
+    meta = load_meta(data)
+    opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
+    opts["augment"] = resolve_augment(opts["augment"], meta["name"])
+    with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
+        model = read(f"model.{arch}") or {}
+        config = make_config(arch, input_shape=meta["input_shape"], num_classes=meta["num_classes"], **model)
+    return config, opts
+
+
+def train_supervised(arch: str, config, seed: int, data: Path, opts: dict, world, on_epoch) -> tuple:
+    from lmclab.core.data import load_split
+    from lmclab.train.training import train
+
+    splits = load_split(data, "train"), load_split(data, "test")
+    kwargs = dict(device=world.device, world=world, progress=show_progress(), on_epoch=on_epoch)
+    return train(arch, config, seed, *splits, **kwargs, **opts)
+
+
+# the params.yaml key of each argument MAE pretraining's errors name
+MAE_KEYS = {**KEYS, **{k: f"train.mae.{k}" for k in ("pretraining", *PRETRAINING_KEYS)}, "pool": "model.vit.pool"}
 
 
 def pretrain_mae(vit_config, seed: int, pretraining: dict, opts: dict, data: Path, out: Path, device, on_epoch):
@@ -156,10 +134,9 @@ def write_history(path: Path, seed: int, rows: list[dict]) -> None:
     """One row per epoch, tagged with ``seed`` (Parquet, written atomically)."""
     import pandas as pd
 
-    from lmclab.core.atomic import atomic_path
+    from lmclab.core.atomic import write_table
 
-    with atomic_path(path) as tmp:
-        pd.DataFrame([{"seed": seed, **r} for r in rows]).to_parquet(tmp, index=False)
+    write_table(path, pd.DataFrame([{"seed": seed, **r} for r in rows]))
 
 
 if __name__ == "__main__":

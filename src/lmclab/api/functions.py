@@ -120,7 +120,6 @@ def find_permutation(
     check_same_shapes(params_of(model_a, "model_a", cpu), params_of(model_b, "model_b", cpu), "model_b", "model_a")
     problem = resolve(
         model_a,
-        model_b,
         spec=spec,
         model=model,
         example_inputs=example_inputs,

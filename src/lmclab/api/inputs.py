@@ -119,7 +119,6 @@ class Problem(NamedTuple):
 
 def resolve(
     model_a: Model,
-    model_b: Model,
     *,
     spec: PermutationSpec | None,
     model: nn.Module | None,

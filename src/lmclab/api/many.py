@@ -129,7 +129,6 @@ def merge_many(
     options = _check_call(models, method, options, data, repair)
     problem = resolve(
         models[0],
-        models[1],
         spec=spec,
         model=model,
         example_inputs=example_inputs,
