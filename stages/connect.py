@@ -46,13 +46,10 @@ def main(
     aligned_b: Path | None = typer.Option(None, help="permute stage output (perm.pt, stats.json) of θb → θa"),
     params: Path = Path("params.yaml"),
 ) -> None:
-    from lmclab.analysis.pair import MeasureSettings, build_repairs
     from lmclab.analysis.three_models import connect_triple
-    from lmclab.archs import build_model
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
-    from lmclab.core.metrics import lambda_grid
     from lmclab.search import check_method
 
     read = stage_params("connect", params, dvc_yaml=DVC_YAML, method=method)
@@ -64,30 +61,29 @@ def main(
     nproc = read("measure.nproc_per_node")
     relaunch_under_torchrun(__file__, argv, run_id=f"lmclab-connect-{seeds}-{method}", nproc_per_node=nproc)
     world = join_torchrun(resolve_device(read("device")))
-    ckpts, train = load_triple(models, seeds), load_split(data, "train")
-    model = build_model(ckpts["a"].arch, ckpts["a"].config).to(world.device)
-    repair, repair_at = build_repairs(
-        MeasureSettings(**{k: read(f"measure.{k}") for k in REPAIRS}), model, train, world=world
-    )
-    settings = dict(seed=read("permute.seed"), resolution=read("three.resolution"), margin=read("three.margin"))
-    settings |= dict(lams=lambda_grid(read("measure.num_lambdas")), gammas=read("measure.gammas"), repair=repair)
+    ckpts, train, test = load_triple(models, seeds), load_split(data, "train"), load_split(data, "test")
+    settings = triple_settings(read, ckpts, train, world)
     aligned = {"b": load_alignment(aligned_b, method)} if aligned_b else {}
     with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
-        result = connect_triple(
-            method,
-            ckpts,
-            train,
-            load_split(data, "test"),
-            options=options,
-            aligned=aligned,
-            repair_at=repair_at,
-            device=world.device,
-            world=world,
-            **settings,
-        )
+        result = connect_triple(method, ckpts, train, test, options=options, aligned=aligned, **settings)
     leave_world(world)
     if world.is_main:  # one writer
         write_outputs(result, out, seeds, method)
+
+
+def triple_settings(read, ckpts: dict, train, world) -> dict:
+    """connect_triple's keywords from params.yaml: the search seed, the plane's grid, the λ grid, the
+    R_γ thresholds, the repairs (``measure.*``) and the process world."""
+    from lmclab.analysis.pair import MeasureSettings, build_repairs
+    from lmclab.archs import build_model
+    from lmclab.core.metrics import lambda_grid
+
+    model = build_model(ckpts["a"].arch, ckpts["a"].config).to(world.device)
+    measure = MeasureSettings(**{k: read(f"measure.{k}") for k in REPAIRS})
+    repair, repair_at = build_repairs(measure, model, train, world=world)
+    settings = dict(seed=read("permute.seed"), resolution=read("three.resolution"), margin=read("three.margin"))
+    settings |= dict(lams=lambda_grid(read("measure.num_lambdas")), gammas=read("measure.gammas"), repair=repair)
+    return settings | dict(repair_at=repair_at, device=world.device, world=world)
 
 
 def write_outputs(result, out: Path, seeds: str, method: str) -> None:

@@ -162,7 +162,7 @@ def test_merge_many_with_a_transform_method_reads_data_and_repairs(work: Path) -
         (["a.pt", "b.pt", "--factory", "nets:mlp"], "error: --input-shape: needed with --factory to trace the spec"),
         (
             ["a.pt", "b.pt", "wide.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28"],
-            "error: models[2]: tensor '1.weight' has shape (32, 784), models[0]'s (16, 784)",
+            "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)",  # the file, not its index
         ),
     ],
 )

@@ -38,7 +38,7 @@ from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params
 from lmclab.core.bn_repair import has_batchnorm, repair_bn, repair_subset
 from lmclab.core.device import resolve_device
 from lmclab.core.repair import merged_targets, repair_to
-from lmclab.core.spec import Params, Permutation, PermutationSpec
+from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
 from lmclab.search import needs_data, needs_model
 from lmclab.search.many_methods import UNIVERSE, check_many, run_many
 
@@ -76,19 +76,9 @@ class ManyMerge:
 
 def same_tensors(params: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> None:
     """One-line ``ValueError`` unless every ``params[i]`` (called ``names[i]``) has the first's tensor
-    names and shapes."""
-    first = params[0]
+    names and shapes (:func:`lmclab.core.spec.check_same_shapes`)."""
     for p, name in zip(params[1:], names[1:], strict=True):
-        missing, extra = sorted(set(first) - set(p)), sorted(set(p) - set(first))
-        if missing or extra:
-            raise ValueError(
-                f"{name}: tensor names differ from {names[0]}'s (missing {missing[:3]}, extra {extra[:3]})"
-            )
-        for key, v in first.items():
-            if p[key].shape != v.shape:
-                raise ValueError(
-                    f"{name}: tensor {key!r} has shape {tuple(p[key].shape)}, {names[0]}'s {tuple(v.shape)}"
-                )
+        check_same_shapes(params[0], p, name, names[0])
 
 
 def _check_call(models: Sequence[Model], method: str, options, data, repair) -> dict[str, Any]:

@@ -281,7 +281,7 @@ def check_same_shapes(
     missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
     if missing or extra:
         raise ValueError(
-            f"{what}: its tensors are not {reference_what}'s (missing {missing[:3]}, unexpected {extra[:3]})"
+            f"{what}: tensor names differ from {reference_what}'s (missing {missing[:3]}, extra {extra[:3]})"
         )
     for name, value in reference.items():
         if tuple(params[name].shape) != tuple(value.shape):
