@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from lmclab.core.options import Count, Options, option
+from lmclab.core.options import Count, OptionError, Options, option
 
 
 def as_tuple(value: Any) -> Any:
@@ -31,3 +31,9 @@ class ArchConfig(Options):
 
     input_shape: Shape = option(..., "(channels, height, width) of one input")
     num_classes: Annotated[int, Field(ge=0)] = option(..., "classes of the output layer (0: an encoder's, unused)")
+
+
+def check_patches_tile(input_shape: tuple[int, int, int], patch_size: int) -> None:
+    """A one-line :class:`OptionError` naming ``patch_size`` unless square patches of that side tile the image."""
+    if any(side % patch_size for side in input_shape[1:]):
+        raise OptionError(f"{{patch_size}}: {patch_size} does not divide the image {input_shape[1]} × {input_shape[2]}")

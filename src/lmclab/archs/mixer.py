@@ -19,8 +19,8 @@ from __future__ import annotations
 from pydantic import model_validator
 from torch import Tensor, nn
 
-from lmclab.archs.base import ArchConfig
-from lmclab.core.options import Count, OptionError, option
+from lmclab.archs.base import ArchConfig, check_patches_tile
+from lmclab.core.options import Count, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
 
 STREAM = "P_stream"
@@ -39,11 +39,7 @@ class Config(ArchConfig):
 
     @model_validator(mode="after")
     def _patches_tile(self) -> Config:
-        if any(side % self.patch_size for side in self.input_shape[1:]):
-            raise OptionError(
-                f"{{patch_size}}: {self.patch_size} does not divide the image "
-                f"{self.input_shape[1]} × {self.input_shape[2]}"
-            )
+        check_patches_tile(self.input_shape, self.patch_size)
         return self
 
     @property

@@ -24,7 +24,7 @@ import torch
 from pydantic import model_validator
 from torch import Tensor, nn
 
-from lmclab.archs.base import ArchConfig
+from lmclab.archs.base import ArchConfig, check_patches_tile
 from lmclab.core.heads import Heads
 from lmclab.core.options import Count, OptionError, one_of, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
@@ -55,11 +55,7 @@ class Config(ArchConfig):
             raise OptionError(f"{{heads}}: {self.heads} heads do not divide the width {self.width}")
         if self.position == "sincos" and self.width % 4:
             raise OptionError(f"{{width}}: a sin-cos position embedding needs a multiple of 4, got {self.width}")
-        if any(side % self.patch_size for side in self.input_shape[1:]):
-            raise OptionError(
-                f"{{patch_size}}: {self.patch_size} does not divide the image "
-                f"{self.input_shape[1]} × {self.input_shape[2]}"
-            )
+        check_patches_tile(self.input_shape, self.patch_size)
         return self
 
     @property
