@@ -56,10 +56,10 @@ def as_split(data: Data, name: str = "data") -> Split:
     """All of ``data`` as one :class:`Split` in memory (inputs ``x`` in their own dtype — integer
     token ids stay integers —, integer class targets ``y``).
 
-    Held whole because every consumer passes over it more than once or by index: the search methods
-    that read activations (``am``, ``ste``, ``ste_sinkhorn``, CCA Merge, ZipIt!: one pass per epoch
-    or per statistic), REPAIR and BatchNorm reset (a fixed subset, one pass per repair point), and
-    :func:`lmclab.curve` (one pass per λ, the same samples at every λ)."""
+    For the consumers that pass over the data more than once or by index: STE and Sinkhorn STE (one
+    pass per epoch, a held-out part), REPAIR and the BatchNorm reset (a fixed subset, one pass per
+    repair point). Activation matching, CCA Merge, ZipIt! and :func:`lmclab.curve` stream a
+    ``DataLoader`` instead (:func:`lmclab.core.batches.input_batches`)."""
     if isinstance(data, Split):
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
