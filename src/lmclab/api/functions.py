@@ -112,18 +112,20 @@ def find_permutation(
     device: str = "auto",
     progress: bool = False,
     options: Mapping[str, Any] | None = None,
+    partial: bool = False,
 ) -> Alignment:
     """The permutation π of θb's hidden units that aligns it to θa (``method``: a name of
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
     against its options model before anything runs).
 
     ``spec`` defaults to the one traced from the model on ``example_inputs`` (or on ``data``'s first
-    batch); ``model`` is the module of two state dicts; ``data`` (training batches) is needed by the
-    methods that read activations (:func:`lmclab.search.needs_data`: ``am``, ``ste``, ``ste_sinkhorn``);
-    a ``DataLoader`` is streamed batch by batch by the methods that pass over it once (``am``; the others
-    hold it in memory: STE's epochs revisit it); ``points`` overrides the traced activation points of
-    AM; with ``test`` data the iterative methods record the merged model's test loss and accuracy
-    after each search epoch in ``stats["curve"]`` (the paper's Figure 6)."""
+    batch; ``partial=True`` leaves the channels the tracer cannot prove unpermuted instead of refusing
+    the model, :func:`lmclab.trace.trace_spec`); ``model`` is the module of two state dicts; ``data``
+    (training batches) is needed by the methods that read activations (:func:`lmclab.search.needs_data`:
+    ``am``, ``ste``, ``ste_sinkhorn``); a ``DataLoader`` is streamed batch by batch by the methods that
+    pass over it once (``am``; the others hold it in memory: STE's epochs revisit it); ``points``
+    overrides the traced activation points of AM; with ``test`` data the iterative methods record the
+    merged model's test loss and accuracy after each search epoch in ``stats["curve"]`` (the paper's Figure 6)."""
     options = checked_options(method, options)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
@@ -137,6 +139,7 @@ def find_permutation(
         data=data,
         device=device,
         needs_forward=needs_model(method) or test is not None,  # the learning curve runs the model too
+        partial=partial,
     )
     params_a, params_b = (params_of(m, n, problem.device) for m, n in ((model_a, "model_a"), (model_b, "model_b")))
     problem.spec.check(params_a, "model_a")

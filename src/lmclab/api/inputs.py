@@ -126,9 +126,13 @@ def resolve(
     data: Data | None,
     device: str,
     needs_forward: bool,
+    partial: bool = False,
 ) -> Problem:
     """The spec (given, or traced from the skeleton on ``example_inputs`` — else on two inputs of
-    ``data``), the activation points of a traced spec, and the skeleton on ``device``."""
+    ``data``; with ``partial``, what the tracer cannot prove is left unpermuted), the activation
+    points of a traced spec, and the skeleton on ``device``."""
+    if partial and spec is not None:
+        raise ValueError("partial: applies to a traced spec; a spec given as spec= is used as it is")
     dev = resolve_device(device)
     net = (
         skeleton(model, model_a, "tracing the permutation spec" if spec is None else "this method")
@@ -143,6 +147,6 @@ def resolve(
             if data is None:
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
             example_inputs = first_inputs(data)
-        traced = trace(on_device(net, torch.device("cpu")), example_inputs.cpu())
+        traced = trace(on_device(net, torch.device("cpu")), example_inputs.cpu(), partial=partial)
         spec, points = traced.spec, traced.points
     return Problem(spec, points, on_device(net, dev) if net is not None else None, dev)

@@ -107,12 +107,14 @@ def merge_many(
     options: Mapping[str, Any] | None = None,
     seed: int = 0,
     device: str = "auto",
+    partial: bool = False,
 ) -> ManyMerge:
     """Merge N ≥ 2 models by ``method`` (a name of :data:`lmclab.search.many_methods.MANY_METHODS`;
     ``options``: its own, checked before anything runs), as the pipeline's ``merge_many`` stage does.
 
     ``spec`` defaults to the one traced from the module (``model``, else ``models[0]``) on
-    ``example_inputs`` or ``data``'s first batch; ``data`` (training batches) is needed by the
+    ``example_inputs`` or ``data``'s first batch (``partial=True``: what the tracer cannot prove stays
+    unpermuted); ``data`` (training batches) is needed by the
     transform methods (which stream a ``DataLoader`` batch by batch) and by ``repair`` (which holds it
     in memory): ``bn`` recomputes BatchNorm statistics, ``repair`` rescales
     units to the endpoints' mean statistics (REPAIR, :func:`lmclab.core.repair.repair_merged`),
@@ -126,6 +128,7 @@ def merge_many(
         data=data,
         device=device,
         needs_forward=needs_model(method) or repair is not None,
+        partial=partial,
     )
     names = [f"models[{i}]" for i in range(len(models))]
     params = [params_of(m, name, problem.device) for m, name in zip(models, names, strict=True)]
