@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lmclab.core.batches import as_batch, input_batches, streamed
 from lmclab.core.data import Split
 
-CPU = torch.device("cpu")
+LIKE = {"w": torch.zeros(1)}  # float32 parameters on the CPU
 
 
 class Counted:
@@ -27,7 +27,7 @@ class Counted:
 
 
 def _read(data, **kwargs) -> list[torch.Tensor]:
-    return list(input_batches(data, device=CPU, **{"batch_size": 4, "max_samples": None} | kwargs))
+    return list(input_batches(data, like=LIKE, **{"batch_size": 4, "max_samples": None} | kwargs))
 
 
 def test_a_split_is_read_in_slices_of_the_batch_size_up_to_max_samples() -> None:

@@ -127,12 +127,11 @@ def activation_matching(
     if set(points) != set(spec.groups):
         raise ValueError(f"activation points {sorted(points)} do not cover the groups {sorted(spec.groups)}")
     start = time.perf_counter()
-    device = next(iter(params_a.values())).device
     moments = {g: _Moments() for g in points}
     all_points = [p for ps in points.values() for p in ps]
     model.eval()
     n = 0
-    for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, device=device):
+    for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, like=params_a):
         n += len(x)
         za, zb = _record(model, params_a, all_points, x), _record(model, params_b, all_points, x)
         for g, ps in points.items():

@@ -69,13 +69,12 @@ def feature_statistics(
     """The :class:`FeatureStatistics` of every key of ``points`` (a group -> its activation points) over
     the first ``max_samples`` inputs of ``data`` (all: ``None``; a ``DataLoader`` is streamed in one pass),
     in eval mode (the model's mode restored)."""
-    device = next(iter(params[0].values())).device
     all_points = [p for ps in points.values() for p in ps]
     sums: dict[str, list] = {}
     was_training = model.training
     model.eval()
     try:
-        for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, device=device):
+        for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, like=params[0]):
             seen = [_record(model, p, all_points, x) for p in params]
             for key, ps in points.items():
                 for p in ps:
