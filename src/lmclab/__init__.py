@@ -20,6 +20,7 @@ API = (
     "l2_reduction",
     "merge",
     "merge_many",
+    "pairs",
     "repair",
 )
 __all__ = [*API, "__version__"]

@@ -173,7 +173,15 @@ def test_lams_must_hold_both_endpoints_and_the_midpoint() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["lmclab.api.functions", "lmclab.api.curves", "lmclab.api.many", "lmclab.api", "lmclab.core.merge"]
+    "module",
+    [
+        "lmclab.api.functions",
+        "lmclab.api.curves",
+        "lmclab.api.many",
+        "lmclab.api.inputs",
+        "lmclab.api",
+        "lmclab.core.merge",
+    ],
 )
 def test_the_docstring_examples_run(module: str) -> None:
     import importlib

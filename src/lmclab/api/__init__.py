@@ -9,7 +9,7 @@ symmetries of their hidden units, merge them, and measure the path between them.
 
 from lmclab.api.curves import Curve, curve
 from lmclab.api.functions import Alignment, apply_permutation, find_permutation, l2_reduction, merge
-from lmclab.api.inputs import as_split
+from lmclab.api.inputs import as_split, pairs
 from lmclab.api.many import ManyMerge, merge_many, repair
 
 __all__ = [
@@ -23,5 +23,6 @@ __all__ = [
     "l2_reduction",
     "merge",
     "merge_many",
+    "pairs",
     "repair",
 ]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params_of, skeleton
+from lmclab.core.batches import as_batch, streamed
 from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
 from lmclab.core.data import Split
 from lmclab.core.device import resolve_device
@@ -82,8 +82,9 @@ def curve(
     """Evaluate ``θ(λ)`` for every λ (``lams`` evenly spaced values in [0, 1] plus ½, or the given
     ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``): the
     measured path of the paper's Definition 2.1, whose barriers :meth:`Curve.barrier` gives. A
-    ``DataLoader`` is streamed, one pass over its batches per λ (it should yield the same samples
-    each time: no random augmentation); any other source is held in memory (:func:`lmclab.as_split`).
+    ``DataLoader`` (any re-iterable of batches) is streamed, one pass over its batches per λ (it should
+    yield the same samples each time: no random augmentation); any other source is held in memory
+    (:func:`lmclab.as_split`).
 
     ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
     re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of
@@ -96,10 +97,9 @@ def curve(
     net = on_device(skeleton(model, model_a, "evaluating the models"), dev)
     params_a, params_b = params_of(model_a, "model_a", dev), params_of(model_b, "model_b", dev)
     named = isinstance(data, Mapping)
+    labels = {name: f"data[{name!r}]" if named else "data" for name in (data if named else {"test": data})}
     sources = {
-        name: source
-        if isinstance(source, DataLoader)
-        else as_split(source, f"data[{name!r}]" if named else "data").to(dev)
+        name: source if streamed(source) else as_split(source, labels[name]).to(dev)
         for name, source in (data if named else {"test": data}).items()
     }
     hook = _bn_hook(net, repair, repair_data, repair_samples, dev)
@@ -109,20 +109,26 @@ def curve(
             params = lerp_params(params_a, params_b, lam)
             params = hook(params) if hook is not None else params
             for name, source in sources.items():
-                ev = evaluate(net, params, source) if isinstance(source, Split) else _streamed(net, params, source)
+                ev = (
+                    evaluate(net, params, source)
+                    if isinstance(source, Split)
+                    else _streamed(net, params, source, labels[name])
+                )
                 rows.append({"lam": float(lam), "split": name, "loss": ev.loss, "acc": ev.acc})
     return Curve(rows)
 
 
-def _streamed(net: nn.Module, params: Mapping[str, Tensor], loader: DataLoader) -> Evaluation:
+def _streamed(net: nn.Module, params: Mapping[str, Tensor], loader: Iterable[Any], name: str) -> Evaluation:
     """:func:`lmclab.core.evaluate.evaluate` over ``loader``'s batches, one at a time (sample-weighted)."""
     total, loss, correct = 0, 0.0, 0.0
     for batch in loader:
-        x, y = torch.as_tensor(batch[0]), torch.as_tensor(batch[1]).long()
-        ev = evaluate(net, params, Split(x, y))
+        x, y = as_batch(batch, name)
+        if y is None:
+            raise TypeError(f"{name}: expected (input, target) batches to evaluate on, got input tensors alone")
+        ev = evaluate(net, params, Split(x, y.long()))
         total, loss, correct = total + len(y), loss + ev.loss * len(y), correct + ev.acc * len(y)
     if total == 0:
-        raise ValueError("data: a DataLoader yielded no batches")
+        raise ValueError(f"{name}: a DataLoader yielded no batches")
     return Evaluation(loss / total, correct / total)
 
 

@@ -39,10 +39,11 @@ from torch import Tensor, nn
 
 from lmclab.api.inputs import Data, Model, as_split, named_as, params_of, resolve
 from lmclab.core import spec as spec_ops
+from lmclab.core.batches import Batches, streamed
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
-from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search
+from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
 
 def checked_options(method: str, options: Mapping[str, Any] | None, check: Any = check_method) -> dict[str, Any]:
@@ -53,6 +54,15 @@ def checked_options(method: str, options: Mapping[str, Any] | None, check: Any =
     with named_as(**{name: f"options[{name!r}]" for name in options or {}}):
         check(method, options)
     return dict(options or {})
+
+
+def training_data(method: str, data: Data | None, device: torch.device) -> Batches | None:
+    """``data`` as ``method`` reads it: a ``DataLoader`` (any re-iterable of batches) as it is when the
+    method streams it in one pass (:func:`lmclab.search.streams_data`), anything else in memory on
+    ``device`` (:func:`as_split`)."""
+    if data is None:
+        return None
+    return data if streams_data(method) and streamed(data) else as_split(data).to(device)
 
 
 def short_stats(stats: Mapping[str, Any], count: int = 3) -> str:
@@ -102,17 +112,20 @@ def find_permutation(
     device: str = "auto",
     progress: bool = False,
     options: Mapping[str, Any] | None = None,
+    partial: bool = False,
 ) -> Alignment:
     """The permutation π of θb's hidden units that aligns it to θa (``method``: a name of
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
     against its options model before anything runs).
 
     ``spec`` defaults to the one traced from the model on ``example_inputs`` (or on ``data``'s first
-    batch); ``model`` is the module of two state dicts; ``data`` (training batches) is needed by the
-    methods that read activations (:func:`lmclab.search.needs_data`: ``am``, ``ste``, ``ste_sinkhorn``);
-    ``points`` overrides the traced activation points of AM; with ``test`` data the iterative methods
-    record the merged model's test loss and accuracy after each search epoch in ``stats["curve"]``
-    (the paper's Figure 6)."""
+    batch; ``partial=True`` leaves the channels the tracer cannot prove unpermuted instead of refusing
+    the model, :func:`lmclab.trace.trace_spec`); ``model`` is the module of two state dicts; ``data``
+    (training batches) is needed by the methods that read activations (:func:`lmclab.search.needs_data`:
+    ``am``, ``ste``, ``ste_sinkhorn``); a ``DataLoader`` is streamed batch by batch by the methods that
+    pass over it once (``am``; the others hold it in memory: STE's epochs revisit it); ``points``
+    overrides the traced activation points of AM; with ``test`` data the iterative methods record the
+    merged model's test loss and accuracy after each search epoch in ``stats["curve"]`` (the paper's Figure 6)."""
     options = checked_options(method, options)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
@@ -126,6 +139,7 @@ def find_permutation(
         data=data,
         device=device,
         needs_forward=needs_model(method) or test is not None,  # the learning curve runs the model too
+        partial=partial,
     )
     params_a, params_b = (params_of(m, n, problem.device) for m, n in ((model_a, "model_a"), (model_b, "model_b")))
     problem.spec.check(params_a, "model_a")
@@ -136,7 +150,7 @@ def find_permutation(
         params_b=params_b,
         model=problem.model,
         points=dict(points) if points is not None else problem.points,
-        train=as_split(data).to(problem.device) if data is not None else None,
+        train=training_data(method, data, problem.device),
         test=as_split(test, "test").to(problem.device) if test is not None else None,
         device=problem.device,
         progress=progress,

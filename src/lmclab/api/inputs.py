@@ -5,14 +5,15 @@ permutation spec (given, or traced with :mod:`lmclab.trace`). Errors name the AP
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from lmclab.core.data import Split
+from lmclab.core.batches import Pairs, as_batch
+from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, PermutationSpec
@@ -56,10 +57,10 @@ def as_split(data: Data, name: str = "data") -> Split:
     """All of ``data`` as one :class:`Split` in memory (inputs ``x`` in their own dtype — integer
     token ids stay integers —, integer class targets ``y``).
 
-    Held whole because every consumer passes over it more than once or by index: the search methods
-    that read activations (``am``, ``ste``, ``ste_sinkhorn``, CCA Merge, ZipIt!: one pass per epoch
-    or per statistic), REPAIR and BatchNorm reset (a fixed subset, one pass per repair point), and
-    :func:`lmclab.curve` (one pass per λ, the same samples at every λ)."""
+    For the consumers that pass over the data more than once or by index: STE and Sinkhorn STE (one
+    pass per epoch, a held-out part), REPAIR and the BatchNorm reset (a fixed subset, one pass per
+    repair point). Activation matching, CCA Merge, ZipIt! and :func:`lmclab.curve` stream a
+    ``DataLoader`` instead (:func:`lmclab.core.batches.input_batches`)."""
     if isinstance(data, Split):
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
@@ -76,7 +77,8 @@ def as_split(data: Data, name: str = "data") -> Split:
     xs, ys = [], []
     for item in items:
         if not (isinstance(item, (tuple, list)) and len(item) >= 2):
-            raise TypeError(f"{name}: expected (input, target) items, got {type(item).__name__}")
+            hint = " (wrap the data in lmclab.pairs(…, input_key=…, target_key=…))" if isinstance(item, Mapping) else ""
+            raise TypeError(f"{name}: expected (input, target) items, got {type(item).__name__}{hint}")
         x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
         sample = y.dim() == 0  # a dataset of samples rather than a loader of batches
         xs.append(x.unsqueeze(0) if sample else x)
@@ -84,6 +86,26 @@ def as_split(data: Data, name: str = "data") -> Split:
     if not xs:
         raise ValueError(f"{name} is empty")
     return Split(torch.cat(xs), torch.cat(ys).long())
+
+
+def pairs(
+    data: Iterable[Any],
+    *,
+    input_key: str | None = None,
+    target_key: str | None = None,
+    collate: Callable[[Any], tuple[Any, Any]] | None = None,
+) -> Pairs:
+    """``data`` (a ``DataLoader`` or dataset of dict batches, or of anything else) read as ``(input,
+    target)`` pairs, for every function that takes ``data``: ``(batch[input_key], batch[target_key])``,
+    or ``collate(batch)``. Lazy: a ``DataLoader`` wrapped so still streams where the method allows.
+
+    >>> import torch, lmclab
+    >>> batches = [{"pixel_values": torch.zeros(4, 3), "labels": torch.ones(4)}]
+    >>> x, y = next(iter(lmclab.pairs(batches, input_key="pixel_values", target_key="labels")))
+    >>> tuple(x.shape), tuple(y.shape)
+    ((4, 3), (4,))
+    """
+    return Pairs(data, input_key=input_key, target_key=target_key, collate=collate)
 
 
 def first_inputs(data: Data) -> Tensor:
@@ -95,8 +117,7 @@ def first_inputs(data: Data) -> Tensor:
     item = next(iter(data), None) if isinstance(data, Iterable) else (data[0] if len(data) else None)
     if item is None:
         raise ValueError("data is empty")
-    x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
-    return x.unsqueeze(0) if y.dim() == 0 else x[:2]
+    return as_batch(item)[0][:2]  # a batch of one for a sample item
 
 
 @contextmanager
@@ -126,9 +147,13 @@ def resolve(
     data: Data | None,
     device: str,
     needs_forward: bool,
+    partial: bool = False,
 ) -> Problem:
     """The spec (given, or traced from the skeleton on ``example_inputs`` — else on two inputs of
-    ``data``), the activation points of a traced spec, and the skeleton on ``device``."""
+    ``data``; with ``partial``, what the tracer cannot prove is left unpermuted), the activation
+    points of a traced spec, and the skeleton on ``device``."""
+    if partial and spec is not None:
+        raise ValueError("partial: applies to a traced spec; a spec given as spec= is used as it is")
     dev = resolve_device(device)
     net = (
         skeleton(model, model_a, "tracing the permutation spec" if spec is None else "this method")
@@ -143,6 +168,7 @@ def resolve(
             if data is None:
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
             example_inputs = first_inputs(data)
-        traced = trace(on_device(net, torch.device("cpu")), example_inputs.cpu())
+        cpu_net = on_device(net, torch.device("cpu"))
+        traced = trace(cpu_net, inputs_like(example_inputs.cpu(), dict(cpu_net.state_dict())), partial=partial)
         spec, points = traced.spec, traced.points
     return Problem(spec, points, on_device(net, dev) if net is not None else None, dev)

@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lmclab.api.functions import checked_options, short_groups, short_stats
+from lmclab.api.functions import checked_options, short_groups, short_stats, training_data
 from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params_of, resolve, skeleton
 from lmclab.core.bn_repair import has_batchnorm, repair_bn, repair_subset
 from lmclab.core.device import resolve_device
@@ -107,13 +107,16 @@ def merge_many(
     options: Mapping[str, Any] | None = None,
     seed: int = 0,
     device: str = "auto",
+    partial: bool = False,
 ) -> ManyMerge:
     """Merge N ≥ 2 models by ``method`` (a name of :data:`lmclab.search.many_methods.MANY_METHODS`;
     ``options``: its own, checked before anything runs), as the pipeline's ``merge_many`` stage does.
 
     ``spec`` defaults to the one traced from the module (``model``, else ``models[0]``) on
-    ``example_inputs`` or ``data``'s first batch; ``data`` (training batches) is needed by the
-    transform methods and by ``repair``: ``bn`` recomputes BatchNorm statistics, ``repair`` rescales
+    ``example_inputs`` or ``data``'s first batch (``partial=True``: what the tracer cannot prove stays
+    unpermuted); ``data`` (training batches) is needed by the
+    transform methods (which stream a ``DataLoader`` batch by batch) and by ``repair`` (which holds it
+    in memory): ``bn`` recomputes BatchNorm statistics, ``repair`` rescales
     units to the endpoints' mean statistics (REPAIR, :func:`lmclab.core.repair.repair_merged`),
     ``auto`` the one that fits the model. Returns a :class:`ManyMerge` (tensors on the CPU)."""
     options = _check_call(models, method, options, data, repair)
@@ -125,13 +128,15 @@ def merge_many(
         data=data,
         device=device,
         needs_forward=needs_model(method) or repair is not None,
+        partial=partial,
     )
     names = [f"models[{i}]" for i in range(len(models))]
     params = [params_of(m, name, problem.device) for m, name in zip(models, names, strict=True)]
     same_tensors(params, names)
     for p, name in zip(params, names, strict=True):
         problem.spec.check(p, name)
-    train = as_split(data).to(problem.device) if data is not None else None
+    # REPAIR and the BatchNorm reset revisit a fixed subset: with a repair the data is held in memory
+    train = training_data(method, data, problem.device) if repair is None else as_split(data).to(problem.device)
     fix = _repair_of(repair, problem.model, train)
     with named_as(params="models"):
         result = run_many(

@@ -30,6 +30,7 @@ from lmclab.cli.inputs import (
     output_path,
     parse_shape,
     save_state,
+    traced_only,
 )
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
@@ -40,6 +41,7 @@ FACTORY = typer.Option(None, help="module:callable building the nn.Module of pla
 KWARGS = typer.Option("{}", help="JSON keyword arguments of --factory")
 SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,32 (to trace the spec)")
 DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
+PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
 
 
 def one_line(fn: Callable) -> Callable:
@@ -52,7 +54,8 @@ def one_line(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, FileNotFoundError, TraceError) as exc:
-            typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+            line = str(exc).splitlines()[0].replace("pass partial=True", "pass --partial")
+            typer.echo(f"error: {line}", err=True)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -74,6 +77,7 @@ def match(
     option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
     seed: int = 0,
     device: str = DEVICE,
+    partial: bool = PARTIAL,
 ) -> None:
     """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
     import torch
@@ -87,6 +91,7 @@ def match(
     if needs_data(method) and data is None:
         raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
     params_a, params_b, (net, spec, points) = load_pair(model_a, model_b, factory, kwargs)
+    traced_only(partial, spec)
     shape = parse_shape(input_shape)
     train = load_data(data, "train", data_root, in_channels) if data is not None else None
     res = find_permutation(
@@ -101,6 +106,7 @@ def match(
         seed=seed,
         device=device,
         options=options,
+        partial=partial,
     )
     save_permutation(out, res.perm, method=method, stats=res.stats)
     typer.echo(
@@ -120,13 +126,13 @@ def merge(
     factory: str = FACTORY,
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
+    partial: bool = PARTIAL,
 ) -> None:
     """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
     from lmclab.api import merge as merge_models
 
     output_path(out, "--out")
-
-    merged = merge_models(*aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape)[:2], lam=lam)
+    merged = merge_models(*aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)[:2], lam=lam)
     save_state(out, merged)
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
 
@@ -147,6 +153,7 @@ def merge_many(
     option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
     seed: int = 0,
     device: str = DEVICE,
+    partial: bool = PARTIAL,
 ) -> None:
     """Merge N models into one by an n-model method; write the merged state dict to --out."""
     import torch
@@ -163,6 +170,7 @@ def merge_many(
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
     params, (net, spec, points) = load_models(models, factory, kwargs)
+    traced_only(partial, spec)
     shape = parse_shape(input_shape)
     if spec is None and shape is None and data is None:
         raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
@@ -178,6 +186,7 @@ def merge_many(
         options=options,
         seed=seed,
         device=device,
+        partial=partial,
     )
     if res.merged is None:
         raise ValueError(f"--option: this {method} merge is partial (one network per model), no single model to write")
@@ -203,6 +212,7 @@ def barrier(
     input_shape: str = SHAPE,
     json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
     device: str = DEVICE,
+    partial: bool = PARTIAL,
 ) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import curve as measure_curve
@@ -210,7 +220,7 @@ def barrier(
 
     if json_out is not None:
         output_path(json_out, "--json")
-    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape)
+    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)
     test = load_data(data, split, data_root, in_channels)
     repair_data = load_data(data, "train", data_root, in_channels) if repair else None
     curve = measure_curve(

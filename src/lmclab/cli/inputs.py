@@ -103,16 +103,31 @@ def load_data(source: str, split: str, root: Path, in_channels: int | None) -> A
     return data
 
 
+def traced_only(partial: bool, spec: Any) -> None:
+    """``--partial`` refused where nothing is traced: lmclab checkpoints carry their architecture's spec."""
+    if partial and spec is not None:
+        raise ValueError(
+            "--partial: the models are lmclab checkpoints, whose architecture gives the spec; nothing is traced"
+        )
+
+
 def aligned_pair(
-    model_a: Path, model_b: Path, perm: Path | None, factory: str | None, kwargs: str, input_shape: str | None
+    model_a: Path,
+    model_b: Path,
+    perm: Path | None,
+    factory: str | None,
+    kwargs: str,
+    input_shape: str | None,
+    partial: bool = False,
 ) -> tuple[Any, Any, Any]:
-    """θa, π(θb) (θb without ``perm``) and the module they run in."""
+    """θa, π(θb) (θb without ``perm``) and the module they run in (``partial``: as in ``lmclab trace``)."""
     import torch
 
     from lmclab.api import apply_permutation
     from lmclab.api.files import load_permutation
 
     params_a, params_b, (net, spec, _) = load_pair(model_a, model_b, factory, kwargs)
+    traced_only(partial, spec)
     if perm is None:
         return params_a, params_b, net
     if spec is None:
@@ -121,7 +136,7 @@ def aligned_pair(
         shape = parse_shape(input_shape)
         if shape is None:
             raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
-        spec = trace_spec(net, torch.zeros(2, *shape))
+        spec = trace_spec(net, torch.zeros(2, *shape), partial=partial)
     return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from lmclab.core.data import Split
+from lmclab.core.data import Split, inputs_like
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Params
@@ -58,7 +58,7 @@ def repair_bn(
         s for s in range(0, len(data), batch_size) if min(batch_size, len(data) - s) > 1 or s == 0
     ]  # a batch of one image has no variance
     for start in starts[world.rank :: world.size]:
-        work(data.x[start : start + batch_size].to(device))
+        work(inputs_like(data.x[start : start + batch_size], params))
     for m in norms if world.size > 1 else ():
         count = m.num_batches_tracked.to(m.running_mean.dtype)
         total = world.reduce(count)

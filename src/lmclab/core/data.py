@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,20 @@ class Split:
 
     def to(self, device: torch.device | str) -> Split:
         return Split(self.x.to(device), self.y.to(device))
+
+    def like(self, params: Mapping[str, Tensor]) -> Split:
+        """On the device of ``params``, the inputs as :func:`inputs_like` makes them."""
+        x = inputs_like(self.x, params)
+        return Split(x, self.y.to(x.device))
+
+
+def inputs_like(x: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    """``x`` on the device of ``params``; floating inputs in their floating dtype (a float64 model reads
+    float64 images), integer inputs (token ids) as they are."""
+    ref = next((v for v in params.values() if v.is_floating_point()), None)
+    if ref is None:
+        return x
+    return x.to(ref.device, ref.dtype) if x.is_floating_point() else x.to(ref.device)
 
 
 class DataUnavailableError(OptionError, RuntimeError):

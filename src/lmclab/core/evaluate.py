@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.core.data import Split
+from lmclab.core.data import Split, inputs_like
 from lmclab.core.objective import batch_loss_correct, functional_method, is_reconstruction
 
 
@@ -27,7 +27,7 @@ def evaluate(model: nn.Module, params: Mapping[str, Tensor], split: Split, *, ba
     model.eval()
     total_loss, correct = 0.0, 0
     for start in range(0, len(split), batch_size):
-        x = split.x[start : start + batch_size].to(device)
+        x = inputs_like(split.x[start : start + batch_size], params)
         y = split.y[start : start + batch_size].to(device)
         summed, right = batch_loss_correct(model, params, x, y)
         total_loss, correct = total_loss + summed, correct + right
@@ -47,7 +47,7 @@ def evaluate_ensemble(
     model.eval()
     total_loss, correct = 0.0, 0
     for start in range(0, len(split), batch_size):
-        x = split.x[start : start + batch_size].to(device)
+        x = inputs_like(split.x[start : start + batch_size], params_list[0])
         y = split.y[start : start + batch_size].to(device)
         probs = torch.stack([F.softmax(functional_call(model, dict(p), (x,)), 1) for p in params_list]).mean(0)
         total_loss += F.nll_loss(probs.clamp_min(1e-12).log(), y, reduction="sum").item()
@@ -59,11 +59,10 @@ def evaluate_ensemble(
 def _reconstruction_ensemble(
     model: nn.Module, params_list: list[Mapping[str, Tensor]], split: Split, batch_size: int
 ) -> Evaluation:
-    device = next(iter(params_list[0].values())).device
     model.eval()
     total = 0.0
     for start in range(0, len(split), batch_size):
-        x = split.x[start : start + batch_size].to(device)
+        x = inputs_like(split.x[start : start + batch_size], params_list[0])
         mean = torch.stack([functional_method(model, p, "predict", x) for p in params_list]).mean(0)
         total += float(model.prediction_loss(mean, x)) * len(x)
     return Evaluation(total / len(split), float("nan"))

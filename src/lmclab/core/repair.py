@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmclab.core.data import Split
+from lmclab.core.data import Split, inputs_like
 from lmclab.core.merge import lerp_params
 from lmclab.core.spec import Params
 
@@ -50,9 +50,8 @@ def _unit_axis(module: nn.Module) -> int:
 
 
 def _batches(data: Split, params: Mapping[str, Tensor], batch_size: int):
-    ref = next(v for v in params.values() if v.is_floating_point())
     for start in range(0, len(data), batch_size):
-        yield data.x[start : start + batch_size].to(device=ref.device, dtype=ref.dtype)
+        yield inputs_like(data.x[start : start + batch_size], params)
 
 
 @torch.no_grad()

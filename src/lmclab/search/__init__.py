@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from lmclab.core.batches import Batches
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import aligned_midpoint
@@ -48,7 +49,8 @@ class SearchProblem:
 
     ``model`` is a skeleton run with ``functional_call`` (AM, STE, Sinkhorn STE and the learning
     curves); ``points`` the activation points of AM (group -> module names); ``train`` the data of
-    data-driven methods. ``test`` (optional) lets iterative methods record learning curves of the
+    data-driven methods: a ``Split``, or for those that stream it (:func:`streams_data`) also a
+    ``DataLoader``. ``test`` (optional) lets iterative methods record learning curves of the
     merged model; ``repair`` (optional) maps a merged parameter dict to one with repaired BatchNorm
     statistics before it is evaluated there; ``progress`` shows a bar per search epoch.
     ``lmclab.search.registered.search_problem`` builds one for a registered architecture."""
@@ -58,7 +60,7 @@ class SearchProblem:
     params_b: Mapping[str, Tensor]
     model: nn.Module | None = None
     points: Mapping[str, list[str]] | None = None
-    train: Split | None = None
+    train: Batches | None = None
     device: torch.device = torch.device("cpu")
     test: Split | None = None
     repair: Callable[[Params], Params] | None = None
@@ -92,6 +94,14 @@ def needs_data(method: str) -> bool:
     """Whether ``method`` (a pair or n-model method) reads training data: its search function has a
     ``data`` parameter without a default (activation matching, STE, CCA Merge, ZipIt!, …)."""
     return _requires(method, "data")
+
+
+def streams_data(method: str) -> bool:
+    """Whether ``method`` reads its training data in one pass of batches, so that a ``DataLoader`` is
+    streamed rather than held in memory: its ``data`` parameter takes :data:`lmclab.core.batches.Batches`
+    (activation matching, CCA Merge, ZipIt!); the others (STE, Sinkhorn STE) take a ``Split``."""
+    parameter = inspect.signature(inspect.unwrap(_registered(method)), eval_str=True).parameters.get("data")
+    return parameter is not None and parameter.annotation == Batches
 
 
 def needs_model(method: str) -> bool:

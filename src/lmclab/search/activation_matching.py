@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.core.assignment import AssignmentOptions, solve_assignment
-from lmclab.core.data import Split
+from lmclab.core.batches import Batches, input_batches
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, one_of, option, takes
 from lmclab.core.spec import PermutationSpec
@@ -117,22 +117,22 @@ def activation_matching(
     *,
     model: nn.Module,
     points: Mapping[str, list[str]],
-    data: Split,
+    data: Batches,
     options: AMOptions,
 ) -> SearchResult:
-    """One exact LAP per group on the activation similarity over ``data`` (eval mode; options:
+    """One exact LAP per group on the activation similarity over ``data`` (a ``Split``, or a
+    ``DataLoader`` streamed in one pass: the statistics are sums), in eval mode (options:
     :class:`AMOptions`)."""
     statistic, batch_size, max_samples = options.statistic, options.batch_size, options.max_samples
     if set(points) != set(spec.groups):
         raise ValueError(f"activation points {sorted(points)} do not cover the groups {sorted(spec.groups)}")
     start = time.perf_counter()
-    n = len(data) if max_samples is None else min(max_samples, len(data))
-    device = next(iter(params_a.values())).device
     moments = {g: _Moments() for g in points}
     all_points = [p for ps in points.values() for p in ps]
     model.eval()
-    for lo in range(0, n, batch_size):
-        x = data.x[lo : min(lo + batch_size, n)].to(device)
+    n = 0
+    for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, like=params_a):
+        n += len(x)
         za, zb = _record(model, params_a, all_points, x), _record(model, params_b, all_points, x)
         for g, ps in points.items():
             for p in ps:

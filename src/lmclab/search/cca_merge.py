@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from lmclab.core.data import Split
+from lmclab.core.batches import Batches
 from lmclab.core.options import Count, NonNegative, Options, option, takes
 from lmclab.core.spec import PermutationSpec
 from lmclab.core.transform import TransformResult, transform_merge
@@ -70,7 +70,7 @@ def cca_merge(
     *,
     model: nn.Module,
     points: Mapping[str, list[str]],
-    data: Split,
+    data: Batches,
     options: CCAOptions,
 ) -> TransformResult:
     """Merge ``params`` (N ≥ 2 models) by CCA Merge (module docstring; options: :class:`CCAOptions`).

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.batches import Batches, input_batches
 from lmclab.core.data import Split
 from lmclab.core.options import OptionError
 from lmclab.core.repair import Moments, repair_points, repair_to
@@ -60,21 +61,20 @@ def feature_statistics(
     model: nn.Module,
     params: Sequence[Mapping[str, Tensor]],
     points: Mapping[str, list[str]],
-    data: Split,
+    data: Batches,
     *,
     batch_size: int = 1000,
     max_samples: int | None = None,
 ) -> dict[str, FeatureStatistics]:
     """The :class:`FeatureStatistics` of every key of ``points`` (a group -> its activation points) over
-    the first ``max_samples`` inputs of ``data`` (all: ``None``), in eval mode (the model's mode restored)."""
-    n = len(data) if max_samples is None else min(max_samples, len(data))
+    the first ``max_samples`` inputs of ``data`` (all: ``None``; a ``DataLoader`` is streamed in one pass),
+    in eval mode (the model's mode restored)."""
     all_points = [p for ps in points.values() for p in ps]
     sums: dict[str, list] = {}
     was_training = model.training
     model.eval()
     try:
-        for lo in range(0, n, batch_size):
-            x = data.x[lo : min(lo + batch_size, n)].to(next(iter(params[0].values())).device)
+        for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, like=params[0]):
             seen = [_record(model, p, all_points, x) for p in params]
             for key, ps in points.items():
                 for p in ps:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmclab.core.data import Split
+from lmclab.core.batches import Batches
 from lmclab.core.options import OptionError, Options, got
 from lmclab.core.spec import PermutationSpec
 from lmclab.core.transform import TransformResult
@@ -60,7 +60,7 @@ def run_many(
     options: Mapping[str, Any] | None = None,
     model: nn.Module | None = None,
     points: Mapping[str, list[str]] | None = None,
-    data: Split | None = None,
+    data: Batches | None = None,
 ) -> UniverseResult | TransformResult:
     """Run ``method`` on the N models ``params`` with ``options`` (its keyword options); ``seed`` seeds
     its generator. The transform methods read activations: they need ``model`` (a skeleton run with

@@ -75,13 +75,12 @@ def ste(
     """STE search (options: :class:`STEOptions`); ``stats['curve']`` has one row per epoch: mean and
     lowest minibatch loss, held-out midpoint loss of the epoch's projection (None without held-out data)."""
     holdout, batch_size, epochs = options.holdout, options.batch_size, options.epochs
-    device = next(iter(params_a.values())).device
     train, held = split_holdout(data, holdout, generator)
     check_batch(batch_size, len(train))
     start = time.perf_counter()
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
-    train, held = train.to(device), held.to(device)
+    train, held = train.like(params_a), held.like(params_a)
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
     opt = make_optimizer(options.optimizer, tilde.values(), lr=options.lr, momentum=options.momentum)
     project = projector(spec, params_b, options.wm_max_iter, generator, lap_backend=options.lap_backend)

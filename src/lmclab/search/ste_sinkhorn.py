@@ -83,13 +83,15 @@ def ste_sinkhorn(
     device = next(iter(params_a.values())).device
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
+    data = data.like(params_a)  # on the model's device, floating inputs in its dtype
     scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
     if options.init == "wm":
         found = weight_matching(
             spec, params_a, params_b, generator=generator, lap_backend=options.lap_backend, restarts=1
         )
         scores = scores_at(scores, found.perm, spec.heads)
-    scores = {g: s.requires_grad_() for g, s in scores.items()}
+    dtype = next(v.dtype for v in params_a.values() if v.is_floating_point())  # a float64 model: float64 scores
+    scores = {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
     hard = partial(
         hard_permutation,
         scores,

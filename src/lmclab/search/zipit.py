@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from lmclab.core.data import Split
+from lmclab.core.batches import Batches
 from lmclab.core.options import Count, Factor, NonNegative, OptionError, Options, option, takes
 from lmclab.core.spec import PermutationSpec
 from lmclab.core.transform import Transform, TransformResult, partial_merge, transform_merge
@@ -212,7 +212,7 @@ def zipit(
     *,
     model: nn.Module,
     points: Mapping[str, list[str]],
-    data: Split,
+    data: Batches,
     options: ZipItOptions,
 ) -> TransformResult:
     """Merge ``params`` (N ≥ 2 models) by ZipIt! (module docstring; options: :class:`ZipItOptions`).

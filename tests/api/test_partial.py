@@ -1,0 +1,108 @@
+"""``partial=True`` wherever the tracer's refusal suggests it: a model with one op the tracer cannot
+prove is refused in one line, and with ``partial`` its other groups are matched exactly while the
+unproven ones stay as they are; the command's ``--partial`` likewise."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import lmclab
+from lmclab.core.spec import random_permutation
+from lmclab.trace import TraceError, trace_spec
+
+NETS = '''
+import torch
+from torch import nn
+
+
+class Cumulative(nn.Module):
+    """An MLP whose first hidden layer is summed cumulatively over its units: no permutation of
+    them keeps the function, so a tracer must not permute them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(12, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)).cumsum(-1))))
+
+
+def cumulative():
+    return Cumulative()
+'''
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("partial")
+    (folder / "partial_nets.py").write_text(NETS)
+    sys.path.insert(0, str(folder))
+    try:
+        import partial_nets
+    finally:
+        sys.path.remove(str(folder))
+    return folder, partial_nets
+
+
+def _planted(net: nn.Module, x: torch.Tensor) -> tuple[dict, dict]:
+    """θb = π(θa) for a random π of the partial spec's groups (only the provable one), and π."""
+    spec = trace_spec(net, x, partial=True)
+    perm = random_permutation(spec.group_sizes(net.state_dict()), torch.Generator().manual_seed(3))
+    return lmclab.apply_permutation(spec, perm, net.state_dict()), perm
+
+
+def test_the_refusal_names_partial_and_partial_permutes_only_what_is_proven(nets) -> None:
+    _, module = nets
+    torch.manual_seed(0)
+    net, x = module.cumulative(), torch.randn(32, 12)
+    with pytest.raises(TraceError, match="cumsum in .* cannot be proved .*; pass partial=True to leave"):
+        lmclab.find_permutation(net, net, example_inputs=x)
+    spec = trace_spec(net, x, partial=True)
+    assert spec.axes["fc1.weight"] == (None, None) and spec.axes["fc2.weight"] == ("P_0", None)
+    b, perm = _planted(net, x)
+    assert not torch.equal(b["fc2.weight"], net.state_dict()["fc2.weight"])  # the planted π moves something
+    for method in ("wm", "am"):
+        res = lmclab.find_permutation(net, b, method=method, example_inputs=x, data=(x, x[:, 0]), partial=True)
+        aligned = res.apply(b)
+        assert res.spec == spec and all(torch.equal(aligned[k], v) for k, v in net.state_dict().items())
+    with pytest.raises(ValueError, match="^partial: applies to a traced spec"):
+        lmclab.find_permutation(net, b, spec=spec, partial=True)
+
+
+def test_merge_many_takes_partial_and_keeps_the_function(nets) -> None:
+    _, module = nets
+    torch.manual_seed(0)
+    net, x = module.cumulative(), torch.randn(32, 12)
+    copies = [net.state_dict(), _planted(net, x)[0]]
+    with pytest.raises(TraceError, match="pass partial=True"):
+        lmclab.merge_many(copies, method="c2m3", model=net, example_inputs=x)
+    res = lmclab.merge_many(copies, method="c2m3", model=net, example_inputs=x, partial=True)
+    merged = torch.func.functional_call(net, res.merged, (x,))
+    assert torch.allclose(merged, net(x), atol=1e-5)
+
+
+def test_the_command_says_partial_and_takes_it(nets) -> None:
+    from test_cli import lmclab as run
+
+    folder, module = nets
+    torch.manual_seed(0)
+    net, x = module.cumulative(), torch.randn(2, 12)
+    torch.save(net.state_dict(), folder / "a.pt")
+    torch.save(_planted(net, x)[0], folder / "b.pt")
+    factory = ["--factory", "partial_nets:cumulative", "--input-shape", "12"]
+    refused = run(folder, "match", "a.pt", "b.pt", *factory, "--out", "p.pt", ok=False)
+    assert refused.stderr.count("\n") == 1 and "; pass --partial to leave its channels unpermuted" in refused.stderr
+    assert not (folder / "p.pt").exists()
+    out = run(folder, "match", "a.pt", "b.pt", *factory, "--partial", "--out", "p.pt").stdout
+    assert "L2 reduction 100.00 %" in out
+    run(folder, "merge", "a.pt", "b.pt", "--perm", "p.pt", *factory, "--partial", "--out", "m.pt")
+    merged = torch.load(folder / "m.pt")
+    assert all(torch.allclose(merged[k], v) for k, v in net.state_dict().items())  # θa = π(θb): the midpoint is θa
+    out = run(folder, "merge-many", "a.pt", "b.pt", "a.pt", *factory, "--partial", "--out", "mm.pt").stdout
+    assert "wrote mm.pt" in out
+    assert Path(folder / "mm.pt").is_file()
