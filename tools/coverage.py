@@ -191,7 +191,7 @@ def provenance(argv: list[str]) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     libraries = ("torch", "torchvision", "timm", "transformers")
     return {
-        "command": "python tools/coverage.py " + shlex.join(argv),
+        "command": " ".join(["python tools/coverage.py", shlex.join(argv)]).strip(),
         "commit": commit,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
@@ -223,7 +223,8 @@ def table(data: dict) -> str:
     v = data["versions"]
     lines = [
         START,
-        f"`{data['command']}` at commit `{data['commit'][:10]}` on {data['machine']} ({data['date'][:10]}; torch "
+        f"`{data['command']}` at commit `{data['commit'][:10]}` on {data['machine']}, {data['threads']} torch thread "
+        f"({data['date'][:10]}; torch "
         f"{v['torch']}, torchvision {v['torchvision']}, timm {v['timm']}, transformers {v['transformers']}):",
         "",
         "| model | input | result | groups | outputs under a random permutation (max rel. change) "
