@@ -174,3 +174,16 @@ def test_pad_and_roll_of_a_permuted_axis_are_refused_in_one_line(op):
     ) as e:
         trace_spec(Spatial(op).eval(), torch.zeros(2, 3, 6, 6))
     assert "\n" not in str(e.value)
+
+
+def test_torchvision_swin_is_refused_at_the_attention_function_torch_fx_keeps_whole():
+    """torchvision's ``shifted_window_attention`` is wrapped (``torch.fx.wrap``): one node, no inside to follow."""
+    torchvision = pytest.importorskip("torchvision")
+    with pytest.raises(TraceError) as e:
+        trace_spec(torchvision.models.swin_t(weights=None, num_classes=10).eval(), torch.zeros(1, 3, 32, 32))
+    assert str(e.value).startswith(
+        "trace_spec: node 'shifted_window_attention': shifted_window_attention in features.1.0.attn cannot be "
+        "proved permutation-equivariant (a function of torchvision.models.swin_transformer that torch.fx keeps "
+        "whole: the graph does not show its inside)"
+    )
+    assert "\n" not in str(e.value)

@@ -3,6 +3,7 @@ change a tensor's shape live in :mod:`lmclab.trace.shapes`)."""
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -46,6 +47,14 @@ def _op_name(node: fx.Node, model: nn.Module) -> str:
     if node.op == "call_module":
         return type(model.get_submodule(str(node.target))).__name__
     return getattr(node.target, "__name__", str(node.target))
+
+
+def _unknown(node: fx.Node) -> str:
+    """Why an op is refused; a function from outside torch that ``torch.fx`` kept whole (``torch.fx.wrap``)."""
+    where = getattr(node.target, "__module__", None) or "torch"
+    if node.op == "call_function" and inspect.isfunction(node.target) and where.split(".")[0] != "torch":
+        return f"a function of {where} that torch.fx keeps whole: the graph does not show its inside"
+    return "an operation the tracer does not know"
 
 
 class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules):
@@ -216,7 +225,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
             self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:
-            self.refuse(node, "an operation the tracer does not know")
+            self.refuse(node, _unknown(node))
 
     def merge(self, node: fx.Node) -> None:
         """x + y, x * y (broadcast): on each axis the groups of the operands permuted there are one. An operand
