@@ -8,9 +8,14 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   its output to its input instead: it permutes whole conv groups alike on both sides, so the group it
   reads is coarsened to runs of whole conv groups (a permutation inside a conv group is no symmetry of
   the kernel's shared input axis);
-- ``BatchNorm``, ``LayerNorm`` over the feature axis (module or ``F.layer_norm``), elementwise
-  activations, dropout, stochastic depth, pooling and identity-like ops carry the layout of their
-  input (norm parameters and running statistics join it);
+- ``BatchNorm`` (module or ``F.batch_norm``: timm's ``BatchNormAct2d``), ``LayerNorm`` over the feature
+  axis (module or ``F.layer_norm``), elementwise activations, dropout, stochastic depth, pooling and
+  identity-like ops carry the layout of their input (norm parameters and running statistics join it);
+  ``GroupNorm`` (module or ``F.group_norm``) shares statistics within runs of ``C/G`` channels, so its
+  group is coarsened to whole runs (:mod:`lmclab.trace.functional`); ``F.linear`` with the model's
+  parameters (timm's ``Linear``) is an ``nn.Linear``;
+- ``F.pad`` and ``torch.roll`` over axes that are not permuted (Swin's windows) carry the layout; a
+  squeeze-excitation gate ``x * sigmoid(fc(mean(x)))`` is a product: the gate's group and the channels' are one;
 - a tensor may be permuted on several axes at once, each by its own groups (an MLP-Mixer's token MLP
   output: the stream's channels on axis 1, the token-hidden units on axis 2): ``transpose``/``permute``
   move them, a ``Linear`` over another axis keeps them, a mean over unpermuted axes keeps them;
@@ -19,8 +24,9 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   scale) is permuted alike; a tensor combined with an unpermuted one (the model's input) cannot be
   permuted;
 - ``flatten`` (or the equal ``reshape``) of ``C × H × W`` maps each channel onto a block of ``H·W``
-  features (a composite axis, :class:`lmclab.core.spec.Segment`); ``cat`` along the channel axis joins the
-  groups side by side (one segment each);
+  features (a composite axis, :class:`lmclab.core.spec.Segment`); unpermuted axes flattened before the
+  channels repeat their layout (Swin's patch merging, ``2 × 2 × C``: four copies side by side); ``cat``
+  along the channel axis joins the groups side by side (one segment each);
 - multi-head attention (:mod:`lmclab.trace.attention`): a reshape of one group's units into
   ``(heads, d)`` makes the group headed (``PermutationSpec.heads``); ``q @ kᵀ`` makes the query and key
   groups one, ``softmax(…) @ v`` ties the value group's head order to theirs; ``nn.MultiheadAttention``
@@ -30,13 +36,16 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   ``F.scaled_dot_product_attention`` is its two products (:mod:`lmclab.trace.packed`);
 - an index by ints and full slices (``x[:, 0]``) keeps the axes it does not pick from; a class token
   (a parameter, ``expand``-ed) concatenated to the tokens is permuted as they are;
-- the model's inputs and outputs are never permuted.
+- the model's inputs and outputs are never permuted; nor is a head order that a tensor not of the model's
+  parameters varies along (Swin's relative position bias, a table indexed by a buffer): every headed
+  group it orders is then left unpermuted.
 
 Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel
-shuffle), a grouped conv reading segments that split its groups, a flatten or mean over a permuted
-axis mixed with others, an op over heads it cannot prove (a Linear across heads, a mean over them,
-heads of different counts) — is refused with one line naming the graph node,
-its op and the module path; with ``partial=True`` the groups reaching it are left unpermuted instead.
+shuffle), a pad or roll along a permuted axis, a GroupNorm whose runs segments split, a grouped conv
+reading segments that split its groups, a flatten or mean over a permuted axis mixed with others, an op
+over heads it cannot prove (a Linear across heads, a mean over them, heads of different counts) — is
+refused with one line naming the graph node, its op and the module path; with ``partial=True`` the
+groups reaching it are left unpermuted instead.
 Nothing is guessed: the tests check the result by invariance of the function in float64.
 """
 

@@ -71,6 +71,7 @@ class AttentionRules:
             return (
                 isinstance(module, (nn.Linear, nn.LayerNorm))
                 and not over
+                or isinstance(module, nn.Softmax)  # its rule checks the axis (softmax)
                 or (isinstance(module, CARRY_MODULES) and not isinstance(module, POOL_MODULES))
             )
         return node.target in (torch.flatten, *HEADED_FUNCTIONS) or node.target in HEADED_METHODS
@@ -111,8 +112,10 @@ class AttentionRules:
             return None
         return (Seg(within.gid, head.length * within.length),)
 
-    def softmax(self, node: fx.Node, t_in: Tag) -> None:
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    def softmax(self, node: fx.Node, t_in: Tag, dim: int | None = None) -> None:
+        """``softmax(x, dim)`` (``dim``: an ``nn.Softmax``'s; else the call's)."""
+        if dim is None:
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         heads = self.headed_axes(t_in)
         if dim is None or (
             dim % len(self.shape(node)) in heads and any(isinstance(t_in.at(a)[0], Within) for a in heads)

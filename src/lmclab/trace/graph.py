@@ -3,6 +3,7 @@ change a tensor's shape live in :mod:`lmclab.trace.shapes`)."""
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -13,6 +14,7 @@ from torch import fx, nn
 from lmclab.core.heads import Heads
 from lmclab.core.spec import Entry, PermutationSpec, Segment, stats_of
 from lmclab.trace.attention import AttentionRules
+from lmclab.trace.functional import FUNCTIONAL_RULES, FunctionalRules
 from lmclab.trace.groups import (
     CARRY_FUNCTIONS,
     CARRY_MODULES,
@@ -47,7 +49,15 @@ def _op_name(node: fx.Node, model: nn.Module) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules):
+def _unknown(node: fx.Node) -> str:
+    """Why an op is refused; a function from outside torch that ``torch.fx`` kept whole (``torch.fx.wrap``)."""
+    where = getattr(node.target, "__module__", None) or "torch"
+    if node.op == "call_function" and inspect.isfunction(node.target) and where.split(".")[0] != "torch":
+        return f"a function of {where} that torch.fx keeps whole: the graph does not show its inside"
+    return "an operation the tracer does not know"
+
+
+class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules):
     """One pass over the graph in topological order, tagging each node's output."""
 
     def __init__(self, gm: fx.GraphModule, partial: bool) -> None:
@@ -160,8 +170,10 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules):
             if t_in is not None and self.live(t_in) not in ([], [1]):
                 return self.refuse(node, "a convolution over a permuted axis that is not its channel axis")
             self.conv(node, name, module, t_in)
-        elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
+        elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
             self.norm(node, name, module, t_in)
+        elif isinstance(module, nn.Softmax):
+            self.softmax(node, t_in, module.dim)
         elif isinstance(module, CARRY_MODULES):
             self.carry(node, t_in, pool=isinstance(module, POOL_MODULES))
         elif isinstance(module, nn.Flatten):
@@ -170,23 +182,6 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules):
             self.refuse(node, "an operation the tracer does not know")
         else:
             self.tags[node] = None
-
-    def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
-        shape_in = self.shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
-        shape = self.shape(node)
-        if t_in is None:
-            self.tags[node] = None
-        elif (
-            shape is None
-            or shape_in is None
-            or len(shape) != len(shape_in)
-            or any(shape[a] != shape_in[a] for a in self.live(t_in))
-        ):
-            self.refuse(node, "it changes a permuted axis")
-        elif pool and any(a >= len(shape) - 2 for a in self.live(t_in)):
-            self.refuse(node, "a pooling window over a permuted axis")
-        else:  # an axis whose groups are all pinned may change its length: it is no longer tagged
-            self.tags[node] = Tag.of([lay if shape[a] == shape_in[a] else None for a, lay in enumerate(t_in.layouts)])
 
     def function(self, node: fx.Node) -> None:
         target, tagged = node.target, self.tagged_inputs(node)
@@ -225,12 +220,12 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules):
             "swapaxes",
         ):
             self.move(node, tagged[0])
-        elif target is torch.nn.functional.layer_norm:
-            self.functional_norm(node, tagged[0])
+        elif target in FUNCTIONAL_RULES:  # functional norms, pad, roll
+            getattr(self, FUNCTIONAL_RULES[target])(node, tagged[0])
         elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
             self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:
-            self.refuse(node, "an operation the tracer does not know")
+            self.refuse(node, _unknown(node))
 
     def merge(self, node: fx.Node) -> None:
         """x + y, x * y (broadcast): on each axis the groups of the operands permuted there are one. An operand

@@ -1,6 +1,6 @@
 """The rules of :mod:`lmclab.trace` for the layers that own parameters: ``Linear`` and ``Conv2d`` (a new group
 on their output, the input's layout on their weight's axis 1; a grouped conv ties its input's conv groups
-to its output's) and ``BatchNorm``/``LayerNorm`` (their parameters and statistics take the layout of the
+to its output's) and ``BatchNorm``/``GroupNorm``/``LayerNorm`` (their parameters and statistics take the layout of the
 normalised axis). Mixed into :class:`lmclab.trace.graph.GraphTracer`."""
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ class LayerRules:
         return tuple(out)
 
     def norm(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None) -> None:
-        """BatchNorm (channels on axis 1, statistics over all other axes) or LayerNorm over the last axis: its
-        parameters and statistics take the layout of that axis; other permuted axes pass through."""
+        """BatchNorm (channels on axis 1, statistics over all other axes), GroupNorm (axis 1 in whole runs of
+        ``C/G`` channels: :mod:`lmclab.trace.functional`) or LayerNorm over the last axis: its parameters
+        and statistics take the layout of that axis; other permuted axes pass through."""
         shape = self.shape(node)
         axis = len(shape) - 1 if isinstance(module, nn.LayerNorm) else 1
         if (
@@ -71,8 +72,12 @@ class LayerRules:
         ):
             return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
         if t_in is not None:
-            if t_in.plain(axis):  # the axis holds exactly the units of one group: an activation point
+            layout = t_in.at(axis)
+            if isinstance(module, nn.GroupNorm) and layout is not None:  # whole runs of C/G channels
+                if (layout := self.norm_groups(t_in, module.num_groups)) is None:
+                    return self.refuse(node, "a group norm over runs of channels that segments of the axis split")
+            elif t_in.plain(axis):  # the axis holds exactly the units of one group: an activation point
                 self.write(t_in.at(axis)[0].gid, "norm", name, axis, len(shape))
             for key, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
-                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [t_in.at(axis)])
+                self.record(f"{name}.{key}", [] if key == "num_batches_tracked" else [layout])
         self.tags[node] = t_in

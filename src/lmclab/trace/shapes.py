@@ -3,7 +3,8 @@ equal to it, transposes, concatenation and means. Mixed into :class:`lmclab.trac
 
 - ``flatten`` of ``(N, C, H, W)`` from axis 1 maps channel ``c`` onto features ``c·HW … c·HW + HW − 1``:
   each segment of the channel axis becomes a segment in blocks ``HW`` times longer; permuted axes
-  outside the flattened ones move with it;
+  outside the flattened ones move with it; unpermuted axes flattened before the permuted one repeat its
+  layout (``(…, 2, 2, C)`` into ``4C``: four copies of the channels' segments side by side);
 - ``transpose``/``permute`` move the permuted axes with their layouts;
 - ``cat`` along a permuted axis joins the segments of its operands (an unpermuted operand becomes a
   segment that is never permuted); on every other axis its operands must be permuted alike;
@@ -43,15 +44,17 @@ class ShapeRules:
         start, end = start % len(shape_in), end % len(shape_in)
         inside = [a for a in self.live(t_in) if start <= a <= end]
         if any(self.is_headed(s) for a in inside for s in lays[a]):
-            if (joined := self.joined_heads(lays, inside, start, end)) is None:
+            heads = [a for a in t_in.permuted if start <= a <= end]  # a pinned head order still joins its features
+            if (joined := self.joined_heads(lays, heads, start, end)) is None:
                 return self.refuse(node, "a flatten that does not join a head axis to the features of its heads")
             self.tags[node] = Tag.of(lays[:start] + (joined,) + lays[end + 1 :])
             return
         if len(inside) > 1:
             return self.refuse(node, "a flatten of two permuted axes into one")
-        if inside and any(n != 1 for n in shape_in[start : inside[0]]):
-            return self.refuse(node, "a flatten that interleaves the permuted axis with the axes before it")
-        merged = blocks_of(lays[inside[0]], math.prod(shape_in[inside[0] + 1 : end + 1])) if inside else None
+        merged = None  # the axes before the permuted one repeat its layout (Swin's patch merging: 2 × 2 × C)
+        if inside:
+            before, after = math.prod(shape_in[start : inside[0]]), math.prod(shape_in[inside[0] + 1 : end + 1])
+            merged = blocks_of(lays[inside[0]], after) * before
         self.tags[node] = Tag.of(lays[:start] + (merged,) + lays[end + 1 :])
 
     def reshape(self, node: fx.Node, t_in: Tag) -> None:
@@ -158,19 +161,3 @@ class ShapeRules:
         self.tags[node] = Tag.of(
             [None if a in dims else lay for a, lay in enumerate(t_in.layouts) if keep or a not in dims]
         )
-
-    def functional_norm(self, node: fx.Node, t_in: Tag) -> None:
-        """``F.layer_norm(x, (last,), weight, bias)`` (torchvision's LayerNorm2d): as the module, its
-        ``weight``/``bias`` parameters take the layout of the last axis."""
-        positional = zip(("input", "normalized_shape", "weight", "bias"), node.args, strict=False)  # args may be fewer
-        args = dict(positional) | node.kwargs
-        ndim, k = len(self.shape(node)), len(args["normalized_shape"])
-        if k > 1 and any(a >= ndim - k for a in self.live(t_in)):
-            return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
-        for key in ("weight", "bias"):
-            param = args.get(key)
-            if isinstance(param, fx.Node):
-                if param.op != "get_attr" or param.target not in self.state_keys:
-                    return self.refuse(node, f"a layer_norm whose {key} is not a parameter of the model")
-                self.record(str(param.target), [t_in.at(-1)])
-        self.tags[node] = t_in

@@ -1,0 +1,51 @@
+"""tools/coverage.py: a sample of its rows measured again, and the coverage table of docs/architectures.md
+equal to the one its committed JSON generates."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def coverage():
+    """tools/coverage.py, loaded by path (its name is also a PyPI package's)."""
+    found = importlib.util.spec_from_file_location("trace_coverage", ROOT / "tools" / "coverage.py")
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_table_is_generated_from_the_committed_json(coverage, tmp_path):
+    data = json.loads(coverage.OUT.read_text())
+    assert [row["model"] for row in data["models"]] == list(coverage.MODELS)
+    assert data["commit"] and data["command"].startswith("python tools/coverage.py")
+    page = tmp_path / "architectures.md"
+    page.write_text(coverage.DOCS.read_text())
+    coverage.write_docs(page, data)
+    assert page.read_text() == coverage.DOCS.read_text(), "run `python tools/coverage.py --docs`"
+
+
+@pytest.mark.parametrize(
+    "name,library",
+    [("torchvision:mobilenet_v3_small", "torchvision"), ("timm:mobilenetv3_small_100", "timm")],
+)
+def test_a_traced_row_is_invariant_and_recovered(coverage, name, library):
+    pytest.importorskip(library)
+    row = coverage.measure(name)
+    assert row["result"] == "traced" and row["groups"] == 27
+    assert row["invariance"] <= 1e-10 < 1e-3 < row["spread"] and row["wm_exact"]
+    assert coverage.row_line(row).startswith(f"| {name.split(':')[0]} `{name.split(':')[1]}` | 3×32×32 | traced |")
+
+
+def test_a_refused_row_has_its_one_line_reason(coverage):
+    pytest.importorskip("transformers")
+    row = coverage.measure("transformers:GPT2Model")
+    assert row["result"] == "refused" and "\n" not in row["reason"]
+    assert row["reason"].startswith("trace_spec: torch.fx cannot trace GPT2Model: ")
+    assert "refused: torch.fx cannot trace GPT2Model" in coverage.row_line(row)
