@@ -7,8 +7,8 @@ largest magnitude (float64 rounding only if the spec is right), and whether weig
 (``lmclab.find_permutation(a, b, method="wm")``, default options) brings a permuted copy θb = π(θa)
 back to θa exactly, with the seconds of the trace and of WM.
 
-    python tools/coverage.py [--models timm:resnet18,torchvision:vgg11_bn] [--out reports/coverage.json]
-    python tools/coverage.py --docs   # the coverage table of docs/architectures.md, from that JSON
+    python tools/trace_coverage.py [--models timm:resnet18,torchvision:vgg11_bn] [--out reports/coverage.json]
+    python tools/trace_coverage.py --docs   # the coverage table of docs/architectures.md, from that JSON
 
 The JSON records the command, commit, machine and library versions. Run with ``OMP_NUM_THREADS=1`` on a
 shared machine (two busy threads per core slow torch's CPU kernels by orders of magnitude).
@@ -39,7 +39,7 @@ from lmclab.trace import TraceError, trace_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT, DOCS = ROOT / "reports" / "coverage.json", ROOT / "docs" / "architectures.md"
-START = "<!-- coverage table: generated from reports/coverage.json by tools/coverage.py --docs -->"
+START = "<!-- coverage table: generated from reports/coverage.json by tools/trace_coverage.py --docs -->"
 END = "<!-- end of coverage table -->"
 IMAGE = (3, 32, 32)
 SWIN_IMAGE = (3, 56, 56)  # timm's Swin: 14 × 14 tokens of 4 × 4 pixels, windows of 7
@@ -191,7 +191,7 @@ def provenance(argv: list[str]) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     libraries = ("torch", "torchvision", "timm", "transformers")
     return {
-        "command": " ".join(["python tools/coverage.py", shlex.join(argv)]).strip(),
+        "command": " ".join(["python tools/trace_coverage.py", shlex.join(argv)]).strip(),
         "commit": commit,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",

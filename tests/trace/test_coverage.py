@@ -1,9 +1,8 @@
-"""tools/coverage.py: a sample of its rows measured again, and the coverage table of docs/architectures.md
+"""tools/trace_coverage.py: a sample of its rows measured again, and the coverage table of docs/architectures.md
 equal to the one its committed JSON generates."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,21 +13,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def coverage():
-    """tools/coverage.py, loaded by path (its name is also a PyPI package's)."""
-    found = importlib.util.spec_from_file_location("trace_coverage", ROOT / "tools" / "coverage.py")
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
+    """tools/trace_coverage.py (tools/ is on the tests' import path)."""
+    import trace_coverage
+
+    return trace_coverage
 
 
 def test_the_docs_table_is_generated_from_the_committed_json(coverage, tmp_path):
     data = json.loads(coverage.OUT.read_text())
     assert [row["model"] for row in data["models"]] == list(coverage.MODELS)
-    assert data["commit"] and data["command"].startswith("python tools/coverage.py")
+    assert data["commit"] and data["command"].startswith("python tools/trace_coverage.py")
     page = tmp_path / "architectures.md"
     page.write_text(coverage.DOCS.read_text())
     coverage.write_docs(page, data)
-    assert page.read_text() == coverage.DOCS.read_text(), "run `python tools/coverage.py --docs`"
+    assert page.read_text() == coverage.DOCS.read_text(), "run `python tools/trace_coverage.py --docs`"
 
 
 @pytest.mark.parametrize(

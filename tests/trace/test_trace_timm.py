@@ -7,9 +7,6 @@ axis, or splits a GroupNorm's runs, is refused in one line."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -21,13 +18,10 @@ timm = pytest.importorskip("timm")
 
 
 def tool():
-    """tools/coverage.py, loaded by path (its name is also a PyPI package's): one randomisation rule."""
-    found = importlib.util.spec_from_file_location(
-        "trace_coverage", Path(__file__).parents[2] / "tools" / "coverage.py"
-    )
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
+    """tools/trace_coverage.py (tools/ is on the tests' import path): one randomisation rule."""
+    import trace_coverage
+
+    return trace_coverage
 
 
 inputs, logits, permuted, randomised, recovered = (
