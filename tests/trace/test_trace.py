@@ -83,28 +83,12 @@ def permuted_copy(name: str, model: nn.Module, spec: PermutationSpec, seed: int)
 
 
 def randomised(name: str, size: int = 64) -> nn.Module:
-    """A float64 torchvision model in eval mode whose logits depend on the input: He-normal weights
-    (GoogLeNet's own init gives constant logits), BatchNorm statistics measured on a random batch
-    (MobileNets' ReLU6 would saturate otherwise), random BatchNorm and LayerNorm affine terms, layer scales
-    near 1 (ConvNeXt's start at 1e-6, which would hide its blocks)."""
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None, num_classes=10).double()
-    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
-                nn.init.kaiming_normal_(m.weight)
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None  # a plain average over the calibration batch
-        model.train()(torch.randn(4, 3, size, size, dtype=torch.float64))
-        for m in norms + [m for m in model.modules() if isinstance(m, nn.LayerNorm)]:
-            m.weight.uniform_(0.5, 1.5)
-            m.bias.normal_(0, 0.1)
-        for name, p in model.named_parameters():
-            if name.endswith("layer_scale"):
-                p.uniform_(0.5, 1.5)
-    return model.eval()
+    """A float64 torchvision model in eval mode whose logits depend on the input (the coverage tool's
+    randomisation: He-normal weights, BatchNorm statistics of a random batch, random norm affine terms,
+    layer scales near 1)."""
+    import trace_coverage
+
+    return trace_coverage.randomised(getattr(torchvision.models, name)(weights=None, num_classes=10), (3, size, size))
 
 
 def assert_invariant(name: str, size: int = 64) -> PermutationSpec:
