@@ -75,6 +75,16 @@ def test_match_then_barrier_recovers_a_planted_permutation(work: Path) -> None:
     assert json.loads((work / "naive.json").read_text())["barriers"]["test_loss_barrier_max"] != pytest.approx(0.0)
 
 
+def test_progress_draws_bars_on_stderr_and_leaves_stdout_alone(work: Path) -> None:
+    args = ["barrier", "a.pt", "b.pt", "--data", "digits", "--factory", "nets:mlp", "--lams", "3"]
+    quiet, shown = lmclab(work, *args), lmclab(work, *args, "--progress")
+    assert quiet.stderr == "" and "curve:" in shown.stderr and "/3 " in shown.stderr
+    assert shown.stdout == quiet.stdout
+    ste = ["match", "a.pt", "b.pt", "--method", "ste", "--factory", "nets:mlp", "--data", "digits"]
+    shown = lmclab(work, *ste, "--option", "epochs=1", "--option", "batch_size=32", "--out", "ste.pt", "--progress")
+    assert "ste:" in shown.stderr and "epoch" in shown.stderr
+
+
 def test_merge_writes_the_aligned_midpoint_as_a_plain_state_dict(work: Path) -> None:
     lmclab(work, "match", "a.pt", "b.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28", "--out", "p.pt")
     lmclab(

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params_of, skeleton
 from lmclab.core.batches import as_batch, streamed
@@ -78,6 +79,7 @@ def curve(
     repair_data: Data | None = None,
     repair_samples: int | None = None,
     device: str = "auto",
+    progress: bool = False,
 ) -> Curve:
     """Evaluate ``θ(λ)`` for every λ (``lams`` evenly spaced values in [0, 1] plus ½, or the given
     ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``): the
@@ -88,7 +90,8 @@ def curve(
 
     ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
     re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of
-    ``repair_data`` (REPAIR-style reset; needed for BN networks), held in memory."""
+    ``repair_data`` (REPAIR-style reset; needed for BN networks), held in memory. ``progress``: a bar
+    over the λ values (on stderr)."""
     with named_as(num_lambdas="lams"):
         grid = lambda_grid(lams) if isinstance(lams, int) else sorted({float(v) for v in lams})
     if not {0.0, 0.5, 1.0} <= set(grid) or not all(0.0 <= v <= 1.0 for v in grid):
@@ -105,7 +108,7 @@ def curve(
     hook = _bn_hook(net, repair, repair_data, repair_samples, dev)
     rows = []
     with torch.no_grad():
-        for lam in grid:
+        for lam in tqdm(grid, desc="curve", unit="λ", disable=not progress, leave=False):
             params = lerp_params(params_a, params_b, lam)
             params = hook(params) if hook is not None else params
             for name, source in sources.items():

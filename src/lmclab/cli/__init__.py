@@ -41,6 +41,7 @@ FACTORY = typer.Option(None, help="module:callable building the nn.Module of pla
 KWARGS = typer.Option("{}", help="JSON keyword arguments of --factory")
 SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,32 (to trace the spec)")
 DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
+PROGRESS = typer.Option(False, help="show a progress bar on stderr (search epochs, curve λ values)")
 PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
 
 
@@ -78,6 +79,7 @@ def match(
     seed: int = 0,
     device: str = DEVICE,
     partial: bool = PARTIAL,
+    progress: bool = PROGRESS,
 ) -> None:
     """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
     import torch
@@ -107,6 +109,7 @@ def match(
         device=device,
         options=options,
         partial=partial,
+        progress=progress,
     )
     save_permutation(out, res.perm, method=method, stats=res.stats)
     typer.echo(
@@ -213,6 +216,7 @@ def barrier(
     json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
     device: str = DEVICE,
     partial: bool = PARTIAL,
+    progress: bool = PROGRESS,
 ) -> None:
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import curve as measure_curve
@@ -232,6 +236,7 @@ def barrier(
         repair="bn" if repair else None,
         repair_data=repair_data,
         device=device,
+        progress=progress,
     )
     found = curve.barriers()
     for q, unit in (("loss", ""), ("acc", " points")):
