@@ -139,3 +139,13 @@ def test_a_missing_key_names_the_argument_and_the_batch_s_keys() -> None:
         list(lmclab.pairs(loader, input_key="ids", target_key="labels"))
     with pytest.raises(TypeError, match=r"^input_key: expected dict batches, got tuple$"):
         list(lmclab.pairs([(torch.zeros(2), torch.zeros(2))], input_key="a", target_key="b"))
+
+
+def test_as_split_needs_targets_and_points_dict_batches_to_pairs() -> None:
+    with pytest.raises(TypeError, match=r"^data: expected \(input, target\) items, got input tensors alone$"):
+        lmclab.as_split([torch.zeros(2, 3)])
+    with pytest.raises(TypeError, match=r"got dict \(wrap the data in lmclab.pairs"):
+        lmclab.as_split([{"x": torch.zeros(2, 3)}], "test")
+    samples = [(torch.zeros(3), torch.tensor(1)), (torch.ones(3), torch.tensor(0))]  # a dataset of samples
+    split = lmclab.as_split(samples)
+    assert split.x.shape == (2, 3) and split.y.tolist() == [1, 0]

@@ -75,14 +75,12 @@ def as_split(data: Data, name: str = "data") -> Split:
             f"pair of tensors, got {type(data).__name__}"
         )
     xs, ys = [], []
-    for item in items:
-        if not (isinstance(item, (tuple, list)) and len(item) >= 2):
-            hint = " (wrap the data in lmclab.pairs(…, input_key=…, target_key=…))" if isinstance(item, Mapping) else ""
-            raise TypeError(f"{name}: expected (input, target) items, got {type(item).__name__}{hint}")
-        x, y = torch.as_tensor(item[0]), torch.as_tensor(item[1])
-        sample = y.dim() == 0  # a dataset of samples rather than a loader of batches
-        xs.append(x.unsqueeze(0) if sample else x)
-        ys.append(y.unsqueeze(0) if sample else y)
+    for item in items:  # batches, or samples (a 0-d target) read as batches of one
+        x, y = as_batch(item, name)
+        if y is None:
+            raise TypeError(f"{name}: expected (input, target) items, got input tensors alone")
+        xs.append(x)
+        ys.append(y)
     if not xs:
         raise ValueError(f"{name} is empty")
     return Split(torch.cat(xs), torch.cat(ys).long())
