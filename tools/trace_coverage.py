@@ -96,14 +96,16 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "torchvision:vit_b_16": (torchvision_model("vit_b_16", image_size=32), IMAGE),
     "torchvision:shufflenet_v2_x0_5": (torchvision_model("shufflenet_v2_x0_5"), IMAGE),
     "torchvision:swin_t": (torchvision_model("swin_t"), IMAGE),
-    "transformers:GPT2Model": (transformers_model("GPT2Model", "GPT2Config", **GPT2), TEXT),
-    "transformers:BertModel": (transformers_model("BertModel", "BertConfig", hidden_size=32), TEXT),
-    "transformers:ViTModel": (
-        transformers_model("ViTModel", "ViTConfig", hidden_size=32, image_size=32, patch_size=16),
+    "transformers:GPT2LMHeadModel": (transformers_model("GPT2LMHeadModel", "GPT2Config", **GPT2), TEXT),
+    "transformers:BertForMaskedLM": (transformers_model("BertForMaskedLM", "BertConfig", hidden_size=32), TEXT),
+    "transformers:ViTForImageClassification": (
+        transformers_model(
+            "ViTForImageClassification", "ViTConfig", hidden_size=32, image_size=32, patch_size=16, num_labels=10
+        ),
         IMAGE,
     ),
-    "transformers:LlamaForCausalLM": (
-        transformers_model("LlamaForCausalLM", "LlamaConfig", hidden_size=32, num_key_value_heads=4),
+    "transformers:LlamaForCausalLM": (  # grouped queries: 4 query heads read 2 key/value heads
+        transformers_model("LlamaForCausalLM", "LlamaConfig", hidden_size=32, num_key_value_heads=2),
         TEXT,
     ),
 }
@@ -142,8 +144,10 @@ def randomised(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
 
 
 def logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The output tensor (a transformers model's ``logits``)."""
     with torch.no_grad():
-        return model(x)
+        out = model(x)
+    return out if isinstance(out, torch.Tensor) else out.logits
 
 
 def permuted(model: nn.Module, spec: PermutationSpec, seed: int) -> nn.Module:

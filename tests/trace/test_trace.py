@@ -3,6 +3,7 @@ invariance of the function in float64 on torchvision models, and a one-line refu
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import pytest
@@ -356,18 +357,40 @@ class Forward(nn.Module):
             lambda m, x: m.b(m.a(x).swapaxes(1, 2)).flatten(1),
             r"node 'flatten'.*a flatten of two permuted axes into one",
         ),
-        (lambda m, x: m.a(x).mean(2), r"node 'mean'.*a mean over a permuted axis"),
         (lambda m, x: m.a(x)[:, :, 0], r"node 'getitem'.*an index that picks units of a permuted axis"),
         (
             lambda m, x: m.conv(m.a(x.reshape(-1, 1, 4, 5).expand(-1, 3, -1, -1))),
             r"node 'conv': Conv2d in conv .*a convolution over a permuted axis that is not its channel axis",
         ),
     ],
-    ids=["flatten-two-permuted-axes", "mean-over-permuted-axis", "index-a-unit", "conv-over-permuted-width"],
+    ids=["flatten-two-permuted-axes", "index-a-unit", "conv-over-permuted-width"],
 )
 def test_what_mixes_a_permuted_axis_with_others_is_refused(forward, message):
     with pytest.raises(TraceError, match=message):
         trace_spec(Forward(forward), torch.zeros(2, 4, 5))
+
+
+def test_a_mean_over_a_whole_permuted_axis_is_the_same_in_any_order():
+    """RMSNorm: ``x · rsqrt(mean(x², -1))`` times a weight; the mean reduces the hidden axis, so it stays
+    permuted (one group through the norm, the weight permuted with it); the weight alone permuted changes it."""
+
+    def rms(m, x):
+        h = m.a(x)
+        return m.b(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * m.scale)
+
+    torch.manual_seed(0)
+    model = Forward(rms)
+    model.b, model.scale = nn.Linear(6, 4), nn.Parameter(torch.rand(6) + 0.5)
+    model = model.double()
+    x = torch.randn(2, 4, 5, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    assert spec.axes["scale"] == spec.axes["a.bias"] == (spec.axes["b.weight"][1],) != (None,)
+    state = model.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(1))
+    twin, wrong = copy.deepcopy(model), copy.deepcopy(model)
+    twin.load_state_dict(apply_permutation(spec, perm, state))
+    wrong.load_state_dict(state | {"scale": state["scale"][perm[spec.axes["scale"][0]]]})
+    assert torch.allclose(model(x), twin(x), rtol=1e-12, atol=1e-15) and not torch.allclose(model(x), wrong(x))
 
 
 def test_convnext_keeps_every_symmetry_through_its_channels_last_blocks_and_layer_scales():

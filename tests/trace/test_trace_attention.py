@@ -146,9 +146,9 @@ def attend(m: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 
 
 REFUSED = {
-    "multi-query": (  # one key head for four query heads: τ would have to be shared by every head
+    "multi-query": (  # one key/value head with no head axis: the output mixes query heads and its features
         lambda m, x: attend(m, x, heads(m.q(x), 4), heads(m.k1(x), 1), heads(m.v1(x), 1)),
-        r"node 'matmul': matmul .*a product over an axis its operands permute differently",
+        r"node 'reshape.*a flatten that does not join a head axis to the features of its heads",
     ),
     "two-head-counts": (  # one group split into 4 heads for q, 2 for k
         lambda m, x: (

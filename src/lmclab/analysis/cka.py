@@ -70,7 +70,7 @@ def representations(
     model.eval()
     try:
         for start in range(0, len(split), batch_size):
-            functional_call(model, dict(params), (split.x[start : start + batch_size].to(device),))
+            functional_call(model, dict(params), (split.x[start : start + batch_size].to(device),), tie_weights=False)
     finally:
         for hook in hooks:
             hook.remove()

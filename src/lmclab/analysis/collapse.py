@@ -53,7 +53,7 @@ def last_layer_features(
     model.eval()
     try:
         for start in range(0, len(split), batch_size):
-            functional_call(model, dict(params), (split.x[start : start + batch_size].to(device),))
+            functional_call(model, dict(params), (split.x[start : start + batch_size].to(device),), tie_weights=False)
     finally:
         hook.remove()
         model.train(was_training)

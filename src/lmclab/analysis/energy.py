@@ -75,7 +75,7 @@ def layer_inputs(
         with _capture(model, layers) as seen:
             for start in range(0, len(split), batch_size):
                 x = split.x[start : start + batch_size].to(device)
-                functional_call(model, dict(params), (x,))
+                functional_call(model, dict(params), (x,), tie_weights=False)
                 yield len(x), {k: v.double() for k, v in seen.items()}
     finally:
         model.train(was_training)

@@ -49,7 +49,9 @@ def evaluate_ensemble(
     for start in range(0, len(split), batch_size):
         x = inputs_like(split.x[start : start + batch_size], params_list[0])
         y = split.y[start : start + batch_size].to(device)
-        probs = torch.stack([F.softmax(functional_call(model, dict(p), (x,)), 1) for p in params_list]).mean(0)
+        probs = torch.stack(
+            [F.softmax(functional_call(model, dict(p), (x,), tie_weights=False), 1) for p in params_list]
+        ).mean(0)
         total_loss += F.nll_loss(probs.clamp_min(1e-12).log(), y, reduction="sum").item()
         correct += (probs.argmax(1) == y).sum().item()
     return Evaluation(total_loss / len(split), correct / len(split))

@@ -48,18 +48,18 @@ class _Method(nn.Module):
 
 def functional_method(model: nn.Module, params: Mapping[str, Tensor], name: str, *args: object) -> Tensor:
     """``model.<name>(*args)`` with ``params`` in place of the model's own (never mutated)."""
-    return functional_call(_Method(model, name), {f"model.{k}": v for k, v in params.items()}, args)
+    return functional_call(_Method(model, name), {f"model.{k}": v for k, v in params.items()}, args, tie_weights=False)
 
 
 def batch_loss(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
     """The mean loss of ``model`` run with ``params`` on the batch ``(x, y)`` (differentiable)."""
-    out = functional_call(model, dict(params), (x,))
+    out = functional_call(model, dict(params), (x,), tie_weights=False)
     return out if is_reconstruction(model) else F.cross_entropy(out, y)
 
 
 def batch_loss_correct(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor) -> tuple[float, float]:
     """The summed loss over the batch and the number of correct predictions (NaN: reconstruction)."""
-    out = functional_call(model, dict(params), (x,))
+    out = functional_call(model, dict(params), (x,), tie_weights=False)
     if is_reconstruction(model):
         return float(out) * len(x), float("nan")
     return F.cross_entropy(out, y, reduction="sum").item(), float((out.argmax(1) == y).sum().item())

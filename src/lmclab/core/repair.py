@@ -63,7 +63,7 @@ def _run_hooked(model: nn.Module, params: Mapping[str, Tensor], inputs, names: l
     model.eval()
     try:
         for x in inputs:
-            functional_call(model, dict(params), (x,))
+            functional_call(model, dict(params), (x,), tie_weights=False)
     finally:
         model.train(was_training)
         for h in hooks:

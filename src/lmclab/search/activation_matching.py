@@ -92,7 +92,7 @@ def _record(model: nn.Module, params: Mapping[str, Tensor], points: list[str], x
         modules[_point(p)[0]].register_forward_hook(lambda _m, _i, out, p=p: seen.__setitem__(p, out)) for p in points
     ]
     try:
-        functional_call(model, dict(params), (x,))
+        functional_call(model, dict(params), (x,), tie_weights=False)
     finally:
         for h in hooks:
             h.remove()

@@ -60,6 +60,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from lmclab.core.spec import PermutationSpec
+from lmclab.trace.export import exported
 from lmclab.trace.graph import GraphTracer, Traced
 from lmclab.trace.groups import TraceError
 
@@ -79,10 +80,17 @@ def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     try:
         gm = fx.symbolic_trace(model)
-    except Exception as exc:  # torch.fx raises many types for untraceable Python
-        raise TraceError(
-            f"trace_spec: torch.fx cannot trace {type(model).__name__}: {' '.join(str(exc).split())[:200]}"
-        ) from None
+    except Exception as exc:  # torch.fx raises many types for untraceable Python: export runs it instead
+        gm = _exported(model, inputs, exc)  # with the shapes it ran on
+    else:
+        _propagate(gm, model, inputs)
+    tracer = GraphTracer(gm, partial)
+    tracer.run()
+    return tracer.result(model)
+
+
+def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    """The shape of every node, from one forward pass in eval mode (``torch.fx`` ShapeProp)."""
     was_training = model.training
     gm.eval()
     try:  # ShapeProp prints a traceback of its own before raising: the one line below says it all
@@ -96,6 +104,18 @@ def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor
         ) from None
     finally:
         gm.train(was_training)
-    tracer = GraphTracer(gm, partial)
-    tracer.run()
-    return tracer.result(model)
+
+
+def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...], fx_error: Exception) -> fx.GraphModule:
+    """The graph ``torch.export`` records (:mod:`lmclab.trace.export`), in eval mode; one line when it cannot."""
+    was_training = model.training
+    model.eval()
+    try:
+        return exported(model, inputs)
+    except Exception as exc:  # export raises many types for what it cannot run
+        raise TraceError(
+            f"trace_spec: neither torch.fx nor torch.export can trace {type(model).__name__}: "
+            f"{' '.join(str(fx_error).split())[:120]}; {' '.join(str(exc).split())[:160]}"
+        ) from None
+    finally:
+        model.train(was_training)

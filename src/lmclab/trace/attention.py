@@ -46,6 +46,7 @@ from lmclab.trace.groups import (
 # what may touch a head axis or per-head features: elementwise ops, moves, reshapes, products, softmax, x.shape
 HEADED_FUNCTIONS = MERGE_FUNCTIONS | SOFTMAX_FUNCTIONS | MATMUL_FUNCTIONS | (CARRY_FUNCTIONS - POOL_FUNCTIONS)
 HEADED_FUNCTIONS |= {operator.getitem, getattr, torch.transpose, torch.permute, torch.swapaxes, torch.reshape}
+HEADED_FUNCTIONS |= {torch.cat, torch.ops.aten.expand.default}
 HEADED_METHODS = {"add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub", "contiguous", "clone", "size"}
 HEADED_METHODS |= {"dim", "transpose", "permute", "swapaxes", "view", "reshape", "flatten", "softmax"}
 
@@ -78,7 +79,12 @@ class AttentionRules:
 
     def well_formed(self, tag: Tag) -> bool:
         """Every axis of per-head features has exactly one axis of its heads beside it."""
-        ties = [self.groups.find(s.gid) for a in self.live(tag) for s in tag.at(a) if self.is_headed(s)]
+        ties = [  # a head order coarsened to blocks (grouped queries) is the coarse order
+            self.groups.resolve(s).gid if isinstance(s, Seg) else self.groups.find(s.gid)
+            for a in self.live(tag)
+            for s in tag.at(a)
+            if self.is_headed(s)
+        ]
         return all(
             ties.count(tie) == 1
             for a in self.live(tag)
@@ -97,7 +103,7 @@ class AttentionRules:
         if known is not None and known[0] != count:
             self.refuse(node, f"a split into {count} heads of a group split into {known[0]} heads elsewhere")
             return True
-        tie = self.groups.headed(seg.gid, count)
+        tie = self.groups.headed(seg.gid, count, d)
         lays = t_in.layouts
         self.tags[node] = Tag.of(lays[:axis] + ((Seg(tie, count),), (Within(seg.gid, d),)) + lays[axis + 1 :])
         return True
@@ -108,8 +114,10 @@ class AttentionRules:
         if inside != [start, start + 1] or end != start + 1 or len(lays[start]) != 1 or len(lays[end]) != 1:
             return None
         head, within = lays[start][0], lays[end][0]
-        if not isinstance(within, Within) or self.groups.tie_of(within.gid) != self.groups.find(head.gid):
+        if not isinstance(within, Within):
             return None
+        if self.groups.tie_of(within.gid) != self.groups.find(head.gid):
+            return self.joined_repeated(head, within)
         return (Seg(within.gid, head.length * within.length),)
 
     def softmax(self, node: fx.Node, t_in: Tag, dim: int | None = None) -> None:
@@ -136,10 +144,10 @@ class AttentionRules:
         if ca is not None and cb is not None:
             if not self.unite(ca, cb):
                 return self.refuse(node, "a product over an axis its operands permute differently")
-            if isinstance(ca[0], Within) and not self.same_heads(node, a, b, ca[0].gid):
+            if isinstance(ca[0], Within) and not self.is_rigid(ca[0]) and not self.same_heads(node, a, b, ca[0].gid):
                 return self.refuse(node, "a product over the features of heads that are not one batch axis")
         elif ca is not None or cb is not None:
-            self.pin([s.gid for s in ca or cb])
+            self.fix(ca or cb)
         out: list[Layout] = []
         for axis in range(len(shape) - 2):
             here = [(x, lay) for x in (a, b) if (lay := self.broadcast(x, axis, len(shape))) is not None]
@@ -190,7 +198,7 @@ class AttentionRules:
             return self.refuse(node, "its query, key and value are permuted differently")
         e, count = module.embed_dim, module.num_heads
         qk, vo, written = self.groups.new(), self.groups.new(), self.groups.new()
-        tie = self.groups.union(self.groups.headed(qk, count), self.groups.headed(vo, count))
+        tie = self.groups.union(self.groups.headed(qk, count, e // count), self.groups.headed(vo, count, e // count))
         rows = (Seg(qk, e), Seg(qk, e), Seg(vo, e))
         self.record(f"{name}.in_proj_weight", [rows, lays[0] if len(lays) == 3 else None])
         self.record(f"{name}.out_proj.weight", [(Seg(written, e),), (Seg(vo, e),)])

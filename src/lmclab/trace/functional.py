@@ -67,6 +67,8 @@ class FunctionalRules:
             if k > 1 and any(a >= ndim - k for a in self.live(t_in)):
                 return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
             layout = t_in.at(ndim - 1)
+            if t_in.plain(ndim - 1):  # an activation point when the module's output is this norm's
+                self.written(node, layout[0].gid, ("LayerNorm",), role="norm")
         elif node.target is F.group_norm:
             if (layout := self.norm_groups(t_in, args["num_groups"])) is None and t_in.at(1) is not None:
                 return self.refuse(node, "a group norm over runs of channels that segments of the axis split")
@@ -88,7 +90,7 @@ class FunctionalRules:
         size = sum(s.length for s in lay) // num_groups
         return self.grouped_output(Tag.of([None, lay]), size, size)
 
-    def functional_linear(self, node: fx.Node, t_in: Tag) -> None:
+    def functional_linear(self, node: fx.Node, t_in: Tag | None) -> None:
         """``F.linear(x, weight, bias)`` (timm's ``Linear``, which the graph enters): as ``nn.Linear``, a new group
         on the last axis, the input's layout of it on the weight's axis 1, other permuted axes kept."""
         args = dict(zip(("input", "weight", "bias"), node.args, strict=False)) | node.kwargs
@@ -98,10 +100,12 @@ class FunctionalRules:
             return self.refuse(node, "a linear whose weight or bias is not a parameter of the model")
         g, shape = self.groups.new(), self.shape(node)
         out = (Seg(g, shape[-1]),)
-        self.record(str(params[0].target), [out, t_in.at(-1)])
+        self.record(str(params[0].target), [out, t_in.at(-1) if t_in else None])
         if len(params) > 1:
             self.record(str(params[1].target), [out])
-        self.tags[node] = Tag.of(t_in.layouts[:-1] + (out,))
+        self.written(node, g, ("Linear",))
+        base = t_in.layouts[:-1] if t_in else (None,) * (len(shape) - 1)
+        self.tags[node] = Tag.of(base + (out,))
 
     def spatial(self, node: fx.Node, t_in: Tag) -> None:
         """``F.pad`` (the last ``len(pad) // 2`` axes, from the last) and ``torch.roll`` (``dims``)."""

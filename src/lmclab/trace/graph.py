@@ -14,6 +14,7 @@ from torch import fx, nn
 from lmclab.core.heads import Heads
 from lmclab.core.spec import Entry, PermutationSpec, Segment, stats_of
 from lmclab.trace.attention import AttentionRules
+from lmclab.trace.calls import CALL_RULES, CallRules
 from lmclab.trace.functional import FUNCTIONAL_RULES, FunctionalRules
 from lmclab.trace.groups import (
     CARRY_FUNCTIONS,
@@ -26,13 +27,25 @@ from lmclab.trace.groups import (
     SOFTMAX_FUNCTIONS,
     Groups,
     Layout,
+    Seg,
     Tag,
     TraceError,
     Within,
 )
 from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
+from lmclab.trace.rotary import RotaryRules
 from lmclab.trace.shapes import ShapeRules
+
+RULES = FUNCTIONAL_RULES | CALL_RULES
+CARRY_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "pow", "rsqrt", "sqrt", "neg", "exp"}
+CARRY_METHODS |= {"to", "float", "double", "type_as"}
+OWNING = {
+    torch.nn.functional.linear,
+    torch.nn.functional.embedding,
+    torch.nn.functional.conv2d,
+    torch.ops.aten.addmm.default,
+}
 
 
 def _where(node: fx.Node) -> str:
@@ -57,7 +70,7 @@ def _unknown(node: fx.Node) -> str:
     return "an operation the tracer does not know"
 
 
-class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules):
+class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules):
     """One pass over the graph in topological order, tagging each node's output."""
 
     def __init__(self, gm: fx.GraphModule, partial: bool) -> None:
@@ -113,9 +126,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         if a is None or b is None:
             return a is None and b is None
         if any(isinstance(s, Within) for s in (*a, *b)):  # per-head features: of one group, or not alike
-            if not (len(a) == len(b) == 1 and type(a[0]) is type(b[0]) and a[0].length == b[0].length):
-                return False
-            return self.groups.joinable(a[0].gid, b[0].gid) and self.groups.union(a[0].gid, b[0].gid) is not None
+            return self.unite_within(a, b)
         a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
         if [s.length for s in a] != [s.length for s in b] or any(
             max(x.block, y.block) % min(x.block, y.block) or not self.groups.joinable(x.gid, y.gid)
@@ -132,9 +143,12 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
         if any(self.is_headed(s) for lay in layouts if lay is not None for s in lay):
             raise TraceError(f"trace_spec: {name!r} would be permuted along a head axis, which no spec can say")
-        if name in self.axes:
-            if not all(self.unite(a, b) for a, b in zip(self.axes[name], layouts, strict=True)):
-                raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
+        if name in self.axes:  # an axis one use leaves unpermuted is unpermuted (a table tied to a head)
+            for a, b in zip(self.axes[name], layouts, strict=True):
+                if (a is None) != (b is None):
+                    self.pin([s.gid for s in a or b])
+                elif not self.unite(a, b):
+                    raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
             return
         self.axes[name] = list(layouts)
 
@@ -192,11 +206,13 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             return self.fused_attention(node)
         if not self.knows_heads(node, tagged):
             return self.refuse(node, "an operation over heads or per-head features it does not know")
+        if target in OWNING:  # a layer of the model's own parameters: a new group, even on the model's input
+            return getattr(self, RULES[target])(node, tagged[0] if tagged else None)
         if not tagged:
             self.tags[node] = None
         elif target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub"):
             self.merge(node)
-        elif target in CARRY_FUNCTIONS or method in ("relu", "relu_", "sigmoid", "tanh", "contiguous", "clone"):
+        elif target in CARRY_FUNCTIONS or method in CARRY_METHODS:
             self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
         elif target is torch.flatten or method == "flatten":
             start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
@@ -212,7 +228,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             self.matmul(node)
         elif target is operator.getitem and self.shape(node) is not None and self.shape(node.args[0]) is not None:
             self.index(node, tagged[0])
-        elif target is torch.mean or method == "mean":
+        elif target in (torch.mean, torch.sum) or method in ("mean", "sum"):
             self.reduce(node, tagged[0])
         elif target in (torch.transpose, torch.permute, torch.swapaxes) or method in (
             "transpose",
@@ -220,8 +236,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             "swapaxes",
         ):
             self.move(node, tagged[0])
-        elif target in FUNCTIONAL_RULES:  # functional norms, pad, roll
-            getattr(self, FUNCTIONAL_RULES[target])(node, tagged[0])
+        elif target in RULES:  # functional norms, pad, roll, expand, split
+            getattr(self, RULES[target])(node, tagged[0])
         elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
             self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:
@@ -247,9 +263,9 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
                     return self.refuse(node, "a parameter varying along heads or per-head features")
                 self.record(str(a.target), [None if n == 1 else out[k + offset] for k, n in enumerate(s)])
                 continue
-            self.pin(
+            self.fix(  # rotary cos/sin along per-head features: the heads move whole
                 [
-                    seg.gid
+                    seg
                     for k, n in enumerate(s)
                     if n != 1 and self.broadcast(a, k + offset, len(shape)) is None
                     for seg in out[k + offset] or ()
@@ -261,6 +277,21 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         """The layout of ``arg`` on axis ``axis`` of a broadcast result of ``ndim`` axes (trailing axes align)."""
         t, k = self.tag(arg), axis - (ndim - len(self.shape(arg)))
         return None if t is None or k < 0 else t.at(k)
+
+    def share_tied(self, state: dict[str, torch.Tensor]) -> None:
+        """Entries that are one tensor (an embedding tied to the output head) are permuted alike: each axis by
+        what every use of it allows (unpermuted where one use leaves it so)."""
+        tied: dict[tuple, list[str]] = {}
+        for key, value in state.items():
+            if value.dim():
+                tied.setdefault((value.data_ptr(), tuple(value.shape), value.stride(), value.dtype), []).append(key)
+        for keys in tied.values():
+            used = [k for k in keys if k in self.axes]
+            for key in used[1:]:
+                self.record(used[0], self.axes[key])
+            for key in keys:
+                if used:
+                    self.axes[key] = self.axes[used[0]]
 
     def name_of(self, gid: int) -> str | None:
         """Groups are named ``P_0, P_1, …`` in order of first use; FIXED ones are None."""
@@ -278,10 +309,13 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
 
     def result(self, model: nn.Module) -> Traced:
         """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
+        state = model.state_dict()
+        self.share_tied(state)
+        self.settle_rigid()
         self.groups.pin_ties()
         axes = {
             key: tuple(self.entry(lay) for lay in self.axes[key]) if key in self.axes else (None,) * value.dim()
-            for key, value in model.state_dict().items()
+            for key, value in state.items()
         }
         ties: dict[int, str] = {}
         heads = {
@@ -290,8 +324,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             if root in self.names
         }
         found: dict[str, dict[str, list[str]]] = {}
-        for gid, points in self.writers.items():
-            if (name := self.name_of(gid)) is not None:
+        for gid, points in self.writers.items():  # a group coarsened to blocks (heads that move whole): none
+            if (seg := self.groups.resolve(Seg(gid, 1))).block == 1 and (name := self.name_of(seg.gid)) is not None:
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}

@@ -49,9 +49,21 @@ CARRY_FUNCTIONS = {
     torch.nn.functional.relu6,
     torch.nn.functional.hardswish,
     operator.neg,
+    torch.rsqrt,
+    torch.sqrt,
+    torch.exp,
     *POOL_FUNCTIONS,
-    torchvision.ops.stochastic_depth,
-}  # drops whole samples (or the whole batch), never channels
+    torchvision.ops.stochastic_depth,  # drops whole samples (or the whole batch), never channels
+}
+aten = torch.ops.aten
+CARRY_FUNCTIONS |= {  # an exported graph's elementwise ops (lmclab.trace.export), casts and copies
+    *(aten.gelu.default, aten.relu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default),
+    *(aten.neg.default, aten.rsqrt.default, aten.sqrt.default, aten.erf.default, aten.exp.default),
+    *(aten.pow.Tensor_Scalar, aten.mul.Scalar, aten.add.Scalar, aten.div.Scalar, aten.sub.Scalar),
+    *(aten.dropout.default, aten.clone.default, aten.alias.default, aten.detach.default, aten.contiguous.default),
+    *(aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten._to_copy.default, aten.type_as.default),
+    *(aten.hardtanh.default, aten.hardswish.default, aten.hardsigmoid.default, aten.relu6.default),
+}
 MERGE_FUNCTIONS = {
     operator.add,
     torch.add,
@@ -142,6 +154,8 @@ class Groups:
         self.coarse: dict[int, tuple[int, int]] = {}  # root -> (coarse gid, factor)
         self.heads: dict[int, tuple[int, int]] = {}  # root of a headed group -> (head count, its tie)
         self.ties: set[int] = set()  # elements that are head orders σ (a head axis), never spec groups
+        self.head_sizes: dict[int, int] = {}  # root of a headed group -> features per head
+        self.rigid: set[int] = set()  # roots of headed groups whose heads move whole (features in place)
 
     def new(self) -> int:
         gid = len(self.parent) - 1
@@ -168,11 +182,12 @@ class Groups:
             )
         return coarse
 
-    def headed(self, gid: int, count: int) -> int:
-        """Mark ``gid``'s group as ``count`` heads; its tie (a new element of :attr:`ties` the first time)."""
+    def headed(self, gid: int, count: int, size: int) -> int:
+        """Mark ``gid``'s group as ``count`` heads of ``size``; its tie (a new :attr:`ties` element the first time)."""
         root = self.find(gid)
         if root == FIXED:
             return FIXED
+        self.head_sizes.setdefault(root, size)
         if root not in self.heads:
             tie = self.new()
             self.ties.add(tie)
@@ -180,6 +195,18 @@ class Groups:
         if self.heads[root][0] != count:
             raise TraceError(f"trace_spec: one group is split into {self.heads[root][0]} and into {count} heads")
         return self.find(self.heads[root][1])
+
+    def make_rigid(self, gid: int) -> None:
+        """The heads of ``gid``'s group move whole, each keeping its features in place (a rotary embedding or a
+        slice reads them by position): the group is coarsened to runs of one head, and the coarse group,
+        one unit per head, is headed by the same tie (its σ is the heads' order)."""
+        root = self.find(gid)
+        if root == FIXED or root in self.rigid:
+            return
+        count, tie = self.heads[root]
+        coarse = self.coarsen(root, self.head_sizes[root])
+        self.rigid.add(root)
+        self.heads.setdefault(self.find(coarse), (count, tie))
 
     def tie_of(self, gid: int) -> int | None:
         """The head order of ``gid``'s group (None: not headed)."""
@@ -208,6 +235,10 @@ class Groups:
             return ra
         root, child = (ra, rb) if ra == FIXED or (rb != FIXED and ra < rb) else (rb, ra)
         self.parent[child] = root
+        if child in self.head_sizes:
+            self.head_sizes.setdefault(root, self.head_sizes.pop(child))
+        if child in self.rigid:
+            self.rigid.add(root)
         if child in self.ties and root != FIXED:
             self.ties.add(root)
         if (headed := self.heads.pop(child, None)) is not None:

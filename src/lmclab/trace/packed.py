@@ -53,7 +53,7 @@ class PackedRules:
             if self.groups.find(gid) == FIXED:
                 inner: tuple[Layout, Layout] = (None, None)
             else:
-                inner = ((Seg(self.groups.headed(gid, count), count),), (Within(gid, d),))
+                inner = ((Seg(self.groups.headed(gid, count, d), count),), (Within(gid, d),))
             per_part.append(Tag.of(lays[:axis] + (None, *inner) + lays[axis + 1 :]))
         self.tags[node] = None
         self.packed[node] = (axis, per_part)
@@ -146,10 +146,10 @@ class PackedRules:
         if cq is not None and ck is not None:
             if not self.unite(cq, ck):
                 return self.refuse(node, "a product over an axis its operands permute differently")
-            if isinstance(cq[0], Within) and not self.same_heads(node, q, k, cq[0].gid):
+            if isinstance(cq[0], Within) and not self.is_rigid(cq[0]) and not self.same_heads(node, q, k, cq[0].gid):
                 return self.refuse(node, "a product over the features of heads that are not one batch axis")
         elif cq is not None or ck is not None:
-            self.pin([s.gid for s in cq or ck])
+            self.fix(cq or ck)
         out: list[Layout] = []
         for axis in range(ndim - 2):
             here = [lay for x in (q, k, v) if (lay := self.broadcast(x, axis, ndim)) is not None]

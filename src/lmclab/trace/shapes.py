@@ -8,7 +8,7 @@ equal to it, transposes, concatenation and means. Mixed into :class:`lmclab.trac
 - ``transpose``/``permute`` move the permuted axes with their layouts;
 - ``cat`` along a permuted axis joins the segments of its operands (an unpermuted operand becomes a
   segment that is never permuted); on every other axis its operands must be permuted alike;
-- a mean over other axes keeps the permuted ones;
+- a mean or sum over whole axes is the same in any order of their entries: the axes it keeps keep their layouts;
 - an index by ints and full slices (``x[:, 0]``, the class token) keeps the permuted axes it does not pick from.
 """
 
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import fx
 
-from lmclab.trace.groups import FIXED, Layout, Seg, Tag, blocks_of
+from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within, blocks_of
 
 
 def _axis_order(node: fx.Node, ndim: int) -> list[int]:
@@ -45,6 +46,8 @@ class ShapeRules:
         inside = [a for a in self.live(t_in) if start <= a <= end]
         if any(self.is_headed(s) for a in inside for s in lays[a]):
             heads = [a for a in t_in.permuted if start <= a <= end]  # a pinned head order still joins its features
+            if inside == [start] and self.repeated_heads(node, lays, start, end):
+                return
             if (joined := self.joined_heads(lays, heads, start, end)) is None:
                 return self.refuse(node, "a flatten that does not join a head axis to the features of its heads")
             self.tags[node] = Tag.of(lays[:start] + (joined,) + lays[end + 1 :])
@@ -111,14 +114,19 @@ class ShapeRules:
 
     def parameter(self, arg: fx.Node) -> fx.Node | None:
         """The parameter or buffer of the model that ``arg`` is, or broadcasts (``expand``)."""
-        while arg.op == "call_method" and arg.target == "expand":
+        while arg.op == "call_method" and arg.target == "expand" or arg.target is torch.ops.aten.expand.default:
             arg = arg.args[0]
         return arg if arg.op == "get_attr" and arg.target in self.state_keys else None
 
     def joined(self, tensors: list[fx.Node], lays: list[Layout], dim: int) -> Layout:
-        """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand."""
+        """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand;
+        features of one group's heads in pieces (a rotary ``rotate_half``): its heads move whole."""
         if all(lay is None for lay in lays):
             return None
+        within = [lay[0] for lay in lays if lay is not None and isinstance(lay[0], Within)]
+        if within and len({self.groups.find(s.gid) for s in within}) == 1:
+            self.fix(tuple(within))
+            return (Within(within[0].gid, sum(self.shape(a)[dim] for a in tensors)),)
         return tuple(
             seg
             for a, lay in zip(tensors, lays, strict=True)
@@ -144,19 +152,24 @@ class ShapeRules:
             if i is None:
                 out.append(None)
                 continue
-            if axis in live and i != slice(None):
+            lay = t_in.at(axis)
+            if axis in live and i != slice(None) and not isinstance(lay[0], Within):
                 return self.refuse(node, "an index that picks units of a permuted axis")
-            if isinstance(i, slice):
-                out.append(t_in.at(axis) if i == slice(None) else None)
+            if axis in live and i != slice(None):  # features of heads read by position: the heads move whole
+                self.fix(lay)
+                if isinstance(i, slice):
+                    out.append((Within(lay[0].gid, self.shape(node)[len(out)]),))
+            elif isinstance(i, slice):
+                out.append(lay if i == slice(None) else None)
             axis += 1
         self.tags[node] = Tag.of(out)
 
     def reduce(self, node: fx.Node, t_in: Tag) -> None:
+        """A mean (or sum) over whole axes: the same for any order of their entries, so a permuted axis it
+        reduces is no longer permuted (RMSNorm's mean of squares); the other axes keep their layouts."""
         shape_in, shape = self.shape(node.args[0]), self.shape(node)
         dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or ())]
-        if not dims or any(a in dims for a in self.live(t_in)):
-            return self.refuse(node, "a mean over a permuted axis")
+        dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or range(len(shape_in)))]
         keep = len(shape) == len(shape_in)
         self.tags[node] = Tag.of(
             [None if a in dims else lay for a, lay in enumerate(t_in.layouts) if keep or a not in dims]

@@ -1,0 +1,186 @@
+"""The tracer on Hugging Face transformers, through ``torch.export`` (lmclab.trace.export): GPT-2 (``Conv1D``
+weights stored (in, out), q/k/v split from one projection, the embedding tied to the head), BERT (post-LN,
+token-type embeddings, the MLM head tied to the embeddings), ViT, and a Llama with RMSNorm, rotary
+embeddings, SwiGLU and grouped-query attention (4 query heads over 2 key/value heads). Each: random
+permutations of every group keep the logits in float64, a permutation on one side of a group changes them,
+weight matching brings a permuted copy back exactly; and the symmetry derived for rotary heads and
+grouped queries is the one in the spec (heads move whole; a key/value head takes its query heads along)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lmclab
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace, trace_spec
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+
+def float64_rms_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm without its cast to float32 (kept on purpose by transformers): in float64 the residual
+    of a permuted model is then the permutation's alone, not float32 rounding of a reordered mean."""
+    return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+SMALL = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 50}
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0
+        )
+    ),
+    "bert": lambda: transformers.BertForMaskedLM(
+        transformers.BertConfig(**SMALL, hidden_size=32, max_position_embeddings=16)
+    ),
+    "vit": lambda: transformers.ViTForImageClassification(
+        transformers.ViTConfig(**SMALL, hidden_size=32, image_size=16, patch_size=4, num_labels=5)
+    ),
+    "llama": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**SMALL, hidden_size=32, num_key_value_heads=2, max_position_embeddings=16)
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def rms_in_float64(monkeypatch):
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+
+
+def build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The model in float64 and eval mode, norms' affine terms random, and an input batch of 3."""
+    torch.manual_seed(0)
+    model = CONFIGS[name]().double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("bias"):  # transformers starts them at zero
+                p.normal_(0, 0.1)
+            elif "norm" in key.lower() or ".ln_" in key:
+                p.uniform_(0.5, 1.5)
+    gen = torch.Generator().manual_seed(1)
+    x = (
+        torch.randn(3, 3, 16, 16, generator=gen, dtype=torch.float64)
+        if name == "vit"
+        else torch.randint(0, 50, (3, 8), generator=gen)
+    )
+    return model, x
+
+
+def logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(x).logits
+
+
+def permuted(model, spec, seed: int, perm=None):
+    state = model.state_dict()
+    perm = perm or random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads)
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(apply_permutation(spec, perm, state))
+    return twin
+
+
+def change(y: torch.Tensor, z: torch.Tensor) -> float:
+    return float((y - z).abs().max() / y.abs().max())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_random_permutations_of_every_group_keep_the_logits(name):
+    model, x = build(name)
+    spec = trace_spec(model, x)
+    spec.check(model.state_dict())
+    y = logits(model, x)
+    assert change(y[0], y[1]) > 1e-3 and len(spec.heads) >= 4
+    for seed in (1, 2):
+        assert change(y, logits(permuted(model, spec, seed), x)) <= 1e-10
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_permutation_that_misses_one_weight_of_a_group_changes_the_logits(name):
+    model, x = build(name)
+    spec, state, y = trace_spec(model, x), model.state_dict(), logits(model, x)
+    sizes = spec.group_sizes(state)
+    for group in sorted(g for g in sizes if sizes[g] > 1):
+        perm = random_permutation(sizes, torch.Generator().manual_seed(0), spec.heads)
+        perm = {g: p if g == group else torch.arange(sizes[g]) for g, p in perm.items()}
+        if torch.equal(perm[group], torch.arange(sizes[group])):
+            continue
+        one_side = dict(apply_permutation(spec, perm, state))
+        entries = spec.groups[group]  # one weight left as it was; a group on one weight: its tie broken
+        if len(entries) > 1:
+            shared = [v.data_ptr() for v in state.values()]  # not a table tied to the head: one tensor, loaded twice
+            first = next(k for k, _ in entries if not k.endswith("bias") and shared.count(state[k].data_ptr()) == 1)
+            one_side[first] = state[first]
+        twin = copy.deepcopy(model)
+        twin.load_state_dict(one_side)
+        assert change(y, logits(twin, x)) > 1e-6, group
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_weight_matching_brings_a_permuted_copy_back_exactly(name):
+    model, x = build(name)
+    spec = trace_spec(model, x)
+    found = lmclab.find_permutation(model, permuted(model, spec, seed=3), method="wm", example_inputs=x)
+    back = found.apply(permuted(model, spec, seed=3))
+    assert all(torch.equal(back[k], v) for k, v in spec.matched(model.state_dict()).items())
+
+
+def test_gpt2_reads_conv1d_weights_as_in_out_and_ties_the_head_to_the_embedding():
+    model, x = build("gpt2")
+    spec = trace_spec(model, x)
+    stream = spec.axes["transformer.wte.weight"][1]
+    assert spec.axes["lm_head.weight"] == spec.axes["transformer.wte.weight"] == (None, stream)
+    assert spec.axes["transformer.h.0.mlp.c_fc.weight"] == (stream, spec.axes["transformer.h.0.mlp.c_fc.bias"][0])
+    qkv = spec.axes["transformer.h.0.attn.c_attn.weight"][1]  # (in, 3E): q and k one group, v another
+    assert [s.length for s in qkv] == [32, 32, 32] and qkv[0].group == qkv[1].group != qkv[2].group
+
+
+def test_bert_ties_the_mlm_decoder_to_the_word_embeddings():
+    model, x = build("bert")
+    spec = trace_spec(model, x)
+    stream = spec.axes["bert.embeddings.word_embeddings.weight"][1]
+    assert spec.axes["cls.predictions.decoder.weight"] == (None, stream)
+    assert spec.axes["bert.embeddings.token_type_embeddings.weight"] == (None, stream)
+
+
+def test_llama_rotary_heads_move_whole_and_key_value_heads_take_their_query_heads_along():
+    """d = 8 features per head, 4 query heads over 2 key/value heads: q/k/v rows and o_proj's columns are
+    permuted in whole heads (q's and o's in blocks of two query heads), one σ on the 2 key/value heads."""
+    model, x = build("llama")
+    spec = trace_spec(model, x)
+    (q,), (k,), (v,) = (spec.axes[f"model.layers.0.self_attn.{p}_proj.weight"][0] for p in "qkv")
+    (o,) = spec.axes["model.layers.0.self_attn.o_proj.weight"][1]
+    assert (q.length, q.block, k.length, k.block, v.block, o.block) == (32, 16, 16, 8, 8, 16) and o.group == v.group
+    assert {spec.heads[g.group] for g in (q, k, v)} == {spec.heads[q.group]} and spec.heads[q.group].count == 2
+    gate, up = spec.axes["model.layers.0.mlp.gate_proj.weight"], spec.axes["model.layers.0.mlp.up_proj.weight"]
+    assert gate == up and gate[1] == spec.axes["model.layers.0.input_layernorm.weight"][0]  # SwiGLU, RMSNorm
+
+
+def test_moving_features_inside_a_rotary_head_changes_the_logits():
+    """The derivation's converse: two rotary pairs of every query and key head swapped alike (a τ that keeps
+    each pair whole and applies one map to both halves) turns them by other angles; any τ ≠ id changes q·k."""
+    model, x = build("llama")
+    y, state = logits(model, x), model.state_dict()
+    tau = torch.tensor([1, 0, 2, 3, 5, 4, 6, 7])  # pairs (0, 4) and (1, 5) exchanged
+    twin = copy.deepcopy(model)
+    swapped = {}
+    for key in ("q_proj", "k_proj"):
+        w = state[f"model.layers.0.self_attn.{key}.weight"]
+        rows = torch.cat([h * 8 + tau for h in range(w.shape[0] // 8)])
+        swapped[f"model.layers.0.self_attn.{key}.weight"] = w[rows]
+    twin.load_state_dict(state | swapped)
+    assert change(y, logits(twin, x)) > 1e-6
+
+
+def test_activation_matching_reads_hooks_on_the_modules_of_an_exported_graph():
+    model, x = build("gpt2")
+    traced = trace(model, x)
+    assert traced.points[traced.spec.axes["transformer.h.0.mlp.c_fc.bias"][0]] == ["transformer.h.0.mlp.c_fc@-1"]
+    spec = traced.spec
+    twin = permuted(model, spec, seed=2)
+    found = lmclab.find_permutation(model, twin, method="am", data=[(x, x)])
+    back = found.apply(twin)
+    assert all(torch.equal(back[k], v) for k, v in spec.matched(model.state_dict()).items())
