@@ -27,7 +27,7 @@ SRC = ROOT / "src" / "lmclab"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRA_USERS = {"pipeline", "runtime"}  # the library's packages that may import the [pipeline] extra
 # a library module importing an extra's package lazily, behind a one-line error that names the extra
-OPTIONAL = {("core/data.py", "mlxtend")}
+OPTIONAL = {("core/data.py", "mlxtend"): "pipeline", ("api/hf.py", "transformers"): "models"}
 PROVIDERS = packages_distributions()  # top-level module -> distributions installed here
 
 
@@ -60,7 +60,7 @@ def undeclared(src: Path = SRC) -> list[str]:
             dists = {normalized(d) for d in PROVIDERS.get(top, [])}
             if not dists:
                 out.append(f"{rel} imports {top}, which no installed distribution provides")
-            elif not dists & allowed and not ((rel, top) in OPTIONAL and dists & pipeline):
+            elif not dists & allowed and not ((rel, top) in OPTIONAL and dists & declared(OPTIONAL[rel, top])):
                 out.append(f"{rel} imports {top} ({', '.join(sorted(dists))}), not a dependency it may use")
     return out
 

@@ -1,7 +1,8 @@
 """Models and permutations on disk, for the ``lmclab`` command: a plain state dict (``.pt``/``.pth``,
-also one nested under ``"state_dict"`` or ``"model"``, or ``.safetensors``) or an lmclab checkpoint
-(which carries its architecture, so its spec and activation points come from the registry), and the
-permutation file ``lmclab match`` writes."""
+also one nested under ``"state_dict"`` or ``"model"``, or ``.safetensors``), a Hugging Face checkpoint
+folder (:mod:`lmclab.api.hf`: its config builds the module) or an lmclab checkpoint (which carries its
+architecture, so its spec and activation points come from the registry), and the permutation file
+``lmclab match`` writes."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ def _safetensors_load(path: Path) -> dict[str, Tensor]:
 def load_model_file(path: Path) -> Loaded:
     """The model stored at ``path`` (module docstring); one-line errors naming the file."""
     path = Path(path)
+    if path.is_dir():
+        from lmclab.api.hf import is_hf_folder, load_hf_folder
+
+        if not is_hf_folder(path):
+            raise FileNotFoundError(f"{path}: a folder without config.json (not a Hugging Face checkpoint folder)")
+        params, model = load_hf_folder(path)
+        return Loaded(params, model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     if path.suffix == ".safetensors":
@@ -100,6 +108,13 @@ def save_permutation(path: Path, perm: dict[str, Tensor], *, method: str, stats:
 def load_permutation(path: Path) -> dict[str, Tensor]:
     """The group → index tensor mapping of a file ``lmclab match`` wrote."""
     path = Path(path)
+    if path.is_dir():
+        from lmclab.api.hf import is_hf_folder, load_hf_folder
+
+        if not is_hf_folder(path):
+            raise FileNotFoundError(f"{path}: a folder without config.json (not a Hugging Face checkpoint folder)")
+        params, model = load_hf_folder(path)
+        return Loaded(params, model)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     blob = _torch_load(path)

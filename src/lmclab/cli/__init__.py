@@ -8,7 +8,8 @@
     lmclab validate params.yaml
 
 A and B are plain state dicts (``.pt``/``.pth``/``.safetensors``; the module comes from
-``--factory``) or lmclab checkpoints (which carry their architecture). Bad input is one line on
+``--factory``), Hugging Face checkpoint folders (``config.json`` and weights; their config builds the
+module, ``merge`` writes such a folder) or lmclab checkpoints (which carry their architecture). Bad input is one line on
 stderr and exit status 1."""
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from lmclab.cli.inputs import (
     load_data,
     load_models,
     load_pair,
+    output_for,
     output_path,
     parse_shape,
-    save_state,
+    trace_inputs,
     traced_only,
+    write_merged,
 )
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
@@ -41,6 +44,7 @@ FACTORY = typer.Option(None, help="module:callable building the nn.Module of pla
 KWARGS = typer.Option("{}", help="JSON keyword arguments of --factory")
 SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,32 (to trace the spec)")
 DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
+OUT_MERGED = typer.Option(..., help="the merged state dict (.pt or .safetensors); a new folder for HF folders")
 PROGRESS = typer.Option(False, help="show a progress bar on stderr (search epochs, curve λ values)")
 PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
 
@@ -65,7 +69,7 @@ def one_line(fn: Callable) -> Callable:
 @app.command()
 @one_line
 def match(
-    model_a: Path = typer.Argument(..., help="θa: state dict or lmclab checkpoint"),
+    model_a: Path = typer.Argument(..., help="θa: state dict, Hugging Face folder or lmclab checkpoint"),
     model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
     method: str = typer.Option("wm", help=f"one of {', '.join(METHODS)}"),
     out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
@@ -82,8 +86,6 @@ def match(
     progress: bool = PROGRESS,
 ) -> None:
     """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
-    import torch
-
     from lmclab.api import find_permutation, l2_reduction
     from lmclab.api.files import save_permutation
     from lmclab.search import check_method, needs_data
@@ -104,7 +106,7 @@ def match(
         model=net,
         points=points,
         data=train,
-        example_inputs=torch.zeros(2, *shape) if shape else None,
+        example_inputs=trace_inputs(net, shape),
         seed=seed,
         device=device,
         options=options,
@@ -123,7 +125,7 @@ def match(
 def merge(
     model_a: Path = typer.Argument(...),
     model_b: Path = typer.Argument(...),
-    out: Path = typer.Option(..., help="the merged state dict (.pt or .safetensors)"),
+    out: Path = OUT_MERGED,
     perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: naive average)"),
     lam: float = typer.Option(0.5, help="λ of λ·θa + (1−λ)·π(θb)"),
     factory: str = FACTORY,
@@ -134,18 +136,21 @@ def merge(
     """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
     from lmclab.api import merge as merge_models
 
-    output_path(out, "--out")
-    merged = merge_models(*aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)[:2], lam=lam)
-    save_state(out, merged)
+    output_for(out, model_a, "--out")
+    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)
+    merged = merge_models(params_a, params_b, lam=lam)
+    write_merged(out, model_a, net, merged)
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
 
 
 @app.command("merge-many")
 @one_line
 def merge_many(
-    models: list[Path] = typer.Argument(..., help="the models to merge (state dicts or lmclab checkpoints), 2 or more"),
+    models: list[Path] = typer.Argument(
+        ..., help="the models to merge (state dicts, Hugging Face folders or lmclab checkpoints), 2 or more"
+    ),
     method: str = typer.Option("merge_many", help=f"one of {', '.join(MANY_METHODS)}"),
-    out: Path = typer.Option(..., help="the merged state dict (.pt or .safetensors)"),
+    out: Path = OUT_MERGED,
     factory: str = FACTORY,
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
@@ -159,8 +164,6 @@ def merge_many(
     partial: bool = PARTIAL,
 ) -> None:
     """Merge N models into one by an n-model method; write the merged state dict to --out."""
-    import torch
-
     from lmclab.api import merge_many as merge_models
     from lmclab.search import needs_data
     from lmclab.search.many_methods import check_many
@@ -168,14 +171,14 @@ def merge_many(
     if len(models) < 2:
         raise ValueError(f"MODELS: expected at least 2 model files, got {len(models)}")
     options = checked_options(check_many, method, option)
-    output_path(out, "--out")
+    output_for(out, models[0], "--out")
     if (needs_data(method) or repair is not None) and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
     params, (net, spec, points) = load_models(models, factory, kwargs)
     traced_only(partial, spec)
     shape = parse_shape(input_shape)
-    if spec is None and shape is None and data is None:
+    if spec is None and trace_inputs(net, shape) is None and data is None:
         raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
     res = merge_models(
         params,
@@ -183,7 +186,7 @@ def merge_many(
         spec=spec,
         model=net,
         points=points,
-        example_inputs=torch.zeros(2, *shape) if shape else None,
+        example_inputs=trace_inputs(net, shape),
         data=load_data(data, "train", data_root, in_channels) if data is not None else None,
         repair=repair,
         options=options,
@@ -193,7 +196,7 @@ def merge_many(
     )
     if res.merged is None:
         raise ValueError(f"--option: this {method} merge is partial (one network per model), no single model to write")
-    save_state(out, res.merged)
+    write_merged(out, models[0], net, res.merged)
     repaired = f", repaired ({res.repair})" if res.repair else ""
     typer.echo(f"{method}: {len(models)} models, {res.stats.get('seconds', 0.0):.2f} s{repaired}; wrote {out}")
 

@@ -121,7 +121,6 @@ def aligned_pair(
     partial: bool = False,
 ) -> tuple[Any, Any, Any]:
     """θa, π(θb) (θb without ``perm``) and the module they run in (``partial``: as in ``lmclab trace``)."""
-    import torch
 
     from lmclab.api import apply_permutation
     from lmclab.api.files import load_permutation
@@ -133,10 +132,10 @@ def aligned_pair(
     if spec is None:
         from lmclab.trace import trace_spec
 
-        shape = parse_shape(input_shape)
-        if shape is None:
+        inputs = trace_inputs(net, parse_shape(input_shape))
+        if inputs is None:
             raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
-        spec = trace_spec(net, torch.zeros(2, *shape), partial=partial)
+        spec = trace_spec(net, inputs, partial=partial)
     return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
 
 
@@ -153,6 +152,40 @@ def save_state(path: Path, state: dict) -> None:
             save_file(state, str(tmp))
     else:
         atomic_save(state, path)
+
+
+def trace_inputs(net: Any, shape: tuple[int, ...] | None) -> Any:
+    """Inputs to trace ``net`` on: a transformers model's own (token ids of length ``shape``, or images of its
+    config's size), else zeros of ``shape`` (None without one)."""
+    import torch
+
+    from lmclab.api.hf import example_inputs
+
+    found = example_inputs(net, shape)
+    return found if found is not None else (torch.zeros(2, *shape) if shape else None)
+
+
+def output_for(path: Path, model_a: Path, flag: str) -> Path:
+    """``output_path``, or for models read from Hugging Face folders a new (or empty) folder to write one."""
+    from lmclab.api.hf import is_hf_folder
+
+    if not is_hf_folder(model_a):
+        return output_path(path, flag)
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        raise ValueError(f"{flag}: {path} exists; expected a new or empty folder for the merged Hugging Face model")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag}: the folder {path.parent} of {path} does not exist")
+    return path
+
+
+def write_merged(path: Path, model_a: Path, net: Any, state: dict) -> None:
+    """The merged state dict as ``--out`` asks: a Hugging Face folder when A was one, else a file."""
+    from lmclab.api.hf import is_hf_folder, save_hf_folder
+
+    if is_hf_folder(model_a):
+        save_hf_folder(net, state, path)
+    else:
+        save_state(path, state)
 
 
 def output_path(path: Path, flag: str) -> Path:

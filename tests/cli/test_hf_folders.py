@@ -1,0 +1,140 @@
+"""Hugging Face checkpoint folders (lmclab.api.hf) through the command: ``lmclab match`` on two folders written by
+``save_pretrained`` (GPT-2 with its head tied to the embedding; a Llama with grouped-query attention), each
+B a planted permutation of A; ``lmclab merge`` writing a folder ``from_pretrained`` loads; the weight
+layouts transformers writes (one safetensors file, ``pytorch_model.bin``, shards with an index); and every
+bad folder refused in one line before any work."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmclab.api.files import load_model_file
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace_spec
+
+transformers = pytest.importorskip("transformers")
+from test_cli import lmclab  # noqa: E402  (tests/cli is on the import path)
+
+GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 50, "n_positions": 16, "bos_token_id": 0}
+LLAMA = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
+LLAMA |= {"intermediate_size": 64, "vocab_size": 50, "max_position_embeddings": 16}
+
+
+def planted_pair(model: torch.nn.Module, a: Path, b: Path, seed: int) -> None:
+    """``model`` saved to ``a`` and a random permutation of every group of it to ``b``."""
+    model.eval()
+    x = torch.randint(0, 50, (2, 8))
+    spec, state = trace_spec(model, x), model.state_dict()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("bias"):
+                p.normal_(0, 0.1)
+    state = model.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads)
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(apply_permutation(spec, perm, state))
+    model.save_pretrained(a)
+    twin.save_pretrained(b)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    planted_pair(
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2, eos_token_id=0)), work / "a", work / "b", 1
+    )
+    planted_pair(transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)), work / "la", work / "lb", 2)
+    return work
+
+
+def states(folder: Path) -> dict[str, torch.Tensor]:
+    return transformers.AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+
+def test_match_finds_the_planted_permutation_of_gpt2_and_merge_writes_a_folder(work: Path) -> None:
+    out = lmclab(work, "match", "a", "b", "--out", "p.pt").stdout
+    assert "L2 reduction 100.00 %" in out
+    lmclab(work, "merge", "a", "b", "--perm", "p.pt", "--lam", "0.3", "--out", "merged")
+    a, merged = states(work / "a"), states(work / "merged")
+    assert merged.keys() == a.keys() and all(torch.allclose(merged[k], v, atol=1e-6) for k, v in a.items())
+    lmclab(work, "merge", "a", "b", "--lam", "0.3", "--out", "naive")  # no permutation: 0.3·θa + 0.7·θb
+    b, naive = states(work / "b"), states(work / "naive")
+    assert all(torch.allclose(naive[k], 0.3 * v + 0.7 * b[k], atol=1e-6) for k, v in a.items())
+
+
+def test_match_recovers_a_grouped_query_llama_from_its_folders(work: Path) -> None:
+    assert "L2 reduction 100.00 %" in lmclab(work, "match", "la", "lb", "--out", "lp.pt").stdout
+
+
+@pytest.mark.parametrize("layout", ["bin", "shards"])
+def test_every_weight_layout_reads_the_same_tensors(work: Path, layout: str) -> None:
+    model = transformers.GPT2LMHeadModel.from_pretrained(work / "a")
+    folder = work / f"a-{layout}"
+    if layout == "shards" and not folder.exists():
+        model.save_pretrained(folder, max_shard_size="20KB")
+    elif not folder.exists():  # transformers 5 writes safetensors only; older ones, and other tools, this
+        folder.mkdir()
+        (folder / "config.json").write_text((work / "a" / "config.json").read_text())
+        torch.save({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}, folder / "pytorch_model.bin")
+    expected = {"bin": "pytorch_model.bin", "shards": "model.safetensors.index.json"}[layout]
+    assert (folder / expected).is_file()
+    loaded, reference = load_model_file(folder).params, load_model_file(work / "a").params
+    assert loaded.keys() == reference.keys() and all(torch.equal(loaded[k], v) for k, v in reference.items())
+    assert torch.equal(loaded["lm_head.weight"], loaded["transformer.wte.weight"])  # tied: written once
+
+
+def broken(work: Path, name: str) -> Path:
+    """A copy of folder ``a`` with one thing wrong."""
+    folder = work / f"broken-{name}"
+    if folder.exists():
+        return folder
+    folder.mkdir()
+    for f in (work / "a").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    if name == "no-config":
+        (folder / "config.json").unlink()
+    elif name == "bad-json":
+        (folder / "config.json").write_text("{not json")
+    elif name == "unknown-class":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"architectures": ["NoSuchModel"]}))
+    elif name == "no-weights":
+        (folder / "model.safetensors").unlink()
+    elif name == "truncated":
+        blob = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    elif name == "other-width":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"n_inner": 64}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("no-config", r"broken-no-config: a folder without config.json"),
+        ("bad-json", r"broken-bad-json/config.json: not valid JSON"),
+        ("unknown-class", r"architecture 'NoSuchModel' is not a class of transformers"),
+        ("no-weights", r"broken-no-weights: no weights beside config.json"),
+        ("truncated", r"model.safetensors: not a readable safetensors file"),
+        ("other-width", r"tensor 'transformer.h.0.mlp.c_fc.weight' has shape \(32, 128\), the GPT2LMHeadModel"),
+    ],
+)
+def test_a_bad_folder_is_one_line(work: Path, name: str, message: str) -> None:
+    proc = lmclab(work, "match", str(broken(work, name)), "b", "--out", "x.pt", ok=False)
+    assert proc.stderr.count("\n") == 1 and pytest.importorskip("re").search(message, proc.stderr), proc.stderr
+    assert not (work / "x.pt").exists()
+
+
+def test_merge_refuses_an_existing_output_folder_before_any_work(work: Path) -> None:
+    (work / "full").mkdir(exist_ok=True)
+    (work / "full" / "keep.txt").write_text("mine")
+    proc = lmclab(work, "merge", "a", "b", "--out", "full", ok=False)
+    assert "--out: full exists; expected a new or empty folder" in proc.stderr
+    assert [p.name for p in (work / "full").iterdir()] == ["keep.txt"]
