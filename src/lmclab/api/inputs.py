@@ -5,8 +5,10 @@ permutation spec (given, or traced with :mod:`lmclab.trace`). Errors name the AP
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -18,23 +20,39 @@ from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, PermutationSpec
 
-Model = nn.Module | Mapping[str, Tensor]  # a module, or its state_dict
+Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a Hugging Face folder
 Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
 
 
 def params_of(model: Model, name: str, device: torch.device) -> Params:
-    """The state dict of ``model`` (a module or a mapping of tensors), detached, on ``device``."""
-    if isinstance(model, nn.Module):
+    """The state dict of ``model`` (a module, a mapping of tensors or a Hugging Face checkpoint folder),
+    detached, on ``device``."""
+    if isinstance(model, str | os.PathLike):
+        state = _folder(model, name)[0]
+    elif isinstance(model, nn.Module):
         state = model.state_dict()
     elif isinstance(model, Mapping) and all(isinstance(v, Tensor) for v in model.values()):
         state = model
     else:
-        raise TypeError(f"{name} must be an nn.Module or a state dict of tensors, got {type(model).__name__}")
+        raise TypeError(
+            f"{name} must be an nn.Module, a state dict of tensors or a Hugging Face folder, got {type(model).__name__}"
+        )
     return {k: v.detach().to(device) for k, v in state.items()}
+
+
+def _folder(path: str | os.PathLike, name: str) -> tuple[Params, nn.Module]:
+    """A Hugging Face checkpoint folder's state dict and module (:mod:`lmclab.api.hf`)."""
+    from lmclab.api.hf import is_hf_folder, load_hf_folder
+
+    if not is_hf_folder(Path(path)):
+        raise ValueError(f"{name}: {path} is not a Hugging Face checkpoint folder (no config.json in it)")
+    return load_hf_folder(Path(path))
 
 
 def skeleton(model: nn.Module | None, model_a: Model, why: str) -> nn.Module:
     """The module whose forward pass the method runs: ``model``, else ``model_a`` if it is one."""
+    if model is None and isinstance(model_a, str | os.PathLike):
+        return _folder(model_a, "model_a")[1]
     found = model if model is not None else model_a if isinstance(model_a, nn.Module) else None
     if found is None:
         raise ValueError(
@@ -162,6 +180,10 @@ def resolve(
     if spec is None:
         from lmclab.trace import trace
 
+        if example_inputs is None and data is None:  # a transformers model's own: token ids, images
+            from lmclab.api.hf import example_inputs as own_inputs
+
+            example_inputs = own_inputs(net, None)
         if example_inputs is None:
             if data is None:
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")

@@ -1,0 +1,48 @@
+"""Hugging Face checkpoint folders given to the API by path (lmclab.api.inputs): the module their config builds,
+its state dict, and inputs to trace it on, with no other argument."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmclab
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace_spec
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``a``: a small GPT-2; ``b``: every group of it randomly permuted."""
+    work = tmp_path_factory.mktemp("hf-api")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=30, n_positions=8, bos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    spec, state = trace_spec(model, torch.randint(0, 30, (2, 8))), model.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(4), spec.heads)
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(apply_permutation(spec, perm, state))
+    model.save_pretrained(work / "a")
+    twin.save_pretrained(work / "b")
+    return work
+
+
+def test_find_permutation_and_merge_read_folders_by_path(folders: Path) -> None:
+    a, b = folders / "a", str(folders / "b")  # a Path and a str
+    found = lmclab.find_permutation(a, b)
+    assert lmclab.l2_reduction(a, b, found) == pytest.approx(100.0)
+    merged = lmclab.merge(a, b, found, lam=0.3)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(a).state_dict()
+    assert all(torch.allclose(merged[k], v, atol=1e-6) for k, v in reference.items())
+
+
+@pytest.mark.parametrize("which", ["model_a", "model_b"])
+def test_a_path_that_is_no_folder_is_one_line_naming_the_argument(folders: Path, which: str) -> None:
+    args = {"model_a": folders / "a", "model_b": folders / "b"} | {which: folders / "missing"}
+    with pytest.raises(ValueError, match=rf"^{which}: .*missing is not a Hugging Face checkpoint folder"):
+        lmclab.find_permutation(args["model_a"], args["model_b"])
