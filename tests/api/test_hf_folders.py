@@ -46,3 +46,19 @@ def test_a_path_that_is_no_folder_is_one_line_naming_the_argument(folders: Path,
     args = {"model_a": folders / "a", "model_b": folders / "b"} | {which: folders / "missing"}
     with pytest.raises(ValueError, match=rf"^{which}: .*missing is not a Hugging Face checkpoint folder"):
         lmclab.find_permutation(args["model_a"], args["model_b"])
+
+
+def test_a_language_model_curve_reads_logits_per_token(folders: Path) -> None:
+    """Next-token pairs (ids[:, :-1], ids[:, 1:]): the loss at λ = 1 is the model's own mean token
+    cross-entropy, and the aligned planted pair has no barrier."""
+    a = transformers.GPT2LMHeadModel.from_pretrained(folders / "a").eval()
+    ids = torch.randint(0, 30, (6, 8), generator=torch.Generator().manual_seed(0))
+    data = [(ids[:3, :-1], ids[:3, 1:]), (ids[3:, :-1], ids[3:, 1:])]
+    found = lmclab.find_permutation(a, folders / "b")
+    pi_b = found.apply(transformers.GPT2LMHeadModel.from_pretrained(folders / "b").state_dict())
+    curve = lmclab.curve(a, pi_b, data=data, lams=5)
+    with torch.no_grad():
+        own = torch.nn.functional.cross_entropy(a(ids[:, :-1]).logits.flatten(0, 1), ids[:, 1:].flatten())
+    end = next(r for r in curve.rows if r["lam"] == 1.0)
+    assert end["loss"] == pytest.approx(float(own), rel=1e-5) and 0.0 <= end["acc"] <= 1.0
+    assert abs(curve.barrier()) < 1e-5

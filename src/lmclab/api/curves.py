@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from lmclab.core.evaluate import Evaluation, evaluate
 from lmclab.core.interpolation import barriers_from_curve
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import lambda_grid
+from lmclab.core.objective import custom_loss
 
 QUANTITIES, KINDS = ("loss", "acc"), ("max", "mid")
 
@@ -80,6 +81,7 @@ def curve(
     repair_samples: int | None = None,
     device: str = "auto",
     progress: bool = False,
+    loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
 ) -> Curve:
     """Evaluate ``θ(λ)`` for every λ (``lams`` evenly spaced values in [0, 1] plus ½, or the given
     ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``): the
@@ -91,7 +93,9 @@ def curve(
     ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
     re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of
     ``repair_data`` (REPAIR-style reset; needed for BN networks), held in memory. ``progress``: a bar
-    over the λ values (on stderr)."""
+    over the λ values (on stderr). ``loss_fn(output, target)`` (a batch's mean loss) replaces the
+    cross-entropy of the logits (:mod:`lmclab.core.objective`: a language model's logits are classified
+    per token already); accuracy is then read from the logits when the output has them and targets are labels."""
     with named_as(num_lambdas="lams"):
         grid = lambda_grid(lams) if isinstance(lams, int) else sorted({float(v) for v in lams})
     if not {0.0, 0.5, 1.0} <= set(grid) or not all(0.0 <= v <= 1.0 for v in grid):
@@ -107,7 +111,7 @@ def curve(
     }
     hook = _bn_hook(net, repair, repair_data, repair_samples, dev)
     rows = []
-    with torch.no_grad():
+    with torch.no_grad(), custom_loss(loss_fn):
         for lam in tqdm(grid, desc="curve", unit="λ", disable=not progress, leave=False):
             params = lerp_params(params_a, params_b, lam)
             params = hook(params) if hook is not None else params
@@ -128,7 +132,7 @@ def _streamed(net: nn.Module, params: Mapping[str, Tensor], loader: Iterable[Any
         x, y = as_batch(batch, name)
         if y is None:
             raise TypeError(f"{name}: expected (input, target) batches to evaluate on, got input tensors alone")
-        ev = evaluate(net, params, Split(x, y.long()))
+        ev = evaluate(net, params, Split(x, y if y.is_floating_point() else y.long()))
         total, loss, correct = total + len(y), loss + ev.loss * len(y), correct + ev.acc * len(y)
     if total == 0:
         raise ValueError(f"{name}: a DataLoader yielded no batches")

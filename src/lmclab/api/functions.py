@@ -30,7 +30,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from lmclab.core import spec as spec_ops
 from lmclab.core.batches import Batches, streamed
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
+from lmclab.core.objective import custom_loss
 from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
@@ -113,6 +114,7 @@ def find_permutation(
     progress: bool = False,
     options: Mapping[str, Any] | None = None,
     partial: bool = False,
+    loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
 ) -> Alignment:
     """The permutation π of θb's hidden units that aligns it to θa (``method``: a name of
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
@@ -125,7 +127,9 @@ def find_permutation(
     ``am``, ``ste``, ``ste_sinkhorn``); a ``DataLoader`` is streamed batch by batch by the methods that
     pass over it once (``am``; the others hold it in memory: STE's epochs revisit it); ``points``
     overrides the traced activation points of AM; with ``test`` data the iterative methods record the
-    merged model's test loss and accuracy after each search epoch in ``stats["curve"]`` (the paper's Figure 6)."""
+    merged model's test loss and accuracy after each search epoch in ``stats["curve"]`` (the paper's Figure 6).
+    ``loss_fn(output, target)`` (a batch's mean loss) replaces the cross-entropy of the logits wherever
+    the search evaluates a loss (STE's and Sinkhorn STE's midpoint objective, the test curve)."""
     options = checked_options(method, options)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
@@ -155,7 +159,8 @@ def find_permutation(
         device=problem.device,
         progress=progress,
     )
-    result = run_search(method, search, seed=seed, options=options)
+    with custom_loss(loss_fn):
+        result = run_search(method, search, seed=seed, options=options)
     return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
 
 

@@ -82,7 +82,7 @@ def as_split(data: Data, name: str = "data") -> Split:
     if isinstance(data, Split):
         return data
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        return Split(data[0], data[1].long())
+        return Split(data[0], _targets(data[1]))
     if isinstance(data, Iterable):
         items = iter(data)
     elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):  # a map-style Dataset of samples
@@ -101,7 +101,12 @@ def as_split(data: Data, name: str = "data") -> Split:
         ys.append(y)
     if not xs:
         raise ValueError(f"{name} is empty")
-    return Split(torch.cat(xs), torch.cat(ys).long())
+    return Split(torch.cat(xs), _targets(torch.cat(ys)))
+
+
+def _targets(y: Tensor) -> Tensor:
+    """Class labels as int64; real-valued targets (a regression's, for a ``loss_fn``) as they are."""
+    return y if y.is_floating_point() else y.long()
 
 
 def pairs(

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.core.data import Split, inputs_like
-from lmclab.core.objective import batch_loss_correct, functional_method, is_reconstruction
+from lmclab.core.objective import batch_loss_correct, functional_method, is_reconstruction, logits_of
 
 
 class Evaluation(NamedTuple):
@@ -50,7 +50,7 @@ def evaluate_ensemble(
         x = inputs_like(split.x[start : start + batch_size], params_list[0])
         y = split.y[start : start + batch_size].to(device)
         probs = torch.stack(
-            [F.softmax(functional_call(model, dict(p), (x,), tie_weights=False), 1) for p in params_list]
+            [F.softmax(logits_of(functional_call(model, dict(p), (x,), tie_weights=False)), 1) for p in params_list]
         ).mean(0)
         total_loss += F.nll_loss(probs.clamp_min(1e-12).log(), y, reduction="sum").item()
         correct += (probs.argmax(1) == y).sum().item()
