@@ -23,12 +23,13 @@ from test_cli import lmclab  # noqa: E402  (tests/cli is on the import path)
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 50, "n_positions": 16, "bos_token_id": 0}
 LLAMA = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
 LLAMA |= {"intermediate_size": 64, "vocab_size": 50, "max_position_embeddings": 16}
+SMALL = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 50}
 
 
 def planted_pair(model: torch.nn.Module, a: Path, b: Path, seed: int) -> None:
     """``model`` saved to ``a`` and a random permutation of every group of it to ``b``."""
     model.eval()
-    x = torch.randint(0, 50, (2, 8))
+    x = torch.randn(2, 3, 16, 16) if model.main_input_name == "pixel_values" else torch.randint(0, 50, (2, 8))
     spec, state = trace_spec(model, x), model.state_dict()
     with torch.no_grad():
         for key, p in model.named_parameters():
@@ -50,6 +51,10 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
         transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2, eos_token_id=0)), work / "a", work / "b", 1
     )
     planted_pair(transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)), work / "la", work / "lb", 2)
+    bert = transformers.BertConfig(**SMALL, hidden_size=32, max_position_embeddings=16)
+    planted_pair(transformers.BertForMaskedLM(bert), work / "ba", work / "bb", 3)
+    vit = transformers.ViTConfig(**SMALL, hidden_size=32, image_size=16, patch_size=4, num_labels=5)
+    planted_pair(transformers.ViTForImageClassification(vit), work / "va", work / "vb", 4)
     return work
 
 
@@ -68,8 +73,9 @@ def test_match_finds_the_planted_permutation_of_gpt2_and_merge_writes_a_folder(w
     assert all(torch.allclose(naive[k], 0.3 * v + 0.7 * b[k], atol=1e-6) for k, v in a.items())
 
 
-def test_match_recovers_a_grouped_query_llama_from_its_folders(work: Path) -> None:
-    assert "L2 reduction 100.00 %" in lmclab(work, "match", "la", "lb", "--out", "lp.pt").stdout
+@pytest.mark.parametrize("pair", ["l", "b", "v"], ids=["llama-gqa", "bert", "vit"])
+def test_match_recovers_a_planted_permutation_from_folders(work: Path, pair: str) -> None:
+    assert "L2 reduction 100.00 %" in lmclab(work, "match", f"{pair}a", f"{pair}b", "--out", f"{pair}p.pt").stdout
 
 
 @pytest.mark.parametrize("layout", ["bin", "shards"])
@@ -123,7 +129,7 @@ def broken(work: Path, name: str) -> Path:
         ("unknown-class", r"architecture 'NoSuchModel' is not a class of transformers"),
         ("no-weights", r"broken-no-weights: no weights beside config.json"),
         ("truncated", r"model.safetensors: not a readable safetensors file"),
-        ("other-width", r"tensor 'transformer.h.0.mlp.c_fc.weight' has shape \(32, 128\), the GPT2LMHeadModel"),
+        ("other-width", r"tensor 'transformer.h.0.mlp.c_fc.bias' has shape \(128,\), GPT2LMHeadModel's is \(64,\)"),
     ],
 )
 def test_a_bad_folder_is_one_line(work: Path, name: str, message: str) -> None:

@@ -1,11 +1,13 @@
 """Hugging Face checkpoint folders: ``config.json`` beside ``model.safetensors``, ``pytorch_model.bin`` or a
 sharded index (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``), as ``save_pretrained``
-writes them. Read with no network: the module is the class ``config.json`` names under ``architectures``
-(``AutoModel`` when it names none), built from the config with random weights, then given the folder's
-tensors; entries the files leave out because the model ties them (an output head tied to the input
-embeddings, which ``save_pretrained`` writes once) come from the tensor they are tied to. Written back by
-``save_pretrained`` into a folder made beside the target and renamed onto it, so that ``from_pretrained``
-loads the result and a failure leaves nothing half-written. Needs ``transformers`` (``lmclab[models]``)."""
+writes them. Read with no network by the class ``config.json`` names under ``architectures``
+(``AutoModel`` when it names none) and transformers' own ``from_pretrained(local_files_only=True)``, which
+renames the older key names a checkpoint may use and fills in the entries a model ties (an output head
+tied to the input embeddings, written once) — after checks of lmclab's own, so that a bad config, a
+missing, truncated or mis-shaped weight file, or a tensor the folder lacks is one line naming the file.
+Written back by ``save_pretrained`` into a folder made beside the target and renamed onto it, so that
+``from_pretrained`` loads the result and a failure leaves nothing half-written. Needs ``transformers``
+(``lmclab[models]``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +40,23 @@ def _transformers(path: Path) -> Any:
     return transformers
 
 
-def _module(path: Path) -> nn.Module:
-    """The module ``config.json`` describes, with random weights."""
+@contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """transformers' own reports and progress bars off (its errors become one line of ours)."""
+    logging = transformers.utils.logging
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _model_class(path: Path) -> Any:
+    """The class ``config.json`` names under ``architectures`` (``AutoModel`` when it names none)."""
     transformers = _transformers(path)
     try:
         raw = json.loads((path / "config.json").read_text())
@@ -45,58 +64,72 @@ def _module(path: Path) -> nn.Module:
         raise ValueError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path / 'config.json'}: expected a JSON object")
-    try:
-        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError, OSError) as exc:
-        reason = " ".join(str(exc).split())[:160]
-        raise ValueError(f"{path / 'config.json'}: transformers cannot read it ({reason})") from None
     names = raw.get("architectures") or []
     if names and not hasattr(transformers, names[0]):
         raise ValueError(f"{path / 'config.json'}: architecture {names[0]!r} is not a class of transformers")
-    return getattr(transformers, names[0])(config) if names else transformers.AutoModel.from_config(config)
+    return getattr(transformers, names[0]) if names else transformers.AutoModel
 
 
-def _tensors(path: Path) -> dict[str, Tensor]:
-    """Every tensor of the folder's weight file or shards (one line naming the file for a bad one)."""
-    from lmclab.api.files import _safetensors_load, _torch_load
+def _check_weights(path: Path) -> None:
+    """One line naming the file unless the folder has readable weights: a safetensors header, a torch file,
+    every shard its index names."""
+    from safetensors import SafetensorError, safe_open
 
-    def read(file: Path) -> dict[str, Tensor]:
+    from lmclab.api.files import _torch_load
+
+    def check(file: Path) -> None:
         if not file.is_file():
             raise FileNotFoundError(f"{file}: file not found (named by the folder's index)")
-        blob = _safetensors_load(file) if file.suffix == ".safetensors" else _torch_load(file)
-        if not (isinstance(blob, dict) and all(isinstance(v, Tensor) for v in blob.values())):
-            raise ValueError(f"{file}: expected a mapping of names to tensors")
-        return blob
+        if file.suffix != ".safetensors":
+            _torch_load(file)
+            return
+        try:
+            with safe_open(str(file), "pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(
+                f"{file}: not a readable safetensors file (truncated or corrupted? {first[:120]})"
+            ) from None
 
     for name in WEIGHTS:
         if (path / name).is_file():
-            return read(path / name)
+            return check(path / name)
     for name in INDEXES:
         if (path / name).is_file():
             try:
                 shards = sorted(set(json.loads((path / name).read_text())["weight_map"].values()))
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path / name}: not a weight index with a 'weight_map' ({exc})") from None
-            return {k: v for shard in shards for k, v in read(path / shard).items()}
+            for shard in shards:
+                check(path / shard)
+            return None
     raise FileNotFoundError(f"{path}: no weights beside config.json (expected one of {', '.join(WEIGHTS + INDEXES)})")
 
 
 def load_hf_folder(path: Path) -> tuple[dict[str, Tensor], nn.Module]:
-    """The state dict of the folder's model (tied entries filled in) and that model, in eval mode."""
-    from lmclab.core.spec import check_same_shapes
-
+    """The state dict of the folder's model and that model, in eval mode: read by transformers'
+    ``from_pretrained`` with no network (which renames a checkpoint's older key names and fills in tied
+    entries written once), after the checks above; every tensor of the model must come from the folder."""
     path = Path(path)
-    model, tensors = _module(path), _tensors(path)
-    state = model.state_dict()
-    storage = {}
-    for key, value in state.items():
-        storage.setdefault(value.data_ptr(), []).append(key)
-    filled = dict(tensors)
-    for keys in storage.values():  # a tied entry the file leaves out: the tensor it is tied to
-        given = [k for k in keys if k in tensors]
-        filled |= {k: tensors[given[0]] for k in keys if given and k not in tensors}
-    check_same_shapes(state, filled, str(path), f"the {type(model).__name__} its config.json describes")
-    model.load_state_dict(filled)
+    cls = _model_class(path)
+    _check_weights(path)
+    load = dict(local_files_only=True, output_loading_info=True)
+    try:
+        with _quiet(_transformers(path)):
+            model, info = cls.from_pretrained(str(path), **load)
+    except Exception as exc:  # transformers raises many types: one line naming the folder
+        if "ignore_mismatched_sizes" not in str(exc):
+            raise ValueError(f"{path}: transformers cannot load it ({' '.join(str(exc).split())[:200]})") from None
+        with _quiet(_transformers(path)):  # again, to name the tensor
+            model, info = cls.from_pretrained(str(path), ignore_mismatched_sizes=True, **load)
+    if info.get("mismatched_keys"):
+        key, *shapes = sorted(info["mismatched_keys"])[0]
+        raise ValueError(f"{path}: tensor {key!r} has shape {tuple(shapes[0])}, {cls.__name__}'s is {tuple(shapes[1])}")
+    if info.get("missing_keys"):
+        raise ValueError(
+            f"{path}: no weights for {sorted(info['missing_keys'])[:3]} of the {cls.__name__} it describes"
+        )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, model.eval()
 
 
@@ -119,7 +152,8 @@ def save_hf_folder(model: nn.Module, state: dict[str, Tensor], out: Path) -> Non
     twin.load_state_dict(state)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        twin.save_pretrained(str(tmp))
+        with _quiet(_transformers(out)):
+            twin.save_pretrained(str(tmp))
         if out.is_dir():
             out.rmdir()  # empty: checked before any work
         os.replace(tmp, out)
