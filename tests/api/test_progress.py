@@ -25,3 +25,32 @@ def test_the_curve_and_an_iterative_search_show_bars_only_when_asked(capfd) -> N
     lmclab.find_permutation(a, b, method="ste", data=data, options={"epochs": 2, "batch_size": 8}, progress=True)
     err = capfd.readouterr().err
     assert "ste:" in err and "epoch/s" in err
+
+
+def test_weight_matching_activation_matching_and_merge_many_tick_their_own_steps(capfd, monkeypatch) -> None:
+    """WM: one step per sweep (its sweep count is in its stats); AM: one per batch; MergeMany: its WM sweeps
+    and one per pass; a bar on stderr, and nothing without ``progress``."""
+    import lmclab.core.progress as progress
+
+    counted: list[tuple[str, int]] = []
+
+    class Counting(progress.tqdm):
+        def close(self) -> None:
+            if not self.disable:  # tqdm closes once more when collected
+                counted.append((self.desc, self.n))
+            super().close()
+
+    monkeypatch.setattr(progress, "tqdm", Counting)
+    a, b, c = _mlp(0), _mlp(1), _mlp(2)
+    x = torch.randn(40, 12)
+    found = lmclab.find_permutation(a, b, example_inputs=x[:2], options={"restarts": 1})
+    lmclab.merge_many([a, b, c], example_inputs=x[:2], options={"max_iter": 2})
+    assert capfd.readouterr().err == "" and counted == []
+    lmclab.find_permutation(a, b, example_inputs=x[:2], options={"restarts": 1}, progress=True)
+    assert counted == [("wm", found.stats["sweeps"])] and "wm:" in capfd.readouterr().err
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.zeros(40).long()), batch_size=16)
+    lmclab.find_permutation(a, b, method="am", data=loader, progress=True)
+    assert counted[-1] == ("am", 3)  # 16 + 16 + 8 samples
+    many = lmclab.merge_many([a, b, c], example_inputs=x[:2], options={"max_iter": 2}, progress=True)
+    passes = len(many.stats["distance"]) - 1 if "distance" in many.stats else None
+    assert counted[-1][0] == "merge_many" and counted[-1][1] > (passes or 0) > 0, (counted, many.stats)

@@ -83,6 +83,9 @@ def test_progress_draws_bars_on_stderr_and_leaves_stdout_alone(work: Path) -> No
     ste = ["match", "a.pt", "b.pt", "--method", "ste", "--factory", "nets:mlp", "--data", "digits"]
     shown = lmclab(work, *ste, "--option", "epochs=1", "--option", "batch_size=32", "--out", "ste.pt", "--progress")
     assert "ste:" in shown.stderr and "epoch" in shown.stderr
+    many = ["merge-many", "a.pt", "b.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28", "--out", "m.pt"]
+    quiet, shown = lmclab(work, *many), lmclab(work, *many, "--progress")
+    assert quiet.stderr == "" and "merge_many:" in shown.stderr and "step" in shown.stderr
 
 
 def test_merge_writes_the_aligned_midpoint_as_a_plain_state_dict(work: Path) -> None:

@@ -108,6 +108,7 @@ def merge_many(
     seed: int = 0,
     device: str = "auto",
     partial: bool = False,
+    progress: bool = False,
 ) -> ManyMerge:
     """Merge N ≥ 2 models by ``method`` (a name of :data:`lmclab.search.many_methods.MANY_METHODS`;
     ``options``: its own, checked before anything runs), as the pipeline's ``merge_many`` stage does.
@@ -118,7 +119,8 @@ def merge_many(
     transform methods (which stream a ``DataLoader`` batch by batch) and by ``repair`` (which holds it
     in memory): ``bn`` recomputes BatchNorm statistics, ``repair`` rescales
     units to the endpoints' mean statistics (REPAIR, :func:`lmclab.core.repair.repair_merged`),
-    ``auto`` the one that fits the model. Returns a :class:`ManyMerge` (tensors on the CPU)."""
+    ``auto`` the one that fits the model; ``progress``: a tqdm bar over the method's steps on stderr.
+    Returns a :class:`ManyMerge` (tensors on the CPU)."""
     options = _check_call(models, method, options, data, repair)
     problem = resolve(
         models[0],
@@ -148,6 +150,7 @@ def merge_many(
             model=problem.model,
             points=dict(points) if points is not None else problem.points,
             data=train,
+            progress=progress,
         )
     return _collected(method, problem, params, result, fix, train)
 

@@ -45,7 +45,7 @@ KWARGS = typer.Option("{}", help="JSON keyword arguments of --factory")
 SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,32 (to trace the spec)")
 DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
 OUT_MERGED = typer.Option(..., help="the merged state dict (.pt or .safetensors); a new folder for HF folders")
-PROGRESS = typer.Option(False, help="show a progress bar on stderr (search epochs, curve λ values)")
+PROGRESS = typer.Option(False, help="show a progress bar on stderr (search steps, curve λ values)")
 PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
 
 
@@ -162,6 +162,7 @@ def merge_many(
     seed: int = 0,
     device: str = DEVICE,
     partial: bool = PARTIAL,
+    progress: bool = PROGRESS,
 ) -> None:
     """Merge N models into one by an n-model method; write the merged state dict to --out."""
     from lmclab.api import merge_many as merge_models
@@ -193,6 +194,7 @@ def merge_many(
         seed=seed,
         device=device,
         partial=partial,
+        progress=progress,
     )
     if res.merged is None:
         raise ValueError(f"--option: this {method} merge is partial (one network per model), no single model to write")

@@ -27,6 +27,7 @@ from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance
 from lmclab.core.options import OptionError, Options, got
+from lmclab.core.progress import progress_bar
 from lmclab.core.spec import Params, Permutation, PermutationSpec
 from lmclab.search import activation_matching, identity, ste, ste_sinkhorn, weight_matching, wm_sinkhorn
 from lmclab.search.midpoint import Monitor
@@ -122,8 +123,9 @@ def run_search(
     with kept_modes(problem.model):
         if "monitor" in inspect.signature(search).parameters:
             result = _monitored(problem, search, **inputs, **dict(options or {}))
-        else:
-            result = search(problem.spec, problem.params_a, problem.params_b, **inputs, **dict(options or {}))
+        else:  # the loops that know no monitor tick a bar of their own steps (sweeps, batches)
+            with progress_bar(method, "step", problem.progress):
+                result = search(problem.spec, problem.params_a, problem.params_b, **inputs, **dict(options or {}))
     result.stats.setdefault("seconds", time.perf_counter() - start)
     return result
 

@@ -31,6 +31,7 @@ from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.batches import Batches, input_batches
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, one_of, option, takes
+from lmclab.core.progress import tick
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
 
@@ -132,6 +133,7 @@ def activation_matching(
     model.eval()
     n = 0
     for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, like=params_a):
+        tick()  # one batch
         n += len(x)
         za, zb = _record(model, params_a, all_points, x), _record(model, params_b, all_points, x)
         for g, ps in points.items():

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from lmclab.core.batches import Batches, input_batches
 from lmclab.core.data import Split
 from lmclab.core.options import OptionError
+from lmclab.core.progress import tick
 from lmclab.core.repair import Moments, repair_points, repair_to
 from lmclab.core.spec import Params, PermutationSpec
 from lmclab.core.transform import TransformResult, merge_weights
@@ -75,6 +76,7 @@ def feature_statistics(
     model.eval()
     try:
         for x in input_batches(data, batch_size=batch_size, max_samples=max_samples, like=params[0]):
+            tick()  # one batch
             seen = [_record(model, p, all_points, x) for p in params]
             for key, ps in points.items():
                 for p in ps:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from lmclab.core.batches import Batches
 from lmclab.core.options import OptionError, Options, got
+from lmclab.core.progress import progress_bar
 from lmclab.core.spec import PermutationSpec
 from lmclab.core.transform import TransformResult
 from lmclab.search import c2m3, cca_merge, merge_many, star, sync, zipit
@@ -61,11 +62,13 @@ def run_many(
     model: nn.Module | None = None,
     points: Mapping[str, list[str]] | None = None,
     data: Batches | None = None,
+    progress: bool = False,
 ) -> UniverseResult | TransformResult:
     """Run ``method`` on the N models ``params`` with ``options`` (its keyword options); ``seed`` seeds
     its generator. The transform methods read activations: they need ``model`` (a skeleton run with
     ``functional_call``), ``points`` (group -> module names, as activation matching's) and training
-    ``data``. ``stats['seconds']`` is the method's own wall time."""
+    ``data``. ``stats['seconds']`` is the method's own wall time; ``progress``: a bar over its steps (WM
+    sweeps, MergeMany passes, batches of activations) on stderr."""
     check_many(method, options)
     search, inputs = MANY_METHODS[method], {"model": model, "points": points, "data": data}
     wanted = inspect.signature(search).parameters
@@ -76,6 +79,7 @@ def run_many(
     if "generator" in wanted:
         given["generator"] = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    result = search(spec, params, **given, **dict(options or {}))
+    with progress_bar(method, "step", progress):
+        result = search(spec, params, **given, **dict(options or {}))
     result.stats.setdefault("seconds", time.perf_counter() - start)
     return result

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lmclab.core.assignment import AssignmentOptions
 from lmclab.core.options import Count, NonNegative, OptionError, option, takes
+from lmclab.core.progress import tick
 from lmclab.core.spec import PermutationSpec, apply_permutation, identity_permutation
 from lmclab.search.universe import UniverseResult, mean_params, summed_distance, universe_result
 from lmclab.search.weight_matching import weight_matching
@@ -67,6 +68,7 @@ def merge_many(
             perms[i], assignments = found.perm, assignments + found.stats["assignments"]
             aligned[i] = apply_permutation(spec, perms[i], params[i])
         distance.append(summed_distance(spec, aligned))
+        tick(distance=f"{distance[-1]:.4g}")  # one pass over the models
         if distance[-2] - distance[-1] <= tol * abs(distance[-2]):
             break
     stats = {

@@ -38,6 +38,7 @@ from torch import Tensor
 from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, NonNegative, option, takes
+from lmclab.core.progress import tick
 from lmclab.core.spec import (
     Permutation,
     PermutationSpec,
@@ -250,6 +251,7 @@ def _descend(
                 if not torch.equal(new[g], perm[g]):
                     perm[g], changed_at[g] = new[g], step
         objective.append(matching_objective(spec, perm, params_a, params_b))
+        tick(objective=f"{objective[-1]:.4g}")  # one sweep
         if objective[-1] - objective[-2] <= options.tol * abs(objective[-2]):
             break
     return perm, objective, solves
