@@ -188,3 +188,17 @@ def test_the_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_merge_weighs_model_a_by_lam_off_the_midpoint() -> None:
+    """``merge(a, b, alignment, lam=0.3)`` is 0.3·θa + 0.7·π(θb) on a pair that is no permuted copy."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    b = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    found = lmclab.find_permutation(a, b, example_inputs=torch.zeros(2, 6))
+    pi_b, theta_a = found.apply(b), a.state_dict()
+    assert not all(torch.equal(pi_b[k], b.state_dict()[k]) for k in pi_b)
+    merged = lmclab.merge(a, b, found, lam=0.3)
+    assert all(torch.allclose(merged[k], 0.3 * theta_a[k] + 0.7 * pi_b[k]) for k in theta_a)
+    naive = lmclab.merge(a, b, lam=0.8)
+    assert all(torch.allclose(naive[k], 0.8 * theta_a[k] + 0.2 * b.state_dict()[k]) for k in theta_a)

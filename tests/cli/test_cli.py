@@ -110,6 +110,33 @@ def test_merge_writes_the_aligned_midpoint_as_a_plain_state_dict(work: Path) -> 
     assert all(torch.allclose(merged[k], a[k]) for k in a)  # the midpoint of θa and π(θb) = θa
 
 
+def test_merge_takes_lam_off_the_midpoint(work: Path) -> None:
+    """λ = 0.3 on a pair that is not a permuted copy (θb a fresh net): 0.3·θa + 0.7·θb with no permutation,
+    0.3·θa + 0.7·π(θb) with one (λ weighs θa, as in the paper's θ(λ))."""
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    torch.manual_seed(7)
+    other = mlp().state_dict()
+    torch.save(other, work / "other.pt")
+    a = torch.load(work / "a.pt")
+    net = ["--factory", "nets:mlp", "--input-shape", "1,28,28"]
+    lmclab(work, "merge", "a.pt", "other.pt", "--lam", "0.3", *net, "--out", "lam.pt")
+    merged = torch.load(work / "lam.pt")
+    assert all(torch.allclose(merged[k], 0.3 * a[k] + 0.7 * other[k]) for k in a)
+    lmclab(work, "match", "a.pt", "other.pt", *net, "--out", "other-p.pt")
+    lmclab(work, "merge", "a.pt", "other.pt", "--perm", "other-p.pt", "--lam", "0.3", *net, "--out", "lam-p.pt")
+    from lmclab.api.files import load_permutation
+    from lmclab.trace import trace_spec
+
+    pi_b = apply_permutation(trace_spec(mlp(), torch.zeros(2, 1, 28, 28)), load_permutation(work / "other-p.pt"), other)
+    merged = torch.load(work / "lam-p.pt")
+    assert all(torch.allclose(merged[k], 0.3 * a[k] + 0.7 * pi_b[k]) for k in a)
+    assert not all(torch.allclose(pi_b[k], other[k]) for k in a)  # the permutation moved θb
+
+
 def _planted_copy(work: Path, name: str, seed: int) -> dict:
     """``name``: θa under another random permutation (the same function); returns θa."""
     a = torch.load(work / "a.pt")

@@ -89,6 +89,15 @@ def test_solve_assignment_refuses_in_one_line():
         solve_assignment(torch.tensor([[0.0, float("nan")], [1.0, 2.0]]), "lapx")
 
 
+@pytest.mark.parametrize("backend", ["scipy", "lapx"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "+inf", "-inf"])
+def test_every_non_finite_cost_is_refused_in_our_words(backend, bad):
+    """NaN, +inf and −inf alike, on both backends: −inf would otherwise be solved silently (a forbidden pair
+    read as merely bad) and +inf fail with the backend's own message."""
+    with pytest.raises(ValueError, match="^cost has NaN or infinite entries$"):
+        solve_assignment(torch.tensor([[0.0, bad], [1.0, 2.0]]), backend)
+
+
 def test_a_bad_or_missing_backend_is_one_line_naming_lap_backend(monkeypatch):
     spec, params = _mlp(8)
     with pytest.raises(OptionError, match=r"^lap_backend must be one of \['scipy', 'lapx'\], got 'lapjv'$"):

@@ -194,7 +194,12 @@ def test_repair_merged_sets_each_unit_to_the_weighted_endpoint_statistics(arch):
 
 @pytest.mark.parametrize(
     ("weights", "match"),
-    [([0.5, 0.6], "weights must be 2 non-negative numbers summing to 1"), ([1.0], "weights must be 2")],
+    [
+        ([0.5, 0.6], "weights must be 2 non-negative numbers summing to 1"),
+        ([1.0], "weights must be 2"),
+        ([1.5, -0.5], r"weights must be 2 non-negative numbers summing to 1, got \[1.5, -0.5\]"),  # sums to 1
+    ],
+    ids=["sum", "length", "negative"],
 )
 def test_repair_merged_refuses_bad_weights_in_one_line(weights, match):
     model, _, params_a, params_b, data = _setup("mlp")

@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.core.transform import (
     check_transforms,
     partial_merge,
@@ -157,3 +157,20 @@ def test_errors_are_one_line():
     vit_spec = get_arch("vit").permutation_spec(vit_config)
     with pytest.raises(ValueError, match=r"^group '\w+' is headed: a general linear map would mix attention heads"):
         transform_merge(vit_spec, [vit, vit], [{}, {}], [{}, {}])
+
+
+@pytest.mark.parametrize("weights", [None, [0.25, 0.75]], ids=["equal", "unequal"])
+def test_a_floating_scalar_parameter_is_averaged_with_the_weights(weights):
+    """A spec entry with no permuted axis (a learned temperature, a scalar layer scale) is ``Σ_i w_i s_i``
+    like the logits, not one model's value; a permuted weight beside it is mapped as usual."""
+    spec = PermutationSpec(axes={"w": ("P", None), "s": (), "t": (None,)})
+    params = [
+        {"w": torch.randn(3, 2), "s": torch.tensor(1.0), "t": torch.tensor([2.0, 4.0])},
+        {"w": torch.randn(3, 2), "s": torch.tensor(5.0), "t": torch.tensor([6.0, 0.0])},
+    ]
+    eye = {"P": torch.eye(3)}
+    merged = transform_merge(spec, params, [eye, eye], [eye, eye], weights=weights)
+    w = weights or [0.5, 0.5]
+    assert float(merged["s"]) == pytest.approx(w[0] * 1.0 + w[1] * 5.0)
+    assert torch.allclose(merged["t"], w[0] * params[0]["t"] + w[1] * params[1]["t"])
+    assert torch.allclose(merged["w"], params[0]["w"] + params[1]["w"])  # grouped: M θ U, not weighted

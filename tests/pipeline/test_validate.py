@@ -206,6 +206,19 @@ def test_a_bad_value_is_one_line_naming_key_value_and_expectation(change: dict, 
     assert err.value.lines[0].startswith(line)
 
 
+@pytest.mark.parametrize("repair", ["auto", "none", "repair"])
+@pytest.mark.parametrize("method", ["cca", "zipit"])
+def test_transform_merges_of_a_headed_net_are_refused_whatever_the_repair(method: str, repair: str) -> None:
+    """CCA Merge and ZipIt! mix attention heads through general linear maps: refused on the ViT with the
+    default ``repair: auto`` as with an explicit one (the check must not return early on ``auto``)."""
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(model__arch="vit", merge_many__methods=["merge_many", method], merge_many__repair=repair))
+    assert err.value.lines == [
+        f"merge_many.methods: [{method!r}] merge through general linear maps, which would mix the attention "
+        f"heads of 'vit'; expected methods among ['merge_many', 'c2m3', 'sync', 'star']"
+    ]
+
+
 def test_every_bad_key_gets_its_own_line() -> None:
     with pytest.raises(ParamsError) as err:
         check_params(_params(train__lr="abc", permute__wm__max_iter=0, plot__dpi=None))

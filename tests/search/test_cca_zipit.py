@@ -334,3 +334,15 @@ def test_bad_options_are_one_line():
             call()
         assert "\n" not in str(info.value)
     assert issubclass(OptionError, ValueError)
+
+
+def test_the_ridge_is_gamma_times_the_mean_variance_in_closed_form():
+    """Diagonal covariances: Σ₀ = diag(1, 3) (mean variance 2), Σᵢ = diag(4, 12) (mean 8), Σ₀ᵢ = diag(0.5, 1.5),
+    γ = ½: Σ̃₀ = diag(2, 4), Σ̃ᵢ = diag(8, 16); ρ = sorted(0.5/√(2·8), 1.5/√(4·16)) = (0.1875, 0.125) and
+    Aᵢ = Σ̃₀^{1/2} Σ̃ᵢ^{−1/2} = diag(½, ½) (a ridge of γ times the *sum* of the variances gives others)."""
+    from lmclab.search.cca_merge import cca_map
+
+    cov_00, cov_ii = torch.diag(torch.tensor([1.0, 3.0])).double(), torch.diag(torch.tensor([4.0, 12.0])).double()
+    a, a_inv, rho = cca_map(cov_00, cov_ii, torch.diag(torch.tensor([0.5, 1.5])).double(), 0.5)
+    assert torch.allclose(rho, torch.tensor([0.1875, 0.125]).double())
+    assert torch.allclose(a, 0.5 * torch.eye(2).double()) and torch.allclose(a_inv, 2 * torch.eye(2).double())

@@ -183,6 +183,18 @@ def test_search_objective_is_that_of_the_returned_permutation() -> None:
     assert "| 0.030 ± 0.010 | — |" in text  # STE records no objective
 
 
+def test_the_objective_ratio_is_a_mean_of_per_triple_ratios() -> None:
+    """References that differ per triple (100, 200, 400) with Sinkhorn WM at (50, 180, 400): the mean of the
+    ratios (0.5 + 0.9 + 1.0) / 3 = 0.8, not the ratio of the means 630 / 700 = 0.9."""
+    rows = [
+        {"triple": f"t{t}", "edge": "a-b", "method": method, "objective": value}
+        for t, (sinkhorn, wm) in enumerate([(50.0, 100.0), (180.0, 200.0), (400.0, 400.0)])
+        for method, value in (("wm_sinkhorn", sinkhorn), ("wm", wm))
+    ]
+    rows.append({"triple": "t0", "edge": "a-c", "method": "wm", "objective": 1.0})  # other edges are not read
+    assert objective_ratio(pd.DataFrame(rows)) == pytest.approx(0.8)
+
+
 def test_an_unconverged_sinkhorn_wm_gets_no_verdict_and_leaves_the_statistics() -> None:
     """Sinkhorn WM's a–b objective over coordinate descent's, per triple then averaged: width 128's
     (40, 45, 50)/100 = 0.45 < ½ → unconverged; epochs 100's (90, 95, 100)/100 = 0.95 keeps its verdict."""

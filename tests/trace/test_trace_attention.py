@@ -259,3 +259,16 @@ def test_multihead_attention_weights_per_head_in_the_output_pin_its_head_order(r
     spec = trace_spec(Leaf(returned), torch.zeros(2, 9, 16))
     assert bool(spec.heads) == headed and spec.axes["proj.weight"][0] is not None
     assert (spec.axes["attn.in_proj_weight"][0] is not None) == headed
+
+
+def test_a_product_of_query_and_key_with_their_heads_on_different_axes_is_refused():
+    """q ``(B, H, T, d)`` times a key ``(H, B, d, T)`` (batch 4 = 4 heads, so the shapes broadcast): each
+    query head meets the keys of another sample's heads — not Σ_j q_j k_j within one head."""
+
+    def crossed(m, x):
+        return attend(m, x, heads(m.q(x), 4), heads(m.k(x), 4).transpose(0, 1), heads(m.v(x), 4))
+
+    model = Attention(crossed)
+    model(torch.zeros(4, 9, 16))  # it runs
+    with pytest.raises(TraceError, match=r"a product over the features of heads that are not one batch axis"):
+        trace_spec(model, torch.zeros(4, 9, 16))

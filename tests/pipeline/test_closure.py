@@ -1,0 +1,35 @@
+"""Relative imports in lmclab.pipeline.closure, at every depth: ``from . import``, ``from .. import`` and
+``from ...pkg import`` in a package three levels deep, named and followed into the closure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmclab.pipeline.closure import import_closure, imported_modules
+
+
+def tree(root: Path) -> Path:
+    """``top/mid/low/leaf.py`` importing one level, two levels and three levels up."""
+    for package in ("top", "top/mid", "top/mid/low", "top/side"):
+        (root / package).mkdir(parents=True, exist_ok=True)
+        (root / package / "__init__.py").write_text("")
+    (root / "top/mid/low/near.py").write_text("")
+    (root / "top/mid/two.py").write_text("")
+    (root / "top/side/three.py").write_text("")
+    (root / "top/mid/low/leaf.py").write_text(
+        "from . import near\nfrom .. import two\nfrom ...side import three\nfrom ..low.near import x\n"
+    )
+    return root / "top/mid/low/leaf.py"
+
+
+def test_relative_imports_resolve_at_every_depth(tmp_path: Path) -> None:
+    names = set(imported_modules(tree(tmp_path), "top.mid.low"))
+    assert {"top.mid.low.near", "top.mid.two", "top.side", "top.side.three", "top.mid.low.near.x"} <= names
+    assert not any(n.startswith(("mid", "low", "side", ".")) for n in names)
+
+
+def test_the_closure_follows_them_into_every_file(tmp_path: Path) -> None:
+    leaf = tree(tmp_path)
+    found = {p.relative_to(tmp_path.resolve()).as_posix() for p in import_closure(leaf, [tmp_path])}
+    expected = {"top/mid/low/leaf.py", "top/mid/low/near.py", "top/mid/two.py", "top/side/three.py"}
+    assert expected | {"top/__init__.py", "top/mid/__init__.py", "top/side/__init__.py"} <= found
