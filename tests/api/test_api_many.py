@@ -175,7 +175,8 @@ def test_repair_bn_recomputes_the_running_statistics() -> None:
         ({"kind": "repair", "endpoints": []}, r"^endpoints: kind='repair' needs the merged models"),
         ({"kind": "repair", "endpoints": [{"x": torch.zeros(1)}]}, r"^endpoints\[0\]: tensor names differ"),
         ({"samples": 0}, r"^samples must be a positive number"),
-        ({"endpoints": ["a", "b"]}, r"^endpoints\[0\] must be an nn.Module or a state dict"),
+        ({"endpoints": [1, 2]}, r"^endpoints\[0\] must be an nn.Module, a state dict of tensors or a Hugging Face"),
+        ({"endpoints": ["a", "b"]}, r"^endpoints\[0\]: a is not a Hugging Face checkpoint folder \(no config.json"),
     ],
 )
 def test_repair_refuses_bad_calls_in_one_line(kwargs: dict, message: str) -> None:
