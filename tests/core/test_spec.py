@@ -105,3 +105,19 @@ def test_groups_inverse_view_and_stats() -> None:
     )
     assert spec.groups == {"P": [("a.weight", 0), ("a.running_mean", 0), ("b.weight", 1)]}
     assert set(spec.matched({"a.weight": 1, "a.running_mean": 2, "b.weight": 3})) == {"a.weight", "b.weight"}
+
+
+def test_a_permuted_state_dict_keeps_the_module_versions_load_state_dict_reads():
+    """torchvision's MNASNet refuses a state dict without its version metadata: the permuted one (core and
+    API alike) carries the original's, so it loads; a plain dict stays a plain dict."""
+    import torchvision
+
+    import lmclab
+    from lmclab.trace import trace_spec
+
+    a, b = torchvision.models.mnasnet0_5(num_classes=10).eval(), torchvision.models.mnasnet0_5(num_classes=10).eval()
+    spec, state = trace_spec(a, torch.zeros(2, 3, 32, 32)), a.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(0))
+    a.load_state_dict(apply_permutation(spec, perm, state))
+    b.load_state_dict(lmclab.find_permutation(a, b, spec=spec).apply(b))
+    assert not hasattr(apply_permutation(spec, perm, dict(state)), "_metadata")

@@ -18,7 +18,7 @@ from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
-from lmclab.core.spec import Params, PermutationSpec
+from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a Hugging Face folder
 Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
@@ -37,7 +37,7 @@ def params_of(model: Model, name: str, device: torch.device) -> Params:
         raise TypeError(
             f"{name} must be an nn.Module, a state dict of tensors or a Hugging Face folder, got {type(model).__name__}"
         )
-    return {k: v.detach().to(device) for k, v in state.items()}
+    return with_metadata({k: v.detach().to(device) for k, v in state.items()}, state)
 
 
 def _folder(path: str | os.PathLike, name: str) -> tuple[Params, nn.Module]:

@@ -20,6 +20,7 @@ the residual-block builders :func:`basic_block` and :func:`bottleneck`, looped o
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -255,7 +256,18 @@ def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params:
             if entry_groups(entry):
                 value = value.index_select(axis, axis_index(entry, perm, value.shape[axis]).to(value.device))
         out[name] = value
-    return out
+    return with_metadata(out, params)
+
+
+def with_metadata(out: Params, like: Mapping[str, Tensor]) -> Params:
+    """``out`` carrying ``like``'s state-dict metadata (the module versions that ``load_state_dict`` reads:
+    torchvision's MNASNet refuses a state dict without them)."""
+    meta = getattr(like, "_metadata", None)
+    if meta is None:
+        return out
+    kept = OrderedDict(out)
+    kept._metadata = meta  # type: ignore[attr-defined]
+    return kept
 
 
 def invert(perm: Mapping[str, Tensor]) -> Permutation:
