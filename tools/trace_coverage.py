@@ -42,7 +42,6 @@ OUT, DOCS = ROOT / "reports" / "coverage.json", ROOT / "docs" / "architectures.m
 START = "<!-- coverage table: generated from reports/coverage.json by tools/trace_coverage.py --docs -->"
 END = "<!-- end of coverage table -->"
 IMAGE = (3, 32, 32)
-IMAGE64, IMAGE96 = (3, 64, 64), (3, 96, 96)  # AlexNet and SqueezeNet pool too far for 32 px; Inception needs 75+
 SWIN_IMAGE = (3, 56, 56)  # timm's Swin: 14 × 14 tokens of 4 × 4 pixels, windows of 7
 TEXT = (8,)  # token ids of a sequence of 8
 
@@ -95,19 +94,8 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "torchvision:regnet_y_400mf": (torchvision_model("regnet_y_400mf"), IMAGE),
     "torchvision:densenet121": (torchvision_model("densenet121"), IMAGE),
     "torchvision:vit_b_16": (torchvision_model("vit_b_16", image_size=32), IMAGE),
-    "torchvision:resnet50": (torchvision_model("resnet50"), IMAGE),
-    "torchvision:wide_resnet50_2": (torchvision_model("wide_resnet50_2"), IMAGE),
-    "torchvision:resnext50_32x4d": (torchvision_model("resnext50_32x4d"), IMAGE),
-    "torchvision:regnet_x_400mf": (torchvision_model("regnet_x_400mf"), IMAGE),
-    "torchvision:alexnet": (torchvision_model("alexnet"), IMAGE64),
-    "torchvision:googlenet": (torchvision_model("googlenet", aux_logits=False, init_weights=True), IMAGE),
-    "torchvision:inception_v3": (torchvision_model("inception_v3", aux_logits=False, init_weights=True), IMAGE96),
-    "torchvision:mobilenet_v2": (torchvision_model("mobilenet_v2"), IMAGE),
-    "torchvision:squeezenet1_0": (torchvision_model("squeezenet1_0"), IMAGE64),
-    "torchvision:mnasnet0_5": (torchvision_model("mnasnet0_5"), IMAGE),
     "torchvision:shufflenet_v2_x0_5": (torchvision_model("shufflenet_v2_x0_5"), IMAGE),
     "torchvision:swin_t": (torchvision_model("swin_t"), IMAGE),
-    "torchvision:maxvit_t": (torchvision_model("maxvit_t"), (3, 224, 224)),
     "transformers:GPT2LMHeadModel": (transformers_model("GPT2LMHeadModel", "GPT2Config", **GPT2), TEXT),
     "transformers:BertForMaskedLM": (transformers_model("BertForMaskedLM", "BertConfig", hidden_size=32), TEXT),
     "transformers:ViTForImageClassification": (

@@ -302,3 +302,34 @@ def test_what_it_cannot_follow_on_packed_qkv_is_refused_in_one_line(name):
 def test_with_partial_a_refused_packed_tensor_leaves_every_part_unpermuted():
     spec = trace_spec(Packed(REFUSED["sum-over-parts"][0]), torch.zeros(2, 9, 16), partial=True)
     assert spec.axes["qkv.weight"][0] is None and not spec.heads
+
+
+class SplitQKV(torch.nn.Module):
+    """q, k, v split from one projection by ``torch.split`` in the module's own code (GPT-2's pattern, fx)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = torch.split(self.qkv(x), 16, dim=-1)
+        b, t = x.shape[:2]
+        q, k, v = (z.reshape(b, t, 4, 4).transpose(1, 2) for z in (q, k, v))
+        o = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        return self.out(o.transpose(1, 2).reshape(b, t, 16)) + x
+
+
+def test_a_split_projection_traced_by_fx_is_three_groups_and_keeps_the_function():
+    from lmclab.core.spec import apply_permutation, random_permutation
+
+    torch.manual_seed(0)
+    model = SplitQKV().double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    rows = spec.axes["qkv.weight"][0]
+    assert [s.length for s in rows] == [16, 16, 16] and rows[0].group == rows[1].group != rows[2].group
+    state = model.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads)
+    twin = SplitQKV().double()
+    twin.load_state_dict(apply_permutation(spec, perm, state))
+    assert torch.allclose(model(x), twin(x), rtol=1e-12, atol=1e-12)

@@ -107,7 +107,8 @@ class CallRules:
         """Pieces along ``dim`` (module docstring); each ``pieces[i]`` is read by ``operator.getitem``."""
         x, size = node.args[:2]
         dim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(self.shape(x))
-        lengths = [v.shape[dim] for v in node.meta["val"]]
+        pieces = node.meta.get("val") or node.meta.get("tensor_meta")  # export's values, or ShapeProp's metadata
+        lengths = [v.shape[dim] for v in pieces]
         if dim not in self.live(t_in):
             self.unbound[node] = [t_in] * len(lengths)
         elif (parts := self.parts(t_in.at(dim), lengths)) is None:
