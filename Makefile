@@ -2,12 +2,13 @@
 #   make pipeline   install everything pinned in requirements.lock, then `dvc repro` the default params.yaml
 #   make test       install the same, then run the whole test suite (slow tests included)
 # and, after a run, `make metrics-diff` (headline metrics vs the committed ones, docs/comparing.md);
-# `make docs` builds the documentation site into site/; `make ci` is what CI runs (.ci/run).
+# `make docs` builds the documentation site into site/; `make ci` is what CI runs (.ci/run);
+# `make mutation` measures how many planted bugs the tests catch (docs/testing.md).
 PYTHON ?= python3
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup pipeline test metrics-diff docs ci bench lock
+.PHONY: setup pipeline test metrics-diff docs ci bench lock mutation
 
 setup: $(VENV)/.installed .dvc/offline_plots.html
 
@@ -47,6 +48,16 @@ pipeline: setup
 # pytest exits 5 when it collects no test; that is not a failure of the suite
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+
+# mutation testing (tools/mutation.py, docs/testing.md): MODULES are packages (core), modules
+# (lmclab.core.spec) or files; none given: the library modules changed since SINCE. SAMPLE mutants are
+# drawn per package with SEED (0: all). Writes reports/mutation/results.json and docs/mutation.md
+MODULES ?=
+SINCE ?= HEAD~1
+SAMPLE ?= 0
+SEED ?= 0
+mutation: setup
+	$(VENV)/bin/python tools/mutation.py $(MODULES) --since $(SINCE) --sample $(SAMPLE) --seed $(SEED)
 
 # DIFF_ARGS e.g. "--baseline main" or "--baseline my-exp --new other-exp"; exits 1 beyond tolerance
 metrics-diff: setup

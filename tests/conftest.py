@@ -39,6 +39,16 @@ TORCHRUN_ENV = (
 )
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under `make mutation` (tools/mutation.py), mutmut records which test calls which library function
+    while MUTANT_UNDER_TEST=stats, in this process only (it keeps the mode in the process as well): a
+    process a test starts (the `lmclab` command, a stage) runs the library plainly instead of failing to
+    find mutmut's configuration from its own folder. When a mutant is tested, the processes inherit its
+    name and run it too."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        del os.environ["MUTANT_UNDER_TEST"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def clean_environment() -> Iterator[None]:
     """Tests never depend on the caller's environment: its LMCLAB_* and torchrun variables are removed for

@@ -27,13 +27,33 @@ def mlp(width=16):
 
 
 def lmclab(cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    """The installed command when there is one (``make setup``), else ``python -m lmclab``."""
+    """The installed command when there is one (``make setup``), else ``python -m lmclab``. Under
+    `make mutation` (mutmut's trampolines import mutmut) the command runs in this process through typer's
+    runner instead, so that mutmut sees which of the command's functions a test reaches."""
+    proc = _in_process(cwd, args) if "mutmut" in sys.modules else _in_a_shell(cwd, args)
+    assert (proc.returncode == 0) == ok, f"{args}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _in_a_shell(cwd: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess:
     script = Path(sys.executable).parent / "lmclab"
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "lmclab"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("src"))}
-    proc = subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, env=env)
-    assert (proc.returncode == 0) == ok, f"{args}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def _in_process(cwd: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess:
+    from typer.testing import CliRunner
+
+    from lmclab.cli import app
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, list(args))
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,193 @@
+"""`make mutation` (tools/mutation.py): which modules it mutates, how it draws a sample, how a kill rate
+is counted (equivalent mutants set apart only while their diff is the one judged), that the committed
+page is what the committed results give, and one real mutmut run on a toy project."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import typer
+from dvc_repo import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import mutation  # noqa: E402
+import mutation_report as report  # noqa: E402
+
+
+def test_targets_named_as_package_module_or_file() -> None:
+    core = mutation.resolve_targets(["core"], ROOT, "HEAD")
+    assert Path("src/lmclab/core/spec.py") in core and all(str(p).startswith("src/lmclab/core/") for p in core)
+    assert mutation.resolve_targets(["lmclab.core.spec"], ROOT, "HEAD") == [Path("src/lmclab/core/spec.py")]
+    assert mutation.resolve_targets(["core.spec"], ROOT, "HEAD") == [Path("src/lmclab/core/spec.py")]
+    assert mutation.resolve_targets(["src/lmclab/core/spec.py"], ROOT, "HEAD") == [Path("src/lmclab/core/spec.py")]
+    with pytest.raises(typer.BadParameter, match="'nowhere' is no package, module or file"):
+        mutation.resolve_targets(["nowhere"], ROOT, "HEAD")
+    with pytest.raises(typer.BadParameter, match="is no package"):  # a file outside the library
+        mutation.resolve_targets(["tools/mutation.py"], ROOT, "HEAD")
+
+
+def _git_project(tmp: Path) -> Path:
+    for rel, text in {"src/lmclab/a.py": "x = 1\n", "src/lmclab/b.py": "y = 2\n", "README.md": "r\n"}.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
+    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"]):
+        subprocess.run(["git", *cmd], cwd=tmp, check=True)
+    return tmp
+
+
+def test_targets_default_to_the_modules_changed_since_a_commit(tmp_path: Path) -> None:
+    root = _git_project(tmp_path)
+    assert mutation.resolve_targets([], root, "HEAD") == []
+    (root / "src/lmclab/b.py").write_text("y = 3\n")
+    (root / "README.md").write_text("changed, not a module\n")
+    assert mutation.resolve_targets([], root, "HEAD") == [Path("src/lmclab/b.py")]
+    with pytest.raises(typer.BadParameter, match="git diff nosuchref"):
+        mutation.resolve_targets([], root, "nosuchref")
+
+
+def test_the_work_copy_follows_the_tree(tmp_path: Path) -> None:
+    root = _git_project(tmp_path / "p")
+    work = tmp_path / "w"
+    mutation.sync_worktree(root, work)
+    assert (work / "src/lmclab/a.py").read_text() == "x = 1\n"
+    (root / "src/lmclab/a.py").write_text("x = 10\n")  # changed, and a new untracked file
+    (root / "src/lmclab/c.py").write_text("z = 0\n")
+    (root / "src/lmclab/b.py").unlink()
+    (work / "mutants").mkdir()
+    (work / "mutants/keep").write_text("mutmut's own")
+    mutation.sync_worktree(root, work)
+    assert (work / "src/lmclab/a.py").read_text() == "x = 10\n" and (work / "src/lmclab/c.py").is_file()
+    assert not (work / "src/lmclab/b.py").exists() and (work / "mutants/keep").is_file()
+
+
+def test_the_draw_is_per_package_and_seeded() -> None:
+    mutants = {
+        "lmclab.core.a": [f"lmclab.core.a.x_f__mutmut_{i}" for i in range(30)],
+        "lmclab.core.b": [f"lmclab.core.b.x_g__mutmut_{i}" for i in range(30)],
+        "lmclab.api.c": [f"lmclab.api.c.x_h__mutmut_{i}" for i in range(5)],
+    }
+    drawn = mutation.draw(mutants, 10, seed=0)
+    assert sum(n.startswith("lmclab.core.") for n in drawn) == 10  # 10 of core's 60, not 10 per module
+    assert sum(n.startswith("lmclab.api.") for n in drawn) == 5  # a package smaller than the sample: all
+    assert drawn == mutation.draw(mutants, 10, seed=0) and drawn != mutation.draw(mutants, 10, seed=1)
+    assert len(mutation.draw(mutants, 0, seed=0)) == 65
+
+
+def _results(survivor_diff: str) -> dict:
+    record = {
+        "mutants": 40,
+        "tested": 10,
+        "killed": 6,
+        "timeout": 1,
+        "crashed": 0,
+        "survived": 2,
+        "no tests": 1,
+        "suspicious": 0,
+        "not run": 0,
+        "wall_seconds_per_mutant": 9.0,
+        "survivors": [
+            {"mutant": "lmclab.core.a.x_f__mutmut_1", "status": "survived", "diff": survivor_diff},
+            {"mutant": "lmclab.core.a.x_f__mutmut_2", "status": "survived", "diff": "-a\n+b"},
+            {"mutant": "lmclab.core.a.x_f__mutmut_3", "status": "no tests", "diff": "-c\n+d"},
+        ],
+    }
+    return {"modules": {"lmclab.core.a": record}, "runs": []}
+
+
+def test_the_kill_rate_sets_apart_equivalent_mutants_only_while_their_diff_holds() -> None:
+    judged = {"lmclab.core.a.x_f__mutmut_1": {"reason": "same value", "diff": "-x = 1\n+x = 1.0"}}
+    (row,) = report.package_rows(_results("-x = 1\n+x = 1.0"), judged)
+    assert row["equivalent"] == 1 and row["rate"] == pytest.approx(100 * 7 / 9)  # timeouts count as caught
+    assert row["full_hours"] == pytest.approx(40 * 9.0 / 3600)  # every mutant of the module at 9 s each
+    (row,) = report.package_rows(_results("-x = 1\n+x = 2"), judged)  # the function changed since
+    assert row["equivalent"] == 0 and row["rate"] == pytest.approx(100 * 7 / 10)
+    (row,) = report.package_rows(_results("-x = 1\n+x = 1.0"), {})
+    assert row["rate"] == pytest.approx(70.0)
+
+
+def test_mutmut_exit_codes_read_as_statuses() -> None:
+    meta = {"m": {"exit_code_by_key": {"a": 1, "b": 0, "c": 33, "d": -24, "e": 36, "f": None, "g": 99}}}
+    assert [report.status(meta, k) for k in "abcdefg"] == [
+        "killed",
+        "survived",
+        "no tests",
+        "timeout",
+        "timeout",
+        "not run",
+        "suspicious",
+    ]
+    assert report.status(meta, "absent") == "not run"
+
+
+def test_the_page_is_what_the_committed_results_give() -> None:
+    assert (ROOT / report.PAGE).read_text() == report.render(ROOT), "run `python tools/mutation.py --render`"
+
+
+def test_every_equivalent_mutant_has_a_reason_and_its_diff() -> None:
+    for name, entry in report.equivalents(ROOT).items():
+        assert name.startswith("lmclab.") and entry["reason"].strip() and entry["diff"].strip(), name
+
+
+TOY = '''
+def clip(x, lo=0, hi=10):
+    """x limited to [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+'''
+TOY_TESTS = """
+from lmclab.toy import clip
+
+def test_inside_and_below():
+    assert clip(5) == 5
+    assert clip(-3) == 0
+"""
+
+
+@pytest.mark.slow
+def test_a_real_run_on_a_toy_project_finds_the_untested_side(tmp_path: Path) -> None:
+    """clip's upper side is never tested: its mutants survive, the lower side's are killed."""
+    root = tmp_path / "toy"
+    for rel, text in {
+        "src/lmclab/__init__.py": "",
+        "src/lmclab/toy.py": TOY,
+        "tests/test_toy.py": TOY_TESTS,
+        "pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["src"]\n',
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text))
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "docs").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools/mutation.py"),
+            "lmclab.toy",
+            "--root",
+            str(root),
+            "--tests",
+            "tests",
+            "--jobs",
+            "1",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rec = json.loads((root / report.RESULTS).read_text())["modules"]["lmclab.toy"]
+    assert rec["tested"] == rec["mutants"] > 0 and rec["killed"] > 0 and rec["survived"] > 0
+    survived = "\n".join(s["diff"] for s in rec["survivors"])
+    assert "-    if x > hi:" in survived and "hi=11" in survived  # the untested upper side
+    assert "-        return lo" not in survived  # clip(-3) == 0 catches every change of the value returned below
+    assert "| `toy` |" in (root / report.PAGE).read_text()

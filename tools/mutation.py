@@ -1,0 +1,196 @@
+"""Mutation testing of the library with mutmut: how many plausible bugs do the tests catch?
+
+    python tools/mutation.py                       # the modules changed since HEAD~1 (all their mutants)
+    python tools/mutation.py core trace --sample 100 --seed 0    # 100 mutants drawn per package
+    python tools/mutation.py src/lmclab/core/assignment.py       # one module, all its mutants
+    python tools/mutation.py --render              # only rewrite docs/mutation.md from the results
+
+(`make mutation MODULES="core trace" SAMPLE=100`.) The working tree is copied into ``.mutation/work``
+(kept between runs, so mutmut's record of which test calls which function is collected once), mutmut
+writes each mutant into that copy behind a trampoline, and a fork server runs, for each mutant, only the
+tests that called the mutated function (stopping at the first failure). The per-module counts and the
+surviving diffs go into ``reports/mutation/results.json``; ``docs/mutation.md`` is rendered from it.
+Mutants that cannot change behaviour are listed with the reason in ``tools/mutation_equivalent.yaml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mutation_report as report  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = Path("src/lmclab")
+# tests/meta reads the repository as files (lint, docs, layers): under mutmut it would lint the trampolines;
+# slow tests run the stages in other processes, where mutmut cannot see which function a test reached
+TEST_SELECTION = ["tests", "--ignore=tests/meta", "-m", "not slow"]
+app = typer.Typer(add_completion=False)
+
+
+def resolve_targets(names: list[str], root: Path, since: str) -> list[Path]:
+    """Library modules (paths relative to ``root``) named as packages (``core``), modules
+    (``lmclab.core.spec``) or files; none named: the ``.py`` files under ``src/lmclab`` changed since ``since``."""
+    if not names:
+        out = subprocess.run(
+            ["git", "diff", "--name-only", since, "--", str(LIBRARY)], cwd=root, capture_output=True, text=True
+        )
+        if out.returncode:
+            raise typer.BadParameter(f"git diff {since}: {out.stderr.strip()}", param_hint="--since")
+        return sorted(Path(p) for p in out.stdout.split() if p.endswith(".py") and (root / p).exists())
+    found: list[Path] = []
+    for name in names:
+        rel = Path(name.removeprefix("lmclab.").replace(".", "/")) if "/" not in name else None
+        candidates = [Path(name), LIBRARY / name] + ([LIBRARY / rel, LIBRARY / f"{rel}.py"] if rel else [])
+        hit = next((c for c in candidates if (root / c).exists() and str(c).startswith(str(LIBRARY))), None)
+        if hit is None:
+            raise typer.BadParameter(f"{name!r} is no package, module or file of {LIBRARY}", param_hint="MODULES")
+        found += sorted(hit.rglob("*.py")) if (root / hit).is_dir() else [hit]
+    return sorted(set(found))
+
+
+def sync_worktree(root: Path, work: Path) -> None:
+    """Copy every tracked and untracked, not ignored file of ``root`` into ``work`` (mtimes kept, so
+    mutmut sees which sources changed since its last run), and drop the files that are gone."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    wanted = {p for p in listed if p and (root / p).is_file()}
+    for rel in wanted:
+        src, dst = root / rel, work / rel
+        if not dst.exists() or dst.stat().st_mtime != src.stat().st_mtime or dst.stat().st_size != src.stat().st_size:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    for path in work.rglob("*"):
+        rel = path.relative_to(work).as_posix()
+        if path.is_file() and not rel.startswith(("mutants/", ".git/")) and rel not in wanted:
+            path.unlink()
+
+
+def write_config(root: Path, work: Path, tests: list[str]) -> None:
+    """The project's pyproject.toml with mutmut's section: mutate the whole library (so that one stats run
+    records which test calls which function for every later choice of modules), run the tests by fork
+    server (torch is not fork-safe once its threads run), and copy what the tests read beside ``tests/``."""
+    tops = sorted({p.parts[0] for p in map(Path, os.listdir(work))} - {"src", "tests", "mutants", "pyproject.toml"})
+    section = {
+        "source_paths": ["src"],
+        "only_mutate": [f"{LIBRARY}/*"],
+        "also_copy": tops,
+        "pytest_add_cli_args_test_selection": tests,
+        "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        "process_isolation": "forkserver",
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in section.items()]
+    (work / "pyproject.toml").write_text((root / "pyproject.toml").read_text() + "\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def inside(work: Path):
+    """mutmut reads its configuration and writes ``mutants/`` relative to the working directory."""
+    here = Path.cwd()
+    os.chdir(work)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
+def generate(work: Path) -> dict[str, list[str]]:
+    """Write the mutants of the library (files unchanged since the last run are kept); module → mutant names."""
+    from mutmut.__main__ import create_mutants, set_mutant_under_test
+    from mutmut.utils.file_utils import copy_src_dir
+
+    with inside(work):
+        set_mutant_under_test("mutant_generation")
+        copy_src_dir()
+        create_mutants(os.cpu_count() or 1)
+    return {module: sorted(meta["exit_code_by_key"]) for module, meta in report.read_meta(work).items()}
+
+
+def draw(mutants: dict[str, list[str]], sample: int, seed: int) -> list[str]:
+    """Every mutant, or ``sample`` of them per package drawn with ``random.Random(f"{seed}:{package}")``."""
+    by_package: dict[str, list[str]] = {}
+    for module, names in sorted(mutants.items()):
+        by_package.setdefault(module.split(".")[1], []).extend(names)
+    chosen: list[str] = []
+    for package, names in sorted(by_package.items()):
+        chosen += random.Random(f"{seed}:{package}").sample(names, min(sample, len(names))) if sample else names
+    return sorted(chosen)
+
+
+def run_mutmut(work: Path, names: list[str], jobs: int) -> None:
+    """``mutmut run`` on the chosen mutants, one torch thread per worker (the workers share the cores)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *names]
+    proc = subprocess.run(cmd, cwd=work, env=env)
+    if proc.returncode:
+        raise SystemExit(f"mutmut run exited {proc.returncode} (its output is above)")
+
+
+def diffs(work: Path, names: list[str]) -> dict[str, str]:
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    with inside(work):
+        return {name: get_diff_for_mutant(name) for name in names}
+
+
+def run(root: Path, targets: list[Path], tests: list[str], work: Path, sample: int, seed: int, jobs: int) -> None:
+    """Mutate ``targets`` in a copy of ``root``, test the drawn mutants, merge the results and render the page."""
+    work.mkdir(parents=True, exist_ok=True)
+    sync_worktree(root, work)
+    write_config(root, work, tests)
+    mutants = generate(work)
+    mutants = {m: n for m, n in mutants.items() if report.module_path(m) in {str(t) for t in targets}}
+    chosen = draw(mutants, sample, seed)
+    print(f"mutation: {len(chosen)} of {sum(map(len, mutants.values()))} mutants in {len(targets)} modules")
+    start = time.monotonic()
+    run_mutmut(work, chosen, jobs)
+    seconds = time.monotonic() - start
+    meta = report.read_meta(work)
+    survivors = [n for n in chosen if report.status(meta, n) not in report.DETECTED]
+    run = {
+        "command": "python tools/mutation.py " + " ".join(sys.argv[1:]),
+        "seconds": round(seconds, 1),
+        "jobs": jobs,
+        "sample": sample,
+        "seed": seed,
+        "mutants_run": len(chosen),
+    }
+    report.update(root, run, mutants, chosen, meta, diffs(work, survivors))
+    report.write_page(root)
+
+
+@app.command()
+def main(
+    modules: list[str] = typer.Argument(None, help="packages (core), modules (lmclab.core.spec) or files"),
+    since: str = typer.Option("HEAD~1", help="with no MODULES: the library modules changed since this commit"),
+    sample: int = typer.Option(0, min=0, help="mutants drawn per package (0: every mutant)"),
+    seed: int = typer.Option(0, help="seed of the draw"),
+    jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="mutants tested at once"),
+    tests: list[str] = typer.Option(TEST_SELECTION, help="pytest arguments choosing the tests mutmut may run"),
+    work: Path = typer.Option(None, help="the copy mutmut works in, kept between runs [ROOT/.mutation/work]"),
+    root: Path = typer.Option(ROOT, help="the project (a git checkout with src/lmclab and tests)"),
+    render_only: bool = typer.Option(False, "--render", help="only rewrite docs/mutation.md from the results"),
+) -> None:
+    root = root.resolve()
+    if render_only:
+        report.write_page(root)
+        return
+    targets = resolve_targets(modules or [], root, since)
+    if not targets:
+        raise typer.BadParameter(f"no library module changed since {since}", param_hint="MODULES")
+    run(root, targets, tests, (work or root / ".mutation/work").resolve(), sample, seed, jobs)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,194 @@
+"""The results of `tools/mutation.py`: mutmut's per-module records read back, merged into the committed
+``reports/mutation/results.json`` and rendered as ``docs/mutation.md`` (never typed by hand;
+tests/meta/test_mutation_tool.py checks that the page is what the results give).
+
+A module's kill rate is (killed + timed out) / (mutants tested − equivalent): a mutant that makes a test
+hang or crash is caught as surely as one that fails an assertion; one that no test calls is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from ruamel.yaml import YAML
+
+RESULTS = Path("reports/mutation/results.json")
+EQUIVALENT = Path("tools/mutation_equivalent.yaml")
+PAGE = Path("docs/mutation.md")
+# mutmut's exit codes (mutmut.stats.status_by_exit_code) in the words of the report
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -9: "timeout",
+    -11: "crashed",
+    None: "not run",
+}
+DETECTED = {"killed", "timeout", "crashed"}
+COUNTS = ("killed", "timeout", "crashed", "survived", "no tests", "suspicious", "not run")
+GOAL = 90.0  # per cent of the non-equivalent mutants killed, per package
+
+
+def read_meta(work: Path) -> dict[str, dict]:
+    """mutmut's record of each mutated module under ``work/mutants``: module name → its ``.meta`` JSON."""
+    out = {}
+    for meta in sorted((work / "mutants/src").rglob("*.py.meta")):
+        rel = meta.relative_to(work / "mutants/src").with_suffix("").with_suffix("")
+        out[".".join(rel.parts)] = json.loads(meta.read_text())
+    return out
+
+
+def module_path(module: str) -> str:
+    return "src/" + module.replace(".", "/") + ".py"
+
+
+def status(meta: dict[str, dict], name: str) -> str:
+    for record in meta.values():
+        if name in record["exit_code_by_key"]:
+            return STATUS.get(record["exit_code_by_key"][name], "suspicious")
+    return "not run"
+
+
+def equivalents(root: Path) -> dict[str, dict]:
+    """Mutant name → {reason, diff}: the diff recorded when the mutant was judged equivalent. An entry whose
+    mutant now has another diff (its function changed, the numbering moved) no longer counts."""
+    path = root / EQUIVALENT
+    entries = YAML(typ="safe").load(path.read_text()) if path.is_file() else None
+    return {e["mutant"]: e for e in entries or []}
+
+
+def machine() -> str:
+    info = Path("/proc/cpuinfo")
+    names = (
+        [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")]
+        if info.is_file()
+        else []
+    )
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+
+
+def commit(root: Path) -> str:
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "src", "tests"], cwd=root, capture_output=True, text=True)
+    return sha.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def module_record(names: list[str], chosen: set[str], meta: dict, diffs: dict[str, str]) -> dict:
+    """Counts over the module's tested mutants and each survivor's diff."""
+    tested = [n for n in names if n in chosen]
+    record: dict = {"mutants": len(names), "tested": len(tested)} | {c: 0 for c in COUNTS}
+    for name in tested:
+        record[status(meta, name)] += 1
+    record["survivors"] = [{"mutant": n, "status": status(meta, n), "diff": diffs[n]} for n in tested if n in diffs]
+    return record
+
+
+def update(root: Path, run: dict, mutants: dict[str, list[str]], chosen: list[str], meta: dict, diffs: dict) -> None:
+    """Merge this run's modules into the committed results (a module's record is replaced whole)."""
+    path = root / RESULTS
+    results = json.loads(path.read_text()) if path.is_file() else {"modules": {}, "runs": []}
+    stamp = {"commit": commit(root), "date": time.strftime("%Y-%m-%d"), "machine": machine()}
+    per_mutant = run["seconds"] / max(run["mutants_run"], 1)  # wall seconds, all workers together
+    for module, names in mutants.items():
+        results["modules"][module] = (
+            module_record(names, set(chosen), meta, diffs) | stamp | {"wall_seconds_per_mutant": round(per_mutant, 2)}
+        )
+    results["runs"].append(run | stamp)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def package_rows(results: dict, equivalent: dict[str, dict]) -> list[dict]:
+    """One row per package: its modules' counts added up, equivalent mutants set apart, the kill rate."""
+    rows: dict[str, dict] = {}
+    for module, rec in sorted(results["modules"].items()):
+        row = rows.setdefault(
+            module.split(".")[1],
+            {"mutants": 0, "tested": 0, "equivalent": 0, "full_hours": 0.0} | {c: 0 for c in COUNTS},
+        )
+        for key in ("mutants", "tested", *COUNTS):
+            row[key] += rec[key]
+        row["full_hours"] += rec["mutants"] * rec["wall_seconds_per_mutant"] / 3600
+        for s in rec["survivors"]:
+            e = equivalent.get(s["mutant"])
+            if e and e["diff"].strip() == s["diff"].strip():
+                row["equivalent"] += 1
+    for row in rows.values():
+        judged = row["tested"] - row["equivalent"] - row["not run"]
+        row["rate"] = 100.0 * (row["killed"] + row["timeout"] + row["crashed"]) / judged if judged else float("nan")
+    return [{"package": p} | r for p, r in sorted(rows.items())]
+
+
+def render(root: Path) -> str:
+    results = json.loads((root / RESULTS).read_text())
+    equivalent = equivalents(root)
+    head = (
+        "| package | mutants | tested | killed | timed out | survived | no test | equivalent | killed % "
+        "| every mutant, h |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| `{r['package']}` | {r['mutants']} | {r['tested']} | {r['killed']} | {r['timeout'] + r['crashed']} "
+        f"| {r['survived'] + r['suspicious']} | {r['no tests']} | {r['equivalent']} | "
+        f"{'**' if r['rate'] >= GOAL else ''}{r['rate']:.1f}{'**' if r['rate'] >= GOAL else ''} | "
+        f"{r['full_hours']:.1f} |"
+        for r in package_rows(results, equivalent)
+    ]
+    runs = [
+        f"- `{r['command']}`: {r['mutants_run']} mutants in {r['seconds']:.0f} s with {r['jobs']} workers, "
+        f"at {r['commit']} on {r['date']} ({r['machine']})"
+        for r in results["runs"]
+    ]
+    survivors = []
+    for module, rec in sorted(results["modules"].items()):
+        live = [
+            s for s in rec["survivors"] if equivalent.get(s["mutant"], {}).get("diff", "").strip() != s["diff"].strip()
+        ]
+        if live:
+            survivors.append(f"\n### `{module}`\n")
+            survivors += [f"`{s['mutant']}` ({s['status']}):\n\n```diff\n{s['diff'].strip()}\n```\n" for s in live]
+    equiv = [f"- `{name}`: {e['reason']}" for name, e in sorted(equivalent.items())]
+    text = (
+        ROOT_PAGE_HEAD
+        + head
+        + "\n"
+        + "\n".join(rows)
+        + "\n\n## Runs\n\n"
+        + "\n".join(runs)
+        + "\n\n## Equivalent mutants\n\n"
+        + ("\n".join(equiv) or "None listed.")
+        + "\n\n## Surviving mutants\n"
+        + ("\n".join(survivors) or "\nNone.\n")
+    )
+    return text.rstrip() + "\n"
+
+
+def write_page(root: Path) -> None:
+    (root / PAGE).write_text(render(root))
+
+
+ROOT_PAGE_HEAD = """# Mutation testing
+
+<!-- generated by `python tools/mutation.py --render` from reports/mutation/results.json; do not edit -->
+
+How many plausible bugs does the suite catch? `make mutation` plants one small change at a time in the
+library (an operator, a constant, a comparison, a dropped argument: [mutmut](https://mutmut.readthedocs.io)'s
+mutants) and runs the tests that call the changed function; a mutant is *killed* when one of them fails.
+[Testing and benchmarks](testing.md#mutation-testing) says how to run it and why mutmut.
+The table is per package, over the mutants tested (every mutant, or a seeded sample where a package has
+thousands); killed % = (killed + timed out) / (tested − equivalent), the goal is {goal:.0f} %. The last
+column is what testing every mutant of the package would take at the sample's wall seconds per mutant.
+
+""".replace("{goal:.0f}", f"{GOAL:.0f}")
