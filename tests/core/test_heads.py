@@ -291,3 +291,10 @@ def test_hard_headed_permutation_maximises_the_log_soft_weight_by_brute_force(se
     hard = hard_permutation(scores, tau=0.5, n_iter=5, heads=HEADS)
     assert all(torch.equal(hard[g], best[g]) for g in best)
     assert torch.equal(hard["P"], solve_assignment(scores["P"]))
+
+
+def test_a_tied_group_whose_units_do_not_split_into_its_heads_is_named():
+    heads = {"A": Heads(3, "S"), "B": Heads(3, "S")}
+    costs = {"A": torch.randn(6, 6), "B": torch.randn(7, 7)}
+    with pytest.raises(ValueError, match=r"^group 'B': 7 units do not split into 3 heads of equal size$"):
+        solve_tied(costs, heads, solve_assignment)

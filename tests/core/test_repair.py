@@ -12,10 +12,12 @@ from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
 from lmclab.core.merge import lerp_params
 from lmclab.core.repair import (
+    Moments,
     RepairAt,
     repair_interpolated,
     repair_merged,
     repair_points,
+    rescale,
     unit_statistics,
 )
 from lmclab.core.spec import apply_permutation, random_permutation
@@ -205,3 +207,43 @@ def test_repair_merged_refuses_bad_weights_in_one_line(weights, match):
     model, _, params_a, params_b, data = _setup("mlp")
     with pytest.raises(ValueError, match=match):
         repair_merged(model, [params_a, params_b], data, weights=weights)
+
+
+def test_a_unit_with_zero_mean_and_zero_std_is_dead_not_divided_by_zero():
+    """The dead-unit threshold σ_m ≤ 64·eps·|μ_m| includes its boundary: an all-zero unit (σ_m = μ_m = 0)
+    keeps s = 1 and only moves its mean; a live unit gets s = σ_t / σ_m (closed form, off λ = ½)."""
+    weight = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    params = {"fc.weight": weight, "fc.bias": torch.tensor([0.5, -1.0], dtype=torch.float64)}
+    merged = Moments(
+        mean=torch.tensor([0.0, 1.0], dtype=torch.float64), std=torch.tensor([0.0, 2.0], dtype=torch.float64)
+    )
+    target = Moments(
+        mean=torch.tensor([5.0, 6.0], dtype=torch.float64), std=torch.tensor([3.0, 0.5], dtype=torch.float64)
+    )
+    out = rescale(params, "fc", merged, target)
+    assert torch.equal(out["fc.weight"], torch.tensor([[1.0, 2.0], [0.75, 1.0]], dtype=torch.float64))
+    assert torch.equal(out["fc.bias"], torch.tensor([0.5 + 5.0, 0.25 * (-1.0 - 1.0) + 6.0], dtype=torch.float64))
+
+
+def test_repair_merged_refuses_no_models_and_repair_at_takes_batches_of_one():
+    model, _, params_a, params_b, data = _setup("mlp")
+    with pytest.raises(ValueError, match=r"^aligned must hold at least one model, got none$"):
+        repair_merged(model, [], data)
+    one = RepairAt(model, data, batch_size=1)(params_a, params_b, 0.3)  # the smallest batch is allowed
+    full = RepairAt(model, data, batch_size=len(data))(params_a, params_b, 0.3)
+    assert all(torch.allclose(one[k], full[k], atol=1e-9) for k in full)
+
+
+def test_measuring_with_repair_says_which_repair_and_keeps_the_unrepaired_barriers():
+    from lmclab.core.interpolation import measure_pair_with_repair
+
+    model, spec, params_a, params_b, data = _setup("mlp")
+    lams, splits = [0.0, 0.3, 0.5, 1.0], {"test": data}
+    rows, summary = measure_pair_with_repair(
+        spec, model, params_a, params_b, params_b, lams, splits, repair=None, repair_at=RepairAt(model, data)
+    )
+    assert summary["ln_repair"] is True and summary["bn_repair"] is False
+    assert {k for k in summary if k.startswith("norepair_")} and [r["repair"] for r in rows].count(True) == len(lams)
+    plain_rows, plain = measure_pair_with_repair(spec, model, params_a, params_b, params_b, lams, splits, repair=None)
+    assert plain["ln_repair"] is False and plain["bn_repair"] is False
+    assert not any(k.startswith("norepair_") for k in plain) and not any(r["repair"] for r in plain_rows)

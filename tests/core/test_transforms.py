@@ -155,7 +155,8 @@ def test_errors_are_one_line():
     vit_config = make_config("vit", input_shape=(1, 28, 28), num_classes=10, patch_size=7, width=8, heads=2, depth=1)
     vit = build_model("vit", vit_config).state_dict()
     vit_spec = get_arch("vit").permutation_spec(vit_config)
-    with pytest.raises(ValueError, match=r"^group '\w+' is headed: a general linear map would mix attention heads"):
+    assert sorted(vit_spec.heads) == ["P_qk_0", "P_vo_0"]  # the first in order is named
+    with pytest.raises(ValueError, match=r"^group 'P_qk_0' is headed: a general linear map would mix attention heads"):
         transform_merge(vit_spec, [vit, vit], [{}, {}], [{}, {}])
 
 

@@ -1,0 +1,55 @@
+"""The arithmetic of data parallelism without a process group: W simulated processes (a World whose
+all-reduce adds up what every rank contributed) give what one process computes on the whole split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch import nn
+
+from lmclab.core.data import Split
+from lmclab.core.distributed import World, evaluate_sharded, join_world, shard_split
+from lmclab.core.evaluate import evaluate
+
+
+@dataclass(frozen=True)
+class Simulated(World):
+    """Rank ``rank`` of ``size``: ``all_sum`` returns the sums that ``totals`` holds for its call number."""
+
+    totals: list = field(default_factory=list)
+    seen: list = field(default_factory=list)
+
+    def all_sum(self, *values: float) -> list[float]:
+        self.seen.append(values)
+        return list(self.totals[len(self.seen) - 1]) if self.totals else list(values)
+
+
+def _sharded(model, params, split, size):
+    """Two passes: each rank's contributions, then each rank's result given their sums."""
+    ranks = [Simulated(rank=r, size=size) for r in range(size)]
+    for world in ranks:
+        evaluate_sharded(model, params, split, world)
+    sums = [[sum(v) for v in zip(*(w.seen[0] for w in ranks), strict=True)]]
+    return [evaluate_sharded(model, params, split, Simulated(rank=r, size=size, totals=sums)) for r in range(size)]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_unequal_shards_evaluate_to_the_whole_split(size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3)).double()
+    params = dict(model.named_parameters())
+    split = Split(torch.randn(7, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2, 1]))  # 7 = 4 + 3, 3 + 2 + 2
+    whole = evaluate(model, params, split)
+    for result in _sharded(model, params, split, size):
+        assert result.loss == pytest.approx(whole.loss, rel=1e-12) and result.acc == pytest.approx(whole.acc)
+    shards = [shard_split(split, World(rank=r, size=size)) for r in range(size)]
+    assert torch.equal(torch.cat([s.x for s in shards]), split.x) and torch.equal(
+        torch.cat([s.y for s in shards]), split.y
+    )
+
+
+def test_a_world_needs_cpu_or_cuda():
+    with pytest.raises(ValueError, match=r"^device: data-parallel runs need cpu or cuda, got 'mps'$"):
+        join_world(0, 2, 0, "mps")
