@@ -106,9 +106,13 @@ def update(root: Path, run: dict, mutants: dict[str, list[str]], chosen: list[st
         results["modules"][module] = (
             module_record(names, set(chosen), meta, diffs) | stamp | {"wall_seconds_per_mutant": round(per_mutant, 2)}
         )
-    results["runs"].append(run | stamp)
+    this = {"modules": {m: results["modules"][m] for m in mutants}}
+    rates = {r["package"]: round(r["rate"], 1) for r in package_rows(this, equivalents(root))}
+    results["runs"].append(run | stamp | {"killed_pct": rates})
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    partial = path.with_suffix(".json.partial")  # an interrupted write leaves the committed file whole
+    partial.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, path)
 
 
 def package_rows(results: dict, equivalent: dict[str, dict]) -> list[dict]:
@@ -149,6 +153,7 @@ def render(root: Path) -> str:
     runs = [
         f"- `{r['command']}`: {r['mutants_run']} mutants in {r['seconds']:.0f} s with {r['jobs']} workers, "
         f"at {r['commit']} on {r['date']} ({r['machine']})"
+        + "".join(f"; `{p}` {pct:.1f} % killed" for p, pct in sorted(r.get("killed_pct", {}).items()))
         for r in results["runs"]
     ]
     survivors = []
