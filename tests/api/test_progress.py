@@ -25,6 +25,7 @@ def test_the_curve_and_an_iterative_search_show_bars_only_when_asked(capfd) -> N
     lmclab.find_permutation(a, b, method="ste", data=data, options={"epochs": 2, "batch_size": 8}, progress=True)
     err = capfd.readouterr().err
     assert "ste:" in err and "epoch/s" in err
+    assert not err.endswith("\n") and err.rstrip(" ").endswith("\r")  # the search's bar is cleared when it ends
 
 
 def test_weight_matching_activation_matching_and_merge_many_tick_their_own_steps(capfd, monkeypatch) -> None:

@@ -53,3 +53,20 @@ def test_unequal_shards_evaluate_to_the_whole_split(size):
 def test_a_world_needs_cpu_or_cuda():
     with pytest.raises(ValueError, match=r"^device: data-parallel runs need cpu or cuda, got 'mps'$"):
         join_world(0, 2, 0, "mps")
+
+
+def test_a_cuda_world_sets_its_local_device_and_joins_over_nccl(monkeypatch):
+    """Without a GPU: the calls to CUDA and to the process group are recorded instead of made."""
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, rank, world_size: calls.append((backend, rank, world_size))
+    )
+    world = join_world(3, 4, 1, "cuda")
+    assert world == World(3, 4, torch.device("cuda", 1))
+    assert calls == [("set_device", torch.device("cuda", 1)), ("nccl", 3, 4)]
+    calls.clear()
+    assert join_world(0, 2, 0, "cpu") == World(0, 2, torch.device("cpu")) and calls == [("gloo", 0, 2)]

@@ -174,3 +174,21 @@ def test_synchronisation_of_consistent_maps_returns_them():
     scores = synchronise({(i, j): maps[(i, j)]["g"] for i, j in itertools.combinations(range(4), 2)}, 4, size)
     for i, s in enumerate(scores):
         assert torch.equal(s.argmax(1), universe[i])
+
+
+def test_each_c2m3_start_is_what_its_name_says():
+    """identity: every model at I; merge_many: the one-hot matrices of MergeMany's permutations; the
+    Sinkhorn barycenter: model 0 at I, the others at a doubly stochastic matrix within 1e-3 of uniform."""
+    from lmclab.search.merge_many import merge_many
+
+    spec, params, _ = planted(8, 3, noise=0.5)
+    sizes = spec.group_sizes(params[0])
+    found = merge_many(spec, params, generator=torch.Generator().manual_seed(1)).perms
+    starts = {init: _start(spec, params, sizes, init, torch.Generator().manual_seed(1)) for init in INITS}
+    eye = {g: torch.eye(n, dtype=torch.float64) for g, n in sizes.items()}
+    assert all(torch.equal(s[g], eye[g]) for s in starts["identity"] for g in sizes)
+    assert all(torch.equal(s[g], eye[g][p[g]]) for s, p in zip(starts["merge_many"], found, strict=True) for g in sizes)
+    bary = starts["sinkhorn_barycenter"]
+    assert all(torch.equal(bary[0][g], eye[g]) for g in sizes)
+    for g, n in sizes.items():
+        assert 0 < (bary[1][g] - 1 / n).abs().max() < 1e-3 and torch.equal(bary[1][g], bary[2][g])

@@ -543,3 +543,13 @@ def test_the_gradients_tool_writes_start_gradients_of_each_pair(tmp_path, traine
         assert rows[g]["entries"] == sum(v.numel() for v in spec.matched(b.state_dict).values())
     bad = CliRunner().invoke(app, ["--pair", str(tmp_path / "a.pt"), "--out", str(out)])
     assert bad.exit_code != 0 and "--pair: expected two checkpoint paths 'A B'" in bad.output
+
+
+def test_the_stall_message_gives_the_steps_the_largest_score_drift_and_the_lr() -> None:
+    from lmclab.search.wm_sinkhorn import WMSinkhornOptions, _stall_message
+
+    start = {"P_0": torch.zeros(2, 2), "P_1": torch.ones(3, 3)}
+    scores = {"P_0": torch.tensor([[0.0, -2e-3], [0.0, 0.0]]), "P_1": torch.full((3, 3), 1.0005)}
+    options = WMSinkhornOptions(iterations=7, lr=0.5)
+    message = _stall_message([{"epoch": 0}, {"epoch": 3}], options, scores, start)
+    assert "in 21 Adam steps (scores moved at most 0.002)" in message and "raise lr (it was 0.5)" in message

@@ -12,7 +12,7 @@ from test_validate import _params
 from torch import nn
 from torch.func import functional_call, grad
 
-from lmclab.archs import ARCHS, build_model, make_config
+from lmclab.archs import ARCHS, build_model, get_arch, make_config
 from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import aligned_midpoint
@@ -392,3 +392,26 @@ def test_batch_larger_than_data_is_one_line_error(pair: SearchProblem, method: s
         search_errors(method),
     ):
         run_search(method, pair, seed=0, options={"batch_size": 10**6})
+
+
+@pytest.mark.parametrize(
+    ("n", "fraction", "held"), [(10, 0.0, 0), (10, 0.01, 1), (10, 0.04, 1), (10, 0.3, 3), (200, 0.1, 20)]
+)
+def test_a_positive_holdout_fraction_holds_out_at_least_one_sample(n, fraction, held):
+    from lmclab.search.midpoint import n_heldout, split_holdout
+
+    assert n_heldout(n, fraction) == held
+    kept, out = split_holdout(
+        Split(torch.arange(n).float()[:, None], torch.zeros(n).long()), fraction, torch.Generator().manual_seed(0)
+    )
+    assert len(out) == held and len(kept) == n - held
+    assert sorted([*kept.x[:, 0].tolist(), *out.x[:, 0].tolist()]) == list(range(n))
+
+
+def test_init_scores_are_made_on_the_device_asked_for():
+    """The meta device stands in for a GPU: every score matrix, plain and headed, is created there."""
+    config = make_config("vit", input_shape=(1, 28, 28), num_classes=10, patch_size=7, width=8, heads=2, depth=1)
+    spec = get_arch("vit").permutation_spec(config)
+    sizes = spec.group_sizes(build_model("vit", config, seed=0).state_dict())
+    scores = init_scores(sizes, torch.Generator().manual_seed(0), torch.device("meta"), spec.heads)
+    assert scores and all(s.device.type == "meta" for s in scores.values())

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from lmclab.archs import get_arch, make_config
+from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.spec import apply_permutation, invert, random_permutation
 from lmclab.search import SearchProblem, check_method, run_search
 from lmclab.search.activation_matching import _record, activation_matching
@@ -294,3 +294,28 @@ def test_the_default_recovers_a_planted_mobilenet_where_the_identity_start_stops
         with pytest.warns(LocalOptimaWarning):
             found = weight_matching(spec, params_a, params_b)
         assert all(torch.equal(found.perm[g], invert(perm)[g]) for g in perm)
+
+
+def test_the_sorted_signature_start_reads_past_the_batchnorm_statistics_of_a_group() -> None:
+    """A BN net's group lists the running statistics (no signature) before the next layer's input
+    columns: skipping them must not end the group's cost. The first conv's units are made identical, so
+    only the next conv's columns tell them apart (a VGG with BN, a permuted copy)."""
+    from functools import partial
+
+    from lmclab.search.weight_matching import sorted_signature_start
+
+    config = make_config("vgg", input_shape=(3, 32, 32), num_classes=10, width_multiplier=0.25)
+    spec = get_arch("vgg").permutation_spec(config)
+    gen = torch.Generator().manual_seed(3)
+    params_a = {
+        k: (torch.randn(v.shape, generator=gen, dtype=torch.float64) if v.is_floating_point() else v)
+        for k, v in build_model("vgg", config, seed=0).state_dict().items()
+    }
+    entries = [name for name, _ in spec.groups["P_0"]]
+    assert entries.index("features.1.running_mean") < entries.index("features.4.weight")
+    for name in ("features.0.weight", "features.1.weight", "features.1.bias"):
+        params_a[name] = params_a[name][:1].expand_as(params_a[name]).clone()  # every unit alike
+    perm = random_permutation(spec.group_sizes(params_a), gen)
+    params_b = apply_permutation(spec, perm, params_a)
+    start = sorted_signature_start(spec, params_a, params_b, partial(solve_assignment, backend="scipy"))
+    assert torch.equal(start["P_0"], invert(perm)["P_0"])
