@@ -1,0 +1,91 @@
+"""Each refusal of the public API names the argument it is about (model_a, model_b, repair_data,
+split) and what it expected; the file readers word a failed read from the exception, cut to 120
+characters; a Hugging Face folder without transformers, or with a config that is no object, says so."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import lmclab
+from lmclab.api.files import _torch_load
+from lmclab.api.hf import _model_class
+
+
+def _bn_net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+DATA = (torch.randn(16, 6), torch.randint(0, 3, (16,)))
+
+
+@pytest.mark.parametrize("which", ["model_a", "model_b"])
+def test_a_model_that_is_neither_module_state_dict_nor_folder_is_named(which) -> None:
+    models = {"model_a": _bn_net(0), "model_b": _bn_net(1)} | {which: 42}
+    with pytest.raises(TypeError, match=rf"^{which} must be an nn.Module, a state dict of tensors or a Hugging Face"):
+        lmclab.curve(models["model_a"], models["model_b"], data=DATA, lams=3, model=_bn_net(2))
+    with pytest.raises(TypeError, match=rf"^{which} must be an nn.Module"):
+        lmclab.find_permutation(models["model_a"], models["model_b"], method="wm", model=_bn_net(2))
+
+
+def test_repair_data_and_a_missing_split_are_named() -> None:
+    with pytest.raises(TypeError, match=r"^repair_data must be a DataLoader, a Dataset, an iterable"):
+        lmclab.curve(_bn_net(0), _bn_net(1), data=DATA, lams=3, repair="bn", repair_data=42)
+    measured = lmclab.curve(_bn_net(0), _bn_net(1), data={"test": DATA}, lams=3)
+    with pytest.raises(ValueError, match=r"^split: no split 'train' in this curve; it has \['test'\]$"):
+        measured.barrier(split="train")
+
+
+class _LengthOnly:
+    def __len__(self) -> int:
+        return 3
+
+
+class _IndexOnly:
+    def __getitem__(self, i: int):
+        return DATA[0][i], DATA[1][i]
+
+
+@pytest.mark.parametrize("data", [_LengthOnly(), _IndexOnly()], ids=["len-only", "getitem-only"])
+def test_data_needs_both_len_and_getitem_to_be_read_as_a_dataset(data) -> None:
+    """Not iterable, and a map-style Dataset needs both methods: either alone is refused, by name."""
+    with pytest.raises(
+        TypeError, match=rf"^repair_data must be a DataLoader, a Dataset, .* got {type(data).__name__}$"
+    ):
+        lmclab.as_split(data, "repair_data")
+
+
+def test_an_unreadable_pytorch_file_is_worded_from_its_exception(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "m.pt"
+    path.write_bytes(b"")
+
+    def fail(message: str):
+        def load(*args, **kwargs):
+            raise RuntimeError(message)
+
+        return load
+
+    monkeypatch.setattr(torch, "load", fail(""))  # no message: the exception's type
+    with pytest.raises(
+        ValueError, match=r"m\.pt: not a readable PyTorch file \(truncated or corrupted\? RuntimeError\)$"
+    ):
+        _torch_load(path)
+    monkeypatch.setattr(torch, "load", fail("y" * 200 + "\nsecond line"))  # its first line, 120 characters
+    with pytest.raises(ValueError) as err:
+        _torch_load(path)
+    assert str(err.value).endswith("(truncated or corrupted? " + "y" * 120 + ")")
+
+
+def test_a_hugging_face_folder_needs_transformers_and_a_config_object(tmp_path, monkeypatch) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(["not", "an", "object"]))
+    with pytest.raises(ValueError, match=r"config\.json: expected a JSON object$"):
+        _model_class(tmp_path)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(ValueError, match=r"a Hugging Face folder needs transformers") as err:
+        _model_class(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path}: ")
