@@ -190,6 +190,41 @@ def run(
     report.write_page(root)
 
 
+def retest_survivors(root: Path, targets: list[Path], tests: list[str], work: Path, jobs: int) -> None:
+    """Run the committed survivors of ``targets`` again (after new tests) and update their records."""
+    results = json.loads((root / report.RESULTS).read_text())
+    wanted = {str(t) for t in targets}
+    judged = report.equivalents(root)
+    chosen = sorted(
+        s["mutant"]
+        for module, rec in results["modules"].items()
+        if report.module_path(module) in wanted
+        for s in rec["survivors"]
+        if judged.get(s["mutant"], {}).get("diff", "").strip() != s["diff"].strip()
+    )
+    if not chosen:
+        raise typer.BadParameter("no surviving mutant of these modules is on record", param_hint="MODULES")
+    work.mkdir(parents=True, exist_ok=True)
+    sync_worktree(root, work)
+    write_config(root, work, tests)
+    generate(work)
+    print(f"mutation: {len(chosen)} surviving mutants tested again")
+    start = time.monotonic()
+    run_mutmut(work, chosen, jobs, trust_tests=True)
+    meta = report.read_meta(work)
+    run = {
+        "command": "python tools/mutation.py " + " ".join(sys.argv[1:]),
+        "seconds": round(time.monotonic() - start, 1),
+        "jobs": jobs,
+        "sample": 0,
+        "seed": 0,
+        "mutants_run": len(chosen),
+    }
+    still = [n for n in chosen if report.status(meta, n) not in report.DETECTED]
+    report.retest(root, run, meta, diffs(work, still), chosen)
+    report.write_page(root)
+
+
 @app.command()
 def main(
     modules: list[str] = typer.Argument(None, help="packages (core), modules (lmclab.core.spec) or files"),
@@ -201,6 +236,7 @@ def main(
     work: Path = typer.Option(None, help="the copy mutmut works in, kept between runs [ROOT/.mutation/work]"),
     root: Path = typer.Option(ROOT, help="the project (a git checkout with src/lmclab and tests)"),
     trust_tests: bool = typer.Option(False, help="skip mutmut's unmutated run of the chosen mutants' tests"),
+    survivors: bool = typer.Option(False, help="test the committed survivors of MODULES again (after new tests)"),
     render_only: bool = typer.Option(False, "--render", help="only rewrite docs/mutation.md from the results"),
 ) -> None:
     root = root.resolve()
@@ -210,7 +246,11 @@ def main(
     targets = resolve_targets(modules or [], root, since)
     if not targets:
         raise typer.BadParameter(f"no library module changed since {since}", param_hint="MODULES")
-    run(root, targets, tests, (work or root / ".mutation/work").resolve(), sample, seed, jobs, trust_tests)
+    work = (work or root / ".mutation/work").resolve()
+    if survivors:
+        retest_survivors(root, targets, tests, work, jobs)
+    else:
+        run(root, targets, tests, work, sample, seed, jobs, trust_tests)
 
 
 if __name__ == "__main__":

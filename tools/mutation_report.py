@@ -115,6 +115,34 @@ def update(root: Path, run: dict, mutants: dict[str, list[str]], chosen: list[st
     os.replace(partial, path)
 
 
+def retest(root: Path, run: dict, meta: dict, diffs: dict[str, str], retested: list[str]) -> None:
+    """Update the committed records after the survivors ``retested`` ran again (new tests since): each
+    one's count moves to its new status; the run records its packages' kill rates over their records."""
+    path = root / RESULTS
+    results = json.loads(path.read_text())
+    stamp = {"commit": commit(root), "date": time.strftime("%Y-%m-%d"), "machine": machine()}
+    again, packages = set(retested), set()
+    for module, rec in results["modules"].items():
+        if not again & {s["mutant"] for s in rec["survivors"]}:
+            continue
+        packages.add(module.split(".")[1])
+        kept = []
+        for s in rec["survivors"]:
+            new = status(meta, s["mutant"]) if s["mutant"] in again else s["status"]
+            if new != s["status"]:
+                rec[s["status"]] -= 1
+                rec[new] += 1
+            if new not in DETECTED:
+                kept.append(s | {"status": new, "diff": diffs.get(s["mutant"], s["diff"])})
+        rec["survivors"], rec["retested"] = kept, stamp["commit"]
+    this = {"modules": {m: r for m, r in results["modules"].items() if m.split(".")[1] in packages}}
+    rates = {r["package"]: round(r["rate"], 1) for r in package_rows(this, equivalents(root))}
+    results["runs"].append(run | stamp | {"killed_pct": rates})
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, path)
+
+
 def package_rows(results: dict, equivalent: dict[str, dict]) -> list[dict]:
     """One row per package: its modules' counts added up, equivalent mutants set apart, the kill rate."""
     rows: dict[str, dict] = {}

@@ -191,3 +191,18 @@ def test_a_real_run_on_a_toy_project_finds_the_untested_side(tmp_path: Path) -> 
     assert "-    if x > hi:" in survived and "hi=11" in survived  # the untested upper side
     assert "-        return lo" not in survived  # clip(-3) == 0 catches every change of the value returned below
     assert "| `toy` |" in (root / report.PAGE).read_text()
+
+
+def test_retesting_survivors_moves_only_the_ones_now_caught(tmp_path: Path) -> None:
+    results = _results("-x = 1\n+x = 2")
+    (tmp_path / report.RESULTS).parent.mkdir(parents=True)
+    (tmp_path / report.RESULTS).write_text(json.dumps(results))
+    names = [s["mutant"] for s in results["modules"]["lmclab.core.a"]["survivors"]]
+    meta = {"lmclab.core.a": {"exit_code_by_key": {names[0]: 1, names[1]: 0, names[2]: 1}}}  # 2 of 3 now caught
+    run = {"command": "c", "seconds": 1.0, "jobs": 1, "sample": 0, "seed": 0, "mutants_run": 3}
+    report.retest(tmp_path, run, meta, {names[1]: "-a\n+b"}, names)
+    rec = json.loads((tmp_path / report.RESULTS).read_text())["modules"]["lmclab.core.a"]
+    assert (rec["killed"], rec["survived"], rec["no tests"], rec["tested"]) == (8, 1, 0, 10)
+    assert [s["mutant"] for s in rec["survivors"]] == [names[1]]
+    (last,) = json.loads((tmp_path / report.RESULTS).read_text())["runs"]
+    assert last["killed_pct"] == {"core": 90.0}  # (8 killed + 1 timed out) / 10

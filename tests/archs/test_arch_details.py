@@ -1,0 +1,66 @@
+"""Details of the hand-written architectures a wrong line would change without breaking invariance:
+images padded to the VGG's 32 × 32 from their centre, ResNet20's downsampling stages, a traced model
+repeating grey inputs into its colour channels, and the one-line refusals of patches and checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lmclab.archs import build_model, make_config
+from lmclab.archs.base import check_patches_tile
+from lmclab.archs.checkpoint import CheckpointError, load_checkpoint
+from lmclab.archs.masking import patchify
+from lmclab.core.options import OptionError
+
+
+def test_vgg_pads_a_28_pixel_image_to_32_from_its_centre():
+    model = build_model("vgg", make_config("vgg", input_shape=(1, 28, 28), num_classes=10, width_multiplier=0.25))
+    seen = []
+    model.features[0].register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    model.eval()(torch.ones(2, 1, 28, 28))
+    (padded,) = seen
+    assert padded.shape == (2, 1, 32, 32)
+    assert padded[0, 0, 2:30, 2:30].eq(1).all() and padded.sum() == 2 * 28 * 28  # 2 zero rows/columns each side
+
+
+def test_resnet20_halves_the_resolution_at_the_first_block_of_stages_two_and_three():
+    model = build_model("resnet20", make_config("resnet20", input_shape=(3, 32, 32), num_classes=10))
+    sizes = []
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
+            module.register_forward_hook(lambda m, args, out: sizes.append(out.shape[-1]))
+    model.eval()(torch.zeros(1, 3, 32, 32))
+    assert sorted(set(sizes)) == [8, 16, 32] and sizes[-1] == 8
+
+
+def test_a_traced_colour_model_reads_grey_images_as_repeated_channels():
+    config = make_config(
+        "traced", input_shape=(1, 28, 28), num_classes=10, factory="torchvision.models:resnet18", in_channels=3
+    )
+    model = build_model("traced", config).eval()
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(model(x), model.net(x.repeat(1, 3, 1, 1))) and model(x).shape == (2, 10)
+
+
+def test_patches_that_do_not_tile_the_image_are_refused_on_either_side():
+    for shape in ((1, 30, 28), (1, 28, 30)):
+        with pytest.raises(OptionError, match=f"does not divide the image {shape[1]} × {shape[2]}"):
+            check_patches_tile(shape, 7)
+        with pytest.raises(ValueError, match=rf"^patch_size: 7 does not divide the image {shape[1]} × {shape[2]}$"):
+            patchify(torch.zeros(1, *shape), 7)
+    check_patches_tile((3, 28, 14), 7)
+
+
+def test_an_unreadable_checkpoint_is_worded_from_its_exception(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    path.write_bytes(b"x")
+
+    def load(*args, **kwargs):
+        raise RuntimeError("boom at byte 1\nsecond line")
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value).endswith("boom at byte 1)") and "\n" not in str(err.value)
