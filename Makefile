@@ -51,13 +51,15 @@ test: setup
 
 # mutation testing (tools/mutation.py, docs/testing.md): MODULES are packages (core), modules
 # (lmclab.core.spec) or files; none given: the library modules changed since SINCE. SAMPLE mutants are
-# drawn per package with SEED (0: all). Writes reports/mutation/results.json and docs/mutation.md
+# drawn per package with SEED (0: all); MUTATION_ARGS e.g. "--survivors" (test the recorded survivors
+# again after adding tests) or "--trust-tests". Writes reports/mutation/results.json and docs/mutation.md
+MUTATION_ARGS ?=
 MODULES ?=
 SINCE ?= HEAD~1
 SAMPLE ?= 0
 SEED ?= 0
 mutation: setup
-	$(VENV)/bin/python tools/mutation.py $(MODULES) --since $(SINCE) --sample $(SAMPLE) --seed $(SEED)
+	$(VENV)/bin/python tools/mutation.py $(MODULES) --since $(SINCE) --sample $(SAMPLE) --seed $(SEED) $(MUTATION_ARGS)
 
 # DIFF_ARGS e.g. "--baseline main" or "--baseline my-exp --new other-exp"; exits 1 beyond tolerance
 metrics-diff: setup

@@ -213,3 +213,9 @@ def test_bad_gamma_and_mode_are_one_line_errors():
         alignment_r(f, f, 1.5)
     with pytest.raises(ValueError, match="^mode must be one of"):
         layer_svd(params["out.weight"], mode="exact")
+
+
+def test_the_exact_convolution_spectrum_without_an_input_size_is_refused():
+    with pytest.raises(ValueError, match=r"^the exact convolution spectrum needs the layer's input size$"):
+        layer_svd(torch.randn(4, 3, 3, 3), mode="fft")
+    assert len(singular_values(layer_svd(torch.randn(4, 3, 3, 3), mode="reshape"))) == 4  # no size needed

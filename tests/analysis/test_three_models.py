@@ -182,3 +182,11 @@ def test_repair_measures_every_edge_with_and_without_it(trained, splits) -> None
         connect_triple(
             "wm", ckpts, splits["train"], splits["test"], repair=lambda p: p, repair_at=RepairAt(model, data), **args
         )
+
+
+def test_three_model_barriers_take_one_repair_at_most():
+    """Refused before any work: the models and splits here are never read."""
+    from lmclab.analysis.three_models import three_model_barriers
+
+    with pytest.raises(ValueError, match=r"^repair, repair_at: expected at most one of them$"):
+        three_model_barriers(None, None, {}, [0.0, 0.5, 1.0], {}, repair=object(), repair_at=object())
