@@ -109,10 +109,7 @@ def update(root: Path, run: dict, mutants: dict[str, list[str]], chosen: list[st
     this = {"modules": {m: results["modules"][m] for m in mutants}}
     rates = {r["package"]: round(r["rate"], 1) for r in package_rows(this, equivalents(root))}
     results["runs"].append(run | stamp | {"killed_pct": rates})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")  # an interrupted write leaves the committed file whole
-    partial.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    os.replace(partial, path)
+    _write(path, results)
 
 
 def retest(root: Path, run: dict, meta: dict, diffs: dict[str, str], retested: list[str]) -> None:
@@ -138,6 +135,12 @@ def retest(root: Path, run: dict, meta: dict, diffs: dict[str, str], retested: l
     this = {"modules": {m: r for m, r in results["modules"].items() if m.split(".")[1] in packages}}
     rates = {r["package"]: round(r["rate"], 1) for r in package_rows(this, equivalents(root))}
     results["runs"].append(run | stamp | {"killed_pct": rates})
+    _write(path, results)
+
+
+def _write(path: Path, results: dict) -> None:
+    """All of ``results`` or nothing: an interrupted write leaves the committed file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     os.replace(partial, path)
