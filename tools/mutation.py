@@ -155,6 +155,28 @@ def diffs(work: Path, names: list[str]) -> dict[str, str]:
         return {name: get_diff_for_mutant(name) for name in names}
 
 
+def prepare(root: Path, work: Path, tests: list[str]) -> dict[str, list[str]]:
+    """The tree copied into ``work``, mutmut's configuration and the mutants written; module → mutant names."""
+    work.mkdir(parents=True, exist_ok=True)
+    sync_worktree(root, work)
+    write_config(root, work, tests)
+    return generate(work)
+
+
+def tested(work: Path, names: list[str], jobs: int, trust_tests: bool, **run) -> tuple[dict, dict]:
+    """mutmut's records after testing ``names``, and the run (command, seconds, workers, count, ``run``)."""
+    start = time.monotonic()
+    run_mutmut(work, names, jobs, trust_tests)
+    seconds = round(time.monotonic() - start, 1)
+    command = "python tools/mutation.py " + " ".join(sys.argv[1:])
+    return report.read_meta(work), {
+        "command": command,
+        "seconds": seconds,
+        "jobs": jobs,
+        "mutants_run": len(names),
+    } | run
+
+
 def run(
     root: Path,
     targets: list[Path],
@@ -166,26 +188,12 @@ def run(
     trust_tests: bool = False,
 ) -> None:
     """Mutate ``targets`` in a copy of ``root``, test the drawn mutants, merge the results and render the page."""
-    work.mkdir(parents=True, exist_ok=True)
-    sync_worktree(root, work)
-    write_config(root, work, tests)
-    mutants = generate(work)
-    mutants = {m: n for m, n in mutants.items() if report.module_path(m) in {str(t) for t in targets}}
+    wanted = {str(t) for t in targets}
+    mutants = {m: n for m, n in prepare(root, work, tests).items() if report.module_path(m) in wanted}
     chosen = draw(mutants, sample, seed)
     print(f"mutation: {len(chosen)} of {sum(map(len, mutants.values()))} mutants in {len(targets)} modules")
-    start = time.monotonic()
-    run_mutmut(work, chosen, jobs, trust_tests)
-    seconds = time.monotonic() - start
-    meta = report.read_meta(work)
+    meta, run = tested(work, chosen, jobs, trust_tests, sample=sample, seed=seed)
     survivors = [n for n in chosen if report.status(meta, n) not in report.DETECTED]
-    run = {
-        "command": "python tools/mutation.py " + " ".join(sys.argv[1:]),
-        "seconds": round(seconds, 1),
-        "jobs": jobs,
-        "sample": sample,
-        "seed": seed,
-        "mutants_run": len(chosen),
-    }
     report.update(root, run, mutants, chosen, meta, diffs(work, survivors))
     report.write_page(root)
 
@@ -200,26 +208,13 @@ def retest_survivors(root: Path, targets: list[Path], tests: list[str], work: Pa
         for module, rec in results["modules"].items()
         if report.module_path(module) in wanted
         for s in rec["survivors"]
-        if judged.get(s["mutant"], {}).get("diff", "").strip() != s["diff"].strip()
+        if not report.is_equivalent(s, judged)
     )
     if not chosen:
         raise typer.BadParameter("no surviving mutant of these modules is on record", param_hint="MODULES")
-    work.mkdir(parents=True, exist_ok=True)
-    sync_worktree(root, work)
-    write_config(root, work, tests)
-    generate(work)
+    prepare(root, work, tests)
     print(f"mutation: {len(chosen)} surviving mutants tested again")
-    start = time.monotonic()
-    run_mutmut(work, chosen, jobs, trust_tests=True)
-    meta = report.read_meta(work)
-    run = {
-        "command": "python tools/mutation.py " + " ".join(sys.argv[1:]),
-        "seconds": round(time.monotonic() - start, 1),
-        "jobs": jobs,
-        "sample": 0,
-        "seed": 0,
-        "mutants_run": len(chosen),
-    }
+    meta, run = tested(work, chosen, jobs, True, sample=0, seed=0)
     still = [n for n in chosen if report.status(meta, n) not in report.DETECTED]
     report.retest(root, run, meta, diffs(work, still), chosen)
     report.write_page(root)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import time
 from pathlib import Path
@@ -69,15 +68,17 @@ def equivalents(root: Path) -> dict[str, dict]:
     return {e["mutant"]: e for e in entries or []}
 
 
+def is_equivalent(survivor: dict, equivalent: dict[str, dict]) -> bool:
+    """Whether ``survivor`` was judged equivalent on the diff it has now."""
+    judged = equivalent.get(survivor["mutant"])
+    return judged is not None and judged["diff"].strip() == survivor["diff"].strip()
+
+
 def machine() -> str:
-    info = Path("/proc/cpuinfo")
-    names = (
-        [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")]
-        if info.is_file()
-        else []
-    )
-    cpu = names[0] if names else platform.processor() or platform.machine()
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+    from lmclab.core.device import describe_machine
+
+    m = describe_machine()
+    return f"{m['cpu']}, {m['cores']} cores, {m['os']}"
 
 
 def commit(root: Path) -> str:
@@ -157,10 +158,7 @@ def package_rows(results: dict, equivalent: dict[str, dict]) -> list[dict]:
         for key in ("mutants", "tested", *COUNTS):
             row[key] += rec[key]
         row["full_hours"] += rec["mutants"] * rec["wall_seconds_per_mutant"] / 3600
-        for s in rec["survivors"]:
-            e = equivalent.get(s["mutant"])
-            if e and e["diff"].strip() == s["diff"].strip():
-                row["equivalent"] += 1
+        row["equivalent"] += sum(is_equivalent(s, equivalent) for s in rec["survivors"])
     for row in rows.values():
         judged = row["tested"] - row["equivalent"] - row["not run"]
         row["rate"] = 100.0 * (row["killed"] + row["timeout"] + row["crashed"]) / judged if judged else float("nan")
@@ -189,9 +187,7 @@ def render(root: Path) -> str:
     ]
     survivors = []
     for module, rec in sorted(results["modules"].items()):
-        live = [
-            s for s in rec["survivors"] if equivalent.get(s["mutant"], {}).get("diff", "").strip() != s["diff"].strip()
-        ]
+        live = [s for s in rec["survivors"] if not is_equivalent(s, equivalent)]
         if live:
             survivors.append(f"\n### `{module}`\n")
             survivors += [f"`{s['mutant']}` ({s['status']}):\n\n```diff\n{s['diff'].strip()}\n```\n" for s in live]
