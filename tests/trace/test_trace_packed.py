@@ -333,3 +333,29 @@ def test_a_split_projection_traced_by_fx_is_three_groups_and_keeps_the_function(
     twin = SplitQKV().double()
     twin.load_state_dict(apply_permutation(spec, perm, state))
     assert torch.allclose(model(x), twin(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "pick",
+    [lambda p: (p[0], p[1], p[2]), lambda p: p.unbind(0)],
+    ids=["indexed-parts", "unbound-parts"],
+)
+def test_parts_picked_by_index_are_the_parts_unbind_gives(pick):
+    """``qkv[0], qkv[1], qkv[2]`` (older timm) and ``qkv.unbind(0)``: the same spec, and it keeps the logits."""
+
+    def attend(m, x):
+        q, k, v = pick(parts(m, x))
+        return m.out(merged(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)) + x
+
+    torch.manual_seed(0)
+    model, x = Packed(attend).double(), torch.randn(2, 9, 16, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    rows = spec.axes["qkv.weight"][0]
+    assert [s.length for s in rows] == [16, 16, 16] and rows[0].group == rows[1].group != rows[2].group
+    assert spec.heads[rows[0].group].tie == spec.heads[rows[2].group].tie
+    state = model.state_dict()
+    with torch.no_grad():
+        expected = model(x)
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads)
+        model.load_state_dict(apply_permutation(spec, perm, state))
+        assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()

@@ -48,7 +48,7 @@ HEADED_FUNCTIONS = MERGE_FUNCTIONS | SOFTMAX_FUNCTIONS | MATMUL_FUNCTIONS | (CAR
 HEADED_FUNCTIONS |= {operator.getitem, getattr, torch.transpose, torch.permute, torch.swapaxes, torch.reshape}
 HEADED_FUNCTIONS |= {torch.cat, torch.ops.aten.expand.default}
 HEADED_METHODS = {"add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub", "contiguous", "clone", "size"}
-HEADED_METHODS |= {"dim", "transpose", "permute", "swapaxes", "view", "reshape", "flatten", "softmax"}
+HEADED_METHODS |= {"dim", "transpose", "permute", "swapaxes", "view", "reshape", "flatten", "softmax", "expand"}
 
 
 class AttentionRules:

@@ -49,9 +49,8 @@ OWNING = {
 
 
 def _where(node: fx.Node) -> str:
-    """The module path a node belongs to (``(top level)`` outside any submodule)."""
-    if node.op == "call_module":
-        return str(node.target)
+    """The module path a node belongs to (``(top level)`` outside any submodule); torch.fx and torch.export
+    both record it, a called module's own path included."""
     stack = node.meta.get("nn_module_stack") or {}
     return next(reversed(stack.values()), ("(top level)",))[0] if stack else "(top level)"
 
@@ -238,6 +237,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             self.move(node, tagged[0])
         elif target in RULES:  # functional norms, pad, roll, expand, split
             getattr(self, RULES[target])(node, tagged[0])
+        elif method == "expand":  # x.expand(*sizes): as aten.expand
+            self.expand(node, tagged[0])
         elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
             self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:

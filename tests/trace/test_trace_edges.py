@@ -1,0 +1,224 @@
+"""The tracer's rules off their common path: functional convolutions, norms over more than one axis,
+single-piece splits, flattens from the batch axis, batch axes of products, concatenations and group
+norms that cut segments, grouped-query attention without rotary positions, the exported graph's slices
+and constant arguments, and the union-find's choice of root. Each case is either traced and invariant
+in float64 under random permutations of its spec, or refused in one line naming the node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
+from lmclab.trace import TraceError, trace_spec
+from lmclab.trace.export import exported
+from lmclab.trace.groups import FIXED, Groups
+
+
+class Net(nn.Module):
+    """Linears ``a`` (5 → 6), ``c`` (5 → 2), ``d`` (5 → 4), conv kernels as parameters, a ``forward`` given
+    as a function."""
+
+    def __init__(self, forward) -> None:
+        super().__init__()
+        self.a, self.c, self.d, self.head = nn.Linear(5, 6), nn.Linear(5, 2), nn.Linear(5, 4), nn.Linear(6, 3)
+        self.conv_a, self.conv_b, self.conv_c = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 4, 1), nn.Conv2d(3, 6, 1)
+        self.kernel = nn.Parameter(torch.randn(6, 3, 1, 1))  # 6 outputs, 2 groups of 3 inputs
+        self.bias = nn.Parameter(torch.randn(6))
+        self.norm = nn.GroupNorm(2, 6)
+        self.f = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(self, x)
+
+
+def invariant(model: nn.Module, x: torch.Tensor, seeds: int = 3) -> PermutationSpec:
+    """The traced spec, after checking in float64 that random permutations of it keep the output."""
+    model, x = model.double(), x.double()
+    spec = trace_spec(model, x)
+    state = model.state_dict()
+    with torch.no_grad():
+        expected = model(x)
+        for seed in range(seeds):
+            perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads)
+            model.load_state_dict(apply_permutation(spec, perm, state))
+            assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
+        model.load_state_dict(state)
+    return spec
+
+
+def image_input() -> torch.Tensor:
+    return torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+
+
+def grouped_conv(m: Net, x: torch.Tensor) -> torch.Tensor:
+    """``F.conv2d`` of the model's kernel in 2 groups of 3 channels, reading ``conv_b``'s 4 and 2 more."""
+    h = torch.relu(torch.cat([m.conv_b(x), m.conv_a(x)], 1))
+    return F.conv2d(h, m.kernel, m.bias, groups=2).mean((2, 3))
+
+
+REFUSED = {
+    "functional-conv-over-width": (
+        lambda m, x: F.conv2d(m.a(x.reshape(2, 1, 3, 5)).expand(-1, 3, -1, -1), m.kernel),
+        r"node 'conv2d': conv2d in \(top level\) .*\(a convolution over a permuted axis that is not its channel",
+    ),
+    "functional-grouped-conv-splitting-segments": (
+        grouped_conv,
+        r"node 'conv2d'.*\(a grouped convolution \(2 groups\) reading segments that split them\)",
+    ),
+    "layer-norm-over-two-axes": (
+        lambda m, x: m.head(F.layer_norm(m.a(x), (3, 6)).mean(1)),
+        r"node 'layer_norm'.*\(a LayerNorm over more than the permuted feature axis\)",
+    ),
+    "group-norm-splitting-segments": (
+        lambda m, x: m.norm(torch.cat([m.conv_a(x), m.conv_b(x)], 1)).mean((2, 3)),
+        r"node 'norm': GroupNorm in norm .*\(a group norm over runs of channels that segments of the axis split\)",
+    ),
+    "concatenation-not-alike": (  # axis 2: one group of 6 beside two groups of 2 and 4
+        lambda m, x: torch.cat([m.a(x), torch.cat([m.c(x), m.d(x)], -1)], 1),
+        r"node 'cat_1'.*\(a concatenation of tensors permuted on another axis, not alike\)",
+    ),
+}
+INPUTS = {"functional-grouped-conv-splitting-segments": image_input, "group-norm-splitting-segments": image_input}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_what_the_rules_cannot_prove_is_refused_in_one_line(name):
+    forward, message = REFUSED[name]
+    x = INPUTS.get(name, lambda: torch.randn(2, 3, 5))()
+    Net(forward)(x)  # it runs
+    with pytest.raises(TraceError, match=message) as err:
+        trace_spec(Net(forward), x)
+    assert "\n" not in str(err.value)
+
+
+def test_a_grouped_functional_conv_of_the_models_kernel_moves_whole_groups():
+    """``F.conv2d(h, kernel, bias, groups=2)`` after a conv of 6 channels: the conv's group moves in runs of
+    3 (one conv group), the kernel's outputs in runs of 3 alike, and the kernel's input axis stays put."""
+
+    def grouped(m, x):
+        return m.head(F.conv2d(torch.relu(m.conv_c(x)), m.kernel, m.bias, groups=2).mean((2, 3)))
+
+    spec = invariant(Net(grouped), image_input())
+    (c_out,), (k_out,) = spec.axes["conv_c.weight"][0], spec.axes["kernel"][0]
+    assert (c_out.length, c_out.block, k_out.length, k_out.block) == (6, 3, 6, 3) and c_out.group == k_out.group
+    assert spec.axes["kernel"][1] is None and spec.axes["bias"] == (spec.axes["kernel"][0],)
+
+
+def test_a_split_into_one_piece_keeps_the_group():
+    spec = invariant(Net(lambda m, x: m.head(torch.relu(torch.chunk(m.a(x), 1, dim=-1)[0]))), torch.randn(2, 3, 5))
+    assert spec.axes["a.weight"][0] is not None and spec.axes["head.weight"] == (None, spec.axes["a.weight"][0])
+
+
+@pytest.mark.parametrize("flatten", [lambda h: torch.flatten(h), lambda h: h.flatten()], ids=["function", "method"])
+def test_a_flatten_from_the_first_axis_keeps_the_permuted_last_one(flatten):
+    """One sample ``(1, 6)`` flattened whole (``start_dim`` left at 0) is its 6 units in their order."""
+    model = Net(lambda m, x: m.head(flatten(torch.relu(m.a(x)))))
+    spec = invariant(model, torch.randn(1, 5))
+    assert spec.axes["head.weight"] == (None, spec.axes["a.weight"][0]) and spec.axes["a.weight"][0] is not None
+
+
+def test_a_batch_axis_pairing_permuted_units_with_an_unpermuted_operand_pins_them():
+    """``(a's 6 units, 3, 5) @ (6 rows of the input, 5, 4)`` pairs unit ``i`` with row ``i``: summed over that
+    axis afterwards, a permutation of the units changes the result, so their group is pinned."""
+
+    def paired(m, x):  # x: (6, 3, 5)
+        h = torch.relu(m.a(x)).permute(2, 1, 0)[:, :, :5]  # (6 units, 3, 5)
+        return (h @ x.transpose(1, 2)[:, :5, :]).sum(0)
+
+    model = Net(paired)
+    spec = invariant(model, torch.randn(6, 3, 5))
+    assert spec.axes["a.weight"] == (None, None)
+
+
+class GroupedQuery(nn.Module):
+    """Attention with 4 query heads and 2 key/value heads of 4 features (each shared by 2 query heads, as
+    ``repeat_kv``), learned positions and no rotary embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.out = nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 8), nn.Linear(16, 16)
+        self.position = nn.Parameter(torch.randn(9, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, 9, 16)
+        b, t, _ = x.shape
+        x = x + self.position
+        q = self.q(x).reshape(b, t, 4, 4).transpose(1, 2)
+        k, v = (p(x).reshape(b, t, 2, 4).transpose(1, 2) for p in (self.k, self.v))
+        k, v = (y[:, :, None].expand(b, 2, 2, t, 4).reshape(b, 4, t, 4) for y in (k, v))
+        o = torch.softmax(q @ k.transpose(-2, -1) / 2, dim=-1) @ v
+        return self.out(o.transpose(1, 2).reshape(b, t, 16)) + x
+
+
+def test_grouped_query_attention_without_rotary_positions_moves_whole_key_value_heads():
+    """Query heads of 4 and key heads of 2 contract their features: no τ is shared by heads of different
+    counts, so the per-head features stay in place; each key/value head moves whole, with its two query
+    heads (a block of 8) and its two slices of ``out``'s input, all by one head order."""
+    x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(1))
+    spec = invariant(GroupedQuery(), x)
+    (q,), (k,), (v,), (o,) = (spec.axes[f"{p}.weight"][i] for p, i in (("q", 0), ("k", 0), ("v", 0), ("out", 1)))
+    assert (q.length, q.block, k.length, k.block, v.block, o.block) == (16, 8, 8, 4, 4, 8) and o.group == v.group
+    assert len({spec.heads[s.group].tie for s in (q, k, v)}) == 1 and spec.group_sizes(GroupedQuery().state_dict()) == {
+        q.group: 2,
+        k.group: 2,
+        v.group: 2,
+    }
+
+
+class Sliced(nn.Module):
+    """Slices with a start, a step and a negative start, a select, an unsqueeze and a squeeze, and a
+    constant ``use_cache`` argument it never reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor, use_cache: bool | None = None) -> torch.Tensor:
+        h = self.a(x)  # (N, 5, 8)
+        s = h[:, 1:4, 2:8:2].unsqueeze(1).squeeze(1)
+        return self.b(s) + h[:, -3:, :][..., 0].unsqueeze(-1)
+
+
+def test_the_exported_graph_computes_the_model_and_drops_constant_arguments():
+    model, x = Sliced().double(), torch.randn(2, 5, 6, dtype=torch.float64)
+    gm = exported(model, (x,))
+    assert [n.name for n in gm.graph.nodes if n.op == "placeholder"] == ["x"]
+    (out,) = gm(x)
+    assert torch.equal(out, model(x))
+
+
+def test_a_union_roots_at_the_older_group_and_the_pinned_one_and_keeps_the_heads():
+    groups = Groups()
+    old, new, other = groups.new(), groups.new(), groups.new()
+    assert groups.union(old, new) == old and groups.union(other, old) == old
+    headed = groups.new()
+    tie = groups.headed(headed, 4, 2)
+    younger = groups.new()
+    groups.union(younger, headed)  # the heads stay with the root
+    assert groups.tie_of(younger) == tie and groups.heads[groups.find(younger)] == (4, tie)
+    plain, headed_young = groups.new(), groups.new()
+    tie2 = groups.headed(headed_young, 2, 3)
+    groups.union(headed_young, plain)  # the older root takes the child's heads
+    assert groups.find(headed_young) == plain and groups.heads[plain] == (2, tie2)
+    assert groups.union(new, FIXED) == FIXED and groups.union(FIXED, other) == FIXED
+
+
+class CrossAttention(nn.Module):
+    """``nn.MultiheadAttention`` whose keys and values have their own widths: separate q/k/v projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.attn = nn.Linear(16, 16), nn.MultiheadAttention(16, 4, kdim=8, vdim=8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.proj(x), x[..., :8], x[..., :8])[0]
+
+
+def test_multihead_attention_with_separate_projections_is_refused_naming_the_module():
+    with pytest.raises(
+        TraceError,
+        match=r"node 'attn': MultiheadAttention in attn .*\(a MultiheadAttention with separate q/k/v projections",
+    ):
+        trace_spec(CrossAttention(), torch.zeros(2, 9, 16))
