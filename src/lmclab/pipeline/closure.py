@@ -21,7 +21,7 @@ def imported_modules(path: Path, package: str | None = None) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parent = (package or "").rsplit(".", node.level - 1)[0] if node.level > 1 else package or ""
+                parent = (package or "").rsplit(".", node.level - 1)[0]  # level 1: the package itself
                 base = f"{parent}.{base}".strip(".")
             yield base
             yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")

@@ -271,7 +271,7 @@ def _architecture(p: Params) -> Problems:
             yield f"model.{arch}", err.keyed(model_key(arch))
             return
         except ValueError as exc:  # the line names the key (a tracer's refusal does not itself)
-            yield f"model.{arch}", str(exc) if str(exc).startswith("model.") else f"model.{arch}: {exc}"
+            yield f"model.{arch}", f"model.{arch}: {exc}"
             return
 
 

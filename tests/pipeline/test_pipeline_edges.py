@@ -1,0 +1,202 @@
+"""The pipeline's helpers off their common path: the schema built afresh (its overridden defaults and the
+library's kept beside them), the checks that span several keys on both sides of their boundaries, the
+torchrun relaunch and join, a missing YAML file and a command that runs no Python script."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+from dvc_repo import ROOT
+from test_pipeline import TINY
+
+import lmclab.core.distributed as distributed
+from lmclab.pipeline import schema, torchrun
+from lmclab.pipeline.block import Block, key
+from lmclab.pipeline.closure import code_closure, stage_script
+from lmclab.pipeline.keys import defaults
+from lmclab.pipeline.stage import load_yaml
+from lmclab.pipeline.validate import ParamsError, check_params
+from lmclab.search import METHODS
+
+
+def _params(**blocks) -> dict:
+    params = copy.deepcopy(TINY)
+    for block, values in blocks.items():
+        params[block] = {**params[block], **values}
+    return params
+
+
+@pytest.fixture
+def fresh_schema():
+    """The params.yaml schema built again in the test (it is built once per process and cached)."""
+    schema._params_model.cache_clear()
+    yield schema.params_model()
+    schema._params_model.cache_clear()
+
+
+def test_the_schema_built_afresh_holds_the_pipeline_defaults_and_the_librarys(fresh_schema) -> None:
+    assert defaults(fresh_schema) == load_yaml(ROOT / "params.yaml")
+    permute = fresh_schema.model_fields["permute"].annotation
+    sinkhorn = permute.model_fields["wm_sinkhorn"].annotation.model_fields["epochs"]
+    library = METHODS["wm_sinkhorn"].options.model_fields["epochs"]
+    assert sinkhorn.default == schema.PIPELINE_DEFAULTS["permute.wm_sinkhorn.epochs"].default != library.default
+    assert sinkhorn.json_schema_extra["library_default"] == library.default
+    assert sinkhorn.description == library.description and sinkhorn.metadata == library.metadata
+
+
+def test_an_options_block_keeps_the_fields_own_schema_extras_beside_the_library_default() -> None:
+    class Options(Block):
+        epochs: int = key(3, "passes", ge=1, json_schema_extra={"unit": "epoch"})
+        shape: tuple[int, ...] = key((2, 3), "a shape")
+
+    overridden = schema.Override(7, "a test")
+    saved = dict(schema.PIPELINE_DEFAULTS)
+    schema.PIPELINE_DEFAULTS["test.block.epochs"] = overridden
+    try:
+        block = schema.options_block(Options, "test.block")
+    finally:
+        schema.PIPELINE_DEFAULTS.clear()
+        schema.PIPELINE_DEFAULTS.update(saved)
+    epochs, shape = block.model_fields["epochs"], block.model_fields["shape"]
+    assert epochs.default == 7 and epochs.json_schema_extra == {"unit": "epoch", "library_default": 3}
+    assert shape.default == [2, 3] and shape.json_schema_extra is None  # a sequence is written as a list
+    assert list(schema.options_block(Options, "other", ["shape"]).model_fields) == ["shape"]
+    assert defaults(block) == {"epochs": 7, "shape": [2, 3]} and defaults(Options) == {"epochs": 3, "shape": (2, 3)}
+
+
+def test_a_derived_block_replaces_only_the_types_it_names() -> None:
+    class Base(Block):
+        methods: list[str] = key(["wm"], "methods")
+        seeds: list[int] = key([0, 1], "seeds")
+
+    derived = schema._derived(Base, types={"methods": list[int]})
+    assert derived.model_fields["methods"].annotation == list[int]
+    assert derived.model_fields["seeds"].annotation == list[int]
+    assert defaults(derived) == {"methods": ["wm"], "seeds": [0, 1]}
+
+
+def test_a_batchnorm_repair_must_fit_the_network_of_merge_many() -> None:
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(merge_many={"repair": "bn"}))  # the MLP has no BatchNorm
+    assert err.value.lines == [
+        "merge_many.repair: 'bn' does not fit model.arch 'mlp'; expected repair or none (the network has no BatchNorm)"
+    ]
+    check_params(_params(merge_many={"repair": "repair"}))
+
+
+def test_a_traced_network_is_checked_by_the_merge_many_stage_not_before(monkeypatch) -> None:
+    """Validation builds no traced network for merge_many.repair: its stage does (with the data's shape)."""
+    params = _params(model={**TINY["model"], "arch": "traced"}, merge_many={"repair": "bn"})
+    params["model"]["traced"] = {"factory": "torch.nn:Flatten", "kwargs": {}, "in_channels": None, "partial": False}
+    monkeypatch.setattr("lmclab.pipeline.validate.has_batchnorm", lambda net: pytest.fail("built for repair"))
+    check_params(params)
+
+
+@pytest.mark.parametrize(("batch_size", "refused"), [(7, True), (8, False)])
+def test_each_data_parallel_process_needs_two_images(batch_size: int, refused: bool) -> None:
+    """2 processes on each of 2 nodes: 8 images is the least batch (2 per process)."""
+    train = {"nproc_per_node": 2, "nnodes": 2, "rdzv_endpoint": "localhost:29500", "batch_size": batch_size}
+    if not refused:
+        check_params(_params(train=train))
+        return
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(train=train))
+    assert err.value.lines == [
+        "train.batch_size: expected at least 2 images for each of the 4 data-parallel processes, got 7"
+    ]
+
+
+def test_problems_of_several_checks_each_get_a_line_joined_by_newlines() -> None:
+    params = _params(train={"nproc_per_node": 2, "batch_size": 3}, merge_many={"repair": "bn"})
+    with pytest.raises(ParamsError) as err:
+        check_params(params)
+    assert [line.split(":")[0] for line in err.value.lines] == ["merge_many.repair", "train.batch_size"]
+    assert str(err.value) == "\n".join(err.value.lines)
+
+
+def test_torchrun_relaunches_a_stage_once_and_joins_its_world(monkeypatch) -> None:
+    runs = []
+    monkeypatch.setattr(torchrun.subprocess, "run", lambda command, env: runs.append((command, env)) or _Done())
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    torchrun.relaunch_under_torchrun("stages/train.py", ["--x"], run_id="r", nproc_per_node=1)  # one process
+    assert runs == []
+    with pytest.raises(SystemExit) as done:
+        torchrun.relaunch_under_torchrun("stages/train.py", ["--x"], run_id="r", nproc_per_node=2)
+    assert done.value.code == 3
+    ((command, env),) = runs
+    assert command == distributed.torchrun_command(
+        sys.executable, "stages/train.py", ["--x"], run_id="r", nproc_per_node=2, nnodes=1, rdzv_endpoint=None
+    )
+    assert env["LMCLAB_WARM"] == "0"
+    monkeypatch.setenv("LOCAL_RANK", "1")  # already one of torchrun's processes
+    torchrun.relaunch_under_torchrun("stages/train.py", [], run_id="r", nproc_per_node=2)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr(distributed, "join_world", lambda *args: args)
+    assert torchrun.join_torchrun(_Device()) == (3, 4, 1, "cpu")
+
+
+class _Done:
+    returncode = 3
+
+
+class _Device:
+    type = "cpu"
+
+
+def test_a_missing_yaml_file_is_named(tmp_path) -> None:
+    with pytest.raises(SystemExit, match=r"^error: .*nowhere\.yaml: file not found$"):
+        load_yaml(tmp_path / "nowhere.yaml")
+
+
+@pytest.mark.parametrize(
+    ("cmd", "script"),
+    [
+        ("python stages/train.py --x", "stages/train.py"),
+        ("python3 stages/plot.py", "stages/plot.py"),
+        ("dvc exp show", None),
+        ("python -m lmclab", None),
+        ("python", None),
+    ],
+)
+def test_the_script_of_a_stage_command(cmd: str, script: str | None) -> None:
+    assert stage_script(cmd) == script
+
+
+def test_a_scripts_closure_holds_no_package_file_it_does_not_run(tmp_path) -> None:
+    """``python stages/run.py`` runs ``stages/run.py`` as a script: ``stages/__init__.py`` is not run, even
+    though the folder is a package, and neither is any ``__init__`` of ``src/`` it does not import."""
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "src" / "lib").mkdir(parents=True)
+    (tmp_path / "stages" / "__init__.py").write_text("")
+    (tmp_path / "src" / "__init__.py").write_text("")
+    (tmp_path / "src" / "lib" / "__init__.py").write_text("")
+    (tmp_path / "src" / "lib" / "tool.py").write_text("")
+    (tmp_path / "stages" / "helper.py").write_text("import lib.tool\n")
+    (tmp_path / "stages" / "run.py").write_text("import helper\n")
+    assert code_closure(tmp_path, "stages/run.py") == {
+        "stages/run.py",
+        "stages/helper.py",
+        "src/lib/__init__.py",
+        "src/lib/tool.py",
+    }
+
+
+@pytest.mark.parametrize(
+    ("factory", "line"),
+    [
+        ("nowhere.module:build", "model.traced.factory: cannot import 'nowhere.module:build' (No module named"),
+        ("torch.nn:LSTM", "model.traced: torch.nn:LSTM(**{'num_classes': 10}) failed: "),
+        ("torchvision.models:shufflenet_v2_x0_5", "model.traced: trace_spec: node 'view'"),
+    ],
+    ids=["names-its-key", "fails-to-build", "refused-by-the-tracer"],
+)
+def test_a_traced_factory_that_fails_is_one_line_naming_its_key(factory: str, line: str) -> None:
+    """An error that names its key is kept as it is; any other is prefixed with the block's key."""
+    params = _params(model={**TINY["model"], "arch": "traced"})
+    params["model"]["traced"] = {"factory": factory, "kwargs": {}, "in_channels": 3, "partial": False}
+    with pytest.raises(ParamsError) as err:
+        check_params(params)
+    assert len(err.value.lines) == 1 and err.value.lines[0].startswith(line)
