@@ -141,6 +141,28 @@ def test_measure_method_is_measure_and_analyze_with_the_endpoints_svds_shared(pr
     assert {k: v for k, v in summary.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
 
 
+@pytest.mark.parametrize("arch", ["resnet20", "mlp"])
+def test_measure_method_repairs_every_lambda_of_a_batchnorm_net_and_of_one_without(prepared, arch):
+    """BatchNorm statistics re-estimated (ResNet20) or REPAIR (the MLP, ``repair: true``) at every λ: the curve
+    holds repaired and unrepaired rows and the summary says which repair it is; the repaired midpoint differs
+    from the unrepaired one on a pair that is not a permuted copy."""
+    options = {"width_multiplier": 1} if arch == "resnet20" else {"hidden": 2, "width": 16}
+    config = make_config(arch, input_shape=(1, 28, 28), num_classes=10, **options)
+    params_a, params_b = (dict(build_model(arch, config, seed=s).state_dict()) for s in (0, 1))
+    spec = get_arch(arch).permutation_spec(config)
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(4))
+    permuted_b, midpoint = aligned_midpoint(spec, params_a, params_b, perm)
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    settings = MeasureSettings(num_lambdas=3, bn_repair_samples=64, repair=arch == "mlp", repair_samples=64)
+    pair = prepare_pair(Checkpoint(arch, config, 0, params_a), Checkpoint(arch, config, 1, params_b), splits, settings)
+    aligned, merged = (Checkpoint(arch, config, 1, p) for p in (permuted_b, midpoint))
+    tables, summary = measure_method(pair, aligned, merged)
+    assert (summary["bn_repair"], summary["ln_repair"]) == (arch == "resnet20", arch == "mlp")
+    mid = {r["repair"]: r["loss"] for r in tables["curve"] if r["lam"] == 0.5 and r["split"] == "test"}
+    assert set(mid) == {False, True} and mid[True] != mid[False]
+    assert summary["test_loss_barrier_mid"] != summary["norepair_test_loss_barrier_mid"]
+
+
 def test_analyze_model_rows(prepared):
     config, params = tiny(3)
     spec = get_arch("mlp").permutation_spec(config)
