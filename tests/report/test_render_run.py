@@ -6,8 +6,11 @@ says (titles, labels, legends and the numbers drawn, to 6 significant digits).""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 from dvc_repo import ROOT
 from report_fixture import FIGURES, render_described, run_tables
@@ -43,3 +46,35 @@ def test_every_figure_shows_what_its_description_says(rendered) -> None:
     assert sorted(described) == sorted(expected)
     for name, description in described.items():
         assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
+
+
+def test_the_summaries_and_findings_are_the_committed_runs() -> None:
+    """The summarize stage's JSON from the same tables: headline metrics, the paper's findings checked on the
+    run (with the committed three-model study's note), and the detail summaries (the machine aside)."""
+    from lmclab.pipeline.stage import load_yaml
+    from lmclab.report.run_summary import RunSettings, run_summaries
+    from lmclab.studies.three_study import study_summary
+
+    params = load_yaml(ROOT / "params.yaml")
+    run = RunSettings(
+        pairs=params["permute"]["pairs"],
+        methods=params["permute"]["methods"],
+        seeds=params["train"]["seeds"],
+        triples=params["three"]["triples"],
+        three_methods=params["three"]["methods"],
+    )
+    study = study_summary(pd.read_parquet(ROOT / "reports" / "three_study" / "table.parquet"))
+    summaries = run_summaries(run_tables(), run, study)
+    for name, folder in (("headline", "metrics"), ("findings", "metrics"), ("summary", "reports/detail")):
+        assert _json(summaries[name]) == json.loads((ROOT / folder / f"{name}.json").read_text()), name
+    for name in ("three_models", "merge_many"):
+        assert _json(summaries[name]) == json.loads((ROOT / "reports" / "detail" / f"{name}.json").read_text()), name
+
+
+def _json(value):
+    """``value`` as the stage writes it and reads back (NaN and tuples as JSON has them)."""
+    from lmclab.core.atomic import write_json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_json(Path(tmp) / "x.json", value)
+        return json.loads((Path(tmp) / "x.json").read_text())
