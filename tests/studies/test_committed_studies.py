@@ -1,0 +1,61 @@
+"""The committed studies are what the code makes of their committed tables: the three-model study's table
+and page from its edges, each sweep's table, trends and page from its points, the transformer study's
+page from its table and runs (the experiments themselves take hours; their tables are kept in git)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+from dvc_repo import ROOT
+from pandas.testing import assert_frame_equal
+
+REPORTS = ROOT / "reports"
+
+
+def _as_written(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` written to Parquet and read back, as the study tools store it (None for a missing object)."""
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer)
+    return pd.read_parquet(io.BytesIO(buffer.getvalue()))
+
+
+SWEEPS = {"lr": "train.lr", "weight_decay": "train.weight_decay"}
+
+
+def test_the_three_model_study_is_its_edges_tabulated() -> None:
+    import three_study
+
+    from lmclab.studies.three_study import study_markdown, study_table
+
+    folder = REPORTS / "three_study"
+    edges = pd.read_parquet(folder / "edges.parquet")
+    table = study_table(edges)
+    assert_frame_equal(_as_written(table), pd.read_parquet(folder / "table.parquet"))
+    page = study_markdown(table, defaults=three_study.defaults(ROOT / "params.yaml"), rebuild=three_study.REBUILD)
+    assert page == (folder / "three_study.md").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_each_sweep_is_its_points_tabulated_with_the_papers_trends(name: str) -> None:
+    from lmclab.studies.findings import roles
+    from lmclab.studies.sweep import sweep_markdown, sweep_table, trends
+
+    folder, param = REPORTS / "sweeps" / name, SWEEPS[name]
+    points = pd.read_parquet(folder / "points.parquet")
+    table = sweep_table(points)
+    assert_frame_equal(_as_written(table), pd.read_parquet(folder / "table.parquet"))
+    verdicts = trends(points, roles(list(points["method"].unique()))["WM"], param)
+    assert json.loads(json.dumps(verdicts)) == json.loads((folder / "trends.json").read_text())
+    page = f"# Sweep of {param} (Appendix H.5)\n\n![sweep](sweep.png)\n\n" + sweep_markdown(table, verdicts, param)
+    assert page + "\n" == (folder / "sweep.md").read_text()
+
+
+def test_the_transformer_study_page_is_its_table_and_runs() -> None:
+    import transformer_study
+
+    folder = REPORTS / "transformers"
+    table, runs = pd.read_parquet(folder / "table.parquet"), json.loads((folder / "runs.json").read_text())
+    assert transformer_study.markdown(table, runs) == (folder / "transformers.md").read_text()
