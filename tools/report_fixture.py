@@ -6,8 +6,9 @@
 ``tests/report/test_render_run.py`` then draws the run again from those tables alone and checks that
 ``reports/report.md`` and ``reports/curves`` come out to the byte, and that every figure shows what
 ``tests/report/figures.json`` describes: titles, axis labels, legends and the numbers drawn (to 6 significant
-digits), not PNG bytes, which depend on the machine's fonts. Run it whenever the committed default run
-changes, and look at the diff of figures.json: it is the change in what the figures show.
+digits), not PNG bytes, which depend on the machine's fonts; and the same of the committed studies' figures
+(three-model study, sweeps) drawn from their committed tables. Run it whenever the committed default run or
+a study changes, and look at the diff of figures.json: it is the change in what the figures show.
 """
 
 from __future__ import annotations
@@ -107,6 +108,34 @@ def render_described(tables: dict[str, pd.DataFrame], out: Path) -> tuple[dict[s
     return figures, dict(zip(figures, closed, strict=True))
 
 
+def described(draw) -> dict:
+    """The description of the one figure ``draw()`` saves and closes."""
+    closed: list = []
+    close = plt.close
+    plt.close = lambda fig=None: closed.append(describe(fig)) or close(fig)
+    try:
+        draw()
+    finally:
+        plt.close = close
+    (only,) = closed
+    return only
+
+
+def study_figures(out: Path) -> dict[str, dict]:
+    """The committed studies' figures drawn again from their committed tables into ``out``, described."""
+    from lmclab.report.plots_sweep import plot_sweep
+    from lmclab.report.plots_three import plot_three_study
+
+    three = ROOT / "reports" / "three_study"
+    table, edges = (pd.read_parquet(three / f"{n}.parquet") for n in ("table", "edges"))
+    figures = {"three_study": described(lambda: plot_three_study(table, edges, out / "three.png", dpi=120))}
+    for name, param in (("lr", "train.lr"), ("weight_decay", "train.weight_decay")):
+        sweep = pd.read_parquet(ROOT / "reports" / "sweeps" / name / "table.parquet")
+        draw = lambda t=sweep, p=param: plot_sweep(t, out / "sweep.png", param=p, dpi=120)  # noqa: E731
+        figures[f"sweep_{name}"] = described(draw)
+    return figures
+
+
 @app.command()
 def main(tables: Path = ROOT / "data" / "tables") -> None:
     from lmclab.report.render import NEEDED
@@ -120,8 +149,9 @@ def main(tables: Path = ROOT / "data" / "tables") -> None:
         if (tables / f"{name}.parquet").is_file():
             shutil.copy2(tables / f"{name}.parquet", TABLES / f"{name}.parquet")
     with tempfile.TemporaryDirectory() as tmp:
-        _, described = render_described(run_tables(), Path(tmp))
-    FIGURES.write_text(json.dumps(described, indent=1, ensure_ascii=False) + "\n")
+        _, figures = render_described(run_tables(), Path(tmp))
+        figures |= {f"study {name}": d for name, d in study_figures(Path(tmp)).items()}
+    FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
     print(f"{TABLES.relative_to(ROOT)}: {len(list(TABLES.iterdir()))} tables; {FIGURES.relative_to(ROOT)} written")
 
 

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 from dvc_repo import ROOT
-from report_fixture import FIGURES, render_described, run_tables
+from report_fixture import FIGURES, render_described, run_tables, study_figures
 
 from lmclab.report.render import NEEDED
 
@@ -42,8 +42,17 @@ def test_the_report_and_the_plot_data_are_the_committed_runs(rendered) -> None:
 def test_every_figure_shows_what_its_description_says(rendered) -> None:
     _, _, described = rendered
     assert plt.get_fignums() == []  # every figure closed once saved
-    expected = json.loads(FIGURES.read_text())
+    expected = {k: v for k, v in json.loads(FIGURES.read_text()).items() if not k.startswith("study ")}
     assert sorted(described) == sorted(expected)
+    for name, description in described.items():
+        assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
+
+
+def test_the_study_figures_show_what_their_descriptions_say(tmp_path) -> None:
+    """The three-model study's and the sweeps' figures, drawn again from their committed tables."""
+    expected = {k[len("study ") :]: v for k, v in json.loads(FIGURES.read_text()).items() if k.startswith("study ")}
+    described = study_figures(tmp_path)
+    assert sorted(described) == sorted(expected) == ["sweep_lr", "sweep_weight_decay", "three_study"]
     for name, description in described.items():
         assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
 
