@@ -212,11 +212,13 @@ def retest_survivors(root: Path, targets: list[Path], tests: list[str], work: Pa
     )
     if not chosen:
         raise typer.BadParameter("no surviving mutant of these modules is on record", param_hint="MODULES")
-    prepare(root, work, tests)
-    print(f"mutation: {len(chosen)} surviving mutants tested again")
+    made = {n for names in prepare(root, work, tests).values() for n in names}
+    gone = [n for n in chosen if n not in made]  # its function changed: mutmut no longer makes that mutant
+    chosen = [n for n in chosen if n in made]
+    print(f"mutation: {len(chosen)} surviving mutants tested again, {len(gone)} no longer made")
     meta, run = tested(work, chosen, jobs, True, sample=0, seed=0)
     still = [n for n in chosen if report.status(meta, n) not in report.DETECTED]
-    report.retest(root, run, meta, diffs(work, still), chosen)
+    report.retest(root, run, meta, diffs(work, still), chosen, gone)
     report.write_page(root)
 
 

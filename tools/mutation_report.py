@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -113,24 +114,28 @@ def update(root: Path, run: dict, mutants: dict[str, list[str]], chosen: list[st
     _write(path, results)
 
 
-def retest(root: Path, run: dict, meta: dict, diffs: dict[str, str], retested: list[str]) -> None:
+def retest(
+    root: Path, run: dict, meta: dict, diffs: dict[str, str], retested: list[str], gone: Sequence[str] = ()
+) -> None:
     """Update the committed records after the survivors ``retested`` ran again (new tests since): each
-    one's count moves to its new status; the run records its packages' kill rates over their records."""
+    one's count moves to its new status; one that is ``gone`` (its function changed, so mutmut no longer
+    makes it) counts as not run, outside the rate; the run records its packages' kill rates."""
     path = root / RESULTS
     results = json.loads(path.read_text())
     stamp = {"commit": commit(root), "date": time.strftime("%Y-%m-%d"), "machine": machine()}
-    again, packages = set(retested), set()
+    again, vanished, packages = set(retested), set(gone), set()
     for module, rec in results["modules"].items():
-        if not again & {s["mutant"] for s in rec["survivors"]}:
+        if not (again | vanished) & {s["mutant"] for s in rec["survivors"]}:
             continue
         packages.add(module.split(".")[1])
         kept = []
         for s in rec["survivors"]:
-            new = status(meta, s["mutant"]) if s["mutant"] in again else s["status"]
+            new = "not run" if s["mutant"] in vanished else s["status"]
+            new = status(meta, s["mutant"]) if s["mutant"] in again else new
             if new != s["status"]:
                 rec[s["status"]] -= 1
                 rec[new] += 1
-            if new not in DETECTED:
+            if new not in DETECTED and s["mutant"] not in vanished:
                 kept.append(s | {"status": new, "diff": diffs.get(s["mutant"], s["diff"])})
         rec["survivors"], rec["retested"] = kept, stamp["commit"]
     this = {"modules": {m: r for m, r in results["modules"].items() if m.split(".")[1] in packages}}

@@ -206,3 +206,19 @@ def test_retesting_survivors_moves_only_the_ones_now_caught(tmp_path: Path) -> N
     assert [s["mutant"] for s in rec["survivors"]] == [names[1]]
     (last,) = json.loads((tmp_path / report.RESULTS).read_text())["runs"]
     assert last["killed_pct"] == {"core": 90.0}  # (8 killed + 1 timed out) / 10
+
+
+def test_a_survivor_no_longer_made_counts_as_not_run_outside_the_rate(tmp_path: Path) -> None:
+    """Its function changed (e.g. the line was dead and is gone): mutmut makes no mutant of that name."""
+    results = _results("-x = 1\n+x = 2")
+    (tmp_path / report.RESULTS).parent.mkdir(parents=True)
+    (tmp_path / report.RESULTS).write_text(json.dumps(results))
+    names = [s["mutant"] for s in results["modules"]["lmclab.core.a"]["survivors"]]
+    meta = {"lmclab.core.a": {"exit_code_by_key": {names[0]: 0, names[1]: 1}}}  # one survives, one caught
+    run = {"command": "c", "seconds": 1.0, "jobs": 1, "sample": 0, "seed": 0, "mutants_run": 2}
+    report.retest(tmp_path, run, meta, {names[0]: "-x = 1\n+x = 2"}, names[:2], gone=[names[2]])
+    rec = json.loads((tmp_path / report.RESULTS).read_text())["modules"]["lmclab.core.a"]
+    assert (rec["killed"], rec["survived"], rec["no tests"], rec["not run"]) == (7, 1, 0, 1)
+    assert [s["mutant"] for s in rec["survivors"]] == [names[0]]
+    (last,) = json.loads((tmp_path / report.RESULTS).read_text())["runs"]
+    assert last["killed_pct"] == {"core": round(100 * 8 / 9, 1)}  # (7 killed + 1 timed out) / (10 − 1 not run)
