@@ -13,9 +13,9 @@ from lmclab.runtime import warmstart
 
 def test_a_client_in_this_process_runs_a_script_warm_and_returns_its_exit_code(
     tmp_path,
-    warm_env,
+    warm_env,  # noqa: F811 (the fixture imported above)
     monkeypatch,
-    capfd,  # noqa: F811
+    capfd,
 ) -> None:
     for key in ("LMCLAB_WARM_DIR", "LMCLAB_WARM_IDLE", "PROBE"):
         monkeypatch.setenv(key, warm_env[key])
