@@ -92,6 +92,7 @@ def test_p_greater_is_one_sided_and_paired():
     x, y = np.array([1.0, 2.0, 3.0]), np.array([0.5, 1.4, 2.6])
     assert p_greater(x, y) < 0.05 < p_greater(y, x)
     assert p_greater(x, x - 0.1) == 0.0 and p_greater(x, x + 0.1) == 1.0  # no spread: the sign decides
+    assert p_greater(x, x) == 1.0  # equal in every pair: x is not greater
 
 
 def spectrum_table(scale_seed1: float = 1.0, scale_output: float = 1.0) -> pd.DataFrame:
@@ -245,3 +246,39 @@ def test_report_marks_the_papers_methods_and_shows_its_rows():
     assert section.rstrip().endswith("\n\n- **c2**: a study says n2")  # notes follow the table, empty ones left out
     assert "(1 of 2 tested hold)" in section
     assert "| c2 | — | k2 | **does not hold** |" in section and "| c3 | — | k3 | not tested |" in section
+
+
+def test_a_run_of_the_naive_method_alone_names_what_each_untested_finding_needs():
+    energy = pd.DataFrame(
+        [
+            {"seed": 0, "layer": layer, "index": i, "singular_value": 5 - i, "energy": 5 - i}
+            for layer in ("a", "b")
+            for i in range(5)
+        ]
+    )
+    naive = pairs_table(identity=NAIVE)
+    found = paper_findings(naive, spectrum_table(), energy, edges_table([0.01, 0.02], [0.1, 0.2]), ["identity"], [])
+    assert [(f.key, f.claim, f.criterion) for f in found if f.holds is None] == [
+        ("wm_small_l2", "WM reduces L2 by only ~6–20 %", "not tested by this run: needs WM+naive in permute.methods"),
+        ("taylor_misses", "the Taylor estimate misses", "not tested by this run: needs WM in permute.methods"),
+        ("wm_aligns_singular_vectors", "R > 0 with WM", "not tested by this run: needs WM+naive in permute.methods"),
+        ("am_like_wm", "AM behaves like WM", "not tested by this run: needs am, a WM and identity in permute.methods"),
+        (
+            "ste_barrier_without_alignment",
+            "STE: small barrier, low R",
+            "not tested by this run: needs an STE, a WM and identity",
+        ),
+        (
+            "three_models",
+            "WM keeps b–c small, STE does not",
+            "not tested by this run: needs a WM and an STE in three.methods",
+        ),
+        (
+            "easier_when_wider_or_regularised",
+            "wider models, stronger weight decay and a larger learning rate make alignment and LMC easier "
+            "(Appendix H.4, H.5)",
+            "not tested by this run: needs the width, weight-decay and learning-rate sweeps (docs: Analyses and "
+            "studies); their reports, reports/sweeps/*/sweep.md, say which trends hold",
+        ),
+    ]
+    assert [f.key for f in found if f.holds] == ["spectra_coincide", "energy_concentrates"]
