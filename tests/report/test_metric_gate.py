@@ -171,3 +171,23 @@ def test_plot_tables_are_written_as_csv_without_leftovers(tmp_path):
     )
     training = pd.read_csv(tmp_path / "training.csv")
     assert training.loc[0, "seed"] == "seed0" and training.loc[0, "test_acc"] == 90.0 and "lr" not in training
+
+
+def test_the_verdict_table_has_its_header_then_failures_first_with_their_tolerances():
+    from lmclab.report.metric_gate import Verdict
+
+    verdicts = [
+        Verdict("wm.sec", 2.0, 2.5, Tolerance(rel=0.5), True, "within"),
+        Verdict("am.B_loss", 0.1, 0.2, Tolerance(abs=0.05, rel=0.1), False, "beyond"),
+        Verdict("wm.R03", 0.1, 0.1, Tolerance(), True, "within"),
+        Verdict("wm.B_acc", None, 1.0, None, False, "missing in baseline"),
+    ]
+    lines = verdict_table(verdicts).splitlines()
+    assert lines[:2] == ["| metric | baseline | this run | Δ | tolerance | verdict |", "|---|---:|---:|---:|---|---|"]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["`am.B_loss`", "`wm.B_acc`", "`wm.sec`", "`wm.R03`"]
+    assert [line.split("|")[5].strip() for line in lines[2:]] == ["±0.05 + ±10 %", "—", "±50 %", "0"]
+    assert [line.split("|")[1].strip() for line in verdict_table(verdicts, only_changed=True).splitlines()[2:]] == [
+        "`am.B_loss`",
+        "`wm.B_acc`",
+        "`wm.sec`",
+    ]
