@@ -7,7 +7,7 @@
 ``reports/report.md`` and ``reports/curves`` come out to the byte, and that every figure shows what
 ``tests/report/figures.json`` describes: titles, axis labels, legends and the numbers drawn (to 6 significant
 digits), not PNG bytes, which depend on the machine's fonts; and the same of the committed studies' figures
-(three-model study, sweeps) drawn from their committed tables. Run it whenever the committed default run or
+(three-model study, sweeps, width study) drawn from their committed tables. Run it whenever the committed default run or
 a study changes, and look at the diff of figures.json: it is the change in what the figures show.
 """
 
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = ROOT / "tests" / "report" / "run_tables"
 FIGURES = ROOT / "tests" / "report" / "figures.json"
 OPTIONAL = ("cka",)  # drawn when the run has it
+WIDTH = ("spectrum", "energy", "alignment")  # the width study's tables (reports/width)
 app = typer.Typer(add_completion=False)
 
 
@@ -58,6 +59,21 @@ def _collection(c) -> list:
     return [type(c).__name__, c.get_label(), offsets, sizes, len(c.get_paths()), numbers(vertices)]
 
 
+def _words(labels) -> list[str]:
+    """Tick labels that are words (method names); numbers (plain or math text: ``$10^{-2}$``) are left
+    out, they follow the data and the locator."""
+    texts = [t.get_text() for t in labels]
+    return [t for t in texts if t and not t.startswith("$") and not _is_number(t)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace("−", "-"))
+    except ValueError:
+        return False
+    return True
+
+
 def _axes(ax) -> dict:
     legend = ax.get_legend()
     return {
@@ -65,6 +81,8 @@ def _axes(ax) -> dict:
         "xlabel": ax.get_xlabel(),
         "ylabel": ax.get_ylabel(),
         "legend": [t.get_text() for t in legend.get_texts()] if legend else None,
+        "legend_size": legend.get_texts()[0].get_fontsize() if legend and legend.get_texts() else None,
+        "ticks": [_words(ax.get_xticklabels()), _words(ax.get_yticklabels())],
         "lines": [_line(line) for line in ax.get_lines()],
         "collections": [_collection(c) for c in ax.collections],
         "bars": [numbers([p.get_x(), p.get_width(), p.get_height()]) for p in ax.patches],
@@ -123,6 +141,7 @@ def described(draw) -> dict:
 
 def study_figures(out: Path) -> dict[str, dict]:
     """The committed studies' figures drawn again from their committed tables into ``out``, described."""
+    from lmclab.report.plots import plot_width
     from lmclab.report.plots_sweep import plot_sweep
     from lmclab.report.plots_three import plot_three_study
 
@@ -133,6 +152,12 @@ def study_figures(out: Path) -> dict[str, dict]:
         sweep = pd.read_parquet(ROOT / "reports" / "sweeps" / name / "table.parquet")
         draw = lambda t=sweep, p=param: plot_sweep(t, out / "sweep.png", param=p, dpi=120)  # noqa: E731
         figures[f"sweep_{name}"] = described(draw)
+    width = {
+        n: pd.read_parquet(ROOT / "reports" / "width" / f"{n}.parquet") for n in ("spectrum", "energy", "alignment")
+    }
+    figures["width"] = described(
+        lambda: plot_width(width["spectrum"], width["energy"], width["alignment"], out / "w.png")
+    )
     return figures
 
 

@@ -49,10 +49,11 @@ def test_every_figure_shows_what_its_description_says(rendered) -> None:
 
 
 def test_the_study_figures_show_what_their_descriptions_say(tmp_path) -> None:
-    """The three-model study's and the sweeps' figures, drawn again from their committed tables."""
+    """The three-model study's, the sweeps' and the width study's figures, drawn again from their committed
+    tables."""
     expected = {k[len("study ") :]: v for k, v in json.loads(FIGURES.read_text()).items() if k.startswith("study ")}
     described = study_figures(tmp_path)
-    assert sorted(described) == sorted(expected) == ["sweep_lr", "sweep_weight_decay", "three_study"]
+    assert sorted(described) == sorted(expected) == ["sweep_lr", "sweep_weight_decay", "three_study", "width"]
     for name, description in described.items():
         assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
 

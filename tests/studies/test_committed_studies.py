@@ -59,3 +59,12 @@ def test_the_transformer_study_page_is_its_table_and_runs() -> None:
     folder = REPORTS / "transformers"
     table, runs = pd.read_parquet(folder / "table.parquet"), json.loads((folder / "runs.json").read_text())
     assert transformer_study.markdown(table, runs) == (folder / "transformers.md").read_text()
+
+
+def test_the_width_study_page_is_its_alignment_table() -> None:
+    from lmclab.studies.width import alignment_markdown
+
+    folder = REPORTS / "width"
+    alignment = pd.read_parquet(folder / "alignment.parquet")
+    page = "# Width study (Appendix H.4)\n\n![width](width.png)\n\n" + alignment_markdown(alignment) + "\n"
+    assert page == (folder / "width.md").read_text()
