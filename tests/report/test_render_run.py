@@ -88,3 +88,22 @@ def _json(value):
     with tempfile.TemporaryDirectory() as tmp:
         write_json(Path(tmp) / "x.json", value)
         return json.loads((Path(tmp) / "x.json").read_text())
+
+
+def test_the_interpolation_band_is_the_range_over_pairs_when_asked(tmp_path, monkeypatch) -> None:
+    """``band: range``: the title says so, and the naive method's band on the first panel runs from its
+    lowest to its highest pair's train loss over λ (a ±std band would not reach either)."""
+    from lmclab.report.plots import plot_interpolation
+
+    curves = run_tables()["curves"]
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig) or close(fig))
+    plot_interpolation(curves, tmp_path / "i.png", band="range")
+    (fig,) = figures
+    assert fig._suptitle.get_text() == f"Linear interpolation, mean ± range over {curves['pair'].nunique()} pair(s)"
+    naive = curves[(curves["split"] == "train") & (curves["method"] == "identity")]
+    if "repair" in naive:
+        naive = naive[~naive["repair"].astype(bool)]
+    ys = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(naive["loss"].min()) and ys.max() == pytest.approx(naive["loss"].max())
