@@ -107,3 +107,38 @@ def test_the_interpolation_band_is_the_range_over_pairs_when_asked(tmp_path, mon
         naive = naive[~naive["repair"].astype(bool)]
     ys = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert ys.min() == pytest.approx(naive["loss"].min()) and ys.max() == pytest.approx(naive["loss"].max())
+
+
+def test_table3_without_an_r_column_has_as_many_separators_as_headers() -> None:
+    from lmclab.report.document import table3
+
+    edges = run_tables()["three_edges"]
+    plain = edges[[c for c in edges.columns if not c.startswith("R_")]]
+    for frame, columns in ((plain, 9), (edges, 12)):
+        header, separator, *rows = table3(frame).splitlines()
+        assert header.count("|") - 1 == separator.count("|") - 1 == columns
+        assert all(row.count("|") - 1 == columns for row in rows if row.startswith("| "))
+
+
+def test_a_merge_without_accuracy_shows_its_loss_alone() -> None:
+    """A reconstruction model (MAE) has no accuracy: its merged cells show the loss to 4 decimals."""
+    from lmclab.report.many_models import _merged_cell, merged_test
+
+    evaluation = run_tables()["merge_many"]
+    method = evaluation["method"].iloc[0]
+    acc, loss = merged_test(evaluation, method, False)
+    assert acc == acc and _merged_cell(evaluation, method) == f"{acc:.2f} ({loss:.3f})"
+    assert _merged_cell(evaluation.assign(acc=float("nan")), method) == f"{loss:.4f}"
+
+
+def test_a_run_without_findings_has_the_report_without_their_section(tmp_path) -> None:
+    from report_fixture import settings
+
+    from lmclab.report.paper_tables import findings_section
+    from lmclab.report.render import render_run
+
+    findings = json.loads((ROOT / "metrics" / "findings.json").read_text())
+    render_run(run_tables(), {}, tmp_path, tmp_path / "curves", settings())
+    committed = (ROOT / "reports" / "report.md").read_text()
+    assert findings_section(findings) in committed
+    assert (tmp_path / "report.md").read_text() == committed.replace(findings_section(findings), "")
