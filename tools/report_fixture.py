@@ -13,11 +13,12 @@ a study changes, and look at the diff of figures.json: it is the change in what 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -111,30 +112,32 @@ def settings() -> object:
     return PlotSettings(dpi=plot["dpi"], band=plot["band"], title=plot["title"], data=data, arch=arch)
 
 
+@contextlib.contextmanager
+def closed_figures() -> Iterator[list[dict]]:
+    """The descriptions of the figures closed inside (``plt.close`` watched, then restored)."""
+    closed: list[dict] = []
+    close = plt.close
+    plt.close = lambda fig=None: closed.append(describe(fig)) or close(fig)
+    try:
+        yield closed
+    finally:
+        plt.close = close
+
+
 def render_described(tables: dict[str, pd.DataFrame], out: Path) -> tuple[dict[str, Path], dict[str, dict]]:
     """:func:`lmclab.report.render.render_run` into ``out``, each figure described as it is closed."""
     from lmclab.report.render import render_run
 
-    closed: list = []
-    close = plt.close
-    plt.close = lambda fig=None: closed.append(describe(fig)) or close(fig)
-    try:
-        findings = json.loads((ROOT / "metrics" / "findings.json").read_text())
+    findings = json.loads((ROOT / "metrics" / "findings.json").read_text())
+    with closed_figures() as closed:
         figures = render_run(tables, findings, out, out / "curves", settings())
-    finally:
-        plt.close = close
     return figures, dict(zip(figures, closed, strict=True))
 
 
 def described(draw) -> dict:
     """The description of the one figure ``draw()`` saves and closes."""
-    closed: list = []
-    close = plt.close
-    plt.close = lambda fig=None: closed.append(describe(fig)) or close(fig)
-    try:
+    with closed_figures() as closed:
         draw()
-    finally:
-        plt.close = close
     (only,) = closed
     return only
 
@@ -152,12 +155,8 @@ def study_figures(out: Path) -> dict[str, dict]:
         sweep = pd.read_parquet(ROOT / "reports" / "sweeps" / name / "table.parquet")
         draw = lambda t=sweep, p=param: plot_sweep(t, out / "sweep.png", param=p, dpi=120)  # noqa: E731
         figures[f"sweep_{name}"] = described(draw)
-    width = {
-        n: pd.read_parquet(ROOT / "reports" / "width" / f"{n}.parquet") for n in ("spectrum", "energy", "alignment")
-    }
-    figures["width"] = described(
-        lambda: plot_width(width["spectrum"], width["energy"], width["alignment"], out / "w.png")
-    )
+    spectrum, energy, alignment = (pd.read_parquet(ROOT / "reports" / "width" / f"{n}.parquet") for n in WIDTH)
+    figures["width"] = described(lambda: plot_width(spectrum, energy, alignment, out / "width.png", dpi=120))
     return figures
 
 
