@@ -48,14 +48,18 @@ def test_every_figure_shows_what_its_description_says(rendered) -> None:
         assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
 
 
-def test_the_study_figures_show_what_their_descriptions_say(tmp_path) -> None:
-    """The three-model study's, the sweeps' and the width study's figures, drawn again from their committed
-    tables."""
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory) -> tuple[dict, dict]:
+    """The committed studies' figures drawn again (three-model study, sweeps, width) and their descriptions."""
     expected = {k[len("study ") :]: v for k, v in json.loads(FIGURES.read_text()).items() if k.startswith("study ")}
-    described = study_figures(tmp_path)
-    assert sorted(described) == sorted(expected) == ["sweep_lr", "sweep_weight_decay", "three_study", "width"]
-    for name, description in described.items():
-        assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
+    return study_figures(tmp_path_factory.mktemp("studies")), expected
+
+
+@pytest.mark.parametrize("name", ["three_study", "sweep_lr", "sweep_weight_decay", "width"])
+def test_each_study_figure_shows_what_its_description_says(studies, name) -> None:
+    described, expected = studies
+    assert sorted(described) == sorted(expected)
+    assert json.loads(json.dumps(described[name], ensure_ascii=False)) == expected[name]
 
 
 def test_the_summaries_and_findings_are_the_committed_runs() -> None:
