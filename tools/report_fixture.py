@@ -142,22 +142,26 @@ def described(draw) -> dict:
     return only
 
 
-def study_figures(out: Path) -> dict[str, dict]:
-    """The committed studies' figures drawn again from their committed tables into ``out``, described."""
+STUDY_FIGURES = ("three_study", "sweep_lr", "sweep_weight_decay", "width")
+
+
+def study_figure(name: str, out: Path) -> dict:
+    """A committed study's figure (one of :data:`STUDY_FIGURES`) drawn again from its committed tables into
+    ``out``, described."""
     from lmclab.report.plots import plot_width
     from lmclab.report.plots_sweep import plot_sweep
     from lmclab.report.plots_three import plot_three_study
 
-    three = ROOT / "reports" / "three_study"
-    table, edges = (pd.read_parquet(three / f"{n}.parquet") for n in ("table", "edges"))
-    figures = {"three_study": described(lambda: plot_three_study(table, edges, out / "three.png", dpi=120))}
-    for name, param in (("lr", "train.lr"), ("weight_decay", "train.weight_decay")):
-        sweep = pd.read_parquet(ROOT / "reports" / "sweeps" / name / "table.parquet")
-        draw = lambda t=sweep, p=param: plot_sweep(t, out / "sweep.png", param=p, dpi=120)  # noqa: E731
-        figures[f"sweep_{name}"] = described(draw)
-    spectrum, energy, alignment = (pd.read_parquet(ROOT / "reports" / "width" / f"{n}.parquet") for n in WIDTH)
-    figures["width"] = described(lambda: plot_width(spectrum, energy, alignment, out / "width.png", dpi=120))
-    return figures
+    reports = ROOT / "reports"
+    if name == "three_study":
+        table, edges = (pd.read_parquet(reports / "three_study" / f"{n}.parquet") for n in ("table", "edges"))
+        return described(lambda: plot_three_study(table, edges, out / "three.png", dpi=120))
+    if name == "width":
+        spectrum, energy, alignment = (pd.read_parquet(reports / "width" / f"{n}.parquet") for n in WIDTH)
+        return described(lambda: plot_width(spectrum, energy, alignment, out / "width.png", dpi=120))
+    swept = name.removeprefix("sweep_")
+    sweep = pd.read_parquet(reports / "sweeps" / swept / "table.parquet")
+    return described(lambda: plot_sweep(sweep, out / "sweep.png", param=f"train.{swept}", dpi=120))
 
 
 @app.command()
@@ -174,7 +178,7 @@ def main(tables: Path = ROOT / "data" / "tables") -> None:
             shutil.copy2(tables / f"{name}.parquet", TABLES / f"{name}.parquet")
     with tempfile.TemporaryDirectory() as tmp:
         _, figures = render_described(run_tables(), Path(tmp))
-        figures |= {f"study {name}": d for name, d in study_figures(Path(tmp)).items()}
+        figures |= {f"study {name}": study_figure(name, Path(tmp)) for name in STUDY_FIGURES}
     FIGURES.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
     print(f"{TABLES.relative_to(ROOT)}: {len(list(TABLES.iterdir()))} tables; {FIGURES.relative_to(ROOT)} written")
 

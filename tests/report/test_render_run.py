@@ -13,16 +13,16 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 from dvc_repo import ROOT
-from report_fixture import FIGURES, render_described, run_tables, study_figures
+from report_fixture import FIGURES, STUDY_FIGURES, render_described, run_tables, study_figure
 
 from lmclab.report.render import NEEDED
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rendered")
-    figures, described = render_described(run_tables(), out)
-    return out, figures, described
+@pytest.fixture
+def rendered(tmp_path):
+    """The run drawn again, for each test that reads it (mutation testing sees which test draws what)."""
+    figures, described = render_described(run_tables(), tmp_path)
+    return tmp_path, figures, described
 
 
 def test_the_fixture_holds_every_table_a_run_is_drawn_from() -> None:
@@ -48,18 +48,14 @@ def test_every_figure_shows_what_its_description_says(rendered) -> None:
         assert json.loads(json.dumps(description, ensure_ascii=False)) == expected[name], name
 
 
-@pytest.fixture(scope="module")
-def studies(tmp_path_factory) -> tuple[dict, dict]:
-    """The committed studies' figures drawn again (three-model study, sweeps, width) and their descriptions."""
-    expected = {k[len("study ") :]: v for k, v in json.loads(FIGURES.read_text()).items() if k.startswith("study ")}
-    return study_figures(tmp_path_factory.mktemp("studies")), expected
-
-
-@pytest.mark.parametrize("name", ["three_study", "sweep_lr", "sweep_weight_decay", "width"])
-def test_each_study_figure_shows_what_its_description_says(studies, name) -> None:
-    described, expected = studies
-    assert sorted(described) == sorted(expected)
-    assert json.loads(json.dumps(described[name], ensure_ascii=False)) == expected[name]
+@pytest.mark.parametrize("name", STUDY_FIGURES)
+def test_each_study_figure_shows_what_its_description_says(tmp_path, name) -> None:
+    """The committed studies' figures (three-model study, sweeps, width), each drawn again in its own test
+    from its committed tables (a figure drawn once for several tests would be seen by the first alone)."""
+    figures = json.loads(FIGURES.read_text())
+    assert sorted(k for k in figures if k.startswith("study ")) == sorted(f"study {n}" for n in STUDY_FIGURES)
+    described = study_figure(name, tmp_path)
+    assert json.loads(json.dumps(described, ensure_ascii=False)) == figures[f"study {name}"]
 
 
 def test_the_summaries_and_findings_are_the_committed_runs() -> None:
