@@ -29,7 +29,7 @@ def test_the_fixture_holds_every_table_a_run_is_drawn_from() -> None:
     assert set(NEEDED) <= set(run_tables())
 
 
-def test_the_report_and_the_plot_data_are_the_committed_runs(rendered) -> None:
+def test_the_report_and_the_plot_data_drawn_again_are_the_committed_runs(rendered) -> None:
     out, figures, _ = rendered
     assert (out / "report.md").read_text() == (ROOT / "reports" / "report.md").read_text()
     committed = sorted(p.name for p in (ROOT / "reports" / "curves").glob("*.csv"))
@@ -39,7 +39,7 @@ def test_the_report_and_the_plot_data_are_the_committed_runs(rendered) -> None:
     assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(p.name for p in figures.values())
 
 
-def test_every_figure_shows_what_its_description_says(rendered) -> None:
+def test_every_figure_of_the_run_shows_its_description(rendered) -> None:
     _, _, described = rendered
     assert plt.get_fignums() == []  # every figure closed once saved
     expected = {k: v for k, v in json.loads(FIGURES.read_text()).items() if not k.startswith("study ")}
@@ -49,7 +49,7 @@ def test_every_figure_shows_what_its_description_says(rendered) -> None:
 
 
 @pytest.mark.parametrize("name", STUDY_FIGURES)
-def test_each_study_figure_shows_what_its_description_says(tmp_path, name) -> None:
+def test_each_study_figure_drawn_alone_shows_its_description(tmp_path, name) -> None:
     """The committed studies' figures (three-model study, sweeps, width), each drawn again in its own test
     from its committed tables (a figure drawn once for several tests would be seen by the first alone)."""
     figures = json.loads(FIGURES.read_text())
