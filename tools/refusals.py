@@ -1,0 +1,62 @@
+"""Which refusals of the library no test reaches: every ``raise`` statement in ``src/lmclab`` whose line a
+coverage run of the suite never executed (not a DVC stage; the coverage run is the suite's time and a
+third more):
+
+    coverage run --source=src/lmclab -m pytest            # the suite, recording lines (make test's tests)
+    python tools/refusals.py                              # reports/mutation/refusals.json, and a summary
+
+Stages started by the tests run in other processes, which coverage does not follow here: a refusal only
+a real ``dvc repro`` reaches is counted as unreached (the count is an upper bound). ``docs/testing.md``
+says how the figure is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import typer
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "lmclab"
+OUT = ROOT / "reports" / "mutation" / "refusals.json"
+app = typer.Typer(add_completion=False)
+
+
+def raise_lines(path: Path) -> list[int]:
+    """The line of every ``raise`` statement in ``path`` (a bare re-raise included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return sorted(node.lineno for node in ast.walk(tree) if isinstance(node, ast.Raise))
+
+
+def unreached(executed: dict[str, set[int]]) -> dict[str, list[int]]:
+    """Per library file (relative to the repository), the ``raise`` lines not in ``executed`` (file → lines)."""
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        lines = raise_lines(path)
+        missed = [n for n in lines if n not in executed.get(str(path.resolve()), set())]
+        if missed:
+            out[path.relative_to(ROOT).as_posix()] = missed
+    return out
+
+
+@app.command()
+def main(data: Path = ROOT / ".coverage") -> None:
+    import coverage
+
+    if not data.is_file():
+        raise SystemExit(f"error: {data}: no coverage data (run `coverage run --source=src/lmclab -m pytest` first)")
+    recorded = coverage.CoverageData(basename=str(data))
+    recorded.read()
+    executed = {str(Path(f).resolve()): set(recorded.lines(f) or ()) for f in recorded.measured_files()}
+    total = sum(len(raise_lines(p)) for p in SRC.rglob("*.py"))
+    missed = unreached(executed)
+    count = sum(map(len, missed.values()))
+    OUT.write_text(json.dumps({"raise_statements": total, "unreached": count, "files": missed}, indent=1) + "\n")
+    where = OUT.relative_to(ROOT)
+    print(f"{total - count} of {total} raise statements reached by the suite; {count} unreached: {where}")
+
+
+if __name__ == "__main__":
+    app()
