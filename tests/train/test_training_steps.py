@@ -15,12 +15,13 @@ from lmclab.train.augment import crop_flip
 from lmclab.train.training import Step, make_optimizer
 
 
-def _step(precision: str = "fp32", lr: float = 0.0) -> Step:
+def _step(precision: str = "fp32") -> Step:
+    """A step of lr 0 (the model stays put) on 10 fixed images of 3 classes."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     generator = torch.Generator().manual_seed(1)
     data = Split(torch.randn(10, 3, 2, 2, generator=generator), torch.randint(0, 3, (10,), generator=generator))
-    opt = make_optimizer(model.parameters(), optimizer="sgd", lr=lr, momentum=0.0, weight_decay=0.0)
+    opt = make_optimizer(model.parameters(), optimizer="sgd", lr=0.0, momentum=0.0, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     return Step(model, opt, sched, data, "none", generator, World(), precision)
 
