@@ -1,13 +1,12 @@
 """Which refusals of the library no test reaches: every ``raise`` statement in ``src/lmclab`` whose line a
-coverage run of the suite never executed (not a DVC stage; the coverage run is the suite's time and a
-third more):
+coverage run of the suite never executed:
 
-    coverage run --source=src/lmclab -m pytest            # the suite, recording lines (make test's tests)
-    python tools/refusals.py                              # reports/mutation/refusals.json, and a summary
+    coverage run -m pytest            # the suite, recording lines (make test's tests; pyproject.toml's settings)
+    python tools/refusals.py          # combines the data files; reports/mutation/refusals.json and a summary
 
-Stages started by the tests run in other processes, which coverage does not follow here: a refusal only
-a real ``dvc repro`` reaches is counted as unreached (the count is an upper bound). ``docs/testing.md``
-says how the figure is used.
+Coverage follows the programs the tests start (``patch = subprocess`` in pyproject.toml): the ``lmclab``
+command and the DVC stages, including stages run in a temporary copy of the repository, count.
+``docs/testing.md`` says how the figure is used.
 """
 
 from __future__ import annotations
@@ -47,8 +46,12 @@ def unreached(executed: dict[str, set[int]]) -> tuple[int, dict[str, list[int]]]
 def main(data: Path = ROOT / ".coverage") -> None:
     import coverage
 
+    if any(data.parent.glob(data.name + ".*")):  # one file per process: merge them into ``data``
+        merged = coverage.Coverage(data_file=str(data), config_file=str(ROOT / "pyproject.toml"))
+        merged.combine()
+        merged.save()
     if not data.is_file():
-        raise SystemExit(f"error: {data}: no coverage data (run `coverage run --source=src/lmclab -m pytest` first)")
+        raise SystemExit(f"error: {data}: no coverage data (run `coverage run -m pytest` first)")
     recorded = coverage.CoverageData(basename=str(data))
     recorded.read()
     executed = {str(Path(f).resolve()): set(recorded.lines(f) or ()) for f in recorded.measured_files()}
