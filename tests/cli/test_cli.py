@@ -216,6 +216,10 @@ def test_merge_many_with_a_transform_method_reads_data_and_repairs(work: Path) -
         (["a.pt", "b.pt", "--method", "wm"], "error: --method: unknown n-model method 'wm'; expected one of"),
         (["a.pt", "b.pt", "--method", "cca"], "error: --data: method 'cca' reads activations"),
         (["a.pt", "b.pt", "--repair", "auto"], "error: --data: --repair auto measures statistics"),
+        (
+            ["a.pt", "b.pt", "--method", "zipit", "--option", "partial_zip=1"],
+            "error: --option partial_zip: a partial zip is one network per model, no single model to write",
+        ),
         (["a.pt", "b.pt", "--option", "seed=1"], "error: --option: unknown option(s) ['seed']"),
         (["a.pt", "b.pt", "--option", "max_iter=0"], "error: --option max_iter must be a positive integer, got 0"),
         (["a.pt", "b.pt", "--input-shape", "1,28,28"], "error: a.pt: a plain state dict needs --factory"),
@@ -301,6 +305,10 @@ def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
             "error: --option max_iter must be a positive integer, got 0",
         ),
         (["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere"], "error: --data: expected one of"),
+        (
+            ["match", "a.pt", "b.pt", "--method", "am", "--out", "x.pt"],
+            "error: --data: method 'am' reads training data; give a data set name or prepared folder",
+        ),
         (
             [
                 "barrier",

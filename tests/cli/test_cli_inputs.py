@@ -4,12 +4,23 @@ inputs a model is traced on."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
 
-from lmclab.cli.inputs import load_data, parse_options, trace_inputs, traced_only
-from lmclab.core.data import load_split, prepare
+from lmclab.cli.inputs import (
+    aligned_pair,
+    load_data,
+    load_models,
+    output_for,
+    output_path,
+    parse_options,
+    trace_inputs,
+    traced_only,
+)
+from lmclab.core.data import Split, load_split, prepare
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +84,67 @@ def test_partial_is_refused_for_lmclab_checkpoints_only() -> None:
     traced_only(False, object())
     with pytest.raises(ValueError, match=r"^--partial: the models are lmclab checkpoints, whose architecture"):
         traced_only(True, object())
+
+
+def test_in_channels_must_be_a_multiple_of_the_datas(digits, monkeypatch) -> None:
+    """Two-channel data: 3 channels are refused (either neighbour of a multiple), 4 repeat it twice."""
+    import lmclab.core.data as data_module
+
+    two = Split(torch.arange(2 * 2 * 3 * 3.0).view(2, 2, 3, 3), torch.tensor([1, 0]))
+    monkeypatch.setattr(data_module, "load_split", lambda folder, split: two)
+    for bad in (3, 5):
+        with pytest.raises(ValueError, match=rf"^--in-channels: {bad} is not a multiple of the data's 2$"):
+            load_data(str(digits / "prepared"), "test", digits / "raw", bad)
+    four = load_data(str(digits / "prepared"), "test", digits / "raw", 4)
+    assert four.x.shape == (2, 4, 3, 3) and torch.equal(four.x[:, 2:], two.x) and torch.equal(four.y, two.y)
+
+
+def _files(tmp_path) -> tuple:
+    for i in range(2):
+        torch.manual_seed(i)
+        torch.save(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).state_dict(), tmp_path / f"m{i}.pt")
+    (tmp_path / "nets.py").write_text(
+        "from torch import nn\n\n\ndef mlp(width=4):\n"
+        "    return nn.Sequential(nn.Linear(3, width), nn.ReLU(), nn.Linear(width, 2))\n"
+    )
+    return tmp_path / "m0.pt", tmp_path / "m1.pt"
+
+
+def test_factory_kwargs_are_a_json_object(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    files = list(_files(tmp_path))
+    with pytest.raises(ValueError, match=r"^--kwargs: not valid JSON \(Expecting property name enclosed in double"):
+        load_models(files, "nets:mlp", "{width: 4}")
+    for text in ("[4]", '"width"', "4"):
+        with pytest.raises(ValueError, match="^--kwargs: expected a JSON object, got " + re.escape(repr(text)) + "$"):
+            load_models(files, "nets:mlp", text)
+    params, (net, spec, _) = load_models(files, "nets:mlp", '{"width": 4}')
+    assert spec is None and net[0].out_features == 4 and len(params) == 2
+
+
+def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a, b = _files(tmp_path)
+    torch.save({"format": "unused"}, tmp_path / "p.pt")  # never read: the refusal comes first
+    with pytest.raises(ValueError, match=r"^--input-shape: needed with --perm and --factory, to trace the spec$"):
+        aligned_pair(a, b, tmp_path / "p.pt", "nets:mlp", "{}", None)
+    params_a, params_b, net = aligned_pair(a, b, None, "nets:mlp", "{}", None)  # no --perm: nothing to trace
+    assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3
+
+
+def test_the_output_of_a_hugging_face_merge_is_a_new_or_empty_folder_in_an_existing_one(tmp_path) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert output_for(tmp_path / "new", hf, "--out") == tmp_path / "new"
+    assert output_for(tmp_path / "empty", hf, "--out") == tmp_path / "empty"
+    with pytest.raises(ValueError, match=r"^--out: .*full exists; expected a new or empty folder for the merged"):
+        output_for(tmp_path / "full", hf, "--out")
+    with pytest.raises(ValueError, match=r"^--out: the folder .*nowhere of .*nowhere.merged does not exist$"):
+        output_for(tmp_path / "nowhere" / "merged", hf, "--out")
+    with pytest.raises(ValueError, match=r"^--json: .* is a folder; expected a file name$"):
+        output_path(tmp_path / "empty", "--json")  # not a Hugging Face model: a file
+    assert output_path(tmp_path / "out.json", "--json") == tmp_path / "out.json"

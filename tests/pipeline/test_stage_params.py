@@ -75,6 +75,38 @@ def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
         dict(opts)
 
 
+def test_a_declared_key_absent_from_a_block_is_a_missing_key_not_a_refusal(tmp_path) -> None:
+    """``permute`` is read in part (``permute.wm`` and ``permute.seed``): a declared key the file lacks
+    takes ``.get``'s default; an undeclared one is still refused, present or not."""
+    path = _write(tmp_path, {"permute": {"wm": {"tol": 0.5}, "am": {}}, "device": "cpu"})
+    block = StageParams("permute", path, dvc_yaml=ROOT / "dvc.yaml", method="wm").read("permute")
+    assert block.get("seed", 7) == 7 and "seed" not in block and block["wm"] == {"tol": 0.5}
+    with pytest.raises(KeyError, match="^'seed'$"):
+        block["seed"]
+    for name in ("am", "absent"):
+        with pytest.raises(SystemExit, match=rf"^error: stage permute reads params key permute\.{name}, which"):
+            block.get(name, 7)
+
+
+def test_a_stage_and_placeholders_dvc_yaml_does_not_have_are_one_line() -> None:
+    with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: no stage 'nowhere'$"):
+        declared_keys(PIPELINE, "nowhere", {}, {})
+    with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: stage permute: cannot resolve \$\{item\.method\}$"):
+        declared_keys(PIPELINE, "permute", {}, {})
+    with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: stage train: cannot resolve \$\{model\.arch\}$"):
+        declared_keys(PIPELINE, "train", {"model": {}}, {})
+    assert declared_keys(PIPELINE, "train", {"model": {"arch": "mlp"}}, {})[:2] == ["model.arch", "model.mlp"]
+
+
+def test_a_params_file_that_is_not_yaml_is_one_line_naming_it(tmp_path) -> None:
+    (tmp_path / "params.yaml").write_text("train: {epochs: 3\nseeds: [0, 1]\n")
+    with pytest.raises(SystemExit, match=r"^error: .*params\.yaml: not valid YAML \(while parsing a flow mapping"):
+        load_yaml(tmp_path / "params.yaml")
+    with pytest.raises(SystemExit, match=r"^error: <text>: not valid YAML \(.*\)$"):
+        parse_yaml("a: [1, 2")
+    assert parse_yaml("a: [1, 2]") == {"a": [1, 2]}
+
+
 def test_a_missing_declared_key_is_one_line(tmp_path) -> None:
     with pytest.raises(SystemExit, match=r"params.yaml: missing key permute.seed$"):
         StageParams("permute", _write(tmp_path, {"permute": {"wm": {}}}), dvc_yaml=ROOT / "dvc.yaml", method="wm").read(

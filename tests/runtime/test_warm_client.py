@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from test_warmstart import warm_env  # noqa: F401 (a fixture)
 
 from lmclab.runtime import warmstart
@@ -44,3 +45,21 @@ def test_warm_start_is_off_when_asked_or_inside_a_worker(monkeypatch) -> None:
     assert warmstart.enabled()
     monkeypatch.setenv(warmstart.WORKER_ENV, "1")
     assert not warmstart.enabled()
+
+
+def test_a_stop_signal_unwinds_the_server_and_ends_a_forked_session_at_once() -> None:
+    """In the server, SIGTERM raises SystemExit(128 + 15) so that its cleanup runs; in a session forked
+    from it (another pid), the process exits with that status without running the server's cleanup."""
+    import signal
+
+    with pytest.raises(SystemExit) as stopped:
+        warmstart._stop(signal.SIGTERM, os.getpid())
+    assert stopped.value.code == 128 + signal.SIGTERM
+    child = os.fork()
+    if child == 0:  # the session: never returns here, whatever _stop does
+        try:
+            warmstart._stop(signal.SIGTERM, os.getppid())
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM

@@ -3,6 +3,8 @@ the evaluations run it in eval mode, STE's steps in train mode), its parameters 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -46,3 +48,20 @@ def test_every_method_keeps_the_modules_modes_and_parameters(method: str, mode: 
     run_search(method, _problem(net, with_test=method != "identity"), seed=0, options=QUICK.get(method))
     assert [m.training for m in net.modules()] == before
     assert all(torch.equal(v, weights[k]) for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_searches_a_float64_model_in_float64(method: str) -> None:
+    """A float64 model (and data) is searched as it is: no method mixes in float32 tensors of its own."""
+    net = _net().double().eval()
+    problem = _problem(net, with_test=method != "identity")
+    problem = dataclasses.replace(
+        problem,
+        params_a={k: v.double() for k, v in problem.params_a.items()},
+        params_b={k: v.double() for k, v in problem.params_b.items()},
+        train=Split(problem.train.x.double(), problem.train.y),
+        test=None if problem.test is None else Split(problem.test.x.double(), problem.test.y),
+    )
+    found = run_search(method, problem, seed=0, options=QUICK.get(method))
+    assert sorted(found.perm["P_0"].tolist()) == list(range(8))
+    assert next(net.parameters()).dtype == torch.float64

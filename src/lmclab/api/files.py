@@ -33,13 +33,22 @@ class Loaded(NamedTuple):
 def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # a file torch reads, holding objects other than tensors
+    except pickle.UnpicklingError:  # a file torch reads, holding objects other than tensors, or a foreign one
+        if not _torch_saved(path):
+            raise ValueError(f"{path}: not a PyTorch file (neither torch.save's zip archive nor a pickle)") from None
         raise ValueError(
             f"{path}: holds pickled objects, not only tensors (save model.state_dict(), not the module)"
         ) from None
     except Exception as exc:  # zip or pickle errors: a truncated, corrupted or foreign file
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{path}: not a readable PyTorch file (truncated or corrupted? {first[:120]})") from None
+
+
+def _torch_saved(path: Path) -> bool:
+    """Does ``path`` start as ``torch.save`` writes: a zip archive, or (the legacy format) a pickle?"""
+    with path.open("rb") as f:
+        head = f.read(4)
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"
 
 
 def _safetensors_load(path: Path) -> dict[str, Tensor]:
@@ -109,12 +118,9 @@ def load_permutation(path: Path) -> dict[str, Tensor]:
     """The group → index tensor mapping of a file ``lmclab match`` wrote."""
     path = Path(path)
     if path.is_dir():
-        from lmclab.api.hf import is_hf_folder, load_hf_folder
-
-        if not is_hf_folder(path):
-            raise FileNotFoundError(f"{path}: a folder without config.json (not a Hugging Face checkpoint folder)")
-        params, model = load_hf_folder(path)
-        return Loaded(params, model)
+        raise ValueError(
+            f"{path}: a folder, not a permutation written by `lmclab match` (expected format {PERM_FORMAT})"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     blob = _torch_load(path)

@@ -59,7 +59,7 @@ def _model_class(path: Path) -> Any:
     """The class ``config.json`` names under ``architectures`` (``AutoModel`` when it names none)."""
     transformers = _transformers(path)
     try:
-        raw = json.loads((path / "config.json").read_text())
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
@@ -98,8 +98,8 @@ def _check_weights(path: Path) -> None:
     for name in INDEXES:
         if (path / name).is_file():
             try:
-                shards = sorted(set(json.loads((path / name).read_text())["weight_map"].values()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+                shards = sorted(set(json.loads((path / name).read_text(encoding="utf-8"))["weight_map"].values()))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path / name}: not a weight index with a 'weight_map' ({exc})") from None
             for shard in shards:
                 check(path / shard)

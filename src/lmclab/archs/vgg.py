@@ -25,7 +25,8 @@ VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512
 
 
 class Config(ArchConfig):
-    """``input_shape`` (C, H, W) with H = W ∈ {28, 32}; paper: VGG11, ``width_multiplier`` 4."""
+    """``input_shape`` (C, H, W) with H and W from 28 to 32 (the forward pads them to 32); paper: VGG11,
+    ``width_multiplier`` 4."""
 
     layers: tuple_of(Count | Literal["M"]) = option(
         VGG11, "conv 3×3 + BatchNorm + ReLU per channel count, M = 2×2 max-pool (VGG11)"
@@ -37,7 +38,10 @@ class Config(ArchConfig):
         if not any(isinstance(c, int) for c in self.layers):
             raise OptionError(f"{{layers}}: expected at least one channel count, got {got(list(self.layers))}")
         if max(self.input_shape[1:]) > 32 or min(self.input_shape[1:]) < 28:
-            raise OptionError(f"{{input_shape}}: vgg takes 28- or 32-pixel images, got {got(self.input_shape)}")
+            raise OptionError(
+                f"{{input_shape}}: vgg takes images of 28 to 32 pixels a side (padded to 32), "
+                f"got {got(self.input_shape)}"
+            )
         if 32 >> self.layers.count("M") < 1:
             raise OptionError(f"{{layers}}: {self.layers.count('M')} max-pools do not fit 32 pixels")
         return self

@@ -172,6 +172,8 @@ def merge_many(
     if len(models) < 2:
         raise ValueError(f"MODELS: expected at least 2 model files, got {len(models)}")
     options = checked_options(check_many, method, option)
+    if options.get("partial_zip") is not None:  # a partial zip keeps one network per model (Section 4.3)
+        raise ValueError("--option partial_zip: a partial zip is one network per model, no single model to write")
     output_for(out, models[0], "--out")
     if (needs_data(method) or repair is not None) and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
@@ -196,8 +198,6 @@ def merge_many(
         partial=partial,
         progress=progress,
     )
-    if res.merged is None:
-        raise ValueError(f"--option: this {method} merge is partial (one network per model), no single model to write")
     write_merged(out, models[0], net, res.merged)
     repaired = f", repaired ({res.repair})" if res.repair else ""
     typer.echo(f"{method}: {len(models)} models, {res.stats.get('seconds', 0.0):.2f} s{repaired}; wrote {out}")

@@ -23,7 +23,7 @@ def _linear_path(lams: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``λ v(θa) + (1 − λ) v(θb)`` with v(θa) = value at λ = 1 and v(θb) at λ = 0."""
     v_a, v_b = values[np.argmax(lams)], values[np.argmin(lams)]
     if not (math.isclose(lams.max(), 1.0) and math.isclose(lams.min(), 0.0)):
-        raise ValueError("the λ grid must contain both endpoints 0 and 1")
+        raise ValueError(f"lams: the λ grid must contain both endpoints 0 and 1, got {lams.min():g} to {lams.max():g}")
     return lams * v_a + (1 - lams) * v_b
 
 

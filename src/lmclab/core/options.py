@@ -127,11 +127,11 @@ def _one_line(model: type[Options], err: ValidationError, values: Mapping[str, A
         return errors[0]["ctx"]["error"]
     name = errors[0]["loc"][0]
     field = model.model_fields[name]
+    # what the field takes: its own wording where the type alone would not say it well (option's expected)
+    words = (field.json_schema_extra or {}).get("expected") or in_words(field.annotation, field.metadata, error=True)
     if name not in values:
-        return OptionError(f"{{{name}}} is required: {in_words(field.annotation, field.metadata, error=True)}")
-    return OptionError(
-        f"{{{name}}} must be {in_words(field.annotation, field.metadata, error=True)}, got {got(values[name])}"
-    )
+        return OptionError(f"{{{name}}} is required: {words}")
+    return OptionError(f"{{{name}}} must be {words}, got {got(values[name])}")
 
 
 def in_words(annotation: Any, metadata: Sequence[Any] = (), *, plural: bool = False, error: bool = False) -> str:

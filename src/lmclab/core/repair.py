@@ -194,6 +194,8 @@ def merged_targets(
     pair's targets with weights (λ, 1 − λ)). One pass per endpoint over ``data``."""
     if len(aligned) < 1:
         raise ValueError("aligned must hold at least one model, got none")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive number of samples, got {batch_size}")
     weights = [1 / len(aligned)] * len(aligned) if weights is None else [float(w) for w in weights]
     if len(weights) != len(aligned) or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
         raise ValueError(f"weights must be {len(aligned)} non-negative numbers summing to 1, got {weights}")

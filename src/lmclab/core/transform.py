@@ -140,7 +140,9 @@ def check_transforms(
 
 
 def merge_weights(weights: Sequence[float] | None, n: int) -> list[float]:
-    """``weights`` checked (n non-negative numbers summing to 1), 1/n each by default."""
+    """``weights`` checked (n ≥ 1 non-negative numbers summing to 1), 1/n each by default."""
+    if n < 1:
+        raise ValueError("weights: there is no model to weigh (got none)")
     weights = [1 / n] * n if weights is None else [float(w) for w in weights]
     if len(weights) != n or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
         raise ValueError(f"weights must be {n} non-negative numbers summing to 1, got {weights}")
@@ -162,8 +164,8 @@ def transform_merge(
 ) -> Params:
     """``θ = Σ_i M_i θ_i U_i`` (module docstring); ``weights`` (default 1/N each) weigh the ungrouped
     outputs, e.g. the logits."""
-    weights = merge_weights(weights, len(params))
     check_transforms(spec, params, merges, unmerges)
+    weights = merge_weights(weights, len(params))
     return _sum([transformed(spec, *parts) for parts in zip(params, merges, unmerges, weights, strict=True)])
 
 
@@ -208,8 +210,8 @@ def partial_merge(
     its zipped inputs read through ``U_i``. Ungrouped parameters stay each model's own. The partially
     zipped model runs the shared layers once and every model's tail; for models of one task its output is
     the mean of the tails' outputs."""
-    weights = merge_weights(weights, len(params))
     check_transforms(spec, params, merges, unmerges, zipped)
+    weights = merge_weights(weights, len(params))
     merges = [{g: m[g] for g in zipped} for m in merges]
     unmerges = [{g: u[g] for g in zipped} for u in unmerges]
     shared_names = [k for k in spec.axes if _shared(spec, k, zipped)]

@@ -126,7 +126,9 @@ def activation_matching(
     :class:`AMOptions`)."""
     statistic, batch_size, max_samples = options.statistic, options.batch_size, options.max_samples
     if set(points) != set(spec.groups):
-        raise ValueError(f"activation points {sorted(points)} do not cover the groups {sorted(spec.groups)}")
+        raise ValueError(
+            f"points: expected activation points of exactly the groups {sorted(spec.groups)}, got {sorted(points)}"
+        )
     start = time.perf_counter()
     moments = {g: _Moments() for g in points}
     all_points = [p for ps in points.values() for p in ps]

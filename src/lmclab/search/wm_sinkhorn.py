@@ -177,7 +177,8 @@ def _start(
     matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
     params_a = {k: v.detach() for k, v in params_a.items()}
     scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
-    return params_a, matched_b, {g: s.requires_grad_() for g, s in scores.items()}
+    dtype = next((v.dtype for v in matched_b.values() if v.is_floating_point()), torch.float32)  # float64 in, out
+    return params_a, matched_b, {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
 
 
 def _stall_message(curve: list[dict], options: WMSinkhornOptions, scores: Mapping, start: Mapping) -> str:

@@ -154,7 +154,9 @@ def zip_merges(
     row's first maximum (:func:`_update_best`): O(D) per merge instead of O(D²). Until n clusters
     remain a merge is admissible: without ``within_model`` by the anchoring; with spent budgets because
     they close only pairs represented by one model, and model 0 represents at most n clusters, so with
-    more left some cluster of another model may still merge with cluster 0 (which never dies)."""
+    more left some cluster of another model may still merge with cluster 0 (which never dies). A step whose
+    admissible pairs all have linkage −inf (a ``correlation`` with −inf entries; a Pearson correlation has
+    none) is refused: the masked maximum cannot tell them from the inadmissible ones."""
     if len(set(sizes)) != 1:
         raise ValueError(f"ZipIt! merges models of equal width, got widths {list(sizes)}")
     total, owner = sum(sizes), torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
@@ -169,7 +171,10 @@ def zip_merges(
         row = int(value.argmax())  # the first row holding the maximum: with its column, the flat argmax
         i, j = sorted((row, int(column[row])))
         if not allowed[i, j]:
-            raise RuntimeError("ZipIt!: no admissible merge left")  # excluded (docstring)
+            raise ValueError(  # the cached maximum is a masked entry: every admissible linkage is -inf
+                f"correlation: after {len(merges)} of {total - sizes[0]} merges every admissible pair has "
+                "linkage -inf; expected entries above -inf"
+            )
         merges.append((i, j))
         models[i] |= models[j]
         link[i] = link[:, i] = torch.minimum(link[i], link[j]) * alpha  # α compounds: α^k after k merges

@@ -140,7 +140,9 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
 
     def record(self, name: str, layouts: Sequence[Layout]) -> None:
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
-        if any(self.is_headed(s) for lay in layouts if lay is not None for s in lay):
+        if any(
+            self.is_headed(s) and self.groups.find(s.gid) != FIXED for lay in layouts if lay is not None for s in lay
+        ):
             raise TraceError(f"trace_spec: {name!r} would be permuted along a head axis, which no spec can say")
         if name in self.axes:  # an axis one use leaves unpermuted is unpermuted (a table tied to a head)
             for a, b in zip(self.axes[name], layouts, strict=True):

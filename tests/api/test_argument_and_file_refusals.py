@@ -1,0 +1,245 @@
+"""The refusals of the public API's arguments and of the command's file readers, each reached from the
+function a researcher calls and read in full, with the nearest accepted input beside it: a curve's
+barrier names (``Curve.barrier``), streamed batches without targets and the BatchNorm reset's arguments
+(``lmclab.curve``), λ outside [0, 1] (``lmclab.merge``), empty data (``lmclab.as_split``, the traced spec
+of ``lmclab.find_permutation``), and model files, factories and permutation files (``lmclab.api.files``)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+import lmclab
+from lmclab.api.files import PERM_FORMAT, build_factory, load_model_file, load_permutation, save_permutation
+
+X = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(1))
+
+
+def _whole(message: str) -> str:
+    """A pattern matching exactly ``message``."""
+    return f"^{re.escape(message)}$"
+
+
+def _net(seed: int, norm: bool = True) -> nn.Module:
+    torch.manual_seed(seed)
+    middle = [nn.BatchNorm1d(8)] if norm else []
+    return nn.Sequential(nn.Linear(6, 8), *middle, nn.ReLU(), nn.Linear(8, 3)).eval()
+
+
+@pytest.fixture(scope="module")
+def measured() -> lmclab.Curve:
+    return lmclab.curve(_net(0), _net(1), data={"val": (X[:5], Y[:5]), "test": (X, Y)}, lams=[0, 0.3, 0.5, 1])
+
+
+@pytest.mark.parametrize("quantity,kind", [("accuracy", "max"), ("loss", "min"), ("Loss", "mid")])
+def test_a_barrier_of_an_unknown_quantity_or_kind_is_refused(measured, quantity: str, kind: str) -> None:
+    expected = f"quantity must be one of ('loss', 'acc') and kind one of ('max', 'mid'), got {quantity!r}, {kind!r}"
+    with pytest.raises(ValueError, match=_whole(expected)):
+        measured.barrier(quantity, kind)
+    table = measured.barriers()
+    assert measured.barrier("acc", "mid", split="test") == table["test_acc_barrier_mid"]
+    assert measured.barrier("loss", "max") == table["val_loss_barrier_max"]  # the first split
+
+
+def test_streamed_batches_without_targets_are_refused_by_the_split_they_belong_to() -> None:
+    message = "expected (input, target) batches to evaluate on, got input tensors alone"
+    with pytest.raises(TypeError, match=_whole(f"data: {message}")):
+        lmclab.curve(_net(0), _net(1), data=[X[:5], X[5:]], lams=3)
+    with pytest.raises(TypeError, match=_whole(f"data['val']: {message}")):
+        lmclab.curve(_net(0), _net(1), data={"test": (X, Y), "val": [X]}, lams=3)
+    streamed = lmclab.curve(_net(0), _net(1), data=[(X[:5], Y[:5]), (X[5:], Y[5:])], lams=[0, 0.3, 0.5, 1])
+    held = lmclab.curve(_net(0), _net(1), data=(X, Y), lams=[0, 0.3, 0.5, 1])
+    for s, h in zip(streamed.rows, held.rows, strict=True):  # batches of 5 and 11 weighted by their size
+        assert s["loss"] == pytest.approx(h["loss"], rel=1e-5) and s["acc"] == pytest.approx(h["acc"])
+
+
+@pytest.mark.parametrize("repair", ["BN", "repair", ""])
+def test_a_repair_other_than_bn_is_refused(repair: str) -> None:
+    with pytest.raises(ValueError, match=_whole(f"repair must be None or 'bn', got {repair!r}")):
+        lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair=repair, repair_data=(X, Y))
+    plain = lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair=None)
+    reset = lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn", repair_data=(X, Y))
+    assert len(plain.rows) == len(reset.rows) == 3
+    assert plain.rows[1]["loss"] != pytest.approx(reset.rows[1]["loss"])  # the midpoint's statistics re-estimated
+
+
+def test_the_bn_reset_without_repair_data_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^repair_data: repair='bn' needs data to re-estimate the statistics on$"):
+        lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn")
+    with pytest.raises(ValueError, match=r"^repair: 'bn' needs a model with BatchNorm layers; this one has none$"):
+        lmclab.curve(_net(0, norm=False), _net(1, norm=False), data=(X, Y), lams=3, repair="bn")
+    assert len(lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn", repair_data=[(X, Y)]).rows) == 3
+
+
+@pytest.mark.parametrize("lam", [-0.25, 1.5, float("nan"), float("inf"), float("-inf")])
+def test_merge_refuses_a_lambda_outside_the_unit_interval(lam: float) -> None:
+    a, b = _net(0).state_dict(), _net(1).state_dict()
+    with pytest.raises(ValueError, match=_whole(f"lam must be in [0, 1], got {lam}")):
+        lmclab.merge(a, b, lam=lam)
+    key = "0.weight"
+    assert torch.equal(lmclab.merge(a, b, lam=0.0)[key], b[key])  # the closed interval's ends: θb and θa
+    assert torch.equal(lmclab.merge(a, b, lam=1.0)[key], a[key])
+    assert torch.allclose(lmclab.merge(a, b, lam=0.3)[key], 0.3 * a[key] + 0.7 * b[key])
+
+
+class _Samples:
+    """A map-style dataset of ``n`` samples (no ``__iter__``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return X[i], Y[i]
+
+
+@pytest.mark.parametrize("empty", [[], iter([]), _Samples(0)], ids=["list", "iterator", "dataset"])
+def test_empty_data_is_refused_by_name(empty) -> None:
+    with pytest.raises(ValueError, match=r"^repair_data is empty$"):
+        lmclab.as_split(empty, "repair_data")
+    split = lmclab.as_split(_Samples(1))  # one sample: a batch of one
+    assert torch.equal(split.x, X[:1]) and torch.equal(split.y, Y[:1])
+
+
+def test_a_curve_refuses_empty_repair_data() -> None:
+    with pytest.raises(ValueError, match=r"^repair_data is empty$"):
+        lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn", repair_data=[])
+
+
+@pytest.mark.parametrize("empty", [[], _Samples(0)], ids=["list", "dataset"])
+def test_tracing_the_spec_on_empty_data_is_refused(empty) -> None:
+    with pytest.raises(ValueError, match=r"^data is empty$"):
+        lmclab.find_permutation(_net(0), _net(1), data=empty)
+    for data in ([(X[:1], Y[:1])], _Samples(1)):  # one batch, one sample: enough to trace
+        found = lmclab.find_permutation(_net(0), _net(1), data=data)
+        assert sorted(len(p) for p in found.perm.values()) == [8]
+
+
+def _state() -> dict[str, torch.Tensor]:
+    """A third net's state dict, without BatchNorm (tensors only)."""
+    return _net(2, norm=False).state_dict()
+
+
+def test_a_pickled_module_is_refused_with_the_state_dict_hint(tmp_path) -> None:
+    hint = "holds pickled objects, not only tensors (save model.state_dict(), not the module)"
+    for name, blob in {"module.pt": _net(2), "nested.pt": {"epoch": 3, "model": _net(2)}}.items():
+        torch.save(blob, tmp_path / name)
+        with pytest.raises(ValueError, match=_whole(f"{tmp_path / name}: {hint}")):
+            load_model_file(tmp_path / name)
+    torch.save(_state(), tmp_path / "state.pt")
+    assert load_model_file(tmp_path / "state.pt").params.keys() == _state().keys()
+    torch.save(_net(2), tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)  # a bare pickle
+    with pytest.raises(ValueError, match=_whole(f"{tmp_path / 'legacy.pt'}: {hint}")):
+        load_model_file(tmp_path / "legacy.pt")
+
+
+def test_a_foreign_file_is_not_called_a_pickle(tmp_path) -> None:
+    (tmp_path / "notes.pt").write_bytes(b"garbage, not written by torch.save")
+    expected = f"{tmp_path / 'notes.pt'}: not a PyTorch file (neither torch.save's zip archive nor a pickle)"
+    with pytest.raises(ValueError, match=_whole(expected)):
+        load_model_file(tmp_path / "notes.pt")
+
+
+@pytest.mark.parametrize(
+    "cut,reason",
+    [
+        (lambda blob: b"", "header too small"),
+        (lambda blob: blob[:20], "invalid header length"),
+        (lambda blob: blob[:-5], "incomplete metadata, file not fully covered"),
+        (lambda blob: b"not a safetensors file at all", "header too large"),
+    ],
+    ids=["empty", "header-cut", "data-cut", "foreign"],
+)
+def test_a_corrupt_safetensors_file_is_refused_with_its_reason(tmp_path, cut, reason: str) -> None:
+    save_file(_state(), tmp_path / "good.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(cut((tmp_path / "good.safetensors").read_bytes()))
+    expected = (
+        f"{bad}: not a readable safetensors file (truncated or corrupted? Error while deserializing header: {reason})"
+    )
+    with pytest.raises(ValueError, match=_whole(expected)):
+        load_model_file(bad)
+    loaded = load_model_file(tmp_path / "good.safetensors").params
+    assert all(torch.equal(loaded[k], v) for k, v in _state().items())
+
+
+def test_a_folder_without_config_json_or_a_missing_file_is_refused(tmp_path) -> None:
+    save_file(_state(), tmp_path / "model.safetensors")  # weights, but no config.json beside them
+    with pytest.raises(
+        FileNotFoundError,
+        match=_whole(f"{tmp_path}: a folder without config.json (not a Hugging Face checkpoint folder)"),
+    ):
+        load_model_file(tmp_path)
+    for name in ("missing.pt", "missing.safetensors", "missing"):
+        with pytest.raises(FileNotFoundError, match=_whole(f"{tmp_path / name}: file not found")):
+            load_model_file(tmp_path / name)
+    assert load_model_file(tmp_path / "model.safetensors").params.keys() == _state().keys()
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [{}, {"epoch": 3, "model": {"lr": 0.1}}, {"w": torch.ones(2), "step": 3}, [torch.ones(2)], torch.ones(2)],
+    ids=["empty", "nested-numbers", "mixed", "list", "tensor"],
+)
+def test_a_file_that_holds_no_state_dict_is_refused(tmp_path, blob) -> None:
+    torch.save(blob, tmp_path / "x.pt")
+    with pytest.raises(
+        ValueError, match=_whole(f"{tmp_path / 'x.pt'}: expected a state dict (a mapping of names to tensors)")
+    ):
+        load_model_file(tmp_path / "x.pt")
+    state = _state()
+    for i, nested in enumerate([state, {"epoch": 3, "model": state}, {"state_dict": {"model": state}, "step": 7}]):
+        torch.save(nested, tmp_path / f"{i}.pt")
+        loaded = load_model_file(tmp_path / f"{i}.pt").params
+        assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], v) for k, v in state.items())
+
+
+def test_a_factory_that_fails_on_its_arguments_is_refused_with_them() -> None:
+    missing = "Linear.__init__() missing 1 required positional argument: 'out_features'"
+    with pytest.raises(ValueError, match=_whole(f"factory: torch.nn:Linear(**{{'in_features': 2}}) failed: {missing}")):
+        build_factory("torch.nn:Linear", {"in_features": 2})
+    extra = "Linear.__init__() got an unexpected keyword argument 'bias_init'"
+    kwargs = {"in_features": 2, "out_features": 5, "bias_init": 0}
+    with pytest.raises(ValueError, match=_whole(f"factory: torch.nn:Linear(**{kwargs}) failed: {extra}")):
+        build_factory("torch.nn:Linear", kwargs)
+    net = build_factory("torch.nn:Linear", {"in_features": 2, "out_features": 5})
+    assert isinstance(net, nn.Linear) and tuple(net.weight.shape) == (5, 2)
+
+
+def test_a_factory_that_returns_no_module_is_refused() -> None:
+    with pytest.raises(ValueError, match=_whole("factory: 'torch:zeros' returned Tensor, not an nn.Module")):
+        build_factory("torch:zeros", {"size": [2, 3]})
+    with pytest.raises(
+        ValueError, match=_whole("factory: 'collections:OrderedDict' returned OrderedDict, not an nn.Module")
+    ):
+        build_factory("collections:OrderedDict", {})
+    assert isinstance(build_factory("torch.nn:Identity", {}), nn.Identity)
+
+
+def test_a_permutation_file_must_be_one_lmclab_match_wrote(tmp_path) -> None:
+    perm = {"P_0": torch.tensor([2, 0, 1]), "P_1": torch.tensor([1, 0])}
+    save_permutation(tmp_path / "p.pt", perm, method="wm", stats={"seconds": 0.5, "curve": [1.0]})
+    loaded = load_permutation(tmp_path / "p.pt")
+    assert loaded.keys() == perm.keys() and all(torch.equal(loaded[g], p) for g, p in perm.items())
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").write_text("{}")  # a Hugging Face folder is no permutation either
+    for folder in (tmp_path, tmp_path / "folder"):
+        expected = f"{folder}: a folder, not a permutation written by `lmclab match` (expected format {PERM_FORMAT})"
+        with pytest.raises(ValueError, match=_whole(expected)):
+            load_permutation(folder)
+    with pytest.raises(FileNotFoundError, match=_whole(f"{tmp_path / 'q.pt'}: file not found")):
+        load_permutation(tmp_path / "q.pt")
+    for i, blob in enumerate([_state(), {"format": "lmclab-permutation-0", "perm": perm}, [perm]]):
+        torch.save(blob, tmp_path / f"{i}.pt")
+        expected = (
+            f"{tmp_path / f'{i}.pt'}: not a permutation written by `lmclab match` (expected format {PERM_FORMAT})"
+        )
+        with pytest.raises(ValueError, match=_whole(expected)):
+            load_permutation(tmp_path / f"{i}.pt")

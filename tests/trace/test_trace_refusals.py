@@ -1,0 +1,129 @@
+"""Refusals of the tracer that the rest of the suite does not reach: a model that does not run on the
+example inputs, one that neither torch.fx nor torch.export can record, a layer used on inputs permuted in
+different ways, per-head features reaching a layer's weight, and one group split into two head counts.
+Each is one line, and the nearest model on the accepted side is traced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+from lmclab.trace import TraceError, trace_spec
+from lmclab.trace.graph import GraphTracer
+from lmclab.trace.groups import Within
+
+
+class Net(nn.Module):
+    """Linears ``a`` (5 → 6), ``c`` (5 → 2), ``d`` (5 → 4), ``head`` (6 → 3), ``q``/``k``/``v`` (16 → 16) and
+    ``mix`` (4 → 4), with a ``forward`` given as a function."""
+
+    def __init__(self, forward) -> None:
+        super().__init__()
+        self.a, self.c, self.d, self.head = nn.Linear(5, 6), nn.Linear(5, 2), nn.Linear(5, 4), nn.Linear(6, 3)
+        self.q, self.k, self.v, self.mix = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(4, 4)
+        self.f = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(self, x)
+
+
+def heads(x: torch.Tensor, count: int) -> torch.Tensor:
+    """``(batch, tokens, E)`` → ``(batch, count, tokens, E / count)``."""
+    return x.reshape(x.shape[0], x.shape[1], count, -1).transpose(1, 2)
+
+
+def mlp(m: Net, x: torch.Tensor) -> torch.Tensor:
+    return m.head(torch.relu(m.a(x)))
+
+
+def test_a_model_that_does_not_run_on_the_example_inputs_is_refused_with_its_error():
+    message = (
+        r"^trace_spec: Net does not run on inputs of shape \[\(2, 4\)\]: "
+        r"mat1 and mat2 shapes cannot be multiplied \(2x4 and 5x6\)$"
+    )
+    with pytest.raises(TraceError, match=message):
+        trace_spec(Net(mlp), torch.randn(2, 4))
+    spec = trace_spec(Net(mlp), torch.randn(2, 5))
+    assert spec.axes["a.weight"] == ("P_0", None) and spec.axes["head.weight"] == (None, "P_0")
+
+
+def test_a_model_neither_torch_fx_nor_torch_export_can_record_is_refused_with_both_errors():
+    def refusing(m, x):
+        raise ValueError("proxies refused" if isinstance(x, fx.Proxy) else "tensors refused")
+
+    message = r"^trace_spec: neither torch.fx nor torch.export can trace Net: proxies refused; tensors refused$"
+    with pytest.raises(TraceError, match=message):
+        trace_spec(Net(refusing), torch.randn(2, 5))
+
+    def branching(m, x):  # a branch on a proxy: torch.fx fails, torch.export records the branch taken
+        return mlp(m, x) if x.shape[-1] == 5 else x
+
+    assert trace_spec(Net(branching), torch.randn(2, 5)).axes["head.weight"] == (None, "P_0")
+
+
+def test_a_layer_used_on_inputs_permuted_in_different_ways_is_refused():
+    """``head`` reads ``a``'s 6 units and the 2 + 4 of ``c`` and ``d`` side by side: no one permutation of its
+    input axis is both."""
+
+    def two_layouts(m, x):
+        return m.head(m.a(x)) + m.head(torch.cat([m.c(x), m.d(x)], -1))
+
+    with pytest.raises(TraceError, match=r"^trace_spec: 'head.weight' is used on inputs permuted in different ways$"):
+        trace_spec(Net(two_layouts), torch.randn(2, 3, 5))
+
+    def one_layout(m, x):  # the same layer twice on one group's units: one permutation
+        return m.head(m.a(x)) + m.head(torch.relu(m.a(x)))
+
+    spec = trace_spec(Net(one_layout), torch.randn(2, 3, 5))
+    assert spec.axes["head.weight"] == (None, "P_0") and spec.axes["a.weight"] == ("P_0", None)
+
+
+def test_per_head_features_of_a_pinned_group_reach_a_layer_as_unpermuted_features():
+    """``q`` split into 4 heads, then pinned (added to the unpermuted input): ``mix`` over its per-head
+    features reads an unpermuted axis, the same spec as when the pin comes before the split."""
+
+    def split_then_pinned(m, x):
+        q = m.q(x)
+        h = heads(q, 4)
+        pinned = (q + x).sum()
+        return m.mix(h).sum() + pinned
+
+    def pinned_then_split(m, x):
+        q = m.q(x)
+        pinned = (q + x).sum()
+        return m.mix(heads(q, 4)).sum() + pinned
+
+    spec = trace_spec(Net(split_then_pinned), torch.randn(2, 9, 16))
+    assert spec.axes == trace_spec(Net(pinned_then_split), torch.randn(2, 9, 16)).axes
+    assert spec.axes["mix.weight"] == ("P_0", None) and spec.axes["q.weight"] == (None, None) and not spec.heads
+
+
+def test_a_parameter_along_per_head_features_of_a_permuted_group_is_refused_where_it_is_recorded():
+    """The rules refuse a layer over per-head features first; the record keeps the guarantee on its own."""
+    tracer = GraphTracer(fx.symbolic_trace(nn.Linear(4, 4)), partial=False)
+    gid = tracer.groups.new()
+    tracer.groups.headed(gid, 2, 2)
+    message = r"^trace_spec: 'mix.weight' would be permuted along a head axis, which no spec can say$"
+    with pytest.raises(TraceError, match=message):
+        tracer.record("mix.weight", [None, (Within(gid, 2),)])
+    tracer.pin([gid])  # unpermuted: recorded as it is
+    tracer.record("mix.weight", [None, (Within(gid, 2),)])
+    assert tracer.axes["mix.weight"] == [None, (Within(gid, 2),)]
+
+
+def test_one_group_split_into_two_head_counts_is_refused():
+    """``q`` split into 4 heads of 4, then packed with ``k`` and ``v`` as 3 × 2 heads of 8."""
+
+    def packed(count):
+        def forward(m, x):
+            q = m.q(x)
+            h = heads(q, count)
+            return h, torch.cat([q, m.k(x), m.v(x)], -1).reshape(2, 9, 3, 2, 8)
+
+        return forward
+
+    with pytest.raises(TraceError, match=r"^trace_spec: one group is split into 4 and into 2 heads$"):
+        trace_spec(Net(packed(4)), torch.randn(2, 9, 16))
+    spec = trace_spec(Net(packed(2)), torch.randn(2, 9, 16))  # 2 heads both times: one head count
+    assert spec.axes["q.weight"] == (None, None)  # returned: the model's outputs are never permuted
