@@ -103,7 +103,7 @@ def _files(tmp_path) -> tuple:
     for i in range(2):
         torch.manual_seed(i)
         torch.save(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).state_dict(), tmp_path / f"m{i}.pt")
-    (tmp_path / "nets.py").write_text(
+    (tmp_path / "input_nets.py").write_text(
         "from torch import nn\n\n\ndef mlp(width=4):\n"
         "    return nn.Sequential(nn.Linear(3, width), nn.ReLU(), nn.Linear(width, 2))\n"
     )
@@ -114,11 +114,11 @@ def test_factory_kwargs_are_a_json_object(tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     files = list(_files(tmp_path))
     with pytest.raises(ValueError, match=r"^--kwargs: not valid JSON \(Expecting property name enclosed in double"):
-        load_models(files, "nets:mlp", "{width: 4}")
+        load_models(files, "input_nets:mlp", "{width: 4}")
     for text in ("[4]", '"width"', "4"):
         with pytest.raises(ValueError, match="^--kwargs: expected a JSON object, got " + re.escape(repr(text)) + "$"):
-            load_models(files, "nets:mlp", text)
-    params, (net, spec, _) = load_models(files, "nets:mlp", '{"width": 4}')
+            load_models(files, "input_nets:mlp", text)
+    params, (net, spec, _) = load_models(files, "input_nets:mlp", '{"width": 4}')
     assert spec is None and net[0].out_features == 4 and len(params) == 2
 
 
@@ -127,8 +127,8 @@ def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_
     a, b = _files(tmp_path)
     torch.save({"format": "unused"}, tmp_path / "p.pt")  # never read: the refusal comes first
     with pytest.raises(ValueError, match=r"^--input-shape: needed with --perm and --factory, to trace the spec$"):
-        aligned_pair(a, b, tmp_path / "p.pt", "nets:mlp", "{}", None)
-    params_a, params_b, net = aligned_pair(a, b, None, "nets:mlp", "{}", None)  # no --perm: nothing to trace
+        aligned_pair(a, b, tmp_path / "p.pt", "input_nets:mlp", "{}", None)
+    params_a, params_b, net = aligned_pair(a, b, None, "input_nets:mlp", "{}", None)  # no --perm: nothing to trace
     assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3
 
 
