@@ -198,3 +198,39 @@ def test_connect_takes_permutes_alignment_of_b_only_from_a_permute_output(tmp_pa
         load_alignment(tmp_path, "wm_sinkhorn")
     found = load_alignment(tmp_path, "wm")
     assert torch.equal(found.perm["h0"], torch.tensor([1, 0])) and found.stats == {"seconds": 0.5}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_that_computes_declares_the_thread_policy(stage: str) -> None:
+    """Results depend on the thread count in their last bits: a stage that runs torch on the device
+    (it declares ``device``) or repairs statistics reruns when ``threads`` changes."""
+    declared = declared_keys(PIPELINE, stage, load_yaml(ROOT / "params.yaml"), {"method": "wm", "seed": 0})
+    computes = "device" in declared or stage == "merge"
+    assert ("threads" in declared) == computes, declared
+
+
+def test_a_stage_takes_its_threads_from_the_environment_then_its_params_then_auto(tmp_path, monkeypatch) -> None:
+    import torch
+
+    from lmclab.core.threads import starting_threads
+    from lmclab.pipeline.stage import stage_params
+
+    before = torch.get_num_threads()
+    tree = {"permute": {"seed": 1, "wm": {}}, "device": "cpu", "threads": 3, "plot": {}}
+    path = _write(tmp_path, tree)
+    try:
+        monkeypatch.delenv("LMCLAB_THREADS", raising=False)
+        stage_params("permute", path, dvc_yaml=ROOT / "dvc.yaml", method="wm")
+        assert torch.get_num_threads() == 3  # declared: params.yaml's
+        stage_params("plot", path, dvc_yaml=ROOT / "dvc.yaml")
+        assert torch.get_num_threads() == starting_threads()  # not declared: auto, whatever params.yaml says
+        monkeypatch.setenv("LMCLAB_THREADS", "2")
+        stage_params("permute", path, dvc_yaml=ROOT / "dvc.yaml", method="wm")
+        assert torch.get_num_threads() == 2  # the environment overrides params.yaml
+        monkeypatch.setenv("LMCLAB_THREADS", "two")
+        with pytest.raises(
+            SystemExit, match=r"^error: LMCLAB_THREADS: expected auto or a positive integer, got 'two'$"
+        ):
+            stage_params("permute", path, dvc_yaml=ROOT / "dvc.yaml", method="wm")
+    finally:
+        torch.set_num_threads(before)

@@ -102,7 +102,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         {"permute__wm__iters": 3},
         "permute.wm.iters: unknown key (set to 3); expected only the keys lap_backend, max_iter, tol, restarts",
     ),
-    ({"trian": {"epochs": 1}}, "trian: unknown key (set to {'epochs': 1}); expected only the keys device, data, "),
+    (
+        {"trian": {"epochs": 1}},
+        "trian: unknown key (set to {'epochs': 1}); expected only the keys device, threads, data, ",
+    ),
     (
         {"model__resnet20__depth": 20},
         "model.resnet20.depth: unknown key (set to 20); expected only the keys width_multiplier, blocks",

@@ -14,6 +14,10 @@ stderr and exit status 1."""
 
 from __future__ import annotations
 
+from lmclab.core.threads import wait_passively
+
+wait_passively()  # the command's thread policy: OpenMP reads it when torch loads, below (lmclab.core.threads)
+
 import json
 from collections.abc import Callable
 from functools import wraps
@@ -64,6 +68,22 @@ def one_line(fn: Callable) -> Callable:
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+@app.callback()
+def threads(
+    threads: str = typer.Option(
+        "auto", envvar="LMCLAB_THREADS", help="intra-op threads: auto (lmclab.core.threads) or a count"
+    ),
+) -> None:
+    """The thread policy for the command's process, before any command runs."""
+    from lmclab.core.threads import use_threads
+
+    try:
+        use_threads(threads)
+    except ValueError:
+        typer.echo(f"error: --threads: expected auto or a positive integer, got {threads!r}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -212,6 +212,11 @@ class Params(Block):
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = key(
         "auto", "auto = CUDA when present, else CPU", json_schema_extra={"expected": "auto, cpu, cuda or cuda:N"}
     )
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = key(
+        "auto",
+        "intra-op threads of each computing stage: auto = PyTorch's count; idle threads sleep (lmclab.core.threads)",
+        json_schema_extra={"expected": "auto or a positive integer"},
+    )
     data: Data
     model: Model  # params_model() derives it and the blocks after it from the registries
     train: Train

@@ -129,8 +129,27 @@ class DeclaredBlock(Mapping):
 
 
 def stage_params(stage: str, path: Path, *, dvc_yaml: Path, **item: Any) -> Callable[[str], Any]:
-    """``read(key)`` for stage ``stage`` (matrix stages pass their ``item`` values, e.g. ``method``)."""
-    return StageParams(stage, path, dvc_yaml=dvc_yaml, **item).read
+    """``read(key)`` for stage ``stage`` (matrix stages pass their ``item`` values, e.g. ``method``), after
+    setting this process's threads (:func:`stage_threads`)."""
+    params = StageParams(stage, path, dvc_yaml=dvc_yaml, **item)
+    stage_threads(params)
+    return params.read
+
+
+def stage_threads(params: StageParams) -> int:
+    """The thread policy (:mod:`lmclab.core.threads`) for this stage process: ``LMCLAB_THREADS`` when set,
+    else params.yaml's ``threads`` where the stage declares it (the computing stages: their results
+    depend on it in the last bits), else ``auto``."""
+    from lmclab.core.threads import ENVIRONMENT, use_threads
+
+    if os.environ.get(ENVIRONMENT):
+        try:
+            return use_threads(os.environ[ENVIRONMENT])
+        except ValueError:
+            raise SystemExit(
+                f"error: {ENVIRONMENT}: expected auto or a positive integer, got {os.environ[ENVIRONMENT]!r}"
+            ) from None
+    return use_threads(params.read("threads") if params.covers("threads") else "auto")
 
 
 def show_progress() -> bool:
