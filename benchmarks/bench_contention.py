@@ -8,14 +8,15 @@ a slice of the default training and the whole default run, each idle and beside 
 A *setting* is how a measured process runs its threads: ``torch`` leaves PyTorch's default (as many
 intra-op threads as cores, OpenMP's default spin-then-sleep wait); ``1``/``2`` fix that many threads
 with the same wait; a ``p`` suffix (``1p``, ``torchp``) makes OpenMP's idle threads sleep at once
-(``OMP_WAIT_POLICY=PASSIVE``); ``auto`` is lmclab's thread policy, whole (``lmclab.core.threads``:
-passive wait and ``threads: auto``). Every measurement runs in a fresh process (OpenMP reads its
-environment once, when torch loads).
+(``OMP_WAIT_POLICY=PASSIVE``), an ``s`` suffix makes them spin briefly first (``GOMP_SPINCOUNT=1000``);
+``auto`` is lmclab's thread policy, whole (``lmclab.core.threads``: the brief spin and ``threads: auto``).
+Every measurement runs in a fresh process (OpenMP reads its environment once, when torch loads).
 
 ``wm``: weight matching (library defaults, and one start) on ``--models``' seed0.pt and seed1.pt (the
 default run's: run ``make pipeline`` first), ``--repeats`` times after an untimed run, alternating with
 git-re-basin's ``weight_matching`` in the same process when ``--rebasin`` is given (``bench_lap.py``
-says how to get it; the peer stays outside the project); medians. ``train``: ``--steps`` Adam steps of
+says how to get it; the peer stays outside the project); medians. ``sinkhorn``: the default run's
+``wm_sinkhorn`` search of that pair (params.yaml's options), once. ``train``: ``--steps`` Adam steps of
 the default MLP on mnist5k at the default batch size. ``pipeline``: ``dvc repro -f`` of the committed
 default run in a temporary clone (as ``bench_default_run.py``), stopped after ``--pipeline-limit``
 seconds (the row then says so). Writes ``benchmarks/results/contention.json`` with the command, commit,
@@ -38,7 +39,7 @@ import typer
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
-WORKLOADS = ("wm", "train", "pipeline")
+WORKLOADS = ("wm", "sinkhorn", "train", "pipeline")
 
 
 @contextmanager
@@ -56,22 +57,25 @@ def busy_loops(count: int, seconds: float):
 
 def setting_env(setting: str) -> dict[str, str]:
     """The environment of a measured process under ``setting`` (module docstring)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "LMCLAB_THREADS")}
+    omp = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "LMCLAB_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in omp}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")])
     env["BENCH_SETTING"] = setting
     if setting.endswith("p"):  # OpenMP threads that sleep at once when idle, instead of spinning first
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-    if setting not in ("torch", "torchp"):
-        env["LMCLAB_THREADS"] = setting.removesuffix("p")
+    if setting.endswith("s"):  # a short spin before they sleep
+        env["GOMP_SPINCOUNT"] = "1000"
+    if setting.rstrip("ps") != "torch":
+        env["LMCLAB_THREADS"] = setting.rstrip("ps")
     return env
 
 
 def apply_setting() -> dict:
     """In a measured process: the threads of its setting, and what it runs with."""
     if os.environ["BENCH_SETTING"] == "auto":  # the policy of the stages and the command, whole
-        from lmclab.core.threads import wait_passively
+        from lmclab.core.threads import wait_briefly
 
-        wait_passively()
+        wait_briefly()
     import torch
 
     if "LMCLAB_THREADS" in os.environ:
@@ -106,6 +110,25 @@ def worker_wm(models: Path, repeats: int, rebasin: Path | None) -> dict:
             times[name].append(time.perf_counter() - start)
     objective = {k: matching_objective(spec, getattr(v, "perm", v), params_a, params_b) for k, v in found.items()}
     return {"median_s": {k: statistics.median(v) for k, v in times.items()}, "objective": objective}
+
+
+def worker_sinkhorn(models: Path) -> dict:
+    """The default run's ``wm_sinkhorn`` search (params.yaml's options) of the default pair, once."""
+    import bench_lap
+
+    from lmclab.archs import get_arch
+    from lmclab.pipeline.stage import load_yaml
+    from lmclab.search import SearchProblem, run_search
+    from lmclab.search.weight_matching import matching_objective
+
+    ((_, config, params_a, params_b),) = bench_lap._pairs([models]).values()
+    options = load_yaml(ROOT / "params.yaml")["permute"]["wm_sinkhorn"]
+    problem = SearchProblem(get_arch("mlp").permutation_spec(config), params_a, params_b)
+    start = time.perf_counter()
+    found = run_search("wm_sinkhorn", problem, seed=0, options=options)
+    seconds = time.perf_counter() - start
+    objective = matching_objective(problem.spec, found.perm, params_a, params_b)
+    return {"median_s": {"lmclab": seconds}, "objective": {"lmclab": objective}}
 
 
 def worker_train(steps: int) -> dict:
@@ -188,20 +211,26 @@ def main(
     site: Path = typer.Option(None, help="folder with jax for --rebasin"),
     worker: str = typer.Option(None, hidden=True),
     out: Path = typer.Option(ROOT / "benchmarks" / "results" / "contention.json"),
+    append: bool = typer.Option(False, help="keep --out's rows of the other workloads (and its commands)"),
 ) -> None:
     if worker:
         if site:
             sys.path.insert(0, str(site))
         if rebasin:
             sys.path.insert(0, str(rebasin / "src"))
-        info = apply_setting()
-        result = worker_wm(models, repeats, rebasin) if worker == "wm" else worker_train(steps)
+        info = {**apply_setting(), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "default")}
+        workers = {
+            "wm": lambda: worker_wm(models, repeats, rebasin),
+            "sinkhorn": lambda: worker_sinkhorn(models),
+            "train": lambda: worker_train(steps),
+        }
+        result = workers[worker]()
         print(json.dumps({**info, **result}))
         return
     chosen = [w.strip() for w in workloads.split(",") if w.strip()]
     if not chosen or any(w not in WORKLOADS for w in chosen):
         raise SystemExit(f"error: --workloads: expected a subset of {', '.join(WORKLOADS)}, got {workloads!r}")
-    if "wm" in chosen and not (models / "seed0.pt").is_file():
+    if {"wm", "sinkhorn"} & set(chosen) and not (models / "seed0.pt").is_file():
         raise SystemExit(f"error: --models: {models} has no seed0.pt (run `make pipeline` first)")
     args = {"models": models, "repeats": repeats, "steps": steps, "rebasin": rebasin, "site": site}
     args["pipeline_limit"] = pipeline_limit
@@ -214,22 +243,28 @@ def main(
                     row = measure(workload, setting, args)
                 rows.append({"workload": workload, "busy_loops": loops, "setting": setting, "load_before": load, **row})
                 print(json.dumps(rows[-1]), flush=True)
-    write(out, rows)
+    write(out, rows, chosen, append)
 
 
-def write(out: Path, rows: list[dict]) -> None:
+def write(out: Path, rows: list[dict], chosen: list[str], append: bool) -> None:
+    """The JSON record; with ``append``, the earlier runs of the other workloads are kept beside."""
     sys.path.insert(0, str(ROOT / "src"))
     from lmclab.core.device import describe_machine
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    record = {
+    run = {
         "benchmark": "python benchmarks/bench_contention.py " + " ".join(sys.argv[1:]),
         "commit": commit,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": describe_machine(),
-        "rows": rows,
+        "workloads": chosen,
     }
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    runs, kept = [run], []
+    if append and out.is_file():
+        earlier = json.loads(out.read_text())
+        kept = [r for r in earlier["rows"] if r["workload"] not in chosen]
+        runs = [r for r in earlier["runs"] if set(r["workloads"]) - set(chosen)] + runs
+    out.write_text(json.dumps({"runs": runs, "rows": kept + rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

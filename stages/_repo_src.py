@@ -13,7 +13,7 @@ SRC = str(REPO / "src")
 if SRC not in sys.path:
     sys.path.insert(0, SRC)
 
-from lmclab.core.threads import wait_passively  # noqa: E402 (imports no torch)
+from lmclab.core.threads import wait_briefly  # noqa: E402 (imports no torch)
 
 # OpenMP reads it once, when torch loads (in this process, or in the warm-start server it may start)
-wait_passively()
+wait_briefly()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmclab.core.threads import resolve_threads, starting_threads, use_threads, wait_passively
+from lmclab.core.threads import resolve_threads, starting_threads, use_threads, wait_briefly
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,22 +49,24 @@ def test_use_threads_sets_torchs_intra_op_threads(restore_threads) -> None:
     assert torch.get_num_threads() == 2  # a refused count changes nothing
 
 
-def test_the_wait_policy_is_passive_unless_the_environment_says_otherwise(monkeypatch) -> None:
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    wait_passively()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    wait_passively()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+def test_idle_threads_spin_briefly_unless_the_environment_chooses(monkeypatch) -> None:
+    for chosen in ({}, {"GOMP_SPINCOUNT": "5"}, {"OMP_WAIT_POLICY": "ACTIVE"}):
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        for key, value in chosen.items():
+            monkeypatch.setenv(key, value)
+        wait_briefly()
+        assert os.environ.get("GOMP_SPINCOUNT") == chosen.get("GOMP_SPINCOUNT", None if chosen else "1000")
+        assert os.environ.get("OMP_WAIT_POLICY") == chosen.get("OMP_WAIT_POLICY")
 
 
-def test_a_fresh_process_of_the_command_and_of_a_stage_waits_passively() -> None:
-    """The two entry points set the wait policy before torch loads (the policy is read once, then)."""
+def test_a_fresh_process_of_the_command_and_of_a_stage_spins_briefly() -> None:
+    """The two entry points set the spin before torch loads (OpenMP reads it once, then)."""
     code = (
         "import os, sys; sys.argv = ['x']; {imports}; import torch; "
-        "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+        "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)"
     )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     for where, imports in ((ROOT / "src", "import lmclab.cli"), (ROOT / "stages", "import _repo_src")):
         out = subprocess.run(
             [sys.executable, "-c", code.format(imports=imports)],
@@ -74,7 +76,7 @@ def test_a_fresh_process_of_the_command_and_of_a_stage_waits_passively() -> None
             text=True,
             check=True,
         ).stdout.split()
-        assert out == ["PASSIVE", "True"], where
+        assert out == ["1000", "True"], where
 
 
 def test_the_library_leaves_a_callers_thread_count_alone(restore_threads) -> None:

@@ -57,3 +57,16 @@ def test_the_readme_prose_states_no_measurement_outside_the_generated_block() ->
 @pytest.mark.parametrize("line", ["The merge keeps 91.5 % of the accuracy.", "B½ falls to -0.027."])
 def test_a_typed_measurement_is_found(line: str) -> None:
     assert re.findall(r"\d+\.\d+|\d+(?:\.\d+)?\s?%", _prose(line))
+
+
+def test_the_performance_page_is_what_the_committed_benchmarks_give(tmp_path) -> None:
+    import performance_page
+
+    assert performance_page.with_generated(performance_page.PAGE.read_text()) == performance_page.PAGE.read_text(), (
+        "docs/performance.md is stale: run `python tools/performance_page.py`"
+    )
+    record = (ROOT / "benchmarks/results/contention.json").read_text()
+    first = re.search(r'"lmclab": ([0-9.]+)', record).group(1)
+    changed = tmp_path / "contention.json"
+    changed.write_text(record.replace(first, str(float(first) + 1.0), 1))
+    assert performance_page.generated(changed) != performance_page.generated()

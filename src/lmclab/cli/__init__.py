@@ -14,9 +14,9 @@ stderr and exit status 1."""
 
 from __future__ import annotations
 
-from lmclab.core.threads import wait_passively
+from lmclab.core.threads import wait_briefly
 
-wait_passively()  # the command's thread policy: OpenMP reads it when torch loads, below (lmclab.core.threads)
+wait_briefly()  # the command's thread policy: OpenMP reads it when torch loads, below (lmclab.core.threads)
 
 import json
 from collections.abc import Callable

@@ -3,15 +3,15 @@ PyTorch's intra-op threads (``threads`` in params.yaml, ``lmclab --threads``; ``
 overrides both). The library's functions never change it: a researcher's own process keeps whatever
 ``torch.set_num_threads`` and OpenMP settings it chose.
 
-Measured on a 2-core machine idle and beside 1 and 2 busy processes (``benchmarks/bench_contention.py``,
-``docs/performance.md``): what makes torch slow on a shared machine is not how many threads it runs but
-how they wait. With OpenMP's default wait, a thread that finishes its share of a parallel region spins on
-its core for a while before sleeping, taking that core from the other processes and from its own
-straggling sibling; beside two busy loops, training and weight matching ran 2–3× slower than with
-threads that sleep at once (``OMP_WAIT_POLICY=PASSIVE``), which cost ~25 % on the idle machine for
-training and nothing for weight matching. One thread instead of two was as good under load but ~1.8× slower
-idle for training. So the policy is :func:`wait_passively` before torch loads, and ``auto`` keeps the
-number of threads PyTorch starts with (the cores OpenMP sees; ``OMP_NUM_THREADS`` when set).
+Measured on a 2-core machine idle and beside 1 and 2 busy processes (``benchmarks/bench_contention.py``;
+the figures are on ``docs/performance.md``): what makes torch slow on a shared machine is less how many
+threads it runs than how they wait. With GNU OpenMP's default wait, a thread that finishes its share of a
+parallel region spins on its core for up to 300,000 polls before it sleeps, taking that core from the
+other processes and from its own straggling sibling. Threads that sleep at once
+(``OMP_WAIT_POLICY=PASSIVE``) hold up beside busy processes but pay a wake-up at every region on an idle
+machine; one thread loses the second core. A short spin (``GOMP_SPINCOUNT=1000``) keeps most of both, so
+the policy is :func:`wait_briefly` before torch loads, and ``auto`` keeps the number of threads PyTorch
+starts with (the cores OpenMP sees; ``OMP_NUM_THREADS`` when set).
 
 The order of floating-point sums depends on how a reduction is split, so results differ in their last
 bits between thread counts: give a count (``threads: 1``) for results identical across machines.
@@ -27,10 +27,15 @@ ENVIRONMENT = "LMCLAB_THREADS"  # overrides params.yaml's threads and --threads 
 Threads = int | Literal["auto"]
 
 
-def wait_passively() -> None:
-    """Make OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``) unless the environment says
-    otherwise. OpenMP reads it once, when torch loads: call this first thing in an entry point."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+SPIN = "1000"  # GNU OpenMP's polls before an idle thread sleeps (its default: 300,000)
+
+
+def wait_briefly() -> None:
+    """Make GNU OpenMP's idle threads spin only briefly before they sleep (``GOMP_SPINCOUNT``), unless the
+    environment already chooses (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set). OpenMP reads it once, when
+    torch loads: call this first thing in an entry point. (LLVM's OpenMP, PyTorch's on macOS, ignores it.)"""
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = SPIN
 
 
 @lru_cache(maxsize=1)

@@ -64,7 +64,7 @@ PRELOAD = (
     "dvclive",  # the train stage's live metrics
     "pydantic",  # every method's options
 )
-IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "TORCH_", "PYTORCH_", "MPL", "LD_", "KMP_")
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_", "TORCH_", "PYTORCH_", "MPL", "LD_", "KMP_")
 WORKER_ENV = "LMCLAB_WARM_WORKER"  # set inside a worker: the stage runs in place
 _HELLO, _MAX_MESSAGE = b"lmclab-warm 1\n", 1 << 20
 
