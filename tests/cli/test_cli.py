@@ -305,6 +305,7 @@ def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
             "error: --option max_iter must be a positive integer, got 0",
         ),
         (["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere"], "error: --data: expected one of"),
+        (["--threads", "0", "validate", "x.yaml"], "error: --threads: expected auto or a positive integer, got '0'"),
         (
             ["match", "a.pt", "b.pt", "--method", "am", "--out", "x.pt"],
             "error: --data: method 'am' reads training data; give a data set name or prepared folder",

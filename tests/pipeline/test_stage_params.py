@@ -37,7 +37,12 @@ def _write(tmp_path, tree: dict):
 
 def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
     tree = {"model": {"arch": "vgg"}}
-    assert declared_keys(PIPELINE, "permute", tree, {"method": "wm"}) == ["permute.wm", "permute.seed", "device"]
+    assert declared_keys(PIPELINE, "permute", tree, {"method": "wm"}) == [
+        "permute.wm",
+        "permute.seed",
+        "device",
+        "threads",
+    ]
     assert declared_keys(PIPELINE, "train", tree, {})[:2] == ["model.arch", "model.vgg"]
     assert declared_keys(PIPELINE, "validate", tree, {}) == [""]  # the whole file
 

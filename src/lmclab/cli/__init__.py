@@ -81,8 +81,8 @@ def threads(
 
     try:
         use_threads(threads)
-    except ValueError:
-        typer.echo(f"error: --threads: expected auto or a positive integer, got {threads!r}", err=True)
+    except ValueError as exc:  # "threads: …", named as the option
+        typer.echo(f"error: --{exc}", err=True)
         raise typer.Exit(1) from None
 
 

@@ -145,10 +145,8 @@ def stage_threads(params: StageParams) -> int:
     if os.environ.get(ENVIRONMENT):
         try:
             return use_threads(os.environ[ENVIRONMENT])
-        except ValueError:
-            raise SystemExit(
-                f"error: {ENVIRONMENT}: expected auto or a positive integer, got {os.environ[ENVIRONMENT]!r}"
-            ) from None
+        except ValueError as exc:  # "threads: …", named as the variable
+            raise SystemExit(f"error: {ENVIRONMENT}{str(exc).removeprefix('threads')}") from None
     return use_threads(params.read("threads") if params.covers("threads") else "auto")
 
 
