@@ -10,7 +10,6 @@ Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -107,9 +106,10 @@ def main(check: bool = typer.Option(False, help="exit 1 if the page differs from
     new = with_generated(text)
     if check:
         raise SystemExit(0 if new == text else f"error: {PAGE}: stale; run `python tools/performance_page.py`")
-    tmp = PAGE.with_name(f".{PAGE.name}.tmp")
-    tmp.write_text(new)
-    os.replace(tmp, PAGE)
+    from lmclab.core.atomic import atomic_path
+
+    with atomic_path(PAGE) as tmp:
+        tmp.write_text(new)
     typer.echo(f"{PAGE}: generated part written")
 
 
