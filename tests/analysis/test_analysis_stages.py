@@ -240,6 +240,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
         yaml.safe_dump(
             {
                 "device": "cpu",
+                "threads": 1,
                 "train": {"seeds": [0, 1]},
                 "permute": {"methods": ["wm"]},
                 "measure": {

@@ -338,7 +338,7 @@ def test_validate_reports_a_traced_factory_under_its_key() -> None:
         ),
         (
             "spectra",
-            {"device": "cpu", "train": {"seeds": [0]}, "measure": {"conv_spectrum": "exact"}},
+            {"device": "cpu", "threads": 1, "train": {"seeds": [0]}, "measure": {"conv_spectrum": "exact"}},
             "error: measure.conv_spectrum must be one of ['reshape', 'fft'], got 'exact'",
         ),
     ],
