@@ -16,7 +16,7 @@ from test_heads import _vit
 
 import lmclab.core.assignment as assignment
 from lmclab.archs import get_arch, make_config
-from lmclab.core.assignment import BACKENDS, solve_assignment
+from lmclab.core.assignment import BACKENDS, resolve_backend, solve_assignment
 from lmclab.core.data import Split
 from lmclab.core.options import OptionError
 from lmclab.core.spec import apply_permutation, invert, random_permutation
@@ -81,7 +81,7 @@ def test_lapx_matches_scipys_optimal_value(kind, shape):
 
 
 def test_solve_assignment_refuses_in_one_line():
-    with pytest.raises(OptionError, match=r"^backend must be one of \['scipy', 'lapx'\], got 'jv'$"):
+    with pytest.raises(OptionError, match=r"^backend must be one of \['auto', 'scipy', 'lapx'\], got 'jv'$"):
         solve_assignment(torch.eye(3), "jv")
     with pytest.raises(ValueError, match=r"^cost must be an \(n, m\) matrix with n ≤ m, got shape \(3, 2\)$"):
         solve_assignment(torch.ones(3, 2))
@@ -100,7 +100,7 @@ def test_every_non_finite_cost_is_refused_in_our_words(backend, bad):
 
 def test_a_bad_or_missing_backend_is_one_line_naming_lap_backend(monkeypatch):
     spec, params = _mlp(8)
-    with pytest.raises(OptionError, match=r"^lap_backend must be one of \['scipy', 'lapx'\], got 'lapjv'$"):
+    with pytest.raises(OptionError, match=r"^lap_backend must be one of \['auto', 'scipy', 'lapx'\], got 'lapjv'$"):
         weight_matching(spec, params, params, lap_backend="lapjv")
     with pytest.raises(OptionError, match=r"^lap_backend must be one of"):
         check_many("sync", {"lap_backend": None})
@@ -117,7 +117,25 @@ def test_exactly_the_methods_that_solve_assignments_take_lap_backend():
     assert {m for m, f in MANY_METHODS.items() if "lap_backend" in f.options.model_fields} == set(MANY)
     for method in (*PAIR_METHODS, *MANY):
         options = (METHODS.get(method) or MANY_METHODS[method]).options
-        assert options.model_fields["lap_backend"].default == "scipy"
+        assert options.model_fields["lap_backend"].default == "auto"
+        assert options().lap_backend == "lapx"  # resolved at validation, given or not (lapx is installed)
+        assert options(lap_backend="scipy").lap_backend == "scipy"
+
+
+def test_auto_is_lapx_where_installed_and_scipy_where_not(monkeypatch):
+    spec, params = _mlp(8)
+    other = random_params("mlp", make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=8), 1)
+    assert resolve_backend("auto") == "lapx" and resolve_backend("scipy") == "scipy"
+    assert resolve_backend("lapx") == "lapx"
+    found = weight_matching(spec, params, other)
+    assert found.stats["lap_backend"] == "lapx"  # stats name the solver that ran
+    cost = torch.randn(6, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert torch.equal(solve_assignment(cost, "auto"), solve_assignment(cost, "lapx"))
+    monkeypatch.setattr(assignment.importlib.util, "find_spec", lambda name: None)
+    assert resolve_backend("auto") == "scipy"
+    assert weight_matching(spec, params, other).stats["lap_backend"] == "scipy"
+    monkeypatch.setitem(__import__("sys").modules, "lap", None)  # `import lap` fails: auto never tries it
+    assert torch.equal(solve_assignment(cost, "auto"), solve_assignment(cost, "scipy"))
 
 
 def _mlp(width: int, seed: int = 0):

@@ -49,7 +49,7 @@ from lmclab.core.spec import (
     unit_rows,
 )
 from lmclab.search.result import SearchResult
-from lmclab.search.wm_costs import constant_terms, cost_dependencies, group_cost
+from lmclab.search.wm_costs import TermCache, constant_terms, cost_dependencies, group_cost
 
 __all__ = ["LocalOptimaWarning", "WMOptions", "group_cost", "constant_terms", "matching_objective", "weight_matching"]
 
@@ -117,7 +117,7 @@ def weight_matching(
     generator = generator or torch.Generator().manual_seed(0)
     solve = partial(solve_assignment, backend=options.lap_backend)
     sizes = spec.group_sizes(params_a)
-    constants = constant_terms(spec, params_a, params_b)
+    cache = TermCache(spec, params_a, params_b)  # every start's terms, kept between solves
     best, finals, solves = None, [], 0
     for k in range(options.restarts):
         if k == 0:
@@ -125,7 +125,7 @@ def weight_matching(
         else:
             init = sorted_signature_start(spec, params_a, params_b, solve) if k == 1 else None
             init = init or random_permutation(sizes, generator, spec.heads)
-        perm, objective, count = _descend(spec, params_a, params_b, init, constants, options, solve, generator)
+        perm, objective, count = _descend(spec, params_a, params_b, init, cache, options, solve, generator)
         finals.append(objective[-1])
         solves += count
         if best is None or objective[-1] > best[1][-1]:
@@ -139,6 +139,7 @@ def weight_matching(
         )
     perm, objective, kept = best
     stats = {"objective": objective, "sweeps": len(objective) - 1, "assignments": solves, "restart_objectives": finals}
+    stats["products"] = dict(cache.counts)  # cost terms kept, updated and recomputed (lmclab.search.wm_costs)
     return SearchResult(
         perm, {**stats, "kept_start": kept, "lap_backend": options.lap_backend, "seconds": time.perf_counter() - start}
     )
@@ -149,7 +150,7 @@ def _descend(
     params_a: Mapping[str, Tensor],
     params_b: Mapping[str, Tensor],
     perm: Permutation,
-    constants: Mapping[tuple[str, int, str], Tensor],
+    cache: TermCache,
     options: WMOptions,
     solve: Any,
     generator: torch.Generator,
@@ -161,19 +162,19 @@ def _descend(
     depends = {u: frozenset().union(*(cost_dependencies(spec, g) for g in u)) for u in units}
     changed_at = dict.fromkeys(perm, 0)  # step at which each group's permutation last changed
     solved_at = dict.fromkeys(units, -1)  # step at which each unit was last solved
-    objective, step, solves = [matching_objective(spec, perm, params_a, params_b)], 0, 0
+    objective, step, solves = [cache.objective(perm)], 0, 0
     for _ in range(options.max_iter):
         for k in torch.randperm(len(units), generator=generator).tolist():
             unit, step = units[k], step + 1
             if solved_at[unit] >= max((changed_at[g] for g in depends[unit]), default=0):
                 continue  # same cost as at the last solve, hence the same optimum
-            costs = {g: group_cost(spec, g, perm, params_a, params_b, constants) for g in unit}
+            costs = {g: cache.cost(g, perm) for g in unit}
             new = solve_tied(costs, spec.heads, solve)
             solved_at[unit], solves = step, solves + 1
             for g in unit:
                 if not torch.equal(new[g], perm[g]):
                     perm[g], changed_at[g] = new[g], step
-        objective.append(matching_objective(spec, perm, params_a, params_b))
+        objective.append(cache.objective(perm))
         tick(objective=f"{objective[-1]:.4g}")  # one sweep
         if objective[-1] - objective[-2] <= options.tol * abs(objective[-2]):
             break

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor
 
 from lmclab.core.spec import PermutationSpec, axis_index, entry_groups, group_slices, unit_rows
@@ -90,3 +91,102 @@ def cost_dependencies(spec: PermutationSpec, group: str) -> frozenset[str]:
         if i != axis
         for g in entry_groups(e)
     )
+
+
+class TermCache:
+    """The terms of every ``group_cost``, each kept with the index it was computed at on each of its
+    other permuted axes; :meth:`cost` returns a group's cost at ``perm`` taking each term as
+
+    * **kept** — every other axis's index unchanged: the same product (exact);
+    * **updated** — the index changed on one other axis at ``k`` positions, ``k`` at most ``update_at``
+      of its length: ``T += A_S · (B_new − B_old)_Sᵀ`` over those ``k`` slices only (the same term in exact
+      arithmetic, at ``k / n`` of the product's cost — late sweeps move a few units);
+    * **recomputed** — otherwise.
+
+    ``counts`` tallies the three. ``update_at=0`` recomputes every changed term (the plain loop's products)."""
+
+    def __init__(
+        self,
+        spec: PermutationSpec,
+        params_a: Mapping[str, Tensor],
+        params_b: Mapping[str, Tensor],
+        *,
+        update_at: float = 0.5,
+    ) -> None:
+        self.spec, self.params_a, self.params_b, self.update_at = spec, params_a, params_b, update_at
+        self.terms: dict[tuple[str, int, str], tuple[Tensor, dict[int, Tensor]]] = {}
+        self.dots: dict[str, tuple[float, dict[int, Tensor]]] = {}
+        self.counts = {"kept": 0, "updated": 0, "recomputed": 0}
+
+    def _index(self, name: str, perm: Mapping[str, Tensor], skip: int | None = None) -> dict[int, Tensor]:
+        """The index of every permuted axis of ``name`` but ``skip`` at ``perm`` (on the CPU)."""
+        shape = self.params_b[name].shape
+        return {
+            d: axis_index(e, perm, shape[d]).cpu()
+            for d, e in enumerate(self.spec.axes[name])
+            if d != skip and entry_groups(e)
+        }
+
+    def objective(self, perm: Mapping[str, Tensor]) -> float:
+        """``⟨θa, π(θb)⟩`` over the matched entries, the same float as ``matching_objective``: an entry's
+        inner product is recomputed only when the index of one of its axes changed since the last call."""
+        total = 0.0
+        for name in self.spec.matched(self.params_b):
+            index, kept = self._index(name, perm), self.dots.get(name)
+            if kept is None or any(not torch.equal(kept[1][d], i) for d, i in index.items()):
+                w_b = self.params_b[name]
+                for d, i in index.items():
+                    w_b = w_b.index_select(d, i.to(w_b.device))
+                kept = (float(torch.dot(self.params_a[name].flatten().float(), w_b.flatten().float())), index)
+                self.dots[name] = kept
+            total += kept[0]
+        return total
+
+    def cost(self, group: str, perm: Mapping[str, Tensor]) -> Tensor:
+        """``C[i, j]``, the gain of mapping unit ``j`` of θb onto unit ``i`` of θa, at ``perm`` (as ``group_cost``)."""
+        cost = None
+        for name, axis in self.spec.groups[group]:
+            if name not in self.spec.stats:
+                term = self.term(name, axis, group, perm)
+                cost = term if cost is None else cost + term
+        return cost
+
+    def term(self, name: str, axis: int, group: str, perm: Mapping[str, Tensor]) -> Tensor:
+        """One term of ``group``'s cost at ``perm`` (class docstring)."""
+        key, shape = (name, axis, group), self.params_b[name].shape
+        index = self._index(name, perm, skip=axis)
+        kept = self.terms.get(key)
+        moved = {d: (kept[1][d] != i).nonzero().flatten() for d, i in index.items()} if kept else {}
+        moved = {d: at for d, at in moved.items() if len(at)}
+        if kept is not None and not moved:
+            self.counts["kept"] += 1
+            return kept[0]
+        if kept is not None and len(moved) == 1 and self._small(moved, shape):
+            ((d, at),) = moved.items()
+            term = kept[0] + self._change(name, axis, group, at, kept[1][d], index, d)
+            self.counts["updated"] += 1
+        else:
+            term = _term(self.spec, perm, name, axis, group, self.params_a, self.params_b)
+            self.counts["recomputed"] += 1
+        self.terms[key] = (term, index)
+        return term
+
+    def _small(self, moved: Mapping[int, Tensor], shape: tuple[int, ...]) -> bool:
+        return all(len(at) <= self.update_at * shape[d] for d, at in moved.items())
+
+    def _change(
+        self, name: str, axis: int, group: str, at: Tensor, old: Tensor, index: Mapping[int, Tensor], d: int
+    ) -> Tensor:
+        """``A_S · (B_new − B_old)_Sᵀ``: the term's change when axis ``d``'s index moves from ``old`` at the
+        positions ``at`` (``index``: the new index of every other permuted axis)."""
+        w_a, w_b = self.params_a[name], self.params_b[name]
+        dev = w_b.device
+        slice_a = w_a.index_select(d, at.to(dev))
+        delta = w_b.index_select(d, index[d][at].to(dev)) - w_b.index_select(d, old[at].to(dev))
+        for e, i in index.items():  # the other permuted axes, unmoved
+            delta = delta if e == d else delta.index_select(e, i.to(dev))
+        change = None
+        for where in group_slices(self.spec.axes[name][axis], group, w_a.shape[axis]):
+            part = unit_rows(slice_a, axis, *where) @ unit_rows(delta, axis, *where).T
+            change = part if change is None else change + part
+        return change
