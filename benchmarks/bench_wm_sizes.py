@@ -21,6 +21,9 @@ Each model is matched by
   is the same objective. Models with packed or headed axes (``vit_b_16``'s attention) have no spec in its
   format and are timed for lmclab only.
 
+With ``--append`` the rows of the models not timed now are kept (each row names its run: command,
+commit, date, machine, repeats), so the large models can be timed with fewer repeats than the small.
+
 Each row: seconds (median), the final ⟨θa, π(θb)⟩ of each (the peer's permutation scored by lmclab),
 lmclab's sweeps, assignments, seconds in the assignment solver and its cost terms kept / updated /
 recomputed (``lmclab.search.wm_costs``). ``--threads``: torch's intra-op threads (default: lmclab's
@@ -180,6 +183,7 @@ def main(
     rebasin: Path | None = typer.Option(None, help="a folder with git-re-basin's weight_matching.py (see above)"),
     site: Path | None = typer.Option(None, help="a folder with jax, searched after the venv"),
     threads: str = typer.Option("auto", help="torch intra-op threads: a count, or auto (lmclab's policy)"),
+    append: bool = typer.Option(False, help="keep --out's rows of the other models (and their runs)"),
     out: Path = typer.Option(ROOT / "benchmarks/results/wm_sizes.json"),
 ) -> None:
     unknown = sorted(set(models.split(",")) - set(MODELS))
@@ -196,18 +200,25 @@ def main(
     torch.set_grad_enabled(False)
     use_threads(threads)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    result = {
+    run = {
         "benchmark": "python benchmarks/bench_wm_sizes.py " + " ".join(sys.argv[1:]),
         "commit": commit.stdout.strip(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": describe_machine(),
         "repeats": repeats,
-        "rows": [],
     }
-    for name in models.split(","):
+    chosen = models.split(",")
+    earlier = json.loads(out.read_text()) if append and out.is_file() else {"runs": [], "rows": []}
+    kept = [r for r in earlier["rows"] if r["model"] not in chosen]
+    runs = [earlier["runs"][r["run"]] for r in kept]
+    unique = list({json.dumps(r, sort_keys=True): r for r in [*runs, run]}.values())
+    for r in kept:
+        r["run"] = unique.index(earlier["runs"][r["run"]])
+    result = {"runs": unique, "rows": kept}
+    for name in chosen:
         load = os.getloadavg()[0]
         row = {**time_model(name, pair, repeats, rebasin is not None), "load_average_1min": load}
-        result["rows"].append(row)
+        result["rows"].append({**row, "run": unique.index(run)})
         peer = row["median_s"].get("git-re-basin")
         typer.echo(
             f"{name}: lmclab {row['median_s']['lmclab']:.2f} s (1 start {row['median_s']['lmclab 1 start']:.2f} s)"

@@ -4,7 +4,8 @@ typed by hand — not a DVC stage (< 1 s):
     python tools/performance_page.py            # rewrite the generated part of docs/performance.md
     python tools/performance_page.py --check    # exit 1 if it differs from what the results give
 
-Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``).
+Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``) and
+``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``).
 """
 
 from __future__ import annotations
@@ -87,10 +88,55 @@ def _cell(row: dict | None, idle: float | None) -> str:
     return text
 
 
-def generated(results: Path = ROOT / "benchmarks" / "results" / "contention.json") -> str:
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def wm_sizes(record: dict) -> str:
+    """One row per model: lmclab's WM (defaults, one start) beside git-re-basin's, the objective each
+    reached, and where lmclab's time went."""
+    out = ["Measured by", ""]
+    for number, run in enumerate(record["runs"]):
+        machine, models = run["machine"], [r["model"] for r in record["rows"] if r["run"] == number]
+        out.append(
+            f"- {', '.join(models)}: `{run['benchmark']}` at commit `{run['commit'][:7]}` on {run['date']}: "
+            f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; "
+            f"medians of {run['repeats']}, alternating in one process."
+        )
+    out += [
+        "",
+        "Seconds (in brackets: git-re-basin's time over lmclab's):",
+        "",
+        "| model | parameters | groups (widest) | lmclab, 2 starts | 1 start | git-re-basin "
+        "| ⟨θa, π(θb)⟩: 2 starts / 1 start / git-re-basin "
+        "| sweeps, assignments (s solving) of 1 start | terms kept / updated / recomputed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        sec, obj, one = row["median_s"], row["objective"], "lmclab 1 start"
+        peer = sec.get("git-re-basin")
+        speed = row["speedup_vs_git_re_basin"]
+        cells = [
+            f"{row['model']} ({row['source'].split(' (')[0]})",
+            f"{row['parameters'] / 1e6:.1f} M",
+            f"{row['groups']} ({row['widest_group']})",
+            _seconds(sec["lmclab"]) + (f" s (×{speed['lmclab']:.1f})" if speed else " s"),
+            _seconds(sec[one]) + (f" s (×{speed[one]:.1f})" if speed else " s"),
+            f"{_seconds(peer)} s" if peer else row["git_re_basin"],
+            " / ".join(f"{obj[k]:.6g}" for k in ("lmclab", one, "git-re-basin") if k in obj),
+            f"{row['sweeps'][one]}, {row['assignments'][one]} ({_seconds(row['median_assignment_s'][one])} s)",
+            " / ".join(str(row["products"][one][k]) for k in ("kept", "updated", "recomputed")),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def generated(results: Path = RESULTS / "contention.json", sizes: Path = RESULTS / "wm_sizes.json") -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
-    return f"### On a shared machine\n\nMeasured by\n\n{sources}\n\n{contention(record)}"
+    return (
+        f"### On a shared machine\n\nMeasured by\n\n{sources}\n\n{contention(record)}"
+        f"### Weight matching at real sizes\n\n{wm_sizes(json.loads(sizes.read_text()))}"
+    )
 
 
 def with_generated(page: str) -> str:

@@ -70,3 +70,8 @@ def test_the_performance_page_is_what_the_committed_benchmarks_give(tmp_path) ->
     changed = tmp_path / "contention.json"
     changed.write_text(record.replace(first, str(float(first) + 1.0), 1))
     assert performance_page.generated(changed) != performance_page.generated()
+    sizes = (ROOT / "benchmarks/results/wm_sizes.json").read_text()
+    first = re.search(r'"lmclab": ([0-9.]+)', sizes).group(1)
+    changed = tmp_path / "wm_sizes.json"
+    changed.write_text(sizes.replace(first, str(float(first) + 1.0), 1))
+    assert performance_page.generated(sizes=changed) != performance_page.generated()

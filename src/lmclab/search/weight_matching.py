@@ -10,10 +10,12 @@ headed groups of attention, tied by a shared head order, one structured assignme
 a full sweep raises the objective by no more than ``tol`` relative to it, or after ``max_iter``
 sweeps. Data-free.
 
-Two exact shortcuts (the result is the one of the plain loop, bit for bit): a group's assignment is
-re-solved only when a permutation its cost depends on changed since it was last solved (an unchanged
-cost has the same optimum; near convergence most groups are skipped), and the terms of its cost whose
-other axes carry no permutation (first-layer weights, biases, the classifier) are computed once.
+Shortcuts that leave the plain loop's result: a group's assignment is re-solved only when a permutation
+its cost depends on changed since it was last solved (an unchanged cost has the same optimum; near
+convergence most groups are skipped), and each term of a cost is kept between solves — reused while
+the permutations of its other axes are unchanged, updated by the few slices that moved, recomputed
+otherwise (:class:`lmclab.search.wm_costs.TermCache`; an update equals the recomputed term up to
+floating-point rounding) — as is each entry's share of ⟨θa, π(θb)⟩.
 
 Coordinate descent stops in local optima (on planted copies θb = π(θa) of MobileNet or EfficientNet it
 ends far from π⁻¹ from the identity). ``restarts`` runs it from several starts and keeps the highest
@@ -21,7 +23,10 @@ ends far from π⁻¹ from the identity). ``restarts`` runs it from several star
 with ``C[i, j] = ⟨sort(w^a_i), sort(w^b_j)⟩``, where ``w_i`` is everything unit ``i`` touches and sorting
 makes it blind to every other group's permutation; on a planted copy this is the exact π⁻¹ whenever the
 units' sorted values differ, since ``Σ_i ⟨s_i, s_p(i)⟩ ≤ Σ_i ‖s_i‖²`` with equality only at the truth — then
-random permutations. Starts that end at different objectives warn (:class:`LocalOptimaWarning`).
+random permutations. A unit's row longer than ``SIGNATURE`` values is represented by that many evenly
+spaced order statistics (its inner products scaled by the row's length over them): the same argument
+holds for them, and on VGG11's 25,088-wide classifier input the start costs a fraction of a sweep
+instead of twice one. Starts that end at different objectives warn (:class:`LocalOptimaWarning`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ def matching_objective(
     return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
 
 
+SIGNATURE = 1024  # order statistics per unit in the sorted-signature start (module docstring)
+
+
 class WMOptions(AssignmentOptions):
     """Options of :func:`weight_matching`."""
 
@@ -89,8 +97,8 @@ def sorted_signature_start(
                 continue
             w_a, w_b = params_a[name], params_b[name]
             for where in group_slices(spec.axes[name][axis], group, w_a.shape[axis]):
-                sig_a, sig_b = (unit_rows(w, axis, *where).sort(dim=1).values for w in (w_a, w_b))
-                cost = sig_a @ sig_b.T if cost is None else cost + sig_a @ sig_b.T
+                sig_a, sig_b, scale = _signatures(unit_rows(w_a, axis, *where), unit_rows(w_b, axis, *where))
+                cost = scale * sig_a @ sig_b.T if cost is None else cost + scale * sig_a @ sig_b.T
         costs[group] = cost
     sizes = spec.group_sizes(params_a)
     perm = identity_permutation(sizes)
@@ -98,6 +106,17 @@ def sorted_signature_start(
         if all(costs[g] is not None for g in unit):
             perm.update(solve_tied({g: costs[g] for g in unit}, spec.heads, solve))
     return perm
+
+
+def _signatures(rows_a: Tensor, rows_b: Tensor) -> tuple[Tensor, Tensor, float]:
+    """Each row sorted — at most ``SIGNATURE`` evenly spaced order statistics of it — and the factor that
+    scales their inner products to the full rows' (module docstring)."""
+    length = rows_a.shape[1]
+    sig_a, sig_b = rows_a.sort(dim=1).values, rows_b.sort(dim=1).values
+    if length <= SIGNATURE:
+        return sig_a, sig_b, 1.0
+    ranks = torch.linspace(0, length - 1, SIGNATURE, device=rows_a.device).round().long()
+    return sig_a[:, ranks], sig_b[:, ranks], length / SIGNATURE
 
 
 @takes(WMOptions)
