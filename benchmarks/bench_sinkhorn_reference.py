@@ -11,15 +11,22 @@ scoring of both final permutations come from ``bench_sinkhorn.py``.
         --site /tmp/ref-site --which wm --repeats 3      # DistL2Loss vs wm_sinkhorn (~15 min)
     python benchmarks/bench_sinkhorn_reference.py ... --which mid --repeats 5   # MidLoss vs ste_sinkhorn (fp32, bf16)
 
-Prints one JSON row per run (``curve``: objective and seconds after each reference epoch).
+Prints one JSON row per run (``curve``: objective and seconds after each reference epoch, and after
+each of lmclab's). ``wm_sinkhorn`` runs twice per repeat: with its defaults (the reference's 1,000 steps,
+scored every 10, stopped after 10 scores without a better one) and with the fixed schedule
+(``patience: None``). With ``--out`` the rows are also written there as JSON with the command, commit,
+date and machine, and each DistL2 row gets ``time_to_target_s``: the seconds until its curve first
+reached the final ⟨θa, π(θb)⟩ of the reference in the same repeat (the performance page's Sinkhorn table).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -114,6 +121,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=bench.ROOT / "data" / "bench_pair_mlp_30ep.pt")
     parser.add_argument("--which", choices=["wm", "mid"], default="wm")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="also write the rows there, with the command, commit and machine")
     args = parser.parse_args()
     sys.path[:0] = [str(args.reference)] + ([str(args.site)] if args.site else [])
     pair = bench.Pair(args.data_dir, args.cache)
@@ -124,13 +132,16 @@ def main() -> None:
         reference_mid(pair, 99, epochs=1)
         for precision in ("fp32", "bf16"):
             bench.run(pair, "ste_sinkhorn", 99, epochs=1, precision=precision)
+    written = []
     for seed in range(args.repeats):
         if args.which == "wm":
             rows = [
                 reference_wm(pair, seed),
                 bench.run(pair, "wm_sinkhorn", seed),
-                {**bench.run(pair, "wm_sinkhorn", seed, patience=10), "method": "wm_sinkhorn, patience 10"},
+                {**bench.run(pair, "wm_sinkhorn", seed, patience=None), "method": "wm_sinkhorn, fixed schedule"},
             ]
+            for row in rows:
+                row["time_to_target_s"] = bench.time_to(row["curve"], rows[0]["objective"])
         else:
             rows = [
                 reference_mid(pair, seed),
@@ -139,6 +150,23 @@ def main() -> None:
             ]
         for row in rows:
             print(json.dumps(row), flush=True)
+        written += rows
+        if args.out:
+            _write(args.out, written)
+
+
+def _write(out: Path, rows: list[dict]) -> None:
+    from lmclab.core.device import describe_machine
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=bench.ROOT, capture_output=True, text=True, check=True)
+    record = {
+        "benchmark": "python benchmarks/bench_sinkhorn_reference.py " + " ".join(sys.argv[1:]),
+        "commit": commit.stdout.strip(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": describe_machine(),
+        "rows": rows,
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,8 @@ def test_the_performance_page_is_what_the_committed_benchmarks_give(tmp_path) ->
     changed = tmp_path / "wm_sizes.json"
     changed.write_text(sizes.replace(first, str(float(first) + 1.0), 1))
     assert performance_page.generated(sizes=changed) != performance_page.generated()
+    sinkhorn = (ROOT / "benchmarks/results/sinkhorn_time_to_target.json").read_text()
+    first = re.search(r'"time_to_target_s": ([0-9.]+)', sinkhorn).group(1)
+    changed = tmp_path / "sinkhorn.json"
+    changed.write_text(sinkhorn.replace(first, str(float(first) + 1.0), 1))
+    assert performance_page.generated(sinkhorn=changed) != performance_page.generated()

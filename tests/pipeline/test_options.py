@@ -119,9 +119,10 @@ def _same(pipeline: object, library: object) -> bool:
     return pipeline == (list(library) if isinstance(library, tuple) else library)
 
 
-def test_the_library_defaults_of_sinkhorn_wm_are_the_papers() -> None:
+def test_the_library_defaults_of_sinkhorn_wm_are_the_papers_steps_scored_every_ten() -> None:
     keywords = inspect.signature(wm_sinkhorn).parameters
-    assert (keywords["epochs"].default, keywords["iterations"].default, keywords["lr"].default) == (10, 100, 1.0)
+    assert (keywords["epochs"].default, keywords["iterations"].default, keywords["lr"].default) == (100, 10, 1.0)
+    assert keywords["patience"].default == 10  # stops a hundred steps after its last gain; None: the paper's
     assert (
         PIPELINE_DEFAULTS["permute.wm_sinkhorn.epochs"].default
         == yaml.safe_load((ROOT / "params.yaml").read_text())["permute"]["wm_sinkhorn"]["epochs"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from functools import partial
 
 import pytest
 import torch
@@ -166,7 +167,7 @@ def test_convergence_stop_returns_the_full_schedules_permutation() -> None:
             **kw,
         )
 
-    full, stopped = run(), run(patience=3)
+    full, stopped = run(patience=None), run(patience=3)
     objectives = [r["objective"] for r in stopped.stats["curve"]]
     assert len(objectives) < len(full.stats["curve"]) == 41
     assert objectives == [r["objective"] for r in full.stats["curve"][: len(objectives)]]
@@ -248,7 +249,9 @@ def test_below_adams_eps_the_search_stalls_warns_and_a_larger_lr_recovers() -> N
     small_a, small_b = ({k: 0.01 * v for k, v in p.items()} for p in (params_a, params_b))
 
     def run(a, b, lr):
-        return wm_sinkhorn(spec, a, b, generator=torch.Generator().manual_seed(0), epochs=20, iterations=10, lr=lr)
+        return wm_sinkhorn(
+            spec, a, b, generator=torch.Generator().manual_seed(0), epochs=20, iterations=10, lr=lr, patience=None
+        )
 
     with pytest.warns(StalledSearchWarning, match=r"in 200 Adam steps .* raise lr \(it was 1\)"):
         stuck = run(small_a, small_b, 1.0)
@@ -553,3 +556,19 @@ def test_the_stall_message_gives_the_steps_the_largest_score_drift_and_the_lr() 
     options = WMSinkhornOptions(iterations=7, lr=0.5)
     message = _stall_message([{"epoch": 0}, {"epoch": 3}], options, scores, start)
     assert "in 21 Adam steps (scores moved at most 0.002)" in message and "raise lr (it was 0.5)" in message
+
+
+def test_by_default_the_search_stops_ten_scores_after_its_best_and_the_steps_are_the_papers() -> None:
+    """The defaults (100 × 10 steps, patience 10) follow the fixed schedule's Adam trajectory: the same
+    objective at every score until the stop, ten scores after the best."""
+    spec, params_a, params_b, _ = _planted(32, hidden=2, seed=9, noise=0.5)
+    run = partial(wm_sinkhorn, spec, params_a, params_b)
+    stopped = run(generator=torch.Generator().manual_seed(0))
+    full = run(generator=torch.Generator().manual_seed(0), patience=None)
+    paper = run(generator=torch.Generator().manual_seed(0), epochs=10, iterations=100, patience=None)
+    curve = [r["objective"] for r in stopped.stats["curve"]]
+    assert len(full.stats["curve"]) == 101 and len(curve) < 101
+    assert curve == [r["objective"] for r in full.stats["curve"][: len(curve)]]
+    assert stopped.stats["best_epoch"] == len(curve) - 1 - 10
+    # the paper's 10 × 100 is the same trajectory, scored every hundred steps
+    assert [r["objective"] for r in paper.stats["curve"]] == [r["objective"] for r in full.stats["curve"][::10]]

@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.core.spec import apply_permutation, invert, random_permutation
+from lmclab.core.spec import apply_permutation, identity_permutation, invert, random_permutation
 from lmclab.search import SearchProblem, check_method, run_search
 from lmclab.search.activation_matching import _record, activation_matching
 from lmclab.search.registered import search_problem
@@ -277,7 +277,8 @@ def test_restarts_keep_the_highest_objective_and_warn_when_starts_disagree() -> 
 @pytest.mark.slow
 def test_the_default_recovers_a_planted_mobilenet_where_the_identity_start_stops_short() -> None:
     """torchvision's MobileNetV3 (width ×¼, float64): coordinate descent from the identity ends in a local
-    optimum on every one of three planted copies; the default's second start is exact."""
+    optimum on every one of three planted copies; the default starts from the sorted signatures there (a
+    relabelled copy) and is exact, as are two starts."""
     import torchvision
 
     from lmclab.trace import trace
@@ -289,11 +290,15 @@ def test_the_default_recovers_a_planted_mobilenet_where_the_identity_start_stops
     for seed in range(3):
         perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(seed))
         params_b = apply_permutation(spec, perm, params_a)
-        plain = weight_matching(spec, params_a, params_b, restarts=1)
+        plain = weight_matching(spec, params_a, params_b, init_perm=identity_permutation(spec.group_sizes(params_a)))
         assert not all(torch.equal(plain.perm[g], invert(perm)[g]) for g in perm)
-        with pytest.warns(LocalOptimaWarning):
-            found = weight_matching(spec, params_a, params_b)
+        assert plain.stats["first_start"] == "init_perm"
+        found = weight_matching(spec, params_a, params_b)
+        assert found.stats["first_start"] == "sorted signatures"
         assert all(torch.equal(found.perm[g], invert(perm)[g]) for g in perm)
+        with pytest.warns(LocalOptimaWarning):  # the identity, second, ends lower
+            both = weight_matching(spec, params_a, params_b, restarts=2)
+        assert all(torch.equal(both.perm[g], invert(perm)[g]) for g in perm) and both.stats["kept_start"] == 0
 
 
 def test_the_sorted_signature_start_reads_past_the_batchnorm_statistics_of_a_group() -> None:
@@ -319,3 +324,63 @@ def test_the_sorted_signature_start_reads_past_the_batchnorm_statistics_of_a_gro
     params_b = apply_permutation(spec, perm, params_a)
     start = sorted_signature_start(spec, params_a, params_b, partial(solve_assignment, backend="scipy"))
     assert torch.equal(start["P_0"], invert(perm)["P_0"])
+
+
+def test_a_long_rows_signature_is_its_evenly_spaced_order_statistics_scaled_to_the_full_row() -> None:
+    from lmclab.search.weight_matching import SIGNATURE, _signatures
+
+    length = 3 * SIGNATURE + 7  # past the bound: subsampled
+    ones = torch.ones(2, length)
+    sig_a, sig_b, scale = _signatures(ones, 2 * ones)
+    assert sig_a.shape == (2, SIGNATURE) and scale == length / SIGNATURE
+    assert torch.allclose(scale * sig_a @ sig_b.T, torch.full((2, 2), 2.0 * length))  # ⟨1, 2⟩ over the full row
+    rows = torch.randn(3, length, generator=torch.Generator().manual_seed(0))
+    sig, _, _ = _signatures(rows, rows)
+    ordered = rows.sort(dim=1).values
+    assert torch.equal(sig[:, 0], ordered[:, 0]) and torch.equal(sig[:, -1], ordered[:, -1])  # both ends kept
+    assert (sig[:, 1:] >= sig[:, :-1]).all()
+    exact = rows[:, :SIGNATURE]  # at the bound: the full sorted rows, unscaled
+    sig, _, scale = _signatures(exact, exact)
+    assert scale == 1.0 and torch.equal(sig, exact.sort(dim=1).values)
+
+
+def test_the_sorted_signature_start_recovers_a_planted_copy_from_subsampled_signatures() -> None:
+    """Layer 0's rows (2,500 inputs) and P_0's are longer than SIGNATURE: the start still is π⁻¹."""
+    from functools import partial
+
+    from lmclab.search.weight_matching import sorted_signature_start
+
+    config = make_config("mlp", input_shape=(1, 50, 50), num_classes=3, hidden=2, width=6)
+    spec = get_arch("mlp").permutation_spec(config)
+    gen = torch.Generator().manual_seed(0)
+    params_a = {k: torch.randn(v.shape, generator=gen) for k, v in get_arch("mlp").Model(config).state_dict().items()}
+    perm = random_permutation(spec.group_sizes(params_a), gen)
+    start = sorted_signature_start(
+        spec, params_a, apply_permutation(spec, perm, params_a), partial(solve_assignment, backend="lapx")
+    )
+    assert all(torch.equal(start[g], p) for g, p in invert(perm).items())
+
+
+def test_a_relabelling_is_told_from_a_copy_changed_in_one_value() -> None:
+    from lmclab.search.weight_matching import is_relabelling
+
+    spec, params_a, _ = _random_mlp(hidden=2, width=16, seed=0)
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
+    params_b = apply_permutation(spec, perm, params_a)
+    assert is_relabelling(spec, params_a, params_b) and is_relabelling(spec, params_a, params_a)
+    for change in (1e-6, -1e-6):  # one inner value, off by a millionth: same extremes, other sums
+        nudged = {k: v.clone() for k, v in params_b.items()}
+        w = nudged["layers.1.weight"]
+        inner = (w != w.max()) & (w != w.min())
+        w[inner.nonzero()[0].tolist()[0], inner.nonzero()[0].tolist()[1]] *= 1 + change
+        assert not is_relabelling(spec, params_a, nudged)
+    swapped = {**params_b, "layers.1.bias": params_b["layers.1.bias"].clone()}
+    swapped["layers.1.bias"][0] = params_b["layers.1.bias"].max() + 1  # a new largest value
+    assert not is_relabelling(spec, params_a, swapped)
+    assert not is_relabelling(spec, params_a, _random_mlp(hidden=2, width=16, seed=1)[1])
+    found = weight_matching(spec, params_a, params_b)
+    assert found.stats["first_start"] == "sorted signatures"
+    assert all(torch.equal(found.perm[g], p) for g, p in invert(perm).items())
+    assert (
+        weight_matching(spec, params_a, _random_mlp(hidden=2, width=16, seed=1)[1]).stats["first_start"] == "identity"
+    )

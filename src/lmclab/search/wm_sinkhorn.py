@@ -3,7 +3,8 @@
 ``min_scores ‖θa − π_soft(θb)‖² / N`` — the squared distance *averaged* over the N matched entries,
 as the authors' ``DistL2Loss`` computes it — with ``π_soft`` the per-group doubly-stochastic
 matrices of :mod:`lmclab.search.sinkhorn`, optimised by Adam on the free scores for
-``epochs × iterations`` steps (paper: lr 1, 10 × 100). Data-free.
+``epochs × iterations`` steps (paper: lr 1, 10 × 100; here 100 × 10 by default: the same 1,000 steps,
+scored every 10). Data-free.
 
 Why the mean: Adam is invariant to the loss's scale except through its ε, so the mean is Adam on the
 sum with ε·N, and that damping keeps the scores of near-zero entries from growing without bound
@@ -17,9 +18,12 @@ records ``stats["stalled"]``.
 After every epoch the current hard permutation (linear assignment on the scores; the structured one
 of :func:`~lmclab.search.sinkhorn.hard_permutation` for headed groups) is scored by
 ``⟨θa, π(θb)⟩``, the quantity DistL2 minimises over hard permutations; ``select='best'`` returns
-the best scored one, ``'last'`` the final one (the authors' code). ``patience`` stops the search
-once that many consecutive epochs have not raised the best objective (a few units keep swapping
-while the objective plateaus, so a stop on an unchanged permutation alone would rarely fire). The
+the best scored one, ``'last'`` the final one (the authors' code). ``patience`` (default 10: a hundred
+steps) stops the search once that many consecutive epochs have not raised the best objective (a few
+units keep swapping while the objective plateaus, so a stop on an unchanged permutation alone would
+rarely fire); ``patience=None`` runs the fixed schedule, and ``epochs=10, iterations=100, patience=None``
+is the paper's. How the steps are grouped into epochs does not change them (one Adam trajectory), only
+where they are scored. The
 monitor (if any) records the merged test metrics of each epoch's permutation (the paper's Figure 6).
 """
 
@@ -58,16 +62,17 @@ def stalled(curve: Sequence[Mapping]) -> bool:
 
 
 class WMSinkhornOptions(AssignmentOptions):
-    """Options of :func:`wm_sinkhorn` (defaults: the paper's 10 epochs × 100 Adam steps at lr 1)."""
+    """Options of :func:`wm_sinkhorn` (defaults: the paper's 1,000 Adam steps at lr 1, scored every 10, stopped
+    after 10 scores without a better one; the paper's schedule: ``epochs=10, iterations=100, patience=None``)."""
 
     lr: Positive = option(1.0, "Sinkhorn WM: Adam learning rate on the score matrices (paper: 1)")
-    epochs: Count = option(10, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10)")
-    iterations: Count = option(100, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
+    epochs: Count = option(100, "Sinkhorn WM: epochs, each scored by its hard permutation (paper: 10 × 100 steps)")
+    iterations: Count = option(10, "Sinkhorn WM: Adam steps per epoch (paper: 100)")
     tau: Positive = option(1.0, "Sinkhorn WM: temperature (smaller = closer to a hard permutation)")
     sinkhorn_iters: Count = option(20, "Sinkhorn WM: column+row normalisations per soft permutation")
     select: one_of(SELECTIONS) = option("best", "Sinkhorn WM: best epoch by ⟨θa, π(θb)⟩, or last (authors' code)")
     patience: Count | None = option(
-        None, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never)"
+        10, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never, the paper's)"
     )
 
 
