@@ -165,26 +165,20 @@ def weight_matching(
     cache = TermCache(spec, params_a, params_b)  # every start's terms, kept between solves
     best, finals, solves = None, [], 0
     planted = init_perm is None and is_relabelling(spec, params_a, params_b)
+    signature = partial(sorted_signature_start, spec, params_a, params_b, solve)
     for k in range(options.restarts):
-        if k == 0:
-            init = dict(init_perm) if init_perm is not None else identity_permutation(sizes)
-            init = sorted_signature_start(spec, params_a, params_b, solve) if planted else init
-        elif k == 1:
-            init = identity_permutation(sizes) if planted else sorted_signature_start(spec, params_a, params_b, solve)
-        else:
+        if k >= 2:
             init = random_permutation(sizes, generator, spec.heads)
+        elif (k == 0) == planted:  # the sorted signatures: first on a relabelling, else second
+            init = signature()
+        else:
+            init = dict(init_perm) if init_perm is not None else identity_permutation(sizes)
         perm, objective, count = _descend(spec, params_a, params_b, init, cache, options, solve, generator)
         finals.append(objective[-1])
         solves += count
         if best is None or objective[-1] > best[1][-1]:
             best = (perm, objective, k)
-    if max(finals) - min(finals) > options.tol * abs(max(finals)):
-        warnings.warn(
-            f"weight matching: its {len(finals)} starts ended at different ⟨θa, π(θb)⟩ ({min(finals):.6g} to "
-            f"{max(finals):.6g}); coordinate descent stops in local optima on this pair, the highest is kept",
-            LocalOptimaWarning,
-            stacklevel=3,  # the caller of weight_matching (its @takes wrapper between)
-        )
+    _warn_if_starts_disagree(finals, options.tol)
     perm, objective, kept = best
     stats = {"objective": objective, "sweeps": len(objective) - 1, "assignments": solves, "restart_objectives": finals}
     stats["first_start"] = "sorted signatures" if planted else "init_perm" if init_perm is not None else "identity"
@@ -192,6 +186,16 @@ def weight_matching(
     return SearchResult(
         perm, {**stats, "kept_start": kept, "lap_backend": options.lap_backend, "seconds": time.perf_counter() - start}
     )
+
+
+def _warn_if_starts_disagree(finals: list[float], tol: float) -> None:
+    if max(finals) - min(finals) > tol * abs(max(finals)):
+        warnings.warn(
+            f"weight matching: its {len(finals)} starts ended at different ⟨θa, π(θb)⟩ ({min(finals):.6g} to "
+            f"{max(finals):.6g}); coordinate descent stops in local optima on this pair, the highest is kept",
+            LocalOptimaWarning,
+            stacklevel=4,  # the caller of weight_matching (this function and its @takes wrapper between)
+        )
 
 
 def _descend(
