@@ -247,7 +247,8 @@ def main(
 
 
 def write(out: Path, rows: list[dict], chosen: list[str], append: bool) -> None:
-    """The JSON record; with ``append``, the earlier runs of the other workloads are kept beside."""
+    """The JSON record; with ``append``, the earlier rows of other workloads, busy loops or settings are kept
+    beside (each row names its run: command, commit, date, machine)."""
     sys.path.insert(0, str(ROOT / "src"))
     from lmclab.core.device import describe_machine
 
@@ -259,12 +260,22 @@ def write(out: Path, rows: list[dict], chosen: list[str], append: bool) -> None:
         "machine": describe_machine(),
         "workloads": chosen,
     }
-    runs, kept = [run], []
+    runs, kept = [], []
     if append and out.is_file():
         earlier = json.loads(out.read_text())
-        kept = [r for r in earlier["rows"] if r["workload"] not in chosen]
-        runs = [r for r in earlier["runs"] if set(r["workloads"]) - set(chosen)] + runs
+        new = {(r["workload"], r["busy_loops"], r["setting"]) for r in rows}
+        kept = [r for r in earlier["rows"] if (r["workload"], r["busy_loops"], r["setting"]) not in new]
+        for r in kept:  # each kept row names its run (rows of older files: the last run of their workload)
+            source = earlier["runs"][r["run"]] if "run" in r else _last_run(earlier["runs"], r["workload"])
+            runs += [source] if source not in runs else []
+            r["run"] = runs.index(source)
+    runs.append(run)
+    rows = [{**r, "run": len(runs) - 1} for r in rows]
     out.write_text(json.dumps({"runs": runs, "rows": kept + rows}, indent=1) + "\n")
+
+
+def _last_run(runs: list[dict], workload: str) -> dict:
+    return [r for r in runs if workload in r["workloads"]][-1]
 
 
 if __name__ == "__main__":
