@@ -10,11 +10,11 @@ Both are exact, so they reach the same optimal value; where several permutations
 may return different ones, which is why each method records its ``lap_backend`` in its stats.
 
 ``auto`` (the default) is ``lapx`` wherever the package is installed (a core dependency of lmclab), else
-``scipy``: measured on this project's 2-core machine, lapx solved weight matching's costs faster at
-every size from 16 to 4,096 units — 2–3.5× on 64² to 512², 1.9× over a whole WM search of a trained
-3 × 2048 MLP, 1.5× on VGG11's 4,096-wide classifier — and both take ~6 µs below 16
-(``benchmarks/bench_wm_sizes.py``, ``benchmarks/bench_lap.py``; docs/performance.md). An options model
-resolves ``auto`` when it is validated, so stats name the solver that ran.
+``scipy``: in ``benchmarks/bench_lap.py``'s results lapx took a fraction of scipy's time on random,
+tie-heavy, planted and weight-matching costs from 512² to 2048², and less over a whole WM search; the
+one matrix on which it was slower is a trained pair's first WM cost at 2048² (docs/methods.md,
+"Assignment solver"). An options model resolves ``auto`` when it is validated, so stats name the solver
+that ran.
 :class:`AssignmentOptions` is the one definition of the option, inherited by the options of every method
 that solves assignments.
 """

@@ -24,16 +24,16 @@ ends far from π⁻¹ from the identity). It starts from the identity (or ``init
 the highest ⟨θa, π(θb)⟩. The sorted-signature start: each group solved alone
 with ``C[i, j] = ⟨sort(w^a_i), sort(w^b_j)⟩``, where ``w_i`` is everything unit ``i`` touches and sorting
 makes it blind to every other group's permutation; on a planted copy this is the exact π⁻¹ whenever the
-units' sorted values differ, since ``Σ_i ⟨s_i, s_p(i)⟩ ≤ Σ_i ‖s_i‖²`` with equality only at the truth — then
-random permutations. A unit's row longer than ``SIGNATURE`` values is represented by that many evenly
-spaced order statistics (its inner products scaled by the row's length over them): the same argument
-holds for them, and on VGG11's 25,088-wide classifier input the start costs a fraction of a sweep
-instead of twice one. Starts that end at different objectives warn (:class:`LocalOptimaWarning`).
+units' sorted values differ, since ``Σ_i ⟨s_i, s_p(i)⟩ ≤ Σ_i ‖s_i‖²`` with equality only at the truth. A
+unit's row longer than ``SIGNATURE`` values is represented by that many evenly spaced order statistics
+(its inner products scaled by the row's length over them): the same argument holds for them, and the
+products shrink to ``SIGNATURE`` columns (sorting the full rows remains). Starts that end at different objectives warn (:class:`LocalOptimaWarning`).
 
 Why one start by default: on independent pairs (``benchmarks/bench_wm_sizes.py``: a trained MLP,
 ResNet20×16, VGG11-BN, ResNet50, ViT-B/16) the second start raised ⟨θa, π(θb)⟩ by at most about a tenth
-of a percent and cost 3 to 14 times the first — sorting every unit's values dominates it — while on a
-relabelling the sorted-signature start is exact, so it comes first there.
+of a percent and made the search 2.6 to 13 times as long — sorting every unit's values, and assignments
+on those nearly flat costs, dominate it — while on a relabelling the sorted-signature start is exact, so
+it comes first there.
 """
 
 from __future__ import annotations
