@@ -27,7 +27,8 @@ makes it blind to every other group's permutation; on a planted copy this is the
 units' sorted values differ, since ``Σ_i ⟨s_i, s_p(i)⟩ ≤ Σ_i ‖s_i‖²`` with equality only at the truth. A
 unit's row longer than ``SIGNATURE`` values is represented by that many evenly spaced order statistics
 (its inner products scaled by the row's length over them): the same argument holds for them, and the
-products shrink to ``SIGNATURE`` columns (sorting the full rows remains). Starts that end at different objectives warn (:class:`LocalOptimaWarning`).
+products shrink to ``SIGNATURE`` columns (sorting the full rows remains). Starts that end at different
+objectives warn (:class:`LocalOptimaWarning`).
 
 Why one start by default: on independent pairs (``benchmarks/bench_wm_sizes.py``: a trained MLP,
 ResNet20×16, VGG11-BN, ResNet50, ViT-B/16) the second start raised ⟨θa, π(θb)⟩ by at most about a tenth
