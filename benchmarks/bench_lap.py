@@ -153,6 +153,27 @@ def _rebasin(config, params_a: dict, params_b: dict):
     return run
 
 
+def timed_wm(spec, params_a: dict, params_b: dict, **options) -> tuple:
+    """``weight_matching(spec, θa, θb, **options)``, its seconds and the seconds of them in the assignment
+    solver (WM looks its solver up at each call, so it is wrapped for the call)."""
+    spent, solve = [0.0], wm_module.solve_assignment
+
+    def timed(cost, backend):
+        start = time.perf_counter()
+        out = solve(cost, backend)
+        spent[0] += time.perf_counter() - start
+        return out
+
+    wm_module.solve_assignment = timed
+    try:
+        start = time.perf_counter()
+        result = weight_matching(spec, params_a, params_b, **options)
+        seconds = time.perf_counter() - start
+    finally:
+        wm_module.solve_assignment = solve
+    return result, seconds, spent[0]
+
+
 def time_wm(pair: tuple[str, object, dict, dict], repeats: int, rebasin: bool = False) -> dict:
     """WM (library defaults) on one pair with each backend (and git-re-basin's), alternating."""
     source, config, params_a, params_b = pair
@@ -167,22 +188,9 @@ def time_wm(pair: tuple[str, object, dict, dict], repeats: int, rebasin: bool = 
             peer_perm = peer()
             times["git-re-basin"].append(time.perf_counter() - start)
         for backend in BACKENDS:
-            spent = [0.0]
-
-            def timed(cost, backend, spent=spent):
-                start = time.perf_counter()
-                out = solve_assignment(cost, backend)
-                spent[0] += time.perf_counter() - start
-                return out
-
-            wm_module.solve_assignment = timed  # WM looks its solver up at each call
-            try:
-                start = time.perf_counter()
-                found[backend] = weight_matching(spec, params_a, params_b, lap_backend=backend)
-                times[backend].append(time.perf_counter() - start)
-            finally:
-                wm_module.solve_assignment = solve_assignment
-            solving[backend].append(spent[0])
+            found[backend], seconds, assigning = timed_wm(spec, params_a, params_b, lap_backend=backend)
+            times[backend].append(seconds)
+            solving[backend].append(assigning)
     median = {b: statistics.median(t) for b, t in times.items()}
     objective = {b: r.stats["objective"][-1] for b, r in found.items()}
     if peer is not None:

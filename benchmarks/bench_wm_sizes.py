@@ -121,9 +121,9 @@ def rebasin_runner(spec, params_a: dict, params_b: dict) -> Callable[[], dict] |
 def time_model(name: str, models: Path, repeats: int, rebasin: bool) -> dict:
     """One model's row (module docstring)."""
     import torch
+    from bench_lap import timed_wm
 
-    from lmclab.search import weight_matching as wm_module
-    from lmclab.search.weight_matching import matching_objective, weight_matching
+    from lmclab.search.weight_matching import matching_objective
 
     spec, params_a, params_b, source = load_pair(name, models)
     sizes = spec.group_sizes(params_a)
@@ -134,23 +134,9 @@ def time_model(name: str, models: Path, repeats: int, rebasin: bool) -> dict:
     found: dict[str, object] = {}
     for _ in range(repeats):
         for label, options in runs.items():
-            spent = [0.0]
-            solve = wm_module.solve_assignment
-
-            def timed(cost, backend, spent=spent, solve=solve):
-                start = time.perf_counter()
-                out = solve(cost, backend)
-                spent[0] += time.perf_counter() - start
-                return out
-
-            wm_module.solve_assignment = timed  # WM looks its solver up at each call
-            try:
-                start = time.perf_counter()
-                found[label] = weight_matching(spec, params_a, params_b, **options)
-                times[label].append(time.perf_counter() - start)
-            finally:
-                wm_module.solve_assignment = solve
-            assigning[label].append(spent[0])
+            found[label], seconds, solving = timed_wm(spec, params_a, params_b, **options)
+            times[label].append(seconds)
+            assigning[label].append(solving)
         if peer is not None:
             start = time.perf_counter()
             found["git-re-basin"] = peer()
