@@ -80,14 +80,15 @@ def sync_worktree(root: Path, work: Path) -> None:
 def write_config(root: Path, work: Path, tests: list[str]) -> None:
     """The project's pyproject.toml with mutmut's section: mutate the whole library (so that one stats run
     records which test calls which function for every later choice of modules), run the tests by fork
-    server (torch is not fork-safe once its threads run), and copy what the tests read beside ``tests/``."""
+    server (torch is not fork-safe once its threads run), credit a test with the calls of the processes it
+    forks too (``tools/mutation_forks.py``), and copy what the tests read beside ``tests/``."""
     tops = sorted({p.parts[0] for p in map(Path, os.listdir(work))} - {"src", "tests", "mutants", "pyproject.toml"})
     section = {
         "source_paths": ["src"],
         "only_mutate": [f"{LIBRARY}/*"],
         "also_copy": tops,
         "pytest_add_cli_args_test_selection": tests,
-        "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "mutation_forks"],  # calls in forks too
         "process_isolation": "forkserver",
     }
     lines = ["", "[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in section.items()]
@@ -140,7 +141,9 @@ TRUSTING = (
 
 def run_mutmut(work: Path, names: list[str], jobs: int, trust_tests: bool) -> None:
     """``mutmut run`` on the chosen mutants, one torch thread per worker (the workers share the cores)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    here = str(Path(__file__).resolve().parent)  # mutation_forks, the plugin, whatever project is mutated
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
     mutmut = ["-c", TRUSTING] if trust_tests else ["-m", "mutmut"]
     cmd = [sys.executable, *mutmut, "run", "--max-children", str(jobs), *names]
     proc = subprocess.run(cmd, cwd=work, env=env)

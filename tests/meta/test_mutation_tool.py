@@ -142,9 +142,25 @@ def clip(x, lo=0, hi=10):
     if x > hi:
         return hi
     return x
+
+
+def exit_code(n):
+    """Called only in a forked process (tools/mutation_forks.py credits the test with it)."""
+    return n + 1
 '''
 TOY_TESTS = """
-from lmclab.toy import clip
+import os
+from lmclab.toy import clip, exit_code
+
+def test_in_a_fork():
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = exit_code(2)
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 3
 
 def test_inside_and_below():
     assert clip(5) == 5
@@ -190,6 +206,7 @@ def test_a_real_run_on_a_toy_project_finds_the_untested_side(tmp_path: Path) -> 
     survived = "\n".join(s["diff"] for s in rec["survivors"])
     assert "-    if x > hi:" in survived and "hi=11" in survived  # the untested upper side
     assert "-        return lo" not in survived  # clip(-3) == 0 catches every change of the value returned below
+    assert "exit_code" not in survived  # the fork's call is credited to its test, which kills every mutant
     assert "| `toy` |" in (root / report.PAGE).read_text()
 
 

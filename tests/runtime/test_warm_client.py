@@ -5,6 +5,7 @@ argv, cwd, environment and stdio, and returns the worker's exit code; a second c
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from test_warmstart import warm_env  # noqa: F401 (a fixture)
@@ -26,8 +27,11 @@ def test_a_client_in_this_process_runs_a_script_warm_and_returns_its_exit_code(
     assert warmstart.enabled()
     assert warmstart.run_script(script, ["3"]) == 3  # the server is started, then the script runs
     first = capfd.readouterr()
-    assert warmstart.run_script(script, ["0"]) == 0  # the same server
+    spawned = []
+    monkeypatch.setattr(warmstart, "_spawn_server", lambda path: spawned.append(path))
+    assert warmstart.run_script(script, ["0"]) == 0  # the same server, found without starting another
     second = capfd.readouterr()
+    assert spawned == []
     for out, argv in ((first, ["3"]), (second, ["0"])):
         warm, torch_loaded, _, cwd, probe, *rest = out.out.split(" ", 5)
         assert (warm, torch_loaded, cwd, probe) == ("warm", "True", str(tmp_path), "p1"), out
@@ -35,6 +39,11 @@ def test_a_client_in_this_process_runs_a_script_warm_and_returns_its_exit_code(
         assert out.err == "to stderr\n"
     servers = [p for p in os.listdir(warm_env["LMCLAB_WARM_DIR"]) if p.endswith(".sock")]
     assert servers == [warmstart.socket_name()]
+    if os.path.isdir("/proc/self/fd"):  # detached: no pipe of ours (DVC and pytest would wait on it), cwd /
+        lock = os.path.join(warm_env["LMCLAB_WARM_DIR"], servers[0].replace(".sock", ".lock"))
+        server = int(Path(lock).read_text())
+        assert [os.readlink(f"/proc/{server}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
+        assert os.readlink(f"/proc/{server}/cwd") == "/" and os.getsid(server) == server
 
 
 def test_warm_start_is_off_when_asked_or_inside_a_worker(monkeypatch) -> None:
