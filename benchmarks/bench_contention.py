@@ -8,7 +8,8 @@ a slice of the default training and the whole default run, each idle and beside 
 A *setting* is how a measured process runs its threads: ``torch`` leaves PyTorch's default (as many
 intra-op threads as cores, OpenMP's default spin-then-sleep wait); ``1``/``2`` fix that many threads
 with the same wait; a ``p`` suffix (``1p``, ``torchp``) makes OpenMP's idle threads sleep at once
-(``OMP_WAIT_POLICY=PASSIVE``), an ``s`` suffix makes them spin briefly first (``GOMP_SPINCOUNT=1000``);
+(``OMP_WAIT_POLICY=PASSIVE``), an ``s`` suffix makes them spin briefly first (``GOMP_SPINCOUNT=1000``;
+``s30000``: that many polls);
 ``auto`` is lmclab's thread policy, whole (``lmclab.core.threads``: the brief spin and ``threads: auto``).
 Every measurement runs in a fresh process (OpenMP reads its environment once, when torch loads).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,18 +57,35 @@ def busy_loops(count: int, seconds: float):
             p.wait()
 
 
+SETTING = re.compile(r"^(torch|auto|[1-9][0-9]*)(p?)(?:s([0-9]*))?$")
+GOMP_DEFAULT_SPIN = "300000"  # GNU OpenMP's polls before an idle thread sleeps, when nothing sets them
+
+
+def parse_setting(setting: str) -> tuple[str, bool, str | None]:
+    """``(threads, passive, spin)`` of a setting: ``torch``, ``auto`` or a count, then ``p`` (sleep at once)
+    and/or ``s`` with an optional spin count (``s``: 1000, ``s30000``: 30,000 polls)."""
+    match = SETTING.match(setting)
+    if match is None:
+        raise SystemExit(f"error: --settings: {setting!r} is not torch, auto or a count, with p and/or s<polls>")
+    threads, passive, spin = match.groups()
+    return threads, passive == "p", None if spin is None else (spin or "1000")
+
+
 def setting_env(setting: str) -> dict[str, str]:
-    """The environment of a measured process under ``setting`` (module docstring)."""
+    """The environment of a measured process under ``setting`` (module docstring). Outside ``auto`` the
+    spin is set explicitly (GNU's default unless the setting gives one): the stages of the pipeline
+    apply lmclab's brief spin whenever the environment leaves it open."""
+    threads, passive, spin = parse_setting(setting)
     omp = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "LMCLAB_THREADS")
     env = {k: v for k, v in os.environ.items() if k not in omp}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")])
     env["BENCH_SETTING"] = setting
-    if setting.endswith("p"):  # OpenMP threads that sleep at once when idle, instead of spinning first
+    if passive:  # OpenMP threads that sleep at once when idle, instead of spinning first
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-    if setting.endswith("s"):  # a short spin before they sleep
-        env["GOMP_SPINCOUNT"] = "1000"
-    if setting.rstrip("ps") != "torch":
-        env["LMCLAB_THREADS"] = setting.rstrip("ps")
+    elif setting != "auto":
+        env["GOMP_SPINCOUNT"] = spin or GOMP_DEFAULT_SPIN
+    if threads != "torch":
+        env["LMCLAB_THREADS"] = threads
     return env
 
 
@@ -232,6 +251,8 @@ def main(
         raise SystemExit(f"error: --workloads: expected a subset of {', '.join(WORKLOADS)}, got {workloads!r}")
     if {"wm", "sinkhorn"} & set(chosen) and not (models / "seed0.pt").is_file():
         raise SystemExit(f"error: --models: {models} has no seed0.pt (run `make pipeline` first)")
+    for setting in settings.split(","):
+        parse_setting(setting.strip())  # every setting checked before the first measurement
     args = {"models": models, "repeats": repeats, "steps": steps, "rebasin": rebasin, "site": site}
     args["pipeline_limit"] = pipeline_limit
     rows = []

@@ -11,6 +11,7 @@ Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -68,8 +69,11 @@ def contention(record: dict) -> str:
 def _setting(name: str) -> str:
     """A column's title: what the setting of ``bench_contention.py`` is."""
     known = {"torch": "PyTorch's default", "auto": "lmclab's policy (auto)"}
-    threads = "PyTorch's threads" if name.rstrip("ps") == "torch" else f"{name.rstrip('ps')} thread(s)"
-    wait = {"p": ", sleep at once", "s": ", brief spin"}.get(name[-1], "")
+    count, passive, spin = re.fullmatch(r"(torch|auto|[0-9]+)(p?)(?:s([0-9]*))?", name).groups()
+    threads = "PyTorch's threads" if count == "torch" else f"{count} thread(s)"
+    wait = ", sleep at once" if passive else ""
+    if spin is not None:
+        wait += f", spin {int(spin):,}" if spin else ", brief spin"
     return known.get(name, threads + wait)
 
 
