@@ -70,6 +70,10 @@ def timed_run(cmd: list[str], cwd: Path, env: dict) -> dict:
 def main(
     out: Path = typer.Option(ROOT / "benchmarks/results/default_run.json", help="where the JSON goes"),
     runs: str = typer.Option("first,forced", help="comma-separated: first (dvc repro), forced (dvc repro -f)"),
+    versus: str = typer.Option(
+        None, help="an earlier commit: its forced run alternates with HEAD's, --rounds times (lone timings drift)"
+    ),
+    rounds: int = typer.Option(2, min=1, help="with --versus: forced runs of each commit, alternating"),
 ) -> None:
     names = [r.strip() for r in runs.split(",") if r.strip()]
     if not names or any(r not in COMMANDS for r in names):
@@ -77,27 +81,56 @@ def main(
     sys.path.insert(0, str(ROOT / "src"))
     from lmclab.core.device import describe_machine
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    head = _commit("HEAD")
+    earlier = _commit(versus) if versus else None  # refused before any run
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = {
-        "benchmark": "python benchmarks/bench_default_run.py --runs " + ",".join(names),
-        "commit": commit.stdout.strip(),
+        "benchmark": "python benchmarks/bench_default_run.py " + " ".join(sys.argv[1:]),
+        "commit": head,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": describe_machine(),
         "runs": {},
     }
     with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # created 0700: ours alone
-        clone = Path(tmp) / "repo"
-        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        clone = _clone(Path(tmp) / "repo", head)
         for name in names:
             result["runs"][name] = run = timed_run(COMMANDS[name], clone, env)
-            print(
-                f"{name}: {run['command']} {run['total_sec']} s; "
-                + ", ".join(f"{k} {v}" for k, v in sorted(run["families_sec"].items(), key=lambda kv: -kv[1]))
-            )
+            _report(name, run)
+        if earlier:
+            result["versus"] = _alternate({head: clone, earlier: _clone(Path(tmp) / "earlier", earlier)}, rounds, env)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def _commit(ref: str) -> str:
+    proc = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise SystemExit(f"error: --versus: {ref!r} is no commit of {ROOT}")
+    return proc.stdout.strip()
+
+
+def _clone(path: Path, commit: str) -> Path:
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(path)], check=True)
+    subprocess.run(["git", "checkout", "--quiet", commit], cwd=path, check=True)
+    return path
+
+
+def _alternate(clones: dict[str, Path], rounds: int, env: dict) -> dict[str, list[dict]]:
+    """``dvc repro -f`` of each clone in turn, ``rounds`` times: commit → its runs, in order."""
+    out: dict[str, list[dict]] = {commit: [] for commit in clones}
+    for _ in range(rounds):
+        for commit, clone in clones.items():
+            out[commit].append(run := timed_run(COMMANDS["forced"], clone, env))
+            _report(f"forced at {commit[:7]}", run)
+    return out
+
+
+def _report(name: str, run: dict) -> None:
+    families = sorted(run["families_sec"].items(), key=lambda kv: -kv[1])
+    print(f"{name}: {run['command']} {run['total_sec']} s; " + ", ".join(f"{k} {v}" for k, v in families), flush=True)
 
 
 if __name__ == "__main__":
