@@ -1,6 +1,7 @@
 """Benchmark: the default run's wall time, stage by stage, as a user meets it.
 
     python benchmarks/bench_default_run.py [--out benchmarks/results/default_run.json] [--runs first,forced]
+        [--versus COMMIT --rounds 2]
 
 Clones the committed repository (HEAD) into a temporary folder with a DVC cache of its own, then
 runs there ``dvc repro`` (``first``: what a fresh clone costs) and ``dvc repro -f`` (``forced``: every
@@ -8,7 +9,10 @@ stage again, the warm start on), with the ``python`` and ``dvc`` of this interpr
 Each line DVC prints is timestamped as it arrives; a stage's time runs from its ``Running stage``
 line to the next one (so DVC's own hashing and locking after a stage count towards it) and the last
 to the end. Writes the totals, every stage and the sums per stage family (``train@0``… → ``train``)
-with the commit, the machine and the command. Run it with nothing else on the machine.
+with the commit, the machine and the command. ``--versus`` clones an earlier commit beside HEAD and runs
+``dvc repro -f`` of each in turn, ``--rounds`` times (the first round also fills each clone's data), under
+``versus``: a change's effect on the wall time measured in one run, not against a figure from another day.
+Run it with nothing else on the machine.
 """
 
 from __future__ import annotations

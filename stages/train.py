@@ -13,9 +13,9 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.archs.mae import PRETRAINING_KEYS
 from lmclab.pipeline.live import epoch_logger
 from lmclab.pipeline.stage import (
+    LazyKeys,
     model_key,
     one_line_errors,
     params_errors,
@@ -25,13 +25,20 @@ from lmclab.pipeline.stage import (
     under,
 )
 from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
-from lmclab.train.training import TrainOptions
 
 app = typer.Typer(add_completion=False)
-TRAIN_KEYS = tuple(TrainOptions.model_fields)  # train()'s options, each a key train.<option>
 LAUNCH_KEYS = ("nproc_per_node", "nnodes", "rdzv_endpoint")
+
+
+def train_keys() -> tuple[str, ...]:
+    """train()'s options, each a key train.<option> (imported when needed: the module loads torch)."""
+    from lmclab.train.training import TrainOptions
+
+    return tuple(TrainOptions.model_fields)
+
+
 # the params.yaml key of each argument the library's errors name (the architecture's: model_key)
-KEYS = under("train", *TRAIN_KEYS, *LAUNCH_KEYS, alpha="mixup_alpha")
+KEYS = LazyKeys(lambda: under("train", *train_keys(), *LAUNCH_KEYS, alpha="mixup_alpha"))
 
 
 @app.command()
@@ -83,7 +90,7 @@ def config_and_options(read, arch: str, data: Path) -> tuple:
     from lmclab.train.augment import resolve_augment
 
     meta = load_meta(data)
-    opts = {k: read(f"train.{k}") for k in TRAIN_KEYS}
+    opts = {k: read(f"train.{k}") for k in train_keys()}
     opts["augment"] = resolve_augment(opts["augment"], meta["name"])
     with params_errors(KEYS, model_key(arch)):  # and the model's, under model.arch and model.<arch>
         model = read(f"model.{arch}") or {}
@@ -100,8 +107,14 @@ def train_supervised(arch: str, config, seed: int, data: Path, opts: dict, world
     return train(arch, config, seed, *splits, **kwargs, **opts)
 
 
-# the params.yaml key of each argument MAE pretraining's errors name
-MAE_KEYS = {**KEYS, **{k: f"train.mae.{k}" for k in ("pretraining", *PRETRAINING_KEYS)}, "pool": "model.vit.pool"}
+def mae_keys() -> dict[str, str]:
+    """The params.yaml key of each argument MAE pretraining's errors name."""
+    from lmclab.archs.mae import PRETRAINING_KEYS
+
+    return {**KEYS, **{k: f"train.mae.{k}" for k in ("pretraining", *PRETRAINING_KEYS)}, "pool": "model.vit.pool"}
+
+
+MAE_KEYS = LazyKeys(mae_keys)
 
 
 def pretrain_mae(vit_config, seed: int, pretraining: dict, opts: dict, data: Path, out: Path, device, on_epoch):

@@ -177,6 +177,29 @@ def under(block: str, *names: str, **renamed: str) -> dict[str, str]:
     return {**{name: f"{block}.{name}" for name in names}, **{arg: f"{block}.{k}" for arg, k in renamed.items()}}
 
 
+class LazyKeys(Mapping):
+    """The params.yaml keys ``make()`` returns, computed at the first look-up: a stage script whose keys
+    come from an options model in a module that imports torch stays light to import, so that its warm
+    start (:func:`run_warm`) saves those imports instead of paying them before handing over."""
+
+    def __init__(self, make: Callable[[], Mapping[str, str]]) -> None:
+        self._make, self._keys = make, None
+
+    def _known(self) -> Mapping[str, str]:
+        if self._keys is None:
+            self._keys = dict(self._make())
+        return self._keys
+
+    def __getitem__(self, name: str) -> str:
+        return self._known()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._known())
+
+    def __len__(self) -> int:
+        return len(self._known())
+
+
 def params_key(*keys: Key) -> Callable[[str], str]:
     """The key of an argument by the first of ``keys`` that knows it: a mapping that lists it, or a
     function (it knows every name); an argument none of them knows keeps its name."""
