@@ -4,8 +4,10 @@ typed by hand — not a DVC stage (< 1 s):
     python tools/performance_page.py            # rewrite the generated part of docs/performance.md
     python tools/performance_page.py --check    # exit 1 if it differs from what the results give
 
-Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``) and
-``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``).
+Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``),
+``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``),
+``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``) and
+``benchmarks/results/default_run.json`` (``benchmarks/bench_default_run.py --versus``).
 """
 
 from __future__ import annotations
@@ -162,17 +164,49 @@ def time_to_target(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def default_run(record: dict) -> str:
+    """``dvc repro -f`` of HEAD and of an earlier commit (``--versus``), alternating: the whole run's and
+    each stage family's seconds, round by round (empty without ``versus``)."""
+    versus = record.get("versus")
+    if not versus:
+        return ""
+    machine = record["machine"]
+    (head, runs_head), (earlier, runs_earlier) = versus.items()
+    out = [
+        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
+        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; "
+        f"`dvc repro -f` of each commit in turn, {len(runs_head)} rounds (the first also fills each clone).",
+        "",
+        "Seconds per stage family, round by round:",
+        "",
+        f"| stages | `{earlier[:7]}` | `{head[:7]}` (this code) |",
+        "|---|---|---|",
+    ]
+    families = list(runs_head[-1]["families_sec"])
+    for name in ["total", *families]:
+        cells = []
+        for runs in (runs_earlier, runs_head):
+            values = [r["total_sec"] if name == "total" else r["families_sec"].get(name) for r in runs]
+            cells.append(" / ".join("–" if v is None else f"{v:.1f}" for v in values))
+        label = "**whole run**" if name == "total" else name
+        out.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return "\n".join(out) + "\n"
+
+
 def generated(
     results: Path = RESULTS / "contention.json",
     sizes: Path = RESULTS / "wm_sizes.json",
     sinkhorn: Path = RESULTS / "sinkhorn_time_to_target.json",
+    run: Path = RESULTS / "default_run.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
+    versus = default_run(json.loads(run.read_text()))
     return (
         f"### On a shared machine\n\nMeasured by\n\n{sources}\n\n{contention(record)}"
         f"### Weight matching at real sizes\n\n{wm_sizes(json.loads(sizes.read_text()))}\n"
         f"### Sinkhorn WM against the reference\n\n{time_to_target(json.loads(sinkhorn.read_text()))}"
+        + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 
 

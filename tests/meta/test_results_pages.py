@@ -4,6 +4,7 @@ prose outside the generated block states no measured number of its own."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -80,3 +81,23 @@ def test_the_performance_page_is_what_the_committed_benchmarks_give(tmp_path) ->
     changed = tmp_path / "sinkhorn.json"
     changed.write_text(sinkhorn.replace(first, str(float(first) + 1.0), 1))
     assert performance_page.generated(sinkhorn=changed) != performance_page.generated()
+
+
+def test_the_performance_page_shows_the_default_run_against_the_earlier_commit(tmp_path) -> None:
+    import performance_page
+
+    record = json.loads((ROOT / "benchmarks/results/default_run.json").read_text())
+    if "versus" not in record:  # a run without --versus: no section
+        assert "against an earlier commit" not in performance_page.generated()
+        return
+    (head, runs), (earlier, _) = record["versus"].items()
+    section = performance_page.default_run(record)
+    assert f"`{earlier[:7]}`" in section and f"`{head[:7]}` (this code)" in section
+    assert " / ".join(f"{r['total_sec']:.1f}" for r in runs) in section
+    runs[-1]["total_sec"] += 1.0
+    changed = tmp_path / "default_run.json"
+    changed.write_text(json.dumps(record))
+    assert performance_page.generated(run=changed) != performance_page.generated()
+    del record["versus"]
+    changed.write_text(json.dumps(record))
+    assert "against an earlier commit" not in performance_page.generated(run=changed)
