@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_lifetime import _alive  # running, a zombie counting as gone
 
 from lmclab.runtime import warmstart
 
@@ -193,14 +194,6 @@ def test_a_server_whose_lock_file_was_removed_still_stops_cleanly(server_dir, mo
 
     _serve(path, remove_lock)
     assert list(server_dir.iterdir()) == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
