@@ -251,14 +251,15 @@ def main(
         raise SystemExit(f"error: --workloads: expected a subset of {', '.join(WORKLOADS)}, got {workloads!r}")
     if {"wm", "sinkhorn"} & set(chosen) and not (models / "seed0.pt").is_file():
         raise SystemExit(f"error: --models: {models} has no seed0.pt (run `make pipeline` first)")
-    for setting in settings.split(","):
-        parse_setting(setting.strip())  # every setting checked before the first measurement
+    chosen_settings = [s.strip() for s in settings.split(",")]
+    for setting in chosen_settings:
+        parse_setting(setting)  # every setting checked before the first measurement
     args = {"models": models, "repeats": repeats, "steps": steps, "rebasin": rebasin, "site": site}
     args["pipeline_limit"] = pipeline_limit
     rows = []
     for workload in chosen:
         for loops in [int(b) for b in busy.split(",")]:
-            for setting in [s.strip() for s in settings.split(",")]:
+            for setting in chosen_settings:
                 load = os.getloadavg()[0]
                 with busy_loops(loops, pipeline_limit + 600):
                     row = measure(workload, setting, args)
