@@ -384,6 +384,36 @@ def test_ste_sinkhorn_init_wm_starts_from_weight_matchings_permutation() -> None
     assert torch.equal(run("identity"), torch.arange(8))
 
 
+def test_wm_sinkhorn_init_wm_starts_at_weight_matchings_permutation_and_never_ends_below_it() -> None:
+    """``init="wm"``: epoch 0 scores coordinate-descent WM's permutation (the same one ste_sinkhorn's
+    ``init="wm"`` starts from); with a negligible lr it is returned; with lr 3 ``select="best"``
+    returns a permutation at least as good by ⟨θa, π(θb)⟩, while the identity start ends below it here."""
+    spec, params_a, params_b, _ = _planted(16, hidden=1, seed=8, noise=2.0)
+    found = weight_matching(spec, params_a, params_b, restarts=1)
+    target = matching_objective(spec, found.perm, params_a, params_b)
+
+    def run(init: str, lr: float):
+        return wm_sinkhorn(
+            spec,
+            params_a,
+            params_b,
+            generator=torch.Generator().manual_seed(0),
+            epochs=6,
+            iterations=3,
+            lr=lr,
+            init=init,
+        )
+
+    with pytest.warns(StalledSearchWarning, match="it returned weight matching's permutation — raise lr"):
+        still = run("wm", 1e-9)
+    assert {g: p.tolist() for g, p in still.perm.items()} == {g: p.tolist() for g, p in found.perm.items()}
+    assert still.stats["curve"][0]["objective"] == pytest.approx(target)
+    moved, plain = run("wm", 3.0), run("identity", 3.0)
+    assert moved.stats["curve"][0]["objective"] == pytest.approx(target)
+    assert max(r["objective"] for r in moved.stats["curve"]) >= target - 1e-9
+    assert max(r["objective"] for r in plain.stats["curve"]) < target
+
+
 def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:
     spec, net, (params_a, params_b), data = _tiny_problem()
     run = lambda drop: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731

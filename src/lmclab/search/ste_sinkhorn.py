@@ -36,12 +36,11 @@ from lmclab.core.options import Count, NonNegative, Positive, one_of, option, ta
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at, soft_apply, soft_permutation
-from lmclab.search.weight_matching import weight_matching
+from lmclab.search.sinkhorn import hard_permutation, soft_apply, soft_permutation
+from lmclab.search.wm_sinkhorn import INITS, start_scores
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 PRECISIONS = ("fp32", "bf16")
-INITS = ("identity", "wm")
 
 
 class STESinkhornOptions(AssignmentOptions):
@@ -84,12 +83,9 @@ def ste_sinkhorn(
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
     data = data.like(params_a)  # on the model's device, floating inputs in its dtype
-    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
-    if options.init == "wm":
-        found = weight_matching(
-            spec, params_a, params_b, generator=generator, lap_backend=options.lap_backend, restarts=1
-        )
-        scores = scores_at(scores, found.perm, spec.heads)
+    scores = start_scores(
+        spec, params_a, params_b, init=options.init, generator=generator, device=device, lap_backend=options.lap_backend
+    )
     dtype = next(v.dtype for v in params_a.values() if v.is_floating_point())  # a float64 model: float64 scores
     scores = {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
     hard = partial(

@@ -42,10 +42,11 @@ from lmclab.core.options import Count, Positive, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, soft_apply, soft_permutation
-from lmclab.search.weight_matching import matching_objective
+from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at, soft_apply, soft_permutation
+from lmclab.search.weight_matching import matching_objective, weight_matching
 
 SELECTIONS = ("best", "last")
+INITS = ("identity", "wm")  # where the scores start: the authors' noisy identity, or moved to coordinate-descent WM's
 ADAM_EPS = 1e-8  # Adam's ε (torch's default, the authors' code): it sets the step below it (module doc)
 
 
@@ -73,6 +74,9 @@ class WMSinkhornOptions(AssignmentOptions):
     select: one_of(SELECTIONS) = option("best", "Sinkhorn WM: best epoch by ⟨θa, π(θb)⟩, or last (authors' code)")
     patience: Count | None = option(
         10, "Sinkhorn WM: stop after this many epochs without a better ⟨θa, π(θb)⟩ (null: never, the paper's)"
+    )
+    init: one_of(INITS) = option(
+        "identity", "Sinkhorn WM: initial scores at the identity (authors) or at weight matching's permutation"
     )
 
 
@@ -106,7 +110,9 @@ def wm_sinkhorn(
     iterations, tau, n_iter, patience = options.iterations, options.tau, options.sinkhorn_iters, options.patience
     start = time.perf_counter()
     device = next(iter(params_a.values())).device
-    params_a, matched_b, scores = _start(spec, params_a, params_b, generator, device)
+    params_a, matched_b, scores = _start(
+        spec, params_a, params_b, generator, device, init=options.init, lap_backend=options.lap_backend
+    )
     start_scores = {g: s.detach().clone() for g, s in scores.items()}
     hard = partial(hard_permutation, scores, tau=tau, n_iter=n_iter, heads=spec.heads, lap_backend=options.lap_backend)
     optimizer = torch.optim.Adam(scores.values(), lr=options.lr, eps=ADAM_EPS)
@@ -154,7 +160,7 @@ def start_gradients(
     step at lr 1 (``g / (|g| + ε)`` elementwise: bias-corrected moments of one step), against which
     the start's diagonal margin of 1 must be crossed for the hard permutation to change."""
     device = next(iter(params_a.values())).device
-    params_a, matched_b, scores = _start(spec, params_a, params_b, generator, device)
+    params_a, matched_b, scores = _start(spec, params_a, params_b, generator, device, init="identity")
     distance_loss(spec, scores, params_a, matched_b, tau=tau, n_iter=n_iter).backward()
     out = {}
     for g, s in scores.items():
@@ -177,22 +183,48 @@ def _start(
     params_b: Mapping[str, Tensor],
     generator: torch.Generator,
     device: torch.device,
+    *,
+    init: str,
+    lap_backend: str = "auto",
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
-    """θa and θb's matched entries detached, and the start scores (:func:`init_scores`) requiring grad."""
+    """θa and θb's matched entries detached, and the start scores requiring grad (:func:`start_scores`)."""
     matched_b = {k: v.detach() for k, v in spec.matched(params_b).items()}
     params_a = {k: v.detach() for k, v in params_a.items()}
-    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
+    scores = start_scores(
+        spec, params_a, params_b, init=init, generator=generator, device=device, lap_backend=lap_backend
+    )
     dtype = next((v.dtype for v in matched_b.values() if v.is_floating_point()), torch.float32)  # float64 in, out
     return params_a, matched_b, {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
+
+
+def start_scores(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    *,
+    init: str,
+    generator: torch.Generator,
+    device: torch.device | str,
+    lap_backend: str,
+) -> dict[str, Tensor]:
+    """The noisy identity of :func:`~lmclab.search.sinkhorn.init_scores`; for ``init="wm"`` moved
+    (:func:`~lmclab.search.sinkhorn.scores_at`) to the permutation of coordinate-descent weight matching
+    (one start, ``generator`` drawn after the scores), whose hard permutation it then is."""
+    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
+    if init == "identity":
+        return scores
+    found = weight_matching(spec, params_a, params_b, generator=generator, lap_backend=lap_backend, restarts=1)
+    return scores_at(scores, found.perm, spec.heads)
 
 
 def _stall_message(curve: list[dict], options: WMSinkhornOptions, scores: Mapping, start: Mapping) -> str:
     steps = curve[-1]["epoch"] * options.iterations
     drift = max(float((scores[g].detach() - start[g]).abs().max()) for g in scores)
+    found = "no alignment was found" if options.init == "identity" else "it returned weight matching's permutation"
     return (
         f"wm_sinkhorn: the hard permutation never left its start in {steps} Adam steps (scores moved at most "
         f"{drift:.2g}): the mean DistL2 gradients are below Adam's ε for a model this size, so a step is "
-        f"≈ lr·gradient/ε; no alignment was found — raise lr (it was {options.lr:g})"
+        f"≈ lr·gradient/ε; {found} — raise lr (it was {options.lr:g})"
     )
 
 
