@@ -16,6 +16,7 @@ import torch
 from lmclab.archs import make_config
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split, load_split, prepare
+from lmclab.core.spec import PermutationSpec
 from lmclab.train.training import train
 
 # small configurations for the float32 invariance tests (every arch: tests/archs/test_every_arch.py)
@@ -118,3 +119,18 @@ def random_params(arch: str, config, seed: int) -> dict[str, torch.Tensor]:
             v = torch.rand(v.shape, generator=gen) + 0.5
         state[k] = v.clone()
     return state
+
+
+def partition(spec: PermutationSpec) -> set[frozenset]:
+    """The groups as sets of (parameter, axis): equal specs up to renaming of groups."""
+    return {frozenset(places) for places in spec.groups.values()}
+
+
+def headed(spec: PermutationSpec) -> tuple[dict[frozenset, int], set[frozenset]]:
+    """The head count of each headed group (as its set of places) and the ties as sets of such groups:
+    equal up to renaming of groups and of ties."""
+    places = {g: frozenset(p) for g, p in spec.groups.items()}
+    ties: dict[str, set] = {}
+    for g, heads in spec.heads.items():
+        ties.setdefault(heads.tie, set()).add(places[g])
+    return {places[g]: heads.count for g, heads in spec.heads.items()}, {frozenset(t) for t in ties.values()}

@@ -9,6 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 import torchvision
+from conftest import headed, partition
 from torch import nn
 
 from lmclab.archs import build_model, get_arch, make_config
@@ -46,21 +47,6 @@ REFUSED = {
     "shufflenet_v2_x0_5": r"reshape \(1, 48, 8, 8\) -> \(1, 2, 24, 8, 8\)",
     "swin_t": r"node 'shifted_window_attention'",
 }
-
-
-def partition(spec: PermutationSpec) -> set[frozenset]:
-    """The groups as sets of (parameter, axis): equal specs up to renaming of groups."""
-    return {frozenset(places) for places in spec.groups.values()}
-
-
-def headed(spec: PermutationSpec) -> tuple[dict[frozenset, int], set[frozenset]]:
-    """The head count of each headed group (as its set of places) and the ties as sets of such groups:
-    equal up to renaming of groups and of ties."""
-    places = {g: frozenset(p) for g, p in spec.groups.items()}
-    ties: dict[str, set] = {}
-    for g, heads in spec.heads.items():
-        ties.setdefault(heads.tie, set()).add(places[g])
-    return {places[g]: heads.count for g, heads in spec.heads.items()}, {frozenset(t) for t in ties.values()}
 
 
 @pytest.mark.parametrize("arch,options,shape", HAND, ids=HAND_IDS)
