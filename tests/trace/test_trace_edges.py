@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
-from lmclab.trace import TraceError, trace_spec
+from lmclab.trace import TraceError, trace, trace_spec
 from lmclab.trace.export import exported
 from lmclab.trace.groups import FIXED, Groups
 
@@ -28,6 +28,7 @@ class Net(nn.Module):
         self.kernel = nn.Parameter(torch.randn(6, 3, 1, 1))  # 6 outputs, 2 groups of 3 inputs
         self.bias = nn.Parameter(torch.randn(6))
         self.norm = nn.GroupNorm(2, 6)
+        self.rms, self.rms_2d = nn.RMSNorm(6), nn.RMSNorm((3, 6))
         self.f = forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,15 @@ REFUSED = {
     ),
     "layer-norm-over-two-axes": (
         lambda m, x: m.head(F.layer_norm(m.a(x), (3, 6)).mean(1)),
-        r"node 'layer_norm'.*\(a LayerNorm over more than the permuted feature axis\)",
+        r"node 'layer_norm'.*\(a LayerNorm or RMSNorm over more than the permuted feature axis\)",
+    ),
+    "rms-norm-over-two-axes": (
+        lambda m, x: m.head(F.rms_norm(m.a(x), (3, 6)).mean(1)),
+        r"node 'rms_norm'.*\(a LayerNorm or RMSNorm over more than the permuted feature axis\)",
+    ),
+    "rms-norm-module-over-two-axes": (
+        lambda m, x: m.head(m.rms_2d(m.a(x)).mean(1)),
+        r"node 'rms_2d': RMSNorm in rms_2d .*\(a LayerNorm or RMSNorm over more than the permuted feature axis\)",
     ),
     "group-norm-splitting-segments": (
         lambda m, x: m.norm(torch.cat([m.conv_a(x), m.conv_b(x)], 1)).mean((2, 3)),
@@ -105,6 +114,19 @@ def test_a_grouped_functional_conv_of_the_models_kernel_moves_whole_groups():
     (c_out,), (k_out,) = spec.axes["conv_c.weight"][0], spec.axes["kernel"][0]
     assert (c_out.length, c_out.block, k_out.length, k_out.block) == (6, 3, 6, 3) and c_out.group == k_out.group
     assert spec.axes["kernel"][1] is None and spec.axes["bias"] == (spec.axes["kernel"][0],)
+
+
+@pytest.mark.parametrize(
+    "norm", [lambda m, h: m.rms(h), lambda m, h: F.rms_norm(h, (6,), m.rms.weight)], ids=["module", "function"]
+)
+def test_an_rms_norm_over_the_last_axis_takes_its_groups_layout_and_is_its_activation_point(norm):
+    model = Net(lambda m, x: m.head(torch.relu(norm(m, m.a(x)))))
+    with torch.no_grad():
+        model.rms.weight.uniform_(0.5, 1.5)  # its scale must be permuted with the units
+    spec = invariant(model, torch.randn(2, 3, 5))
+    group = spec.axes["a.weight"][0]
+    assert group is not None and spec.axes["rms.weight"] == (group,) and spec.axes["head.weight"] == (None, group)
+    assert trace(Net(lambda m, x: m.head(torch.relu(m.rms(m.a(x))))), torch.randn(2, 3, 5)).points[group] == ["rms@-1"]
 
 
 def test_a_split_into_one_piece_keeps_the_group():

@@ -32,6 +32,7 @@ from lmclab.trace.groups import (
     CARRY_FUNCTIONS,
     CARRY_MODULES,
     FIXED,
+    LAST_AXIS_NORMS,
     MATMUL_FUNCTIONS,
     MERGE_FUNCTIONS,
     POOL_FUNCTIONS,
@@ -70,7 +71,7 @@ class AttentionRules:
         if module is not None:
             over = len(self.shape(node)) - 1 in heads
             return (
-                isinstance(module, (nn.Linear, nn.LayerNorm))
+                isinstance(module, (nn.Linear, *LAST_AXIS_NORMS))
                 and not over
                 or isinstance(module, nn.Softmax)  # its rule checks the axis (softmax)
                 or (isinstance(module, CARRY_MODULES) and not isinstance(module, POOL_MODULES))

@@ -89,6 +89,8 @@ def _translated(node: fx.Node) -> tuple[object, tuple, dict]:
     ndim = val.dim() if isinstance(val, torch.Tensor) else 0
     if target is aten.layer_norm.default:  # (input, shape, weight, bias, eps, cudnn_enable)
         return F.layer_norm, args[:5], {}
+    if target is aten.rms_norm.default:  # (input, shape, weight, eps)
+        return F.rms_norm, args[:4], {}
     if target is aten.group_norm.default:
         return F.group_norm, args[:5], {}
     if target is aten.batch_norm.default:  # (input, weight, bias, mean, var, training, momentum, eps, cudnn)

@@ -5,7 +5,8 @@
   is normalised by its own statistics (over every other axis) and scaled by its own weight, so
   permuting the channels permutes the output alike when the four vectors are permuted with them; they
   take the layout of axis 1, as the module's parameters and buffers do;
-- ``F.layer_norm(x, (last,), weight, bias)`` (torchvision's LayerNorm2d): as the module, over the last axis;
+- ``F.layer_norm(x, (last,), weight, bias)`` (torchvision's LayerNorm2d) and ``F.rms_norm(x, (last,), weight)``
+  (``nn.RMSNorm`` as ``torch.export`` records it): as the modules, over the last axis;
 - ``F.group_norm(x, G, weight, bias)`` and ``nn.GroupNorm``: the mean and variance are taken over each run
   of ``C/G`` consecutive channels, so a permutation that moves a channel into another run changes
   them; permuting whole runs keeps them. The group on axis 1 is coarsened to runs of ``C/G`` channels (as
@@ -27,6 +28,7 @@ F = torch.nn.functional
 NORM_ARGS = {
     F.batch_norm: ("input", "running_mean", "running_var", "weight", "bias"),
     F.layer_norm: ("input", "normalized_shape", "weight", "bias"),
+    F.rms_norm: ("input", "normalized_shape", "weight"),
     F.group_norm: ("input", "num_groups", "weight", "bias"),
 }
 FUNCTIONAL_RULES = {F.linear: "functional_linear", **dict.fromkeys(NORM_ARGS, "functional_norm")}
@@ -62,13 +64,13 @@ class FunctionalRules:
         if self.tag(args.get("input")) is not t_in:
             return self.refuse(node, "a norm whose statistics or scale are computed from a permuted tensor")
         ndim = len(self.shape(node))
-        if node.target is F.layer_norm:
+        if node.target in (F.layer_norm, F.rms_norm):
             k = len(args["normalized_shape"])
             if k > 1 and any(a >= ndim - k for a in self.live(t_in)):
-                return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
+                return self.refuse(node, "a LayerNorm or RMSNorm over more than the permuted feature axis")
             layout = t_in.at(ndim - 1)
             if t_in.plain(ndim - 1):  # an activation point when the module's output is this norm's
-                self.written(node, layout[0].gid, ("LayerNorm",), role="norm")
+                self.written(node, layout[0].gid, ("LayerNorm", "RMSNorm"), role="norm")
         elif node.target is F.group_norm:
             if (layout := self.norm_groups(t_in, args["num_groups"])) is None and t_in.at(1) is not None:
                 return self.refuse(node, "a group norm over runs of channels that segments of the axis split")

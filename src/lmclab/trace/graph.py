@@ -20,6 +20,7 @@ from lmclab.trace.groups import (
     CARRY_FUNCTIONS,
     CARRY_MODULES,
     FIXED,
+    LAST_AXIS_NORMS,
     MATMUL_FUNCTIONS,
     MERGE_FUNCTIONS,
     POOL_FUNCTIONS,
@@ -185,7 +186,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             if t_in is not None and self.live(t_in) not in ([], [1]):
                 return self.refuse(node, "a convolution over a permuted axis that is not its channel axis")
             self.conv(node, name, module, t_in)
-        elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
+        elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, *LAST_AXIS_NORMS, nn.GroupNorm)):
             self.norm(node, name, module, t_in)
         elif isinstance(module, nn.Softmax):
             self.softmax(node, t_in, module.dim)

@@ -20,6 +20,7 @@ POOL_FUNCTIONS = {
     torch.nn.functional.adaptive_avg_pool2d,
     torch.nn.functional.adaptive_max_pool2d,
 }
+LAST_AXIS_NORMS = (nn.LayerNorm, nn.RMSNorm)  # normalise over the trailing ``normalized_shape`` axes
 CARRY_MODULES = (
     nn.ReLU,
     nn.ReLU6,

@@ -1,13 +1,13 @@
 """The rules of :mod:`lmclab.trace` for the layers that own parameters: ``Linear`` and ``Conv2d`` (a new group
 on their output, the input's layout on their weight's axis 1; a grouped conv ties its input's conv groups
-to its output's) and ``BatchNorm``/``GroupNorm``/``LayerNorm`` (their parameters and statistics take the layout of the
-normalised axis). Mixed into :class:`lmclab.trace.graph.GraphTracer`."""
+to its output's) and ``BatchNorm``/``GroupNorm``/``LayerNorm``/``RMSNorm`` (their parameters and statistics take the
+layout of the normalised axis). Mixed into :class:`lmclab.trace.graph.GraphTracer`."""
 
 from __future__ import annotations
 
 from torch import fx, nn
 
-from lmclab.trace.groups import FIXED, Seg, Tag
+from lmclab.trace.groups import FIXED, LAST_AXIS_NORMS, Seg, Tag
 
 
 class LayerRules:
@@ -60,17 +60,17 @@ class LayerRules:
 
     def norm(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None) -> None:
         """BatchNorm (channels on axis 1, statistics over all other axes), GroupNorm (axis 1 in whole runs of
-        ``C/G`` channels: :mod:`lmclab.trace.functional`) or LayerNorm over the last axis: its parameters
-        and statistics take the layout of that axis; other permuted axes pass through."""
+        ``C/G`` channels: :mod:`lmclab.trace.functional`) or LayerNorm or RMSNorm over the last axis: its
+        parameters and statistics take the layout of that axis; other permuted axes pass through."""
         shape = self.shape(node)
-        axis = len(shape) - 1 if isinstance(module, nn.LayerNorm) else 1
+        axis = len(shape) - 1 if isinstance(module, LAST_AXIS_NORMS) else 1
         if (
-            isinstance(module, nn.LayerNorm)
+            isinstance(module, LAST_AXIS_NORMS)
             and t_in is not None
             and len(module.normalized_shape) > 1
             and any(a >= len(shape) - len(module.normalized_shape) for a in self.live(t_in))
         ):
-            return self.refuse(node, "a LayerNorm over more than the permuted feature axis")
+            return self.refuse(node, "a LayerNorm or RMSNorm over more than the permuted feature axis")
         if t_in is not None:
             layout = t_in.at(axis)
             if isinstance(module, nn.GroupNorm) and layout is not None:  # whole runs of C/G channels
