@@ -8,9 +8,9 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   its output to its input instead: it permutes whole conv groups alike on both sides, so the group it
   reads is coarsened to runs of whole conv groups (a permutation inside a conv group is no symmetry of
   the kernel's shared input axis);
-- ``BatchNorm`` (module or ``F.batch_norm``: timm's ``BatchNormAct2d``), ``LayerNorm`` over the feature
-  axis (module or ``F.layer_norm``), ``RMSNorm`` (module), elementwise activations, dropout, stochastic depth, pooling and
-  identity-like ops carry the layout of their input (norm parameters and running statistics join it);
+- ``BatchNorm`` (module or ``F.batch_norm``: timm's ``BatchNormAct2d``), ``LayerNorm`` and ``RMSNorm`` over
+  the feature axis (module or ``F.layer_norm``, ``F.rms_norm``), elementwise activations, dropout, stochastic
+  depth, pooling and identity-like ops carry the layout of their input (norm parameters and running statistics join it);
   ``GroupNorm`` (module or ``F.group_norm``) shares statistics within runs of ``C/G`` channels, so its
   group is coarsened to whole runs (:mod:`lmclab.trace.functional`); ``F.linear`` with the model's
   parameters (timm's ``Linear``) is an ``nn.Linear``;
