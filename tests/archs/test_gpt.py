@@ -1,0 +1,172 @@
+"""The decoder-only transformer ``gpt`` (lmclab.archs.gpt): its hand-written spec equals the traced one for
+every combination of norm, positions, MLP, attention and tied head; random permutations of every group keep
+the logits in float64; permutations that break a symmetry the spec does not claim change them; and a
+permuted copy with grouped-query attention and rotary positions is brought back exactly through
+``lmclab.find_permutation``."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+from conftest import headed, partition
+
+import lmclab
+from lmclab.archs import gpt
+from lmclab.core.options import OptionError
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace
+
+VOCAB, CONTEXT = 37, 12
+SHAPES = {"width": 24, "depth": 2, "heads": 4, "mlp_ratio": 2}
+VARIANTS = [  # every option of the family once against each other (norm, position, mlp, kv_heads, tie)
+    dict(zip(("norm", "position", "mlp", "kv_heads", "tie_embeddings"), values, strict=True))
+    for values in itertools.product(gpt.NORMS, gpt.POSITIONS, gpt.MLPS, (None, 2), (True, False))
+    if values[0] == "layernorm" or values[4]  # rmsnorm only with a tied head: 24 cases
+]
+IDS = ["-".join(str(v) for v in c.values()) for c in VARIANTS]
+
+
+def config(**options) -> gpt.Config:
+    return gpt.Config(input_shape=(CONTEXT,), num_classes=VOCAB, **(SHAPES | options))
+
+
+def built(cfg: gpt.Config, seed: int = 0) -> torch.nn.Module:
+    """The model in float64 and eval mode, every parameter random (norms near 1, biases nonzero)."""
+    torch.manual_seed(seed)
+    model = gpt.Model(cfg).double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "norm" in key and key.endswith("weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0, 0.3)
+    return model
+
+
+def tokens(seed: int = 1, batch: int = 3) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, CONTEXT), generator=torch.Generator().manual_seed(seed))
+
+
+def with_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(state)
+    return twin
+
+
+def change(model_a: torch.nn.Module, model_b: torch.nn.Module, x: torch.Tensor) -> float:
+    with torch.no_grad():
+        y, z = model_a(x), model_b(x)
+    return float((y - z).abs().max() / y.abs().max())
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=IDS)
+def test_the_hand_written_spec_and_points_are_the_traced_ones(options) -> None:
+    cfg = config(**options)
+    model = built(cfg)
+    traced, hand = trace(model, tokens()), gpt.permutation_spec(cfg)
+    assert set(hand.axes) == set(model.state_dict()) == set(traced.spec.axes)
+    assert partition(traced.spec) == partition(hand) and headed(traced.spec) == headed(hand)
+    for name, axes in hand.axes.items():  # the same blocks: whole heads where the tracer found them
+        assert [_blocks(e) for e in axes] == [_blocks(e) for e in traced.spec.axes[name]], name
+    hand_points = gpt.activation_points(cfg)
+    named = {frozenset(places): g for g, places in hand.groups.items()}
+    rename = {g: named[frozenset(places)] for g, places in traced.spec.groups.items()}
+    assert {rename[g]: sorted(p) for g, p in traced.points.items()} == {g: sorted(p) for g, p in hand_points.items()}
+
+
+def _blocks(entry) -> list:
+    """An axis entry's segments as (length, block), without the group's name."""
+    return [] if entry is None or isinstance(entry, str) else [(s.length, s.block) for s in entry]
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=IDS)
+def test_random_permutations_of_every_group_keep_the_logits_in_float64(options) -> None:
+    cfg = config(**options)
+    model, x = built(cfg), tokens()
+    spec, state = gpt.permutation_spec(cfg), model.state_dict()
+    spec.check(state)
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads)
+        assert any(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
+        assert change(model, with_state(model, apply_permutation(spec, perm, state)), x) < 1e-12
+    assert change(model, model, tokens(seed=2)) == 0 and change(model, built(cfg, seed=1), x) > 0.1
+
+
+def _partly(spec, state, perm, leave: str) -> dict:
+    """``perm`` applied to every tensor but ``leave``."""
+    return apply_permutation(spec, perm, state) | {leave: state[leave]}
+
+
+@pytest.mark.parametrize(
+    ("options", "leave"),
+    [
+        ({}, "blocks.0.attn.k.weight"),  # queries moved without their keys
+        ({}, "blocks.1.attn.out.weight"),  # values without the output projection
+        ({"mlp": "swiglu"}, "blocks.0.gate.weight"),  # SwiGLU's gate left behind
+        ({"tie_embeddings": False}, "head.weight"),  # the head's input left in the old stream order
+        ({"norm": "rmsnorm"}, "blocks.1.norm2.weight"),  # an RMSNorm's scale
+        ({"kv_heads": 2, "position": "rotary"}, "blocks.0.attn.q.weight"),  # the query heads of a key head
+    ],
+)
+def test_a_permutation_that_misses_one_tensor_of_a_group_changes_the_logits(options, leave) -> None:
+    cfg = config(**options)
+    model, x = built(cfg), tokens()
+    spec, state = gpt.permutation_spec(cfg), model.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(3), spec.heads)
+    assert change(model, with_state(model, _partly(spec, state, perm, leave)), x) > 1e-3
+
+
+def test_features_moved_inside_a_rotary_head_or_query_heads_moved_across_key_heads_change_the_logits() -> None:
+    """What the spec leaves out is no symmetry: the same feature permutation τ ≠ id in every query and key
+    head (a symmetry with learned positions) changes a rotary model; query heads swapped across their key
+    heads' groups (a symmetry of plain multi-head attention) change a grouped-query one."""
+    d = SHAPES["width"] // SHAPES["heads"]
+    tau = torch.tensor([1, 0, 2, 4, 3, 5])  # pairs (0, 3) and (1, 4) keep their halves together
+    for position, expected in (("learned", 0.0), ("rotary", 1e-3)):
+        model = built(config(position=position))
+        state = model.state_dict()
+        moved = {}
+        for key in ("blocks.0.attn.q", "blocks.0.attn.k"):
+            rows = torch.cat([h * d + tau for h in range(SHAPES["heads"])])
+            moved |= {f"{key}.weight": state[f"{key}.weight"][rows], f"{key}.bias": state[f"{key}.bias"][rows]}
+        changed = change(model, with_state(model, state | moved), tokens())
+        assert changed > expected if expected else changed < 1e-12
+    model = built(config(kv_heads=2))
+    state = model.state_dict()
+    heads = torch.tensor([0, 2, 1, 3])  # query heads 1 and 2 read key/value heads 0 and 1: swapped
+    rows = torch.cat([h * d + torch.arange(d) for h in heads])
+    moved = {"blocks.0.attn.q.weight": state["blocks.0.attn.q.weight"][rows]}
+    moved |= {"blocks.0.attn.q.bias": state["blocks.0.attn.q.bias"][rows]}
+    moved |= {"blocks.0.attn.out.weight": state["blocks.0.attn.out.weight"][:, rows]}
+    assert change(model, with_state(model, state | moved), tokens()) > 1e-3
+
+
+def test_find_permutation_brings_back_a_permuted_copy_with_grouped_queries_and_rotary_positions() -> None:
+    cfg = config(norm="rmsnorm", position="rotary", mlp="swiglu", kv_heads=2, tie_embeddings=False)
+    model_a, x = built(cfg), tokens()
+    spec, state = gpt.permutation_spec(cfg), model_a.state_dict()
+    planted = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(5), spec.heads)
+    model_b = with_state(model_a, apply_permutation(spec, planted, state))
+    assert change(model_a, model_b, x) < 1e-12  # the same function, other weights
+    assert any(not torch.equal(model_b.state_dict()[k], v) for k, v in state.items())
+    assert any(not torch.equal(planted[f"P_k_{k}"], torch.arange(2)) for k in range(SHAPES["depth"]))  # σ moved
+    for given in ({"example_inputs": x}, {"spec": spec}):  # the traced spec, and the hand-written one
+        found = lmclab.find_permutation(model_a, model_b, method="wm", device="cpu", **given)
+        back = found.apply(model_b)
+        assert all(torch.equal(back[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"heads": 5}, r"^heads: 5 heads do not divide the width 24$"),
+        ({"kv_heads": 3}, r"^kv_heads: 3 key/value heads do not divide the 4 heads$"),
+        ({"width": 20, "position": "rotary"}, r"^position: rotary heads need an even size, got width/heads = 5$"),
+    ],
+)
+def test_shapes_that_do_not_fit_are_refused_in_one_line(options, message) -> None:
+    with pytest.raises(OptionError, match=message):
+        config(**options)
