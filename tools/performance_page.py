@@ -6,7 +6,8 @@ typed by hand — not a DVC stage (< 1 s):
 
 Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``),
 ``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``),
-``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``) and
+``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``),
+``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``) and
 ``benchmarks/results/default_run.json`` (``benchmarks/bench_default_run.py --versus``).
 """
 
@@ -29,6 +30,7 @@ WHAT = {
     "train": "Adam steps of the default MLP at the default batch size",
     "pipeline": "`dvc repro -f` of the default run",
 }
+COLUMNS = {"reference DistL2Loss": "reference (DistL2Loss, 10 × 100 steps)", "wm_sinkhorn": "wm_sinkhorn, defaults"}
 OTHERS = "; then WM from 1 start and git-re-basin's weight_matching, alternating with it in one process"
 
 
@@ -147,9 +149,10 @@ def time_to_target(record: dict) -> str:
         "Seconds to reach the reference's final ⟨θa, π(θb)⟩ (its total), the final ⟨θa, π(θb)⟩, "
         "and the reference's time to it over lmclab's:",
         "",
-        "| repeat | reference (DistL2Loss, 10 × 100 steps) | wm_sinkhorn, defaults | wm_sinkhorn, fixed schedule |",
-        "|---|---|---|---|",
     ]
+    methods = list(dict.fromkeys(r["method"] for r in record["rows"]))
+    head = ["repeat", *(COLUMNS.get(m, m) for m in methods)]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for seed in dict.fromkeys(r["seed"] for r in record["rows"]):
         rows = [r for r in record["rows"] if r["seed"] == seed]
         ref = rows[0]["time_to_target_s"]
@@ -161,6 +164,35 @@ def time_to_target(record: dict) -> str:
                 text += f"; ×{ref / reach:.1f}"
             cells.append(text)
         out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def sinkhorn_sizes(record: dict) -> str:
+    """Per model: coordinate-descent WM and each ``wm_sinkhorn`` setting, with seconds, Adam steps (seconds
+    per step) and the best ⟨θa, π(θb)⟩, and the median over groups of Adam's first step at lr 1."""
+    machine = record["machine"]
+    out = [
+        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
+        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; one run each.",
+        "",
+        "| model | parameters | groups (widest) | Adam's first step at lr 1 (median RMS) | search | seconds "
+        "| Adam steps (s per step) | ⟨θa, π(θb)⟩ (at the start) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model in record["models"]:
+        size = f"{model['parameters'] / 1e6:.1f} M | {model['groups']} ({model['widest_group']})"
+        first = f"{model['median_first_step_rms']:.2g}"
+        for row in model["rows"]:
+            steps = row.get("steps")
+            spent = f"{steps} ({(row['seconds'] / steps):.3f} s)" if steps else "–"
+            if row.get("stalled"):
+                spent += ", stalled"
+            start = f" ({row['start_objective']:.2f})" if "start_objective" in row else ""
+            name = f"{model['model']} ({model['source']})"
+            out.append(
+                f"| {name} | {size} | {first} | {row['method']} | {_seconds(row['seconds'])} | {spent} "
+                f"| {row['objective']:.2f}{start} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -198,6 +230,7 @@ def generated(
     sizes: Path = RESULTS / "wm_sizes.json",
     sinkhorn: Path = RESULTS / "sinkhorn_time_to_target.json",
     run: Path = RESULTS / "default_run.json",
+    soft_sizes: Path = RESULTS / "sinkhorn_sizes.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
@@ -205,7 +238,8 @@ def generated(
     return (
         f"### On a shared machine\n\nMeasured by\n\n{sources}\n\n{contention(record)}"
         f"### Weight matching at real sizes\n\n{wm_sizes(json.loads(sizes.read_text()))}\n"
-        f"### Sinkhorn WM against the reference\n\n{time_to_target(json.loads(sinkhorn.read_text()))}"
+        f"### Sinkhorn WM against the reference\n\n{time_to_target(json.loads(sinkhorn.read_text()))}\n"
+        f"### Sinkhorn WM at real sizes\n\n{sinkhorn_sizes(json.loads(soft_sizes.read_text()))}"
         + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 

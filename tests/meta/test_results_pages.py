@@ -81,6 +81,14 @@ def test_the_performance_page_is_what_the_committed_benchmarks_give(tmp_path) ->
     changed = tmp_path / "sinkhorn.json"
     changed.write_text(sinkhorn.replace(first, str(float(first) + 1.0), 1))
     assert performance_page.generated(sinkhorn=changed) != performance_page.generated()
+    soft_sizes = json.loads((ROOT / "benchmarks/results/sinkhorn_sizes.json").read_text())
+    row = soft_sizes["models"][-1]["rows"][-1]
+    section = performance_page.sinkhorn_sizes(soft_sizes)
+    assert f"| {row['method']} |" in section and f"{row['objective']:.2f}" in section
+    row["objective"] += 1.0
+    changed = tmp_path / "sinkhorn_sizes.json"
+    changed.write_text(json.dumps(soft_sizes))
+    assert performance_page.generated(soft_sizes=changed) != performance_page.generated()
 
 
 def test_the_performance_page_shows_the_default_run_against_the_earlier_commit(tmp_path) -> None:
