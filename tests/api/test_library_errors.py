@@ -53,7 +53,7 @@ def _traced(**fields) -> object:
     return make_config("traced", input_shape=(1, 28, 28), num_classes=10, **fields)
 
 
-MODULES = "['cifar10', 'fashion_mnist', 'imagenet', 'mnist', 'mnist5k']"
+MODULES = "['cifar10', 'fashion_mnist', 'imagenet', 'mnist', 'mnist5k', 'pydoc']"
 FOLDER = (
     "is not a directory (expected an ImageFolder layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)"
 )

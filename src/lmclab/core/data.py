@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lmclab.core.options import OptionError, escaped, got
+from lmclab.core.text import TEXTS, prepare_text
 
 SPLIT_SEED = 0  # fixed: the mnist5k split and subsets are part of the data set's definition
 
@@ -186,10 +187,9 @@ LOADERS: dict[str, Callable[[Path], RawSplits]] = {
 
 
 def check_name(name: str) -> None:
-    if name not in LOADERS and name not in FOLDER_LOADERS:
-        raise OptionError(
-            f"{{name}}: unknown data set {got(name)}; expected one of {got(sorted([*LOADERS, *FOLDER_LOADERS]))}"
-        )
+    if name not in LOADERS and name not in FOLDER_LOADERS and name not in TEXTS:
+        known = sorted([*LOADERS, *FOLDER_LOADERS, *TEXTS])
+        raise OptionError(f"{{name}}: unknown data set {got(name)}; expected one of {got(known)}")
 
 
 def prepare(
@@ -200,17 +200,24 @@ def prepare(
     max_train: int | None = None,
     max_test: int | None = None,
     image_size: int = 224,
+    context: int = 64,
 ) -> dict:
     """Load data set ``name`` (``root`` caches torchvision downloads; for ``imagenet`` it is the
     local ImageFolder directory) and write the prepared format to ``out_dir``;
     ``max_train``/``max_test`` keep a fixed class-stratified subset; ``image_size`` is the side
-    of ImageNet images (others keep their size). Returns the metadata written to ``meta.json``."""
+    of ImageNet images (others keep their size); a text (:mod:`lmclab.core.text`) is cut into windows of
+    ``context`` tokens, ``max_train``/``max_test`` keeping the first windows. Returns the metadata written
+    to ``meta.json``."""
     check_name(name)
     for key, value in (("max_train", max_train), ("max_test", max_test)):
         if value is not None and value < 1:
             raise OptionError(f"{{{key}}} must be a positive number of samples or null, got {value}")
     if not isinstance(image_size, int) or image_size < 28:
         raise OptionError(f"{{image_size}} must be an integer of at least 28 pixels, got {got(image_size)}")
+    if name in TEXTS:
+        meta, splits = prepare_text(name, context=context, max_train=max_train, max_test=max_test)
+        _write_prepared(out_dir, meta, splits)
+        return meta
     if name in FOLDER_LOADERS:
         x_tr, y_tr, x_te, y_te = FOLDER_LOADERS[name](
             Path(root), image_size=image_size, max_train=max_train, max_test=max_test
@@ -262,9 +269,12 @@ def load_meta(prepared: Path) -> dict:
 
 
 def load_split(prepared: Path, split: str) -> Split:
-    """The normalised ``split`` ("train" or "test") of a prepared data set."""
+    """The normalised ``split`` ("train" or "test") of a prepared data set; of a text, its windows of
+    token ids and their next tokens (int64)."""
     meta = load_meta(prepared)
     blob = torch.load(Path(prepared) / f"{split}.pt", weights_only=True)
+    if meta.get("kind") == "tokens":
+        return Split(x=blob["images"].long(), y=blob["labels"].long())
     mean = torch.tensor(meta["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(meta["std"]).view(1, -1, 1, 1)
     x = (blob["images"].float().div_(255) - mean) / std

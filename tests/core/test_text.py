@@ -1,0 +1,70 @@
+"""Byte-level text data (lmclab.core.text): the fixed split of the Python reference's topics, the windows of
+next-token targets, and the prepared format read back by ``load_split``."""
+
+from __future__ import annotations
+
+from pydoc_data.topics import topics
+
+import numpy as np
+import pytest
+import torch
+
+from lmclab.core import text
+from lmclab.core.data import load_meta, load_split, prepare
+from lmclab.core.options import OptionError
+
+
+def test_the_topics_split_whole_into_a_fixed_test_set_of_a_tenth_of_the_bytes() -> None:
+    train, test = text.split_documents(topics)
+    assert sorted(train + test) == sorted(topics) and not set(train) & set(test)
+    assert (train, test) == text.split_documents(dict(reversed(topics.items())))  # not the dict's order
+    size = {n: len(t.encode()) for n, t in topics.items()}
+    total, held = sum(size.values()), sum(size[n] for n in test)
+    assert held >= text.TEST_FRACTION * total
+    drawn = [sorted(topics)[i] for i in np.random.default_rng(0).permutation(len(topics))]
+    assert drawn[: len(test)] == sorted(test, key=drawn.index)  # the first topics drawn, no more
+    assert held - size[drawn[len(test) - 1]] < text.TEST_FRACTION * total
+
+
+def test_two_small_documents_drawn_first_leave_one_for_training_and_one_is_refused() -> None:
+    train, test = text.split_documents({"a": "x" * 5, "b": "y" * 5}, test_fraction=0.9)
+    assert len(train) == len(test) == 1
+    with pytest.raises(OptionError, match=r"^documents: a train and a test set need at least 2 documents, got 1$"):
+        text.split_documents({"a": "x"})
+
+
+@pytest.mark.parametrize(("n", "context", "limit", "count"), [(10, 3, None, 3), (10, 9, None, 1), (13, 3, 2, 2)])
+def test_windows_are_consecutive_inputs_and_their_next_tokens(n, context, limit, count) -> None:
+    tokens = np.arange(n, dtype=np.uint8)
+    x, y = text.windows(tokens, context, limit)
+    assert x.shape == y.shape == (count, context)
+    for i in range(count):
+        assert x[i].tolist() == list(range(i * context, i * context + context))
+        assert y[i].tolist() == list(range(i * context + 1, i * context + context + 1))
+
+
+def test_a_context_that_leaves_no_window_is_refused() -> None:
+    with pytest.raises(OptionError, match=r"^context: 10 tokens leave no window in a text of 10$"):
+        text.windows(np.zeros(10, dtype=np.uint8), 10)
+
+
+def test_pydoc_is_prepared_as_byte_windows_and_read_back_as_token_ids(tmp_path) -> None:
+    meta = prepare("pydoc", tmp_path, tmp_path / "prepared", context=48, max_test=20)
+    assert load_meta(tmp_path / "prepared") == meta
+    assert (meta["kind"], meta["num_classes"], meta["input_shape"], meta["n_test"]) == ("tokens", 256, [48], 20)
+    train, test = load_split(tmp_path / "prepared", "train"), load_split(tmp_path / "prepared", "test")
+    assert train.x.dtype == train.y.dtype == torch.int64 and train.x.shape == (meta["n_train"], 48)
+    assert torch.equal(train.x[:, 1:], train.y[:, :-1]) and torch.equal(train.x[1:, 0], train.y[:-1, -1])
+    names = text.split_documents(topics)
+    joined = text.SEPARATOR.join(topics[n] for n in names[0]).encode()
+    assert bytes(train.x.flatten().to(torch.uint8).tolist()) == joined[: meta["n_train"] * 48]
+    assert meta["n_train"] == (len(joined) - 1) // 48 and test.x.shape == (20, 48)
+    held_out = topics[names[1][0]].encode()[:48]
+    assert held_out not in joined and held_out in bytes(test.x.flatten().to(torch.uint8).tolist())
+
+
+@pytest.mark.parametrize(("context", "shown"), [(0, "0"), (True, "True"), ("64", "'64'")])
+def test_a_context_that_is_not_a_positive_count_is_refused(tmp_path, context, shown) -> None:
+    with pytest.raises(OptionError, match=rf"^context must be a positive number of tokens, got {shown}$"):
+        prepare("pydoc", tmp_path, tmp_path / "prepared", context=context)
+    assert not (tmp_path / "prepared").exists()
