@@ -60,6 +60,15 @@ def test_neural_collapse_needs_a_logits_layer_whose_output_axis_is_never_permute
     assert neural_collapse(logits_fixed, net, params, split) == pytest.approx(collapse_stats(features, split.y))
 
 
+def test_neural_collapse_is_not_measured_on_targets_per_position():
+    """A language model's next tokens ``(B, T)``: no statistics (``{}``), where per-sample targets give them."""
+    net, split = _net(), _split([0, 1, 1, 0, 1])
+    spec = build_spec(dense("0", "P_0", None), dense("2", None, "P_0"))
+    assert neural_collapse(spec, net, dict(net.state_dict()), split)  # per sample: measured
+    tokens = Split(split.x, torch.stack([split.y, split.y], 1))  # (5, 2): a target per position
+    assert neural_collapse(spec, net, dict(net.state_dict()), tokens) == {}
+
+
 def test_neural_collapse_needs_two_classes_among_the_samples():
     net = _net()
     spec = build_spec(dense("0", "P_0", None), dense("2", None, "P_0"))

@@ -78,3 +78,46 @@ def test_a_crop_stays_on_the_device_of_its_input() -> None:
     """On the ``meta`` device (no data, every operation checked for its device): all index tensors follow."""
     out = crop_flip(torch.empty(5, 3, 8, 8, device="meta"), torch.Generator().manual_seed(0), pad=2)
     assert out.device.type == "meta" and out.shape == (5, 3, 8, 8)
+
+
+def _language_step(lr: float, world: World | None = None) -> Step:
+    """A tiny ``gpt`` on 24 windows of 16 bytes of the Python reference (next-token targets per position)."""
+    from pydoc_data.topics import topics
+
+    from lmclab.archs import gpt
+    from lmclab.core.text import encode, split_documents, windows
+
+    x, y = windows(encode(topics, split_documents(topics)[0]), 16, limit=24)
+    config = gpt.Config(input_shape=(16,), num_classes=256, width=16, depth=1, heads=2, mlp_ratio=2)
+    torch.manual_seed(0)
+    model = gpt.Model(config)
+    opt = make_optimizer(model.parameters(), optimizer="adam", lr=lr, momentum=0.0, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    data = Split(torch.from_numpy(x).long(), torch.from_numpy(y).long())
+    return Step(model, opt, sched, data, "none", torch.Generator().manual_seed(1), world or World(), "fp32")
+
+
+def test_targets_per_position_give_the_mean_token_cross_entropy_and_accuracy() -> None:
+    """A language model's ``(B, T, V)`` logits against ``(B, T)`` next tokens: with lr 0, the epoch's loss is
+    the mean cross-entropy over every token, its accuracy the fraction of tokens predicted (of a model
+    trained a little first, so that it predicts some)."""
+    trained, step = _language_step(lr=3e-3), _language_step(lr=0.0)
+    for _ in range(10):
+        trained.epoch(torch.arange(24).split(8))
+    step.model.load_state_dict(trained.model.state_dict())
+    batches = torch.arange(24).split([10, 14])
+    loss, acc = step.epoch(batches)
+    with torch.no_grad():
+        logits = step.model(step.data.x)
+    assert loss == pytest.approx(F.cross_entropy(logits.flatten(0, 1), step.data.y.flatten()).item(), rel=1e-6)
+    assert acc == pytest.approx(float((logits.argmax(-1) == step.data.y).float().mean()), rel=1e-6)
+    assert 0.05 < acc < 0.5
+
+
+def test_a_language_model_learns_its_windows() -> None:
+    step = _language_step(lr=3e-3)
+    batches = torch.arange(24).split(8)
+    first = step.epoch(batches)[0]
+    for _ in range(20):
+        last = step.epoch(batches)[0]
+    assert last < 0.8 * first

@@ -63,7 +63,10 @@ def last_layer_features(
 def neural_collapse(
     spec: PermutationSpec, model: nn.Module, params: Mapping[str, Tensor], split: Split
 ) -> dict[str, float]:
-    """:func:`collapse_stats` of the logits layer's input features on ``split``."""
+    """:func:`collapse_stats` of the logits layer's input features on ``split``; none (``{}``) for targets per
+    position (a language model's next tokens: features per token, not per sample)."""
+    if split.y.dim() > 1:
+        return {}
     weight = output_layer(spec, layer_names(spec, params))
     features = last_layer_features(model, params, split, weight[: -len(".weight")])
     return collapse_stats(features, split.y.cpu())

@@ -23,6 +23,7 @@ from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World, evaluate_sharded
+from lmclab.core.objective import correct_of, per_position
 from lmclab.core.options import (
     Count,
     Fraction,
@@ -219,11 +220,14 @@ class Step:
         self.opt.step()
         self.sched.step()
         summed = loss.item() * (len(idx) / self.world.size if self.world.size > 1 else len(idx))
-        return summed, (logits.argmax(1) == y).sum().item(), len(y)
+        return summed, correct_of(logits, y), len(y)
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:
-        """Cross-entropy; DDP averages gradients over processes, so there each shard's sum is scaled
-        to make it the global batch's mean."""
+        """Cross-entropy (targets per position, a language model's: the mean over a sample's positions, each
+        sample's with equal weight); DDP averages gradients over processes, so there each shard's sum is
+        scaled to make it the global batch's mean."""
+        if per_position(logits, y):  # every sample has as many positions: the mean over all of them
+            logits, y, batch = logits.flatten(0, -2), y.flatten(), batch * y[0].numel()
         if self.world.size == 1:
             return F.cross_entropy(logits, y)
         return F.cross_entropy(logits, y, reduction="sum") * (self.world.size / batch)
