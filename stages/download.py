@@ -13,7 +13,7 @@ from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stag
 
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
-KEYS = under("data", "name", "root", "max_train", "max_test", "image_size")
+KEYS = under("data", "name", "root", "max_train", "max_test", "image_size", "context")
 
 
 @app.command()
@@ -30,6 +30,7 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
         max_train=data.get("max_train"),
         max_test=data.get("max_test"),
         image_size=data["image_size"],
+        context=data["context"],
     )
     typer.echo(
         f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "

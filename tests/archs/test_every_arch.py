@@ -32,13 +32,28 @@ CASES = {
     "vit-mean-sincos": {"patch_size": 4, "width": 16, "heads": 2, "depth": 1, "pool": "mean", "position": "sincos"},
     # a masked autoencoder: forward(x) is its reconstruction loss on fixed masks (lmclab.core.objective)
     "mae": {"patch_size": 4, "width": 16, "heads": 2, "depth": 1, "decoder_width": 8, "decoder_heads": 2},
+    # a language model: windows of 12 token ids (of 10) in, next-token logits (batch, 12, 10) out
+    "gpt": {"width": 16, "depth": 2, "heads": 2, "mlp_ratio": 2},
 }
+CONTEXT = 12  # the language model's window, in place of an image shape
 SLOW = ("resnet50", "traced-resnet18", "traced-mobilenet_v2")
 SHAPES = [(1, 28, 28), (3, 32, 32)]
 
 
 def _arch(case: str) -> str:
     return case.split("-")[0].replace("vgg13", "vgg")
+
+
+def _shape(arch: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The input shape of ``arch``'s config: the image's, or a language model's window."""
+    return (CONTEXT,) if getattr(get_arch(arch), "INPUT", "images") == "tokens" else shape
+
+
+def _inputs(shape: tuple[int, ...], n: int, generator: torch.Generator, dtype=torch.float32) -> torch.Tensor:
+    """``n`` random images of ``shape``, or windows of token ids for a window shape ``(CONTEXT,)``."""
+    if shape == (CONTEXT,):
+        return torch.randint(0, 10, (n, CONTEXT), generator=generator)
+    return torch.randn(n, *shape, generator=generator, dtype=dtype)
 
 
 def _randomised(model: nn.Module, shape: tuple[int, ...], generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -50,7 +65,7 @@ def _randomised(model: nn.Module, shape: tuple[int, ...], generator: torch.Gener
         else v
         for k, v in model.state_dict().items()
     }
-    x = torch.randn(16, *shape, generator=generator)
+    x = _inputs(shape, 16, generator)
     return repair_bn(model, params, Split(x, torch.zeros(16, dtype=torch.long)), batch_size=16)
 
 
@@ -66,6 +81,7 @@ def test_every_registered_architecture_is_covered():
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_spec_matches_state_dict_and_permutation_is_a_symmetry(case, shape):
     arch = _arch(case)
+    shape = _shape(arch, shape)
     config = make_config(arch, input_shape=shape, num_classes=10, **CASES[case])
     model = build_model(arch, config, seed=0).eval()
     spec = get_arch(arch).permutation_spec(config)
@@ -82,11 +98,12 @@ def test_spec_matches_state_dict_and_permutation_is_a_symmetry(case, shape):
     permuted = apply_permutation(spec, perm, params)
     # float64: the symmetry is exact, so only rounding separates the two (ResNet50's 50 layers
     # amplify float32 rounding to ~1e-4 of logits of order 10)
-    x = torch.randn(3, *shape, generator=g, dtype=torch.float64)
+    x = _inputs(shape, 3, g, torch.float64)
     model, params, permuted = model.double(), _double(params), _double(permuted)
     with torch.no_grad():
-        logits, logits_perm = functional_call(model, params, (x,)), functional_call(model, permuted, (x,))
-    assert (logits.shape == () if is_reconstruction(model) else logits.shape == (3, 10)) and logits.abs().max() < 100
+        logits, logits_perm = (functional_call(model, p, (x,), tie_weights=False) for p in (params, permuted))
+    expected = () if is_reconstruction(model) else (3, *shape[:1], 10) if shape == (CONTEXT,) else (3, 10)
+    assert logits.shape == expected and logits.abs().max() < 100
     assert torch.allclose(logits, logits_perm, atol=1e-4, rtol=1e-4)
     assert (
         any(not torch.equal(permuted[k], params[k]) for k in spec.stats if k.endswith("running_mean")) or not spec.stats
@@ -101,7 +118,8 @@ def test_activation_points_carry_their_groups(case):
     """Every group has hook points; each point's output has that group's size on its unit axis
     (dim 1, or the one after ``@``)."""
     arch = _arch(case)
-    config = make_config(arch, input_shape=(1, 28, 28), num_classes=10, **CASES[case])
+    shape = _shape(arch, (1, 28, 28))
+    config = make_config(arch, input_shape=shape, num_classes=10, **CASES[case])
     model = build_model(arch, config, seed=0).eval()
     spec = get_arch(arch).permutation_spec(config)
     points = get_arch(arch).activation_points(config)
@@ -114,7 +132,7 @@ def test_activation_points_carry_their_groups(case):
                 lambda _m, _i, out, p=p, axis=int(axis or 1): seen.__setitem__(p, out.shape[axis])
             )
     with torch.no_grad():
-        model(torch.randn(2, 1, 28, 28))
+        model(_inputs(shape, 2, torch.Generator().manual_seed(0)))
     sizes = spec.group_sizes(model.state_dict())
     assert all(seen[p] == sizes[g] for g, ps in points.items() for p in ps)
 

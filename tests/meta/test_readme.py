@@ -36,13 +36,19 @@ def test_the_docs_python_api_example_runs_in_a_fresh_interpreter(tmp_path) -> No
     _runs_and_prints_numbers(code, tmp_path)
 
 
-def test_the_tracing_example_of_the_docs_runs_in_a_fresh_interpreter(tmp_path) -> None:
-    (code,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "architectures.md").read_text(), flags=re.S)
-    proc = subprocess.run(
-        [sys.executable, "-c", code + "print(len(spec.groups))"], cwd=tmp_path, capture_output=True, text=True
-    )
+@pytest.mark.parametrize(
+    ("marker", "count"),
+    [
+        ("trace", "len(spec.groups)"),  # resnet18: one group per residual stream and per block's inner layer
+        ("gpt.Config", "len(alignment.perm)"),  # the language model's stream, attention and MLP groups
+    ],
+)
+def test_the_examples_of_the_architectures_page_run_in_a_fresh_interpreter(tmp_path, marker, count) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "architectures.md").read_text(), flags=re.S)
+    (code,) = [b for b in blocks if marker in b and (marker != "trace" or "gpt" not in b)]
+    proc = subprocess.run([sys.executable, "-c", f"{code}print({count})"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert int(proc.stdout) > 1  # resnet18: one group per residual stream and per block's inner layer
+    assert int(proc.stdout) > 1
 
 
 @pytest.mark.parametrize("page", ["docs/cli.md"])

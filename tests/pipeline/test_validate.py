@@ -41,6 +41,10 @@ def test_the_tiny_params_are_valid() -> None:
     check_params(_params())
 
 
+def test_a_language_model_reads_a_text() -> None:
+    check_params(_params(model__arch="gpt", data__name="pydoc", data__context=32))
+
+
 def test_a_headed_architecture_takes_the_sinkhorn_methods() -> None:
     """The Sinkhorn methods search headed groups (soft headed permutations) like the others."""
     methods = ["identity", "wm", "wm_sinkhorn", "ste_sinkhorn"]
@@ -80,11 +84,11 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     # names not in a registry
     (
         {"data__name": "imagenet21k"},
-        "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, got 'imagenet21k'",
+        "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, pydoc, got 'imagenet21k'",
     ),
     (
         {"model__arch": "transformer"},
-        "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, vit, got 'transformer'",
+        "model.arch: expected one of mlp, vgg, resnet20, resnet50, traced, mixer, vit, gpt, got 'transformer'",
     ),
     (
         {"permute__methods": ["wm", "magic"]},
@@ -198,6 +202,14 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "train.mae.mask_ratio: expected a number in (0, 1), got 1.0",
     ),
     ({"measure__repair_samples": 1}, "measure.repair_samples: expected"),
+    # the data set's kind and the architecture's input
+    ({"model__arch": "gpt"}, "model.arch: 'gpt' reads token windows, but data.name 'mnist5k' gives images"),
+    ({"data__name": "pydoc"}, "model.arch: 'mlp' reads images, but data.name 'pydoc' gives token windows"),
+    (
+        {"data__name": "pydoc", "model__arch": "gpt", "model__gpt__kv_heads": 3},
+        "model.gpt.kv_heads: 3 key/value heads do not divide the 4 heads",
+    ),
+    ({"data__context": 0}, "data.context: expected an integer ≥ 1, got 0"),
 ]
 
 

