@@ -8,7 +8,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmclab.analysis.alignment import layer_matrix, layer_names, layer_svd
-from lmclab.analysis.energy import input_energy, input_patches, input_sizes, layer_inputs, theorem42
+from lmclab.analysis.energy import (
+    input_energy,
+    input_patches,
+    input_sizes,
+    layer_inputs,
+    product_layers,
+    theorem42,
+)
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
 
@@ -92,3 +99,18 @@ def test_a_layer_without_a_linear_or_conv_module_is_a_one_line_error():
     model, _, params = mlp()
     with pytest.raises(ValueError, match="layers.0.bias"):
         list(layer_inputs(model, params, Split(torch.zeros(1, 1, 2, 3), torch.zeros(1)), ["layers.0.bias"]))
+
+
+def test_only_layers_that_multiply_an_input_take_energy_and_the_theorem42_bound():
+    """A language model's token and position tables are layers for R and spectra, not for input energy:
+    ``product_layers`` keeps the Linears (the head, tied to the token table, is one); an MLP keeps all."""
+    config = make_config("gpt", input_shape=(8,), num_classes=11, width=8, depth=1, heads=2, mlp_ratio=2)
+    model = build_model("gpt", config, seed=0)
+    layers = layer_names(get_arch("gpt").permutation_spec(config), dict(model.state_dict()))
+    assert {"embed.weight", "pos_embed.weight", "head.weight"} <= set(layers)
+    kept = product_layers(model, layers)
+    assert kept == [n for n in layers if n not in ("embed.weight", "pos_embed.weight")] and "head.weight" in kept
+    tokens = Split(torch.randint(0, 11, (3, 8)), torch.randint(0, 11, (3, 8)))
+    assert set(input_energy(model, dict(model.state_dict()), tokens, kept)) == set(kept)
+    small, spec, params = mlp()
+    assert product_layers(small, layer_names(spec, params)) == layer_names(spec, params)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lmclab.analysis.alignment import Factors, alignment_r, layer_names, model_factors, output_layer, singular_values
 from lmclab.analysis.cka import cka_means, cka_rows
-from lmclab.analysis.energy import input_energy, input_sizes, theorem42
+from lmclab.analysis.energy import input_energy, input_sizes, product_layers, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
@@ -58,7 +58,7 @@ def analyze_model(
     ]
     energy = [
         {"layer": name, "index": i, "singular_value": float(s), "energy": float(e)}
-        for name, (sv, en) in input_energy(model, params, split, layers).items()
+        for name, (sv, en) in input_energy(model, params, split, product_layers(model, layers)).items()
         for i, (s, e) in enumerate(zip(sv, en, strict=True))
     ]
     return spectrum, energy
@@ -171,7 +171,7 @@ def analyze_pair(
     fp, fm = how.factors(pair, permuted_b), how.factors(pair, midpoint)
     summary.update(alignment_rs(fa, fb, fp, fm, how.gammas))
     shared = {"factors_a": fa, "factors_b": fp} if how.mode == "reshape" else {}  # Theorem 4.2 reshapes kernels
-    layers = layer_names(pair.spec, params_a)
+    layers = product_layers(model, layer_names(pair.spec, params_a))
     bound_rows = theorem42(model, params_a, permuted_b, splits[how.energy_split], layers, **shared)
     summary["analysis_seconds"] = time.perf_counter() - start
     return summary, taylor_rows, bound_rows

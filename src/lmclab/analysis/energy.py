@@ -32,6 +32,18 @@ def layer_module(model: nn.Module, layer: str) -> nn.Module:
     return module
 
 
+def product_layers(model: nn.Module, layers: Sequence[str]) -> list[str]:
+    """The ``layers`` that multiply an input (the weights of ``nn.Linear`` and ``nn.Conv2d`` modules): a
+    lookup table (a language model's token or position embedding) has no input ``z`` to take energy over."""
+    out = []
+    for layer in layers:
+        owner = layer.removesuffix(".weight")
+        module = model.get_submodule(owner) if layer.endswith(".weight") and owner else None
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            out.append(layer)
+    return out
+
+
 def input_patches(module: nn.Module, z: Tensor) -> Tensor:
     """The rows the layer's matrix multiplies: ``(samples, in)`` or ``(samples·positions, in·kh·kw)``."""
     if isinstance(module, nn.Conv2d):
