@@ -75,3 +75,22 @@ def test_a_custom_loss_replaces_the_cross_entropy_and_float_targets_have_no_accu
 def test_an_output_without_logits_names_loss_fn() -> None:
     with pytest.raises(TypeError, match=r"returned set, with no logits; pass loss_fn="):
         logits_of({1, 2})
+
+
+def test_the_output_ensemble_of_logits_per_position_is_each_samples_mean_over_its_positions() -> None:
+    """Two members of fixed logits ``(2 samples, 3 positions, 4 tokens)``: the ensemble's loss is the mean over
+    samples of each sample's mean −log of the members' mean probability of its targets; its accuracy the
+    mean over samples of the fraction of positions whose mean probability peaks at the target."""
+    from lmclab.core.data import Split
+    from lmclab.core.evaluate import evaluate_ensemble
+
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(2, 3, 4, generator=gen)
+    y = torch.tensor([[0, 1, 2], [3, 3, 0]])
+    model = Fixed(table, "tensor")
+    members = [{"scale": torch.tensor(1.0)}, {"scale": torch.tensor(2.0)}]
+    mean = (table.softmax(-1) + (2 * table).softmax(-1)) / 2
+    picked = mean.gather(-1, y[..., None])[..., 0]
+    got = evaluate_ensemble(model, members, Split(torch.zeros(2, 3), y))
+    assert got.loss == pytest.approx(float(-picked.log().mean(1).mean()), rel=1e-6)
+    assert got.acc == pytest.approx(float((mean.argmax(-1) == y).float().mean(1).mean()), rel=1e-6)

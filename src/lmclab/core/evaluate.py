@@ -11,7 +11,14 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmclab.core.data import Split, inputs_like
-from lmclab.core.objective import batch_loss_correct, functional_method, is_reconstruction, logits_of
+from lmclab.core.objective import (
+    batch_loss_correct,
+    correct_of,
+    functional_method,
+    is_reconstruction,
+    logits_of,
+    per_position,
+)
 
 
 class Evaluation(NamedTuple):
@@ -50,11 +57,19 @@ def evaluate_ensemble(
         x = inputs_like(split.x[start : start + batch_size], params_list[0])
         y = split.y[start : start + batch_size].to(device)
         probs = torch.stack(
-            [F.softmax(logits_of(functional_call(model, dict(p), (x,), tie_weights=False)), 1) for p in params_list]
+            [F.softmax(logits_of(functional_call(model, dict(p), (x,), tie_weights=False)), -1) for p in params_list]
         ).mean(0)
-        total_loss += F.nll_loss(probs.clamp_min(1e-12).log(), y, reduction="sum").item()
-        correct += (probs.argmax(1) == y).sum().item()
+        total_loss += _nll_sum(probs.clamp_min(1e-12).log(), y)
+        correct += correct_of(probs, y)
     return Evaluation(total_loss / len(split), correct / len(split))
+
+
+def _nll_sum(log_probs: Tensor, y: Tensor) -> float:
+    """The samples' summed negative log-likelihood (targets per position: each sample's mean over them)."""
+    if per_position(log_probs, y):
+        nll = F.nll_loss(log_probs.flatten(0, -2), y.flatten(), reduction="none")
+        return float(nll.view(y.shape).flatten(1).mean(1).sum())
+    return F.nll_loss(log_probs, y, reduction="sum").item()
 
 
 @torch.no_grad()
