@@ -101,3 +101,38 @@ def test_hand_computed_curve_on_a_tiny_model() -> None:
     line_mid = (expected[0.0] + expected[1.0]) / 2
     assert out["test_loss_barrier_mid"] == pytest.approx(expected[0.5] - line_mid, rel=1e-6)
     assert out["test_acc_barrier_mid"] == pytest.approx(50.0)
+    assert not any("ppl" in k for k in out) and "ppl" not in rows[0]  # labels per sample: no perplexity
+
+
+class _ScalarPerPosition(nn.Module):
+    """``_Scalar`` at each of a window's 2 positions: logits ``(batch, 2, 2)``, position 1 scaled by 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.w * x  # (batch, 2)
+        return torch.stack([z, torch.zeros_like(z)], -1)
+
+
+def test_targets_per_position_add_the_perplexity_and_its_barriers() -> None:
+    """A window of two positions (inputs 1 and 2, both of target 0), θa: w=2, θb: w=−3: the loss is the mean
+    of the two positions' cross-entropies and the perplexity its exp; the perplexity barriers are those of
+    exp(loss) (a curve that is not exp of the loss barriers)."""
+    data = Split(x=torch.tensor([[1.0, 2.0]]), y=torch.zeros(1, 2, dtype=torch.long))
+    lams = [0.0, 0.25, 0.5, 0.75, 1.0]
+    rows = interpolation_curve(
+        _ScalarPerPosition(), {"w": torch.tensor([2.0])}, {"w": torch.tensor([-3.0])}, lams, {"test": data}
+    )
+    loss = {lam: (math.log1p(math.exp(-(5 * lam - 3))) + math.log1p(math.exp(-2 * (5 * lam - 3)))) / 2 for lam in lams}
+    for r in rows:
+        assert r["loss"] == pytest.approx(loss[r["lam"]], rel=1e-6)
+        assert r["ppl"] == pytest.approx(math.exp(loss[r["lam"]]), rel=1e-6)
+    out = barriers_from_curve(rows)
+    ppl = {lam: math.exp(v) for lam, v in loss.items()}
+    assert out["test_ppl_barrier_mid"] == pytest.approx(ppl[0.5] - (ppl[0.0] + ppl[1.0]) / 2, rel=1e-6)
+    line = {lam: lam * ppl[1.0] + (1 - lam) * ppl[0.0] for lam in lams}
+    assert out["test_ppl_barrier_max"] == pytest.approx(max(ppl[lam] - line[lam] for lam in lams), rel=1e-6)
+    assert (out["test_ppl_a"], out["test_ppl_b"]) == (pytest.approx(ppl[1.0]), pytest.approx(ppl[0.0]))
+    assert out["test_ppl_barrier_mid"] != pytest.approx(math.exp(out["test_loss_barrier_mid"]))

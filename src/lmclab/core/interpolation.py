@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from torch import Tensor, nn
@@ -28,7 +29,9 @@ def interpolation_curve(
     repair_at: RepairAt | None = None,
     world: World = ALONE,
 ) -> list[dict]:
-    """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows);
+    """Loss and accuracy of ``θ(λ) = λθa + (1−λ)θb`` for every λ and split (long format rows), and for a split
+    of targets per position (a language model's next tokens) the perplexity ``exp(loss)``, loss being the mean
+    cross-entropy over its tokens;
     ``repair``: applied to each θ(λ); ``repair_at``: gives each repaired θ(λ) from the endpoints and λ;
     ``world``: each data-parallel process evaluates its shard of every split (the same numbers)."""
     if repair is not None and repair_at is not None:
@@ -40,18 +43,21 @@ def interpolation_curve(
             params = repair(params)
         for split, data in splits.items():
             ev = evaluate_sharded(model, params, data, world)
-            rows.append({"lam": float(lam), "split": split, "loss": ev.loss, "acc": ev.acc})
+            row = {"lam": float(lam), "split": split, "loss": ev.loss, "acc": ev.acc}
+            rows.append(row | ({"ppl": math.exp(ev.loss)} if data.y.dim() > 1 else {}))
     return rows
 
 
 def barriers_from_curve(rows: Sequence[dict]) -> dict[str, float]:
-    """Max-over-λ and midpoint barriers of loss and accuracy (accuracy in percentage points)."""
+    """Max-over-λ and midpoint barriers of loss and accuracy (accuracy in percentage points), and of
+    perplexity where the rows have it (a language model's)."""
     out: dict[str, float] = {}
     for split in sorted({r["split"] for r in rows}):
         curve = sorted((r for r in rows if r["split"] == split), key=lambda r: r["lam"])
         lams = [r["lam"] for r in curve]
         at = {r["lam"]: r for r in curve}
-        for q, scale, hib in (("loss", 1.0, False), ("acc", 100.0, True)):
+        measures = [("loss", 1.0, False), ("acc", 100.0, True)] + [("ppl", 1.0, False)] * all("ppl" in r for r in curve)
+        for q, scale, hib in measures:
             vals = [scale * r[q] for r in curve]
             out[f"{split}_{q}_barrier_max"] = barrier(lams, vals, higher_is_better=hib)
             out[f"{split}_{q}_barrier_mid"] = midpoint_barrier(
