@@ -88,12 +88,12 @@ def sinkhorn_row(label: str, spec, params_a, params_b, **options) -> dict:
 def time_model(name: str, models: Path, lrs: list[float]) -> dict:
     """One model's rows (module docstring)."""
     import torch
+    from bench_wm_sizes import size_columns
 
     from lmclab.search.weight_matching import matching_objective, weight_matching
     from lmclab.search.wm_sinkhorn import start_gradients
 
     spec, params_a, params_b, source = load_pair(name, models)
-    sizes = spec.group_sizes(params_a)
     first = start_gradients(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
     found = weight_matching(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
@@ -106,11 +106,7 @@ def time_model(name: str, models: Path, lrs: list[float]) -> dict:
     for row in rows:
         typer.echo(f"{name}: {row['method']} {row['seconds']:.1f} s, objective {row['objective']:.2f}")
     return {
-        "model": name,
-        "source": source,
-        "parameters": sum(v.numel() for k, v in params_a.items() if k not in spec.stats),
-        "groups": len(sizes),
-        "widest_group": max(sizes.values()),
+        **size_columns(name, source, spec, params_a),
         "median_first_step_rms": statistics.median(g["first_step_rms"] for g in first.values()),
         "torch_threads": torch.get_num_threads(),
         "rows": rows,

@@ -77,6 +77,19 @@ def load_pair(name: str, models: Path):
     return spec, dict(net_a.state_dict()), dict(net_b.state_dict()), "torchvision, random init (seeds 0, 1)"
 
 
+def size_columns(name: str, source: str, spec, params: dict) -> dict:
+    """A model's row head: its name, where its weights come from, parameters (running statistics left out),
+    permutation groups and the widest group's size."""
+    sizes = spec.group_sizes(params)
+    return {
+        "model": name,
+        "source": source,
+        "parameters": sum(v.numel() for k, v in params.items() if k not in spec.stats),
+        "groups": len(sizes),
+        "widest_group": max(sizes.values()),
+    }
+
+
 def rebasin_runner(spec, params_a: dict, params_b: dict) -> Callable[[], dict] | None:
     """git-re-basin's ``weight_matching`` on the pair in its spec format, returning lmclab's
     permutation; None when an axis is packed or headed (no spec in its format)."""
@@ -126,7 +139,6 @@ def time_model(name: str, models: Path, repeats: int, rebasin: bool) -> dict:
     from lmclab.search.weight_matching import matching_objective
 
     spec, params_a, params_b, source = load_pair(name, models)
-    sizes = spec.group_sizes(params_a)
     peer = rebasin_runner(spec, params_a, params_b) if rebasin else None
     runs = {"lmclab": {}, "lmclab 2 starts": {"restarts": 2}}
     times: dict[str, list[float]] = {k: [] for k in [*runs, *(["git-re-basin"] if peer else [])]}
@@ -144,11 +156,7 @@ def time_model(name: str, models: Path, repeats: int, rebasin: bool) -> dict:
     median = {k: statistics.median(t) for k, t in times.items()}
     objective = {k: matching_objective(spec, getattr(v, "perm", v), params_a, params_b) for k, v in found.items()}
     return {
-        "model": name,
-        "source": source,
-        "parameters": sum(v.numel() for k, v in params_a.items() if k not in spec.stats),
-        "groups": len(sizes),
-        "widest_group": max(sizes.values()),
+        **size_columns(name, source, spec, params_a),
         "median_s": median,
         "speedup_vs_git_re_basin": {k: median["git-re-basin"] / median[k] for k in runs} if peer else None,
         "objective": objective,
