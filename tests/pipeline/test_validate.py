@@ -42,7 +42,7 @@ def test_the_tiny_params_are_valid() -> None:
 
 
 def test_a_language_model_reads_a_text() -> None:
-    check_params(_params(model__arch="gpt", data__name="pydoc", data__context=32))
+    check_params(_params(model__arch="gpt", data__name="pydoc", data__context=32, train__objective="lm"))
 
 
 def test_a_headed_architecture_takes_the_sinkhorn_methods() -> None:
@@ -183,7 +183,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ),
     # MAE pretraining (train.objective: mae) of model.vit
     ({"train__objective": "mae"}, "model.arch: train.objective mae pretrains a ViT: expected vit, got 'mlp'"),
-    ({"train__objective": "byol"}, "train.objective: expected one of supervised, mae, got 'byol'"),
+    ({"train__objective": "byol"}, "train.objective: expected one of supervised, lm, mae, got 'byol'"),
     ({"model__arch": "mae"}, "model.arch: expected one of"),
     (
         {"train__objective": "mae", "model__arch": "vit", "model__vit__pool": "mean"},
@@ -204,9 +204,17 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"measure__repair_samples": 1}, "measure.repair_samples: expected"),
     # the data set's kind and the architecture's input
     ({"model__arch": "gpt"}, "model.arch: 'gpt' reads token windows, but data.name 'mnist5k' gives images"),
-    ({"data__name": "pydoc"}, "model.arch: 'mlp' reads images, but data.name 'pydoc' gives token windows"),
     (
-        {"data__name": "pydoc", "model__arch": "gpt", "model__gpt__kv_heads": 3},
+        {"data__name": "pydoc", "train__objective": "lm"},
+        "model.arch: 'mlp' reads images, but data.name 'pydoc' gives token windows",
+    ),
+    (
+        {"data__name": "pydoc", "model__arch": "gpt"},
+        "train.objective: data.name 'pydoc' trains with lm (next-token prediction), got 'supervised'",
+    ),
+    ({"train__objective": "lm"}, "train.objective: data.name 'mnist5k' trains with supervised or mae, got 'lm'"),
+    (
+        {"data__name": "pydoc", "model__arch": "gpt", "train__objective": "lm", "model__gpt__kv_heads": 3},
         "model.gpt.kv_heads: 3 key/value heads do not divide the 4 heads",
     ),
     ({"data__context": 0}, "data.context: expected an integer ≥ 1, got 0"),

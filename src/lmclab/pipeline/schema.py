@@ -242,7 +242,7 @@ def _params_model(methods: tuple, many: tuple, archs: tuple) -> type[Block]:
     train = _derived(
         Block,
         first={
-            "objective": (one_of(["supervised", *objectives]), key("supervised", _OBJECTIVE)),
+            "objective": (one_of(["supervised", LANGUAGE, *objectives]), key("supervised", _OBJECTIVE)),
             **{o: (options_block(m.Config, f"train.{o}", m.PRETRAINING_KEYS), ...) for o, m in objectives.items()},
             "seeds": (own["seeds"].annotation, own["seeds"]),
             **{n: (f.annotation, f) for n, f in training.items()},
@@ -266,9 +266,10 @@ def _params_model(methods: tuple, many: tuple, archs: tuple) -> type[Block]:
     return _derived(Params, types=blocks)
 
 
+LANGUAGE = "lm"  # next-token prediction: a language model (model.arch gpt) on a text (data.name pydoc)
 _OBJECTIVE = (
-    "supervised (cross-entropy on labels) or mae: masked-autoencoder pretraining of model.vit "
-    "(AdamW, β = (0.9, 0.95); the decoder and masks of train.mae)"
+    "supervised (cross-entropy on labels), lm (next-token cross-entropy of model.gpt on a text) or mae: "
+    "masked-autoencoder pretraining of model.vit (AdamW, β = (0.9, 0.95); the decoder and masks of train.mae)"
 )
 _ARCH = "architecture (registry: src/lmclab/archs); its block model.<arch> is used"
 

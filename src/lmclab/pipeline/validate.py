@@ -23,7 +23,7 @@ from lmclab.core.options import OptionError, marked
 from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
-from lmclab.pipeline.schema import Params, params_model
+from lmclab.pipeline.schema import LANGUAGE, Params, params_model
 from lmclab.pipeline.stage import model_key
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS, UNIVERSE
@@ -205,8 +205,14 @@ MAE_FIXED = {"optimizer": "adam", "mixup_alpha": 0.0, "precision": "fp32", "npro
 
 
 def _objective(p: Params) -> Problems:
-    """``train.objective: mae`` pretrains ``model.vit`` (class-token pooling) with the decoder of
-    ``train.mae`` in one fp32 process with AdamW, without augmentation or mixup."""
+    """``train.objective: lm`` trains on a text and a text is trained with it; ``train.objective: mae``
+    pretrains ``model.vit`` (class-token pooling) with the decoder of ``train.mae`` in one fp32 process with
+    AdamW, without augmentation or mixup."""
+    if (p.train.objective == LANGUAGE) != (p.data.name in TEXTS):
+        want = f"{LANGUAGE} (next-token prediction)" if p.data.name in TEXTS else "supervised or mae"
+        line = f"data.name {p.data.name!r} trains with {want}, got {p.train.objective!r}"
+        yield "train.objective", f"train.objective: {line}"
+        return
     if p.train.objective != "mae":
         return
     if p.model.arch != "vit":
