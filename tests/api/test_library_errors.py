@@ -204,10 +204,10 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     ),
     (
         lambda: get_arch("transformer"),
-        "arch: unknown architecture 'transformer'; expected one of ['mae', 'mixer', 'mlp', 'resnet20', 'resnet50', "
-        "'traced', 'vgg', 'vit']",
+        "arch: unknown architecture 'transformer'; expected one of ['gpt', 'mae', 'mixer', 'mlp', 'resnet20', "
+        "'resnet50', 'traced', 'vgg', 'vit']",
         ("train",),
-        "model.arch: unknown architecture 'transformer'; expected one of ['mae', 'mixer', 'mlp', "
+        "model.arch: unknown architecture 'transformer'; expected one of ['gpt', 'mae', 'mixer', 'mlp', "
         "'resnet20', 'resnet50', 'traced', 'vgg', 'vit']",
     ),
     (
@@ -333,7 +333,16 @@ def test_validate_reports_a_traced_factory_under_its_key() -> None:
     [
         (
             "download",
-            {"data": {"name": "mnist5k", "root": str(NOWHERE), "max_train": 0, "max_test": None, "image_size": 224}},
+            {
+                "data": {
+                    "name": "mnist5k",
+                    "root": str(NOWHERE),
+                    "max_train": 0,
+                    "max_test": None,
+                    "image_size": 224,
+                    "context": 64,
+                }
+            },
             "error: data.max_train must be a positive number of samples or null, got 0",
         ),
         (
