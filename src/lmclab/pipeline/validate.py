@@ -16,15 +16,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from lmclab.archs import build_model, get_arch, make_config
-from lmclab.archs.mae import from_vit
 from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError, marked
-from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
-from lmclab.pipeline.schema import LANGUAGE, Params, params_model
-from lmclab.pipeline.stage import model_key
+from lmclab.pipeline.schema import Params, params_model
+from lmclab.pipeline.validate_model import check_architecture, check_data_kind, check_objective, input_shape_of
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS, UNIVERSE
 from lmclab.search.midpoint import n_heldout
@@ -51,9 +49,9 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _trained_seeds,
         _reused_alignments,
         _library_checks,
-        _data_kind,
-        _architecture,
-        _objective,
+        check_data_kind,
+        check_architecture,
+        check_objective,
         _search_batches,
         _merge_many,
         _device,
@@ -201,43 +199,6 @@ def _library_checks(p: Params) -> Problems:
 
 
 # what MAE pretraining (lmclab.train.mae_training) does not do: the setting each of these keys must keep
-MAE_FIXED = {"optimizer": "adam", "mixup_alpha": 0.0, "precision": "fp32", "nproc_per_node": 1, "nnodes": 1}
-
-
-def _objective(p: Params) -> Problems:
-    """``train.objective: lm`` trains on a text and a text is trained with it; ``train.objective: mae``
-    pretrains ``model.vit`` (class-token pooling) with the decoder of ``train.mae`` in one fp32 process with
-    AdamW, without augmentation or mixup."""
-    if (p.train.objective == LANGUAGE) != (p.data.name in TEXTS):
-        want = f"{LANGUAGE} (next-token prediction)" if p.data.name in TEXTS else "supervised or mae"
-        line = f"data.name {p.data.name!r} trains with {want}, got {p.train.objective!r}"
-        yield "train.objective", f"train.objective: {line}"
-        return
-    if p.train.objective != "mae":
-        return
-    if p.model.arch != "vit":
-        yield "model.arch", f"model.arch: train.objective mae pretrains a ViT: expected vit, got {p.model.arch!r}"
-        return
-    for name, value in MAE_FIXED.items():
-        if getattr(p.train, name) != value:
-            yield (
-                f"train.{name}",
-                (f"train.{name}: train.objective mae needs {value!r}, got {getattr(p.train, name)!r}"),
-            )
-    if p.train.augment not in ("auto", "none"):
-        yield (
-            "train.augment",
-            f"train.augment: MAE pretraining does not augment: expected auto or none, got {p.train.augment!r}",
-        )
-    try:
-        vit = make_config("vit", input_shape=_input_shape(p), num_classes=10, **p.model.vit.model_dump())
-        from_vit(vit, **p.train.mae.model_dump())
-    except OptionError as err:
-        yield "train.mae", err.keyed(lambda name: {"pool": "model.vit.pool"}.get(name, f"train.mae.{name}"))
-    except ValueError:  # the ViT's own options: _architecture names them
-        return
-
-
 def _launch(p: Params) -> Problems:
     processes = p.train.nproc_per_node * p.train.nnodes
     if p.train.nnodes > 1 and p.train.rdzv_endpoint is None:
@@ -256,50 +217,6 @@ def _launch(p: Params) -> Problems:
                 f"data-parallel processes, got {p.train.batch_size}"
             ),
         )
-
-
-def _reads_tokens(arch: str) -> bool:
-    """Whether architecture ``arch`` reads token windows (its module's ``INPUT``), not images."""
-    return getattr(get_arch(arch), "INPUT", "images") == "tokens"
-
-
-def _data_kind(p: Params) -> Problems:
-    """A text (token windows) feeds a language model, images every other architecture."""
-    text, tokens = p.data.name in TEXTS, _reads_tokens(p.model.arch)
-    if text != tokens:
-        reads, gives = ("token windows", "images") if tokens else ("images", "token windows")
-        yield "model.arch", f"model.arch: {p.model.arch!r} reads {reads}, but data.name {p.data.name!r} gives {gives}"
-
-
-def _input_shape(p: Params) -> tuple[int, ...]:
-    """The input shape ``data.name`` prepares (grey 28-pixel digits, CIFAR's 32-pixel colour, ImageNet's crop,
-    a text's windows of ``data.context`` tokens)."""
-    if p.data.name in TEXTS:
-        return (p.data.context,)
-    if p.data.name == "cifar10":
-        return (3, 32, 32)
-    return (3, p.data.image_size, p.data.image_size) if p.data.name == "imagenet" else (1, 28, 28)
-
-
-def _architecture(p: Params) -> Problems:
-    """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit);
-    a traced network, a Mixer or a ViT (its patches must tile the image), for the data set's own shape —
-    for a traced one, tracing it is the check."""
-    arch = p.model.arch
-    if (p.data.name in TEXTS) != _reads_tokens(arch):  # _data_kind says so
-        return
-    options = getattr(p.model, arch).model_dump()
-    for shape in ((1, 28, 28), (3, 32, 32)) if arch not in ("traced", "mixer", "vit", "gpt") else (_input_shape(p),):
-        try:
-            config = make_config(arch, input_shape=shape, num_classes=10, **options)
-            if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here
-                get_arch(arch).permutation_spec(config)
-        except OptionError as err:  # the library names the config's fields: here, their keys
-            yield f"model.{arch}", err.keyed(model_key(arch))
-            return
-        except ValueError as exc:  # the line names the key (a tracer's refusal does not itself)
-            yield f"model.{arch}", f"model.{arch}: {exc}"
-            return
 
 
 def _search_batches(p: Params) -> Problems:
@@ -329,10 +246,10 @@ def _merge_many(p: Params) -> Problems:
         return
     try:
         options = getattr(p.model, p.model.arch).model_dump()
-        config = make_config(p.model.arch, input_shape=_input_shape(p), num_classes=10, **options)
+        config = make_config(p.model.arch, input_shape=input_shape_of(p), num_classes=10, **options)
         batchnorm = has_batchnorm(build_model(p.model.arch, config))
         heads = get_arch(p.model.arch).permutation_spec(config).heads
-    except ValueError:  # the config itself: _architecture names it
+    except ValueError:  # the config itself: check_architecture names it
         return
     if p.merge_many.repair in ("bn", "repair") and (p.merge_many.repair == "bn") != batchnorm:
         need = "bn (the network has BatchNorm)" if batchnorm else "repair or none (the network has no BatchNorm)"
