@@ -68,3 +68,8 @@ def test_a_context_that_is_not_a_positive_count_is_refused(tmp_path, context, sh
     with pytest.raises(OptionError, match=rf"^context must be a positive number of tokens, got {shown}$"):
         prepare("pydoc", tmp_path, tmp_path / "prepared", context=context)
     assert not (tmp_path / "prepared").exists()
+
+
+def test_an_unknown_text_is_refused_in_one_line() -> None:
+    with pytest.raises(OptionError, match=r"^name: unknown text 'wiki'; expected one of \['pydoc'\]$"):
+        text.prepare_text("wiki", context=8)
