@@ -18,10 +18,12 @@ that the two specs are equal): the residual stream ``P_res`` on every channel ax
 groups, one head order ``P_heads_k`` shared by
 - with learned positions and ``kv_heads = heads``: ``P_qk_k`` (rows of ``q`` and ``k``) and ``P_vo_k``
   (rows of ``v``, columns of ``out``), each head's features free (τ_h) as in the ViT;
-- with rotary positions: the same, but ``P_qk_k`` moves whole heads (a feature moved inside a rotary head
-  turns by another angle): ``H`` units of ``d`` rows each;
+- with rotary positions: queries and keys move in whole heads (a feature moved inside a rotary head turns
+  by another angle), as two tied groups ``P_q_k`` and ``P_k_k`` of ``H`` units of ``d`` rows each (one σ
+  moves both); ``P_vo_k`` as above;
 - with grouped queries: whole key/value heads, each taking its ``heads/kv_heads`` query heads along
-  (``q``'s rows and ``out``'s columns in blocks of that many heads), ``kv_heads`` units in both groups.
+  (``q``'s rows and ``out``'s columns in blocks of that many heads): ``P_q_k``, ``P_k_k`` and ``P_vo_k`` of
+  ``kv_heads`` units each.
 """
 
 from __future__ import annotations
