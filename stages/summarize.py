@@ -1,5 +1,6 @@
 """Stage summarize: gather the measurements of the current params into Parquet tables (``curves``,
-``pairs``, ``history``; from the analyses ``taylor``, ``theorem42``, ``spectrum``, ``energy``,
+``pairs``, ``history``; from the analyses ``taylor``, ``theorem42``, ``alignment`` (each layer's share of R_γ),
+``spectrum``, ``energy``,
 ``output_scale``, ``table1``; three models ``three_edges``, ``three_curves``, ``landscape``; n models
 ``merge_many``, ``merge_many_methods``, ``merge_many_pairwise``, ``merge_many_trace``), the headline
 metrics ``metrics/headline.json`` (what

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from lmclab.analysis.alignment import (
     alignment_r,
     circular_operator_blocks,
+    layer_alignment,
     layer_names,
     layer_svd,
     model_factors,
@@ -19,6 +20,7 @@ from lmclab.analysis.alignment import (
     singular_values,
 )
 from lmclab.archs import build_model, get_arch, make_config
+from lmclab.core.options import OptionError
 from lmclab.core.spec import apply_permutation, build_spec, conv, dense, norm, random_permutation
 
 
@@ -128,6 +130,36 @@ def test_r_keeps_triplets_relative_to_the_largest_singular_value():
     assert alignment_r(fa, fb, 0.0) == pytest.approx(0.0)
     # the denominator is min(n^a, n^b): a keeps 2 triplets, b keeps 1, the common one agrees
     assert alignment_r({"w": diag(10.0, 5.0)}, {"w": diag(10.0, 1.0)}, 0.3) == pytest.approx(1.0)
+
+
+def test_each_layers_share_of_r_keeps_the_model_wide_threshold():
+    """The same two-layer pair: at γ = 0.3 layer v keeps no triplet of a (a's s ≤ 1 < 3) so its share is
+    (0, 0), layer w's is (1, 1); at γ = 0, w's is (1 − 1, 2) and v's (−1 + 1, 2). A sign-flipped layer's
+    share is −(its rank) (u_b = −u_a, v_b = v_a)."""
+    diag = lambda *s: layer_svd(torch.diag(torch.tensor(s)))  # noqa: E731
+    fa, fb = {"w": diag(10.0, 1.0), "v": diag(1.0, 0.5)}, {"w": diag(10.0, -1.0), "v": diag(-5.0, 0.5)}
+    assert layer_alignment(fa, fb, 0.3) == {"w": pytest.approx((1.0, 1)), "v": (0.0, 0)}
+    assert layer_alignment(fa, fb, 0.0) == {"w": pytest.approx((0.0, 2)), "v": pytest.approx((0.0, 2))}
+    assert layer_alignment({"w": diag(3.0, 2.0, 1.0)}, {"w": diag(-3.0, -2.0, -1.0)}, 0.0) == {
+        "w": pytest.approx((-3.0, 3))
+    }
+    with pytest.raises(OptionError, match="gamma"):
+        layer_alignment(fa, fb, 1.5)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.3, 0.9])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layer_shares_add_up_to_r(case, gamma):
+    """Σ numerators / Σ counts over every layer is R_γ of the model, on a pair that is not aligned."""
+    make, mode, sizes = CASES[case]
+    spec, params = make(0)
+    other = noisy(make(1)[1], 0.5, 2)
+    fa, fb = factors(params, spec, mode, sizes), factors(other, spec, mode, sizes)
+    shares = layer_alignment(fa, fb, gamma)
+    assert list(shares) == list(fa)
+    total = sum(n for n, _ in shares.values()) / sum(k for _, k in shares.values())
+    assert total == pytest.approx(alignment_r(fa, fb, gamma), abs=1e-12)
+    assert alignment_r(fa, fb, gamma) != pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

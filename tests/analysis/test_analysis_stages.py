@@ -63,7 +63,8 @@ def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
     splits = {"test": load_split(prepared, "test")}
     pair = Endpoints(spec, build_model("mlp", config), params_a, params_b, splits)
     how = Analysis(lams=lambda_grid(5), gammas=[0.0, 0.3], input_shape=config.input_shape)
-    summary, taylor, bounds = analyze_pair(pair, permuted_b, midpoint, how)
+    summary, found = analyze_pair(pair, permuted_b, midpoint, how)
+    taylor, bounds, layers = found["taylor"], found["theorem42"], found["alignment"]
     for gamma in (0.0, 0.3):
         assert summary[r_key(gamma)] == pytest.approx(1.0)
         assert summary[r_key(gamma, "a_mid")] == pytest.approx(1.0)
@@ -71,6 +72,7 @@ def test_analyze_pair_of_a_permuted_copy_is_perfectly_aligned(prepared):
     assert summary["test_taylor_barrier_mid"] == 0 and all(r["taylor"] == 0 for r in taylor)
     assert [r["layer"] for r in bounds] == ["layers.0.weight", "layers.1.weight", "out.weight"]
     assert all(r["bound"] < 1e-4 and r["measured"] == 0 for r in bounds)
+    assert all(r["R"] == pytest.approx(1.0) for r in layers) and len(layers) == 2 * 3  # every layer of a copy
 
 
 def test_shared_endpoint_factors_change_nothing(prepared):
@@ -89,14 +91,14 @@ def test_shared_endpoint_factors_change_nothing(prepared):
     assert {k: v for k, v in reused[0].items() if k != "analysis_seconds"} == {
         k: v for k, v in alone[0].items() if k != "analysis_seconds"
     }
-    assert reused[1:] == alone[1:]
+    assert reused[1] == alone[1]
     # and both equal the primitives computed from scratch on the right models
     layers = layer_names(spec, params_a)
     fa, fb, fp, fm = (model_factors(p, layers) for p in (params_a, params_b, permuted_b, midpoint))
     for gamma in (0.0, 0.3):
         for which, (x, y) in {"": (fa, fp), "naive": (fa, fb), "a_mid": (fa, fm), "b_mid": (fp, fm)}.items():
             assert reused[0][r_key(gamma, which)] == alignment_r(x, y, gamma)
-    assert reused[2] == theorem42(model, params_a, permuted_b, splits["test"], layers)
+    assert reused[1]["theorem42"] == theorem42(model, params_a, permuted_b, splits["test"], layers)
 
 
 @pytest.mark.parametrize(
@@ -132,11 +134,9 @@ def test_measure_method_is_measure_and_analyze_with_the_endpoints_svds_shared(pr
     )
     how = Analysis(lams=lambda_grid(3), gammas=[0.0, 0.3], input_shape=config.input_shape, taylor_splits=["test"])
     model = build_model("mlp", config)
-    curve, alone, taylor, bounds, cka = measure_and_analyze(
-        Endpoints(spec, model, params_a, params_b, splits), permuted_b, midpoint, how
-    )
-    assert sorted(tables) == ["cka", "curve", "taylor", "theorem42"]
-    assert (tables["curve"], tables["taylor"], tables["theorem42"]) == (curve, taylor, bounds)
+    alone, found = measure_and_analyze(Endpoints(spec, model, params_a, params_b, splits), permuted_b, midpoint, how)
+    assert sorted(tables) == ["alignment", "cka", "curve", "taylor", "theorem42"]
+    assert all(tables[t] == found[t] for t in ("curve", "taylor", "theorem42", "alignment"))
     timing = {"analysis_seconds"}
     assert {k: v for k, v in summary.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
 
@@ -218,6 +218,10 @@ def test_taylor_table_holds_the_real_gap_read_off_the_curve():
     }
     gaps = tables([record])["taylor"]["barrier"].tolist()
     assert gaps[0] == pytest.approx(0.5) and math.isnan(gaps[1])  # λ = ½ was not measured
+    assert "alignment" not in tables([record])  # a record without per-layer R rows adds no table
+    share = {"layer": "fc.weight", "gamma": 0.3, "numerator": 2.0, "kept": 4, "R": 0.5}
+    layers = tables([{**record, "alignment": [share]}])["alignment"]
+    assert layers.to_dict("records") == [{"pair": "seed0-seed1", "seed_a": 0, "seed_b": 1, "method": "wm", **share}]
 
 
 @pytest.mark.slow

@@ -115,24 +115,34 @@ def _kept(factors: Factors, threshold: float) -> tuple[Tensor, Tensor, int]:
     return factors.U * mask[:, None, :], factors.Vh * mask[:, :, None], int(mask.real.sum())
 
 
-def alignment_r(factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factors], gamma: float) -> float:
-    """Theorem 4.1 / Appendix B: ``R_γ = Σ_ℓ Σ_{i,j} (u^a_i·u^b_j)(v^a_i·v^b_j) / Σ_ℓ min(n^a_ℓ, n^b_ℓ)``,
-    keeping triplets with ``s ≥ γ s_max`` where ``s_max`` is the largest singular value over all
-    layers of that model. ``factors_b`` must be of the aligned model π(θb). Complex factors use
-    ``Re Σ (u^aᴴu^b)(v^bᴴv^a)``, the Frobenius product of the two operators' ``U Vᴴ``."""
+def layer_alignment(
+    factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factors], gamma: float
+) -> dict[str, tuple[float, int]]:
+    """Each layer's share of :func:`alignment_r`: ``{layer: (Σ_{i,j} (u^a_i·u^b_j)(v^a_i·v^b_j), min(n^a_ℓ,
+    n^b_ℓ))}`` with the model-wide thresholds ``γ s_max`` (Theorem 4.1), so that R_γ of any set of layers is
+    the sum of their numerators over the sum of their counts, and of every layer :func:`alignment_r`."""
     if not 0.0 <= gamma <= 1.0:
         raise OptionError(f"{{gamma}}: γ must lie in [0, 1], got {gamma}")
     top_a = max(float(f.S.max()) for f in factors_a.values())
     top_b = max(float(f.S.max()) for f in factors_b.values())
-    numerator, denominator = 0.0, 0
+    shares = {}
     for name, fa in factors_a.items():
         ua, vha, na = _kept(fa, gamma * top_a)
         ub, vhb, nb = _kept(factors_b[name], gamma * top_b)
         uu = ua.mH @ ub  # (B, ka, kb): u^aᴴ u^b
         vv = vha @ vhb.mH  # (B, ka, kb): v^aᴴ v^b
-        numerator += float((uu * vv.conj()).sum().real)
-        denominator += min(na, nb)
-    return numerator / denominator if denominator else 0.0
+        shares[name] = (float((uu * vv.conj()).sum().real), min(na, nb))
+    return shares
+
+
+def alignment_r(factors_a: Mapping[str, Factors], factors_b: Mapping[str, Factors], gamma: float) -> float:
+    """Theorem 4.1 / Appendix B: ``R_γ = Σ_ℓ Σ_{i,j} (u^a_i·u^b_j)(v^a_i·v^b_j) / Σ_ℓ min(n^a_ℓ, n^b_ℓ)``,
+    keeping triplets with ``s ≥ γ s_max`` where ``s_max`` is the largest singular value over all
+    layers of that model. ``factors_b`` must be of the aligned model π(θb). Complex factors use
+    ``Re Σ (u^aᴴu^b)(v^bᴴv^a)``, the Frobenius product of the two operators' ``U Vᴴ``."""
+    shares = layer_alignment(factors_a, factors_b, gamma).values()
+    denominator = sum(kept for _, kept in shares)
+    return sum(numerator for numerator, _ in shares) / denominator if denominator else 0.0
 
 
 def _float64(values: Tensor | Sequence[float]) -> Tensor:

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lmclab.analysis.alignment import Factors, alignment_r, layer_names, model_factors, output_layer, singular_values
+from lmclab.analysis.alignment import (
+    Factors,
+    alignment_r,
+    layer_alignment,
+    layer_names,
+    model_factors,
+    output_layer,
+    singular_values,
+)
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, product_layers, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
@@ -95,6 +103,17 @@ def alignment_rs(
     return out
 
 
+def layer_alignment_rows(fa: Mapping[str, Factors], fp: Mapping[str, Factors], gammas: Sequence[float]) -> list[dict]:
+    """Each layer's share of R_γ(θa, π(θb)) for every γ (:func:`~lmclab.analysis.alignment.layer_alignment`):
+    ``{layer, gamma, numerator, kept, R}``; R is NaN where no triplet of the layer passes the threshold."""
+    rows = []
+    for gamma in gammas:
+        for layer, (numerator, kept) in layer_alignment(fa, fp, gamma).items():
+            r = numerator / kept if kept else float("nan")
+            rows.append({"layer": layer, "gamma": float(gamma), "numerator": numerator, "kept": kept, "R": r})
+    return rows
+
+
 def alignment_summary(
     spec: PermutationSpec,
     model: nn.Module,
@@ -149,12 +168,13 @@ class Endpoints:
 
 def analyze_pair(
     pair: Endpoints, permuted_b: Mapping[str, Tensor], midpoint: Mapping[str, Tensor], how: Analysis
-) -> tuple[dict[str, float], list[dict], list[dict]]:
-    """``(summary, taylor rows, theorem 4.2 rows)`` for θa and the aligned π(θb) of ``pair``.
+) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """``(summary, tables)`` for θa and the aligned π(θb) of ``pair``.
 
     summary: ``{split}_taylor_barrier_mid`` / ``_max`` and the Theorem 3.1 ingredients per split,
-    the R_γ columns of :func:`alignment_summary` and ``analysis_seconds``; taylor rows:
-    ``{split, lam, taylor}``; theorem 4.2 rows: ``{layer, bound, measured}`` on ``how.energy_split``."""
+    the R_γ columns of :func:`alignment_summary` and ``analysis_seconds``; tables (lists of rows):
+    ``taylor`` ``{split, lam, taylor}``, ``theorem42`` ``{layer, bound, measured}`` on ``how.energy_split``
+    and ``alignment``, each layer's share of R_γ(θa, π(θb)) (:func:`layer_alignment_rows`)."""
     start = time.perf_counter()
     model, params_a, splits = pair.model, pair.params_a, pair.splits
     summary: dict[str, float] = {}
@@ -173,8 +193,9 @@ def analyze_pair(
     shared = {"factors_a": fa, "factors_b": fp} if how.mode == "reshape" else {}  # Theorem 4.2 reshapes kernels
     layers = product_layers(model, layer_names(pair.spec, params_a))
     bound_rows = theorem42(model, params_a, permuted_b, splits[how.energy_split], layers, **shared)
+    tables = {"taylor": taylor_rows, "theorem42": bound_rows, "alignment": layer_alignment_rows(fa, fp, how.gammas)}
     summary["analysis_seconds"] = time.perf_counter() - start
-    return summary, taylor_rows, bound_rows
+    return summary, tables
 
 
 def measure_and_analyze(
@@ -186,12 +207,12 @@ def measure_and_analyze(
     repair: Repair | None = None,
     repair_at: RepairAt | None = None,
     world: World = ALONE,
-) -> tuple[list[dict], dict[str, float], list[dict], list[dict], list[dict]]:
+) -> tuple[dict[str, float], dict[str, list[dict]]]:
     """Everything measured on one aligned pair: the interpolation curves and barriers (with BN
     repair or REPAIR when given; sharded over ``world``'s processes), L2 distances, the analyses of
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the
     test split (:mod:`lmclab.analysis.cka`; the summary gets their means over layers).
-    Returns ``(curve rows, summary, taylor rows, theorem 4.2 rows, CKA rows)``."""
+    Returns ``(summary, tables)``: the tables of :func:`analyze_pair` with ``curve`` and ``cka`` (rows)."""
     spec, model, params_a, params_b = pair.spec, pair.model, pair.params_a, pair.params_b
     curve, summary = measure_pair_with_repair(
         spec,
@@ -205,7 +226,7 @@ def measure_and_analyze(
         repair_at=repair_at,
         world=world,
     )
-    analysis, taylor_rows, bound_rows = analyze_pair(pair, permuted_b, midpoint, how)
+    analysis, tables = analyze_pair(pair, permuted_b, midpoint, how)
     models = {"a": params_a, "b": params_b, "pi_b": permuted_b, "mid": midpoint}
     cka = cka_rows(spec, model, models, pair.splits["test"])
-    return curve, {**summary, **analysis, **cka_means(cka)}, taylor_rows, bound_rows, cka
+    return {**summary, **analysis, **cka_means(cka)}, {"curve": curve, **tables, "cka": cka}

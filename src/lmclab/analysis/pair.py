@@ -104,12 +104,12 @@ def build_repairs(
 
 def measure_method(pair: Pair, permuted_b: Checkpoint, midpoint: Checkpoint) -> tuple[dict[str, list[dict]], dict]:
     """``(tables, summary)`` of one method's aligned π(θb) and merged midpoint: the tables ``curve``,
-    ``taylor``, ``theorem42``, ``cka`` (MAE endpoints also ``mae`` and ``residual``,
+    ``taylor``, ``theorem42``, ``alignment``, ``cka`` (MAE endpoints also ``mae`` and ``residual``,
     :func:`lmclab.analysis.mae_pair.mae_pair`) as rows, the summary as one mapping."""
     device, ends = pair.world.device, pair.endpoints
     aligned = on_device(permuted_b.state_dict, device)
     with _renamed(gamma="gammas"):
-        curve, summary, taylor, bounds, cka = measure_and_analyze(
+        summary, tables = measure_and_analyze(
             ends,
             aligned,
             on_device(midpoint.state_dict, device),
@@ -118,7 +118,6 @@ def measure_method(pair: Pair, permuted_b: Checkpoint, midpoint: Checkpoint) -> 
             repair_at=pair.repair_at,
             world=pair.world,
         )
-    tables = {"curve": curve, "taylor": taylor, "theorem42": bounds, "cka": cka}
     if is_reconstruction(ends.model):  # MAE endpoints: the encoder as a representation, patch errors, blocks
         train, test = (ends.splits[s].to(device) for s in ("train", "test"))
         tables["mae"], tables["residual"], extra = mae_pair(

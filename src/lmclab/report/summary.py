@@ -42,8 +42,9 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
     Returns ``curves`` (long: one row per pair, method, split, λ), ``pairs`` (wide: one row
     per pair and method with every scalar), ``search_curves`` (long: one row per pair, method and
     search epoch of the iterative searches), ``search_objective`` (WM's ⟨θa, π(θb)⟩ after each
-    sweep, sweep 0 = before the first) and, when the records carry them, ``taylor``, ``theorem42`` and ``cka``."""
-    curves, pairs, taylor, bounds, cka = [], [], [], [], []
+    sweep, sweep 0 = before the first) and, when the records carry them, ``taylor``, ``theorem42``, ``alignment``
+    (each layer's share of R_γ) and ``cka``."""
+    curves, pairs, taylor, bounds, layers, cka = [], [], [], [], [], []
     for rec in records:
         key = {
             "pair": pair_name(rec["seed_a"], rec["seed_b"]),
@@ -62,6 +63,7 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
             for row in rec.get("taylor", [])
         ]
         bounds += [{**key, **row} for row in rec.get("theorem42", [])]
+        layers += [{**key, **row} for row in rec.get("alignment", [])]
         cka += [{**key, **row} for row in rec.get("cka", [])]
     out = {
         "curves": pd.DataFrame(curves),
@@ -71,6 +73,8 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
     }
     if taylor:  # records carry the analyze stage's outputs (Taylor curve, Theorem 4.2 rows)
         out.update(taylor=pd.DataFrame(taylor), theorem42=pd.DataFrame(bounds))
+    if layers:  # the measure stage's per-layer R_γ rows
+        out["alignment"] = pd.DataFrame(layers)
     if cka:  # the measure stage's CKA rows (layer × pair of models)
         out["cka"] = pd.DataFrame(cka)
     return out
@@ -235,7 +239,7 @@ def collect_pairs(
                     "search": json.loads((perms_dir / where / "stats.json").read_text()),
                     **{
                         name: pd.read_parquet(measure_dir / where / f"{name}.parquet").to_dict("records")
-                        for name in ("taylor", "theorem42", "cka")
+                        for name in ("taylor", "theorem42", "alignment", "cka")
                     },
                 }
             )
