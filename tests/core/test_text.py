@@ -71,5 +71,5 @@ def test_a_context_that_is_not_a_positive_count_is_refused(tmp_path, context, sh
 
 
 def test_an_unknown_text_is_refused_in_one_line() -> None:
-    with pytest.raises(OptionError, match=r"^name: unknown text 'wiki'; expected one of \['pydoc'\]$"):
+    with pytest.raises(OptionError, match=r"^name: unknown text 'wiki'; expected one of \['pydoc', 'text'\]$"):
         text.prepare_text("wiki", context=8)

@@ -27,7 +27,12 @@ SRC = ROOT / "src" / "lmclab"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRA_USERS = {"pipeline", "runtime"}  # the library's packages that may import the [pipeline] extra
 # a library module importing an extra's package lazily, behind a one-line error that names the extra
-OPTIONAL = {("core/data.py", "mlxtend"): "pipeline", ("api/hf.py", "transformers"): "models"}
+OPTIONAL = {
+    ("core/data.py", "mlxtend"): "pipeline",
+    ("api/hf.py", "transformers"): "models",
+    ("core/corpus.py", "datasets"): "text",
+    ("core/corpus.py", "transformers"): "models",
+}
 PROVIDERS = packages_distributions()  # top-level module -> distributions installed here
 
 

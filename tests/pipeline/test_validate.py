@@ -45,6 +45,20 @@ def test_a_language_model_reads_a_text() -> None:
     check_params(_params(model__arch="gpt", data__name="pydoc", data__context=32, train__objective="lm"))
 
 
+def test_a_language_model_reads_a_folder_of_text_files(tmp_path) -> None:
+    (tmp_path / "a.txt").write_text("some text")
+    lm = {"model__arch": "gpt", "train__objective": "lm", "data__context": 8}
+    check_params(_params(data__name="text", data__root=str(tmp_path), **lm))
+    (tmp_path / "a.txt").unlink()
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(data__name="text", data__root=str(tmp_path), **lm))
+    assert err.value.lines == [
+        f"data.root: {tmp_path} holds no text file (*.txt, *.md, *.rst, *.text) and no saved "
+        "Hugging Face dataset (dataset_dict.json or state.json)"
+    ]
+    check_params(_params(data__root=str(tmp_path / "unread")))  # a root is only a corpus for data.name text
+
+
 def test_a_headed_architecture_takes_the_sinkhorn_methods() -> None:
     """The Sinkhorn methods search headed groups (soft headed permutations) like the others."""
     methods = ["identity", "wm", "wm_sinkhorn", "ste_sinkhorn"]
@@ -84,7 +98,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     # names not in a registry
     (
         {"data__name": "imagenet21k"},
-        "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, pydoc, got 'imagenet21k'",
+        "data.name: expected one of mnist5k, mnist, fashion_mnist, cifar10, imagenet, pydoc, text, got 'imagenet21k'",
     ),
     (
         {"model__arch": "transformer"},
@@ -218,6 +232,15 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "model.gpt.kv_heads: 3 key/value heads do not divide the 4 heads",
     ),
     ({"data__context": 0}, "data.context: expected an integer ≥ 1, got 0"),
+    # a researcher's corpus and tokenizer, checked before the download stage reads them
+    (
+        {"data__name": "text", "model__arch": "gpt", "train__objective": "lm", "data__root": "no/such"},
+        "data.root: no/such is not a folder (expected text files or a saved Hugging Face dataset)",
+    ),
+    (
+        {"data__name": "pydoc", "model__arch": "gpt", "train__objective": "lm", "data__tokenizer": "no/tok"},
+        "data.tokenizer: no/tok is not a folder (expected a saved tokenizer)",
+    ),
 ]
 
 

@@ -201,12 +201,15 @@ def prepare(
     max_test: int | None = None,
     image_size: int = 224,
     context: int = 64,
+    tokenizer: Path | None = None,
+    text_column: str = "text",
 ) -> dict:
     """Load data set ``name`` (``root`` caches torchvision downloads; for ``imagenet`` it is the
-    local ImageFolder directory) and write the prepared format to ``out_dir``;
+    local ImageFolder directory, for ``text`` the corpus) and write the prepared format to ``out_dir``;
     ``max_train``/``max_test`` keep a fixed class-stratified subset; ``image_size`` is the side
-    of ImageNet images (others keep their size); a text (:mod:`lmclab.core.text`) is cut into windows of
-    ``context`` tokens, ``max_train``/``max_test`` keeping the first windows. Returns the metadata written
+    of ImageNet images (others keep their size); a text (:mod:`lmclab.core.text`) is tokenised by the
+    ``tokenizer`` folder (None: as bytes) and cut into windows of ``context`` tokens, ``max_train``/``max_test``
+    keeping the first windows (``text_column``: the column of a saved dataset). Returns the metadata written
     to ``meta.json``."""
     check_name(name)
     for key, value in (("max_train", max_train), ("max_test", max_test)):
@@ -215,7 +218,15 @@ def prepare(
     if not isinstance(image_size, int) or image_size < 28:
         raise OptionError(f"{{image_size}} must be an integer of at least 28 pixels, got {got(image_size)}")
     if name in TEXTS:
-        meta, splits = prepare_text(name, context=context, max_train=max_train, max_test=max_test)
+        meta, splits = prepare_text(
+            name,
+            context=context,
+            max_train=max_train,
+            max_test=max_test,
+            root=Path(root),
+            tokenizer=None if tokenizer is None else Path(tokenizer),
+            text_column=text_column,
+        )
         _write_prepared(out_dir, meta, splits)
         return meta
     if name in FOLDER_LOADERS:

