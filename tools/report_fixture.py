@@ -28,7 +28,7 @@ import typer
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = ROOT / "tests" / "report" / "run_tables"
 FIGURES = ROOT / "tests" / "report" / "figures.json"
-OPTIONAL = ("cka",)  # drawn when the run has it
+OPTIONAL = ("cka", "alignment")  # drawn when the run has them (alignment: each layer's share of R_γ)
 WIDTH = ("spectrum", "energy", "alignment")  # the width study's tables (reports/width)
 app = typer.Typer(add_completion=False)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
 from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1, table3
+from lmclab.report.language import is_language_model, perplexity_section
 from lmclab.report.plots import mean_std
 from lmclab.report.summary import THREE_KEYS
 from lmclab.report.summary import table1 as summary_table1
@@ -61,3 +64,25 @@ def test_figure_bands_are_the_sample_std_of_the_tables() -> None:
     frame = pd.DataFrame({"method": ["wm"] * 3 + ["ste"], "R_0": ONE_TWO_THREE + [5.0]})
     mean, std = mean_std(frame.groupby("method", sort=False)["R_0"])
     assert mean.to_dict() == {"wm": 2.0, "ste": 5.0} and std.to_dict() == {"wm": 1.0, "ste": 0.0}
+
+
+def test_a_language_models_endpoints_show_perplexity_and_token_accuracy() -> None:
+    history = pd.DataFrame([{"seed": 0, "epoch": 2, "train_loss": 1.0, "test_loss": math.log(4.0), "test_acc": 0.5}])
+    head, _, row = endpoint_table(history, language=True).splitlines()
+    assert head == "| seed | epochs | train loss | test loss | test token acc % | test ppl |"
+    assert row.endswith("| 50.00 | 4.000 |")
+    assert "ppl" not in endpoint_table(history)
+
+
+def test_the_perplexity_section_lists_repaired_and_plain_barriers_per_method() -> None:
+    """Pairs with [1, 2, 3] in every column read 2 ± 1; the plain barriers sit beside REPAIR's."""
+    cols = ("test_ppl_barrier_mid", "test_ppl_barrier_max")
+    pairs = pd.DataFrame(
+        [{"method": "wm", **{c: v for c in cols}, **{f"norepair_{c}": 10 * v for c in cols}} for v in (1.0, 2.0, 3.0)]
+    )
+    assert is_language_model(pairs) and not is_language_model(pairs.drop(columns=["test_ppl_barrier_mid"]))
+    lines = perplexity_section(pairs, ["wm"]).strip().splitlines()
+    assert lines[-3] == "| method | ppl B½ REPAIR | ppl B max REPAIR | ppl B½ | ppl B max |"
+    assert lines[-1].endswith("| 2.000 ± 1.000 | 2.000 ± 1.000 | 20.000 ± 10.000 | 20.000 ± 10.000 |")
+    plain = perplexity_section(pairs[list(cols) + ["method"]], ["wm"]).strip().splitlines()
+    assert plain[-3] == "| method | ppl B½ | ppl B max |"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from lmclab.core.atomic import write_text
+from lmclab.report.language import family_section, is_language_model, perplexity_section
 from lmclab.report.many_models import many_table
 from lmclab.report.paper_numbers import paper_row
 from lmclab.report.paper_tables import (
@@ -94,13 +96,16 @@ def barrier_table(pairs: pd.DataFrame, methods: Sequence[str], prefix: str = "")
     return "\n".join(lines)
 
 
-def endpoint_table(history: pd.DataFrame) -> str:
+def endpoint_table(history: pd.DataFrame, language: bool = False) -> str:
+    """Each seed's last epoch; a language model's with its test perplexity and next-token accuracy."""
     last = history.sort_values(["seed", "epoch"]).groupby("seed").tail(1)
-    lines = ["| seed | epochs | train loss | test loss | test acc % |", "|---|---|---|---|---|"]
+    acc, ppl = ("test token acc %", " test ppl |") if language else ("test acc %", "")
+    lines = [f"| seed | epochs | train loss | test loss | {acc} |{ppl}", "|---|---|---|---|---|" + "---|" * language]
     for _, r in last.iterrows():
         lines.append(
             f"| {int(r['seed'])} | {int(r['epoch'])} | {r['train_loss']:.4f} | "
             f"{r['test_loss']:.4f} | {100 * r['test_acc']:.2f} |"
+            + (f" {math.exp(r['test_loss']):.3f} |" if language else "")
         )
     return "\n".join(lines)
 
@@ -159,16 +164,21 @@ cycle-consistent (cycle error 0), unlike independent pairwise WM. F is the share
 
 
 def analysis_section(
-    rel: dict[str, str], pairs: pd.DataFrame, methods: Sequence[str], bounds: pd.DataFrame | None
+    rel: dict[str, str],
+    pairs: pd.DataFrame,
+    methods: Sequence[str],
+    bounds: pd.DataFrame | None,
+    layers: pd.DataFrame | None = None,
 ) -> str:
-    """The analyses' tables and figures (present when the analyze/spectra stages ran)."""
+    """The analyses' tables and figures (present when the analyze/spectra stages ran); ``layers``: the
+    per-layer shares of R_γ (:func:`lmclab.report.language.family_section`)."""
     if "alignment" not in rel:
         return ""
     text = f"""
 ## Singular-vector alignment R_γ (Theorem 4.1, Figures 2, 3)
 
 {alignment_table(pairs, methods)}
-
+{family_section(layers, methods)}
 ![alignment]({rel["alignment"]})
 
 ## Real vs Taylor-approximated barrier (Theorem 3.1)
@@ -269,6 +279,7 @@ def write_report(
     many_methods: pd.DataFrame | None = None,
     t1: pd.DataFrame | None = None,
     bounds: pd.DataFrame | None = None,
+    layers: pd.DataFrame | None = None,
     data: str = "",
     arch: str = "",
     findings: dict | None = None,
@@ -285,7 +296,7 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 {paper_note(data, arch)}
 ## Endpoints
 
-{endpoint_table(history)}
+{endpoint_table(history, is_language_model(pairs))}
 
 ![training]({rel["training"]})
 {findings_section(findings) if findings else ""}
@@ -294,10 +305,11 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 
 {barrier_table(pairs, methods)}
 
-{_stale_section(pairs, methods)}## Interpolation curves
+{_stale_section(pairs, methods)}{perplexity_section(pairs, methods) if is_language_model(pairs) else ""}
+## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds)}"""
+{analysis_section(rel, pairs, methods, bounds, layers)}"""
     if edges is not None:
         text += three_section(edges, evaluation, many_methods, rel, row)
     if "cka" in rel:
