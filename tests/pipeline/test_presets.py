@@ -9,22 +9,25 @@ import pytest
 import yaml
 from dvc_repo import ROOT
 from preset import PRESETS, apply_preset, flatten, set_values
+from typer.testing import CliRunner
 
 from lmclab.pipeline.stage import parse_yaml
-from lmclab.pipeline.validate import check_params
+from lmclab.pipeline.validate import ParamsError, check_params
 
 NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
 PAPER = ["cifar10_resnet20", "cifar10_vgg11", "fashion_mnist_mlp", "imagenet_resnet50", "mnist_mlp"]
 EXTENSIONS = ["cifar10_mae", "cifar10_vit", "mae", "vit"]  # transformers (docs/transformers.md)
 MANY = ["cifar10_resnet20x4_many"]  # n models in one frame (docs/methods.md)
+LANGUAGE = ["pydoc_gpt", "text_gpt_gpu"]  # language models (docs/language-models.md)
 
 
 def test_the_papers_settings_and_the_extensions_are_all_there():
-    assert sorted(PAPER + EXTENSIONS + MANY) == NAMES
+    assert sorted(PAPER + EXTENSIONS + MANY + LANGUAGE) == NAMES
 
 
-def _applied(name: str) -> dict:
-    """The preset applied to params.yaml: its values set, every other line and comment kept, valid."""
+def _applied(name: str, **local: str) -> dict:
+    """The preset applied to params.yaml: its values set, every other line and comment kept, valid (with the
+    ``data`` keys of ``local`` pointed at files made by the test)."""
     text = (ROOT / "params.yaml").read_text()
     new = apply_preset(name, text)
     preset = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
@@ -34,6 +37,7 @@ def _applied(name: str) -> dict:
     assert [ln.split(" # ", 1)[1] for ln in new.splitlines() if " # " in ln] == [
         ln.split(" # ", 1)[1] for ln in text.splitlines() if " # " in ln
     ]
+    tree["data"] |= local
     check_params(tree)
     return tree
 
@@ -86,3 +90,48 @@ def test_many_model_preset_merges_five_batchnorm_nets_by_every_method_with_bn_re
     assert tree["merge_many"]["seeds"] == tree["train"]["seeds"] == [0, 1, 2, 3, 4]
     assert tree["merge_many"]["methods"] == ["merge_many", "c2m3", "sync", "star"]
     assert tree["merge_many"]["repair"] == "bn"  # validate refuses REPAIR on a BatchNorm net
+
+
+def test_the_cpu_language_model_preset_trains_a_byte_level_gpt_on_pydoc_with_every_method():
+    tree = _applied("pydoc_gpt")
+    assert (tree["data"]["name"], tree["data"]["tokenizer"], tree["train"]["objective"]) == ("pydoc", None, "lm")
+    assert tree["model"]["arch"] == "gpt" and tree["model"]["gpt"]["width"] % tree["model"]["gpt"]["heads"] == 0
+    assert {"identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
+    assert tree["measure"]["repair"] is True and len(tree["permute"]["pairs"]) >= 3
+
+
+def test_the_gpu_language_model_preset_reads_a_local_corpus_with_a_llama_layout(tmp_path):
+    """Its corpus and tokenizer are the user's: validation refuses them until they exist, and passes once they do."""
+    from test_corpus import word_tokenizer
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("some text to train on")
+    tok = word_tokenizer(tmp_path / "tok", ["some text to train on"])
+    tree = _applied("text_gpt_gpu", root=str(tmp_path / "corpus"), tokenizer=str(tok))
+    gpt = tree["model"]["gpt"]
+    assert (gpt["norm"], gpt["position"], gpt["mlp"], gpt["tie_embeddings"]) == ("rmsnorm", "rotary", "swiglu", False)
+    assert gpt["heads"] % gpt["kv_heads"] == 0 < gpt["kv_heads"] < gpt["heads"]  # grouped-query attention
+    assert tree["train"]["precision"] == "bf16" and tree["data"]["name"] == "text"
+    with pytest.raises(ParamsError) as err:
+        _applied("text_gpt_gpu")
+    assert [line.split(":")[0] for line in err.value.lines] == ["data.root", "data.tokenizer"]
+
+
+def test_applying_a_preset_whose_corpus_is_not_there_yet_notes_it_and_writes(tmp_path, monkeypatch):
+    import preset
+
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    result = CliRunner().invoke(preset.app, ["text_gpt_gpu", "--params", str(params)])
+    assert result.exit_code == 0, result.output
+    assert "note: preset text_gpt_gpu: data.root: data/corpus is not a folder" in result.output
+    assert parse_yaml(params.read_text())["data"]["name"] == "text"
+    # beside a real error the missing corpus is not mentioned, and nothing is written
+    (tmp_path / "presets").mkdir()
+    bad = (PRESETS / "text_gpt_gpu.yaml").read_text().replace("lr: 0.0006", "lr: -1.0")
+    (tmp_path / "presets" / "bad.yaml").write_text(bad)
+    monkeypatch.setattr(preset, "PRESETS", tmp_path / "presets")
+    params.write_text((ROOT / "params.yaml").read_text())
+    refused = CliRunner().invoke(preset.app, ["bad", "--params", str(params)])
+    assert refused.exit_code == 1 and "error: preset bad: train.lr" in refused.output
+    assert "data.root" not in refused.output and params.read_text() == (ROOT / "params.yaml").read_text()
