@@ -1,0 +1,137 @@
+"""The language-model study (lmclab.studies.lm_study): plain and REPAIR's barriers told apart, means and sample
+stds over pairs, the sweeps and their trends, and the explanation's verdict on planted points."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from lmclab.studies.lm_study import (
+    explanation,
+    method_table,
+    plain,
+    repaired,
+    role_table,
+    study_points,
+    sweep_points,
+    sweep_summary,
+    sweep_trends,
+)
+
+
+def pairs_with_repair() -> pd.DataFrame:
+    rows = []
+    for i, pair in enumerate(("seed0-seed2", "seed1-seed3", "seed4-seed5")):
+        for method, plain_b, repair_b, r in (
+            ("identity", 2.0, 1.0, 0.1),
+            ("wm", 0.3, 0.1, 0.5),
+            ("am", 0.2, 0.05, 0.6),
+        ):
+            rows.append(
+                {
+                    "pair": pair,
+                    "method": method,
+                    "ln_repair": True,
+                    "test_loss_barrier_mid": repair_b + i * 0.01,
+                    "norepair_test_loss_barrier_mid": plain_b + i * 0.01,
+                    "test_loss_barrier_max": repair_b,
+                    "norepair_test_loss_barrier_max": plain_b,
+                    "test_ppl_barrier_mid": 3 * repair_b,
+                    "norepair_test_ppl_barrier_mid": 3 * plain_b,
+                    "test_acc_barrier_mid": 1.0,
+                    "norepair_test_acc_barrier_mid": 10.0 * plain_b,
+                    "l2_reduction_pct": 0.0 if method == "identity" else 20.0 + i,
+                    "R_0.3": r - 0.01 * i,
+                    "search_seconds": 0.0 if method == "identity" else 2.0 * (i + 1),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_plain_and_repaired_barriers_come_from_their_own_columns() -> None:
+    pairs = pairs_with_repair()
+    assert plain(pairs, "test_loss_barrier_mid").equals(pairs["norepair_test_loss_barrier_mid"])
+    assert repaired(pairs, "test_loss_barrier_mid").equals(pairs["test_loss_barrier_mid"])
+    without = pairs[[c for c in pairs if not c.startswith("norepair_")]].assign(ln_repair=False)
+    assert plain(without, "test_loss_barrier_mid").equals(without["test_loss_barrier_mid"])  # measured plain
+    assert repaired(without, "test_loss_barrier_mid").isna().all()
+    assert plain(pairs, "no_such_column").isna().all() and repaired(pairs, "no_such_column").isna().all()
+
+
+def test_the_method_table_is_the_mean_and_sample_std_over_pairs_in_the_runs_order() -> None:
+    table = method_table(study_points(pairs_with_repair())).set_index("method")
+    assert list(table.index) == ["identity", "wm", "am"] and (table["pairs"] == 3).all()
+    wm = table.loc["wm"]
+    assert wm["B_mid"] == pytest.approx(0.31) and wm["B_mid_std"] == pytest.approx(0.01)  # 0.3, 0.31, 0.32
+    assert wm["B_mid_repair"] == pytest.approx(0.11) and wm["ppl_mid"] == pytest.approx(0.9)
+    assert wm["acc_mid"] == pytest.approx(3.0) and wm["search_s"] == pytest.approx(4.0)
+    assert wm["search_s_std"] == pytest.approx(2.0) and wm["l2_reduction"] == pytest.approx(21.0)
+
+
+def test_the_explanation_holds_when_better_alignment_means_lower_barriers_and_not_otherwise() -> None:
+    points = study_points(pairs_with_repair())
+    found = explanation(points, ["wm", "am"])
+    assert found["points"] == 6 and found["pairs"] == 3 and found["pairs_agreeing"] == 3
+    assert (found["best_aligned"], found["lowest_barrier"]) == ("am", "am")
+    # within a method and across methods, the higher R_0.3 the lower B½: ρ = −1
+    assert found["rho"] == pytest.approx(-1.0) and found["holds"]
+    flipped = points.assign(B_mid=lambda f: -f["B_mid"])
+    against = explanation(flipped, ["wm", "am"])
+    assert against["rho"] > 0 and not against["holds"] and against["pairs_agreeing"] == 0
+    assert against["lowest_barrier"] == "wm"
+
+
+def test_the_explanations_verdict_needs_significance() -> None:
+    """Eight points in perfect inverse order (ρ = −1) hold; four at ρ = −0.8 do not reach p < 0.05."""
+    many = pd.DataFrame(
+        {
+            "method": ["wm", "am"] * 4,
+            "pair": [f"p{i // 2}" for i in range(8)],
+            "R_0.3": range(8),
+            "B_mid": range(8, 0, -1),
+        }
+    )
+    assert explanation(many, ["wm", "am"])["holds"] and explanation(many, ["wm", "am"])["rho"] == pytest.approx(-1.0)
+    few = many.iloc[:4].assign(B_mid=[3, 1, 2, 0])
+    assert explanation(few, ["wm", "am"])["rho"] == pytest.approx(-0.8) and not explanation(few, ["wm", "am"])["holds"]
+
+
+def test_sweeps_tabulate_each_value_and_test_the_trend() -> None:
+    """B½ of WM falls with width (1.0, 0.5, 0.2 + noise per pair) and R_0.3 rises: both trends hold."""
+    runs, final = {}, {}
+    for width, b, r in ((32, 1.0, 0.2), (64, 0.5, 0.4), (128, 0.2, 0.6)):
+        frame = pairs_with_repair()
+        frame = frame[frame["method"] == "wm"].assign(
+            norepair_test_loss_barrier_mid=[b, b + 0.01, b + 0.02], **{"R_0.3": [r, r + 0.01, r + 0.02]}
+        )
+        runs[float(width)], final[float(width)] = study_points(frame), 1.5 - width / 1000
+    points = sweep_points(runs, final)
+    assert len(points) == 9 and set(points["value"]) == {32.0, 64.0, 128.0}
+    summary = sweep_summary(points).set_index("value")
+    assert summary.loc[64.0, "B_half"] == pytest.approx(0.51) and summary.loc[64.0, "B_half_std"] == pytest.approx(0.01)
+    assert summary.loc[128.0, "final_test_loss"] == pytest.approx(1.372)
+    verdicts = {v["quantity"]: v for v in sweep_trends(points, "wm", "width")}
+    assert verdicts["B_half"]["holds"] and verdicts["R_0.3"]["holds"] and verdicts["B_half"]["rho"] < 0
+    assert verdicts["B_half"]["n_points"] == 9 and verdicts["B_half"]["param"] == "width"
+
+
+def test_the_roles_pool_a_gpts_layers() -> None:
+    shares = [
+        ("embed.weight", 1.0, 2),
+        ("head.weight", 1.0, 2),
+        ("blocks.0.attn.q.weight", 0.0, 4),
+        ("blocks.0.attn.out.weight", 2.0, 4),
+        ("blocks.0.fc1.weight", 3.0, 4),
+        ("blocks.1.fc2.weight", 1.0, 4),
+    ]
+    alignment = pd.DataFrame(
+        [
+            {"pair": "p", "method": "wm", "layer": layer, "gamma": 0.3, "numerator": n, "kept": k, "R": n / k}
+            for layer, n, k in shares
+        ]
+    )
+    roles = role_table(alignment).set_index("part")["mean"]
+    assert roles.to_dict() == {"stream": 0.5, "attention": 0.25, "MLP": 0.5}
+    assert math.isnan(role_table(alignment).set_index("part").loc["stream", "std"])  # one pair
