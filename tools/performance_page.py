@@ -7,7 +7,8 @@ typed by hand — not a DVC stage (< 1 s):
 Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``),
 ``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``),
 ``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``),
-``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``) and
+``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``),
+``benchmarks/results/lm_epoch.json`` (``benchmarks/bench_lm_epoch.py``) and
 ``benchmarks/results/default_run.json`` (``benchmarks/bench_default_run.py --versus``).
 """
 
@@ -196,6 +197,25 @@ def sinkhorn_sizes(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def lm_epoch(record: dict) -> str:
+    """Seconds per training epoch of the language-model preset's GPT at each candidate width (median)."""
+    machine, preset = record["machine"], record["preset"]
+    out = [
+        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
+        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; median of "
+        f"{len(next(iter(record['all'].values())))} epochs each, alternating. Depth {preset['depth']}, "
+        f"{preset['heads']} heads, context {preset['context']}, batch {record['batch_size']}, "
+        f"{record['windows']['train']} training windows (the preset `pydoc_gpt` has width {preset['width']}).",
+        "",
+        "| width | seconds per epoch | all epochs (s) |",
+        "|---|---|---|",
+    ]
+    for width, seconds in record["seconds_per_epoch"].items():
+        runs = " / ".join(f"{s:.1f}" for s in record["all"][width])
+        out.append(f"| {width}{' (preset)' if int(width) == preset['width'] else ''} | {seconds:.1f} | {runs} |")
+    return "\n".join(out) + "\n"
+
+
 def default_run(record: dict) -> str:
     """``dvc repro -f`` of HEAD and of an earlier commit (``--versus``), alternating: the whole run's and
     each stage family's seconds, round by round (empty without ``versus``)."""
@@ -231,6 +251,7 @@ def generated(
     sinkhorn: Path = RESULTS / "sinkhorn_time_to_target.json",
     run: Path = RESULTS / "default_run.json",
     soft_sizes: Path = RESULTS / "sinkhorn_sizes.json",
+    lm: Path = RESULTS / "lm_epoch.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
@@ -240,6 +261,7 @@ def generated(
         f"### Weight matching at real sizes\n\n{wm_sizes(json.loads(sizes.read_text()))}\n"
         f"### Sinkhorn WM against the reference\n\n{time_to_target(json.loads(sinkhorn.read_text()))}\n"
         f"### Sinkhorn WM at real sizes\n\n{sinkhorn_sizes(json.loads(soft_sizes.read_text()))}"
+        f"\n### Training the language-model preset\n\n{lm_epoch(json.loads(lm.read_text()))}"
         + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 

@@ -1,0 +1,77 @@
+"""Seconds per training epoch of the language-model preset and of the candidates it was chosen from: a byte-level
+GPT of depth 4 and 4 heads at widths 64, 128 (``presets/pydoc_gpt.yaml``) and 256 on pydoc (context 64),
+measured in one run, alternating (lone timings drift by half on a shared machine).
+
+    python benchmarks/bench_lm_epoch.py [--repeats 3] [--out benchmarks/results/lm_epoch.json]
+
+Each repeat times one epoch of next-token training of each width from the library's ``train`` (the test
+evaluation after the epoch included, as in the pipeline) with the preset's batch size and learning rate; the
+median of the repeats is reported. The performance page generates its table from the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from lmclab.archs import make_config
+from lmclab.core.data import load_split, prepare
+from lmclab.core.device import describe_machine
+from lmclab.pipeline.stage import parse_yaml
+from lmclab.train.training import train
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDTHS = (64, 128, 256)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_epoch.json")
+    args = parser.parse_args()
+    preset = parse_yaml((ROOT / "presets" / "pydoc_gpt.yaml").read_text())
+    data, gpt, opts = preset["data"], preset["model"]["gpt"], preset["train"]
+    with tempfile.TemporaryDirectory() as tmp:
+        meta = prepare(data["name"], Path(tmp), Path(tmp) / "prepared", context=data["context"])
+        splits = {s: load_split(Path(tmp) / "prepared", s) for s in ("train", "test")}
+    times: dict[str, list[float]] = {str(w): [] for w in WIDTHS}
+    for _ in range(args.repeats):
+        for width in WIDTHS:
+            config = make_config(
+                "gpt", input_shape=meta["input_shape"], num_classes=meta["num_classes"], **(gpt | {"width": width})
+            )
+            start = time.perf_counter()
+            train(
+                "gpt",
+                config,
+                0,
+                splits["train"],
+                splits["test"],
+                epochs=1,
+                lr=opts["lr"],
+                batch_size=opts["batch_size"],
+            )
+            times[str(width)].append(time.perf_counter() - start)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    record = {
+        "benchmark": "python benchmarks/bench_lm_epoch.py",
+        "commit": commit.stdout.strip(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": describe_machine(),
+        "preset": {"width": gpt["width"], "depth": gpt["depth"], "heads": gpt["heads"], "context": data["context"]},
+        "windows": {"train": meta["n_train"], "test": meta["n_test"]},
+        "batch_size": opts["batch_size"],
+        "seconds_per_epoch": {w: sorted(v)[len(v) // 2] for w, v in times.items()},
+        "all": times,
+    }
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record["seconds_per_epoch"]))
+
+
+if __name__ == "__main__":
+    main()
