@@ -3,6 +3,10 @@ coverage run of the suite never executed:
 
     coverage run -m pytest            # the suite, recording lines (make test's tests; pyproject.toml's settings)
     python tools/refusals.py          # combines the data files; reports/mutation/refusals.json and a summary
+    python tools/refusals.py --append # the same, keeping the lines an earlier combined run recorded
+
+Without ``--append`` the new data files replace an earlier combined ``.coverage`` (as ``coverage combine``
+does): after a partial run of the suite, ``--append`` adds its lines to the full run's.
 
 Coverage follows the programs the tests start (``patch = subprocess`` in pyproject.toml): the ``lmclab``
 command and the DVC stages, including stages run in a temporary copy of the repository, count.
@@ -43,11 +47,17 @@ def unreached(executed: dict[str, set[int]]) -> tuple[int, dict[str, list[int]]]
 
 
 @app.command()
-def main(data: Path = ROOT / ".coverage") -> None:
+def main(
+    data: Path = ROOT / ".coverage",
+    append: bool = typer.Option(False, help="keep the lines already combined in DATA (coverage combine --append)"),
+    out: Path = OUT,
+) -> None:
     import coverage
 
     if any(data.parent.glob(data.name + ".*")):  # one file per process: merge them into ``data``
         merged = coverage.Coverage(data_file=str(data), config_file=str(ROOT / "pyproject.toml"))
+        if append and data.is_file():
+            merged.load()  # as the command line's --append: combine adds to what was loaded
         merged.combine()
         merged.save()
     if not data.is_file():
@@ -57,8 +67,8 @@ def main(data: Path = ROOT / ".coverage") -> None:
     executed = {str(Path(f).resolve()): set(recorded.lines(f) or ()) for f in recorded.measured_files()}
     total, missed = unreached(executed)
     count = sum(map(len, missed.values()))
-    OUT.write_text(json.dumps({"raise_statements": total, "unreached": count, "files": missed}, indent=1) + "\n")
-    where = OUT.relative_to(ROOT)
+    out.write_text(json.dumps({"raise_statements": total, "unreached": count, "files": missed}, indent=1) + "\n")
+    where = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     print(f"{total - count} of {total} raise statements reached by the suite; {count} unreached: {where}")
 
 
