@@ -29,7 +29,7 @@ app = typer.Typer(add_completion=False)
 # the params.yaml key of each name the library's errors use
 KEYS = {
     **under("three", "resolution", "margin"),
-    **under("measure", "num_lambdas", "bn_repair_samples", "repair_samples", gamma="gammas"),
+    **under("measure", "num_lambdas", "bn_repair_samples", "repair_samples", "train_samples", gamma="gammas"),
 }
 REPAIRS = ("bn_repair", "bn_repair_samples", "repair", "repair_samples")  # the measure settings it reads
 
@@ -83,6 +83,7 @@ def triple_settings(read, ckpts: dict, train, world) -> dict:
     repair, repair_at = build_repairs(measure, model, train, world=world)
     settings = dict(seed=read("permute.seed"), resolution=read("three.resolution"), margin=read("three.margin"))
     settings |= dict(lams=lambda_grid(read("measure.num_lambdas")), gammas=read("measure.gammas"), repair=repair)
+    settings |= dict(train_samples=read("measure.train_samples"))
     return settings | dict(repair_at=repair_at, device=world.device, world=world)
 
 

@@ -101,12 +101,31 @@ def test_shared_endpoint_factors_change_nothing(prepared):
     assert reused[1]["theorem42"] == theorem42(model, params_a, permuted_b, splits["test"], layers)
 
 
+def test_the_train_curves_read_a_fixed_subset_and_repair_its_own(prepared):
+    """``train_samples``: the endpoints' train split is a fixed random subset (the same one each time, the
+    test split whole); REPAIR's statistics still come from ``repair_samples`` of the whole training split."""
+    config, params_a = tiny(0)
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    ckpts = (Checkpoint("mlp", config, 0, params_a), Checkpoint("mlp", config, 1, tiny(1)[1]))
+    settings = MeasureSettings(num_lambdas=3, repair=True, repair_samples=100, train_samples=30)
+    pair, again = (prepare_pair(*ckpts, splits, settings) for _ in range(2))
+    train = pair.endpoints.splits["train"]
+    assert len(train) == 30 and torch.equal(train.x, again.endpoints.splits["train"].x)
+    rows = [next(i for i in range(len(splits["train"])) if torch.equal(splits["train"].x[i], x)) for x in train.x]
+    assert len(set(rows)) == 30 and rows != list(range(30))  # drawn from the whole split, not its head
+    assert torch.equal(pair.endpoints.splits["test"].x, splits["test"].x)
+    assert len(pair.repair_at.data) == 100
+    whole = prepare_pair(*ckpts, splits, MeasureSettings(num_lambdas=3, train_samples=None))
+    assert whole.endpoints.splits["train"] is splits["train"]
+
+
 @pytest.mark.parametrize(
     ("changes", "line"),
     [
         ({"num_lambdas": 1}, "num_lambdas must be at least 2 (both endpoints), got 1"),
         ({"conv_spectrum": "exact"}, "conv_spectrum must be one of ['reshape', 'fft'], got 'exact'"),
         ({"repair": True, "repair_samples": 0}, "repair_samples must be a positive number of images or null, got 0"),
+        ({"train_samples": 0}, "train_samples must be a positive number of images or null, got 0"),
     ],
 )
 def test_prepare_pair_errors_name_the_settings_fields(prepared, changes, line):

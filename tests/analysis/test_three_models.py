@@ -15,6 +15,7 @@ from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.bn_repair import repair_subset
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.core.metrics import l2_distance, lambda_grid
+from lmclab.core.options import OptionError
 from lmclab.core.repair import RepairAt, repair_interpolated
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search import run_search
@@ -190,3 +191,18 @@ def test_three_model_barriers_take_one_repair_at_most():
 
     with pytest.raises(ValueError, match=r"^repair, repair_at: expected at most one of them$"):
         three_model_barriers(None, None, {}, [0.0, 0.5, 1.0], {}, repair=object(), repair_at=object())
+
+
+def test_the_edges_train_curves_read_a_fixed_subset(trained, splits) -> None:
+    """With ``train_samples`` the a–b edge's train loss at λ = 1 is θa's loss on that subset, not on the split."""
+    ckpt = trained(0)
+    a, b, c = (Checkpoint(ckpt.arch, ckpt.config, s, p) for s, p in enumerate(_copies(ckpt, 3)))
+    args = dict(options={}, seed=0, lams=lambda_grid(3), resolution=2, margin=0.0, device=torch.device("cpu"))
+    result = connect_triple("wm", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], train_samples=7, **args)
+    at_a = next(r for r in result.curves if r["edge"] == "a-b" and r["split"] == "train" and r["lam"] == 1.0)
+    model = get_arch(a.arch).Model(a.config)
+    subset = repair_subset(splits["train"], 7)
+    assert at_a["loss"] == pytest.approx(evaluate(model, a.state_dict, subset).loss, rel=1e-6)
+    assert at_a["loss"] != pytest.approx(evaluate(model, a.state_dict, splits["train"]).loss, rel=1e-6)
+    with pytest.raises(OptionError, match=r"^train_samples must be a positive number of images or null, got 0$"):
+        connect_triple("wm", {"a": a, "b": b, "c": c}, splits["train"], splits["test"], train_samples=0, **args)

@@ -10,7 +10,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from lmclab.core import corpus, text
@@ -50,6 +50,10 @@ def test_train_and_test_folders_are_the_split(tmp_path) -> None:
     (tmp_path / "train" / "a.txt").unlink()
     (tmp_path / "train" / "sub" / "b.txt").unlink()
     with pytest.raises(OptionError, match=r"^root: .*/train holds no text file$"):
+        corpus.read_corpus(tmp_path)
+    write(tmp_path, {"train/a.txt": "alpha"})
+    (tmp_path / "test" / "d.txt").unlink()
+    with pytest.raises(OptionError, match=r"^root: .*/test holds no text file$"):
         corpus.read_corpus(tmp_path)
 
 
@@ -133,15 +137,21 @@ def test_a_saved_dataset_without_the_datasets_package_is_refused(tmp_path, monke
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_datasets)
-    with pytest.raises(OptionError, match=r"^root: .*/saved is a saved Hugging Face dataset; reading it needs the "):
+    with pytest.raises(
+        OptionError,
+        match=r"^root: .*/saved is a saved Hugging Face dataset; reading it needs the datasets package "
+        r"\(pip install 'lmclab\[text\]'\)$",
+    ):
         corpus.read_corpus(root)
 
 
 def word_tokenizer(folder: Path, texts: list[str], eos: bool = True) -> Path:
-    """A word-level tokenizer trained here on ``texts`` and saved as transformers saves one (nothing downloaded)."""
+    """A word-level tokenizer trained here on ``texts`` and saved as transformers saves one (nothing downloaded);
+    like many, it adds a beginning-of-text token when asked for special tokens, which a corpus must not get."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[UNK]", "<eos>"]))
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[UNK]", "<eos>", "<bos>"]))
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", **({"eos_token": "<eos>"} if eos else {}))
     fast.save_pretrained(str(folder))
     return folder
@@ -168,7 +178,9 @@ def test_a_tokenizer_without_eos_separates_documents_by_a_blank_line(tmp_path) -
     tok = corpus.load_tokenizer(folder)
     ids = corpus.tokenize(tok, {"x": "a", "y": "b"}, ["x", "y"])
     blank = tok("\n\n", add_special_tokens=False)["input_ids"]
-    assert ids.dtype == np.int32 and ids.tolist() == [*tok("a")["input_ids"], *blank, *tok("b")["input_ids"], *blank]
+    a, b = (tok(t, add_special_tokens=False)["input_ids"] for t in ("a", "b"))
+    assert ids.dtype == np.int32 and ids.tolist() == [*a, *blank, *b, *blank]
+    assert tok("a")["input_ids"] == [2, *a] and 2 not in ids.tolist()  # no beginning-of-text token inside
     assert corpus.tokenize(tok, {}, []).tolist() == []
 
 
@@ -188,6 +200,25 @@ def test_unloadable_tokenizers_are_refused_in_one_line(tmp_path, monkeypatch) ->
     )
     with pytest.raises(OptionError, match=r"^tokenizer: a tokenizer folder needs transformers \(pip install"):
         corpus.load_tokenizer(tmp_path / "empty")
+
+
+def test_a_tokenizer_is_loaded_offline_and_its_error_is_one_line(tmp_path, monkeypatch) -> None:
+    import transformers
+
+    calls, errors = [], iter([OSError("no tokenizer here\nsecond line"), ValueError()])
+
+    def fake(path, **kwargs):
+        calls.append(kwargs)
+        raise next(errors)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake)
+    with pytest.raises(
+        OptionError, match=r"^tokenizer: .* holds no tokenizer transformers can load \(no tokenizer here\)$"
+    ):
+        corpus.load_tokenizer(tmp_path)
+    with pytest.raises(OptionError, match=r"^tokenizer: .* holds no tokenizer transformers can load \(ValueError\)$"):
+        corpus.load_tokenizer(tmp_path)
+    assert calls == [{"local_files_only": True}] * 2  # never downloaded
 
 
 def test_the_tokenizer_is_loaded_before_the_corpus_is_read(tmp_path) -> None:

@@ -8,7 +8,7 @@ import pandas as pd
 from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
 from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1, table3
-from lmclab.report.language import is_language_model, perplexity_section
+from lmclab.report.language import family_section, is_language_model, perplexity_section
 from lmclab.report.plots import mean_std
 from lmclab.report.summary import THREE_KEYS
 from lmclab.report.summary import table1 as summary_table1
@@ -81,8 +81,54 @@ def test_the_perplexity_section_lists_repaired_and_plain_barriers_per_method() -
         [{"method": "wm", **{c: v for c in cols}, **{f"norepair_{c}": 10 * v for c in cols}} for v in (1.0, 2.0, 3.0)]
     )
     assert is_language_model(pairs) and not is_language_model(pairs.drop(columns=["test_ppl_barrier_mid"]))
-    lines = perplexity_section(pairs, ["wm"]).strip().splitlines()
-    assert lines[-3] == "| method | ppl B½ REPAIR | ppl B max REPAIR | ppl B½ | ppl B max |"
-    assert lines[-1].endswith("| 2.000 ± 1.000 | 2.000 ± 1.000 | 20.000 ± 10.000 | 20.000 ± 10.000 |")
-    plain = perplexity_section(pairs[list(cols) + ["method"]], ["wm"]).strip().splitlines()
-    assert plain[-3] == "| method | ppl B½ | ppl B max |"
+    lines = perplexity_section(pairs, ["wm"]).strip().split("\n")
+    assert lines[-3:] == [
+        "| method | ppl B½ REPAIR | ppl B max REPAIR | ppl B½ | ppl B max |",
+        "|---|---|---|---|---|",
+        "| WM (re-basin) | 2.000 ± 1.000 | 2.000 ± 1.000 | 20.000 ± 10.000 | 20.000 ± 10.000 |",
+    ]
+    plain = perplexity_section(pairs[list(cols) + ["method"]].assign(test_ppl_barrier_max=1.23456), ["wm"])
+    assert plain.strip().splitlines()[-3:] == [
+        "| method | ppl B½ | ppl B max |",
+        "|---|---|---|",
+        "| WM (re-basin) | 2.000 ± 1.000 | 1.235 ± 0.000 |",
+    ]
+
+
+def test_the_family_section_pools_each_family_per_method_at_gamma_03_or_the_largest() -> None:
+    """WM: queries (3 + 1) / 8 = 0.5 in both pairs, the head keeps nothing (—); AM: queries 2 / 8 = 0.25 and
+    0.75 (mean 0.5, std 0.354), head 1 / 2. A run measured at γ = 0 and 0.5 only is pooled at 0.5."""
+    rows = []
+    for pair, am_q in (("p", 2.0), ("q", 6.0)):
+        for method, shares in (
+            ("wm", {"blocks.0.attn.q.weight": (3.0, 4), "blocks.1.attn.q.weight": (1.0, 4), "head.weight": (0.0, 0)}),
+            ("am", {"blocks.0.attn.q.weight": (am_q, 4), "blocks.1.attn.q.weight": (0.0, 4), "head.weight": (1.0, 2)}),
+        ):
+            for gamma in (0.0, 0.3):
+                for layer, (n, k) in shares.items():
+                    scale = 1.0 if gamma == 0.3 else 0.0  # the γ = 0 rows say R = 0: picking them shows
+                    rows.append(
+                        {
+                            "pair": pair,
+                            "method": method,
+                            "layer": layer,
+                            "gamma": gamma,
+                            "numerator": n * scale,
+                            "kept": k,
+                        }
+                    )
+    frame = pd.DataFrame(rows)
+    lines = family_section(frame, ["wm", "am"]).strip().split("\n")
+    assert lines[0] == "### R_0.3 by layer family"
+    assert lines[-4:] == [
+        "| layers | WM (re-basin) | AM |",
+        "|---|---|---|",
+        "| `blocks.*.attn.q.weight` | 0.500 ± 0.000 | 0.500 ± 0.354 |",
+        "| `head.weight` | — | 0.500 ± 0.000 |",
+    ]
+    other = frame.assign(gamma=frame["gamma"].map({0.0: 0.0, 0.3: 0.5}))
+    assert family_section(other, ["wm", "am"]).strip().splitlines()[0] == "### R_0.5 by layer family"
+    larger = frame.assign(gamma=frame["gamma"].map({0.0: 0.9, 0.3: 0.3}))  # 0.3 is measured, beside a larger γ
+    assert family_section(larger, ["wm", "am"]).strip().splitlines()[-2:] == lines[-2:]
+    one_pair = family_section(frame[frame["pair"] == "p"], ["am"]).strip().splitlines()
+    assert one_pair[-2:] == ["| `blocks.*.attn.q.weight` | 0.250 ± 0.000 |", "| `head.weight` | 0.500 ± 0.000 |"]

@@ -112,3 +112,18 @@ def test_pooling_every_layer_of_a_measured_gpt_pair_gives_the_models_r(gamma) ->
     assert (by_role["numerator"].sum(), by_role["kept"].sum()) == pytest.approx(
         (frame["numerator"].sum(), frame["kept"].sum())
     )
+
+
+def test_parts_keep_the_order_they_are_met_in_and_one_kept_triplet_counts() -> None:
+    frame = pd.DataFrame(
+        rows("q", "wm", {"head.weight": (0.5, 1), "blocks.0.fc.weight": (1.0, 2)})
+        + rows("p", "wm", {"head.weight": (-1.0, 1), "blocks.0.fc.weight": (2.0, 2)})
+    )
+    pooled = pooled_alignment(frame, 0.3)
+    assert list(zip(pooled["pair"], pooled["part"], pooled["R"], strict=True)) == [
+        ("q", "head.weight", 0.5),
+        ("q", "blocks.*.fc.weight", 0.5),
+        ("p", "head.weight", -1.0),
+        ("p", "blocks.*.fc.weight", 1.0),
+    ]
+    assert part_table(frame, 0.3)["part"].tolist() == ["head.weight", "blocks.*.fc.weight"]

@@ -70,6 +70,17 @@ def test_the_method_table_is_the_mean_and_sample_std_over_pairs_in_the_runs_orde
     assert wm["search_s_std"] == pytest.approx(2.0) and wm["l2_reduction"] == pytest.approx(21.0)
 
 
+def test_a_run_without_repair_or_perplexity_tabulates_them_as_missing() -> None:
+    pairs = pairs_with_repair().drop(columns=["ln_repair", "test_ppl_barrier_mid", "norepair_test_ppl_barrier_mid"])
+    table = method_table(study_points(pairs)).set_index("method")
+    assert table["B_mid_repair"].isna().all() and table["ppl_mid"].isna().all() and table["ppl_mid_std"].isna().all()
+    assert table.loc["wm", "B_mid"] == pytest.approx(0.31)
+    assert all(table[c].dtype == float for c in ("B_mid", "B_mid_repair", "ppl_mid"))
+    shifted = pairs.set_index(pairs.index + 100)  # a filtered table: no row 0
+    points = study_points(shifted)
+    assert len(points) == len(pairs) and points["method"].notna().all() and (points["ppl_mid"].dtype == float)
+
+
 def test_the_explanation_holds_when_better_alignment_means_lower_barriers_and_not_otherwise() -> None:
     points = study_points(pairs_with_repair())
     found = explanation(points, ["wm", "am"])
@@ -133,5 +144,48 @@ def test_the_roles_pool_a_gpts_layers() -> None:
         ]
     )
     roles = role_table(alignment).set_index("part")["mean"]
-    assert roles.to_dict() == {"stream": 0.5, "attention": 0.25, "MLP": 0.5}
+    assert list(roles.items()) == [("stream", 0.5), ("attention", 0.25), ("MLP", 0.5)]  # in the order met
     assert math.isnan(role_table(alignment).set_index("part").loc["stream", "std"])  # one pair
+
+
+def test_a_run_whose_repair_flag_is_missing_or_unset_has_no_repaired_barriers() -> None:
+    pairs = pairs_with_repair()
+    for flag in (None, False, float("nan")):
+        unset = pairs.assign(ln_repair=flag)
+        assert repaired(unset, "test_loss_barrier_mid").isna().all()
+    assert repaired(pairs.drop(columns=["ln_repair"]), "test_loss_barrier_mid").isna().all()
+
+
+def test_the_explanation_keeps_points_missing_other_columns_and_reports_every_key() -> None:
+    points = study_points(pairs_with_repair()).assign(ppl_mid=float("nan"))  # unrelated NaNs drop nothing
+    found = explanation(points, ["wm", "am"])
+    assert found["points"] == 6
+    assert sorted(found) == sorted(
+        ["methods", "points", "rho", "p", "pairs_agreeing", "pairs", "best_aligned", "lowest_barrier", "holds"]
+    )
+    assert found["methods"] == ["wm", "am"] and 0 <= found["p"] < 0.05
+    gapped = points.copy()
+    gapped.loc[gapped.index[1], "R_0.3"] = float("nan")  # a point without R_0.3 is left out
+    assert explanation(gapped, ["wm", "am"])["points"] == 5
+    positive = pd.DataFrame(
+        {"method": ["wm", "am"] * 4, "pair": [f"p{i // 2}" for i in range(8)], "R_0.3": range(8)}
+    ).assign(B_mid=[0, 2, 1, 3, 4, 6, 5, 7])  # ρ = 0.905, p < 0.05, the wrong sign
+    against = explanation(positive, ["wm", "am"])
+    assert 0.9 < against["rho"] < 1 and against["p"] < 0.05 and not against["holds"]
+
+
+def test_sweep_points_and_summary_keep_pairs_in_order() -> None:
+    frame = pairs_with_repair()
+    frame = frame[frame["method"] != "identity"].iloc[::-1]  # am before wm, index not from 0
+    points = sweep_points({2.0: study_points(frame), 1.0: study_points(frame)}, {1.0: 2.0, 2.0: 1.5})
+    assert list(points.index) == list(range(12)) and points["value"].tolist() == [1.0] * 6 + [2.0] * 6
+    assert points["pair"].tolist()[:3] == ["seed4-seed5", "seed4-seed5", "seed1-seed3"]
+    summary = sweep_summary(sweep_points({1.0: study_points(frame.iloc[::-1])}, {1.0: 2.0}))  # wm met first
+    assert summary["method"].tolist() == ["am", "wm"]
+    summary = sweep_summary(points)
+    assert list(zip(summary["value"], summary["method"], strict=True)) == [
+        (1.0, "am"),
+        (1.0, "wm"),
+        (2.0, "am"),
+        (2.0, "wm"),
+    ]

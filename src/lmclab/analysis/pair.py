@@ -32,7 +32,8 @@ class MeasureSettings:
     """How each pair is measured (the measure stage's parameters): ``num_lambdas`` λ of the curves,
     the ``gammas`` of R_γ, the ``taylor_splits``, the ``conv_spectrum`` of conv kernels, BatchNorm
     repair at every λ (``bn_repair`` on ``bn_repair_samples`` training images, None: all) and REPAIR of
-    nets without BatchNorm (``repair`` on ``repair_samples``)."""
+    nets without BatchNorm (``repair`` on ``repair_samples``); the train split's curves on a fixed random subset of
+    ``train_samples`` (None: all)."""
 
     num_lambdas: int = 11
     gammas: Sequence[float] = (0.0, 0.3)
@@ -42,6 +43,7 @@ class MeasureSettings:
     bn_repair_samples: int | None = None
     repair: bool = False
     repair_samples: int | None = 500
+    train_samples: int | None = None
 
     @classmethod
     def of(cls, block: Mapping) -> MeasureSettings:
@@ -72,6 +74,8 @@ def prepare_pair(
     device = world.device
     model = build_model(a.arch, a.config).to(device)
     repair, repair_at = build_repairs(settings, model, splits["train"], world=world)
+    with _renamed(num_samples="train_samples"):
+        splits = {**splits, "train": repair_subset(splits["train"], settings.train_samples)}
     spec = get_arch(a.arch).permutation_spec(a.config)
     params_a, params_b = (on_device(c.state_dict, device) for c in (a, b))
     how = Analysis(

@@ -16,10 +16,12 @@ from lmclab.analysis.alignment import alignment_r, layer_names, model_factors
 from lmclab.analysis.compose import r_key
 from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs.checkpoint import Checkpoint
+from lmclab.core.bn_repair import repair_subset
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, RepairAt, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation, check_permutation
 from lmclab.search import run_search
 from lmclab.search.registered import search_problem
@@ -110,6 +112,7 @@ def connect_triple(
     repair_at: RepairAt | None = None,
     world: World = ALONE,
     aligned: Mapping[str, SearchResult] | None = None,
+    train_samples: int | None = None,
 ) -> TripleResult:
     """Align θb and θc to θa with ``method``; barriers on all edges (with BN ``repair`` or REPAIR
     ``repair_at`` too, :func:`three_model_barriers`); the plane's landscape (BN-repaired with ``repair``;
@@ -118,8 +121,14 @@ def connect_triple(
 
     ``aligned`` holds alignments to θa already found for "b" and/or "c" (the pipeline passes the
     permute stage's θb → θa, found by the same method, options and seed: the search it replaces is
-    deterministic, so the triple is the same); those are checked against the spec, not searched again."""
+    deterministic, so the triple is the same); those are checked against the spec, not searched again.
+    ``train_samples``: the edges' train curves on a fixed random subset of that many samples (None: all; the
+    search reads all of ``train``)."""
     grid = plane_grid(resolution, margin)  # validates before any search
+    try:
+        curve_train = repair_subset(train, train_samples)
+    except OptionError as err:
+        raise OptionError(err.renamed({"num_samples": "train_samples"})) from None
     a, aligned = ckpts["a"], dict(aligned or {})
     if set(aligned) - {"b", "c"}:
         raise ValueError(f"aligned: expected keys among 'b', 'c', got {sorted(aligned)}")
@@ -138,7 +147,7 @@ def connect_triple(
         model,
         models,
         lams,
-        {"train": train, "test": test},
+        {"train": curve_train, "test": test},
         gammas=gammas,
         repair=repair,
         repair_at=repair_at,

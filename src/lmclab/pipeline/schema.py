@@ -171,6 +171,11 @@ class Measure(Block):
         "the merged midpoint is REPAIR's",
     )
     repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of REPAIR's statistics (null: all)")
+    train_samples: Annotated[int, Field(ge=2)] | None = key(
+        None,
+        "the train split's curves and barriers (pairs and three-model edges) on a fixed random subset of this "
+        "many training samples (null: all); searches and repairs read their own",
+    )
     nproc_per_node: Count = key(
         1, "data-parallel processes sharding the evaluation of measure and connect and the BN repair (torchrun)"
     )

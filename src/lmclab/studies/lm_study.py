@@ -35,7 +35,7 @@ ROLE_GAMMA = 0.3
 
 
 def _measured_with_repair(pairs: pd.DataFrame) -> bool:
-    return "ln_repair" in pairs and pairs["ln_repair"].fillna(False).astype(bool).any()
+    return "ln_repair" in pairs and bool(pairs["ln_repair"].eq(True).any())
 
 
 def plain(pairs: pd.DataFrame, column: str) -> pd.Series:
