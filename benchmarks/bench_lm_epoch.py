@@ -1,5 +1,5 @@
 """Seconds per training epoch of the language-model preset and of the candidates it was chosen from: a byte-level
-GPT of depth 4 and 4 heads at widths 64, 128 (``presets/pydoc_gpt.yaml``) and 256 on pydoc (context 64),
+GPT of depth 4 and 4 heads at widths 64 (``presets/pydoc_gpt.yaml``), 128 and 256 on pydoc (context 64),
 measured in one run, alternating (lone timings drift by half on a shared machine).
 
     python benchmarks/bench_lm_epoch.py [--repeats 3] [--out benchmarks/results/lm_epoch.json]
