@@ -4,8 +4,8 @@ paper's explanation holds — run by hand, not a DVC stage: its inputs are finis
 
     git clone . ../run-lm && cd ../run-lm && python tools/preset.py pydoc_gpt && dvc repro
     # each sweep run: the same clone procedure with the preset and the -S overrides of docs/language-models.md
-    python tools/lm_study.py collect --run ../run-lm --width 32=../run-w32 --width 64=../run-w64 \\
-        --epochs 1=../run-e1 --epochs 2=../run-e2
+    python tools/lm_study.py collect --run ../run-lm --width 32=../run-w32 --width 128=../run-w128 \\
+        --epochs 2=../run-e2 --epochs 10=../run-e10
 
 The preset's run is also the sweeps' point at its own width and epochs. ``collect`` reads each run's
 ``data/tables/{pairs,alignment,history}.parquet``, its params.yaml and commit, and writes ``reports/lm/``:
@@ -199,6 +199,8 @@ def collect(
     """Build reports/lm/ from finished runs."""
     dirs = {"preset": run} | _sweep_runs(width, "width") | _sweep_runs(epochs, "epochs")
     runs = {name: run_info(d) for name, d in dirs.items()}
+    for name in runs.keys() - {"preset"}:  # the sweeps are compared by their barriers, not timed
+        del runs[name]["search_seconds"]
     points = study_points(_table(run, "pairs"))
     table, roles = method_table(points), role_table(_table(run, "alignment"))
     sweeps, frames, verdicts = [], [], []
