@@ -224,6 +224,11 @@ def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     return ""
 
 
+def _language_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
+    """A language model's perplexity barriers (:func:`perplexity_section`), followed by a blank line."""
+    return perplexity_section(pairs, methods).lstrip("\n") + "\n" if is_language_model(pairs) else ""
+
+
 def paper_tables(pairs: pd.DataFrame, methods: Sequence[str], t1: pd.DataFrame | None, row: str | None) -> str:
     """Tables 1 and 2 in the paper's layout, the paper's rows marked and its own numbers below."""
     return f"""## Table 1 layout: WM (test split, λ = ½)
@@ -305,8 +310,7 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 
 {barrier_table(pairs, methods)}
 
-{_stale_section(pairs, methods)}{perplexity_section(pairs, methods) if is_language_model(pairs) else ""}
-## Interpolation curves
+{_stale_section(pairs, methods)}{_language_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
 {analysis_section(rel, pairs, methods, bounds, layers)}"""
