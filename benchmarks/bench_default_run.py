@@ -1,7 +1,7 @@
 """Benchmark: the default run's wall time, stage by stage, as a user meets it.
 
     python benchmarks/bench_default_run.py [--out benchmarks/results/default_run.json] [--runs first,forced]
-        [--versus COMMIT --rounds 2]
+        [--versus COMMIT --rounds 2] [--preset NAME] [--keep DIR]
 
 Clones the committed repository (HEAD) into a temporary folder with a DVC cache of its own, then
 runs there ``dvc repro`` (``first``: what a fresh clone costs) and ``dvc repro -f`` (``forced``: every
@@ -12,7 +12,9 @@ to the end. Writes the totals, every stage and the sums per stage family (``trai
 with the commit, the machine and the command. ``--versus`` clones an earlier commit beside HEAD and runs
 ``dvc repro -f`` of each in turn, ``--rounds`` times (the first round also fills each clone's data), under
 ``versus``: a change's effect on the wall time measured in one run, not against a figure from another day.
-Run it with nothing else on the machine.
+``--preset`` applies ``presets/NAME.yaml`` in the clone first (``tools/preset.py``: e.g. the language-model
+preset's run as a user meets it), ``--keep`` leaves the clone with its results at DIR (e.g. for a study to
+collect). Run it with nothing else on the machine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +81,8 @@ def main(
         None, help="an earlier commit: its forced run alternates with HEAD's, --rounds times (lone timings drift)"
     ),
     rounds: int = typer.Option(2, min=1, help="with --versus: forced runs of each commit, alternating"),
+    preset: str = typer.Option(None, help="a preset of presets/ applied in the clone before the runs"),
+    keep: Path = typer.Option(None, help="move the clone, with its results, to this new folder at the end"),
 ) -> None:
     names = [r.strip() for r in runs.split(",") if r.strip()]
     if not names or any(r not in COMMANDS for r in names):
@@ -87,21 +92,28 @@ def main(
 
     head = _commit("HEAD")
     earlier = _commit(versus) if versus else None  # refused before any run
+    if keep is not None and keep.exists():
+        raise SystemExit(f"error: --keep: {keep} exists; expected a new folder")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = {
         "benchmark": "python benchmarks/bench_default_run.py " + " ".join(sys.argv[1:]),
         "commit": head,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": describe_machine(),
+        "preset": preset,
         "runs": {},
     }
     with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # created 0700: ours alone
         clone = _clone(Path(tmp) / "repo", head)
+        if preset:
+            subprocess.run([sys.executable, "tools/preset.py", preset], cwd=clone, env=env, check=True)
         for name in names:
             result["runs"][name] = run = timed_run(COMMANDS[name], clone, env)
             _report(name, run)
         if earlier:
             result["versus"] = _alternate({head: clone, earlier: _clone(Path(tmp) / "earlier", earlier)}, rounds, env)
+        if keep is not None:
+            shutil.move(clone, keep)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

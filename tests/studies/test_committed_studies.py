@@ -68,3 +68,30 @@ def test_the_width_study_page_is_its_alignment_table() -> None:
     alignment = pd.read_parquet(folder / "alignment.parquet")
     page = "# Width study (Appendix H.4)\n\n![width](width.png)\n\n" + alignment_markdown(alignment) + "\n"
     assert page == (folder / "width.md").read_text()
+
+
+def test_the_language_model_study_is_its_points_tabulated() -> None:
+    """The table, the explanation, each sweep's summary and trends, and the page, from the committed points."""
+    import lm_study
+
+    from lmclab.studies.lm_study import explanation, method_table, sweep_summary, sweep_trends
+
+    folder = REPORTS / "lm"
+    points = pd.read_parquet(folder / "points.parquet")
+    assert_frame_equal(_as_written(method_table(points)), pd.read_parquet(folder / "table.parquet"))
+    methods = [m for m in lm_study.ALIGNING if m in set(points["method"])]
+    found = explanation(points, methods)
+    assert json.loads(json.dumps(found)) == json.loads((folder / "explanation.json").read_text())
+    sweep_points = pd.read_parquet(folder / "sweep_points.parquet")
+    summaries, verdicts = [], []
+    for kind, rows in sweep_points.groupby("sweep", sort=False):
+        rows = rows.drop(columns=["sweep"])
+        summaries.append(sweep_summary(rows).assign(sweep=kind))
+        verdicts += [v for m in ("wm", "wm_sinkhorn") if m in set(rows["method"]) for v in sweep_trends(rows, m, kind)]
+    sweeps = pd.concat(summaries, ignore_index=True)
+    assert_frame_equal(_as_written(sweeps), pd.read_parquet(folder / "sweep.parquet"))
+    assert json.loads(json.dumps(verdicts)) == json.loads((folder / "trends.json").read_text())
+    runs = json.loads((folder / "runs.json").read_text())
+    roles = pd.read_parquet(folder / "roles.parquet")
+    page = lm_study.markdown(method_table(points), roles, sweeps, verdicts, found, runs)
+    assert page == (folder / "lm.md").read_text()
