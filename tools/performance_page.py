@@ -8,7 +8,8 @@ Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``
 ``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``),
 ``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``),
 ``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``),
-``benchmarks/results/lm_epoch.json`` (``benchmarks/bench_lm_epoch.py``) and
+``benchmarks/results/lm_epoch.json`` (``benchmarks/bench_lm_epoch.py``),
+``benchmarks/results/lm_run.json`` (``benchmarks/bench_default_run.py --preset pydoc_gpt``) and
 ``benchmarks/results/default_run.json`` (``benchmarks/bench_default_run.py --versus``).
 """
 
@@ -216,6 +217,22 @@ def lm_epoch(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def preset_run(record: dict) -> str:
+    """A preset's first ``dvc repro`` in a fresh clone: the whole run's seconds and each stage family's."""
+    machine, run = record["machine"], record["runs"]["first"]
+    out = [
+        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
+        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; "
+        f"`dvc repro` of the preset `{record['preset']}` in a fresh clone, {run['stage_processes']} stages.",
+        "",
+        "| stages | seconds |",
+        "|---|---|",
+        f"| **whole run** | {run['total_sec']:.0f} |",
+    ]
+    out += [f"| {name} | {sec:.0f} |" for name, sec in sorted(run["families_sec"].items(), key=lambda kv: -kv[1])]
+    return "\n".join(out) + "\n"
+
+
 def default_run(record: dict) -> str:
     """``dvc repro -f`` of HEAD and of an earlier commit (``--versus``), alternating: the whole run's and
     each stage family's seconds, round by round (empty without ``versus``)."""
@@ -252,6 +269,7 @@ def generated(
     run: Path = RESULTS / "default_run.json",
     soft_sizes: Path = RESULTS / "sinkhorn_sizes.json",
     lm: Path = RESULTS / "lm_epoch.json",
+    lm_run: Path = RESULTS / "lm_run.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
@@ -262,6 +280,7 @@ def generated(
         f"### Sinkhorn WM against the reference\n\n{time_to_target(json.loads(sinkhorn.read_text()))}\n"
         f"### Sinkhorn WM at real sizes\n\n{sinkhorn_sizes(json.loads(soft_sizes.read_text()))}"
         f"\n### Training the language-model preset\n\n{lm_epoch(json.loads(lm.read_text()))}"
+        f"\n### The language-model preset's whole run\n\n{preset_run(json.loads(lm_run.read_text()))}"
         + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 

@@ -109,3 +109,14 @@ def test_the_performance_page_shows_the_default_run_against_the_earlier_commit(t
     del record["versus"]
     changed.write_text(json.dumps(record))
     assert "against an earlier commit" not in performance_page.generated(run=changed)
+
+
+def test_the_language_model_figures_of_the_performance_page_come_from_their_records(tmp_path) -> None:
+    import performance_page
+
+    for name, field, keyword in (("lm_epoch", '"64": ', "lm"), ("lm_run", '"total_sec": ', "lm_run")):
+        record = (ROOT / f"benchmarks/results/{name}.json").read_text()
+        value = re.search(re.escape(field) + r"([0-9.]+)", record).group(1)
+        changed = tmp_path / f"{name}.json"
+        changed.write_text(record.replace(field + value, field + str(float(value) + 7.0), 1))
+        assert performance_page.generated(**{keyword: changed}) != performance_page.generated()

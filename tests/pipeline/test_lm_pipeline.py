@@ -37,7 +37,7 @@ LM = {
     "three": {"methods": ["wm"]},
     "merge_many": {"methods": ["merge_many"], "repair_samples": 16},
 }
-WORDS = "the merged model keeps what both endpoints computed when their units are aligned".split()
+WORDS = "the merged model keeps what both endpoints computed when their units are aligned".split()  # noqa: SIM905
 
 
 @pytest.fixture(scope="module")
