@@ -33,14 +33,19 @@ def test_two_small_documents_drawn_first_leave_one_for_training_and_one_is_refus
         text.split_documents({"a": "x"})
 
 
-@pytest.mark.parametrize(("n", "context", "limit", "count"), [(10, 3, None, 3), (10, 9, None, 1), (13, 3, 2, 2)])
-def test_windows_are_consecutive_inputs_and_their_next_tokens(n, context, limit, count) -> None:
+@pytest.mark.parametrize(
+    ("n", "context", "limit", "kept"),
+    [(10, 3, None, [0, 1, 2]), (10, 9, None, [0]), (13, 3, 2, [0, 3]), (13, 3, 3, [0, 2, 3]), (13, 3, 9, [0, 1, 2, 3])],
+)
+def test_windows_are_inputs_and_their_next_tokens_kept_evenly_spaced(n, context, limit, kept) -> None:
+    """13 tokens in windows of 3 make 4 windows: a limit of 2 keeps the first and the last, 3 keeps 0, 2 and 3
+    (1.5 rounds to 2), a limit above the count keeps all."""
     tokens = np.arange(n, dtype=np.uint8)
     x, y = text.windows(tokens, context, limit)
-    assert x.shape == y.shape == (count, context)
-    for i in range(count):
-        assert x[i].tolist() == list(range(i * context, i * context + context))
-        assert y[i].tolist() == list(range(i * context + 1, i * context + context + 1))
+    assert x.shape == y.shape == (len(kept), context)
+    for row, i in enumerate(kept):
+        assert x[row].tolist() == list(range(i * context, i * context + context))
+        assert y[row].tolist() == list(range(i * context + 1, i * context + context + 1))
 
 
 def test_a_context_that_leaves_no_window_is_refused() -> None:

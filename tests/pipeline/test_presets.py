@@ -96,7 +96,7 @@ def test_the_cpu_language_model_preset_trains_a_byte_level_gpt_on_pydoc_with_eve
     tree = _applied("pydoc_gpt")
     assert (tree["data"]["name"], tree["data"]["tokenizer"], tree["train"]["objective"]) == ("pydoc", None, "lm")
     assert tree["model"]["arch"] == "gpt" and tree["model"]["gpt"]["width"] % tree["model"]["gpt"]["heads"] == 0
-    assert {"identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
+    assert {"identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
     assert tree["measure"]["repair"] is True and len(tree["permute"]["pairs"]) >= 3
 
 

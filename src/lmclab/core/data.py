@@ -209,8 +209,8 @@ def prepare(
     ``max_train``/``max_test`` keep a fixed class-stratified subset; ``image_size`` is the side
     of ImageNet images (others keep their size); a text (:mod:`lmclab.core.text`) is tokenised by the
     ``tokenizer`` folder (None: as bytes) and cut into windows of ``context`` tokens, ``max_train``/``max_test``
-    keeping the first windows (``text_column``: the column of a saved dataset). Returns the metadata written
-    to ``meta.json``."""
+    keeping that many evenly spaced windows (``text_column``: the column of a saved dataset). Returns the
+    metadata written to ``meta.json``."""
     check_name(name)
     for key, value in (("max_train", max_train), ("max_test", max_test)):
         if value is not None and value < 1:

@@ -11,9 +11,10 @@ name, a blank line between) and encoded as UTF-8 bytes; with a ``tokenizer`` fol
 
 A split of ``n`` bytes is cut into ``(n − 1) // context`` windows of ``context + 1`` consecutive bytes,
 each starting ``context`` after the last: the window's first ``context`` bytes are the input, its last
-``context`` the targets (the next byte at every position). ``max_train``/``max_test`` keep the first
-windows of a split. A window is a sample: the prepared format of :mod:`lmclab.core.data` holds the inputs
-``(windows, context)`` and the targets ``(windows, context)`` as bytes.
+``context`` the targets (the next byte at every position). ``max_train``/``max_test`` keep that many
+windows of a split, evenly spaced from its first to its last (every part of the text represented). A window
+is a sample: the prepared format of :mod:`lmclab.core.data` holds the inputs ``(windows, context)`` and the
+targets ``(windows, context)`` as bytes.
 """
 
 from __future__ import annotations
@@ -68,12 +69,13 @@ def encode(documents: Mapping[str, str], names: list[str]) -> np.ndarray:
 
 
 def windows(tokens: np.ndarray, context: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs and next-token targets ``(windows, context)`` of ``tokens`` (module docstring), at most ``limit``."""
+    """Inputs and next-token targets ``(windows, context)`` of ``tokens`` (module docstring): every window, or
+    ``limit`` of them evenly spaced from the first to the last (every part of the text represented)."""
     count = (len(tokens) - 1) // context
     if count < 1:
         raise OptionError(f"{{context}}: {context} tokens leave no window in a text of {len(tokens)}")
-    count = count if limit is None else min(count, limit)
-    starts = np.arange(count)[:, None] * context + np.arange(context + 1)
+    kept = np.arange(count) if limit is None or limit >= count else np.linspace(0, count - 1, limit).round().astype(int)
+    starts = kept[:, None] * context + np.arange(context + 1)
     cut = tokens[starts]
     return cut[:, :-1], cut[:, 1:]
 

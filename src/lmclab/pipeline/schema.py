@@ -48,7 +48,10 @@ class Data(Block):
         "torchvision's download/cache folder; imagenet: the local folder with train/ and val/; text: the folder of "
         "text files (train/ and test/ subfolders: that split) or the dataset saved by datasets' save_to_disk",
     )
-    max_train: Count | None = key(None, "keep a fixed class-stratified subset of this many training images (null: all)")
+    max_train: Count | None = key(
+        None,
+        "keep a fixed class-stratified subset of this many training images (null: all; texts: windows, evenly spaced)",
+    )
     max_test: Count | None = key(None, "same for the test split")
     image_size: Annotated[int, Field(ge=28)] = key(224, "imagenet only: side in pixels after resize + centre crop")
     context: Count = key(64, "texts only (pydoc, text): tokens per window, each with its next tokens as targets")
