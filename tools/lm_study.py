@@ -7,7 +7,8 @@ paper's explanation holds — run by hand, not a DVC stage: its inputs are finis
     python tools/lm_study.py collect --run ../run-lm --width 32=../run-w32 --width 128=../run-w128 \\
         --epochs 2=../run-e2 --epochs 10=../run-e10
 
-The preset's run is also the sweeps' point at its own width and epochs. ``collect`` reads each run's
+The preset's run is also the sweeps' point at its own width and epochs; a sweep compares the methods every one
+of its runs has. ``collect`` reads each run's
 ``data/tables/{pairs,alignment,history}.parquet``, its params.yaml and commit, and writes ``reports/lm/``:
 ``points.parquet`` (the preset run's pairs, :func:`lmclab.studies.lm_study.study_points`), ``table.parquet``
 (per method), ``roles.parquet`` (R_0.3 per residual stream, attention, MLP), ``sweep_points.parquet`` and
@@ -209,8 +210,10 @@ def collect(
         if len(names) < 2:
             continue
         value = {n: _value(runs[n], kind) for n in names}
+        measured = {value[n]: study_points(_table(dirs[n], "pairs")) for n in names}
+        common = set.intersection(*(set(p["method"]) for p in measured.values()))  # the methods every run has
         found = sweep_points(
-            {value[n]: study_points(_table(dirs[n], "pairs")) for n in names},
+            {v: p[p["method"].isin(common)] for v, p in measured.items()},
             {value[n]: runs[n]["final_test_loss"] for n in names},
         ).assign(sweep=kind)
         frames.append(found)
