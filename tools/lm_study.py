@@ -45,7 +45,19 @@ REBUILD = (
     "Rebuilt by running the pipeline with `python tools/preset.py pydoc_gpt` (and the sweep runs of "
     "docs/language-models.md, each in its own clone, `dvc repro`), then `python tools/lm_study.py collect`."
 )
-ALIGNING = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")  # the explanation compares these methods
+ALIGNING = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")
+HEADERS = {  # the table's column titles
+    "B_mid": "B½",
+    "B_mid_repair": "B½ REPAIR",
+    "B_max": "B max",
+    "B_max_repair": "B max REPAIR",
+    "ppl_mid": "ppl B½",
+    "ppl_mid_repair": "ppl B½ REPAIR",
+    "acc_mid": "acc B½",
+    "l2_reduction": "L2 −%",
+    "R_0.3": "R_0.3",
+    "search_s": "search s",
+}  # the explanation compares these methods
 SWEPT = {"width": ("model", "gpt", "width"), "epochs": ("train", "epochs")}
 
 
@@ -91,7 +103,7 @@ def _cell(mean: float, std: float, digits: int) -> str:
 
 def method_markdown(table: pd.DataFrame) -> str:
     digits = {"acc_mid": 1, "l2_reduction": 1, "search_s": 1}
-    names = ["method", *COLUMNS, "pairs"]
+    names = ["method", *(HEADERS[c] for c in COLUMNS), "pairs"]
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for _, r in table.iterrows():
         cells = [_cell(r[c], r[f"{c}_std"], digits.get(c, 3)) for c in COLUMNS]
@@ -166,7 +178,7 @@ def markdown(table, roles, sweeps, verdicts, found, runs) -> str:
             )
     lines += ["", "![language-model study](lm.png)", "", "## Barriers per method (the preset's run)", ""]
     lines += ["Mean ± std over pairs (θ(λ) = λ·θa + (1−λ)·π(θb); test split):", "", method_markdown(table), ""]
-    lines += [f"- **{k}**: {meaning}" for k, (_, _, meaning) in COLUMNS.items()]
+    lines += [f"- **{HEADERS[k]}**: {meaning}" for k, (_, _, meaning) in COLUMNS.items()]
     lines += ["", "## R_0.3 by part of the model", "", role_markdown(roles), ""]
     lines += ["## Does the better-aligned method have the lower barrier?", "", explanation_markdown(found), ""]
     lines += ["## Width and training length", "", sweep_markdown(sweeps, verdicts), ""]

@@ -21,7 +21,7 @@ SWEEPS = (("width", "width of the residual stream"), ("epochs", "training epochs
 def plot_lm_study(sweeps: pd.DataFrame, points: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
     """``sweeps``: :func:`lmclab.studies.lm_study.sweep_summary` rows with a ``sweep`` column (width, epochs);
     ``points``: the preset run's :func:`lmclab.studies.lm_study.study_points`."""
-    kinds = [(k, x) for k, x in SWEEPS if (sweeps["sweep"] == k).any()]
+    kinds = [(k, x) for k, x in SWEEPS if "sweep" in sweeps and (sweeps["sweep"] == k).any()]  # none: no sweep run
     fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4.6 * (len(kinds) + 1), 3.8), squeeze=False)
     for ax, (kind, xlabel) in zip(axes[0], kinds, strict=False):
         for method, sub in sweeps[sweeps["sweep"] == kind].groupby("method", sort=False):
