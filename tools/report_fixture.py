@@ -142,13 +142,14 @@ def described(draw) -> dict:
     return only
 
 
-STUDY_FIGURES = ("three_study", "sweep_lr", "sweep_weight_decay", "width")
+STUDY_FIGURES = ("three_study", "sweep_lr", "sweep_weight_decay", "width", "lm")
 
 
 def study_figure(name: str, out: Path) -> dict:
     """A committed study's figure (one of :data:`STUDY_FIGURES`) drawn again from its committed tables into
     ``out``, described."""
     from lmclab.report.plots import plot_width
+    from lmclab.report.plots_lm import plot_lm_study
     from lmclab.report.plots_sweep import plot_sweep
     from lmclab.report.plots_three import plot_three_study
 
@@ -156,6 +157,9 @@ def study_figure(name: str, out: Path) -> dict:
     if name == "three_study":
         table, edges = (pd.read_parquet(reports / "three_study" / f"{n}.parquet") for n in ("table", "edges"))
         return described(lambda: plot_three_study(table, edges, out / "three.png", dpi=120))
+    if name == "lm":
+        sweeps, points = (pd.read_parquet(reports / "lm" / f"{n}.parquet") for n in ("sweep", "points"))
+        return described(lambda: plot_lm_study(sweeps, points, out / "lm.png", dpi=120))
     if name == "width":
         spectrum, energy, alignment = (pd.read_parquet(reports / "width" / f"{n}.parquet") for n in WIDTH)
         return described(lambda: plot_width(spectrum, energy, alignment, out / "width.png", dpi=120))
