@@ -275,6 +275,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                     "bn_repair_samples": None,
                     "repair": False,
                     "repair_samples": 500,
+                    "train_samples": None,
                     "nproc_per_node": 1,
                 },
             }
