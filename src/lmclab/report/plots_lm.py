@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from lmclab.report.plots import _save, label
 
@@ -22,19 +22,29 @@ def plot_lm_study(sweeps: pd.DataFrame, points: pd.DataFrame, path: Path, *, dpi
     """``sweeps``: :func:`lmclab.studies.lm_study.sweep_summary` rows with a ``sweep`` column (width, epochs);
     ``points``: the preset run's :func:`lmclab.studies.lm_study.study_points`."""
     kinds = [(k, x) for k, x in SWEEPS if "sweep" in sweeps and (sweeps["sweep"] == k).any()]  # none: no sweep run
+    colour = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(points["method"]))}  # one colour per method throughout
     fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4.6 * (len(kinds) + 1), 3.8), squeeze=False)
     for ax, (kind, xlabel) in zip(axes[0], kinds, strict=False):
         for method, sub in sweeps[sweeps["sweep"] == kind].groupby("method", sort=False):
             sub = sub.sort_values("value")
-            ax.errorbar(sub["value"], sub["B_half"], yerr=sub["B_half_std"], marker="o", capsize=3, label=label(method))
+            ax.errorbar(
+                sub["value"],
+                sub["B_half"],
+                yerr=sub["B_half_std"],
+                marker="o",
+                capsize=3,
+                label=label(method),
+                color=colour.get(method),
+            )
         ax.set(xscale="log", xlabel=xlabel, ylabel="test B½ (nats per token)", title=f"barrier against {kind}")
         ax.set_xticks(sorted(sweeps.loc[sweeps["sweep"] == kind, "value"].unique()))
         ax.get_xaxis().set_major_formatter(ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     ax = axes[0][-1]
     for method, sub in points.groupby("method", sort=False):
-        ax.scatter(sub["R_0.3"], sub["B_mid"], s=18, label=label(method))
+        ax.scatter(sub["R_0.3"], sub["B_mid"], s=18, label=label(method), color=colour[method])
     ax.set(xlabel="R_0.3(θa, π(θb))", ylabel="test B½ (nats per token)", title="alignment against barrier")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
