@@ -53,7 +53,7 @@ def _traced(**fields) -> object:
     return make_config("traced", input_shape=(1, 28, 28), num_classes=10, **fields)
 
 
-MODULES = "['cifar10', 'fashion_mnist', 'imagenet', 'mnist', 'mnist5k', 'pydoc']"
+MODULES = "['cifar10', 'fashion_mnist', 'imagenet', 'mnist', 'mnist5k', 'pydoc', 'text']"
 FOLDER = (
     "is not a directory (expected an ImageFolder layout: <root>/train/<class>/*.JPEG and <root>/val/<class>/*.JPEG)"
 )
@@ -341,6 +341,8 @@ def test_validate_reports_a_traced_factory_under_its_key() -> None:
                     "max_test": None,
                     "image_size": 224,
                     "context": 64,
+                    "tokenizer": None,
+                    "text_column": "text",
                 }
             },
             "error: data.max_train must be a positive number of samples or null, got 0",
