@@ -11,13 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
-from lmclab.archs import make_config
-from lmclab.archs.checkpoint import Checkpoint
-from lmclab.core.data import Split, load_split, prepare
-from lmclab.core.spec import PermutationSpec
-from lmclab.train.training import train
+# Under pytest-xdist the workers share the cores: each worker's torch, and the stages and commands its tests
+# start (they inherit the environment), runs cores // workers threads, which the suite measured faster than
+# every process starting one per core (docs/testing.md). Set here, before anything imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+import torch  # noqa: E402
+
+from lmclab.archs import make_config  # noqa: E402
+from lmclab.archs.checkpoint import Checkpoint  # noqa: E402
+from lmclab.core.data import Split, load_split, prepare  # noqa: E402
+from lmclab.core.spec import PermutationSpec  # noqa: E402
+from lmclab.train.training import train  # noqa: E402
+
+pytest_plugins = ["suite_cost"]  # --record-durations (tests/suite_cost.py)
 
 # small configurations for the float32 invariance tests (every arch: tests/archs/test_every_arch.py)
 SMALL_CONFIGS: dict[str, dict] = {
@@ -65,6 +74,22 @@ def clean_environment() -> Iterator[None]:
         with contextlib.suppress(ValueError, OSError):
             os.kill(int(lock.read_text()), signal.SIGTERM)
     shutil.rmtree(warm, ignore_errors=True)
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory every process of this test session sees: pytest's base temporary directory, or under
+    pytest-xdist the folder above the workers' own (each worker has its basetemp inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny pipeline (``dvc_repo.TINY``) reproduced once for the whole session, shared by the xdist
+    workers; a test restores a copy of it (``tiny_run.restore(path)``) and never changes it."""
+    from dvc_repo import tiny_run as reproduce
+
+    return reproduce(shared_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")

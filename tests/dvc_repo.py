@@ -1,14 +1,22 @@
 """A temporary git + DVC repository holding a copy of this checkout's pipeline (dvc.yaml, stages/,
 src/, tools/, the plot templates and the metric gate's tolerances) with a tiny params.yaml, and
 commands run in it with this venv's ``dvc`` and ``python``.
-Shared by the tests that drive the real pipeline."""
+Shared by the tests that drive the real pipeline.
+
+The tiny pipeline is reproduced once per test session (:func:`tiny_run`, the ``tiny_run`` fixture of
+``tests/conftest.py``); a test that needs a finished run starts from a copy of it
+(:meth:`TinyRun.restore`): its workspace, git history, ``dvc.lock`` and DVC cache with the run-cache, so a
+``dvc repro`` there runs only what the test changed, as it would in a user's repository after a run."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -79,3 +87,44 @@ def make_repo(repo: Path, params: dict = TINY) -> Path:
         shutil.copy(ROOT / ".dvc" / "offline_plots.html", repo / ".dvc" / "offline_plots.html")
         run(repo, "dvc", "config", "plots.html_template", "offline_plots.html")
     return repo
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """The tiny pipeline reproduced and committed once: never changed by a test, which restores a copy."""
+
+    repo: Path
+    output: str  # what its first `dvc repro` printed (every stage ran)
+
+    def restore(self, to: Path) -> Path:
+        """A copy of the finished run at ``to`` (an empty or missing directory): workspace, git, the DVC
+        cache (hard links: DVC never rewrites a cache file, it writes a new one) and the run-cache."""
+        to.mkdir(parents=True, exist_ok=True)
+        cache = self.repo / ".dvc" / "cache"
+        shutil.copytree(self.repo, to, symlinks=True, dirs_exist_ok=True, ignore=_ignore_cache(cache))
+        shutil.copytree(cache, to / ".dvc" / "cache", symlinks=True, copy_function=os.link)
+        return to
+
+
+def _ignore_cache(cache: Path):
+    return lambda folder, names: ["cache"] if Path(folder) == cache.parent else []
+
+
+def tiny_run(root: Path, params: dict = TINY) -> TinyRun:
+    """The tiny pipeline reproduced under ``root`` once: the first caller runs ``dvc repro`` and commits
+    the result; callers waiting on the lock (other xdist workers, which share ``root``) reuse it. A run
+    that failed half-way is started again from scratch."""
+    repo, done, printed = root / "tiny-run", root / "tiny-run.done", root / "tiny-run.out"
+    with open(root / "tiny-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(repo)
+            repo.mkdir(parents=True)
+            make_repo(repo, params)
+            out = run(repo, "dvc", "repro")
+            run(repo, "git", "add", "-A")
+            run(repo, "git", "commit", "-qm", "the tiny run")
+            printed.write_text(out)
+            done.touch()
+    return TinyRun(repo, printed.read_text())

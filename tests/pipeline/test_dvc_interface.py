@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import vl_convert
 import yaml
-from dvc_repo import ROOT, TINY, make_repo
+from dvc_repo import ROOT, TINY
 from dvc_repo import deep_update as _deep_update
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run
@@ -42,13 +42,16 @@ PARAMS = _deep_update(
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The tiny pipeline run once and committed: (repo, what `dvc repro` printed)."""
-    repo = make_repo(tmp_path_factory.mktemp("interface"), PARAMS)
+def ran(tiny_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The session's tiny run restored, rerun with ``PARAMS`` (one iterative search more) and committed:
+    (repo, what the first `dvc repro` and this one printed)."""
+    repo = tiny_run.restore(tmp_path_factory.mktemp("interface"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     out = _run(repo, "dvc", "repro")
+    assert "Running stage 'permute@pair0-wm_sinkhorn'" in out and "Running stage 'train@0'" not in out
     _run(repo, "git", "add", "-A")
     _run(repo, "git", "commit", "-qm", "baseline")
-    return repo, out
+    return repo, tiny_run.output + out
 
 
 def _reset(repo: Path) -> None:

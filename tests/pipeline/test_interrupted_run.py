@@ -5,6 +5,7 @@ completes with `dvc status` clean."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shutil
 import signal
@@ -14,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
+import yaml
+from dvc_repo import TINY, deep_update, dvc_env, run
 
 pytestmark = [
-    pytest.mark.slow,  # ~1–2 min: the tiny pipeline up to measure, then all of it again
+    pytest.mark.slow,  # the tiny run restored: measure and the stages after it, twice
     pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="reads processes from /proc"),
 ]
 
@@ -56,9 +58,10 @@ def _wait_for_measure(repo: Path, warm_dir: Path, driver: subprocess.Popen) -> d
     raise AssertionError(f"measure never ran (dvc exit code {driver.poll()}): {driver.communicate()}")
 
 
-def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_path_factory) -> None:
-    params = deep_update(dict(TINY), {"measure": {"num_lambdas": 41}})  # a measure stage of a few seconds
-    repo = make_repo(tmp_path_factory.mktemp("interrupted"), params)
+def test_killing_dvc_mid_measure_leaves_no_process_and_a_rerun_completes(tmp_path_factory, tiny_run) -> None:
+    repo = tiny_run.restore(tmp_path_factory.mktemp("interrupted"))  # the tiny run: only measure on reruns
+    params = deep_update(copy.deepcopy(TINY), {"measure": {"num_lambdas": 41}})  # a measure of a few seconds
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     warm_dir = Path(tempfile.mkdtemp(prefix="lk-"))
     env = {**dvc_env(), "LMCLAB_WARM": "1", "LMCLAB_WARM_DIR": str(warm_dir), "LMCLAB_WARM_IDLE": "30"}
     try:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dvc_repo import TINY, deep_update, dvc_env, make_repo, run
+import yaml
+from dvc_repo import TINY, deep_update, dvc_env, run
 
 from lmclab.archs import make_config
 from lmclab.pipeline.live import epoch_logger, live_name
@@ -130,8 +131,10 @@ def _wait_for_a_step(repo: Path, driver: subprocess.Popen) -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="finds the stage process in /proc")
-def test_dvc_shows_a_running_experiments_step_and_curves_and_reruns_after_a_kill(tmp_path) -> None:
-    repo = make_repo(tmp_path, deep_update(copy.deepcopy(TINY), {"train": {"epochs": 2}}))
+def test_dvc_shows_a_running_experiments_step_and_curves_and_reruns_after_a_kill(tmp_path, tiny_run) -> None:
+    repo = tiny_run.restore(tmp_path)  # the tiny run: its data stays cached, training runs anew
+    params = deep_update(copy.deepcopy(TINY), {"train": {"epochs": 2}})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "baseline")
     driver = subprocess.Popen(  # long enough to be caught running; stopped at its first logged step

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from dvc_repo import TINY, make_repo  # TINY: also imported by other tests from here
+from dvc_repo import TINY  # TINY: also imported by other tests from here
 from dvc_repo import dvc_env as _env
 from dvc_repo import run as _run
 
@@ -53,13 +53,14 @@ def _base_stages(names: set[str]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repo(tmp_path_factory.mktemp("pipeline"), TINY)
+def repo(tiny_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the session's finished tiny run (its first `dvc repro` is ``tiny_run.output``)."""
+    return tiny_run.restore(tmp_path_factory.mktemp("pipeline"))
 
 
 @pytest.mark.slow
-def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
-    first = _ran(_run(repo, "dvc", "repro"))
+def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path, tiny_run) -> None:
+    first = _ran(tiny_run.output)  # the first run: every stage ran
     assert _base_stages(first) == EVERY_STAGE
     assert len([s for s in first if s.startswith("permute@")]) == 3
     summary = json.loads((repo / "reports/detail/summary.json").read_text())
@@ -72,9 +73,8 @@ def test_dag_reruns_exactly_what_depends_on_a_change(repo: Path) -> None:
     assert "## Functional similarity: CKA" in (repo / "reports/report.md").read_text()
     assert (repo / "reports/figures/cka.png").is_file() and 0 < summary["wm"]["cka_a_mid"]["mean"] <= 1
 
-    assert _ran(_run(repo, "dvc", "repro")) == set()  # everything cached
-    _run(repo, "git", "add", "-A")
-    _run(repo, "git", "commit", "-qm", "baseline")
+    assert _ran(_run(repo, "dvc", "repro")) == set()  # everything cached, in the restored copy too
+    assert _run(repo, "git", "status", "--porcelain", stdout_only=True) == ""  # the run is committed
 
     # a plot-only option reruns only plot (and validate, which reads the whole file; its output is unchanged)
     _set(repo, "plot.dpi", 50)
@@ -182,21 +182,23 @@ def test_an_edit_to_code_a_stage_imports_marks_that_stage_changed(repo: Path) ->
     assert _changed_stages(repo) == set()
 
 
-def _experiment_metrics_by_width(repo: Path) -> dict[int, dict]:
-    """``model.mlp.width`` -> metrics files of every experiment of HEAD (`dvc exp show --json`)."""
+def _experiment_metrics_by_dpi(repo: Path) -> dict[int, dict]:
+    """``plot.dpi`` -> metrics files of every experiment of HEAD (`dvc exp show --json`)."""
     found = {}
     for rev in json.loads(_run(repo, "dvc", "exp", "show", "--json", stdout_only=True)):
         for exp in rev.get("experiments") or []:
             data = exp["revs"][0]["data"]
-            found[data["params"]["params.yaml"]["data"]["model"]["mlp"]["width"]] = data.get("metrics") or {}
+            found[data["params"]["params.yaml"]["data"]["plot"]["dpi"]] = data.get("metrics") or {}
     return found
 
 
 @pytest.mark.slow
 def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
+    """The queue runs the experiment in a workspace of its own, which restores unchanged stages from the
+    run-cache: only what the changed param reaches runs (the figures' resolution: plot)."""
     _run(repo, "git", "add", "-A")
     _run(repo, "git", "commit", "--allow-empty", "-qm", "before the queue")  # earlier tests may leave nothing new
-    _run(repo, "dvc", "exp", "run", "--queue", "-S", "model.mlp.width=8")
+    _run(repo, "dvc", "exp", "run", "--queue", "-S", "plot.dpi=31")
     _run(repo, "dvc", "queue", "start", "-j", "1")
     deadline, status = time.monotonic() + 300, ""
     while time.monotonic() < deadline:
@@ -205,7 +207,7 @@ def test_a_queued_experiment_runs_through_dvc_queue(repo: Path) -> None:
             break
         time.sleep(2)
     assert "Success" in status, status
-    metrics = _experiment_metrics_by_width(repo)[8]
+    metrics = _experiment_metrics_by_dpi(repo)[31]
     assert "B_loss" in metrics["metrics/headline.json"]["data"]["wm"]
 
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from dvc_repo import make_repo, run
+from dvc_repo import run
 
 pytestmark = pytest.mark.slow
 
@@ -21,15 +21,11 @@ def clone(origin: Path, to: Path, remote: Path) -> Path:
     return to
 
 
-def test_a_pushed_run_is_restored_in_a_fresh_clone_without_recomputing(tmp_path: Path):
+def test_a_pushed_run_is_restored_in_a_fresh_clone_without_recomputing(tmp_path: Path, tiny_run):
     remote, origin = tmp_path / "remote", tmp_path / "origin.git"
     remote.mkdir(mode=0o700)
-    (tmp_path / "first").mkdir()
-    first = make_repo(tmp_path / "first")
+    first = tiny_run.restore(tmp_path / "first")  # the session's tiny run, reproduced and committed
     run(first, "dvc", "remote", "add", "--local", "-d", "store", str(remote))
-    run(first, "dvc", "repro")
-    run(first, "git", "add", "-A")
-    run(first, "git", "commit", "-qm", "run")
     run(first, "dvc", "push")
     run(tmp_path, "git", "init", "-q", "--bare", str(origin))
     run(first, "git", "remote", "add", "origin", str(origin))

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from dvc_repo import TINY, deep_update, make_repo, run
+from dvc_repo import TINY, deep_update, run
 
 from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs import build_model, get_arch, make_config
@@ -286,7 +286,7 @@ def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_
 
 
 @pytest.mark.slow
-def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp_path: Path):
+def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp_path: Path, tiny_run):
     """A BatchNorm ResNet through `dvc repro`, then the measure and connect stages again with
     measure.nproc_per_node = 2."""
     tree = deep_update(
@@ -297,8 +297,8 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
             "measure": {"bn_repair_samples": 150},
         },
     )
-    (tmp_path / "repo").mkdir()
-    repo = make_repo(tmp_path / "repo", tree)
+    repo = tiny_run.restore(tmp_path / "repo")  # the tiny run: its prepared digits stay cached
+    (repo / "params.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
     run(repo, "dvc", "repro", "measure@pair0", "connect@triple0-wm")
     tree["measure"]["nproc_per_node"] = 2
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(tree))
