@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (Python 3.11 and the package registries; no Node.js):
 #   make pipeline   install everything pinned in requirements.lock, then `dvc repro` the default params.yaml
 #   make test       install the same, then run the whole test suite (slow tests included)
+# and, for the inner loop, `make test-fast` (no real `dvc repro`, no optional extras; docs/testing.md);
 # and, after a run, `make metrics-diff` (headline metrics vs the committed ones, docs/comparing.md);
 # `make docs` builds the documentation site into site/; `make ci` is what CI runs (.ci/run);
 # `make mutation` measures how many planted bugs the tests catch (docs/testing.md).
@@ -8,7 +9,7 @@ PYTHON ?= python3
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup pipeline test metrics-diff docs ci bench lock mutation
+.PHONY: setup pipeline test test-fast durations metrics-diff docs ci bench lock mutation
 
 setup: $(VENV)/.installed .dvc/offline_plots.html
 
@@ -45,9 +46,31 @@ endif
 pipeline: setup
 	dvc repro
 
-# pytest exits 5 when it collects no test; that is not a failure of the suite
+# Both tiers run on WORKERS pytest-xdist processes, a test file per worker at a time (module fixtures stay
+# in one process), and print their 30 slowest tests. pytest exits 5 when it collects no test; that is not
+# a failure of the suite. PYTEST_ARGS adds to either (e.g. "tests/search" or "-k sinkhorn").
+WORKERS ?= 2
+PYTEST := $(VENV)/bin/python -m pytest -n $(WORKERS) --dist loadfile --durations=30
+NO_TESTS_OK := rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+FAST := -m "not slow and not extras"
+
+# the whole suite, as CI runs it
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+	$(PYTEST) $(PYTEST_ARGS); $(NO_TESTS_OK)
+
+# the inner loop: every package's fast tests, no real `dvc repro` (marked slow), no optional extras
+# (marked extras: timm, transformers, datasets)
+test-fast: setup
+	$(PYTEST) $(FAST) $(PYTEST_ARGS); $(NO_TESTS_OK)
+
+# both tiers with their times recorded into tests/durations.json, then the suite-cost section of
+# docs/testing.md generated from it (tools/test_durations.py); tests/meta/test_suite_budget.py holds
+# the record against the budgets
+BUDGET_TESTS := --ignore=tests/meta/test_suite_budget.py  # they check the record being written
+durations: setup
+	$(PYTEST) $(FAST) $(BUDGET_TESTS) --record-durations fast
+	$(PYTEST) $(BUDGET_TESTS) --record-durations full
+	$(VENV)/bin/python tools/test_durations.py
 
 # mutation testing (tools/mutation.py, docs/testing.md): MODULES are packages (core), modules
 # (lmclab.core.spec) or files; none given: the library modules changed since SINCE. SAMPLE mutants are

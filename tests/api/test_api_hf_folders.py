@@ -13,6 +13,7 @@ import lmclab
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace_spec
 
+pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 transformers = pytest.importorskip("transformers")
 
 

@@ -20,6 +20,7 @@ import lmclab
 from lmclab.api.files import load_model_file
 from lmclab.api.hf import save_hf_folder
 
+pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 transformers = pytest.importorskip("transformers")
 
 WEIGHTS = "model.safetensors, pytorch_model.bin, model.safetensors.index.json, pytorch_model.bin.index.json"

@@ -86,15 +86,20 @@ def test_merge_many_takes_partial_and_keeps_the_function(nets) -> None:
     assert torch.allclose(merged, net(x), atol=1e-5)
 
 
-def test_the_command_says_partial_and_takes_it(nets) -> None:
-    from test_cli import lmclab as run
-
+def _command_files(nets) -> tuple[Path, nn.Module, list[str]]:
+    """θa and a planted permutation of it as files for the command, and the arguments naming the factory."""
     folder, module = nets
     torch.manual_seed(0)
     net, x = module.cumulative(), torch.randn(2, 12)
     torch.save(net.state_dict(), folder / "a.pt")
     torch.save(_planted(net, x)[0], folder / "b.pt")
-    factory = ["--factory", "partial_nets:cumulative", "--input-shape", "12"]
+    return folder, net, ["--factory", "partial_nets:cumulative", "--input-shape", "12"]
+
+
+def test_the_command_says_partial_and_takes_it(nets) -> None:
+    from test_cli import lmclab as run
+
+    folder, net, factory = _command_files(nets)
     refused = run(folder, "match", "a.pt", "b.pt", *factory, "--out", "p.pt", ok=False)
     assert refused.stderr.count("\n") == 1 and "; pass --partial to leave its channels unpermuted" in refused.stderr
     assert not (folder / "p.pt").exists()
@@ -103,6 +108,12 @@ def test_the_command_says_partial_and_takes_it(nets) -> None:
     run(folder, "merge", "a.pt", "b.pt", "--perm", "p.pt", *factory, "--partial", "--out", "m.pt")
     merged = torch.load(folder / "m.pt")
     assert all(torch.allclose(merged[k], v) for k, v in net.state_dict().items())  # θa = π(θb): the midpoint is θa
+
+
+def test_merge_many_takes_partial_too(nets) -> None:
+    from test_cli import lmclab as run
+
+    folder, _, factory = _command_files(nets)
     out = run(folder, "merge-many", "a.pt", "b.pt", "a.pt", *factory, "--partial", "--out", "mm.pt").stdout
     assert "wrote mm.pt" in out
     assert Path(folder / "mm.pt").is_file()

@@ -17,6 +17,7 @@ from lmclab.api.files import load_model_file
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace_spec
 
+pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 transformers = pytest.importorskip("transformers")
 from test_cli import lmclab  # noqa: E402  (tests/cli is on the import path)
 

@@ -6,16 +6,19 @@ from __future__ import annotations
 import builtins
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
 
 from lmclab.core import corpus, text
 from lmclab.core.data import load_split, prepare
 from lmclab.core.options import OptionError
+
+pytestmark = pytest.mark.extras  # the text and models extras: not in `make test-fast`
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 WORDS = "the model merges two networks after aligning their hidden units by permutation".split()  # noqa: SIM905
 

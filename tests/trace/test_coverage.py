@@ -31,7 +31,10 @@ def test_the_docs_table_is_generated_from_the_committed_json(coverage, tmp_path)
 
 @pytest.mark.parametrize(
     "name,library",
-    [("torchvision:mobilenet_v3_small", "torchvision"), ("timm:mobilenetv3_small_100", "timm")],
+    [
+        ("torchvision:mobilenet_v3_small", "torchvision"),
+        pytest.param("timm:mobilenetv3_small_100", "timm", marks=pytest.mark.extras),
+    ],
 )
 def test_a_traced_row_is_invariant_and_recovered(coverage, name, library):
     pytest.importorskip(library)

@@ -14,6 +14,7 @@ from torch import nn
 from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
 
+pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 timm = pytest.importorskip("timm")
 
 

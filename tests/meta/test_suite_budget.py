@@ -1,0 +1,65 @@
+"""The suite keeps its cost: the committed record of its times (``tests/durations.json``, written by
+``make durations``) holds both tiers within their budgets and no test outside ``slow`` above the
+per-test budget; the record is not older than the test files; docs/testing.md shows what it holds; and
+every test of an optional extra is marked so that ``make test-fast`` leaves it out."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+from dvc_repo import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import test_durations as cost  # noqa: E402
+
+RECORD = json.loads(cost.RECORD.read_text()) if cost.RECORD.is_file() else {}  # each test fails without it
+EXTRAS = ("timm", "transformers", "datasets")  # pyproject.toml's [models] and [text] extras
+
+
+def test_both_tiers_were_measured_at_the_makefiles_worker_count():
+    assert re.search(rf"^WORKERS \?= {cost.WORKERS}$", (ROOT / "Makefile").read_text(), re.M)
+    for tier in ("fast", "full"):
+        run = RECORD["tiers"][tier][str(cost.WORKERS)]
+        assert run["tests"] > 0 and run["commit"] and run["machine"], tier
+    assert RECORD["per_test"]["workers"] == cost.WORKERS
+
+
+def test_the_record_keeps_every_budget():
+    assert cost.over_budget(RECORD) == [], "make a test faster or mark it slow; then `make durations`"
+
+
+def test_a_broken_budget_is_named():
+    record = copy.deepcopy(RECORD)
+    fast = next(n for n, t in record["per_test"]["tests"].items() if not t["slow"])
+    record["per_test"]["tests"][fast]["seconds"] = cost.BUDGETS["test"] + 0.1
+    record["tiers"]["fast"][str(cost.WORKERS)]["seconds"] = cost.BUDGETS["fast"] + 1
+    slow = next(n for n, t in record["per_test"]["tests"].items() if t["slow"])
+    record["per_test"]["tests"][slow]["seconds"] = 10 * cost.BUDGETS["test"]  # slow tests have no per-test budget
+    found = cost.over_budget(record)
+    assert len(found) == 2 and found[0].startswith("`make test-fast` took") and found[1].startswith(fast)
+
+
+def test_the_record_covers_every_test_file():
+    recorded = {nodeid.split("::")[0] for nodeid in RECORD["per_test"]["tests"]}
+    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    this = Path(__file__).relative_to(ROOT).as_posix()  # `make durations` leaves out the checks of its record
+    assert files - recorded == {this}, "new test files since the record: run `make durations`"
+
+
+def test_the_docs_show_the_record():
+    assert cost.render() == cost.PAGE.read_text(), "run `python tools/test_durations.py`"
+
+
+def test_every_test_of_an_optional_extra_is_marked_extras():
+    names = "|".join(EXTRAS)
+    uses = re.compile(rf"""importorskip\(["']({names})["']\)|^\s*(import|from) ({names})\b""", re.M)
+    unmarked = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "tests").rglob("*.py")
+        if uses.search(text := p.read_text()) and "pytest.mark.extras" not in text
+    ]
+    assert unmarked == [], "mark them `pytestmark = pytest.mark.extras` (left out of `make test-fast`)"

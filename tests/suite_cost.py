@@ -1,0 +1,93 @@
+"""What the suite costs, recorded by the run itself (a pytest plugin, loaded by ``tests/conftest.py``).
+
+``pytest --record-durations TIER`` (``make durations`` runs both tiers with it) writes the tier's wall
+time, test count, command, commit, date and machine into ``tests/durations.json``, per number of worker
+processes (``-n``; 1 without xdist), so one and two workers can be compared; the ``full``
+tier also writes every test's seconds (setup + call + teardown) and whether it is marked ``slow``, which
+``tests/meta/test_suite_budget.py`` holds against the budgets of ``tools/test_durations.py``. Under
+pytest-xdist the controller records: the workers' reports reach it through this same hook."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORD = ROOT / "tests" / "durations.json"
+TIERS = ("fast", "full")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        choices=TIERS,
+        default=None,
+        help="write this tier's wall time (and, for full, every test's seconds) into tests/durations.json",
+    )
+
+
+class Recorder:
+    def __init__(self, tier: str) -> None:
+        self.tier, self.start = tier, time.monotonic()
+        self.seconds: dict[str, float] = {}
+        self.slow: set[str] = set()
+        self.outcomes: dict[str, str] = {}
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if "slow" in report.keywords:
+            self.slow.add(report.nodeid)
+        if report.when == "call" or report.outcome != "passed":
+            self.outcomes.setdefault(report.nodeid, report.outcome)
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if exitstatus not in (0, 5):
+            print(f"\n--record-durations: the {self.tier} tier failed (exit {exitstatus}); nothing recorded")
+            return
+        record = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+        workers = getattr(session.config.option, "numprocesses", None) or 1  # -n 0: one process, no xdist
+        record.setdefault("tiers", {}).setdefault(self.tier, {})[str(workers)] = {
+            "seconds": round(time.monotonic() - self.start, 1),
+            "tests": sum(o == "passed" for o in self.outcomes.values()),
+            "skipped": sum(o == "skipped" for o in self.outcomes.values()),
+            "workers": workers,
+            "command": " ".join(["pytest", *sys.argv[1:]]),
+            "commit": _commit(),
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": _machine(),
+        }
+        if self.tier == "full":
+            record["per_test"] = {
+                "workers": workers,
+                "tests": {
+                    nodeid: {"seconds": round(s, 2), "slow": nodeid in self.slow}
+                    for nodeid, s in sorted(self.seconds.items())
+                },
+            }
+        RECORD.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _commit() -> str:
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "src", "tests"], cwd=ROOT, capture_output=True, text=True)
+    return sha.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def _machine() -> str:
+    from lmclab.core.device import describe_machine
+
+    m = describe_machine()
+    return f"{m['cpu']}, {m['cores']} cores, {m['os']}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tier = config.getoption("--record-durations")
+    if tier and not hasattr(config, "workerinput"):  # the controller (or the only process) records
+        config.pluginmanager.register(Recorder(tier), "suite-cost-recorder")
