@@ -244,3 +244,26 @@ def test_multihead_attention_with_separate_projections_is_refused_naming_the_mod
         match=r"node 'attn': MultiheadAttention in attn .*\(a MultiheadAttention with separate q/k/v projections",
     ):
         trace_spec(CrossAttention(), torch.zeros(2, 9, 16))
+
+
+def test_the_tracer_loads_no_torchvision_and_still_carries_its_stochastic_depth():
+    """torchvision costs every `lmclab` command about 2 s to import: the tracer knows its stochastic depth (whole
+    samples dropped, never channels) only once a model has loaded it, and a model that calls it has."""
+    import subprocess
+    import sys
+
+    code = "import sys, lmclab.trace, lmclab.cli; print('torchvision' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "False"
+    from torchvision.ops import StochasticDepth  # calls stochastic_depth, a leaf of torch.fx (torch.fx.wrap)
+
+    class Dropped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.drop, self.head = nn.Linear(4, 6), StochasticDepth(0.5, "row"), nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.head(self.drop(torch.relu(self.inner(x))))
+
+    spec = trace_spec(Dropped().eval(), torch.zeros(2, 4))
+    assert spec.axes["inner.weight"][0] is not None and spec.axes["head.weight"][1] == spec.axes["inner.weight"][0]

@@ -42,6 +42,7 @@ from lmclab.trace.groups import (
     Seg,
     Tag,
     Within,
+    loaded_carry_functions,
 )
 
 # what may touch a head axis or per-head features: elementwise ops, moves, reshapes, products, softmax, x.shape
@@ -76,7 +77,8 @@ class AttentionRules:
                 or isinstance(module, nn.Softmax)  # its rule checks the axis (softmax)
                 or (isinstance(module, CARRY_MODULES) and not isinstance(module, POOL_MODULES))
             )
-        return node.target in (torch.flatten, *HEADED_FUNCTIONS) or node.target in HEADED_METHODS
+        targets = (torch.flatten, *HEADED_FUNCTIONS, *loaded_carry_functions())
+        return node.target in targets or node.target in HEADED_METHODS
 
     def well_formed(self, tag: Tag) -> bool:
         """Every axis of per-head features has exactly one axis of its heads beside it."""

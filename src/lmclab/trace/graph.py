@@ -32,6 +32,7 @@ from lmclab.trace.groups import (
     Tag,
     TraceError,
     Within,
+    loaded_carry_functions,
 )
 from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
@@ -214,7 +215,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             self.tags[node] = None
         elif target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub"):
             self.merge(node)
-        elif target in CARRY_FUNCTIONS or method in CARRY_METHODS:
+        elif target in CARRY_FUNCTIONS or target in loaded_carry_functions() or method in CARRY_METHODS:
             self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
         elif target is torch.flatten or method == "flatten":
             start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)

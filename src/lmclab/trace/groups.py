@@ -4,11 +4,11 @@ and the tables of modules and functions that carry or merge a group."""
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torchvision
 from torch import nn
 
 FIXED = -1  # the union-find root of every group that must not be permuted
@@ -54,8 +54,17 @@ CARRY_FUNCTIONS = {
     torch.sqrt,
     torch.exp,
     *POOL_FUNCTIONS,
-    torchvision.ops.stochastic_depth,  # drops whole samples (or the whole batch), never channels
 }
+
+
+def loaded_carry_functions() -> set:
+    """Functions of a library a model may call that carry a group, once the model has loaded that library
+    (this module never imports it: torchvision alone costs every ``lmclab`` command about 2 s): torchvision's
+    stochastic depth drops whole samples (or the whole batch), never channels."""
+    ops = sys.modules.get("torchvision.ops")
+    return {ops.stochastic_depth} if ops is not None and hasattr(ops, "stochastic_depth") else set()
+
+
 aten = torch.ops.aten
 CARRY_FUNCTIONS |= {  # an exported graph's elementwise ops (lmclab.trace.export), casts and copies
     *(aten.gelu.default, aten.relu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default),
