@@ -3,7 +3,8 @@
 ``pytest --record-durations TIER`` (``make durations`` runs both tiers with it) writes the tier's wall
 time, test count, command, commit, date and machine into ``tests/durations.json``, per number of worker
 processes (``-n``; 1 without xdist), so one and two workers can be compared; the ``full``
-tier also writes every test's seconds (setup + call + teardown) and whether it is marked ``slow``, which
+tier also writes every test's seconds (setup + call + teardown) and whether the fast tier runs it (marked
+neither ``slow`` nor ``extras``), which
 ``tests/meta/test_suite_budget.py`` holds against the budgets of ``tools/test_durations.py``. Under
 pytest-xdist the controller records: the workers' reports reach it through this same hook."""
 
@@ -35,14 +36,15 @@ class Recorder:
     def __init__(self, tier: str) -> None:
         self.tier, self.start = tier, time.monotonic()
         self.seconds: dict[str, float] = {}
-        self.slow: set[str] = set()
+        self.markers: dict[str, str] = {}  # nodeid -> "slow" or "extras": left out of the fast tier
         self.outcomes: dict[str, str] = {}
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
-        if "slow" in report.keywords:
-            self.slow.add(report.nodeid)
+        for marker in ("slow", "extras"):
+            if marker in report.keywords:
+                self.markers.setdefault(report.nodeid, marker)
         if report.when == "call" or report.outcome != "passed":
             self.outcomes.setdefault(report.nodeid, report.outcome)
 
@@ -67,7 +69,7 @@ class Recorder:
             record["per_test"] = {
                 "workers": workers,
                 "tests": {
-                    nodeid: {"seconds": round(s, 2), "slow": nodeid in self.slow}
+                    nodeid: {"seconds": round(s, 2), "fast": nodeid not in self.markers}
                     for nodeid, s in sorted(self.seconds.items())
                 },
             }

@@ -1,5 +1,5 @@
 """The suite keeps its cost: the committed record of its times (``tests/durations.json``, written by
-``make durations``) holds both tiers within their budgets and no test outside ``slow`` above the
+``make durations``) holds both tiers within their budgets and no test of the fast tier above the
 per-test budget; the record is not older than the test files; docs/testing.md shows what it holds; and
 every test of an optional extra is marked so that ``make test-fast`` leaves it out."""
 
@@ -34,11 +34,11 @@ def test_the_record_keeps_every_budget():
 
 def test_a_broken_budget_is_named():
     record = copy.deepcopy(RECORD)
-    fast = next(n for n, t in record["per_test"]["tests"].items() if not t["slow"])
+    fast = next(n for n, t in record["per_test"]["tests"].items() if t["fast"])
     record["per_test"]["tests"][fast]["seconds"] = cost.BUDGETS["test"] + 0.1
     record["tiers"]["fast"][str(cost.WORKERS)]["seconds"] = cost.BUDGETS["fast"] + 1
-    slow = next(n for n, t in record["per_test"]["tests"].items() if t["slow"])
-    record["per_test"]["tests"][slow]["seconds"] = 10 * cost.BUDGETS["test"]  # slow tests have no per-test budget
+    slow = next(n for n, t in record["per_test"]["tests"].items() if not t["fast"])
+    record["per_test"]["tests"][slow]["seconds"] = 10 * cost.BUDGETS["test"]  # only the fast tier has a budget
     found = cost.over_budget(record)
     assert len(found) == 2 and found[0].startswith("`make test-fast` took") and found[1].startswith(fast)
 
