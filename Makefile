@@ -47,10 +47,11 @@ pipeline: setup
 	dvc repro
 
 # Both tiers run on WORKERS pytest-xdist processes, a test file per worker at a time (module fixtures stay
-# in one process), and print their 30 slowest tests. pytest exits 5 when it collects no test; that is not
-# a failure of the suite. PYTEST_ARGS adds to either (e.g. "tests/search" or "-k sinkhorn").
+# in one process), the files longest in tests/durations.json first (tests/suite_cost.py; xdist would
+# otherwise order them by their number of tests), and print their 30 slowest tests. pytest exits 5 when it
+# collects no test; that is not a failure of the suite. PYTEST_ARGS adds to either (e.g. "tests/search").
 WORKERS ?= 2
-PYTEST := $(VENV)/bin/python -m pytest -n $(WORKERS) --dist loadfile --durations=30
+PYTEST := $(VENV)/bin/python -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 NO_TESTS_OK := rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 FAST := -m "not slow and not extras"
 

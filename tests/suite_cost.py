@@ -6,11 +6,13 @@ processes (``-n``; 1 without xdist), so one and two workers can be compared; the
 tier also writes every test's seconds (setup + call + teardown) and whether the fast tier runs it (marked
 neither ``slow`` nor ``extras``), which
 ``tests/meta/test_suite_budget.py`` holds against the budgets of ``tools/test_durations.py``. Under
-pytest-xdist the controller records: the workers' reports reach it through this same hook."""
+pytest-xdist the controller records: the workers' reports reach it through this same hook. The same record
+orders the test files for the workers (:func:`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -87,6 +89,19 @@ def _machine() -> str:
 
     m = describe_machine()
     return f"{m['cpu']}, {m['cores']} cores, {m['os']}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the test files longest in the record first, so that the short ones fill the end and
+    both workers finish together (longest processing time first); files the record lacks come last. Every
+    worker collects the same order, as xdist requires; within a file the order is kept."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not RECORD.is_file():
+        return
+    cost: dict[str, float] = {}
+    for nodeid, test in json.loads(RECORD.read_text()).get("per_test", {}).get("tests", {}).items():
+        cost[nodeid.split("::")[0]] = cost.get(nodeid.split("::")[0], 0.0) + test["seconds"]
+    rank = {item: -cost.get(item.nodeid.split("::")[0], 0.0) for item in items}
+    items.sort(key=rank.__getitem__)  # stable: a file's tests keep their order
 
 
 def pytest_configure(config: pytest.Config) -> None:

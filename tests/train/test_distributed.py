@@ -294,7 +294,8 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
         {
             "model": {"arch": "resnet20", "resnet20": {"width_multiplier": 0.25}},
             "permute": {"methods": ["identity", "wm"]},
-            "measure": {"bn_repair_samples": 150},
+            "measure": {"bn_repair_samples": 150, "num_lambdas": 3},  # λ = ½ and the endpoints
+            "three": {"resolution": 2},
         },
     )
     repo = tiny_run.restore(tmp_path / "repo")  # the tiny run: its prepared digits stay cached
