@@ -63,3 +63,24 @@ def test_every_test_of_an_optional_extra_is_marked_extras():
         if uses.search(text := p.read_text()) and "pytest.mark.extras" not in text
     ]
     assert unmarked == [], "mark them `pytestmark = pytest.mark.extras` (left out of `make test-fast`)"
+
+
+def test_under_xdist_the_longest_recorded_files_come_first(tmp_path, monkeypatch):
+    import suite_cost
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    record = {
+        "per_test": {"tests": {"b.py::x": {"seconds": 5.0}, "b.py::y": {"seconds": 5.0}, "c.py::z": {"seconds": 9.0}}}
+    }
+    (tmp_path / "durations.json").write_text(json.dumps(record))
+    monkeypatch.setattr(suite_cost, "RECORD", tmp_path / "durations.json")
+    items = [Item(n) for n in ("a.py::new", "b.py::y", "b.py::x", "c.py::z")]
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    suite_cost.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == ["a.py::new", "b.py::y", "b.py::x", "c.py::z"]  # one process: as collected
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    suite_cost.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == ["b.py::y", "b.py::x", "c.py::z", "a.py::new"]  # 10 s, 9 s, then unrecorded
