@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -63,7 +64,7 @@ class Recorder:
             "tests": sum(o == "passed" for o in self.outcomes.values()),
             "skipped": sum(o == "skipped" for o in self.outcomes.values()),
             "workers": workers,
-            "command": " ".join(["pytest", *sys.argv[1:]]),
+            "command": shlex.join(["pytest", *sys.argv[1:]]),
             "commit": _commit(),
             "date": time.strftime("%Y-%m-%d"),
             "machine": _machine(),

@@ -35,15 +35,15 @@ SLOWEST = 30
 
 def _runs(record: dict) -> list[str]:
     rows = [
-        "| tier | worker processes | tests passed | skipped | wall time | budget | commit | date |",
-        "|---|---|---|---|---|---|---|---|",
+        "| tier | worker processes | tests passed | skipped | wall time | budget | commit | date | command |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for tier in ("fast", "full"):
         for workers, run in sorted(record["tiers"].get(tier, {}).items()):
             budget = f"{BUDGETS[tier]} s" if int(workers) == WORKERS else "—"
             rows.append(
                 f"| `{COMMANDS[tier]}` | {workers} | {run['tests']:,} | {run['skipped']} | {run['seconds']:,.0f} s "
-                f"| {budget} | {run['commit']} | {run['date']} |"
+                f"| {budget} | {run['commit']} | {run['date']} | `{run['command']}` |"
             )
     return rows
 
@@ -82,9 +82,8 @@ def section(record: dict) -> str:
             "",
             *_runs(record),
             "",
-            f"Measured on {', '.join(sorted(machines))}, each tier with the command in its row "
-            f"(`{next(iter(record['tiers']['full'].values()))['command']}` for the whole suite). "
-            f"Budgets: `make test-fast` {BUDGETS['fast']} s and `make test` {BUDGETS['full']} s on "
+            f"Measured on {', '.join(sorted(machines))}, each row by the command it names (`make durations` runs "
+            f"both tiers so). Budgets: `make test-fast` {BUDGETS['fast']} s and `make test` {BUDGETS['full']} s on "
             f"{WORKERS} workers; {BUDGETS['test']} s for any test of the fast tier (the slowest now takes "
             f"{max(fast):.1f} s).",
             "",
