@@ -100,10 +100,16 @@ def _machine() -> str:
     return f"{m['cpu']}, {m['cores']} cores, {m['os']}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the test files longest in the record first, so that the short ones fill the end and
-    both workers finish together (longest processing time first); files the record lacks come last. Every
-    worker collects the same order, as xdist requires; within a file the order is kept."""
+    """A test that restores the tiny run (the ``tiny_run`` fixture: a real ``dvc repro``) is marked ``slow``,
+    so the fast tier never starts one. Under pytest-xdist, the test files longest in the record come first,
+    so that the short ones fill the end and both workers finish together (longest processing time first);
+    files the record lacks come last. Every worker collects the same order, as xdist requires; within a
+    file the order is kept."""
+    for item in items:
+        if "tiny_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     if not os.environ.get("PYTEST_XDIST_WORKER") or not RECORD.is_file():
         return
     cost: dict[str, float] = {}

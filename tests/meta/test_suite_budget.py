@@ -65,12 +65,15 @@ def test_every_test_of_an_optional_extra_is_marked_extras():
     assert unmarked == [], "mark them `pytestmark = pytest.mark.extras` (left out of `make test-fast`)"
 
 
-def test_under_xdist_the_longest_recorded_files_come_first(tmp_path, monkeypatch):
+def test_under_xdist_the_longest_recorded_files_come_first_and_the_tiny_runs_tests_are_slow(tmp_path, monkeypatch):
     import suite_cost
 
     class Item:
         def __init__(self, nodeid: str) -> None:
-            self.nodeid = nodeid
+            self.nodeid, self.fixturenames, self.markers = nodeid, ("tiny_run",) if "new" in nodeid else (), []
+
+        def add_marker(self, marker) -> None:
+            self.markers.append(marker.name)
 
     record = {
         "per_test": {"tests": {"b.py::x": {"seconds": 5.0}, "b.py::y": {"seconds": 5.0}, "c.py::z": {"seconds": 9.0}}}
@@ -84,3 +87,4 @@ def test_under_xdist_the_longest_recorded_files_come_first(tmp_path, monkeypatch
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     suite_cost.pytest_collection_modifyitems(None, items)
     assert [i.nodeid for i in items] == ["b.py::y", "b.py::x", "c.py::z", "a.py::new"]  # 10 s, 9 s, then unrecorded
+    assert [i.markers for i in items] == [[], [], [], ["slow", "slow"]]  # a test of the tiny run is slow
