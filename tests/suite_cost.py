@@ -15,12 +15,12 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from mutation_report import commit, machine  # tools/: how every record there names them
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "durations.json"
@@ -65,9 +65,9 @@ class Recorder:
             "skipped": sum(o == "skipped" for o in self.outcomes.values()),
             "workers": workers,
             "command": shlex.join(["pytest", *sys.argv[1:]]),
-            "commit": _commit(),
+            "commit": commit(ROOT),
             "date": time.strftime("%Y-%m-%d"),
-            "machine": _machine(),
+            "machine": machine(),
         }
         if self.tier == "full":
             record["per_test"] = {
@@ -85,19 +85,6 @@ def dump(record: dict) -> str:
     text = json.dumps(record, indent=1)
     one_line = r'\{\n\s+"seconds": ([^,]+),\n\s+"fast": (true|false)\n\s+\}'
     return re.sub(one_line, r'{"seconds": \1, "fast": \2}', text) + "\n"
-
-
-def _commit() -> str:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "src", "tests"], cwd=ROOT, capture_output=True, text=True)
-    return sha.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-
-
-def _machine() -> str:
-    from lmclab.core.device import describe_machine
-
-    m = describe_machine()
-    return f"{m['cpu']}, {m['cores']} cores, {m['os']}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
