@@ -117,14 +117,43 @@ def _step_of(path: Path) -> int:
         return 0
 
 
+def _last_plotted_step(path: Path) -> int:
+    try:
+        rows = _tsv(path)
+    except OSError:
+        return 0
+    return int(rows[-1]["step"]) if rows else 0
+
+
+def _wait_until_stopped(pid: int) -> None:
+    """SIGSTOP is delivered asynchronously: wait until every thread of ``pid`` is stopped ("T")."""
+    for _ in range(200):
+        try:
+            states = {
+                (t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{pid}/task").iterdir()
+            }
+        except OSError:
+            return
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.01)
+
+
 def _wait_for_a_step(repo: Path, driver: subprocess.Popen) -> int:
-    """Block until the running train stage has logged a step; SIGSTOP it there and return its pid."""
+    """Block until the running train stage has logged a step; SIGSTOP it between two steps and return its pid.
+
+    DVCLive appends a step's rows to the curves before it rewrites ``metrics.json``: a stop that lands
+    between the two is let go on and tried again, so the test sees one whole step."""
+    live = repo / "dvclive/seed0"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and driver.poll() is None:
         pid = _stage_pid(repo)
-        if pid and _step_of(repo / "dvclive/seed0/metrics.json") >= 1:
+        if pid and _step_of(live / "metrics.json") >= 1:
             os.kill(pid, signal.SIGSTOP)
-            return pid
+            _wait_until_stopped(pid)
+            if _last_plotted_step(live / "plots/metrics/test/acc.tsv") == _step_of(live / "metrics.json"):
+                return pid
+            os.kill(pid, signal.SIGCONT)
         time.sleep(0.05)
     raise AssertionError(f"train@0 never logged a step (dvc exit code {driver.poll()}): {driver.communicate()}")
 
