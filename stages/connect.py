@@ -1,6 +1,6 @@
 """Stage connect (one instance per triple and method): align θb and θc to θa separately, then
 barriers between every pair of {θa, π_b(θb), π_c(θc)} and the landscape on their plane (test split);
-with ``measure.bn_repair`` (BatchNorm nets) or ``measure.repair`` (REPAIR, nets without BatchNorm) each
+with ``measure.repair`` (``bn``: BatchNorm statistics; ``repair``: REPAIR, nets without BatchNorm) each
 edge is measured without and with the repair, as in the measure stage.
 ``--aligned-b`` is the permute stage's output for the pair (θa, θb) with this method: its
 permutation is θb's alignment (the same search, options and seed; not run twice), so only θc is
@@ -29,9 +29,9 @@ app = typer.Typer(add_completion=False)
 # the params.yaml key of each name the library's errors use
 KEYS = {
     **under("three", "resolution", "margin"),
-    **under("measure", "num_lambdas", "bn_repair_samples", "repair_samples", "train_samples", gamma="gammas"),
+    **under("measure", "num_lambdas", "repair", "repair_samples", "train_samples", gamma="gammas"),
 }
-REPAIRS = ("bn_repair", "bn_repair_samples", "repair", "repair_samples")  # the measure settings it reads
+REPAIRS = ("repair", "repair_samples")  # the measure settings it reads
 
 
 @app.command()

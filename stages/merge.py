@@ -1,9 +1,8 @@
 """Stage merge (one instance per pair, every method of ``permute.methods``): apply each π to θb and
 write ``<method>/permuted_b.pt`` (π(θb)) and ``<method>/midpoint.pt`` ((θa + π(θb))/2), both
-ordinary checkpoints. With ``measure.bn_repair`` and a BatchNorm architecture, the midpoint's
-running statistics are repaired on ``measure.bn_repair_samples`` training images; with ``measure.repair``
-and an architecture without BatchNorm, the midpoint is REPAIR's θ(½) on ``measure.repair_samples``
-(``lmclab.core.repair``), so the analyses of the measure stage (R_γ, CKA, Taylor terms) see the
+ordinary checkpoints. With ``measure.repair`` (``lmclab.core.repairs``) the midpoint is repaired on
+``measure.repair_samples`` training images: ``bn``, its BatchNorm running statistics recomputed; ``repair``,
+REPAIR's θ(½) (``lmclab.core.repair``), so the analyses of the measure stage (R_γ, CKA, Taylor terms) see the
 repaired merge.
 One process per pair (not per method) because each python stage pays ~3 s of imports; the
 measure stages depend on their own method's folder only. ~4 s plus the repairs."""
@@ -15,12 +14,10 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params
+from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params, under
 
 app = typer.Typer(add_completion=False)
-# the params.yaml key of each argument the library's errors name
-KEYS = {"num_samples": "measure.bn_repair_samples"}
-REPAIR_KEYS = {"num_samples": "measure.repair_samples"}
+KEYS = under("measure", "repair", "repair_samples")  # the params.yaml key of each argument the library's errors name
 
 
 @app.command()
@@ -38,10 +35,9 @@ def main(
 
     from lmclab.archs import build_model, get_arch
     from lmclab.archs.checkpoint import Checkpoint, check_same_architecture, load_checkpoint, save_checkpoint
-    from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
     from lmclab.core.data import load_split
     from lmclab.core.merge import aligned_midpoint
-    from lmclab.core.repair import RepairAt
+    from lmclab.core.repairs import curve_repairs
     from lmclab.core.spec import check_permutation
 
     read = stage_params("merge", params, dvc_yaml=DVC_YAML)
@@ -49,12 +45,9 @@ def main(
     check_same_architecture(a, b, model_a, model_b)
     spec = get_arch(a.arch).permutation_spec(a.config)
     model = build_model(a.arch, a.config)
-    repair, repair_at = None, None
-    if read("measure.bn_repair") and has_batchnorm(model):
-        repair = bn_repair_hook(model, load_split(data, "train"), num_samples=read("measure.bn_repair_samples"))
-    elif read("measure.repair") and not has_batchnorm(model):
-        with params_errors(REPAIR_KEYS):
-            repair_at = RepairAt(model, repair_subset(load_split(data, "train"), read("measure.repair_samples")))
+    kind = read("measure.repair")
+    train = load_split(data, "train") if kind != "none" else None
+    repair, repair_at = curve_repairs(kind, model, train, repair_samples=read("measure.repair_samples"))
     for method in read("permute.methods"):
         pi = torch.load(perms / method / "perm.pt", weights_only=True)
         check_permutation(pi, spec.group_sizes(b.state_dict), spec.heads)

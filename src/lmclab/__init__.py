@@ -10,18 +10,25 @@ from typing import Any
 
 __version__ = "0.1.0"
 API = (
+    "ARCHITECTURES",
     "Alignment",
     "Curve",
+    "MANY_METHODS",
+    "METHODS",
     "ManyMerge",
+    "PermutationSpec",
     "apply_permutation",
     "as_split",
+    "create_model",
     "curve",
     "find_permutation",
     "l2_reduction",
+    "load_alignment",
     "merge",
     "merge_many",
     "pairs",
     "repair",
+    "trace_spec",
 )
 __all__ = [*API, "__version__"]
 

@@ -27,12 +27,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from lmclab.core.bn_repair import has_batchnorm, repair_bn
+from lmclab.core.bn_repair import repair_bn
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate, evaluate_ensemble
 from lmclab.core.interpolation import barriers_from_curve, interpolation_curve
-from lmclab.core.options import OptionError, got
+from lmclab.core.options import OptionError
 from lmclab.core.repair import repair_merged
+from lmclab.core.repairs import resolved_repair
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
 from lmclab.core.transform import TransformResult
 from lmclab.search.features import repair_transformed
@@ -40,7 +41,6 @@ from lmclab.search.many_methods import UNIVERSE, check_many, run_many
 from lmclab.search.universe import UniverseResult, aligned_models, cycle_error, mean_params, pairwise_maps
 from lmclab.search.weight_matching import weight_matching
 
-REPAIRS = ("auto", "none", "bn", "repair")
 PAIRWISE = "pairwise WM"  # the reference row of independent pairwise matchings
 Merge = Callable[[Sequence[Mapping[str, Tensor]]], Params]  # aligned endpoints -> their repaired merge
 
@@ -54,15 +54,6 @@ class ManyComparison(NamedTuple):
     pairwise: list[dict]  # method, pair, test barriers at λ = ½ of θ_i and π_ij(θ_j)
 
 
-def resolved_repair(repair: str, model: nn.Module) -> str:
-    """``repair`` checked, with ``auto`` made the repair ``model`` takes (``bn`` or ``repair``)."""
-    if repair not in REPAIRS:
-        raise OptionError(f"{{repair}} must be one of {list(REPAIRS)}, got {got(repair)}")
-    if repair == "auto":
-        return "bn" if has_batchnorm(model) else "repair"
-    return repair
-
-
 def repaired_merge(repair: str, model: nn.Module, data: Split | None) -> Merge | None:
     """The merge of aligned endpoints under ``repair`` (module docstring); None for ``none``."""
     repair = resolved_repair(repair, model)
@@ -70,9 +61,6 @@ def repaired_merge(repair: str, model: nn.Module, data: Split | None) -> Merge |
         return None
     if data is None:
         raise OptionError(f"{{repair_data}}: repair {repair!r} needs training data, got None")
-    if (repair == "bn") != has_batchnorm(model):
-        need = "bn: the model has BatchNorm" if has_batchnorm(model) else "repair or none: the model has no BatchNorm"
-        raise OptionError(f"{{repair}}: {repair!r} does not fit this model; use {need}")
     if repair == "bn":
         return lambda aligned: repair_bn(model, mean_params(aligned), data)
     return lambda aligned: repair_merged(model, aligned, data)

@@ -17,7 +17,7 @@ from lmclab.analysis.compose import Analysis, Endpoints, measure_and_analyze
 from lmclab.analysis.mae_pair import mae_pair
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
-from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm, repair_subset
+from lmclab.core.bn_repair import repair_subset
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair
@@ -25,23 +25,21 @@ from lmclab.core.metrics import lambda_grid
 from lmclab.core.objective import is_reconstruction
 from lmclab.core.options import OptionError
 from lmclab.core.repair import RepairAt
+from lmclab.core.repairs import curve_repairs
 
 
 @dataclass(frozen=True)
 class MeasureSettings:
     """How each pair is measured (the measure stage's parameters): ``num_lambdas`` λ of the curves,
-    the ``gammas`` of R_γ, the ``taylor_splits``, the ``conv_spectrum`` of conv kernels, BatchNorm
-    repair at every λ (``bn_repair`` on ``bn_repair_samples`` training images, None: all) and REPAIR of
-    nets without BatchNorm (``repair`` on ``repair_samples``); the train split's curves on a fixed random subset of
-    ``train_samples`` (None: all)."""
+    the ``gammas`` of R_γ, the ``taylor_splits``, the ``conv_spectrum`` of conv kernels, the ``repair`` of every
+    λ (:mod:`lmclab.core.repairs`: none, bn, repair or auto) on ``repair_samples`` training images (None: all);
+    the train split's curves on a fixed random subset of ``train_samples`` (None: all)."""
 
     num_lambdas: int = 11
     gammas: Sequence[float] = (0.0, 0.3)
     taylor_splits: Sequence[str] | None = ("test",)
     conv_spectrum: str = "reshape"
-    bn_repair: bool = True
-    bn_repair_samples: int | None = None
-    repair: bool = False
+    repair: str = "none"
     repair_samples: int | None = 500
     train_samples: int | None = None
 
@@ -74,8 +72,7 @@ def prepare_pair(
     device = world.device
     model = build_model(a.arch, a.config).to(device)
     repair, repair_at = build_repairs(settings, model, splits["train"], world=world)
-    with _renamed(num_samples="train_samples"):
-        splits = {**splits, "train": repair_subset(splits["train"], settings.train_samples)}
+    splits = {**splits, "train": repair_subset(splits["train"], settings.train_samples, key="train_samples")}
     spec = get_arch(a.arch).permutation_spec(a.config)
     params_a, params_b = (on_device(c.state_dict, device) for c in (a, b))
     how = Analysis(
@@ -95,15 +92,10 @@ def prepare_pair(
 def build_repairs(
     settings: MeasureSettings, model: nn.Module, train: Split, *, world: World = ALONE
 ) -> tuple[Repair | None, RepairAt | None]:
-    """``(repair, repair_at)`` of ``model`` on ``train`` as ``settings`` say: BatchNorm statistics recomputed at
-    every λ (BatchNorm nets), or REPAIR (nets without BatchNorm), or neither (None)."""
-    if settings.bn_repair and has_batchnorm(model):
-        with _renamed(num_samples="bn_repair_samples"):
-            return bn_repair_hook(model, train, num_samples=settings.bn_repair_samples, world=world), None
-    if settings.repair and not has_batchnorm(model):  # REPAIR of LayerNorm and norm-free nets
-        with _renamed(num_samples="repair_samples"):
-            return None, RepairAt(model, repair_subset(train, settings.repair_samples))
-    return None, None
+    """``(repair, repair_at)`` of ``model`` on ``train`` as ``settings`` say
+    (:func:`lmclab.core.repairs.curve_repairs`): BatchNorm statistics recomputed at every λ, or REPAIR, or
+    neither (None)."""
+    return curve_repairs(settings.repair, model, train, repair_samples=settings.repair_samples, world=world)
 
 
 def measure_method(pair: Pair, permuted_b: Checkpoint, midpoint: Checkpoint) -> tuple[dict[str, list[dict]], dict]:

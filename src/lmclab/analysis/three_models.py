@@ -21,7 +21,6 @@ from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, RepairAt, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
-from lmclab.core.options import OptionError
 from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation, check_permutation
 from lmclab.search import run_search
 from lmclab.search.registered import search_problem
@@ -125,10 +124,7 @@ def connect_triple(
     ``train_samples``: the edges' train curves on a fixed random subset of that many samples (None: all; the
     search reads all of ``train``)."""
     grid = plane_grid(resolution, margin)  # validates before any search
-    try:
-        curve_train = repair_subset(train, train_samples)
-    except OptionError as err:
-        raise OptionError(err.renamed({"num_samples": "train_samples"})) from None
+    curve_train = repair_subset(train, train_samples, key="train_samples")
     a, aligned = ckpts["a"], dict(aligned or {})
     if set(aligned) - {"b", "c"}:
         raise ValueError(f"aligned: expected keys among 'b', 'c', got {sorted(aligned)}")

@@ -2,27 +2,38 @@
 symmetries of their hidden units, merge them, and measure the path between them.
 
     res   = lmclab.find_permutation(model_a, model_b, method="wm", example_inputs=x)
-    pi_b  = lmclab.apply_permutation(res.spec, res.perm, model_b.state_dict())
-    curve = lmclab.curve(model_a, pi_b, data=test_loader, lams=11)
+    curve = lmclab.curve(model_a, model_b, alignment=res, data=test_loader, num_lambdas=11)
     print(curve.barrier(), lmclab.l2_reduction(model_a, model_b, res))
+    res.save("perm.pt"); res = lmclab.load_alignment("perm.pt")
 """
 
+from lmclab.api.alignment import Alignment, apply_permutation, load_alignment
 from lmclab.api.curves import Curve, curve
-from lmclab.api.functions import Alignment, apply_permutation, find_permutation, l2_reduction, merge
+from lmclab.api.functions import find_permutation, l2_reduction, merge
 from lmclab.api.inputs import as_split, pairs
 from lmclab.api.many import ManyMerge, merge_many, repair
+from lmclab.api.registry import ARCHITECTURES, MANY_METHODS, METHODS, create_model
+from lmclab.core.spec import PermutationSpec
+from lmclab.trace import trace_spec
 
 __all__ = [
+    "ARCHITECTURES",
     "Alignment",
     "Curve",
+    "MANY_METHODS",
+    "METHODS",
     "ManyMerge",
+    "PermutationSpec",
     "apply_permutation",
     "as_split",
+    "create_model",
     "curve",
     "find_permutation",
     "l2_reduction",
+    "load_alignment",
     "merge",
     "merge_many",
     "pairs",
     "repair",
+    "trace_spec",
 ]

@@ -10,9 +10,9 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params_of, skeleton
+from lmclab.api.alignment import Alignment
+from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, params_of, skeleton
 from lmclab.core.batches import as_batch, streamed
-from lmclab.core.bn_repair import bn_repair_hook, has_batchnorm
 from lmclab.core.data import Split
 from lmclab.core.device import resolve_device
 from lmclab.core.evaluate import Evaluation, evaluate
@@ -20,6 +20,8 @@ from lmclab.core.interpolation import barriers_from_curve
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.objective import custom_loss
+from lmclab.core.options import keyed_errors
+from lmclab.core.repairs import curve_repairs
 
 QUANTITIES, KINDS = ("loss", "acc"), ("max", "mid")
 
@@ -32,7 +34,7 @@ class Curve:
 
     def __repr__(self) -> str:
         return (
-            f"Curve(splits={self.splits}, {len(self.lams)} λ values, "
+            f"Curve(splits={self.splits}, {len(self.lambdas)} λ values, "
             f"loss barrier {self.barrier():.4g} on {self.splits[0]!r})"
         )
 
@@ -43,7 +45,7 @@ class Curve:
         return pd.DataFrame(self.rows, columns=["lam", "split", "loss", "acc"])
 
     @property
-    def lams(self) -> list[float]:
+    def lambdas(self) -> list[float]:
         return sorted({r["lam"] for r in self.rows})
 
     @property
@@ -74,47 +76,48 @@ def curve(
     model_b: Model,
     *,
     data: Data | Mapping[str, Data],
+    alignment: Alignment | None = None,
     model: nn.Module | None = None,
-    lams: int | Sequence[float] = 11,
-    repair: str | None = None,
+    factory: str | Callable[..., nn.Module] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    num_lambdas: int = 11,
+    lambdas: Sequence[float] | None = None,
+    repair: str = "none",
     repair_data: Data | None = None,
-    repair_samples: int | None = None,
+    repair_samples: int | None = 500,
     device: str = "auto",
     progress: bool = False,
     loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
 ) -> Curve:
-    """Evaluate ``θ(λ)`` for every λ (``lams`` evenly spaced values in [0, 1] plus ½, or the given
-    ones, which must hold 0, ½ and 1) on ``data`` (one data source, or ``{name: source}``): the
-    measured path of the paper's Definition 2.1, whose barriers :meth:`Curve.barrier` gives. A
-    ``DataLoader`` (any re-iterable of batches) is streamed, one pass over its batches per λ (it should
-    yield the same samples each time: no random augmentation); any other source is held in memory
-    (:func:`lmclab.as_split`).
+    """Evaluate ``θ(λ) = λ·θa + (1−λ)·π(θb)`` (π from ``alignment``, :meth:`Alignment.apply`; the naive path
+    without one) for ``num_lambdas`` evenly spaced λ in [0, 1] plus ½ — or the given ``lambdas``, which must
+    hold 0, ½ and 1 — on ``data`` (one data source, or ``{name: source}``): the measured path of the paper's
+    Definition 2.1, whose barriers :meth:`Curve.barrier` gives. A ``DataLoader`` (any re-iterable of
+    batches) is streamed, one pass over its batches per λ (it should yield the same samples each time: no
+    random augmentation); any other source is held in memory (:func:`lmclab.as_split`). The models are
+    modules, state dicts or checkpoint paths, run in ``model`` (or ``factory(**kwargs)``, or the
+    checkpoint's module) as :func:`lmclab.find_permutation` takes them.
 
-    ``model_b`` is usually the aligned π(θb) (:func:`lmclab.apply_permutation`). ``repair="bn"``
-    re-estimates every BatchNorm's statistics at each λ on ``repair_samples`` inputs of
-    ``repair_data`` (REPAIR-style reset; needed for BN networks), held in memory. ``progress``: a bar
-    over the λ values (on stderr). ``loss_fn(output, target)`` (a batch's mean loss) replaces the
-    cross-entropy of the logits (:mod:`lmclab.core.objective`: a language model's logits are classified
-    per token already); accuracy is then read from the logits when the output has them and targets are labels."""
-    with named_as(num_lambdas="lams"):
-        grid = lambda_grid(lams) if isinstance(lams, int) else sorted({float(v) for v in lams})
-    if not {0.0, 0.5, 1.0} <= set(grid) or not all(0.0 <= v <= 1.0 for v in grid):
-        raise ValueError(f"lams must lie in [0, 1] and hold 0, 0.5 and 1, got {grid}")
+    ``repair`` (:mod:`lmclab.core.repairs`): ``bn`` re-estimates every BatchNorm's statistics at each λ,
+    ``repair`` rescales each unit of θ(λ) to the interpolated statistics of the endpoints (REPAIR, networks
+    without BatchNorm), ``auto`` the one the network takes, ``none``; both on a fixed subset of
+    ``repair_samples`` inputs (None: all) of ``repair_data``, held in memory. ``progress``: a bar over the λ
+    values (on stderr). ``loss_fn(output, target)`` (a batch's mean loss) replaces the cross-entropy of the
+    logits (:mod:`lmclab.core.objective`); accuracy is then read from the logits when the output has them
+    and targets are labels."""
+    grid = _grid(num_lambdas, lambdas)
     dev = resolve_device(device)
-    net = on_device(skeleton(model, model_a, "evaluating the models"), dev)
-    params_a, params_b = params_of(model_a, "model_a", dev), params_of(model_b, "model_b", dev)
-    named = isinstance(data, Mapping)
-    labels = {name: f"data[{name!r}]" if named else "data" for name in (data if named else {"test": data})}
-    sources = {
-        name: source if streamed(source) else as_split(source, labels[name]).to(dev)
-        for name, source in (data if named else {"test": data}).items()
-    }
-    hook = _bn_hook(net, repair, repair_data, repair_samples, dev)
+    opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
+    net = on_device(skeleton(opened.model, opened.models[0], "evaluating the models"), dev)
+    params_a = params_of(opened.models[0], "model_a", dev)
+    params_b = params_of(alignment.apply(opened.models[1]) if alignment else opened.models[1], "model_b", dev)
+    sources, labels = _sources(data, dev)
+    fix, fix_at = _repairs(net, repair, repair_data, repair_samples, dev)
     rows = []
     with torch.no_grad(), custom_loss(loss_fn):
         for lam in tqdm(grid, desc="curve", unit="λ", disable=not progress, leave=False):
-            params = lerp_params(params_a, params_b, lam)
-            params = hook(params) if hook is not None else params
+            params = lerp_params(params_a, params_b, lam) if fix_at is None else fix_at(params_a, params_b, lam)
+            params = fix(params) if fix is not None else params
             for name, source in sources.items():
                 ev = (
                     evaluate(net, params, source)
@@ -123,6 +126,27 @@ def curve(
                 )
                 rows.append({"lam": float(lam), "split": name, "loss": ev.loss, "acc": ev.acc})
     return Curve(rows)
+
+
+def _grid(num_lambdas: int, lambdas: Sequence[float] | None) -> list[float]:
+    """The λ of a curve: the given ``lambdas`` (holding 0, ½ and 1), else ``num_lambdas`` evenly spaced plus ½."""
+    if lambdas is None:
+        with keyed_errors(str):
+            return lambda_grid(num_lambdas)
+    grid = sorted({float(v) for v in lambdas})
+    if not {0.0, 0.5, 1.0} <= set(grid) or not all(0.0 <= v <= 1.0 for v in grid):
+        raise ValueError(f"lambdas must lie in [0, 1] and hold 0, 0.5 and 1, got {grid}")
+    return grid
+
+
+def _sources(data: Data | Mapping[str, Data], dev: torch.device) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` as ``{name: source}`` (a lone source is ``test``), each streamed or in memory on ``dev``, and
+    the argument name of each (``data`` or ``data['name']``) for its errors."""
+    named = isinstance(data, Mapping)
+    found = data if named else {"test": data}
+    labels = {name: f"data[{name!r}]" if named else "data" for name in found}
+    sources = {name: s if streamed(s) else as_split(s, labels[name]).to(dev) for name, s in found.items()}
+    return sources, labels
 
 
 def _streamed(net: nn.Module, params: Mapping[str, Tensor], loader: Iterable[Any], name: str) -> Evaluation:
@@ -139,15 +163,8 @@ def _streamed(net: nn.Module, params: Mapping[str, Tensor], loader: Iterable[Any
     return Evaluation(loss / total, correct / total)
 
 
-def _bn_hook(net: nn.Module, repair: str | None, repair_data: Data | None, samples: int | None, dev: torch.device):
-    """The BatchNorm reset applied at each λ for ``repair="bn"`` (None without repair)."""
-    if repair is None:
-        return None
-    if repair != "bn":
-        raise ValueError(f"repair must be None or 'bn', got {repair!r}")
-    if not has_batchnorm(net):
-        raise ValueError("repair: 'bn' needs a model with BatchNorm layers; this one has none")
-    if repair_data is None:
-        raise ValueError("repair_data: repair='bn' needs data to re-estimate the statistics on")
-    with named_as(num_samples="repair_samples"):
-        return bn_repair_hook(net, as_split(repair_data, "repair_data").to(dev), num_samples=samples)
+def _repairs(net: nn.Module, repair: str, repair_data: Data | None, samples: int | None, dev: torch.device):
+    """``(repair, repair_at)`` of each λ (:func:`lmclab.core.repairs.curve_repairs`), checked before any work."""
+    split = as_split(repair_data, "repair_data").to(dev) if repair_data is not None and repair != "none" else None
+    with keyed_errors(str):
+        return curve_repairs(repair, net, split, repair_samples=samples)

@@ -31,19 +31,19 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lmclab.api.inputs import Data, Model, as_split, named_as, params_of, resolve
-from lmclab.core import spec as spec_ops
+from lmclab.api.alignment import Alignment
+from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, params_of, resolve
 from lmclab.core.batches import Batches, streamed
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
-from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
+from lmclab.core.options import keyed_errors
+from lmclab.core.spec import Params, PermutationSpec, check_same_shapes
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
 
@@ -52,7 +52,7 @@ def checked_options(method: str, options: Mapping[str, Any] | None, check: Any =
     errors name ``method``, ``options`` or ``options['<name>']``."""
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"options must be a mapping of option names to values, got {type(options).__name__}")
-    with named_as(**{name: f"options[{name!r}]" for name in options or {}}):
+    with keyed_errors(lambda name: f"options[{name!r}]" if name in (options or {}) else name):
         check(method, options)
     return dict(options or {})
 
@@ -66,38 +66,6 @@ def training_data(method: str, data: Data | None, device: torch.device) -> Batch
     return data if streams_data(method) and streamed(data) else as_split(data).to(device)
 
 
-def short_stats(stats: Mapping[str, Any], count: int = 3) -> str:
-    """The first ``count`` numeric entries of ``stats`` as ``, name=value`` (for a ``repr``)."""
-    numbers = [(k, v) for k, v in stats.items() if isinstance(v, int | float) and not isinstance(v, bool)]
-    return "".join(f", {k}={v:.4g}" for k, v in numbers[:count])
-
-
-def short_groups(sizes: Mapping[str, int], count: int = 6) -> str:
-    """``{g: n, …}`` of the first ``count`` groups (for a ``repr``)."""
-    shown = ", ".join(f"{g}: {n}" for g, n in list(sizes.items())[:count])
-    noun = "group" if len(sizes) == 1 else "groups"
-    return f"{len(sizes)} {noun} {{{shown}{', …' if len(sizes) > count else ''}}}"
-
-
-@dataclass(frozen=True, repr=False)
-class Alignment:
-    """The permutation ``perm`` (group → index tensor) found by ``method`` aligning θb to θa under
-    ``spec``; ``stats`` holds what the search recorded (seconds, objective, curves)."""
-
-    method: str
-    spec: PermutationSpec
-    perm: Permutation
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    def apply(self, params_b: Model) -> Params:
-        """π(θb) for a module or state dict ``params_b``."""
-        return apply_permutation(self.spec, self.perm, params_of(params_b, "params_b", torch.device("cpu")))
-
-    def __repr__(self) -> str:
-        sizes = {g: len(p) for g, p in self.perm.items()}
-        return f"Alignment(method={self.method!r}, {short_groups(sizes)}{short_stats(self.stats)})"
-
-
 def find_permutation(
     model_a: Model,
     model_b: Model,
@@ -107,6 +75,8 @@ def find_permutation(
     example_inputs: Tensor | None = None,
     data: Data | None = None,
     model: nn.Module | None = None,
+    factory: str | Callable[..., nn.Module] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
     points: Mapping[str, Sequence[str]] | None = None,
     test: Data | None = None,
     seed: int = 0,
@@ -120,10 +90,12 @@ def find_permutation(
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
     against its options model before anything runs).
 
-    ``spec`` defaults to the one traced from the model on ``example_inputs`` (or on ``data``'s first
-    batch; ``partial=True`` leaves the channels the tracer cannot prove unpermuted instead of refusing
-    the model, :func:`lmclab.trace.trace_spec`); ``model`` is the module of two state dicts; ``data``
-    (training batches) is needed by the methods that read activations (:func:`lmclab.search.needs_data`:
+    ``model_a`` and ``model_b`` are modules, state dicts or checkpoint paths (:func:`lmclab.api.inputs.open_models`:
+    ``.pt``/``.pth``/``.safetensors`` state dicts, Hugging Face folders, lmclab checkpoints). ``spec`` defaults
+    to an lmclab checkpoint's own, else the one traced from the module (``model``, ``factory(**kwargs)``, the
+    checkpoint's, or ``model_a``) on ``example_inputs`` (or on ``data``'s first batch; ``partial=True`` leaves
+    the channels the tracer cannot prove unpermuted instead of refusing the model, :func:`lmclab.trace.trace_spec`).
+    ``data`` (training batches) is needed by the methods that read activations (:func:`lmclab.search.needs_data`:
     ``am``, ``ste``, ``ste_sinkhorn``); a ``DataLoader`` is streamed batch by batch by the methods that
     pass over it once (``am``; the others hold it in memory: STE's epochs revisit it); ``points``
     overrides the traced activation points of AM; with ``test`` data the iterative methods record the
@@ -133,45 +105,47 @@ def find_permutation(
     options = checked_options(method, options)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
+    opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
     cpu = torch.device("cpu")
-    check_same_shapes(params_of(model_a, "model_a", cpu), params_of(model_b, "model_b", cpu), "model_b", "model_a")
+    check_same_shapes(
+        params_of(opened.models[0], "model_a", cpu), params_of(opened.models[1], "model_b", cpu), "model_b", "model_a"
+    )
     problem = resolve(
-        model_a,
-        spec=spec,
-        model=model,
+        opened.models[0],
+        spec=spec if spec is not None else opened.spec,
+        model=opened.model,
         example_inputs=example_inputs,
         data=data,
         device=device,
         needs_forward=needs_model(method) or test is not None,  # the learning curve runs the model too
         partial=partial,
     )
-    params_a, params_b = (params_of(m, n, problem.device) for m, n in ((model_a, "model_a"), (model_b, "model_b")))
-    problem.spec.check(params_a, "model_a")
-    problem.spec.check(params_b, "model_b")
-    search = SearchProblem(
-        spec=problem.spec,
-        params_a=params_a,
-        params_b=params_b,
-        model=problem.model,
-        points=dict(points) if points is not None else problem.points,
-        train=training_data(method, data, problem.device),
-        test=as_split(test, "test").to(problem.device) if test is not None else None,
-        device=problem.device,
-        progress=progress,
-    )
+    search = _search_problem(method, problem, opened, points, data, test, progress)
     with custom_loss(loss_fn):
         result = run_search(method, search, seed=seed, options=options)
     return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
 
 
-def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
-    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor in ``perm``
-    (the argument order of :func:`lmclab.core.spec.apply_permutation` and git-re-basin's)."""
-    if not isinstance(perm, Mapping) or not isinstance(params, Mapping):
-        raise TypeError("perm and params must be mappings (group -> index tensor; name -> tensor), in that order")
-    spec.check(params, "params")
-    spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads)
-    return spec_ops.apply_permutation(spec, perm, params)
+def _search_problem(method: str, problem: Problem, opened: Opened, points, data, test, progress) -> SearchProblem:
+    """The search of ``method`` on the opened pair, both checked against the spec, on the problem's device."""
+    params_a, params_b = (
+        params_of(opened.models[0], "model_a", problem.device),
+        params_of(opened.models[1], "model_b", problem.device),
+    )
+    problem.spec.check(params_a, "model_a")
+    problem.spec.check(params_b, "model_b")
+    points = points if points is not None else opened.points if opened.spec is not None else problem.points
+    return SearchProblem(
+        spec=problem.spec,
+        params_a=params_a,
+        params_b=params_b,
+        model=problem.model,
+        points=dict(points) if points is not None else None,
+        train=training_data(method, data, problem.device),
+        test=as_split(test, "test").to(problem.device) if test is not None else None,
+        device=problem.device,
+        progress=progress,
+    )
 
 
 def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *, lam: float = 0.5) -> Params:

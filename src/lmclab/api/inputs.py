@@ -6,7 +6,7 @@ permutation spec (given, or traced with :mod:`lmclab.trace`). Errors name the AP
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,43 +20,97 @@ from lmclab.core.device import resolve_device
 from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
-Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a Hugging Face folder
+Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a checkpoint path
 Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
 
 
 def params_of(model: Model, name: str, device: torch.device) -> Params:
-    """The state dict of ``model`` (a module, a mapping of tensors or a Hugging Face checkpoint folder),
-    detached, on ``device``."""
+    """The state dict of ``model`` (a module, a mapping of tensors, or a checkpoint path as
+    :func:`open_models` reads it), detached, on ``device``."""
     if isinstance(model, str | os.PathLike):
-        state = _folder(model, name)[0]
+        state = _opened(model, name).params
     elif isinstance(model, nn.Module):
         state = model.state_dict()
     elif isinstance(model, Mapping) and all(isinstance(v, Tensor) for v in model.values()):
         state = model
     else:
         raise TypeError(
-            f"{name} must be an nn.Module, a state dict of tensors or a Hugging Face folder, got {type(model).__name__}"
+            f"{name} must be an nn.Module, a state dict of tensors or a checkpoint path, got {type(model).__name__}"
         )
     return with_metadata({k: v.detach().to(device) for k, v in state.items()}, state)
 
 
-def _folder(path: str | os.PathLike, name: str) -> tuple[Params, nn.Module]:
-    """A Hugging Face checkpoint folder's state dict and module (:mod:`lmclab.api.hf`)."""
-    from lmclab.api.hf import is_hf_folder, load_hf_folder
+def _opened(path: str | os.PathLike, name: str) -> Any:
+    """The checkpoint at ``path`` (:func:`lmclab.api.files.load_model_file`), its errors naming ``name``."""
+    from lmclab.api.files import load_model_file
 
-    if not is_hf_folder(Path(path)):
-        raise ValueError(f"{name}: {path} is not a Hugging Face checkpoint folder (no config.json in it)")
-    return load_hf_folder(Path(path))
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{name}: {path}: no such file or folder")
+    return load_model_file(Path(path))
+
+
+class Opened(NamedTuple):
+    """Models read for the library: their state dicts (or modules), the module they run in, and the spec and
+    activation points an lmclab checkpoint carries (None otherwise)."""
+
+    models: list[Any]
+    model: nn.Module | None
+    spec: PermutationSpec | None
+    points: dict[str, list[str]] | None
+
+
+def open_models(
+    models: Sequence[Model],
+    names: Sequence[str],
+    *,
+    model: nn.Module | None = None,
+    factory: str | Callable[..., nn.Module] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> Opened:
+    """Every checkpoint path among ``models`` read once — a state dict file (``.pt``/``.pth``, also nested
+    under ``"state_dict"`` or ``"model"``, ``.safetensors``), a Hugging Face folder or an lmclab checkpoint
+    (:func:`lmclab.api.files.load_model_file`) — and the module they run in: ``model``, else
+    ``factory(**kwargs)`` (a callable, or ``"module:callable"`` as ``lmclab --factory`` takes it), else the
+    one the first checkpoint builds, else ``models[0]`` when it is a module."""
+    if kwargs is not None and factory is None:
+        raise ValueError("kwargs: keyword arguments of factory=, which is not given")
+    if factory is not None and model is not None:
+        raise ValueError("factory: give the module as model= or its factory as factory=, not both")
+    opened = {i: _opened(m, n) for i, (m, n) in enumerate(zip(models, names, strict=True)) if _is_path(m)}
+    found = [opened[i].params if i in opened else m for i, m in enumerate(models)]
+    first = opened.get(0)
+    if factory is not None:
+        model = _built(factory, dict(kwargs or {}))
+    elif model is None and first is not None:
+        model = first.model
+    own = first is not None and first.spec is not None and model is first.model
+    return Opened(found, model, first.spec if own else None, first.points if own else None)
+
+
+def _is_path(model: Any) -> bool:
+    return isinstance(model, str | os.PathLike)
+
+
+def _built(factory: str | Callable[..., nn.Module], kwargs: dict[str, Any]) -> nn.Module:
+    from lmclab.api.files import build_factory
+
+    if isinstance(factory, str):
+        return build_factory(factory, kwargs)
+    if not callable(factory):
+        raise TypeError(f"factory must be a callable or 'module:callable', got {type(factory).__name__}")
+    net = factory(**kwargs)
+    if not isinstance(net, nn.Module):
+        raise ValueError(f"factory: returned {type(net).__name__}, not an nn.Module")
+    return net
 
 
 def skeleton(model: nn.Module | None, model_a: Model, why: str) -> nn.Module:
     """The module whose forward pass the method runs: ``model``, else ``model_a`` if it is one."""
-    if model is None and isinstance(model_a, str | os.PathLike):
-        return _folder(model_a, "model_a")[1]
     found = model if model is not None else model_a if isinstance(model_a, nn.Module) else None
     if found is None:
         raise ValueError(
-            f"model: {why} needs the nn.Module the state dicts belong to (pass model=, or model_a as a module)"
+            f"model: {why} needs the nn.Module the state dicts belong to (pass model= or factory=, or model_a as "
+            "a module, a Hugging Face folder or an lmclab checkpoint)"
         )
     return found
 

@@ -20,29 +20,30 @@ ManyMerge(method='c2m3', 3 models, 1 group {P_0: 8}, ...)
 >>> merged = torch.func.functional_call(net, res.merged, (x,))
 >>> bool(torch.allclose(merged, net(x), atol=1e-5))                       # the copies' function recovered
 True
->>> fixed = lmclab.repair(net, res.merged, res.aligned, data=(x, torch.zeros(64)), kind="repair")
+>>> fixed = lmclab.repair(net, res.merged, res.aligned, data=(x, torch.zeros(64)), repair="repair")
 >>> sorted(fixed) == sorted(net.state_dict())
 True
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, nn
 
-from lmclab.api.functions import checked_options, short_groups, short_stats, training_data
-from lmclab.api.inputs import Data, Model, as_split, named_as, on_device, params_of, resolve, skeleton
-from lmclab.core.bn_repair import has_batchnorm, repair_bn, repair_subset
+from lmclab.api.alignment import short_groups, short_stats
+from lmclab.api.functions import checked_options, training_data
+from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, params_of, resolve, skeleton
+from lmclab.core.bn_repair import repair_bn, repair_subset
 from lmclab.core.device import resolve_device
+from lmclab.core.options import keyed_errors
 from lmclab.core.repair import merged_targets, repair_to
+from lmclab.core.repairs import REPAIRS, resolved_repair
 from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
 from lmclab.search import needs_data, needs_model
 from lmclab.search.many_methods import UNIVERSE, check_many, run_many
-
-KINDS = ("auto", "bn", "repair")
 
 
 @dataclass(frozen=True, repr=False)
@@ -83,27 +84,30 @@ def same_tensors(params: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -
 
 def _check_call(models: Sequence[Model], method: str, options, data, repair) -> dict[str, Any]:
     if isinstance(models, Mapping | nn.Module) or not isinstance(models, Sequence) or len(models) < 2:
-        raise ValueError("models: expected a list of at least 2 models (nn.Modules or state dicts)")
+        raise ValueError("models: expected a list of at least 2 models (nn.Modules, state dicts or checkpoint paths)")
     options = checked_options(method, options, check=check_many)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} reads the models' activations and needs training data")
-    if repair is not None and repair not in KINDS:
-        raise ValueError(f"repair must be None or one of {list(KINDS)}, got {repair!r}")
-    if repair is not None and data is None:
+    if repair not in REPAIRS:
+        raise ValueError(f"repair must be one of {list(REPAIRS)}, got {repair!r}")
+    if repair != "none" and data is None:
         raise ValueError(f"data: repair={repair!r} needs training data to measure the statistics on")
     return options
 
 
 def merge_many(
     models: Sequence[Model],
-    method: str = "merge_many",
     *,
+    method: str = "merge_many",
     spec: PermutationSpec | None = None,
     example_inputs: Tensor | None = None,
     data: Data | None = None,
     model: nn.Module | None = None,
+    factory: str | Callable[..., nn.Module] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
     points: Mapping[str, Sequence[str]] | None = None,
-    repair: str | None = None,
+    repair: str = "none",
+    repair_samples: int | None = 500,
     options: Mapping[str, Any] | None = None,
     seed: int = 0,
     device: str = "auto",
@@ -113,58 +117,62 @@ def merge_many(
     """Merge N ≥ 2 models by ``method`` (a name of :data:`lmclab.search.many_methods.MANY_METHODS`;
     ``options``: its own, checked before anything runs), as the pipeline's ``merge_many`` stage does.
 
-    ``spec`` defaults to the one traced from the module (``model``, else ``models[0]``) on
-    ``example_inputs`` or ``data``'s first batch (``partial=True``: what the tracer cannot prove stays
-    unpermuted); ``data`` (training batches) is needed by the
-    transform methods (which stream a ``DataLoader`` batch by batch) and by ``repair`` (which holds it
-    in memory): ``bn`` recomputes BatchNorm statistics, ``repair`` rescales
-    units to the endpoints' mean statistics (REPAIR, :func:`lmclab.core.repair.repair_merged`),
-    ``auto`` the one that fits the model; ``progress``: a tqdm bar over the method's steps on stderr.
-    Returns a :class:`ManyMerge` (tensors on the CPU)."""
+    The models are modules, state dicts or checkpoint paths, as :func:`lmclab.find_permutation` takes them.
+    ``spec`` defaults to an lmclab checkpoint's own, else the one traced from the module (``model``,
+    ``factory(**kwargs)``, else ``models[0]``) on ``example_inputs`` or ``data``'s first batch
+    (``partial=True``: what the tracer cannot prove stays unpermuted); ``data`` (training batches) is needed
+    by the transform methods (which stream a ``DataLoader`` batch by batch) and by ``repair`` (which holds
+    it in memory, a fixed subset of ``repair_samples`` inputs, None: all): ``bn`` recomputes BatchNorm
+    statistics, ``repair`` rescales units to the endpoints' mean statistics (REPAIR,
+    :func:`lmclab.core.repair.repair_merged`), ``auto`` the one that fits the model
+    (:mod:`lmclab.core.repairs`); ``progress``: a tqdm bar over the method's steps on stderr. Returns a
+    :class:`ManyMerge` (tensors on the CPU)."""
     options = _check_call(models, method, options, data, repair)
+    names = [f"models[{i}]" for i in range(len(models))]
+    opened = open_models(models, names, model=model, factory=factory, kwargs=kwargs)
     problem = resolve(
-        models[0],
-        spec=spec,
-        model=model,
+        opened.models[0],
+        spec=spec if spec is not None else opened.spec,
+        model=opened.model,
         example_inputs=example_inputs,
         data=data,
         device=device,
-        needs_forward=needs_model(method) or repair is not None,
+        needs_forward=needs_model(method) or repair != "none",
         partial=partial,
     )
-    names = [f"models[{i}]" for i in range(len(models))]
-    params = [params_of(m, name, problem.device) for m, name in zip(models, names, strict=True)]
+    params = [params_of(m, name, problem.device) for m, name in zip(opened.models, names, strict=True)]
     same_tensors(params, names)
     for p, name in zip(params, names, strict=True):
         problem.spec.check(p, name)
+    points = points if points is not None else opened.points if opened.spec is not None else problem.points
     # REPAIR and the BatchNorm reset revisit a fixed subset: with a repair the data is held in memory
-    train = training_data(method, data, problem.device) if repair is None else as_split(data).to(problem.device)
-    fix = _repair_of(repair, problem.model, train)
-    with named_as(params="models"):
-        result = run_many(
-            method,
-            problem.spec,
-            params,
-            seed=seed,
-            options=options,
-            model=problem.model,
-            points=dict(points) if points is not None else problem.points,
-            data=train,
-            progress=progress,
-        )
-    return _collected(method, problem, params, result, fix, train)
+    held = repair != "none"
+    train = as_split(data).to(problem.device) if held else training_data(method, data, problem.device)
+    fix = _repair_of(repair, problem.model, repair_subset(train, repair_samples) if held else None)
+    result = run_many(
+        method,
+        problem.spec,
+        params,
+        seed=seed,
+        options=options,
+        model=problem.model,
+        points=dict(points) if points is not None else None,
+        data=train,
+        progress=progress,
+    )
+    return _collected(method, problem, params, result, fix, fix and fix[2])
 
 
-def _repair_of(repair: str | None, net: nn.Module | None, train: Any) -> tuple[str, Any] | None:
-    """``repair`` resolved for ``net`` and the pipeline's merge of aligned endpoints under it
-    (:func:`lmclab.analysis.many_models.repaired_merge`), checked before any search."""
-    from lmclab.analysis.many_models import repaired_merge, resolved_repair
+def _repair_of(repair: str, net: nn.Module | None, train: Any) -> tuple[str, Any, Any] | None:
+    """``repair`` resolved for ``net``, the pipeline's merge of aligned endpoints under it
+    (:func:`lmclab.analysis.many_models.repaired_merge`) and its data, checked before any search."""
+    from lmclab.analysis.many_models import repaired_merge
 
-    if repair is None:
+    if repair == "none":
         return None
-    with named_as(repair_data="data"):
+    with keyed_errors(lambda name: "data" if name == "repair_data" else name):
         kind = resolved_repair(repair, net)
-        return kind, repaired_merge(kind, net, train)
+        return kind, repaired_merge(kind, net, train), train
 
 
 def _collected(method, problem, params, result, fix, train) -> ManyMerge:
@@ -179,7 +187,7 @@ def _collected(method, problem, params, result, fix, train) -> ManyMerge:
     aligned = aligned_models(problem.spec, result.perms, params) if method in UNIVERSE else []
     merged, kind = result.merged, None
     if fix is not None and merged is not None:
-        kind, merge = fix
+        kind, merge, _ = fix
         if method in UNIVERSE:
             merged = merge(aligned)
         elif kind == "bn":
@@ -206,35 +214,33 @@ def repair(
     endpoints: Sequence[Model] = (),
     *,
     data: Data,
-    kind: str = "auto",
+    repair: str = "auto",
     weights: Sequence[float] | None = None,
-    samples: int | None = None,
+    repair_samples: int | None = 500,
     device: str = "auto",
 ) -> Params:
-    """``merged_params`` (of the module ``model``) with its statistics repaired on ``samples`` inputs of
-    ``data`` (all by default; Jordan et al. 2023). ``kind="bn"`` recomputes every BatchNorm's running
-    statistics; ``kind="repair"`` (REPAIR, for networks without BatchNorm) rescales each unit of every
-    Linear/Conv2d with a bias but the last so that its mean and std are ``Σ_i w_i μ_i`` and
+    """``merged_params`` (of the module ``model``) with its statistics repaired on a fixed subset of
+    ``repair_samples`` inputs of ``data`` (None: all; Jordan et al. 2023). ``repair="bn"`` recomputes every
+    BatchNorm's running statistics; ``repair="repair"`` (REPAIR, for networks without BatchNorm) rescales
+    each unit of every Linear/Conv2d with a bias but the last so that its mean and std are ``Σ_i w_i μ_i`` and
     ``Σ_i w_i σ_i`` of the ``endpoints`` (the models merged, in one frame; ``weights`` default 1/N each:
     for ``θ(λ)`` of a pair give ``[θa, π(θb)]`` and ``[λ, 1 − λ]``); ``auto``: ``bn`` for a network with
-    BatchNorm, else ``repair``. Returns a new state dict on the CPU; the arguments are not changed."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+    BatchNorm, else ``repair`` (:mod:`lmclab.core.repairs`). Returns a new state dict on the CPU; the
+    arguments are not changed."""
     net = skeleton(model, model, "repair")
-    kind = ("bn" if has_batchnorm(net) else "repair") if kind == "auto" else kind
-    if kind == "bn" and not has_batchnorm(net):
-        raise ValueError("kind: 'bn' needs a model with BatchNorm layers; this one has none")
-    if kind == "repair" and has_batchnorm(net):
-        raise ValueError("kind: 'repair' does not fit a model with BatchNorm; use 'bn'")
+    if repair == "none":
+        raise ValueError("repair: 'none' repairs nothing; expected bn, repair or auto")
+    with keyed_errors(str):
+        kind = resolved_repair(repair, net)
     if kind == "repair" and not endpoints:
-        raise ValueError("endpoints: kind='repair' needs the merged models (their statistics are the targets)")
+        raise ValueError("endpoints: repair='repair' needs the merged models (their statistics are the targets)")
     dev = resolve_device(device)
     merged = params_of(merged_params, "merged_params", dev)
     names = [f"endpoints[{i}]" for i in range(len(endpoints))]
     ends = [params_of(e, name, dev) for e, name in zip(endpoints, names, strict=True)]
     same_tensors([merged, *ends], ["merged_params", *names])
-    with named_as(num_samples="samples"):
-        split = repair_subset(as_split(data).to(dev), samples)
+    with keyed_errors(str):
+        split = repair_subset(as_split(data).to(dev), repair_samples)
     net = on_device(net, dev)
     if kind == "bn":
         fixed = repair_bn(net, merged, split)

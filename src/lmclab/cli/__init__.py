@@ -34,6 +34,7 @@ from lmclab.cli.inputs import (
     load_pair,
     output_for,
     output_path,
+    parse_samples,
     parse_shape,
     trace_inputs,
     traced_only,
@@ -51,6 +52,11 @@ DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
 OUT_MERGED = typer.Option(..., help="the merged state dict (.pt or .safetensors); a new folder for HF folders")
 PROGRESS = typer.Option(False, help="show a progress bar on stderr (search steps, curve λ values)")
 PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
+REPAIR = typer.Option(
+    "none",
+    help="none, bn (BatchNorm statistics), repair (REPAIR) or auto (the one the net takes), on --data's train split",
+)
+REPAIR_SAMPLES = typer.Option("500", help="training samples of the repair's statistics, or all")
 
 
 def one_line(fn: Callable) -> Callable:
@@ -92,7 +98,7 @@ def match(
     model_a: Path = typer.Argument(..., help="θa: state dict, Hugging Face folder or lmclab checkpoint"),
     model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
     method: str = typer.Option("wm", help=f"one of {', '.join(METHODS)}"),
-    out: Path = typer.Option(..., help="where to write the permutation (.pt)"),
+    out: Path = typer.Option(..., help="where to write the alignment: the permutation with its spec (.pt)"),
     factory: str = FACTORY,
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
@@ -107,7 +113,6 @@ def match(
 ) -> None:
     """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
     from lmclab.api import find_permutation, l2_reduction
-    from lmclab.api.files import save_permutation
     from lmclab.search import check_method, needs_data
 
     options = checked_options(check_method, method, option)
@@ -133,7 +138,7 @@ def match(
         partial=partial,
         progress=progress,
     )
-    save_permutation(out, res.perm, method=method, stats=res.stats)
+    res.save(out)
     typer.echo(
         f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s; "
         f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
@@ -157,7 +162,7 @@ def merge(
     from lmclab.api import merge as merge_models
 
     output_for(out, model_a, "--out")
-    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)
+    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial, False)
     merged = merge_models(params_a, params_b, lam=lam)
     write_merged(out, model_a, net, merged)
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
@@ -177,7 +182,8 @@ def merge_many(
     data: str = typer.Option(None, help="training data (cca, zipit, --repair): a data set name or prepared folder"),
     data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
     in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
-    repair: str = typer.Option(None, help="bn, repair or auto: repair the merged model's statistics on --data"),
+    repair: str = REPAIR,
+    repair_samples: str = REPAIR_SAMPLES,
     option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
     seed: int = 0,
     device: str = DEVICE,
@@ -195,7 +201,7 @@ def merge_many(
     if options.get("partial_zip") is not None:  # a partial zip keeps one network per model (Section 4.3)
         raise ValueError("--option partial_zip: a partial zip is one network per model, no single model to write")
     output_for(out, models[0], "--out")
-    if (needs_data(method) or repair is not None) and data is None:
+    if (needs_data(method) or repair != "none") and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
     params, (net, spec, points) = load_models(models, factory, kwargs)
@@ -212,6 +218,7 @@ def merge_many(
         example_inputs=trace_inputs(net, shape),
         data=load_data(data, "train", data_root, in_channels) if data is not None else None,
         repair=repair,
+        repair_samples=parse_samples(repair_samples),
         options=options,
         seed=seed,
         device=device,
@@ -231,8 +238,9 @@ def barrier(
     data: str = typer.Option(..., help="a data set name (mnist5k, cifar10, …) or a prepared data folder"),
     perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: the naive pair)"),
     split: str = typer.Option("test", help="train or test"),
-    lams: int = typer.Option(11, help="evenly spaced λ values (½ added if missing)"),
-    repair: bool = typer.Option(False, help="re-estimate BatchNorm statistics at each λ on the train split"),
+    num_lambdas: int = typer.Option(11, help="evenly spaced λ values in [0, 1] (½ added if missing)"),
+    repair: str = REPAIR,
+    repair_samples: str = REPAIR_SAMPLES,
     data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
     in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
     factory: str = FACTORY,
@@ -251,15 +259,16 @@ def barrier(
         output_path(json_out, "--json")
     params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)
     test = load_data(data, split, data_root, in_channels)
-    repair_data = load_data(data, "train", data_root, in_channels) if repair else None
+    repair_data = load_data(data, "train", data_root, in_channels) if repair != "none" else None
     curve = measure_curve(
         params_a,
         params_b,
         model=net,
         data={split: test},
-        lams=lams,
-        repair="bn" if repair else None,
+        num_lambdas=num_lambdas,
+        repair=repair,
         repair_data=repair_data,
+        repair_samples=parse_samples(repair_samples),
         device=device,
         progress=progress,
     )

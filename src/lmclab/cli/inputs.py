@@ -22,6 +22,15 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+def parse_samples(text: str) -> int | None:
+    """``--repair-samples``: a positive count, or ``all`` (None)."""
+    if text == "all":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--repair-samples: expected a positive integer or all, got {text!r}")
+    return int(text)
+
+
 def parse_options(pairs: list[str]) -> dict[str, Any]:
     """``--option key=value`` pairs, values read as YAML (numbers, booleans, null, strings)."""
     from ruamel.yaml import YAML
@@ -48,8 +57,9 @@ def checked_options(check: Callable, method: str, pairs: list[str]) -> dict[str,
     return options
 
 
-def load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[list[Any], Any]:
-    """Every model's parameters, the module they run in, and (checkpoints) their spec and points."""
+def load_models(paths: list[Path], factory: str | None, kwargs: str, module: bool = True) -> tuple[list[Any], Any]:
+    """Every model's parameters, the module they run in, and (checkpoints) their spec and points; without
+    ``module``, plain state dicts need no ``--factory`` (the module is then None)."""
     from lmclab.api.files import build_factory, load_model_file
     from lmclab.core.spec import check_same_shapes
 
@@ -67,14 +77,14 @@ def load_models(paths: list[Path], factory: str | None, kwargs: str) -> tuple[li
         net = build_factory(factory, parsed)
         check_same_shapes(net.state_dict(), params[0], str(paths[0]), f"the module of --factory {factory}")
         return params, (net, None, None)
-    if loaded[0].model is None:
+    if loaded[0].model is None and module:
         raise ValueError(f"{paths[0]}: a plain state dict needs --factory module:callable to build its module")
     return params, (loaded[0].model, loaded[0].spec, loaded[0].points)
 
 
-def load_pair(a: Path, b: Path, factory: str | None, kwargs: str) -> tuple[Any, Any, Any]:
+def load_pair(a: Path, b: Path, factory: str | None, kwargs: str, module: bool = True) -> tuple[Any, Any, Any]:
     """Both models' parameters, the module they run in, and (checkpoints) their spec and points."""
-    (params_a, params_b), found = load_models([a, b], factory, kwargs)
+    (params_a, params_b), found = load_models([a, b], factory, kwargs, module)
     return params_a, params_b, found
 
 
@@ -119,24 +129,29 @@ def aligned_pair(
     kwargs: str,
     input_shape: str | None,
     partial: bool = False,
+    module: bool = True,
 ) -> tuple[Any, Any, Any]:
-    """θa, π(θb) (θb without ``perm``) and the module they run in (``partial``: as in ``lmclab trace``)."""
+    """θa, π(θb) (θb without ``perm``) and the module they run in (``partial``: as in ``lmclab trace``). An
+    alignment saved with its spec (``lmclab match``) is applied as it is; one of the earlier, spec-less
+    format permutes by the spec of the models (an lmclab checkpoint's, or traced on ``--input-shape``). Without
+    ``module`` (``merge``), plain state dicts need no ``--factory`` when the alignment carries its spec."""
+    from lmclab.api.alignment import apply_permutation, read_alignment
 
-    from lmclab.api import apply_permutation
-    from lmclab.api.files import load_permutation
-
-    params_a, params_b, (net, spec, _) = load_pair(model_a, model_b, factory, kwargs)
+    blob, stored = read_alignment(perm) if perm is not None else (None, None)
+    need = module or (perm is not None and stored is None)
+    params_a, params_b, (net, spec, _) = load_pair(model_a, model_b, factory, kwargs, need)
     traced_only(partial, spec)
     if perm is None:
         return params_a, params_b, net
+    spec = stored or spec
     if spec is None:
         from lmclab.trace import trace_spec
 
         inputs = trace_inputs(net, parse_shape(input_shape))
         if inputs is None:
-            raise ValueError("--input-shape: needed with --perm and --factory, to trace the spec")
+            raise ValueError(f"--input-shape: {perm} carries no spec (an earlier lmclab): needed with --factory")
         spec = trace_spec(net, inputs, partial=partial)
-    return params_a, apply_permutation(spec, load_permutation(perm), params_b), net
+    return params_a, apply_permutation(spec, blob["perm"], params_b), net
 
 
 def save_state(path: Path, state: dict) -> None:

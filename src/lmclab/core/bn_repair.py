@@ -2,7 +2,7 @@
 
 The running mean/var of ``θ(λ)`` are not the interpolation of the endpoints' statistics: they
 must be re-estimated. :func:`repair_bn` runs the network in training mode (each BN normalises
-with its batch statistics, as during training) over ``num_samples`` training images and replaces
+with its batch statistics, as during training) over ``repair_samples`` training images and replaces
 every BN's running statistics by their cumulative average over the batches (PyTorch's
 ``momentum=None``: the mean of the batch means and of the unbiased batch variances). With one
 batch they are exactly the mean and unbiased variance of that BN's input over the repair data.
@@ -27,13 +27,14 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def repair_subset(data: Split, num_samples: int | None, seed: int = 0) -> Split:
-    """A fixed random subset of ``num_samples`` training images (all of them for ``None``)."""
-    if num_samples is not None and num_samples < 1:
-        raise OptionError(f"{{num_samples}} must be a positive number of images or null, got {num_samples}")
-    if num_samples is None or num_samples >= len(data):
+def repair_subset(data: Split, samples: int | None, seed: int = 0, *, key: str = "repair_samples") -> Split:
+    """A fixed random subset of ``samples`` training images (all of them for ``None``); an error names the
+    count as the caller's argument ``key`` (``repair_samples``, ``train_samples``)."""
+    if samples is not None and samples < 1:
+        raise OptionError(f"{{{key}}} must be a positive number of images or null, got {samples}")
+    if samples is None or samples >= len(data):
         return data
-    keep = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:num_samples]
+    keep = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:samples]
     return Split(data.x[keep], data.y[keep])
 
 
@@ -70,8 +71,8 @@ def repair_bn(
 
 
 def bn_repair_hook(
-    model: nn.Module, data: Split, *, num_samples: int | None, batch_size: int = 500, world: World = ALONE
+    model: nn.Module, data: Split, *, repair_samples: int | None, batch_size: int = 500, world: World = ALONE
 ) -> Callable[[Params], Params]:
     """The ``repair`` callable for :func:`lmclab.core.interpolation.measure_pair` (fixed subset, seed 0)."""
-    subset = repair_subset(data, num_samples)
+    subset = repair_subset(data, repair_samples)
     return lambda params: repair_bn(model, params, subset, batch_size=batch_size, world=world)

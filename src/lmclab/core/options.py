@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import wraps
 from types import UnionType
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
@@ -73,6 +74,17 @@ class OptionError(ValueError):
         """The template with each argument ``x`` of ``names`` named ``names[x]`` (for a new OptionError)."""
         marked = escaped(self.keyed(lambda name: f"\0{names.get(name, name)}\0"))
         return re.sub("\0(\\w+)\0", r"{\1}", marked)
+
+
+@contextmanager
+def keyed_errors(key: Callable[[str], str]) -> Iterator[None]:
+    """An :class:`OptionError` raised inside as a ``ValueError`` line with each argument ``name`` written
+    ``key(name)``: the one way a caller names the library's arguments as its own user knows them (the API's
+    ``options['max_iter']``, the pipeline's ``permute.wm.max_iter``, the command's ``--option max_iter``)."""
+    try:
+        yield
+    except OptionError as err:
+        raise ValueError(err.keyed(key)) from None
 
 
 class _Names(dict):

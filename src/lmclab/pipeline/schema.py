@@ -23,11 +23,11 @@ from pydantic import Field, create_model
 from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
-from lmclab.analysis.many_models import REPAIRS
 from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, one_of
+from lmclab.core.repairs import REPAIRS
 from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import Block, Seed, Seeds, group, key
 from lmclab.search import METHODS
@@ -165,15 +165,14 @@ class Measure(Block):
         "reshape",
         "conv kernels for R and spectra: reshape = (out, in·kh·kw) matrix, fft = exact circular-conv spectrum",
     )
-    bn_repair: bool = key(True, "BatchNorm nets: also measure every λ with statistics recomputed on training data")
-    bn_repair_samples: Annotated[int, Field(ge=2)] | None = key(None, "training images used for the repair (null: all)")
-    repair: bool = key(
-        False,
-        "nets without BatchNorm (LayerNorm ViTs, Mixers, MLPs): also measure every λ (pairs and three-model "
-        "edges) with REPAIR (each merged unit's statistics rescaled to the interpolation of the endpoints'); "
-        "the merged midpoint is REPAIR's",
+    repair: one_of(REPAIRS) = key(
+        "none",
+        "also measure every λ (pairs, three-model edges, the merged midpoint) repaired: bn = BatchNorm statistics "
+        "recomputed on training data (BatchNorm nets; the paper's CIFAR-10 and ImageNet runs), repair = REPAIR, each "
+        "merged unit's statistics rescaled to the interpolation of the endpoints' (nets without BatchNorm), auto = "
+        "the one the network takes, none; the barriers are then the repaired curves'",
     )
-    repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of REPAIR's statistics (null: all)")
+    repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of the repair (null: all)")
     train_samples: Annotated[int, Field(ge=2)] | None = key(
         None,
         "the train split's curves and barriers (pairs and three-model edges) on a fixed random subset of this "

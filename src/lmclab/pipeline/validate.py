@@ -245,11 +245,13 @@ def _search_batches(p: Params) -> Problems:
 
 
 def _merge_many(p: Params) -> Problems:
-    """``merge_many.repair`` fits the network (``bn`` for BatchNorm nets, ``repair`` for nets without)
-    and CCA Merge and ZipIt! get no attention heads (a general linear map would mix them); a traced
-    network is checked when the merge_many stage builds it."""
+    """``measure.repair`` and ``merge_many.repair`` fit the network (``bn`` for BatchNorm nets, ``repair`` for
+    nets without) and CCA Merge and ZipIt! get no attention heads (a general linear map would mix them); a
+    traced network is checked when its stage builds it."""
     transforms = [m for m in p.merge_many.methods if m not in UNIVERSE]
-    if (p.merge_many.repair in ("none", "auto") and not transforms) or p.model.arch == "traced":
+    chosen = {f"{b}.repair": getattr(p, b).repair for b in ("measure", "merge_many")}
+    chosen = {key: repair for key, repair in chosen.items() if repair in ("bn", "repair")}
+    if (not chosen and not transforms) or p.model.arch == "traced":
         return
     try:
         options = getattr(p.model, p.model.arch).model_dump()
@@ -258,10 +260,10 @@ def _merge_many(p: Params) -> Problems:
         heads = get_arch(p.model.arch).permutation_spec(config).heads
     except ValueError:  # the config itself: check_architecture names it
         return
-    if p.merge_many.repair in ("bn", "repair") and (p.merge_many.repair == "bn") != batchnorm:
-        need = "bn (the network has BatchNorm)" if batchnorm else "repair or none (the network has no BatchNorm)"
-        line = f"{p.merge_many.repair!r} does not fit model.arch {p.model.arch!r}; expected {need}"
-        yield "merge_many.repair", f"merge_many.repair: {line}"
+    for key, repair in chosen.items():
+        if (repair == "bn") != batchnorm:
+            need = "bn (the network has BatchNorm)" if batchnorm else "repair or none (the network has no BatchNorm)"
+            yield key, f"{key}: {repair!r} does not fit model.arch {p.model.arch!r}; expected {need}"
     if transforms and heads:
         line = (
             f"{transforms} merge through general linear maps, which would mix the attention heads of {p.model.arch!r}"

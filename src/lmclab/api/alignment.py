@@ -1,0 +1,118 @@
+"""An alignment: the permutation π found for θb, the spec it permutes by, and what the search recorded —
+in memory and in a file that carries its spec, so that merging or measuring with a saved alignment
+needs no second trace of the model (the paper's Section 2: π(θb) with ``W'_ℓ = P_ℓ W_ℓ P_{ℓ-1}ᵀ``).
+
+>>> import torch, lmclab
+>>> from torch import nn
+>>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+>>> res = lmclab.find_permutation(net, net, example_inputs=torch.zeros(2, 4))
+>>> import tempfile, pathlib
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "perm.pt"
+>>> res.save(path)
+>>> back = lmclab.load_alignment(path)
+>>> back.spec == res.spec and all(torch.equal(back.perm[g], res.perm[g]) for g in res.perm)
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lmclab.api.inputs import Model, params_of
+from lmclab.core import spec as spec_ops
+from lmclab.core.spec import Params, Permutation, PermutationSpec
+from lmclab.core.spec_data import spec_from_data, spec_to_data
+
+FORMAT = "lmclab-alignment-2"  # the permutation, its method, its numeric stats and its spec
+SPECLESS = "lmclab-permutation-1"  # what lmclab wrote before: no spec (read with spec= given)
+
+
+def short_stats(stats: Mapping[str, Any], count: int = 3) -> str:
+    """The first ``count`` numeric entries of ``stats`` as ``, name=value`` (for a ``repr``)."""
+    numbers = [(k, v) for k, v in stats.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return "".join(f", {k}={v:.4g}" for k, v in numbers[:count])
+
+
+def short_groups(sizes: Mapping[str, int], count: int = 6) -> str:
+    """``{g: n, …}`` of the first ``count`` groups (for a ``repr``)."""
+    shown = ", ".join(f"{g}: {n}" for g, n in list(sizes.items())[:count])
+    noun = "group" if len(sizes) == 1 else "groups"
+    return f"{len(sizes)} {noun} {{{shown}{', …' if len(sizes) > count else ''}}}"
+
+
+def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
+    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor in ``perm``
+    (the argument order of :func:`lmclab.core.spec.apply_permutation` and git-re-basin's)."""
+    if not isinstance(perm, Mapping) or not isinstance(params, Mapping):
+        raise TypeError("perm and params must be mappings (group -> index tensor; name -> tensor), in that order")
+    spec.check(params, "params")
+    spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads)
+    return spec_ops.apply_permutation(spec, perm, params)
+
+
+@dataclass(frozen=True, repr=False)
+class Alignment:
+    """The permutation ``perm`` (group → index tensor) found by ``method`` aligning θb to θa under
+    ``spec``; ``stats`` holds what the search recorded (seconds, objective, curves)."""
+
+    method: str
+    spec: PermutationSpec
+    perm: Permutation
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, params_b: Model) -> Params:
+        """π(θb) for a module, state dict or checkpoint path ``params_b``."""
+        return apply_permutation(self.spec, self.perm, params_of(params_b, "params_b", torch.device("cpu")))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """The alignment with its spec, written atomically to ``path`` (read back by :func:`load_alignment`);
+        of ``stats`` the numbers are kept."""
+        from lmclab.archs.checkpoint import atomic_save
+
+        plain = {k: float(v) for k, v in self.stats.items() if isinstance(v, int | float)}
+        perm = {g: p.cpu() for g, p in self.perm.items()}
+        blob = {"format": FORMAT, "method": self.method, "stats": plain, "perm": perm, "spec": spec_to_data(self.spec)}
+        atomic_save(blob, Path(path))
+
+    def __repr__(self) -> str:
+        sizes = {g: len(p) for g, p in self.perm.items()}
+        return f"Alignment(method={self.method!r}, {short_groups(sizes)}{short_stats(self.stats)})"
+
+
+def read_alignment(path: str | os.PathLike) -> tuple[dict[str, Any], PermutationSpec | None]:
+    """The file's contents and its spec (None in a file of the earlier, spec-less format)."""
+    from lmclab.api.files import _torch_load as torch_load
+
+    path = Path(path)
+    expected = f"expected an alignment written by `lmclab match` or Alignment.save (format {FORMAT})"
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder; {expected}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    blob = torch_load(path)
+    if not isinstance(blob, dict) or blob.get("format") not in (FORMAT, SPECLESS):
+        raise ValueError(f"{path}: {expected}")
+    spec = spec_from_data(blob["spec"], str(path)) if blob["format"] == FORMAT else None
+    return blob, spec
+
+
+def load_alignment(path: str | os.PathLike, *, spec: PermutationSpec | None = None) -> Alignment:
+    """The :class:`Alignment` saved at ``path`` with its spec; ``spec`` is needed only for a file of the
+    earlier format, which did not store one (and, given, must equal a stored one)."""
+    blob, stored = read_alignment(path)
+    if stored is None and spec is None:
+        raise ValueError(f"spec: {path} was written without its spec (an earlier lmclab); pass the spec it permutes by")
+    if stored is not None and spec is not None and stored != spec:
+        raise ValueError(f"spec: differs from the spec stored in {path}")
+    found = stored or spec
+    spec_ops.check_permutation(blob["perm"], {g: len(p) for g, p in blob["perm"].items()}, found.heads)
+    if set(blob["perm"]) != set(found.groups):
+        raise ValueError(f"{path}: its permutation's groups {sorted(blob['perm'])} are not the spec's")
+    return Alignment(str(blob.get("method", "")), found, dict(blob["perm"]), dict(blob.get("stats", {})))

@@ -1,0 +1,48 @@
+"""A :class:`~lmclab.core.spec.PermutationSpec` as plain data (strings, integers, lists, dicts) and back, so
+that an alignment saved to a file carries the spec it permutes by (``torch.load(weights_only=True)`` reads
+plain data; a pickled class it refuses). Each axis entry is a group name, ``None``, or a list of segments
+``[group, length, block]``; headed groups are ``{group: [count, tie]}``.
+
+>>> from lmclab.core.spec import PermutationSpec, Segment
+>>> spec = PermutationSpec({"w": ("P_0", (Segment("P_1", 4, 2), Segment(None, 3)))}, frozenset({"w"}))
+>>> spec_from_data(spec_to_data(spec)) == spec
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmclab.core.heads import Heads
+from lmclab.core.spec import Entry, PermutationSpec, Segment
+
+
+def spec_to_data(spec: PermutationSpec) -> dict[str, Any]:
+    """``spec`` as plain data (module docstring)."""
+    return {
+        "axes": {name: [_entry_data(e) for e in axes] for name, axes in spec.axes.items()},
+        "stats": sorted(spec.stats),
+        "heads": {g: [h.count, h.tie] for g, h in spec.heads.items()},
+    }
+
+
+def _entry_data(entry: Entry) -> Any:
+    return [[s.group, s.length, s.block] for s in entry] if isinstance(entry, tuple) else entry
+
+
+def spec_from_data(data: Any, what: str = "spec") -> PermutationSpec:
+    """The spec :func:`spec_to_data` wrote; one ``ValueError`` line naming ``what`` for anything else."""
+    try:
+        axes = {str(name): tuple(_entry(e) for e in entries) for name, entries in data["axes"].items()}
+        heads = {str(g): Heads(int(count), str(tie)) for g, (count, tie) in data["heads"].items()}
+        return PermutationSpec(axes, frozenset(str(s) for s in data["stats"]), heads)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{what}: not a permutation spec as lmclab saves one ({type(exc).__name__}: {exc})") from None
+
+
+def _entry(data: Any) -> Entry:
+    if data is None or isinstance(data, str):
+        return data
+    if not isinstance(data, list):
+        raise TypeError(f"an axis entry must be a group name, null or a list of segments, got {data!r}")
+    return tuple(Segment(None if g is None else str(g), int(n), int(b)) for g, n, b in data)
