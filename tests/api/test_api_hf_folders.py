@@ -45,7 +45,7 @@ def test_find_permutation_and_merge_read_folders_by_path(folders: Path) -> None:
 @pytest.mark.parametrize("which", ["model_a", "model_b"])
 def test_a_path_that_is_no_folder_is_one_line_naming_the_argument(folders: Path, which: str) -> None:
     args = {"model_a": folders / "a", "model_b": folders / "b"} | {which: folders / "missing"}
-    with pytest.raises(ValueError, match=rf"^{which}: .*missing is not a Hugging Face checkpoint folder"):
+    with pytest.raises(FileNotFoundError, match=rf"^{which}: .*missing: no such file or folder"):
         lmclab.find_permutation(args["model_a"], args["model_b"])
 
 
@@ -57,7 +57,7 @@ def test_a_language_model_curve_reads_logits_per_token(folders: Path) -> None:
     data = [(ids[:3, :-1], ids[:3, 1:]), (ids[3:, :-1], ids[3:, 1:])]
     found = lmclab.find_permutation(a, folders / "b")
     pi_b = found.apply(transformers.GPT2LMHeadModel.from_pretrained(folders / "b").state_dict())
-    curve = lmclab.curve(a, pi_b, data=data, lams=5)
+    curve = lmclab.curve(a, pi_b, data=data, num_lambdas=5)
     with torch.no_grad():
         own = torch.nn.functional.cross_entropy(a(ids[:, :-1]).logits.flatten(0, 1), ids[:, 1:].flatten())
     end = next(r for r in curve.rows if r["lam"] == 1.0)

@@ -109,7 +109,7 @@ def test_merge_many_leaves_the_callers_module_and_state_dicts_alone() -> None:
             r"^options\['max_iter'\] must be a positive integer",
         ),
         (lambda m, x: lmclab.merge_many([m, m], repair="bn", example_inputs=x), r"^data: repair='bn' needs"),
-        (lambda m, x: lmclab.merge_many([m, m], repair="x", example_inputs=x), r"^repair must be None or one of"),
+        (lambda m, x: lmclab.merge_many([m, m], repair="x", example_inputs=x), r"^repair must be one of"),
         (
             lambda m, x: lmclab.merge_many([m, m], repair="bn", data=(x, torch.zeros(8))),
             r"^repair: 'bn' does not fit this model",
@@ -142,7 +142,7 @@ def test_repair_with_unequal_endpoint_weights_is_repair_of_the_interpolated_pair
     a, b = _mlp(0).state_dict(), _mlp(1).state_dict()
     lam, data = 0.3, (x, torch.zeros(300))
     merged = lerp_params(a, b, lam)
-    fixed = lmclab.repair(net, merged, [a, b], data=data, kind="repair", weights=[lam, 1 - lam], device="cpu")
+    fixed = lmclab.repair(net, merged, [a, b], data=data, repair="repair", weights=[lam, 1 - lam], device="cpu")
     expected = repair_interpolated(net, a, b, lam, lmclab.as_split(data))
     assert _close(fixed, expected, atol=1e-5)
     split = lmclab.as_split(data)
@@ -152,7 +152,7 @@ def test_repair_with_unequal_endpoint_weights_is_repair_of_the_interpolated_pair
         target = lam * stats[0][point].std + (1 - lam) * stats[1][point].std
         assert torch.allclose(stats[2][point].std, target, atol=1e-4)
         assert not torch.allclose(stats[3][point].std, target, atol=1e-2)  # the plain merge had lost variance
-    even = lmclab.repair(net, merged, [a, b], data=data, kind="repair", device="cpu")  # weights ½, ½
+    even = lmclab.repair(net, merged, [a, b], data=data, repair="repair", device="cpu")  # weights ½, ½
     assert not _close(even, fixed, atol=1e-3)
     assert _close(merged, lerp_params(a, b, lam), atol=0)  # the caller's state dict is untouched
 
@@ -170,23 +170,26 @@ def test_repair_bn_recomputes_the_running_statistics() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"kind": "bn"}, r"^kind: 'bn' needs a model with BatchNorm"),
-        ({"kind": "nope"}, r"^kind must be one of"),
-        ({"kind": "repair", "endpoints": []}, r"^endpoints: kind='repair' needs the merged models"),
-        ({"kind": "repair", "endpoints": [{"x": torch.zeros(1)}]}, r"^endpoints\[0\]: tensor names differ"),
-        ({"samples": 0}, r"^samples must be a positive number"),
-        ({"endpoints": [1, 2]}, r"^endpoints\[0\] must be an nn.Module, a state dict of tensors or a Hugging Face"),
-        ({"endpoints": ["a", "b"]}, r"^endpoints\[0\]: a is not a Hugging Face checkpoint folder \(no config.json"),
+        ({"repair": "bn"}, r"^repair: 'bn' does not fit this model; use repair or none: the model has no BatchNorm"),
+        ({"repair": "nope"}, r"^repair must be one of"),
+        ({"repair": "none"}, r"^repair: 'none' repairs nothing"),
+        ({"repair": "repair", "endpoints": []}, r"^endpoints: repair='repair' needs the merged models"),
+        ({"repair": "repair", "endpoints": [{"x": torch.zeros(1)}]}, r"^endpoints\[0\]: tensor names differ"),
+        ({"repair_samples": 0}, r"^repair_samples must be a positive number"),
+        ({"endpoints": [1, 2]}, r"^endpoints\[0\] must be an nn.Module, a state dict of tensors or a checkpoint path"),
+        ({"endpoints": ["a", "b"]}, r"^endpoints\[0\]: a: no such file or folder"),
     ],
 )
 def test_repair_refuses_bad_calls_in_one_line(kwargs: dict, message: str) -> None:
     net = _mlp(0)
     call = {"endpoints": [net.state_dict()], **kwargs}
-    with pytest.raises((ValueError, TypeError), match=message):
+    with pytest.raises((ValueError, TypeError, FileNotFoundError), match=message):
         lmclab.repair(net, net.state_dict(), data=(torch.randn(8, 12), torch.zeros(8)), device="cpu", **call)
     bn = nn.Sequential(nn.Linear(12, 4), nn.BatchNorm1d(4))
-    with pytest.raises(ValueError, match=r"^kind: 'repair' does not fit a model with BatchNorm"):
-        lmclab.repair(bn, bn.state_dict(), [bn.state_dict()], data=(torch.randn(8, 12), torch.zeros(8)), kind="repair")
+    with pytest.raises(ValueError, match=r"^repair: 'repair' does not fit this model; use bn: the model has BatchNorm"):
+        lmclab.repair(
+            bn, bn.state_dict(), [bn.state_dict()], data=(torch.randn(8, 12), torch.zeros(8)), repair="repair"
+        )
 
 
 def test_alignment_and_curve_have_short_reprs_and_the_curve_a_frame() -> None:
@@ -194,7 +197,7 @@ def test_alignment_and_curve_have_short_reprs_and_the_curve_a_frame() -> None:
     res = lmclab.find_permutation(a, b, example_inputs=x, device="cpu")
     assert repr(res).startswith("Alignment(method='wm', 2 groups {P_0: 16, P_1: 16}, ")
     assert "tensor" not in repr(res) and len(repr(res)) < 200
-    curve = lmclab.curve(a, res.apply(b), data=(x, torch.randint(0, 3, (32,))), lams=3, device="cpu")
+    curve = lmclab.curve(a, res.apply(b), data=(x, torch.randint(0, 3, (32,))), num_lambdas=3, device="cpu")
     assert repr(curve) == f"Curve(splits=['test'], 3 λ values, loss barrier {curve.barrier():.4g} on 'test')"
     frame = curve.to_frame()
     assert list(frame.columns) == ["lam", "split", "loss", "acc"] and len(frame) == 3
@@ -216,15 +219,15 @@ def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_s
 
     a, b = _mlp(0), _mlp(1)
     x, y = torch.randn(100, 12), torch.randint(0, 3, (100,))
-    held = lmclab.curve(a, b, data=(x, y), lams=3, device="cpu")
+    held = lmclab.curve(a, b, data=(x, y), num_lambdas=3, device="cpu")
 
     def never(*args, **kwargs):
         raise AssertionError("a DataLoader was concatenated into memory")
 
     monkeypatch.setattr("lmclab.api.curves.as_split", never)
-    streamed = lmclab.curve(a, b, data=DataLoader(TensorDataset(x, y), batch_size=30), lams=3, device="cpu")
+    streamed = lmclab.curve(a, b, data=DataLoader(TensorDataset(x, y), batch_size=30), num_lambdas=3, device="cpu")
     assert [r["lam"] for r in streamed.rows] == [r["lam"] for r in held.rows]
     for r, s in zip(streamed.rows, held.rows, strict=True):
         assert r["loss"] == pytest.approx(s["loss"], rel=1e-5) and r["acc"] == pytest.approx(s["acc"])
     with pytest.raises(ValueError, match="^data: a DataLoader yielded no batches$"):
-        lmclab.curve(a, b, data=DataLoader(TensorDataset(x[:0], y[:0])), lams=3, device="cpu")
+        lmclab.curve(a, b, data=DataLoader(TensorDataset(x[:0], y[:0])), num_lambdas=3, device="cpu")

@@ -14,7 +14,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 import lmclab
-from lmclab.api.files import PERM_FORMAT, build_factory, load_model_file, load_permutation, save_permutation
+from lmclab.api.alignment import FORMAT, SPECLESS, Alignment, load_alignment
+from lmclab.api.files import build_factory, load_model_file
+from lmclab.core.spec import PermutationSpec, Segment
 
 X = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(1))
@@ -33,7 +35,7 @@ def _net(seed: int, norm: bool = True) -> nn.Module:
 
 @pytest.fixture(scope="module")
 def measured() -> lmclab.Curve:
-    return lmclab.curve(_net(0), _net(1), data={"val": (X[:5], Y[:5]), "test": (X, Y)}, lams=[0, 0.3, 0.5, 1])
+    return lmclab.curve(_net(0), _net(1), data={"val": (X[:5], Y[:5]), "test": (X, Y)}, lambdas=[0, 0.3, 0.5, 1])
 
 
 @pytest.mark.parametrize("quantity,kind", [("accuracy", "max"), ("loss", "min"), ("Loss", "mid")])
@@ -49,31 +51,41 @@ def test_a_barrier_of_an_unknown_quantity_or_kind_is_refused(measured, quantity:
 def test_streamed_batches_without_targets_are_refused_by_the_split_they_belong_to() -> None:
     message = "expected (input, target) batches to evaluate on, got input tensors alone"
     with pytest.raises(TypeError, match=_whole(f"data: {message}")):
-        lmclab.curve(_net(0), _net(1), data=[X[:5], X[5:]], lams=3)
+        lmclab.curve(_net(0), _net(1), data=[X[:5], X[5:]], num_lambdas=3)
     with pytest.raises(TypeError, match=_whole(f"data['val']: {message}")):
-        lmclab.curve(_net(0), _net(1), data={"test": (X, Y), "val": [X]}, lams=3)
-    streamed = lmclab.curve(_net(0), _net(1), data=[(X[:5], Y[:5]), (X[5:], Y[5:])], lams=[0, 0.3, 0.5, 1])
-    held = lmclab.curve(_net(0), _net(1), data=(X, Y), lams=[0, 0.3, 0.5, 1])
+        lmclab.curve(_net(0), _net(1), data={"test": (X, Y), "val": [X]}, num_lambdas=3)
+    streamed = lmclab.curve(_net(0), _net(1), data=[(X[:5], Y[:5]), (X[5:], Y[5:])], lambdas=[0, 0.3, 0.5, 1])
+    held = lmclab.curve(_net(0), _net(1), data=(X, Y), lambdas=[0, 0.3, 0.5, 1])
     for s, h in zip(streamed.rows, held.rows, strict=True):  # batches of 5 and 11 weighted by their size
         assert s["loss"] == pytest.approx(h["loss"], rel=1e-5) and s["acc"] == pytest.approx(h["acc"])
 
 
-@pytest.mark.parametrize("repair", ["BN", "repair", ""])
-def test_a_repair_other_than_bn_is_refused(repair: str) -> None:
-    with pytest.raises(ValueError, match=_whole(f"repair must be None or 'bn', got {repair!r}")):
-        lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair=repair, repair_data=(X, Y))
-    plain = lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair=None)
-    reset = lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn", repair_data=(X, Y))
+@pytest.mark.parametrize(
+    ("repair", "line"),
+    [
+        ("BN", "repair must be one of ['auto', 'none', 'bn', 'repair'], got 'BN'"),
+        ("", "repair must be one of ['auto', 'none', 'bn', 'repair'], got ''"),
+        (None, "repair must be one of ['auto', 'none', 'bn', 'repair'], got None"),
+        ("repair", "repair: 'repair' does not fit this model; use bn: the model has BatchNorm"),
+    ],
+)
+def test_a_repair_that_is_none_of_the_four_or_misfits_the_model_is_refused(repair: str | None, line: str) -> None:
+    with pytest.raises(ValueError, match=_whole(line)):
+        lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair=repair, repair_data=(X, Y))
+    plain = lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="none")
+    reset = lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn", repair_data=(X, Y))
     assert len(plain.rows) == len(reset.rows) == 3
     assert plain.rows[1]["loss"] != pytest.approx(reset.rows[1]["loss"])  # the midpoint's statistics re-estimated
 
 
 def test_the_bn_reset_without_repair_data_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"^repair_data: repair='bn' needs data to re-estimate the statistics on$"):
-        lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn")
-    with pytest.raises(ValueError, match=r"^repair: 'bn' needs a model with BatchNorm layers; this one has none$"):
-        lmclab.curve(_net(0, norm=False), _net(1, norm=False), data=(X, Y), lams=3, repair="bn")
-    assert len(lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn", repair_data=[(X, Y)]).rows) == 3
+    with pytest.raises(ValueError, match=r"^repair_data: repair 'bn' needs training data, got None$"):
+        lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn")
+    with pytest.raises(
+        ValueError, match=r"^repair: 'bn' does not fit this model; use repair or none: the model has no"
+    ):
+        lmclab.curve(_net(0, norm=False), _net(1, norm=False), data=(X, Y), num_lambdas=3, repair="bn")
+    assert len(lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn", repair_data=[(X, Y)]).rows) == 3
 
 
 @pytest.mark.parametrize("lam", [-0.25, 1.5, float("nan"), float("inf"), float("-inf")])
@@ -110,7 +122,7 @@ def test_empty_data_is_refused_by_name(empty) -> None:
 
 def test_a_curve_refuses_empty_repair_data() -> None:
     with pytest.raises(ValueError, match=r"^repair_data is empty$"):
-        lmclab.curve(_net(0), _net(1), data=(X, Y), lams=3, repair="bn", repair_data=[])
+        lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn", repair_data=[])
 
 
 @pytest.mark.parametrize("empty", [[], _Samples(0)], ids=["list", "dataset"])
@@ -223,23 +235,34 @@ def test_a_factory_that_returns_no_module_is_refused() -> None:
     assert isinstance(build_factory("torch.nn:Identity", {}), nn.Identity)
 
 
-def test_a_permutation_file_must_be_one_lmclab_match_wrote(tmp_path) -> None:
+def test_an_alignment_file_keeps_its_spec_and_must_be_one_lmclab_wrote(tmp_path) -> None:
+    spec = PermutationSpec({"w": ("P_0", (Segment("P_1", 4, 2), Segment(None, 3))), "b": ("P_0",)}, frozenset({"b"}))
     perm = {"P_0": torch.tensor([2, 0, 1]), "P_1": torch.tensor([1, 0])}
-    save_permutation(tmp_path / "p.pt", perm, method="wm", stats={"seconds": 0.5, "curve": [1.0]})
-    loaded = load_permutation(tmp_path / "p.pt")
-    assert loaded.keys() == perm.keys() and all(torch.equal(loaded[g], p) for g, p in perm.items())
+    Alignment("wm", spec, perm, {"seconds": 0.5, "curve": [1.0]}).save(tmp_path / "p.pt")
+    loaded = load_alignment(tmp_path / "p.pt")
+    assert loaded.spec == spec and loaded.method == "wm" and loaded.stats == {"seconds": 0.5}  # numbers kept
+    assert loaded.perm.keys() == perm.keys() and all(torch.equal(loaded.perm[g], p) for g, p in perm.items())
+    with pytest.raises(ValueError, match=_whole(f"spec: differs from the spec stored in {tmp_path / 'p.pt'}")):
+        load_alignment(tmp_path / "p.pt", spec=PermutationSpec({"w": ("P_0", "P_1")}))
+    torch.save({"format": SPECLESS, "method": "wm", "stats": {}, "perm": perm}, tmp_path / "old.pt")  # no spec
+    with pytest.raises(ValueError, match=r"^spec: .*old.pt was written without its spec \(an earlier lmclab\)"):
+        load_alignment(tmp_path / "old.pt")
+    assert load_alignment(tmp_path / "old.pt", spec=spec).spec == spec
+    wrong = PermutationSpec({"w": ("P_0", "P_2")})
+    with pytest.raises(ValueError, match=r"old.pt: its permutation's groups \['P_0', 'P_1'\] are not the spec's$"):
+        load_alignment(tmp_path / "old.pt", spec=wrong)
     (tmp_path / "folder").mkdir()
-    (tmp_path / "folder" / "config.json").write_text("{}")  # a Hugging Face folder is no permutation either
+    (tmp_path / "folder" / "config.json").write_text("{}")  # a Hugging Face folder is no alignment either
+    expected = f"expected an alignment written by `lmclab match` or Alignment.save (format {FORMAT})"
     for folder in (tmp_path, tmp_path / "folder"):
-        expected = f"{folder}: a folder, not a permutation written by `lmclab match` (expected format {PERM_FORMAT})"
-        with pytest.raises(ValueError, match=_whole(expected)):
-            load_permutation(folder)
+        with pytest.raises(ValueError, match=_whole(f"{folder}: a folder; {expected}")):
+            load_alignment(folder)
     with pytest.raises(FileNotFoundError, match=_whole(f"{tmp_path / 'q.pt'}: file not found")):
-        load_permutation(tmp_path / "q.pt")
+        load_alignment(tmp_path / "q.pt")
     for i, blob in enumerate([_state(), {"format": "lmclab-permutation-0", "perm": perm}, [perm]]):
         torch.save(blob, tmp_path / f"{i}.pt")
-        expected = (
-            f"{tmp_path / f'{i}.pt'}: not a permutation written by `lmclab match` (expected format {PERM_FORMAT})"
-        )
-        with pytest.raises(ValueError, match=_whole(expected)):
-            load_permutation(tmp_path / f"{i}.pt")
+        with pytest.raises(ValueError, match=_whole(f"{tmp_path / f'{i}.pt'}: {expected}")):
+            load_alignment(tmp_path / f"{i}.pt")
+    torch.save({"format": FORMAT, "perm": perm, "spec": {"axes": {"w": [7]}}}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=r"bad.pt: not a permutation spec as lmclab saves one"):
+        load_alignment(tmp_path / "bad.pt")

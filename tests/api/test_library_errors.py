@@ -21,6 +21,7 @@ from lmclab.core.data import DataUnavailableError, FolderNotFoundError, Split, p
 from lmclab.core.distributed import torchrun_command
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.options import OptionError
+from lmclab.core.repairs import resolved_repair
 from lmclab.pipeline.stage import model_key, params_errors, params_key, search_key, under
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.search.merge_many import merge_many
@@ -78,9 +79,21 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     ),
     (
         lambda: repair_subset(TINY_SPLIT, 0),
-        "num_samples must be a positive number of images or null, got 0",
+        "repair_samples must be a positive number of images or null, got 0",
         ("measure", "merge"),
-        "measure.bn_repair_samples must be a positive number of images or null, got 0",
+        "measure.repair_samples must be a positive number of images or null, got 0",
+    ),
+    (
+        lambda: repair_subset(TINY_SPLIT, -1, key="train_samples"),
+        "train_samples must be a positive number of images or null, got -1",
+        ("measure", "connect"),
+        "measure.train_samples must be a positive number of images or null, got -1",
+    ),
+    (
+        lambda: resolved_repair("bn", torch.nn.Linear(2, 2)),
+        "repair: 'bn' does not fit this model; use repair or none: the model has no BatchNorm",
+        ("measure", "merge", "connect"),
+        "measure.repair: 'bn' does not fit this model; use repair or none: the model has no BatchNorm",
     ),
     (
         lambda: plane_grid(1, 0.1),

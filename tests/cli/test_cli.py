@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import lmclab as lmclab_api
 from lmclab.archs import build_model, make_config
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
 from lmclab.core.data import prepare
@@ -99,7 +100,7 @@ def test_match_then_barrier_recovers_a_planted_permutation(work: Path) -> None:
 
 
 def test_progress_draws_bars_on_stderr_and_leaves_stdout_alone(work: Path) -> None:
-    args = ["barrier", "a.pt", "b.pt", "--data", "digits", "--factory", "nets:mlp", "--lams", "3"]
+    args = ["barrier", "a.pt", "b.pt", "--data", "digits", "--factory", "nets:mlp", "--num-lambdas", "3"]
     quiet, shown = lmclab(work, *args), lmclab(work, *args, "--progress")
     assert quiet.stderr == "" and "curve:" in shown.stderr and "/3 " in shown.stderr
     assert shown.stdout == quiet.stdout
@@ -156,12 +157,16 @@ def test_merge_takes_lam_off_the_midpoint(work: Path) -> None:
     merged = torch.load(work / "lam.pt")
     assert all(torch.allclose(merged[k], 0.3 * a[k] + 0.7 * other[k]) for k in a)
     lmclab(work, "match", "a.pt", "other.pt", *net, "--out", "other-p.pt")
-    lmclab(work, "merge", "a.pt", "other.pt", "--perm", "other-p.pt", "--lam", "0.3", *net, "--out", "lam-p.pt")
-    from lmclab.api.files import load_permutation
+    # the alignment carries its spec: merging plain state dicts needs no --factory, no second trace
+    lmclab(work, "merge", "a.pt", "other.pt", "--perm", "other-p.pt", "--lam", "0.3", "--out", "lam-p.safetensors")
+    from safetensors.torch import load_file
+
     from lmclab.trace import trace_spec
 
-    pi_b = apply_permutation(trace_spec(mlp(), torch.zeros(2, 1, 28, 28)), load_permutation(work / "other-p.pt"), other)
-    merged = torch.load(work / "lam-p.pt")
+    alignment = lmclab_api.load_alignment(work / "other-p.pt")
+    assert alignment.spec == trace_spec(mlp(), torch.zeros(2, 1, 28, 28))
+    pi_b = apply_permutation(alignment.spec, alignment.perm, other)
+    merged = load_file(str(work / "lam-p.safetensors"))
     assert all(torch.allclose(merged[k], 0.3 * a[k] + 0.7 * pi_b[k]) for k in a)
     assert not all(torch.allclose(pi_b[k], other[k]) for k in a)  # the permutation moved θb
 
@@ -240,7 +245,7 @@ def test_lmclab_checkpoints_bring_their_spec_and_activation_points(work: Path) -
         )
     out = lmclab(work, "match", "ck0.pt", "ck1.pt", "--method", "am", "--data", "digits", "--out", "am.pt").stdout
     assert out.startswith("am: ")
-    lmclab(work, "barrier", "ck0.pt", "ck1.pt", "--perm", "am.pt", "--data", "digits", "--lams", "3")
+    lmclab(work, "barrier", "ck0.pt", "ck1.pt", "--perm", "am.pt", "--data", "digits", "--num-lambdas", "3")
 
 
 def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:

@@ -125,8 +125,9 @@ def test_factory_kwargs_are_a_json_object(tmp_path, monkeypatch) -> None:
 def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     a, b = _files(tmp_path)
-    torch.save({"format": "unused"}, tmp_path / "p.pt")  # never read: the refusal comes first
-    with pytest.raises(ValueError, match=r"^--input-shape: needed with --perm and --factory, to trace the spec$"):
+    specless = {"format": "lmclab-permutation-1", "method": "wm", "stats": {}, "perm": {}}  # an earlier lmclab's
+    torch.save(specless, tmp_path / "p.pt")
+    with pytest.raises(ValueError, match=r"^--input-shape: .*p.pt carries no spec \(an earlier lmclab\): needed with"):
         aligned_pair(a, b, tmp_path / "p.pt", "input_nets:mlp", "{}", None)
     params_a, params_b, net = aligned_pair(a, b, None, "input_nets:mlp", "{}", None)  # no --perm: nothing to trace
     assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3

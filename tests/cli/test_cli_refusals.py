@@ -95,7 +95,7 @@ def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], m
                 "--data",
                 "digits",
             ],
-            "error: a.pt: not a permutation written by `lmclab match`",
+            "error: a.pt: expected an alignment written by `lmclab match` or Alignment.save",
         ),
     ],
 )

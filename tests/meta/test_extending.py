@@ -159,7 +159,7 @@ def test_the_command_matches_checkpoints_of_the_new_architecture_with_the_new_me
     )
     assert result.exit_code == 0, result.output
     assert "norm_rank: 1 groups" in result.output
-    assert torch.equal(lmclab.api.files.load_permutation(out)["P_0"], truth["P_0"])
+    assert torch.equal(lmclab.load_alignment(out).perm["P_0"], truth["P_0"])
     (tmp_path / "params.yaml").write_text(
         yaml.safe_dump(_params(model__arch="tanh_mlp", permute__methods=["norm_rank"], three__methods=["norm_rank"]))
     )

@@ -14,11 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.archs import build_model, get_arch
-from lmclab.archs.checkpoint import FORMAT, atomic_save, load_checkpoint
+from lmclab.archs.checkpoint import FORMAT, load_checkpoint
 from lmclab.archs.traced import load_factory
 from lmclab.core.spec import PermutationSpec
-
-PERM_FORMAT = "lmclab-permutation-1"
 
 
 class Loaded(NamedTuple):
@@ -103,27 +101,3 @@ def build_factory(factory: str, kwargs: dict[str, Any]) -> nn.Module:
     if not isinstance(net, nn.Module):
         raise ValueError(f"factory: {factory!r} returned {type(net).__name__}, not an nn.Module")
     return net
-
-
-def save_permutation(path: Path, perm: dict[str, Tensor], *, method: str, stats: dict[str, Any]) -> None:
-    """The permutation and what found it, written atomically."""
-    plain = {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
-    atomic_save(
-        {"format": PERM_FORMAT, "method": method, "stats": plain, "perm": {g: p.cpu() for g, p in perm.items()}},
-        Path(path),
-    )
-
-
-def load_permutation(path: Path) -> dict[str, Tensor]:
-    """The group → index tensor mapping of a file ``lmclab match`` wrote."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(
-            f"{path}: a folder, not a permutation written by `lmclab match` (expected format {PERM_FORMAT})"
-        )
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found")
-    blob = _torch_load(path)
-    if not isinstance(blob, dict) or blob.get("format") != PERM_FORMAT:
-        raise ValueError(f"{path}: not a permutation written by `lmclab match` (expected format {PERM_FORMAT})")
-    return blob["perm"]

@@ -11,7 +11,7 @@
 >>> res = lmclab.find_permutation(a, b, method="wm", example_inputs=x)      # data-free
 >>> res                                                                     # short: no tensors
 Alignment(method='wm', 1 group {P_0: 8}, ...)
->>> pi_b = lmclab.apply_permutation(res.spec, res.perm, b.state_dict())
+>>> pi_b = res.apply(b)                                                     # π(θb)
 >>> bool(torch.allclose(b(x), torch.func.functional_call(b, pi_b, (x,)), atol=1e-6))  # same function
 True
 >>> lmclab.l2_reduction(a, b, res) > 0                                      # closer to θa
@@ -20,8 +20,8 @@ True
 >>> moved = lmclab.apply_permutation(res.spec, wrong, b.state_dict())
 >>> bool(torch.allclose(pi_b["1.weight"], moved["1.weight"]))           # other units moved
 False
->>> curve = lmclab.curve(a, pi_b, data=(x, torch.randint(0, 3, (64,))), lams=5)
->>> curve.lams == [0.0, 0.25, 0.5, 0.75, 1.0] and isinstance(curve.barrier(), float)
+>>> curve = lmclab.curve(a, b, alignment=res, data=(x, torch.randint(0, 3, (64,))), num_lambdas=5)
+>>> curve.lambdas == [0.0, 0.25, 0.5, 0.75, 1.0] and isinstance(curve.barrier(), float)
 True
 >>> curve.to_frame().shape                                                 # one row per λ and split
 (5, 4)

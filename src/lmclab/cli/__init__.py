@@ -211,7 +211,7 @@ def merge_many(
         raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
     res = merge_models(
         params,
-        method,
+        method=method,
         spec=spec,
         model=net,
         points=points,
