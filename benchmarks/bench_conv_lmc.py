@@ -62,7 +62,7 @@ def main() -> None:
     ]
     train_seconds = time.perf_counter() - start
     model, spec = build_model("resnet20", config), get_arch("resnet20").permutation_spec(config)
-    repair = bn_repair_hook(model, splits["train"], num_samples=args.repair_samples)
+    repair = bn_repair_hook(model, splits["train"], repair_samples=args.repair_samples)
     out = {
         "config": vars(args),
         "train_seconds_two_models": round(train_seconds, 1),

@@ -5,7 +5,7 @@ private temporary folder outside the repository runs
 
     lmclab match a.pt b.pt --method wm --factory torchvision.models:resnet18 --kwargs '{"num_classes": 10}' \\
         --input-shape 3,28,28 --out perm.pt
-    lmclab barrier a.pt b.pt [--perm perm.pt] --data digits --in-channels 3 --repair …
+    lmclab barrier a.pt b.pt [--alignment perm.pt] --data digits --in-channels 3 --repair bn …
 
 and writes the commands, what they printed and the barriers to ``reports/cli_demo.json``, then the
 block between the ``cli demo`` markers of docs/cli.md from that file
@@ -123,7 +123,7 @@ def main(epochs: int = 5, pages_only: bool = False) -> None:
             work = Path(tmp)
             accs = _train(work, (0, 1), epochs)
             shape = ["--input-shape", "3,28,28"]
-            common = ["--data", "digits", "--in-channels", "3", "--repair"]
+            common = ["--data", "digits", "--in-channels", "3", "--repair", "bn", "--repair-samples", "all"]
             runs = [
                 _run(work, "match", "a.pt", "b.pt", "--method", "wm", *FACTORY, *shape, "--out", "perm.pt"),
                 _run(work, "barrier", "a.pt", "b.pt", *FACTORY, *common, "--json", "naive.json"),
@@ -132,10 +132,9 @@ def main(epochs: int = 5, pages_only: bool = False) -> None:
                     "barrier",
                     "a.pt",
                     "b.pt",
-                    "--perm",
-                    "perm.pt",
+                    "--alignment",
+                    "perm.pt",  # carries its spec: no --input-shape, no second trace
                     *FACTORY,
-                    *shape,
                     *common,
                     "--json",
                     "aligned.json",

@@ -107,7 +107,7 @@ def test_the_train_curves_read_a_fixed_subset_and_repair_its_own(prepared):
     config, params_a = tiny(0)
     splits = {s: load_split(prepared, s) for s in ("train", "test")}
     ckpts = (Checkpoint("mlp", config, 0, params_a), Checkpoint("mlp", config, 1, tiny(1)[1]))
-    settings = MeasureSettings(num_lambdas=3, repair=True, repair_samples=100, train_samples=30)
+    settings = MeasureSettings(num_lambdas=3, repair="repair", repair_samples=100, train_samples=30)
     pair, again = (prepare_pair(*ckpts, splits, settings) for _ in range(2))
     train = pair.endpoints.splits["train"]
     assert len(train) == 30 and torch.equal(train.x, again.endpoints.splits["train"].x)
@@ -124,7 +124,10 @@ def test_the_train_curves_read_a_fixed_subset_and_repair_its_own(prepared):
     [
         ({"num_lambdas": 1}, "num_lambdas must be at least 2 (both endpoints), got 1"),
         ({"conv_spectrum": "exact"}, "conv_spectrum must be one of ['reshape', 'fft'], got 'exact'"),
-        ({"repair": True, "repair_samples": 0}, "repair_samples must be a positive number of images or null, got 0"),
+        (
+            {"repair": "repair", "repair_samples": 0},
+            "repair_samples must be a positive number of images or null, got 0",
+        ),
         ({"train_samples": 0}, "train_samples must be a positive number of images or null, got 0"),
     ],
 )
@@ -172,7 +175,7 @@ def test_measure_method_repairs_every_lambda_of_a_batchnorm_net_and_of_one_witho
     perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(4))
     permuted_b, midpoint = aligned_midpoint(spec, params_a, params_b, perm)
     splits = {s: load_split(prepared, s) for s in ("train", "test")}
-    settings = MeasureSettings(num_lambdas=3, bn_repair_samples=64, repair=arch == "mlp", repair_samples=64)
+    settings = MeasureSettings(num_lambdas=3, repair="auto", repair_samples=64)  # bn for resnet20, REPAIR for mlp
     pair = prepare_pair(Checkpoint(arch, config, 0, params_a), Checkpoint(arch, config, 1, params_b), splits, settings)
     aligned, merged = (Checkpoint(arch, config, 1, p) for p in (permuted_b, midpoint))
     tables, summary = measure_method(pair, aligned, merged)
@@ -271,9 +274,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                     "num_lambdas": 3,
                     "gammas": [0, 0.5],
                     "conv_spectrum": "reshape",
-                    "bn_repair": True,
-                    "bn_repair_samples": None,
-                    "repair": False,
+                    "repair": "none",
                     "repair_samples": 500,
                     "train_samples": None,
                     "nproc_per_node": 1,

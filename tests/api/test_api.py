@@ -88,7 +88,7 @@ def test_a_torchvision_resnet18_is_traced_matched_and_measured() -> None:
     res = lmclab.find_permutation(a, b, method="wm", example_inputs=x, device="cpu")
     pi_b = res.apply(b)
     assert _same(pi_b, a.state_dict())
-    curve = lmclab.curve(a, pi_b, data=TensorDataset(x, torch.arange(4)), num_lambdas=3, device="cpu")
+    curve = lmclab.curve(a, pi_b, eval_data=TensorDataset(x, torch.arange(4)), num_lambdas=3, device="cpu")
     assert curve.barrier() == pytest.approx(0.0, abs=1e-5) and curve.barrier("acc", "mid") == pytest.approx(0.0)
 
 
@@ -98,7 +98,7 @@ def test_the_curve_of_two_different_models_has_the_barrier_of_its_own_rows() -> 
     curve = lmclab.curve(
         a,
         b,
-        data={"test": (x, y), "train": DataLoader(TensorDataset(x, y), batch_size=50)},
+        eval_data={"test": (x, y), "train": DataLoader(TensorDataset(x, y), batch_size=50)},
         lambdas=[0, 0.25, 0.5, 0.75, 1],
         device="cpu",
     )
@@ -116,13 +116,13 @@ def test_bn_repair_recomputes_the_statistics_of_the_interpolated_model() -> None
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(300, 6) * 3 + 1, torch.randint(0, 2, (300,))
-    stale = lmclab.curve(net, net.state_dict(), data=(x, y), num_lambdas=3, device="cpu")
+    stale = lmclab.curve(net, net.state_dict(), eval_data=(x, y), num_lambdas=3, device="cpu")
     fixed = lmclab.curve(
-        net, net.state_dict(), data=(x, y), num_lambdas=3, repair="bn", repair_data=(x, y), device="cpu"
+        net, net.state_dict(), eval_data=(x, y), num_lambdas=3, repair="bn", repair_data=(x, y), device="cpu"
     )
     assert [r["loss"] for r in stale.rows] != pytest.approx([r["loss"] for r in fixed.rows])
     with pytest.raises(ValueError, match="^repair: 'bn' does not fit this model; use repair or none"):
-        lmclab.curve(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), repair="bn", repair_data=(x, y))
+        lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), repair="bn", repair_data=(x, y))
 
 
 @pytest.mark.parametrize(
@@ -164,14 +164,14 @@ def test_two_widths_are_refused_naming_the_tensor_and_both_shapes_before_any_wor
 def test_errors_of_the_functions_below_name_the_apis_own_arguments() -> None:
     data, bn = (torch.randn(8, 12), torch.zeros(8)), nn.Sequential(nn.Linear(12, 4), nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match=r"^num_lambdas must be at least 2 \(both endpoints\), got 1$"):
-        lmclab.curve(_mlp(0), _mlp(1), data=data, num_lambdas=1)
+        lmclab.curve(_mlp(0), _mlp(1), eval_data=data, num_lambdas=1)
     with pytest.raises(ValueError, match=r"^repair_samples must be a positive number"):
-        lmclab.curve(bn, bn.state_dict(), data=data, repair="bn", repair_data=data, repair_samples=0)
+        lmclab.curve(bn, bn.state_dict(), eval_data=data, repair="bn", repair_data=data, repair_samples=0)
 
 
 def test_lambdas_must_hold_both_endpoints_and_the_midpoint() -> None:
     with pytest.raises(ValueError, match=r"^lambdas must lie in \[0, 1\] and hold 0, 0.5 and 1"):
-        lmclab.curve(_mlp(0), _mlp(1), data=(torch.randn(4, 12), torch.zeros(4)), lambdas=[0, 1])
+        lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), lambdas=[0, 1])
 
 
 @pytest.mark.parametrize(

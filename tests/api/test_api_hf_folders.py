@@ -57,7 +57,7 @@ def test_a_language_model_curve_reads_logits_per_token(folders: Path) -> None:
     data = [(ids[:3, :-1], ids[:3, 1:]), (ids[3:, :-1], ids[3:, 1:])]
     found = lmclab.find_permutation(a, folders / "b")
     pi_b = found.apply(transformers.GPT2LMHeadModel.from_pretrained(folders / "b").state_dict())
-    curve = lmclab.curve(a, pi_b, data=data, num_lambdas=5)
+    curve = lmclab.curve(a, pi_b, eval_data=data, num_lambdas=5)
     with torch.no_grad():
         own = torch.nn.functional.cross_entropy(a(ids[:, :-1]).logits.flatten(0, 1), ids[:, 1:].flatten())
     end = next(r for r in curve.rows if r["lam"] == 1.0)

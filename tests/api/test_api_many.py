@@ -197,7 +197,7 @@ def test_alignment_and_curve_have_short_reprs_and_the_curve_a_frame() -> None:
     res = lmclab.find_permutation(a, b, example_inputs=x, device="cpu")
     assert repr(res).startswith("Alignment(method='wm', 2 groups {P_0: 16, P_1: 16}, ")
     assert "tensor" not in repr(res) and len(repr(res)) < 200
-    curve = lmclab.curve(a, res.apply(b), data=(x, torch.randint(0, 3, (32,))), num_lambdas=3, device="cpu")
+    curve = lmclab.curve(a, res.apply(b), eval_data=(x, torch.randint(0, 3, (32,))), num_lambdas=3, device="cpu")
     assert repr(curve) == f"Curve(splits=['test'], 3 λ values, loss barrier {curve.barrier():.4g} on 'test')"
     frame = curve.to_frame()
     assert list(frame.columns) == ["lam", "split", "loss", "acc"] and len(frame) == 3
@@ -219,15 +219,15 @@ def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_s
 
     a, b = _mlp(0), _mlp(1)
     x, y = torch.randn(100, 12), torch.randint(0, 3, (100,))
-    held = lmclab.curve(a, b, data=(x, y), num_lambdas=3, device="cpu")
+    held = lmclab.curve(a, b, eval_data=(x, y), num_lambdas=3, device="cpu")
 
     def never(*args, **kwargs):
         raise AssertionError("a DataLoader was concatenated into memory")
 
     monkeypatch.setattr("lmclab.api.curves.as_split", never)
-    streamed = lmclab.curve(a, b, data=DataLoader(TensorDataset(x, y), batch_size=30), num_lambdas=3, device="cpu")
+    streamed = lmclab.curve(a, b, eval_data=DataLoader(TensorDataset(x, y), batch_size=30), num_lambdas=3, device="cpu")
     assert [r["lam"] for r in streamed.rows] == [r["lam"] for r in held.rows]
     for r, s in zip(streamed.rows, held.rows, strict=True):
         assert r["loss"] == pytest.approx(s["loss"], rel=1e-5) and r["acc"] == pytest.approx(s["acc"])
     with pytest.raises(ValueError, match="^data: a DataLoader yielded no batches$"):
-        lmclab.curve(a, b, data=DataLoader(TensorDataset(x[:0], y[:0])), num_lambdas=3, device="cpu")
+        lmclab.curve(a, b, eval_data=DataLoader(TensorDataset(x[:0], y[:0])), num_lambdas=3, device="cpu")

@@ -30,15 +30,15 @@ def test_a_model_that_is_neither_module_state_dict_nor_folder_is_named(which) ->
     with pytest.raises(
         TypeError, match=rf"^{which} must be an nn.Module, a state dict of tensors or a checkpoint path"
     ):
-        lmclab.curve(models["model_a"], models["model_b"], data=DATA, num_lambdas=3, model=_bn_net(2))
+        lmclab.curve(models["model_a"], models["model_b"], eval_data=DATA, num_lambdas=3, model=_bn_net(2))
     with pytest.raises(TypeError, match=rf"^{which} must be an nn.Module"):
         lmclab.find_permutation(models["model_a"], models["model_b"], method="wm", model=_bn_net(2))
 
 
 def test_repair_data_and_a_missing_split_are_named() -> None:
     with pytest.raises(TypeError, match=r"^repair_data must be a DataLoader, a Dataset, an iterable"):
-        lmclab.curve(_bn_net(0), _bn_net(1), data=DATA, num_lambdas=3, repair="bn", repair_data=42)
-    measured = lmclab.curve(_bn_net(0), _bn_net(1), data={"test": DATA}, num_lambdas=3)
+        lmclab.curve(_bn_net(0), _bn_net(1), eval_data=DATA, num_lambdas=3, repair="bn", repair_data=42)
+    measured = lmclab.curve(_bn_net(0), _bn_net(1), eval_data={"test": DATA}, num_lambdas=3)
     with pytest.raises(ValueError, match=r"^split: no split 'train' in this curve; it has \['test'\]$"):
         measured.barrier(split="train")
 

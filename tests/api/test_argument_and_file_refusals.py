@@ -35,7 +35,7 @@ def _net(seed: int, norm: bool = True) -> nn.Module:
 
 @pytest.fixture(scope="module")
 def measured() -> lmclab.Curve:
-    return lmclab.curve(_net(0), _net(1), data={"val": (X[:5], Y[:5]), "test": (X, Y)}, lambdas=[0, 0.3, 0.5, 1])
+    return lmclab.curve(_net(0), _net(1), eval_data={"val": (X[:5], Y[:5]), "test": (X, Y)}, lambdas=[0, 0.3, 0.5, 1])
 
 
 @pytest.mark.parametrize("quantity,kind", [("accuracy", "max"), ("loss", "min"), ("Loss", "mid")])
@@ -51,11 +51,11 @@ def test_a_barrier_of_an_unknown_quantity_or_kind_is_refused(measured, quantity:
 def test_streamed_batches_without_targets_are_refused_by_the_split_they_belong_to() -> None:
     message = "expected (input, target) batches to evaluate on, got input tensors alone"
     with pytest.raises(TypeError, match=_whole(f"data: {message}")):
-        lmclab.curve(_net(0), _net(1), data=[X[:5], X[5:]], num_lambdas=3)
+        lmclab.curve(_net(0), _net(1), eval_data=[X[:5], X[5:]], num_lambdas=3)
     with pytest.raises(TypeError, match=_whole(f"data['val']: {message}")):
-        lmclab.curve(_net(0), _net(1), data={"test": (X, Y), "val": [X]}, num_lambdas=3)
-    streamed = lmclab.curve(_net(0), _net(1), data=[(X[:5], Y[:5]), (X[5:], Y[5:])], lambdas=[0, 0.3, 0.5, 1])
-    held = lmclab.curve(_net(0), _net(1), data=(X, Y), lambdas=[0, 0.3, 0.5, 1])
+        lmclab.curve(_net(0), _net(1), eval_data={"test": (X, Y), "val": [X]}, num_lambdas=3)
+    streamed = lmclab.curve(_net(0), _net(1), eval_data=[(X[:5], Y[:5]), (X[5:], Y[5:])], lambdas=[0, 0.3, 0.5, 1])
+    held = lmclab.curve(_net(0), _net(1), eval_data=(X, Y), lambdas=[0, 0.3, 0.5, 1])
     for s, h in zip(streamed.rows, held.rows, strict=True):  # batches of 5 and 11 weighted by their size
         assert s["loss"] == pytest.approx(h["loss"], rel=1e-5) and s["acc"] == pytest.approx(h["acc"])
 
@@ -71,21 +71,24 @@ def test_streamed_batches_without_targets_are_refused_by_the_split_they_belong_t
 )
 def test_a_repair_that_is_none_of_the_four_or_misfits_the_model_is_refused(repair: str | None, line: str) -> None:
     with pytest.raises(ValueError, match=_whole(line)):
-        lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair=repair, repair_data=(X, Y))
-    plain = lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="none")
-    reset = lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn", repair_data=(X, Y))
+        lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair=repair, repair_data=(X, Y))
+    plain = lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair="none")
+    reset = lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair="bn", repair_data=(X, Y))
     assert len(plain.rows) == len(reset.rows) == 3
     assert plain.rows[1]["loss"] != pytest.approx(reset.rows[1]["loss"])  # the midpoint's statistics re-estimated
 
 
 def test_the_bn_reset_without_repair_data_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^repair_data: repair 'bn' needs training data, got None$"):
-        lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn")
+        lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair="bn")
     with pytest.raises(
         ValueError, match=r"^repair: 'bn' does not fit this model; use repair or none: the model has no"
     ):
-        lmclab.curve(_net(0, norm=False), _net(1, norm=False), data=(X, Y), num_lambdas=3, repair="bn")
-    assert len(lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn", repair_data=[(X, Y)]).rows) == 3
+        lmclab.curve(_net(0, norm=False), _net(1, norm=False), eval_data=(X, Y), num_lambdas=3, repair="bn")
+    assert (
+        len(lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair="bn", repair_data=[(X, Y)]).rows)
+        == 3
+    )
 
 
 @pytest.mark.parametrize("lam", [-0.25, 1.5, float("nan"), float("inf"), float("-inf")])
@@ -122,7 +125,7 @@ def test_empty_data_is_refused_by_name(empty) -> None:
 
 def test_a_curve_refuses_empty_repair_data() -> None:
     with pytest.raises(ValueError, match=r"^repair_data is empty$"):
-        lmclab.curve(_net(0), _net(1), data=(X, Y), num_lambdas=3, repair="bn", repair_data=[])
+        lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair="bn", repair_data=[])
 
 
 @pytest.mark.parametrize("empty", [[], _Samples(0)], ids=["list", "dataset"])

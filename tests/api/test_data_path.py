@@ -48,10 +48,10 @@ def test_a_float64_curve_and_repairs_read_float32_data() -> None:
     net, x, y = _float64_net(batchnorm=True), torch.randn(64, 12), torch.randint(0, 3, (64,))
     net.eval()
     b = _planted(net, x.double())
-    curve = lmclab.curve(net, b, data=(x, y), num_lambdas=3)
+    curve = lmclab.curve(net, b, eval_data=(x, y), num_lambdas=3)
     expected = torch.nn.functional.cross_entropy(net(x.double()), y).item()  # evaluated in float64
     assert curve.rows[0]["loss"] == pytest.approx(expected, rel=1e-12)
-    repaired = lmclab.curve(net, b, data=(x, y), num_lambdas=3, repair="bn", repair_data=(x, y))
+    repaired = lmclab.curve(net, b, eval_data=(x, y), num_lambdas=3, repair="bn", repair_data=(x, y))
     assert all(r["loss"] == r["loss"] for r in repaired.rows)  # finite, in float64 throughout
     fixed = lmclab.repair(net, b, data=(x, y), repair="bn")
     assert fixed["0.weight"].dtype == torch.float64
@@ -78,7 +78,7 @@ def test_token_ids_stay_integers_through_matching_the_curve_and_repair() -> None
     for method in ("wm", "am"):
         res = lmclab.find_permutation(net, b, method=method, data=(ids, y))
         assert _equal(res.apply(b), net.state_dict())
-    curve = lmclab.curve(net, res.apply(b), data=(ids, y), num_lambdas=3)
+    curve = lmclab.curve(net, res.apply(b), eval_data=(ids, y), num_lambdas=3)
     assert curve.barrier() == pytest.approx(0.0, abs=1e-6)
     fixed = lmclab.repair(net, net.state_dict(), [net.state_dict(), res.apply(b)], data=(ids, y), repair="repair")
     assert torch.allclose(torch.func.functional_call(net, fixed, (ids,)), net(ids), atol=1e-5)  # already matched
@@ -99,7 +99,7 @@ def test_dict_batches_are_read_through_pairs_and_still_streamed(monkeypatch) -> 
         match=r"^data: expected \(input, target\) batches or input tensors, got dict \(wrap the data in lmclab.pairs",
     ):
         lmclab.find_permutation(net, b, method="ste", data=loader)
-    held = lmclab.curve(net, b, data=(x, y), num_lambdas=3)
+    held = lmclab.curve(net, b, eval_data=(x, y), num_lambdas=3)
 
     def never(*args, **kwargs):
         raise AssertionError("the data was concatenated into memory")
@@ -109,7 +109,7 @@ def test_dict_batches_are_read_through_pairs_and_still_streamed(monkeypatch) -> 
     keyed = lmclab.pairs(loader, input_key="pixel_values", target_key="labels")
     res = lmclab.find_permutation(net, b, method="am", data=keyed)
     assert _equal(res.apply(b), net.state_dict())
-    streamed = lmclab.curve(net, b, data=keyed, num_lambdas=3)
+    streamed = lmclab.curve(net, b, eval_data=keyed, num_lambdas=3)
     assert [r["loss"] for r in streamed.rows] == pytest.approx([r["loss"] for r in held.rows], rel=1e-5)
     collated = lmclab.pairs(loader, collate=lambda batch: (batch["pixel_values"], batch["labels"]))
     assert _equal(lmclab.find_permutation(net, b, method="am", data=collated).apply(b), net.state_dict())

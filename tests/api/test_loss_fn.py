@@ -19,7 +19,7 @@ def test_curve_takes_a_regression_loss_and_matches_its_closed_form() -> None:
     torch.manual_seed(0)
     a, b = nn.Linear(3, 2), nn.Linear(3, 2)
     x, y = torch.randn(10, 3), torch.randn(10, 2)
-    curve = lmclab.curve(a, b, data=(x, y), lambdas=[0.0, 0.3, 0.5, 1.0], loss_fn=mse)
+    curve = lmclab.curve(a, b, eval_data=(x, y), lambdas=[0.0, 0.3, 0.5, 1.0], loss_fn=mse)
     rows = {r["lam"]: r for r in curve.rows}
     for lam in (0.0, 0.3, 1.0):  # θ(λ) = λ·θa + (1 − λ)·θb (Eq. 1), a Linear: its output at λ by hand
         weight = lam * a.weight + (1 - lam) * b.weight
@@ -44,5 +44,5 @@ def test_find_permutation_evaluates_the_search_objective_with_loss_fn() -> None:
     )
     assert calls and all(shape[1:] == (3,) for shape in calls) and found.method == "ste"
     calls.clear()
-    lmclab.curve(a, b, data=(x, y), num_lambdas=3)  # the custom loss holds inside the call that took it only
+    lmclab.curve(a, b, eval_data=(x, y), num_lambdas=3)  # the custom loss holds inside the call that took it only
     assert not calls

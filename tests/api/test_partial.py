@@ -105,7 +105,7 @@ def test_the_command_says_partial_and_takes_it(nets) -> None:
     assert not (folder / "p.pt").exists()
     out = run(folder, "match", "a.pt", "b.pt", *factory, "--partial", "--out", "p.pt").stdout
     assert "L2 reduction 100.00 %" in out
-    run(folder, "merge", "a.pt", "b.pt", "--perm", "p.pt", *factory, "--partial", "--out", "m.pt")
+    run(folder, "merge", "a.pt", "b.pt", "--alignment", "p.pt", *factory, "--partial", "--out", "m.pt")
     merged = torch.load(folder / "m.pt")
     assert all(torch.allclose(merged[k], v) for k, v in net.state_dict().items())  # θa = π(θb): the midpoint is θa
 

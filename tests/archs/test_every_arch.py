@@ -4,12 +4,15 @@ points, on 1-channel 28-pixel and 3-channel 32-pixel inputs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 from torch.func import functional_call
 
 from lmclab.archs import ARCHS, build_model, get_arch, make_config
+from lmclab.archs.base import interface
 from lmclab.core.bn_repair import repair_bn
 from lmclab.core.data import Split
 from lmclab.core.objective import is_reconstruction
@@ -46,7 +49,7 @@ def _arch(case: str) -> str:
 
 def _shape(arch: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The input shape of ``arch``'s config: the image's, or a language model's window."""
-    return (CONTEXT,) if getattr(get_arch(arch), "INPUT", "images") == "tokens" else shape
+    return (CONTEXT,) if interface(get_arch(arch)).INPUT == "tokens" else shape
 
 
 def _inputs(shape: tuple[int, ...], n: int, generator: torch.Generator, dtype=torch.float32) -> torch.Tensor:
@@ -161,3 +164,34 @@ def test_resnet20_groups_streams_and_projections():
 def test_bad_config_is_one_line_error(arch, fields, match):
     with pytest.raises(ValueError, match=match):
         make_config(arch, input_shape=(3, 32, 32), num_classes=10, **fields)
+
+
+def test_every_architecture_declares_its_interface_and_nothing_reads_around_it() -> None:
+    """The members code outside an architecture reads are :class:`lmclab.archs.base.Interface`'s, declared
+    there with their defaults; no module of the library reads one by ``getattr``/``hasattr`` with a default
+    of its own, and a module of the wrong kind is refused by name."""
+    import re
+    import types
+
+    from lmclab.archs import ARCHS
+    from lmclab.archs.base import REQUIRED, Interface
+    from lmclab.core.options import OptionError
+
+    assert interface(ARCHS["gpt"]).INPUT == "tokens" and interface(ARCHS["traced"]).TRACED
+    assert interface(ARCHS["mlp"]) == Interface() and interface(ARCHS["mae"]).OBJECTIVE == "mae"
+    members = "|".join(Interface._fields)
+    around = re.compile(rf"(getattr|hasattr)\(.{{0,80}}?[\"']({members})[\"']")
+    src = Path(__file__).resolve().parents[2] / "src" / "lmclab"
+    readers = [str(p) for p in src.rglob("*.py") if around.search(p.read_text())]
+    assert not readers, readers
+    bad = types.ModuleType("toy")
+    with pytest.raises(OptionError, match=rf"toy lacks {REQUIRED!r}".replace("(", r"\[").replace(")", r"\]")):
+        interface(bad)
+    for name in REQUIRED:
+        setattr(bad, name, object())
+    bad.INPUT = "audio"
+    with pytest.raises(OptionError, match=r"toy.INPUT = 'audio' is not"):
+        interface(bad)
+    bad.INPUT, bad.PRETRAINING_KEYS = "tokens", ("a", 1)
+    with pytest.raises(OptionError, match=r"toy.PRETRAINING_KEYS = \('a', 1\) is not"):
+        interface(bad)

@@ -91,7 +91,17 @@ def test_match_then_barrier_recovers_a_planted_permutation(work: Path) -> None:
         work, "barrier", "a.pt", "b.pt", "--data", "digits", "--factory", "nets:mlp", "--json", "naive.json"
     ).stdout
     aligned = lmclab(
-        work, "barrier", "a.pt", "b.pt", "--perm", "perm.pt", "--data", "digits", *factory, "--json", "aligned.json"
+        work,
+        "barrier",
+        "a.pt",
+        "b.pt",
+        "--alignment",
+        "perm.pt",
+        "--data",
+        "digits",
+        *factory,
+        "--json",
+        "aligned.json",
     ).stdout
     assert "test loss" in naive and "test acc" in aligned
     found = json.loads((work / "aligned.json").read_text())["barriers"]
@@ -125,7 +135,7 @@ def test_merge_writes_the_aligned_midpoint_as_a_plain_state_dict(work: Path) -> 
         "merge",
         "a.pt",
         "b.pt",
-        "--perm",
+        "--alignment",
         "p.pt",
         "--factory",
         "nets:mlp",
@@ -158,7 +168,7 @@ def test_merge_takes_lam_off_the_midpoint(work: Path) -> None:
     assert all(torch.allclose(merged[k], 0.3 * a[k] + 0.7 * other[k]) for k in a)
     lmclab(work, "match", "a.pt", "other.pt", *net, "--out", "other-p.pt")
     # the alignment carries its spec: merging plain state dicts needs no --factory, no second trace
-    lmclab(work, "merge", "a.pt", "other.pt", "--perm", "other-p.pt", "--lam", "0.3", "--out", "lam-p.safetensors")
+    lmclab(work, "merge", "a.pt", "other.pt", "--alignment", "other-p.pt", "--lam", "0.3", "--out", "lam-p.safetensors")
     from safetensors.torch import load_file
 
     from lmclab.trace import trace_spec
@@ -245,7 +255,7 @@ def test_lmclab_checkpoints_bring_their_spec_and_activation_points(work: Path) -
         )
     out = lmclab(work, "match", "ck0.pt", "ck1.pt", "--method", "am", "--data", "digits", "--out", "am.pt").stdout
     assert out.startswith("am: ")
-    lmclab(work, "barrier", "ck0.pt", "ck1.pt", "--perm", "am.pt", "--data", "digits", "--num-lambdas", "3")
+    lmclab(work, "barrier", "ck0.pt", "ck1.pt", "--alignment", "am.pt", "--data", "digits", "--num-lambdas", "3")
 
 
 def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:

@@ -129,7 +129,7 @@ def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_
     torch.save(specless, tmp_path / "p.pt")
     with pytest.raises(ValueError, match=r"^--input-shape: .*p.pt carries no spec \(an earlier lmclab\): needed with"):
         aligned_pair(a, b, tmp_path / "p.pt", "input_nets:mlp", "{}", None)
-    params_a, params_b, net = aligned_pair(a, b, None, "input_nets:mlp", "{}", None)  # no --perm: nothing to trace
+    params_a, params_b, net = aligned_pair(a, b, None, "input_nets:mlp", "{}", None)  # no --alignment: nothing to trace
     assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3
 
 

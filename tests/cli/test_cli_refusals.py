@@ -88,7 +88,7 @@ def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], m
                 "b.pt",
                 "--factory",
                 "nets:mlp",
-                "--perm",
+                "--alignment",
                 "a.pt",
                 "--input-shape",
                 "1,28,28",

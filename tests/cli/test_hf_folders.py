@@ -66,7 +66,7 @@ def states(folder: Path) -> dict[str, torch.Tensor]:
 def test_match_finds_the_planted_permutation_of_gpt2_and_merge_writes_a_folder(work: Path) -> None:
     out = lmclab(work, "match", "a", "b", "--out", "p.pt").stdout
     assert "L2 reduction 100.00 %" in out
-    lmclab(work, "merge", "a", "b", "--perm", "p.pt", "--lam", "0.3", "--out", "merged")
+    lmclab(work, "merge", "a", "b", "--alignment", "p.pt", "--lam", "0.3", "--out", "merged")
     a, merged = states(work / "a"), states(work / "merged")
     assert merged.keys() == a.keys() and all(torch.allclose(merged[k], v, atol=1e-6) for k, v in a.items())
     lmclab(work, "merge", "a", "b", "--lam", "0.3", "--out", "naive")  # no permutation: 0.3·θa + 0.7·θb

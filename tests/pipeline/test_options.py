@@ -17,7 +17,7 @@ import yaml
 from dvc_repo import ROOT, TINY
 
 from lmclab.archs import ARCHS
-from lmclab.archs.base import DATA_FIELDS
+from lmclab.archs.base import DATA_FIELDS, interface
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec, dense
 from lmclab.pipeline.keys import key_rows
@@ -31,7 +31,7 @@ from lmclab.search.wm_sinkhorn import wm_sinkhorn
 from lmclab.train.training import TrainOptions
 
 PERMUTE = params_model().model_fields["permute"].annotation
-MODEL_ARCHS = [a for a, m in ARCHS.items() if not hasattr(m, "OBJECTIVE")]
+MODEL_ARCHS = [a for a, m in ARCHS.items() if not interface(m).OBJECTIVE]
 OPTIONS = [(method, name) for method in METHODS for name in METHODS[method].options.model_fields]
 
 

@@ -78,13 +78,21 @@ def test_a_derived_block_replaces_only_the_types_it_names() -> None:
     assert defaults(derived) == {"methods": ["wm"], "seeds": [0, 1]}
 
 
-def test_a_batchnorm_repair_must_fit_the_network_of_merge_many() -> None:
+@pytest.mark.parametrize("block", ["merge_many", "measure"])
+def test_a_batchnorm_repair_must_fit_the_network_of_merge_many_and_measure(block: str) -> None:
     with pytest.raises(ParamsError) as err:
-        check_params(_params(merge_many={"repair": "bn"}))  # the MLP has no BatchNorm
+        check_params(_params(**{block: {"repair": "bn"}}))  # the MLP has no BatchNorm
     assert err.value.lines == [
-        "merge_many.repair: 'bn' does not fit model.arch 'mlp'; expected repair or none (the network has no BatchNorm)"
+        f"{block}.repair: 'bn' does not fit model.arch 'mlp'; expected repair or none (the network has no BatchNorm)"
     ]
-    check_params(_params(merge_many={"repair": "repair"}))
+    check_params(_params(**{block: {"repair": "repair"}}))
+    check_params(_params(**{block: {"repair": "auto"}}))
+    vgg = {**TINY["model"], "arch": "vgg"}
+    with pytest.raises(ParamsError) as err:
+        check_params(_params(model=vgg, **{block: {"repair": "repair"}}))
+    assert err.value.lines == [
+        f"{block}.repair: 'repair' does not fit model.arch 'vgg'; expected bn (the network has BatchNorm)"
+    ]
 
 
 def test_a_traced_network_is_checked_by_the_merge_many_stage_not_before(monkeypatch) -> None:

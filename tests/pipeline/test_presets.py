@@ -77,7 +77,7 @@ def test_transformer_presets_pretrain_or_train_the_same_vit_and_measure_repair(n
     assert tree["train"]["objective"] == ("mae" if name.endswith("mae") else "supervised")
     assert tree["data"]["name"] == ("cifar10" if name.startswith("cifar10") else "mnist5k")  # offline: mnist5k
     assert {"identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
-    assert tree["measure"]["repair"] is True and len(tree["permute"]["pairs"]) >= 3
+    assert tree["measure"]["repair"] == "repair" and len(tree["permute"]["pairs"]) >= 3
     twin = _applied(name.replace("mae", "vit") if name.endswith("mae") else name.replace("vit", "mae"))
     assert twin["model"]["vit"] == tree["model"]["vit"]  # supervised and MAE: the same encoder
     assert twin["train"]["seeds"] == tree["train"]["seeds"] and twin["permute"]["pairs"] == tree["permute"]["pairs"]
@@ -97,7 +97,7 @@ def test_the_cpu_language_model_preset_trains_a_byte_level_gpt_on_pydoc_with_eve
     assert (tree["data"]["name"], tree["data"]["tokenizer"], tree["train"]["objective"]) == ("pydoc", None, "lm")
     assert tree["model"]["arch"] == "gpt" and tree["model"]["gpt"]["width"] % tree["model"]["gpt"]["heads"] == 0
     assert {"identity", "wm", "am", "wm_sinkhorn", "ste_sinkhorn"} <= set(tree["permute"]["methods"])
-    assert tree["measure"]["repair"] is True and len(tree["permute"]["pairs"]) >= 3
+    assert tree["measure"]["repair"] == "repair" and len(tree["permute"]["pairs"]) >= 3
 
 
 def test_the_gpu_language_model_preset_reads_a_local_corpus_with_a_llama_layout(tmp_path):

@@ -66,14 +66,14 @@ def test_look_ups_inside_a_block_read_whole_are_checked(tmp_path) -> None:
             "num_lambdas": 3,
             "gammas": [0],
             "secret": 1,
-            "bn_repair": True,
-            "bn_repair_samples": None,
+            "repair": "bn",
+            "repair_samples": None,
             "taylor_splits": ["test"],
             "conv_spectrum": "fft",
         }
     }
     opts = StageParams("measure", _write(tmp_path, tree), dvc_yaml=ROOT / "dvc.yaml").read("measure")
-    assert opts["gammas"] == [0] and opts.get("bn_repair_samples", 5) is None and len(opts) == 7
+    assert opts["gammas"] == [0] and opts.get("repair_samples", 5) is None and len(opts) == 7
     with pytest.raises(SystemExit, match="reads params key measure.secret"):
         opts["secret"]
     with pytest.raises(SystemExit, match="reads params key measure.secret"):

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 
 import pytest
 from dvc_repo import ROOT
 from test_pipeline import TINY
 
 from lmclab.archs import ARCHS, mae, vit
+from lmclab.archs.base import interface
+from lmclab.core.data import FOLDER_LOADERS, LOADERS
+from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import Block
 from lmclab.pipeline.keys import defaults, key_rows
 from lmclab.pipeline.schema import params_model
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.search import METHODS
+from lmclab.search.many_methods import MANY_METHODS
 
 DELETE = object()  # remove the key instead of setting it
 
@@ -80,7 +85,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"permute__wm__tol": "1e-06"}, "permute.wm.tol: expected a number ≥ 0, got '1e-06'"),
     ({"train__epochs": 2.5}, "train.epochs: expected an integer ≥ 1, got 2.5"),
     ({"model__mlp__width": True}, "model.mlp.width: expected an integer ≥ 1, got True"),
-    ({"measure__bn_repair": "yes"}, "measure.bn_repair: expected true or false, got 'yes'"),
+    ({"measure__repair": True}, "measure.repair: expected one of auto, none, bn, repair, got True"),
     ({"train__seeds": [0, "1"]}, "train.seeds: expected a non-empty list of integers ≥ 0, got [0, '1']"),
     ({"permute__wm": 5}, "permute.wm: expected a block with the keys lap_backend, max_iter, tol, restarts, got 5"),
     # out of range
@@ -89,7 +94,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"train__momentum": 1.0}, "train.momentum: expected a number in [0, 1), got 1.0"),
     ({"permute__ste__holdout": 1.5}, "permute.ste.holdout: expected a number in [0, 1), got 1.5"),
     ({"measure__gammas": [0, 1.5]}, "measure.gammas: expected a non-empty list of numbers in [0, 1], got [0, 1.5]"),
-    ({"measure__bn_repair_samples": 1}, "measure.bn_repair_samples: expected an integer ≥ 2 or null, got 1"),
+    ({"measure__repair_samples": 1}, "measure.repair_samples: expected an integer ≥ 2 or null, got 1"),
     ({"three__resolution": 1}, "three.resolution: expected an integer ≥ 2, got 1"),
     ({"data__image_size": 8}, "data.image_size: expected an integer ≥ 28, got 8"),
     ({"permute__wm_sinkhorn__tau": float("inf")}, "permute.wm_sinkhorn.tau: expected a number > 0, got inf"),
@@ -302,7 +307,7 @@ def test_the_mae_block_lists_exactly_the_mae_config_fields_the_vit_does_not_give
     assert set(mae.ENCODER_KEYS) <= set(vit.Config.model_fields)
 
 
-@pytest.mark.parametrize("arch", sorted(a for a, m in ARCHS.items() if not hasattr(m, "OBJECTIVE")))
+@pytest.mark.parametrize("arch", sorted(a for a, m in ARCHS.items() if not interface(m).OBJECTIVE))
 def test_each_architecture_block_lists_exactly_its_config_fields(arch: str) -> None:
     config = ARCHS[arch].Config
     fields = [name for name in config.model_fields if name not in ("input_shape", "num_classes")]
@@ -324,3 +329,24 @@ def test_the_docs_parameter_table_is_the_schemas() -> None:
     page = (ROOT / "docs" / "parameters.md").read_text()
     assert PAGE == ROOT / "docs" / "parameters.md"
     assert with_table(page) == page
+
+
+def _comment(start: str, following: int) -> set[str]:
+    """The words of the comment on params.yaml's first line starting ``start`` and on the ``following`` lines."""
+    lines = (ROOT / "params.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(start))
+    return set(re.findall(r"[a-z_0-9]+", " ".join(line.split("#", 1)[1] for line in lines[at : at + following + 1])))
+
+
+@pytest.mark.parametrize(
+    ("start", "following", "registry"),
+    [
+        ("arch:", 0, lambda: [a for a, m in ARCHS.items() if not interface(m).OBJECTIVE]),
+        ("name:", 2, lambda: [*LOADERS, *FOLDER_LOADERS, *TEXTS]),
+        ("methods: [merge_many", 3, lambda: list(MANY_METHODS)),
+    ],
+)
+def test_params_yaml_comments_name_every_registered_choice(start: str, following: int, registry) -> None:
+    """The comments that list a registry's names by hand (model.arch, data.name, merge_many.methods) list all."""
+    missing = [name for name in registry() if name not in _comment(start, following)]
+    assert not missing, f"params.yaml's comment on {start} does not name {missing}"

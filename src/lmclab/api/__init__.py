@@ -2,7 +2,7 @@
 symmetries of their hidden units, merge them, and measure the path between them.
 
     res   = lmclab.find_permutation(model_a, model_b, method="wm", example_inputs=x)
-    curve = lmclab.curve(model_a, model_b, alignment=res, data=test_loader, num_lambdas=11)
+    curve = lmclab.curve(model_a, model_b, alignment=res, eval_data=test_loader, num_lambdas=11)
     print(curve.barrier(), lmclab.l2_reduction(model_a, model_b, res))
     res.save("perm.pt"); res = lmclab.load_alignment("perm.pt")
 """

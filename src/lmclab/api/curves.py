@@ -75,7 +75,7 @@ def curve(
     model_a: Model,
     model_b: Model,
     *,
-    data: Data | Mapping[str, Data],
+    eval_data: Data | Mapping[str, Data],
     alignment: Alignment | None = None,
     model: nn.Module | None = None,
     factory: str | Callable[..., nn.Module] | None = None,
@@ -91,8 +91,8 @@ def curve(
 ) -> Curve:
     """Evaluate ``θ(λ) = λ·θa + (1−λ)·π(θb)`` (π from ``alignment``, :meth:`Alignment.apply`; the naive path
     without one) for ``num_lambdas`` evenly spaced λ in [0, 1] plus ½ — or the given ``lambdas``, which must
-    hold 0, ½ and 1 — on ``data`` (one data source, or ``{name: source}``): the measured path of the paper's
-    Definition 2.1, whose barriers :meth:`Curve.barrier` gives. A ``DataLoader`` (any re-iterable of
+    hold 0, ½ and 1 — on ``eval_data`` (one source, called ``test``, or ``{name: source}``): the measured
+    path of the paper's Definition 2.1, whose barriers :meth:`Curve.barrier` gives. A ``DataLoader`` (any re-iterable of
     batches) is streamed, one pass over its batches per λ (it should yield the same samples each time: no
     random augmentation); any other source is held in memory (:func:`lmclab.as_split`). The models are
     modules, state dicts or checkpoint paths, run in ``model`` (or ``factory(**kwargs)``, or the
@@ -111,7 +111,7 @@ def curve(
     net = on_device(skeleton(opened.model, opened.models[0], "evaluating the models"), dev)
     params_a = params_of(opened.models[0], "model_a", dev)
     params_b = params_of(alignment.apply(opened.models[1]) if alignment else opened.models[1], "model_b", dev)
-    sources, labels = _sources(data, dev)
+    sources, labels = _sources(eval_data, dev)
     fix, fix_at = _repairs(net, repair, repair_data, repair_samples, dev)
     rows = []
     with torch.no_grad(), custom_loss(loss_fn):
@@ -139,12 +139,12 @@ def _grid(num_lambdas: int, lambdas: Sequence[float] | None) -> list[float]:
     return grid
 
 
-def _sources(data: Data | Mapping[str, Data], dev: torch.device) -> tuple[dict[str, Any], dict[str, str]]:
-    """``data`` as ``{name: source}`` (a lone source is ``test``), each streamed or in memory on ``dev``, and
-    the argument name of each (``data`` or ``data['name']``) for its errors."""
-    named = isinstance(data, Mapping)
-    found = data if named else {"test": data}
-    labels = {name: f"data[{name!r}]" if named else "data" for name in found}
+def _sources(eval_data: Data | Mapping[str, Data], dev: torch.device) -> tuple[dict[str, Any], dict[str, str]]:
+    """``eval_data`` as ``{name: source}`` (a lone source is ``test``), each streamed or in memory on ``dev``,
+    and the argument name of each (``eval_data`` or ``eval_data['name']``) for its errors."""
+    named = isinstance(eval_data, Mapping)
+    found = eval_data if named else {"test": eval_data}
+    labels = {name: f"eval_data[{name!r}]" if named else "eval_data" for name in found}
     sources = {name: s if streamed(s) else as_split(s, labels[name]).to(dev) for name, s in found.items()}
     return sources, labels
 

@@ -20,7 +20,7 @@ True
 >>> moved = lmclab.apply_permutation(res.spec, wrong, b.state_dict())
 >>> bool(torch.allclose(pi_b["1.weight"], moved["1.weight"]))           # other units moved
 False
->>> curve = lmclab.curve(a, b, alignment=res, data=(x, torch.randint(0, 3, (64,))), num_lambdas=5)
+>>> curve = lmclab.curve(a, b, alignment=res, eval_data=(x, torch.randint(0, 3, (64,))), num_lambdas=5)
 >>> curve.lambdas == [0.0, 0.25, 0.5, 0.75, 1.0] and isinstance(curve.barrier(), float)
 True
 >>> curve.to_frame().shape                                                 # one row per λ and split
@@ -78,7 +78,7 @@ def find_permutation(
     factory: str | Callable[..., nn.Module] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     points: Mapping[str, Sequence[str]] | None = None,
-    test: Data | None = None,
+    eval_data: Data | None = None,
     seed: int = 0,
     device: str = "auto",
     progress: bool = False,
@@ -98,8 +98,9 @@ def find_permutation(
     ``data`` (training batches) is needed by the methods that read activations (:func:`lmclab.search.needs_data`:
     ``am``, ``ste``, ``ste_sinkhorn``); a ``DataLoader`` is streamed batch by batch by the methods that
     pass over it once (``am``; the others hold it in memory: STE's epochs revisit it); ``points``
-    overrides the traced activation points of AM; with ``test`` data the iterative methods record the
-    merged model's test loss and accuracy after each search epoch in ``stats["curve"]`` (the paper's Figure 6).
+    overrides the traced activation points of AM; with ``eval_data`` the iterative methods record the
+    merged model's loss and accuracy on ``eval_data`` after each search epoch in ``stats["curve"]`` (the
+    paper's Figure 6).
     ``loss_fn(output, target)`` (a batch's mean loss) replaces the cross-entropy of the logits wherever
     the search evaluates a loss (STE's and Sinkhorn STE's midpoint objective, the test curve)."""
     options = checked_options(method, options)
@@ -117,16 +118,16 @@ def find_permutation(
         example_inputs=example_inputs,
         data=data,
         device=device,
-        needs_forward=needs_model(method) or test is not None,  # the learning curve runs the model too
+        needs_forward=needs_model(method) or eval_data is not None,  # the learning curve runs the model too
         partial=partial,
     )
-    search = _search_problem(method, problem, opened, points, data, test, progress)
+    search = _search_problem(method, problem, opened, points, data, eval_data, progress)
     with custom_loss(loss_fn):
         result = run_search(method, search, seed=seed, options=options)
     return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
 
 
-def _search_problem(method: str, problem: Problem, opened: Opened, points, data, test, progress) -> SearchProblem:
+def _search_problem(method: str, problem: Problem, opened: Opened, points, data, eval_data, progress) -> SearchProblem:
     """The search of ``method`` on the opened pair, both checked against the spec, on the problem's device."""
     params_a, params_b = (
         params_of(opened.models[0], "model_a", problem.device),
@@ -142,7 +143,7 @@ def _search_problem(method: str, problem: Problem, opened: Opened, points, data,
         model=problem.model,
         points=dict(points) if points is not None else None,
         train=training_data(method, data, problem.device),
-        test=as_split(test, "test").to(problem.device) if test is not None else None,
+        test=as_split(eval_data, "eval_data").to(problem.device) if eval_data is not None else None,
         device=problem.device,
         progress=progress,
     )

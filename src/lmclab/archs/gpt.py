@@ -41,6 +41,7 @@ from lmclab.core.options import Count, OptionError, one_of, option
 from lmclab.core.spec import Entry, PermutationSpec, Segment, build_spec, dense, norm
 
 INPUT = "tokens"  # reads windows of token ids (a text data set), not images
+SHAPES = "data"  # built on its data's windows only (lmclab.archs.base.Interface)
 STREAM = "P_res"
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary")

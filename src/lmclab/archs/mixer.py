@@ -24,6 +24,7 @@ from lmclab.core.options import Count, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
 
 STREAM = "P_stream"
+SHAPES = "data"  # its patches must tile the data's own image (lmclab.archs.base.Interface)
 
 
 class Config(ArchConfig):

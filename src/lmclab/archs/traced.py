@@ -31,6 +31,9 @@ from lmclab.archs.base import ArchConfig
 from lmclab.core.options import Count, OptionError, escaped, got, option
 from lmclab.core.spec import PermutationSpec
 
+SHAPES = "data"  # built for the data's own shape only (lmclab.archs.base.Interface)
+TRACED = True  # its spec is traced from the module: validation traces it, which is the check
+
 Scalar = int | float | str | bool | None
 
 

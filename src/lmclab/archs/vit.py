@@ -30,6 +30,7 @@ from lmclab.core.options import Count, OptionError, one_of, option
 from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
 
 STREAM = "P_res"
+SHAPES = "data"  # its patches must tile the data's own image (lmclab.archs.base.Interface)
 POOLS = ("cls", "mean")
 POSITIONS = ("learned", "sincos")
 

@@ -1,9 +1,9 @@
 """The ``lmclab`` command: the public API (:mod:`lmclab.api`) on model files, from a shell.
 
     lmclab match A B --method wm [--factory pkg.mod:fn --kwargs '{…}'] --out perm.pt
-    lmclab merge A B [--perm perm.pt] [--lam 0.5] --out merged.pt
+    lmclab merge A B [--alignment perm.pt] [--lam 0.5] --out merged.pt
     lmclab merge-many A B C … --method c2m3 [--data …] [--repair auto] --out merged.safetensors
-    lmclab barrier A B [--perm perm.pt] --data mnist5k|cifar10|PREPARED_DIR
+    lmclab barrier A B [--alignment perm.pt] --data mnist5k|cifar10|PREPARED_DIR
     lmclab trace pkg.mod:fn --input-shape 3,32,32
     lmclab validate params.yaml
 
@@ -151,7 +151,7 @@ def merge(
     model_a: Path = typer.Argument(...),
     model_b: Path = typer.Argument(...),
     out: Path = OUT_MERGED,
-    perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: naive average)"),
+    alignment: Path = typer.Option(None, help="an alignment from `lmclab match` (none: naive average)"),
     lam: float = typer.Option(0.5, help="λ of λ·θa + (1−λ)·π(θb)"),
     factory: str = FACTORY,
     kwargs: str = KWARGS,
@@ -162,7 +162,7 @@ def merge(
     from lmclab.api import merge as merge_models
 
     output_for(out, model_a, "--out")
-    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial, False)
+    params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial, False)
     merged = merge_models(params_a, params_b, lam=lam)
     write_merged(out, model_a, net, merged)
     typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
@@ -236,7 +236,7 @@ def barrier(
     model_a: Path = typer.Argument(...),
     model_b: Path = typer.Argument(...),
     data: str = typer.Option(..., help="a data set name (mnist5k, cifar10, …) or a prepared data folder"),
-    perm: Path = typer.Option(None, help="a permutation from `lmclab match` (none: the naive pair)"),
+    alignment: Path = typer.Option(None, help="an alignment from `lmclab match` (none: the naive pair)"),
     split: str = typer.Option("test", help="train or test"),
     num_lambdas: int = typer.Option(11, help="evenly spaced λ values in [0, 1] (½ added if missing)"),
     repair: str = REPAIR,
@@ -257,14 +257,14 @@ def barrier(
 
     if json_out is not None:
         output_path(json_out, "--json")
-    params_a, params_b, net = aligned_pair(model_a, model_b, perm, factory, kwargs, input_shape, partial)
+    params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial)
     test = load_data(data, split, data_root, in_channels)
     repair_data = load_data(data, "train", data_root, in_channels) if repair != "none" else None
     curve = measure_curve(
         params_a,
         params_b,
         model=net,
-        data={split: test},
+        eval_data={split: test},
         num_lambdas=num_lambdas,
         repair=repair,
         repair_data=repair_data,

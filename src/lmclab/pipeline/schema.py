@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 
 from lmclab.analysis.alignment import MODES
 from lmclab.archs import ARCHS
-from lmclab.archs.base import DATA_FIELDS
+from lmclab.archs.base import DATA_FIELDS, interface
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, one_of
 from lmclab.core.repairs import REPAIRS
@@ -252,14 +252,17 @@ def params_model() -> type[Block]:
 @lru_cache(maxsize=4)
 def _params_model(methods: tuple, many: tuple, archs: tuple) -> type[Block]:
     names = list[one_of([m for m, _ in methods])]
-    objectives = {m.OBJECTIVE: m for _, m in archs if hasattr(m, "OBJECTIVE")}
+    objectives = {interface(m).OBJECTIVE: m for _, m in archs if interface(m).OBJECTIVE}
     own = Train.model_fields
     training = options_block(TrainOptions, "train").model_fields | {"augment": own["augment"]}
     train = _derived(
         Block,
         first={
             "objective": (one_of(["supervised", LANGUAGE, *objectives]), key("supervised", _OBJECTIVE)),
-            **{o: (options_block(m.Config, f"train.{o}", m.PRETRAINING_KEYS), ...) for o, m in objectives.items()},
+            **{
+                o: (options_block(m.Config, f"train.{o}", interface(m).PRETRAINING_KEYS), ...)
+                for o, m in objectives.items()
+            },
             "seeds": (own["seeds"].annotation, own["seeds"]),
             **{n: (f.annotation, f) for n, f in training.items()},
         },
@@ -268,8 +271,8 @@ def _params_model(methods: tuple, many: tuple, archs: tuple) -> type[Block]:
     )
     model = _derived(
         Model,
-        first={"arch": (one_of([a for a, m in archs if not hasattr(m, "OBJECTIVE")]), key("mlp", _ARCH))},
-        last={a: (_arch_block(a, m), ...) for a, m in archs if not hasattr(m, "OBJECTIVE")},
+        first={"arch": (one_of([a for a, m in archs if not interface(m).OBJECTIVE]), key("mlp", _ARCH))},
+        last={a: (_arch_block(a, m), ...) for a, m in archs if not interface(m).OBJECTIVE},
     )
     many_names = list[one_of([m for m, _ in many])]
     blocks = {

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lmclab.archs import get_arch, make_config
+from lmclab.archs.base import interface
 from lmclab.archs.mae import from_vit
 from lmclab.core.corpus import load_tokenizer, source_kind
 from lmclab.core.options import OptionError
@@ -56,8 +57,8 @@ def check_objective(p: Params) -> Problems:
 
 
 def _reads_tokens(arch: str) -> bool:
-    """Whether architecture ``arch`` reads token windows (its module's ``INPUT``), not images."""
-    return getattr(get_arch(arch), "INPUT", "images") == "tokens"
+    """Whether architecture ``arch`` reads token windows (its ``INPUT``), not images."""
+    return interface(get_arch(arch)).INPUT == "tokens"
 
 
 def check_data_kind(p: Params) -> Problems:
@@ -93,17 +94,17 @@ def input_shape_of(p: Params) -> tuple[int, ...]:
 
 
 def check_architecture(p: Params) -> Problems:
-    """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit);
-    a traced network, a Mixer or a ViT (its patches must tile the image), for the data set's own shape —
-    for a traced one, tracing it is the check."""
+    """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit), or
+    for the data set's own shape when the architecture says so (its ``SHAPES``: a ViT's patches must tile
+    the image); an architecture whose spec is traced (``TRACED``) is traced: that is the check."""
     arch = p.model.arch
     if (p.data.name in TEXTS) != _reads_tokens(arch):  # check_data_kind says so
         return
-    options = getattr(p.model, arch).model_dump()
-    for shape in ((1, 28, 28), (3, 32, 32)) if arch not in ("traced", "mixer", "vit", "gpt") else (input_shape_of(p),):
+    options, declared = getattr(p.model, arch).model_dump(), interface(get_arch(arch))
+    for shape in ((1, 28, 28), (3, 32, 32)) if declared.SHAPES == "images" else (input_shape_of(p),):
         try:
             config = make_config(arch, input_shape=shape, num_classes=10, **options)
-            if arch == "traced":  # tracing is the check: a graph it cannot follow is refused here
+            if declared.TRACED:  # tracing is the check: a graph it cannot follow is refused here
                 get_arch(arch).permutation_spec(config)
         except OptionError as err:  # the library names the config's fields: here, their keys
             yield f"model.{arch}", err.keyed(model_key(arch))

@@ -216,7 +216,7 @@ def _stale_section(pairs: pd.DataFrame, methods: Sequence[str]) -> str:
         )
     if _flag(pairs, "ln_repair"):
         return (
-            "The barriers above are measured with REPAIR at every λ (Jordan et al. 2023; measure.repair: each "
+            "The barriers above are measured with REPAIR at every λ (Jordan et al. 2023; measure.repair: repair, each "
             "merged unit's mean and std rescaled to the interpolation of the endpoints'). Without REPAIR:\n\n"
             + barrier_table(pairs, methods, prefix="norepair_")
             + "\n\n"
