@@ -10,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from lmclab.pipeline.stage import experiment_runs, one_line_errors
+from lmclab.pipeline.runs import experiment_runs
+from lmclab.pipeline.stage import one_line_errors
 
 app = typer.Typer(add_completion=False)
 PARAM = "train.mixup_alpha"
