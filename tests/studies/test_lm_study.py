@@ -192,13 +192,16 @@ def test_sweep_points_and_summary_keep_pairs_in_order() -> None:
 
 
 def test_collect_refuses_a_sweep_without_a_value_and_a_folder_that_is_no_run(tmp_path) -> None:
-    from lm_study import app
     from typer.testing import CliRunner
 
-    bad = CliRunner().invoke(app, ["collect", "--run", str(tmp_path), "--width", str(tmp_path)])
+    from lmclab.cli import app
+
+    bad = CliRunner().invoke(app, ["study", "lm", "collect", "--run", str(tmp_path), "--width", str(tmp_path)])
     assert bad.exit_code == 1 and f"--width: expected VALUE=DIR of a finished run, got '{tmp_path}'" in bad.output
     (tmp_path / "params.yaml").write_text("data: {}\n")
-    missing = CliRunner().invoke(app, ["collect", "--run", str(tmp_path), "--out", str(tmp_path / "out")])
+    missing = CliRunner().invoke(
+        app, ["study", "lm", "collect", "--run", str(tmp_path), "--out", str(tmp_path / "out")]
+    )
     assert (
         missing.exit_code == 1
         and "no data/tables/history.parquet (expected a finished run of the pipeline)" in missing.output

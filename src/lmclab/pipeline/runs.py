@@ -67,3 +67,12 @@ def experiment_runs(
     if len(runs) < 2:
         raise ValueError("found fewer than two runs; queue a sweep first (docs: Analyses and studies)")
     return runs
+
+
+def experiment_files(rev: str, pattern: str) -> dict[str, str]:
+    """The text of every file of experiment ``rev`` whose path matches the glob ``pattern`` (from its DVC
+    cache), by path in sorted order; DVC's error when ``rev`` names no revision here."""
+    import dvc.api
+
+    fs = dvc.api.DVCFileSystem(".", rev=rev)
+    return {path: fs.read_text(path) for path in sorted(fs.glob(pattern))}

@@ -1,0 +1,120 @@
+"""The transformer study (docs "Transformers and MAE"): supervised ViTs against ViTs pretrained
+as masked autoencoders, every method, with and without REPAIR — run by hand, not a DVC stage: its
+inputs are two finished runs of the pipeline.
+
+    git clone . ../run-vit && cd ../run-vit && lmclab preset vit && dvc repro   # and the same with mae
+    lmclab study transformer collect --run supervised=../run-vit --run mae=../run-mae
+
+``collect`` reads each run's ``data/tables/pairs.parquet`` (written by its summarize stage), its
+permutations (``data/perms/<pair>/<method>/perm.pt``: the fraction of ``P_res`` left at the identity),
+its training histories and its params.yaml, and writes ``reports/transformers/``: ``table.parquet``
+(:func:`lmclab.studies.transformer_study.study_table`), ``runs.json`` (each run's commit, model,
+training and time per epoch) and ``transformers.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import torch
+import typer
+
+from lmclab.pipeline.stage import one_line_errors, parse_yaml
+from lmclab.report.plots import label
+from lmclab.studies.transformer_study import COLUMNS, identity_fraction, markdown_table, study_table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+REBUILD = (
+    "Rebuilt by running the pipeline with `lmclab preset vit` and with `lmclab preset mae` "
+    "(each in its own clone, `dvc repro`), then `lmclab study transformer collect --run "
+    "supervised=<vit clone> --run mae=<mae clone>`."
+)
+
+
+def _pairs(run: Path) -> pd.DataFrame:
+    pairs = pd.read_parquet(run / "data" / "tables" / "pairs.parquet")
+    fractions = []
+    for _, r in pairs.iterrows():
+        perm = torch.load(run / "data" / "perms" / r["pair"] / r["method"] / "perm.pt", weights_only=True)
+        fractions.append(identity_fraction(perm, "P_res"))
+    return pairs.assign(p_res_identity=fractions)
+
+
+def _run_info(run: Path) -> dict:
+    params = parse_yaml((run / "params.yaml").read_text())
+    history = pd.concat(pd.read_parquet(p) for p in sorted((run / "data" / "history").glob("*.parquet")))
+    last = history[history["epoch"] == history["epoch"].max()]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=run, capture_output=True, text=True)
+    return {
+        "commit": commit.stdout.strip(),
+        "objective": params["train"]["objective"],
+        "vit": params["model"]["vit"],
+        "mae": params["train"]["mae"] if params["train"]["objective"] == "mae" else None,
+        "epochs": params["train"]["epochs"],
+        "seeds": len(params["train"]["seeds"]),
+        "final_test_loss": float(last["test_loss"].mean()),
+        "final_test_acc": float(last["test_acc"].mean()) if last["test_acc"].notna().any() else None,
+        "seconds_per_epoch": float(history["seconds"].mean()) if "seconds" in history else None,
+    }
+
+
+def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
+    lines = ["# Transformer study: supervised and MAE-pretrained ViTs", "", REBUILD, ""]
+    for name, info in runs.items():
+        vit = info["vit"]
+        model = f"patch {vit['patch_size']}, width {vit['width']}, depth {vit['depth']}, {vit['heads']} heads"
+        mae = info["mae"]
+        what = (
+            f"MAE (decoder {mae['decoder_width']} × {mae['decoder_depth']}, mask {mae['mask_ratio']})"
+            if mae
+            else "supervised"
+        )
+        acc = f", test accuracy {100 * info['final_test_acc']:.1f} %" if info["final_test_acc"] is not None else ""
+        lines.append(
+            f"- **{name}** (commit {info['commit']}): ViT {model}, {what}, {info['epochs']} epochs, "
+            f"{info['seeds']} seeds; final test loss {info['final_test_loss']:.4f}{acc}."
+        )
+    lines += [
+        "",
+        "Mean ± std over pairs (θ(λ) = λ·θa + (1−λ)·π(θb); test split):",
+        "",
+        markdown_table(table, label),
+        "",
+    ]
+    lines += [f"- **{k}**: {meaning}" for k, (_, meaning) in COLUMNS.items()]
+    lines += [
+        "",
+        "B is the test cross-entropy barrier of the supervised run and the test reconstruction-loss barrier "
+        "(MSE on masked patches, fixed masks) of the MAE run: compare methods within a run, not the runs' B. "
+        "The MAE run's accuracy barriers are those of a linear probe and a kNN classifier fitted on the "
+        "encoder's class-token features at each λ.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@app.command()
+@one_line_errors
+def collect(
+    run: list[str] = typer.Option(..., help="NAME=DIR of a finished run (repeat; in the table's order)"),
+    out: Path = typer.Option(Path("reports/transformers")),
+) -> None:
+    """Build reports/transformers/ from finished runs."""
+    dirs = {}
+    for item in run:
+        name, sep, folder = item.partition("=")
+        if not sep or not (Path(folder) / "data" / "tables" / "pairs.parquet").is_file():
+            raise ValueError(
+                f"--run: expected NAME=DIR of a finished run (DIR/data/tables/pairs.parquet), got {item!r}"
+            )
+        dirs[name] = Path(folder)
+    table = study_table({name: _pairs(d) for name, d in dirs.items()})
+    runs = {name: _run_info(d) for name, d in dirs.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(out / "table.parquet", index=False)
+    (out / "runs.json").write_text(json.dumps(runs, indent=2) + "\n")
+    (out / "transformers.md").write_text(markdown(table, runs))
+    typer.echo(f"{out}: {len(table)} rows from {len(runs)} runs")
