@@ -12,9 +12,9 @@ to the end. Writes the totals, every stage and the sums per stage family (``trai
 with the commit, the machine and the command. ``--versus`` clones an earlier commit beside HEAD and runs
 ``dvc repro -f`` of each in turn, ``--rounds`` times (the first round also fills each clone's data), under
 ``versus``: a change's effect on the wall time measured in one run, not against a figure from another day.
-``--preset`` applies ``presets/NAME.yaml`` in the clone first (``tools/preset.py``: e.g. the language-model
-preset's run as a user meets it), ``--keep`` leaves the clone with its results at DIR (e.g. for a study to
-collect). Run it with nothing else on the machine.
+``--preset`` applies ``presets/NAME.yaml`` in the clone first (the clone's own ``lmclab preset``: e.g. the
+language-model preset's run as a user meets it), ``--keep`` leaves the clone with its results at DIR (e.g.
+for a study to collect). Run it with nothing else on the machine.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def main(
     with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # created 0700: ours alone
         clone = _clone(Path(tmp) / "repo", head)
         if preset:
-            subprocess.run([sys.executable, "tools/preset.py", preset], cwd=clone, env=env, check=True)
+            preset_env = {**env, "PYTHONPATH": str(clone / "src")}  # the clone's lmclab, as its stages import it
+            subprocess.run([sys.executable, "-m", "lmclab", "preset", preset], cwd=clone, env=preset_env, check=True)
         for name in names:
             result["runs"][name] = run = timed_run(COMMANDS[name], clone, env)
             _report(name, run)
