@@ -13,16 +13,13 @@ thread count and the commit are recorded beside the figures.
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import typer
+from record import record  # benchmarks/record.py: the one shape of a result
 from torch import nn
 
 import lmclab
@@ -93,9 +90,11 @@ def measure(name: str) -> list[dict]:
 
 
 def table(data: dict) -> str:
+    (run,) = data["runs"]  # the one shape of benchmarks/record.py
+    machine = run["machine"]
     lines = [
-        f"`python benchmarks/bench_methods.py` at commit `{data['commit']}` on {data['machine']}, "
-        f"{data['threads']} torch threads ({data['date'][:10]}); default options, {SAMPLES:,} training inputs, "
+        f"`{run['command']}` at commit `{run['commit']}` on {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['torch_threads']} torch threads ({run['date'][:10]}); default options, {SAMPLES:,} training inputs, "
         "one run each:",
         "",
         "| model | parameters | method | seconds | sweeps / epochs |",
@@ -115,21 +114,7 @@ def write_docs(page: Path, data: dict) -> None:
 
 def main(docs: bool = typer.Option(False, help="only regenerate the docs table from the JSON")) -> None:
     if not docs:
-        commit = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        rows = [row for name in SIZES for row in measure(name)]
-        OUT.write_text(
-            json.dumps(
-                {
-                    "commit": commit.stdout.strip(),
-                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-                    "threads": torch.get_num_threads(),
-                    "rows": rows,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        record(OUT, [row for name in SIZES for row in measure(name)])
     write_docs(DOCS, json.loads(OUT.read_text()))
 
 

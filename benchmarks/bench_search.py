@@ -7,14 +7,13 @@ the number of WM sweeps. Run: `make bench` or `.venv/bin/python benchmarks/bench
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import typer
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import build_model, make_config
 from lmclab.archs.checkpoint import load_checkpoint
@@ -39,7 +38,7 @@ def _pair() -> tuple[str, object, dict, dict]:
     )
 
 
-def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmarks/results/search.json") -> None:
+def main(repeats: int = 5, methods: str = "wm,am", out: Path = SCRATCH / "search.json") -> None:
     source, config, params_a, params_b = _pair()
     prepared = ROOT / "data/prepared"
     if not (prepared / "meta.json").is_file():
@@ -48,11 +47,7 @@ def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmark
     problem = search_problem(
         "mlp", config, params_a, params_b, device=torch.device("cpu"), train=load_split(prepared, "train")
     )
-    results = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "model": f"mlp {config.hidden} x {config.width}, {source}",
-        "methods": {},
-    }
+    model, rows = f"mlp {config.hidden} x {config.width}, {source}", []
     for method in methods.split(","):
         times, sweeps = [], []
         for _ in range(repeats):
@@ -60,18 +55,20 @@ def main(repeats: int = 5, methods: str = "wm,am", out: Path = ROOT / "benchmark
             result = run_search(method, problem, seed=0, options={})
             times.append(time.perf_counter() - start)
             sweeps.append(result.stats.get("sweeps", 0))
-        results["methods"][method] = {
-            "median_s": statistics.median(times),
-            "min_s": min(times),
-            "sweeps": sweeps[0],
-            "repeats": repeats,
-        }
+        rows.append(
+            {
+                "method": method,
+                "median_s": statistics.median(times),
+                "min_s": min(times),
+                "sweeps": sweeps[0],
+                "repeats": repeats,
+            }
+        )
         typer.echo(
             f"{method:>4}: median {statistics.median(times):.3f} s, min {min(times):.3f} s "
             f"({sweeps[0]} sweeps) over {repeats} runs"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    record(out, rows, model=model)
 
 
 if __name__ == "__main__":
