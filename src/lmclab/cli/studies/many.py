@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import typer
 
-from lmclab.core.atomic import write_json, write_table, write_text
-from lmclab.core.device import describe_machine
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
-from lmclab.report.many_models import many_table, objective_traces, plot_many
+
+if TYPE_CHECKING:  # the command's modules load what they compute with when it runs (`lmclab --help` stays quick)
+    import pandas as pd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 TABLES = ("evaluation", "methods", "pairwise")
@@ -36,6 +36,8 @@ REBUILD = (
 
 
 def _run_info(run: Path, trace: dict) -> dict:
+    from lmclab.core.device import describe_machine
+
     params = parse_yaml((run / "params.yaml").read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=run, capture_output=True, text=True)
     many = params["merge_many"]
@@ -52,6 +54,8 @@ def _run_info(run: Path, trace: dict) -> dict:
 
 
 def markdown(info: dict, evaluation: pd.DataFrame, methods: pd.DataFrame) -> str:
+    from lmclab.report.many_models import many_table
+
     model = ", ".join(f"{k} {v}" for k, v in info["model"].items())
     options = "; ".join(f"{m}: {o}" for m, o in info["options"].items())
     return "\n".join(
@@ -87,6 +91,11 @@ def collect(
     note: str = typer.Option("", help="a sentence on the run the page should carry (e.g. how loaded the machine was)"),
 ) -> None:
     """Build reports/many_models/ from a finished run."""
+    import pandas as pd
+
+    from lmclab.core.atomic import write_json, write_table, write_text
+    from lmclab.report.many_models import objective_traces, plot_many
+
     folder = run / "data" / "merge_many"
     if not all((folder / f"{name}.parquet").is_file() for name in TABLES):
         raise ValueError(f"--run: expected a run with {folder}/{{{','.join(TABLES)}}}.parquet, got {run}")

@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
 import typer
 
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
-from lmclab.report.plots import label
-from lmclab.studies.transformer_study import COLUMNS, identity_fraction, markdown_table, study_table
+
+if TYPE_CHECKING:  # the command's modules load what they compute with when it runs (`lmclab --help` stays quick)
+    import pandas as pd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 REBUILD = (
@@ -35,6 +35,11 @@ REBUILD = (
 
 
 def _pairs(run: Path) -> pd.DataFrame:
+    import pandas as pd
+    import torch
+
+    from lmclab.studies.transformer_study import identity_fraction
+
     pairs = pd.read_parquet(run / "data" / "tables" / "pairs.parquet")
     fractions = []
     for _, r in pairs.iterrows():
@@ -44,6 +49,8 @@ def _pairs(run: Path) -> pd.DataFrame:
 
 
 def _run_info(run: Path) -> dict:
+    import pandas as pd
+
     params = parse_yaml((run / "params.yaml").read_text())
     history = pd.concat(pd.read_parquet(p) for p in sorted((run / "data" / "history").glob("*.parquet")))
     last = history[history["epoch"] == history["epoch"].max()]
@@ -62,6 +69,9 @@ def _run_info(run: Path) -> dict:
 
 
 def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
+    from lmclab.report.plots import label
+    from lmclab.studies.transformer_study import COLUMNS, markdown_table
+
     lines = ["# Transformer study: supervised and MAE-pretrained ViTs", "", REBUILD, ""]
     for name, info in runs.items():
         vit = info["vit"]
@@ -103,6 +113,8 @@ def collect(
     out: Path = typer.Option(Path("reports/transformers")),
 ) -> None:
     """Build reports/transformers/ from finished runs."""
+    from lmclab.studies.transformer_study import study_table
+
     dirs = {}
     for item in run:
         name, sep, folder = item.partition("=")
