@@ -151,6 +151,8 @@ def test_the_command_lists_the_presets_and_prints_dvc_flags_without_writing(tmp_
     assert "-S model.arch=mlp" in flags.output and params.read_text() == (ROOT / "params.yaml").read_text()
     unnamed = CliRunner().invoke(app, ["preset", "--params", str(params), "--presets", str(PRESETS)])
     assert unnamed.exit_code == 1 and "NAME: give a preset (known: [" in unnamed.output
+    missing = CliRunner().invoke(app, ["preset", "mnist_mlp", "--params", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 1 and f"error: --params: {tmp_path / 'none.yaml'}: no such file" in missing.output
     import lmclab.cli.preset as command
 
     monkeypatch.chdir(ROOT)

@@ -64,6 +64,8 @@ def preset(
         return
     if not name:
         raise ValueError(f"NAME: give a preset (known: {preset_names(presets)})")
+    if not params.is_file():
+        raise FileNotFoundError(f"--params: {params}: no such file (run in a checkout of the pipeline)")
     new_text = apply_preset(name, params.read_text(), presets)
     _check(name, new_text, params)
     if set_params:
