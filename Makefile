@@ -97,7 +97,7 @@ ci:
 	bash .ci/run
 
 bench: setup
-	$(VENV)/bin/python benchmarks/bench_search.py
+	$(VENV)/bin/python benchmarks/bench_methods.py --sizes mlp_trained --methods wm,am --repeats 5 --out benchmarks/scratch/search.json
 
 # regenerate requirements.lock from pyproject.toml (the library, [pipeline], [models] and [dev]) for every platform
 # of [tool.uv] environments, with hashes; needs uv (pip install uv). The resolver's output and what

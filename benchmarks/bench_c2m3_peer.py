@@ -53,12 +53,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import importlib
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -69,6 +67,7 @@ from pathlib import Path
 import numpy as np
 import scipy
 import torch
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 from torch import Tensor
 
 import lmclab
@@ -295,12 +294,14 @@ def run(args: argparse.Namespace) -> dict:
         {"seed": s, **{f"{k}_acc": evaluate(model, p, d).acc for k, d in splits.items()}}
         for s, p in zip(args.seeds, params, strict=True)
     ]
+    ours = provenance(Path(lmclab.__file__).resolve().parents[2], "src")
+    measured = this_run(
+        lmclab={"path": ours["path"], "dirty": ours["dirty"]},
+        peer={"url": PEER_URL, **provenance(args.peer, ".")},
+        **environment(),
+    )
     return {
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "lmclab": provenance(Path(lmclab.__file__).resolve().parents[2], "src"),
-        "peer": {"url": PEER_URL, **provenance(args.peer, ".")},
-        "machine": machine(),
+        "run": measured,
         "settings": {
             "seeds": args.seeds,
             "arch": arch,
@@ -327,18 +328,14 @@ def provenance(repo: Path, sub: str) -> dict:
     return {"path": str(repo), "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", sub))}
 
 
-def machine() -> dict:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+def environment() -> dict:
+    """What the run's record adds to its machine: the load at the end and the versions the comparison used."""
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
     with contextlib.suppress(ImportError):
         import pytorch_lightning
 
         versions["pytorch_lightning (peer's site)"] = pytorch_lightning.__version__
     return {
-        "cpu": fields.get("Model name", "?").strip(),
-        "cores": int(fields.get("CPU(s)", "0").strip() or 0),
-        "torch_threads": torch.get_num_threads(),
         "load_average_1min_at_end": round(os.getloadavg()[0], 2),  # the 2 cores are shared with other jobs
         "versions": versions | {"scipy": scipy.__version__},
     }
@@ -378,8 +375,10 @@ def timing(repeats: int, m: dict, rows: list[dict]) -> str:
 
 def render(result: dict) -> str:
     """docs/c2m3_peer.md from the JSON (never typed by hand)."""
-    s, m, chk = result["settings"], result["machine"], result["conversion_check"]
-    url = result["peer"]["url"]
+    (run,) = result["runs"]  # the one shape of benchmarks/record.py
+    extra = {k: run[k] for k in ("load_average_1min_at_end", "versions") if k in run}
+    s, m, chk = result["settings"], {**run["machine"], **extra}, result["conversion_check"]
+    url = run["peer"]["url"]
     head = (
         "| method | F = Σ⟨π_iθ_i, π_jθ_j⟩ | iterations | seconds (median) | cycle error | test acc "
         "| test acc, REPAIR | train acc | train acc, REPAIR | test loss | test loss, REPAIR |"
@@ -393,7 +392,7 @@ def render(result: dict) -> str:
             f"| {100 * r['repair_train_acc']:.2f} % | {r['test_loss']:.4f} | {r['repair_test_loss']:.4f} |"
         )
     ends = ", ".join(f"seed {e['seed']}: {100 * e['test_acc']:.2f} %" for e in result["endpoints"])
-    dirty = " (src/ with uncommitted changes)" if result["lmclab"]["dirty"] else ""
+    dirty = " (src/ with uncommitted changes)" if run["lmclab"]["dirty"] else ""
     return "\n".join(
         [
             "# C2M3 side by side: the authors' Frank–Wolfe matcher and lmclab's `c2m3`",
@@ -404,7 +403,7 @@ def render(result: dict) -> str:
             f"{len(s['seeds'])} MLPs of the default run (seeds {', '.join(map(str, s['seeds']))}; `{s['config']}`) "
             "merged into one universe frame by lmclab's `c2m3`, by the C2M3 authors' own "
             f"`frank_wolfe_synchronized_matching` ([{url.removeprefix('https://')}]({url}) "
-            f"at `{result['peer']['commit'][:7]}`, imported at run time, not part of lmclab) "
+            f"at `{run['peer']['commit'][:7]}`, imported at run time, not part of lmclab) "
             "and by lmclab's MergeMany, "
             "in one process. Every row is scored by the same functions: F of the rounded permutations "
             "(`lmclab.search.universe.shared_objective`), the merged model (mean of the aligned models) "
@@ -431,11 +430,11 @@ def render(result: dict) -> str:
             "",
             *[f"- {p}" for p in result["runtime_patches"]],
             "",
-            f"Command: `{result['command']}`  ",
-            f"lmclab commit `{result['lmclab']['commit']}`{dirty}, peer commit `{result['peer']['commit']}`  ",
+            f"Command: `{run['command']}`  ",
+            f"lmclab commit `{run['commit']}`{dirty}, peer commit `{run['peer']['commit']}`  ",
             f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads); "
             + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-            + f"; {result['date']}",
+            + f"; {run['date']}",
             "",
         ]
     )
@@ -463,8 +462,8 @@ def main() -> None:
         if args.peer is None:
             parser.error("--peer is required unless --no-run")
         result = run(args)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        rows, measured = result.pop("rows"), result.pop("run")
+        record(args.out, rows, run=measured, **result)
     if args.render:
         args.render.write_text(render(json.loads(args.out.read_text())))
 

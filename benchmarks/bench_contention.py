@@ -34,10 +34,10 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
@@ -269,35 +269,11 @@ def main(
 
 
 def write(out: Path, rows: list[dict], chosen: list[str], append: bool) -> None:
-    """The JSON record; with ``append``, the earlier rows of other workloads, busy loops or settings are kept
-    beside (each row names its run: command, commit, date, machine)."""
-    sys.path.insert(0, str(ROOT / "src"))
-    from lmclab.core.device import describe_machine
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    run = {
-        "benchmark": "python benchmarks/bench_contention.py " + " ".join(sys.argv[1:]),
-        "commit": commit,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "workloads": chosen,
-    }
-    runs, kept = [], []
-    if append and out.is_file():
-        earlier = json.loads(out.read_text())
-        new = {(r["workload"], r["busy_loops"], r["setting"]) for r in rows}
-        kept = [r for r in earlier["rows"] if (r["workload"], r["busy_loops"], r["setting"]) not in new]
-        for r in kept:  # each kept row names its run (rows of older files: the last run of their workload)
-            source = earlier["runs"][r["run"]] if "run" in r else _last_run(earlier["runs"], r["workload"])
-            runs += [source] if source not in runs else []
-            r["run"] = runs.index(source)
-    runs.append(run)
-    rows = [{**r, "run": len(runs) - 1} for r in rows]
-    out.write_text(json.dumps({"runs": runs, "rows": kept + rows}, indent=1) + "\n")
-
-
-def _last_run(runs: list[dict], workload: str) -> dict:
-    return [r for r in runs if workload in r["workloads"]][-1]
+    """The JSON record (benchmarks/record.py); with ``append``, the earlier rows of other workloads, busy loops
+    or settings are kept beside (each row names its run: command, commit, date, machine)."""
+    new = {(r["workload"], r["busy_loops"], r["setting"]) for r in rows}
+    keep = (lambda r: (r["workload"], r["busy_loops"], r["setting"]) not in new) if append else None
+    record(out, rows, run=this_run(workloads=chosen), keep=keep)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 Trains two endpoints (seeds 0 and 1; Adam, linear decay to 0, batch 128, no augmentation) on the
 4,000 training digits, aligns θb to θa with identity (naive), WM and AM, and reports the test
 accuracy of the endpoints and of the midpoint (θa + π(θb))/2 with stale BN statistics and with
-statistics repaired on ``--repair-samples`` training images. Writes benchmarks/results/conv_lmc.json.
+statistics repaired on ``--repair-samples`` training images. Writes benchmarks/scratch/conv_lmc.json.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.bn_repair import bn_repair_hook
@@ -27,8 +28,6 @@ from lmclab.core.spec import apply_permutation
 from lmclab.search import run_search
 from lmclab.search.registered import search_problem
 from lmclab.train.training import train
-
-HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
@@ -86,6 +85,7 @@ def main() -> None:
         )
         mid = {r["repair"]: round(100 * r["acc"], 2) for r in rows if r["lam"] == 0.5}
         out[method] = {
+            "method": method,
             "midpoint_acc_stale_bn": mid[False],
             "midpoint_acc_repaired": mid[True],
             "endpoint_acc_repaired_a_b": [
@@ -97,8 +97,7 @@ def main() -> None:
         }
         print(method, out[method], flush=True)
     print(json.dumps(out, indent=2))
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "conv_lmc.json").write_text(json.dumps(out, indent=2) + "\n")
+    record(SCRATCH / "conv_lmc.json", list(out.values()))
 
 
 if __name__ == "__main__":

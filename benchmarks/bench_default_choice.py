@@ -9,7 +9,7 @@ Sinkhorn settings in ``params.yaml`` comes from its output (README "Default run"
 
     python benchmarks/bench_default_choice.py --data-dir data --epochs 10,20,40 --seeds 6
 
-Writes ``benchmarks/results/default_choice.json``. Timings depend on the machine's load.
+Writes ``benchmarks/scratch/default_choice.json``. Timings depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import get_arch
 from lmclab.core.data import load_split
@@ -46,7 +47,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--methods", default="identity,wm,am,wm_sinkhorn,ste_sinkhorn")
     parser.add_argument("--set", action="append", default=[], help="method.key=value (YAML value)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "default_choice.json")
+    parser.add_argument("--out", type=Path, default=SCRATCH / "default_choice.json")
     args = parser.parse_args()
     permute = permute_options(args.params, args.set)
     train_split = load_split(args.data_dir / "prepared", "train")
@@ -76,10 +77,7 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"threads": torch.get_num_threads(), "options": permute, "rows": rows}, indent=2) + "\n"
-    )
+    record(args.out, rows, options=permute)
     print("| epochs | train s/seed | method | test B½ | L2 reduction % | search s |\n|---|---|---|---|---|---|")
     for epochs in dict.fromkeys(r["epochs"] for r in rows):
         for method in args.methods.split(","):

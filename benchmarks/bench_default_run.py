@@ -9,17 +9,17 @@ stage again, the warm start on), with the ``python`` and ``dvc`` of this interpr
 Each line DVC prints is timestamped as it arrives; a stage's time runs from its ``Running stage``
 line to the next one (so DVC's own hashing and locking after a stage count towards it) and the last
 to the end. Writes the totals, every stage and the sums per stage family (``train@0``… → ``train``)
-with the commit, the machine and the command. ``--versus`` clones an earlier commit beside HEAD and runs
+with the commit, the machine and the command (``benchmarks/record.py``: one row per run, ``mode`` first,
+forced or versus). ``--versus`` clones an earlier commit beside HEAD and runs
 ``dvc repro -f`` of each in turn, ``--rounds`` times (the first round also fills each clone's data), under
 ``versus``: a change's effect on the wall time measured in one run, not against a figure from another day.
-``--preset`` applies ``presets/NAME.yaml`` in the clone first (``tools/preset.py``: e.g. the language-model
-preset's run as a user meets it), ``--keep`` leaves the clone with its results at DIR (e.g. for a study to
-collect). Run it with nothing else on the machine.
+``--preset`` applies ``presets/NAME.yaml`` in the clone first (the clone's own ``lmclab preset``: e.g. the
+language-model preset's run as a user meets it), ``--keep`` leaves the clone with its results at DIR (e.g.
+for a study to collect). Run it with nothing else on the machine.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -28,10 +28,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNING = re.compile(r"^Running stage '([^']+)'")
@@ -66,7 +66,7 @@ def timed_run(cmd: list[str], cwd: Path, env: dict) -> dict:
         raise SystemExit(f"error: {' '.join(cmd)} failed in {cwd}:\n{tail}")
     stages = stage_seconds(lines, total)
     return {
-        "command": " ".join(cmd),
+        "repro": " ".join(cmd),
         "total_sec": round(total, 1),
         "stage_processes": len(stages),
         "families_sec": {k: round(v, 1) for k, v in families(stages).items()},
@@ -87,35 +87,27 @@ def main(
     names = [r.strip() for r in runs.split(",") if r.strip()]
     if not names or any(r not in COMMANDS for r in names):
         raise SystemExit(f"error: --runs: expected a comma-separated subset of {', '.join(COMMANDS)}, got {runs!r}")
-    sys.path.insert(0, str(ROOT / "src"))
-    from lmclab.core.device import describe_machine
-
     head = _commit("HEAD")
     earlier = _commit(versus) if versus else None  # refused before any run
     if keep is not None and keep.exists():
         raise SystemExit(f"error: --keep: {keep} exists; expected a new folder")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = {
-        "benchmark": "python benchmarks/bench_default_run.py " + " ".join(sys.argv[1:]),
-        "commit": head,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "preset": preset,
-        "runs": {},
-    }
+    run, rows = this_run(preset=preset), []
     with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # created 0700: ours alone
         clone = _clone(Path(tmp) / "repo", head)
         if preset:
-            subprocess.run([sys.executable, "tools/preset.py", preset], cwd=clone, env=env, check=True)
+            preset_env = {**env, "PYTHONPATH": str(clone / "src")}  # the clone's lmclab, as its stages import it
+            subprocess.run([sys.executable, "-m", "lmclab", "preset", preset], cwd=clone, env=preset_env, check=True)
         for name in names:
-            result["runs"][name] = run = timed_run(COMMANDS[name], clone, env)
-            _report(name, run)
+            rows.append(measured := {"mode": name, "clone": head, **timed_run(COMMANDS[name], clone, env)})
+            _report(name, measured)
         if earlier:
-            result["versus"] = _alternate({head: clone, earlier: _clone(Path(tmp) / "earlier", earlier)}, rounds, env)
+            clones = {head: clone, earlier: _clone(Path(tmp) / "earlier", earlier)}
+            for commit, timed in _alternate(clones, rounds, env).items():
+                rows += [{"mode": "versus", "clone": commit, "round": i, **r} for i, r in enumerate(timed)]
         if keep is not None:
             shutil.move(clone, keep)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record(out, rows, run=run)
     print(f"wrote {out}")
 
 
@@ -146,7 +138,7 @@ def _alternate(clones: dict[str, Path], rounds: int, env: dict) -> dict[str, lis
 
 def _report(name: str, run: dict) -> None:
     families = sorted(run["families_sec"].items(), key=lambda kv: -kv[1])
-    print(f"{name}: {run['command']} {run['total_sec']} s; " + ", ".join(f"{k} {v}" for k, v in families), flush=True)
+    print(f"{name}: {run['repro']} {run['total_sec']} s; " + ", ".join(f"{k} {v}" for k, v in families), flush=True)
 
 
 if __name__ == "__main__":

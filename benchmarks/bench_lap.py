@@ -27,28 +27,26 @@ thread when ``--threads 1``). On a machine whose cores other jobs also use, two 
 times slower than one (OpenMP threads waiting for each other), which is why the JSON also records the
 load average.
 
-Writes ``benchmarks/results/lap.json`` with the command, commit, date and machine.
+Writes ``benchmarks/results/lap.json`` (``benchmarks/record.py``: the command, commit, date and machine; a
+row per assignment and per WM pair, ``table`` naming which).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import torch
 import typer
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.assignment import BACKENDS, solve_assignment
-from lmclab.core.device import describe_machine
 from lmclab.core.spec import identity_permutation
 from lmclab.search import weight_matching as wm_module
 from lmclab.search.weight_matching import constant_terms, group_cost, matching_objective, weight_matching
@@ -222,17 +220,8 @@ def main(
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     sys.path += [str(p) for p in (rebasin, site) if p is not None]
     pairs = _pairs([m for m in models if (m / "seed0.pt").is_file() and (m / "seed1.pt").is_file()])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    result = {
-        "benchmark": "python benchmarks/bench_lap.py " + " ".join(sys.argv[1:]),
-        "commit": commit.stdout.strip(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "repeats": repeats,
-        "load_average_1min": {"start": os.getloadavg()[0]},  # other jobs on the machine (2 cores shared)
-        "assignments": [],
-        "weight_matching": [],
-    }
+    # other jobs on the machine (2 cores shared): the load at the start and the end
+    run, rows = this_run(repeats=repeats, load_average_1min={"start": os.getloadavg()[0]}), []
     warm = torch.randn(64, 64, dtype=torch.float64)
     for backend in BACKENDS:  # the first call imports and initialises the solver
         solve_assignment(warm, backend)
@@ -240,7 +229,7 @@ def main(
     for n in map(int, sizes.split(",")):
         for kind in ("random", "ties", "planted", "wm"):
             row = time_assignments(kind, n, repeats, pairs)
-            result["assignments"].append(row)
+            rows.append({"table": "assignments", **row})
             typer.echo(
                 f"{kind:>7} {n:>5}²: scipy {row['median_s']['scipy']:.3f} s, lapx ×{row['ratio_lapx']:.2f}"
                 f" (same optimum: {row['same_optimum']['lapx']}), lapjvs ×{row['ratio_lapjvs']:.2f}"
@@ -249,7 +238,7 @@ def main(
     for count, width in ((c, w) for c in counts for w in sorted(timed)):
         torch.set_num_threads(count)
         row = {"torch_threads": count, **time_wm(timed[width], repeats, rebasin=rebasin is not None)}
-        result["weight_matching"].append(row)
+        rows.append({"table": "weight_matching", **row})
         typer.echo(
             f"WM {row['model']}, {count} torch threads: scipy {row['median_s']['scipy']:.2f} s"
             f" ({row['median_assignment_s']['scipy']:.2f} s assigning), lapx {row['median_s']['lapx']:.2f} s"
@@ -257,9 +246,8 @@ def main(
             f" same permutation: {row['same_permutation']}"
             + (f"; git-re-basin {row['median_s']['git-re-basin']:.2f} s" if rebasin else "")
         )
-    result["load_average_1min"]["end"] = os.getloadavg()[0]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    run["load_average_1min"]["end"] = os.getloadavg()[0]
+    record(out, rows, run=run)
     typer.echo(f"wrote {out}")
 
 

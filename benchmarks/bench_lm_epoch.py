@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import make_config
 from lmclab.core.data import load_split, prepare
-from lmclab.core.device import describe_machine
 from lmclab.pipeline.stage import parse_yaml
 from lmclab.train.training import train
 
@@ -57,20 +56,12 @@ def main() -> None:
                 batch_size=opts["batch_size"],
             )
             times[str(width)].append(time.perf_counter() - start)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    record = {
-        "benchmark": "python benchmarks/bench_lm_epoch.py",
-        "commit": commit.stdout.strip(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "preset": {"width": gpt["width"], "depth": gpt["depth"], "heads": gpt["heads"], "context": data["context"]},
-        "windows": {"train": meta["n_train"], "test": meta["n_test"]},
-        "batch_size": opts["batch_size"],
-        "seconds_per_epoch": {w: sorted(v)[len(v) // 2] for w, v in times.items()},
-        "all": times,
-    }
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record["seconds_per_epoch"]))
+    preset = {"width": gpt["width"], "depth": gpt["depth"], "heads": gpt["heads"], "context": data["context"]}
+    windows = {"train": meta["n_train"], "test": meta["n_test"]}
+    run = this_run(preset=preset, windows=windows, batch_size=opts["batch_size"])
+    rows = [{"width": int(w), "seconds_per_epoch": sorted(v)[len(v) // 2], "all": v} for w, v in times.items()]
+    record(args.out, rows, run=run)
+    print(json.dumps({r["width"]: r["seconds_per_epoch"] for r in rows}))
 
 
 if __name__ == "__main__":

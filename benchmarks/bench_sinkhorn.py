@@ -17,7 +17,7 @@ measured float32 and bfloat16 GEMM rates).
 
     python benchmarks/bench_sinkhorn.py --data-dir data --repeats 3 [--methods wm_sinkhorn,ste_sinkhorn,ste]
 
-Writes ``benchmarks/results/sinkhorn.json``. The reference's side is run outside the project with
+Writes ``benchmarks/scratch/sinkhorn.json``. The reference's side is run outside the project with
 the same functions (the README gives the command); its code never enters lmclab.
 """
 
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import get_arch
 from lmclab.archs.checkpoint import atomic_save
@@ -162,7 +163,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=ROOT / "data" / "bench_pair_mlp_30ep.pt")
     parser.add_argument("--methods", default="wm_sinkhorn,ste_sinkhorn,ste")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sinkhorn.json")
+    parser.add_argument("--out", type=Path, default=SCRATCH / "sinkhorn.json")
     args = parser.parse_args()
     pair = Pair(args.data_dir, args.cache)
     rows = [run(pair, method, seed) for seed in range(args.repeats) for method in args.methods.split(",")]
@@ -172,11 +173,7 @@ def main() -> None:
         "gemm_gflops": gemm_rate() / 1e9,
         "gemm_gflops_bf16": gemm_rate(dtype=torch.bfloat16) / 1e9,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"threads": torch.get_num_threads(), "settings": SETTINGS, "floor": floor, "rows": rows}, indent=2)
-        + "\n"
-    )
+    record(args.out, rows, settings=SETTINGS, floor=floor)
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if k != "curve"}))
     print(json.dumps(floor))

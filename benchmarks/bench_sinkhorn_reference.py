@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -35,6 +33,7 @@ from scipy.optimize import linear_sum_assignment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sinkhorn as bench
+from record import record  # benchmarks/record.py: the one shape of a result
 
 
 def reference_perm(rebasin_net: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -158,17 +157,7 @@ def main() -> None:
 
 
 def _write(out: Path, rows: list[dict]) -> None:
-    from lmclab.core.device import describe_machine
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=bench.ROOT, capture_output=True, text=True, check=True)
-    record = {
-        "benchmark": "python benchmarks/bench_sinkhorn_reference.py " + " ".join(sys.argv[1:]),
-        "commit": commit.stdout.strip(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "rows": rows,
-    }
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    record(out, rows)  # benchmarks/record.py: the command, commit, date and machine beside the rows
 
 
 if __name__ == "__main__":

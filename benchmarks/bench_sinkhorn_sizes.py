@@ -24,16 +24,13 @@ takes minutes.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import time
 import warnings
-from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp", "vit_tiny")
@@ -109,7 +106,7 @@ def time_model(name: str, models: Path, lrs: list[float]) -> dict:
         **size_columns(name, source, spec, params_a),
         "median_first_step_rms": statistics.median(g["first_step_rms"] for g in first.values()),
         "torch_threads": torch.get_num_threads(),
-        "rows": rows,
+        "searches": rows,
     }
 
 
@@ -129,20 +126,10 @@ def main(
 
     wait_briefly()
     use_threads("auto")
-    from lmclab.core.device import describe_machine
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    record = {
-        "benchmark": "python benchmarks/bench_sinkhorn_sizes.py " + " ".join(sys.argv[1:]),
-        "commit": commit.stdout.strip(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "models": [],
-    }
+    run, rows = this_run(), []
     for name in models.split(","):
-        record["models"].append(time_model(name, pair, rates))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1) + "\n")  # after each model: a long run keeps what it measured
+        rows.append(time_model(name, pair, rates))
+        record(out, rows, run=run)  # after each model: a long run keeps what it measured
     typer.echo(f"wrote {out}")
 
 

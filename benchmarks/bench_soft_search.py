@@ -4,7 +4,7 @@ For each pair and method: search time (learning-curve monitoring excluded), L2 b
 reduction %, and the midpoint test-loss barrier B_½ (the paper's Tables 1–3); for `ste`, seconds per epoch.
 Options come from the params file's ``permute.<method>`` blocks (``--set method.key=value`` to
 override, e.g. ``--set wm_sinkhorn.iterations=100`` for the paper's setting). Writes
-``benchmarks/results/soft_search.json`` and prints a Markdown table.
+``benchmarks/scratch/soft_search.json`` and prints a Markdown table.
 
     python benchmarks/bench_soft_search.py --data-dir data --pairs 0-1,2-3
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs.checkpoint import load_checkpoint
 from lmclab.core.data import load_split
@@ -72,7 +73,7 @@ def main() -> None:
     parser.add_argument("--pairs", default="0-1,2-3")
     parser.add_argument("--methods", default="identity,wm,am,ste,wm_sinkhorn,ste_sinkhorn")
     parser.add_argument("--set", action="append", default=[], help="method.key=value (YAML value)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soft_search.json")
+    parser.add_argument("--out", type=Path, default=SCRATCH / "soft_search.json")
     args = parser.parse_args()
     permute = permute_options(args.params, args.set)
     train = load_split(args.data_dir / "prepared", "train")
@@ -89,10 +90,7 @@ def main() -> None:
             row = {"pair": pair, **run(problem, method, permute.get(method) or {}, permute["seed"])}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"threads": torch.get_num_threads(), "options": permute, "rows": rows}, indent=2) + "\n"
-    )
+    record(args.out, rows, options=permute)
     cols = [
         "pair",
         "method",

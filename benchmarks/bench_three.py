@@ -1,7 +1,7 @@
 """Benchmark: the three-model landscape at the default resolution and MergeMany of N models.
 
 Uses the default pipeline's checkpoints (data/models/seed*.pt) and prepared data; run `dvc repro`
-first. Prints wall times and writes benchmarks/results/three.json."""
+first. Prints wall times and writes benchmarks/scratch/three.json."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import typer
 import yaml
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.analysis.landscape import landscape, plane_grid
 from lmclab.archs import build_model, get_arch
@@ -22,7 +23,7 @@ from lmclab.search.merge_many import merge_many
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def main(out: Path = ROOT / "benchmarks/results/three.json") -> None:
+def main(out: Path = SCRATCH / "three.json") -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     three, many = params["three"], params["merge_many"]
     ckpts = [load_checkpoint(ROOT / f"data/models/seed{s}.pt") for s in three["triples"][0]]
@@ -39,13 +40,12 @@ def main(out: Path = ROOT / "benchmarks/results/three.json") -> None:
         spec, members, max_iter=many["max_iter"], tol=many["tol"], generator=torch.Generator().manual_seed(0)
     )
     many_s = time.perf_counter() - start
-    results = {
-        "landscape": {"grid": f"{len(grid)} x {len(grid)}", "test_images": len(test), "seconds": plane_s},
-        "merge_many": {"models": len(members), "iterations": result.stats["iterations"], "seconds": many_s},
-    }
-    typer.echo(json.dumps(results, indent=2))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    rows = [
+        {"work": "landscape", "grid": f"{len(grid)} x {len(grid)}", "test_images": len(test), "seconds": plane_s},
+        {"work": "merge_many", "models": len(members), "iterations": result.stats["iterations"], "seconds": many_s},
+    ]
+    typer.echo(json.dumps(rows, indent=2))
+    record(out, rows)
 
 
 if __name__ == "__main__":

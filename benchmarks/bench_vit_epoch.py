@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+from record import record  # benchmarks/record.py: the one shape of a result
 
 from lmclab.archs import mae, make_config
 from lmclab.core.data import load_split, prepare
@@ -70,16 +68,9 @@ def main() -> None:
             batch_size=pre["train"]["batch_size"],
         )
         times["mae"].append(time.perf_counter() - start)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    record = {
-        "command": "python benchmarks/bench_vit_epoch.py",
-        "commit": commit.stdout.strip(),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "seconds_per_epoch": {k: sorted(v)[len(v) // 2] for k, v in times.items()},
-        "all": times,
-    }
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record["seconds_per_epoch"]))
+    rows = [{"objective": k, "seconds_per_epoch": sorted(v)[len(v) // 2], "all": v} for k, v in times.items()]
+    record(args.out, rows)
+    print(json.dumps({r["objective"]: r["seconds_per_epoch"] for r in rows}))
 
 
 if __name__ == "__main__":

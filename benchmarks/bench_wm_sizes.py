@@ -33,17 +33,15 @@ date and machine; the performance page (``tools/performance_page.py``) is genera
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
+from record import record, this_run  # benchmarks/record.py: the one shape of a result
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp", "resnet20x16", "vgg11_bn", "resnet50", "vit_b_16")
@@ -189,38 +187,21 @@ def main(
     sys.path += [str(p) for p in ((rebasin / "src") if rebasin else None, site) if p is not None]
     import torch
 
-    from lmclab.core.device import describe_machine
-
     torch.set_grad_enabled(False)
     use_threads(threads)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    run = {
-        "benchmark": "python benchmarks/bench_wm_sizes.py " + " ".join(sys.argv[1:]),
-        "commit": commit.stdout.strip(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": describe_machine(),
-        "repeats": repeats,
-    }
-    chosen = models.split(",")
-    earlier = json.loads(out.read_text()) if append and out.is_file() else {"runs": [], "rows": []}
-    kept = [r for r in earlier["rows"] if r["model"] not in chosen]
-    runs = [earlier["runs"][r["run"]] for r in kept]
-    unique = list({json.dumps(r, sort_keys=True): r for r in [*runs, run]}.values())
-    for r in kept:
-        r["run"] = unique.index(earlier["runs"][r["run"]])
-    result = {"runs": unique, "rows": kept}
+    run, chosen, rows = this_run(repeats=repeats), models.split(","), []
+    keep = (lambda r: r["model"] not in chosen) if append else None
     for name in chosen:
         load = os.getloadavg()[0]
         row = {**time_model(name, pair, repeats, rebasin is not None), "load_average_1min": load}
-        result["rows"].append({**row, "run": unique.index(run)})
+        rows.append(row)
         peer = row["median_s"].get("git-re-basin")
         typer.echo(
             f"{name}: lmclab {row['median_s']['lmclab']:.2f} s (2 starts {row['median_s']['lmclab 2 starts']:.2f} s)"
             + (f", git-re-basin {peer:.2f} s" if peer else "")
             + f"; objective {row['objective']}"
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")  # after each model: a long run keeps what it measured
+        record(out, rows, run=run, keep=keep)  # after each model: a long run keeps what it measured
     typer.echo(f"wrote {out}")
 
 

@@ -11,8 +11,8 @@ reports per headline metric the spread against the reference run:
 
 The last three stand in for "another machine": the same code on another CPU gives other floats,
 and 10 epochs of training amplify them. ``metrics/tolerances.yaml`` takes its numbers from this
-(README "Comparing experiments and CI"). Writes ``benchmarks/results/metric_spread.{json,md}`` and
-the proposed rules ``benchmarks/results/tolerances.proposed.yaml`` (:func:`propose_tolerances`).
+(README "Comparing experiments and CI"). Writes ``benchmarks/scratch/metric_spread.{json,md}`` and
+the proposed rules ``benchmarks/scratch/tolerances.proposed.yaml`` (:func:`propose_tolerances`).
 
     python benchmarks/metric_spread.py [--variants rerun,1thread,mkl-avx,sse]   (~3 min per variant)
 """
@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record import SCRATCH, record  # benchmarks/record.py: the one shape of a result
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {
@@ -138,11 +140,8 @@ def main() -> None:
             runs[name] = flat(doc)
             print(f"{name}: {seconds[name]:.0f} s", flush=True)
     rows, table = spread_table(runs)
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metric_spread.json").write_text(
-        json.dumps({"variants": {n: VARIANTS[n] for n in chosen}, "seconds": seconds, "rows": rows}, indent=2)
-    )
+    record(SCRATCH / "metric_spread.json", rows, variants={n: VARIANTS[n] for n in chosen}, seconds=seconds)
+    out = SCRATCH
     (out / "metric_spread.md").write_text(table + "\n")
     (out / "tolerances.proposed.yaml").write_text(propose_tolerances(rows))
     print(table)

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 import typer
-from preset import flow
 
+from lmclab.pipeline.preset import flow
 from lmclab.pipeline.stage import one_line_errors
 
 ROOT = Path(__file__).resolve().parent.parent

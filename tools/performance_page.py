@@ -4,7 +4,8 @@ typed by hand — not a DVC stage (< 1 s):
     python tools/performance_page.py            # rewrite the generated part of docs/performance.md
     python tools/performance_page.py --check    # exit 1 if it differs from what the results give
 
-Reads ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``),
+Reads, each in the one shape of ``benchmarks/record.py`` (its runs: command, commit, date and machine; its
+rows, each naming its run), ``benchmarks/results/contention.json`` (``benchmarks/bench_contention.py``),
 ``benchmarks/results/wm_sizes.json`` (``benchmarks/bench_wm_sizes.py``),
 ``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``),
 ``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``),
@@ -42,12 +43,17 @@ def _seconds(value: float | None, stopped: float | None = None) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.0f}"
 
 
-def _source(run: dict) -> str:
+def _by(run: dict) -> str:
+    """``command` at commit … on date: the machine``: who measured a record's rows."""
     machine = run["machine"]
     return (
-        f"- {', '.join(run['workloads'])}: `{run['benchmark']}` at commit `{run['commit'][:7]}` on {run['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}."
+        f"`{run['command']}` at commit `{run['commit'][:7]}` on {run['date']}: "
+        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}"
     )
+
+
+def _source(run: dict) -> str:
+    return f"- {', '.join(run['workloads'])}: {_by(run)}."
 
 
 def contention(record: dict) -> str:
@@ -106,12 +112,8 @@ def wm_sizes(record: dict) -> str:
     reached, and where lmclab's time went."""
     out = ["Measured by", ""]
     for number, run in enumerate(record["runs"]):
-        machine, models = run["machine"], [r["model"] for r in record["rows"] if r["run"] == number]
-        out.append(
-            f"- {', '.join(models)}: `{run['benchmark']}` at commit `{run['commit'][:7]}` on {run['date']}: "
-            f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; "
-            f"medians of {run['repeats']}, alternating in one process."
-        )
+        models = [r["model"] for r in record["rows"] if r["run"] == number]
+        out.append(f"- {', '.join(models)}: {_by(run)}; medians of {run['repeats']}, alternating in one process.")
     out += [
         "",
         "Seconds (in brackets: git-re-basin's time over lmclab's):",
@@ -143,10 +145,9 @@ def wm_sizes(record: dict) -> str:
 def time_to_target(record: dict) -> str:
     """Per repeat: the reference's DistL2 run and lmclab's wm_sinkhorn (defaults; fixed schedule), each
     with the seconds it took to first reach the reference's final ⟨θa, π(θb)⟩."""
-    machine = record["machine"]
+    (run,) = record["runs"]
     out = [
-        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}.",
+        f"Measured by {_by(run)}.",
         "",
         "Seconds to reach the reference's final ⟨θa, π(θb)⟩ (its total), the final ⟨θa, π(θb)⟩, "
         "and the reference's time to it over lmclab's:",
@@ -172,19 +173,18 @@ def time_to_target(record: dict) -> str:
 def sinkhorn_sizes(record: dict) -> str:
     """Per model: coordinate-descent WM and each ``wm_sinkhorn`` setting, with seconds, Adam steps (seconds
     per step) and the best ⟨θa, π(θb)⟩, and the median over groups of Adam's first step at lr 1."""
-    machine = record["machine"]
+    (run,) = record["runs"]
     out = [
-        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; one run each.",
+        f"Measured by {_by(run)}; one run each.",
         "",
         "| model | parameters | groups (widest) | Adam's first step at lr 1 (median RMS) | search | seconds "
         "| Adam steps (s per step) | ⟨θa, π(θb)⟩ (at the start) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for model in record["models"]:
+    for model in record["rows"]:
         size = f"{model['parameters'] / 1e6:.1f} M | {model['groups']} ({model['widest_group']})"
         first = f"{model['median_first_step_rms']:.2g}"
-        for row in model["rows"]:
+        for row in model["searches"]:
             steps = row.get("steps")
             spent = f"{steps} ({(row['seconds'] / steps):.3f} s)" if steps else "–"
             if row.get("stalled"):
@@ -200,30 +200,32 @@ def sinkhorn_sizes(record: dict) -> str:
 
 def lm_epoch(record: dict) -> str:
     """Seconds per training epoch of the language-model preset's GPT at each candidate width (median)."""
-    machine, preset = record["machine"], record["preset"]
+    (run,), rows = record["runs"], record["rows"]
+    preset = run["preset"]
     out = [
-        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; median of "
-        f"{len(next(iter(record['all'].values())))} epochs each, alternating. Depth {preset['depth']}, "
-        f"{preset['heads']} heads, context {preset['context']}, batch {record['batch_size']}, "
-        f"{record['windows']['train']} training windows (the preset `pydoc_gpt` has width {preset['width']}).",
+        f"Measured by {_by(run)}; median of "
+        f"{len(rows[0]['all'])} epochs each, alternating. Depth {preset['depth']}, "
+        f"{preset['heads']} heads, context {preset['context']}, batch {run['batch_size']}, "
+        f"{run['windows']['train']} training windows (the preset `pydoc_gpt` has width {preset['width']}).",
         "",
         "| width | seconds per epoch | all epochs (s) |",
         "|---|---|---|",
     ]
-    for width, seconds in record["seconds_per_epoch"].items():
-        runs = " / ".join(f"{s:.1f}" for s in record["all"][width])
-        out.append(f"| {width}{' (preset)' if int(width) == preset['width'] else ''} | {seconds:.1f} | {runs} |")
+    for row in rows:
+        width, runs = row["width"], " / ".join(f"{s:.1f}" for s in row["all"])
+        out.append(
+            f"| {width}{' (preset)' if width == preset['width'] else ''} | {row['seconds_per_epoch']:.1f} | {runs} |"
+        )
     return "\n".join(out) + "\n"
 
 
 def preset_run(record: dict) -> str:
     """A preset's first ``dvc repro`` in a fresh clone: the whole run's seconds and each stage family's."""
-    machine, run = record["machine"], record["runs"]["first"]
+    (measured,) = record["runs"]
+    run = next(r for r in record["rows"] if r["mode"] == "first")
     out = [
-        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; "
-        f"`dvc repro` of the preset `{record['preset']}` in a fresh clone, {run['stage_processes']} stages.",
+        f"Measured by {_by(measured)}; "
+        f"`dvc repro` of the preset `{measured['preset']}` in a fresh clone, {run['stage_processes']} stages.",
         "",
         "| stages | seconds |",
         "|---|---|",
@@ -236,14 +238,16 @@ def preset_run(record: dict) -> str:
 def default_run(record: dict) -> str:
     """``dvc repro -f`` of HEAD and of an earlier commit (``--versus``), alternating: the whole run's and
     each stage family's seconds, round by round (empty without ``versus``)."""
-    versus = record.get("versus")
+    versus: dict[str, list[dict]] = {}
+    for row in record["rows"]:
+        if row["mode"] == "versus":
+            versus.setdefault(row["clone"], []).append(row)
     if not versus:
         return ""
-    machine = record["machine"]
+    (run,) = record["runs"]
     (head, runs_head), (earlier, runs_earlier) = versus.items()
     out = [
-        f"Measured by `{record['benchmark']}` at commit `{record['commit'][:7]}` on {record['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}; "
+        f"Measured by {_by(run)}; "
         f"`dvc repro -f` of each commit in turn, {len(runs_head)} rounds (the first also fills each clone).",
         "",
         "Seconds per stage family, round by round:",

@@ -103,12 +103,12 @@ def _wall_time(bench: dict | None) -> list[str]:
     """One line on how long the default run takes, from the committed benchmark (if any)."""
     if bench is None:
         return []
-    runs = bench["runs"]
-    said = [f"`{run['command']}` {run['total_sec']:.0f} s" for run in runs.values()]
+    (run,) = bench["runs"]  # the one shape of benchmarks/record.py
+    said = [f"`{row['repro']}` {row['total_sec']:.0f} s" for row in bench["rows"] if row["mode"] != "versus"]
     return [
         "",
-        f"Wall time in a clean clone: {', '.join(said)} ({_machine(bench['machine'])}, commit "
-        f"{bench['commit'][:7]}, {bench['date']}; `{bench['benchmark']}`, stage by stage in "
+        f"Wall time in a clean clone: {', '.join(said)} ({_machine(run['machine'])}, commit "
+        f"{run['commit'][:7]}, {run['date']}; `{run['command']}`, stage by stage in "
         "`benchmarks/results/default_run.json`).",
     ]
 

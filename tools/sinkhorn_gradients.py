@@ -7,7 +7,7 @@ at the start, against Adam's ε (:func:`lmclab.search.wm_sinkhorn.start_gradient
 writes one row per pair and permutation group (the checkpoints' width, the N matched entries, the
 gradient's RMS and largest entry, RMS/ε, the RMS of Adam's first step at lr 1) to
 ``reports/three_study/wm_sinkhorn_gradients.json`` (``--out``). The three-model study's width points
-train their models (``dvc exp``, ``tools/three_study.py``); their checkpoints are the pairs to give.
+train their models (``dvc exp``, ``lmclab study three``); their checkpoints are the pairs to give.
 """
 
 from __future__ import annotations

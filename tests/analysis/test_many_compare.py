@@ -175,8 +175,9 @@ def test_transform_methods_join_the_comparison_with_their_merges_plain_and_repai
 
 
 def test_the_study_page_is_collected_from_a_finished_run(tmp_path):
-    from many_study import app
     from typer.testing import CliRunner
+
+    from lmclab.cli import app
 
     spec, params, _ = planted(6, 3, noise=0.3)
     model, splits = _model_and_data()
@@ -191,11 +192,13 @@ def test_the_study_page_is_collected_from_a_finished_run(tmp_path):
     tree["merge_many"] = {"seeds": [0, 1, 2], "repair": "none", "methods": list(METHODS), **METHODS}
     (tmp_path / "run" / "params.yaml").write_text(yaml.safe_dump(tree))
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["collect", "--run", str(tmp_path / "run"), "--out", str(out), "--dpi", "30"])
+    result = CliRunner().invoke(
+        app, ["study", "many", "collect", "--run", str(tmp_path / "run"), "--out", str(out), "--dpi", "30"]
+    )
     assert result.exit_code == 0, result.output
     page = (out / "many_models.md").read_text()
     assert page.count("\n| ") == 1 + 1 + len(METHODS) + 3  # header, pairwise WM, the methods, three references
     assert "| C2M3 | " in page and (out / "many_models.png").stat().st_size > 0
     assert json.loads((out / "run.json").read_text())["seeds"] == [0, 1, 2]
-    missing = CliRunner().invoke(app, ["collect", "--run", str(tmp_path), "--out", str(out)])
+    missing = CliRunner().invoke(app, ["study", "many", "collect", "--run", str(tmp_path), "--out", str(out)])
     assert missing.exit_code != 0 and "--run: expected a run with" in str(missing.exception or missing.output)

@@ -18,11 +18,16 @@ def _row(workload: str, loops: int, setting: str, seconds: float) -> dict:
 
 def test_contention_append_replaces_only_the_rows_measured_again(tmp_path, monkeypatch) -> None:
     out = tmp_path / "contention.json"
-    old_run = {"benchmark": "old", "workloads": ["wm", "pipeline"]}
+    old_run = {"command": "old", "workloads": ["wm", "pipeline"]}
     out.write_text(
-        json.dumps({"runs": [old_run], "rows": [_row("wm", 0, "auto", 1.0), _row("pipeline", 0, "auto", 200.0)]})
+        json.dumps(
+            {
+                "runs": [old_run],
+                "rows": [{**_row("wm", 0, "auto", 1.0), "run": 0}, {**_row("pipeline", 0, "auto", 200.0), "run": 0}],
+            }
+        )
     )
-    monkeypatch.setattr(sys, "argv", ["bench_contention.py", "--append"])
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_contention.py", "--append"])
     bench_contention.write(out, [_row("pipeline", 2, "auto", 390.0)], ["pipeline"], append=True)
     record = json.loads(out.read_text())
     assert [(r["workload"], r["busy_loops"], r["median_s"]["lmclab"]) for r in record["rows"]] == [
@@ -30,12 +35,12 @@ def test_contention_append_replaces_only_the_rows_measured_again(tmp_path, monke
         ("pipeline", 0, 200.0),  # another busy-loop count: kept
         ("pipeline", 2, 390.0),
     ]
-    assert [record["runs"][r["run"]]["benchmark"] for r in record["rows"]][:2] == ["old", "old"]
-    assert record["runs"][record["rows"][2]["run"]]["benchmark"] == "python benchmarks/bench_contention.py --append"
+    assert [record["runs"][r["run"]]["command"] for r in record["rows"]][:2] == ["old", "old"]
+    assert record["runs"][record["rows"][2]["run"]]["command"] == "python benchmarks/bench_contention.py --append"
     bench_contention.write(out, [_row("pipeline", 0, "auto", 180.0)], ["pipeline"], append=True)
     again = json.loads(out.read_text())
     assert [r["median_s"]["lmclab"] for r in again["rows"]] == [1.0, 390.0, 180.0]  # the idle row replaced
-    assert len(again["runs"]) == 3 and again["runs"][again["rows"][0]["run"]]["benchmark"] == "old"
+    assert len(again["runs"]) == 3 and again["runs"][again["rows"][0]["run"]]["command"] == "old"
     bench_contention.write(out, [_row("wm", 0, "auto", 2.0)], ["wm"], append=False)
     assert [r["median_s"]["lmclab"] for r in json.loads(out.read_text())["rows"]] == [2.0]
 
@@ -69,3 +74,33 @@ def test_contention_settings_fix_the_openmp_spin_the_stages_would_otherwise_set(
     for bad in ("torchx", "0", "auto p", "s1000", "1sx"):
         with pytest.raises(SystemExit, match="--settings"):
             bench_contention.parse_setting(bad)
+
+
+def test_a_record_names_its_run_shell_quoted_with_commit_date_and_machine(tmp_path, monkeypatch) -> None:
+    """benchmarks/record.py: the argv shell-quoted from the repository's root, the commit and machine as
+    every record of the project names them, each row with its run; ``keep`` keeps earlier rows with theirs."""
+    import record
+
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "bench_x.py"), "--note", "two words"])
+    out = tmp_path / "deep" / "x.json"
+    written = record.record(out, [{"n": 1}, {"n": 2}], run=record.this_run(repeats=3), extra={"k": 1})
+    assert json.loads(out.read_text()) == written
+    (run,) = written["runs"]
+    assert run["command"] == "python benchmarks/bench_x.py --note 'two words'" and run["repeats"] == 3
+    assert {"cpu", "cores", "torch"} <= set(run["machine"]) and run["date"].endswith(" UTC") and run["commit"]
+    assert written["rows"] == [{"n": 1, "run": 0}, {"n": 2, "run": 0}] and written["extra"] == {"k": 1}
+    again = record.record(out, [{"n": 3}], run={"command": "b"}, keep=lambda r: r["n"] == 2)
+    assert again["runs"] == [run, {"command": "b"}] and again["rows"] == [{"n": 2, "run": 0}, {"n": 3, "run": 1}]
+
+
+def test_every_committed_result_is_in_the_one_shape() -> None:
+    """Each file of benchmarks/results/: runs naming command, commit, date and machine, rows naming a run."""
+    files = sorted((ROOT / "benchmarks" / "results").iterdir())
+    assert files and all(f.suffix == ".json" for f in files), files
+    for path in files:
+        result = json.loads(path.read_text())
+        assert result["runs"] and result["rows"], path.name
+        for run in result["runs"]:
+            assert {"command", "commit", "date", "machine"} <= set(run), path.name
+            assert run["command"].startswith("python benchmarks/"), path.name
+        assert all(0 <= row["run"] < len(result["runs"]) for row in result["rows"]), path.name

@@ -1,6 +1,7 @@
 """The documentation site builds with ``mkdocs build --strict``: a broken link or anchor between pages, a
 missing figure, a page left out of the navigation or an API object that no longer resolves fails the
-build (and so this test); the Python API page documents every public name of ``lmclab``."""
+build (and so this test); the Python API page documents every public name of ``lmclab``; docs/scripts.md
+says in one line what every script of ``tools/`` and ``benchmarks/`` is for (a script without its line fails)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,35 @@ def test_a_broken_link_or_api_name_fails_the_build(tmp_path) -> None:
     page.write_text(page.read_text().replace("::: lmclab.api.merge\n", "::: lmclab.api.merge_models\n"))
     proc = _build(config, tmp_path / "site-api")
     assert proc.returncode != 0 and "lmclab.api.merge_models" in proc.stderr, proc.stderr[-2000:]
+
+
+SCRIPTS_PAGE = DOCS / "scripts.md"
+FOLDERS = ("tools", "benchmarks")
+SUFFIXES = (".py", ".sh")
+
+
+def scripts() -> set[str]:
+    """Every script of the two folders (their own files, not what a tool installs beside it)."""
+    return {f"{folder}/{p.name}" for folder in FOLDERS for p in (ROOT / folder).iterdir() if p.suffix in SUFFIXES}
+
+
+def indexed(page: str) -> dict[str, str]:
+    """The page's table rows: script -> its line."""
+    rows = re.findall(r"^\| `((?:tools|benchmarks)/[^`]+)` \| (.+) \|$", page, flags=re.M)
+    return dict(rows)
+
+
+def test_every_script_has_one_line_and_every_line_a_script() -> None:
+    found = indexed(SCRIPTS_PAGE.read_text())
+    assert scripts() - set(found) == set(), f"docs/scripts.md: no line for {sorted(scripts() - set(found))}"
+    assert set(found) - scripts() == set(), (
+        f"docs/scripts.md: lines for missing scripts {sorted(set(found) - scripts())}"
+    )
+    assert all(line.strip() for line in found.values())
+
+
+def test_a_script_missing_from_the_index_is_named() -> None:
+    page = SCRIPTS_PAGE.read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| `tools/results.py` |"))
+    assert "tools/results.py" not in indexed(page.replace(row + "\n", ""))
+    assert "tools/results.py" in scripts()

@@ -82,7 +82,7 @@ def test_the_performance_page_is_what_the_committed_benchmarks_give(tmp_path) ->
     changed.write_text(sinkhorn.replace(first, str(float(first) + 1.0), 1))
     assert performance_page.generated(sinkhorn=changed) != performance_page.generated()
     soft_sizes = json.loads((ROOT / "benchmarks/results/sinkhorn_sizes.json").read_text())
-    row = soft_sizes["models"][-1]["rows"][-1]
+    row = soft_sizes["rows"][-1]["searches"][-1]
     section = performance_page.sinkhorn_sizes(soft_sizes)
     assert f"| {row['method']} |" in section and f"{row['objective']:.2f}" in section
     row["objective"] += 1.0
@@ -95,10 +95,14 @@ def test_the_performance_page_shows_the_default_run_against_the_earlier_commit(t
     import performance_page
 
     record = json.loads((ROOT / "benchmarks/results/default_run.json").read_text())
-    if "versus" not in record:  # a run without --versus: no section
+    versus: dict[str, list[dict]] = {}
+    for row in record["rows"]:
+        if row["mode"] == "versus":
+            versus.setdefault(row["clone"], []).append(row)
+    if not versus:  # a run without --versus: no section
         assert "against an earlier commit" not in performance_page.generated()
         return
-    (head, runs), (earlier, _) = record["versus"].items()
+    (head, runs), (earlier, _) = versus.items()
     section = performance_page.default_run(record)
     assert f"`{earlier[:7]}`" in section and f"`{head[:7]}` (this code)" in section
     assert " / ".join(f"{r['total_sec']:.1f}" for r in runs) in section
@@ -106,7 +110,7 @@ def test_the_performance_page_shows_the_default_run_against_the_earlier_commit(t
     changed = tmp_path / "default_run.json"
     changed.write_text(json.dumps(record))
     assert performance_page.generated(run=changed) != performance_page.generated()
-    del record["versus"]
+    record["rows"] = [r for r in record["rows"] if r["mode"] != "versus"]
     changed.write_text(json.dumps(record))
     assert "against an earlier commit" not in performance_page.generated(run=changed)
 
@@ -114,7 +118,7 @@ def test_the_performance_page_shows_the_default_run_against_the_earlier_commit(t
 def test_the_language_model_figures_of_the_performance_page_come_from_their_records(tmp_path) -> None:
     import performance_page
 
-    for name, field, keyword in (("lm_epoch", '"64": ', "lm"), ("lm_run", '"total_sec": ', "lm_run")):
+    for name, field, keyword in (("lm_epoch", '"seconds_per_epoch": ', "lm"), ("lm_run", '"total_sec": ', "lm_run")):
         record = (ROOT / f"benchmarks/results/{name}.json").read_text()
         value = re.search(re.escape(field) + r"([0-9.]+)", record).group(1)
         changed = tmp_path / f"{name}.json"

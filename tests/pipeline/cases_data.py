@@ -133,7 +133,7 @@ def conv_merged_model_has_repaired_statistics(repo: Path, env: dict) -> None:
 
 
 def conv_changing_repair_samples_reruns_only_downstream(repo: Path, env: dict) -> None:
-    from preset import set_values
+    from lmclab.pipeline.preset import set_values
 
     params = repo / "params.yaml"
     params.write_text(set_values(params.read_text(), {"measure.bn_repair_samples": 40}))

@@ -169,7 +169,10 @@ def test_exp_show_carries_the_headline_metrics_of_two_experiments(ran):
     _run(
         repo,
         "python",
-        "tools/sweep_study.py",
+        "-m",
+        "lmclab",
+        "study",
+        "sweep",
         "--param",
         "permute.wm_sinkhorn.lr",
         "--exps",

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 from dvc_repo import ROOT
-from preset import PRESETS, apply_preset, flatten, set_values
 from typer.testing import CliRunner
 
+from lmclab.cli import app
+from lmclab.pipeline.preset import apply_preset, flatten, set_values
 from lmclab.pipeline.stage import parse_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 
+PRESETS = ROOT / "presets"
 NAMES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
 PAPER = ["cifar10_resnet20", "cifar10_vgg11", "fashion_mnist_mlp", "imagenet_resnet50", "mnist_mlp"]
 EXTENSIONS = ["cifar10_mae", "cifar10_vit", "mae", "vit"]  # transformers (docs/transformers.md)
@@ -29,7 +31,7 @@ def _applied(name: str, **local: str) -> dict:
     """The preset applied to params.yaml: its values set, every other line and comment kept, valid (with the
     ``data`` keys of ``local`` pointed at files made by the test)."""
     text = (ROOT / "params.yaml").read_text()
-    new = apply_preset(name, text)
+    new = apply_preset(name, text, PRESETS)
     preset = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
     tree = parse_yaml(new)
     assert all(flatten(tree)[k] == v for k, v in preset.items())
@@ -67,7 +69,7 @@ def test_unknown_key_and_block_are_errors():
 
 def test_unknown_preset_is_one_line_error():
     with pytest.raises(FileNotFoundError, match="known"):
-        apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text())
+        apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text(), PRESETS)
 
 
 @pytest.mark.parametrize("name", EXTENSIONS)
@@ -117,12 +119,10 @@ def test_the_gpu_language_model_preset_reads_a_local_corpus_with_a_llama_layout(
     assert [line.split(":")[0] for line in err.value.lines] == ["data.root", "data.tokenizer"]
 
 
-def test_applying_a_preset_whose_corpus_is_not_there_yet_notes_it_and_writes(tmp_path, monkeypatch):
-    import preset
-
+def test_applying_a_preset_whose_corpus_is_not_there_yet_notes_it_and_writes(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text((ROOT / "params.yaml").read_text())
-    result = CliRunner().invoke(preset.app, ["text_gpt_gpu", "--params", str(params)])
+    result = CliRunner().invoke(app, ["preset", "text_gpt_gpu", "--params", str(params), "--presets", str(PRESETS)])
     assert result.exit_code == 0, result.output
     assert "note: preset text_gpt_gpu: data.root: data/corpus is not a folder" in result.output
     assert parse_yaml(params.read_text())["data"]["name"] == "text"
@@ -130,8 +130,32 @@ def test_applying_a_preset_whose_corpus_is_not_there_yet_notes_it_and_writes(tmp
     (tmp_path / "presets").mkdir()
     bad = (PRESETS / "text_gpt_gpu.yaml").read_text().replace("lr: 0.0006", "lr: -1.0")
     (tmp_path / "presets" / "bad.yaml").write_text(bad)
-    monkeypatch.setattr(preset, "PRESETS", tmp_path / "presets")
     params.write_text((ROOT / "params.yaml").read_text())
-    refused = CliRunner().invoke(preset.app, ["bad", "--params", str(params)])
+    refused = CliRunner().invoke(
+        app, ["preset", "bad", "--params", str(params), "--presets", str(tmp_path / "presets")]
+    )
     assert refused.exit_code == 1 and "error: preset bad: train.lr" in refused.output
     assert "data.root" not in refused.output and params.read_text() == (ROOT / "params.yaml").read_text()
+
+
+def test_the_command_lists_the_presets_and_prints_dvc_flags_without_writing(tmp_path, monkeypatch):
+    """``--list`` names every preset of ``--presets``; ``--set-params`` prints the `dvc exp run -S` flags and
+    leaves params.yaml as it was; the help lists ./presets when the command runs in a pipeline checkout."""
+    listed = CliRunner().invoke(app, ["preset", "--list", "--presets", str(PRESETS)])
+    assert listed.exit_code == 0 and listed.output.split() == NAMES
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    args = ["preset", "mnist_mlp", "--set-params", "--params", str(params), "--presets", str(PRESETS)]
+    flags = CliRunner().invoke(app, args)
+    assert flags.exit_code == 0 and flags.output.startswith("dvc exp run -S ")
+    assert "-S model.arch=mlp" in flags.output and params.read_text() == (ROOT / "params.yaml").read_text()
+    unnamed = CliRunner().invoke(app, ["preset", "--params", str(params), "--presets", str(PRESETS)])
+    assert unnamed.exit_code == 1 and "NAME: give a preset (known: [" in unnamed.output
+    missing = CliRunner().invoke(app, ["preset", "mnist_mlp", "--params", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 1 and f"error: --params: {tmp_path / 'none.yaml'}: no such file" in missing.output
+    import lmclab.cli.preset as command
+
+    monkeypatch.chdir(ROOT)
+    assert "Presets in presets/: cifar10_mae, cifar10_resnet20," in command._help()
+    monkeypatch.chdir(tmp_path)
+    assert "Presets in" not in command._help()

@@ -26,8 +26,7 @@ SWEEPS = {"lr": "train.lr", "weight_decay": "train.weight_decay"}
 
 
 def test_the_three_model_study_is_its_edges_tabulated() -> None:
-    import three_study
-
+    from lmclab.cli.studies import three as three_study
     from lmclab.studies.three_study import study_markdown, study_table
 
     folder = REPORTS / "three_study"
@@ -54,7 +53,7 @@ def test_each_sweep_is_its_points_tabulated_with_the_papers_trends(name: str) ->
 
 
 def test_the_transformer_study_page_is_its_table_and_runs() -> None:
-    import transformer_study
+    from lmclab.cli.studies import transformer as transformer_study
 
     folder = REPORTS / "transformers"
     table, runs = pd.read_parquet(folder / "table.parquet"), json.loads((folder / "runs.json").read_text())
@@ -72,8 +71,7 @@ def test_the_width_study_page_is_its_alignment_table() -> None:
 
 def test_the_language_model_study_is_its_points_tabulated() -> None:
     """The table, the explanation, each sweep's summary and trends, and the page, from the committed points."""
-    import lm_study
-
+    from lmclab.cli.studies import lm_page as lm_study
     from lmclab.studies.lm_study import explanation, method_table, sweep_summary, sweep_trends
 
     folder = REPORTS / "lm"

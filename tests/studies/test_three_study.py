@@ -226,13 +226,24 @@ def test_collect_keeps_the_committed_rows_of_points_run_on_another_machine(tmp_p
     import shutil
 
     from dvc_repo import ROOT
-    from three_study import app
     from typer.testing import CliRunner
+
+    from lmclab.cli import app
 
     committed = pd.read_parquet(ROOT / "reports/three_study/edges.parquet")
     shutil.copy(ROOT / "reports/three_study/edges.parquet", tmp_path / "edges.parquet")
     monkeypatch.chdir(ROOT)
-    args = ["collect", "--out", str(tmp_path), "--points", "default,width-128", "--params", str(ROOT / "params.yaml")]
+    args = [
+        "study",
+        "three",
+        "collect",
+        "--out",
+        str(tmp_path),
+        "--points",
+        "default,width-128",
+        "--params",
+        str(ROOT / "params.yaml"),
+    ]
     result = CliRunner().invoke(app, [*args, "--dpi", "30"])
     assert result.exit_code == 0, result.output
     assert "default: 27 edges kept from" in result.output

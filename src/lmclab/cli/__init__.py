@@ -26,6 +26,7 @@ from typing import Any
 
 import typer
 
+from lmclab.cli import preset, studies
 from lmclab.cli.inputs import (
     aligned_pair,
     checked_options,
@@ -321,6 +322,10 @@ def validate(params: Path = typer.Argument(Path("params.yaml"), help="a params.y
         typer.echo("\n".join(f"error: {line}" for line in err.lines), err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{params}: valid")
+
+
+app.add_typer(studies.app, name="study")  # lmclab study NAME: the studies over finished runs (cli/studies/)
+app.command("preset")(preset.preset)  # lmclab preset NAME: a paper preset into params.yaml (cli/preset.py)
 
 
 def main() -> None:

@@ -2,8 +2,8 @@
 as masked autoencoders, every method, with and without REPAIR — run by hand, not a DVC stage: its
 inputs are two finished runs of the pipeline.
 
-    git clone . ../run-vit && cd ../run-vit && python tools/preset.py vit && dvc repro   # and the same with mae
-    python tools/transformer_study.py collect --run supervised=../run-vit --run mae=../run-mae
+    git clone . ../run-vit && cd ../run-vit && lmclab preset vit && dvc repro   # and the same with mae
+    lmclab study transformer collect --run supervised=../run-vit --run mae=../run-mae
 
 ``collect`` reads each run's ``data/tables/pairs.parquet`` (written by its summarize stage), its
 permutations (``data/perms/<pair>/<method>/perm.pt``: the fraction of ``P_res`` left at the identity),
@@ -17,25 +17,29 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
 import typer
 
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
-from lmclab.report.plots import label
-from lmclab.studies.transformer_study import COLUMNS, identity_fraction, markdown_table, study_table
 
-ROOT = Path(__file__).resolve().parent.parent
-app = typer.Typer(add_completion=False)
+if TYPE_CHECKING:  # the command's modules load what they compute with when it runs (`lmclab --help` stays quick)
+    import pandas as pd
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 REBUILD = (
-    "Rebuilt by running the pipeline with `python tools/preset.py vit` and with `python tools/preset.py mae` "
-    "(each in its own clone, `dvc repro`), then `python tools/transformer_study.py collect --run "
+    "Rebuilt by running the pipeline with `lmclab preset vit` and with `lmclab preset mae` "
+    "(each in its own clone, `dvc repro`), then `lmclab study transformer collect --run "
     "supervised=<vit clone> --run mae=<mae clone>`."
 )
 
 
 def _pairs(run: Path) -> pd.DataFrame:
+    import pandas as pd
+    import torch
+
+    from lmclab.studies.transformer_study import identity_fraction
+
     pairs = pd.read_parquet(run / "data" / "tables" / "pairs.parquet")
     fractions = []
     for _, r in pairs.iterrows():
@@ -45,6 +49,8 @@ def _pairs(run: Path) -> pd.DataFrame:
 
 
 def _run_info(run: Path) -> dict:
+    import pandas as pd
+
     params = parse_yaml((run / "params.yaml").read_text())
     history = pd.concat(pd.read_parquet(p) for p in sorted((run / "data" / "history").glob("*.parquet")))
     last = history[history["epoch"] == history["epoch"].max()]
@@ -63,6 +69,9 @@ def _run_info(run: Path) -> dict:
 
 
 def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
+    from lmclab.report.plots import label
+    from lmclab.studies.transformer_study import COLUMNS, markdown_table
+
     lines = ["# Transformer study: supervised and MAE-pretrained ViTs", "", REBUILD, ""]
     for name, info in runs.items():
         vit = info["vit"]
@@ -97,18 +106,15 @@ def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-@app.callback()
-def main() -> None:
-    """The transformer study (module docstring)."""
-
-
 @app.command()
 @one_line_errors
 def collect(
     run: list[str] = typer.Option(..., help="NAME=DIR of a finished run (repeat; in the table's order)"),
-    out: Path = typer.Option(ROOT / "reports" / "transformers"),
+    out: Path = typer.Option(Path("reports/transformers")),
 ) -> None:
     """Build reports/transformers/ from finished runs."""
+    from lmclab.studies.transformer_study import study_table
+
     dirs = {}
     for item in run:
         name, sep, folder = item.partition("=")
@@ -124,7 +130,3 @@ def collect(
     (out / "runs.json").write_text(json.dumps(runs, indent=2) + "\n")
     (out / "transformers.md").write_text(markdown(table, runs))
     typer.echo(f"{out}: {len(table)} rows from {len(runs)} runs")
-
-
-if __name__ == "__main__":
-    app()

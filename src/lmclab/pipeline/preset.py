@@ -1,30 +1,16 @@
-"""Apply a named paper preset (``presets/<name>.yaml``) to params.yaml — not a DVC stage.
-
-    python tools/preset.py cifar10_resnet20            # rewrite params.yaml in place
-    python tools/preset.py cifar10_resnet20 --set-params  # print `dvc exp run -S` flags instead
-
-Only values change: every other line, comment and key order of params.yaml is kept. Each preset
-key must already exist in params.yaml (a typo is an error, not a new key); the result is
-validated like the validate stage before it is written (atomically); a local corpus or tokenizer folder it
-names that is not there yet (``data.root``, ``data.tokenizer``) is a note, not an error.
-"""
+"""A named preset (``presets/<name>.yaml``: one of the paper's settings) written into params.yaml, for
+``lmclab preset``: only values change, every other line, comment and key order of params.yaml is kept,
+and each preset key must already exist in params.yaml (a typo is an error, not a new key)."""
 
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import typer
-import yaml
+from lmclab.pipeline.stage import parse_yaml
 
-from lmclab.pipeline.stage import one_line_errors, parse_yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-app = typer.Typer(add_completion=False)
-PRESETS = ROOT / "presets"
 # the keys of local files the user provides (a corpus, a tokenizer): a preset may name them before they exist
 LOCAL_FILES = ("data.root:", "data.tokenizer:")
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
@@ -43,6 +29,8 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def flow(value: Any) -> str:
     """A value as one line of YAML flow style."""
+    import yaml
+
     return yaml.safe_dump([value], default_flow_style=True, width=10**6, allow_unicode=True).strip()[1:-1]
 
 
@@ -82,46 +70,25 @@ def set_values(text: str, overrides: Mapping[str, Any]) -> str:
     return "".join(lines)
 
 
-def apply_preset(name: str, params_text: str) -> str:
-    path = PRESETS / f"{name}.yaml"
+def preset_names(presets: Path) -> list[str]:
+    """The presets in the folder ``presets``, by name."""
+    return sorted(p.stem for p in Path(presets).glob("*.yaml"))
+
+
+def preset_values(name: str, presets: Path) -> dict[str, Any]:
+    """The dotted params.yaml keys preset ``name`` sets, with their values."""
+    path = Path(presets) / f"{name}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-        raise FileNotFoundError(f"preset {name!r}: no {path.name} in presets/ (known: {known})")
-    overrides = flatten(parse_yaml(path.read_text(), path) or {})
+        raise FileNotFoundError(f"preset {name!r}: no {path.name} in {presets}/ (known: {preset_names(presets)})")
+    return flatten(parse_yaml(path.read_text(), path) or {})
+
+
+def apply_preset(name: str, params_text: str, presets: Path) -> str:
+    """``params_text`` with preset ``name`` of the folder ``presets`` written in (checked by reading it back)."""
+    overrides = preset_values(name, presets)
     new_text = set_values(params_text, overrides)
     new = flatten(parse_yaml(new_text))
     wrong = [k for k, v in overrides.items() if new.get(k) != v]
     if wrong:
         raise ValueError(f"preset {name!r}: could not write {wrong} faithfully")
     return new_text
-
-
-@app.command()
-@one_line_errors
-def main(
-    name: str,
-    params: Path = Path("params.yaml"),
-    set_params: bool = typer.Option(False, help="print `dvc exp run -S` flags, change nothing"),
-) -> None:
-    from lmclab.core.atomic import write_text
-    from lmclab.pipeline.validate import ParamsError, check_params
-
-    new_text = apply_preset(name, params.read_text())
-    try:
-        check_params(parse_yaml(new_text, params))
-    except ParamsError as err:
-        wrong = [line for line in err.lines if not line.startswith(LOCAL_FILES)]
-        if wrong:
-            raise SystemExit("\n".join(f"error: preset {name}: {line}" for line in wrong)) from None
-        for line in err.lines:  # a corpus or tokenizer the user places before running: said, not refused
-            typer.echo(f"note: preset {name}: {line} (place it there before dvc repro)", err=True)
-    if set_params:
-        overrides = flatten(parse_yaml((PRESETS / f"{name}.yaml").read_text()))
-        typer.echo("dvc exp run " + " ".join(f"-S {shlex.quote(f'{k}={flow(v)}')}" for k, v in overrides.items()))
-        return
-    write_text(params, new_text)
-    typer.echo(f"{params}: applied preset {name}")
-
-
-if __name__ == "__main__":
-    app()

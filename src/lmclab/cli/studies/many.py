@@ -5,7 +5,7 @@ time budget (C2M3's 100 Frank–Wolfe iterations and ZipIt!'s clustering take mi
 
     git clone . ../run-many && cd ../run-many
     dvc exp run -S 'merge_many.methods=[merge_many,c2m3,sync,star,cca,zipit]' merge_many
-    python tools/many_study.py collect --run ../run-many
+    lmclab study many collect --run ../run-many
 
 ``collect`` reads the run's ``data/merge_many/`` (``evaluation``, ``methods``, ``pairwise`` tables and
 ``trace.json``), its params.yaml and commit, and writes ``reports/many_models/``: the three tables,
@@ -17,26 +17,27 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import typer
 
-from lmclab.core.atomic import write_json, write_table, write_text
-from lmclab.core.device import describe_machine
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
-from lmclab.report.many_models import many_table, objective_traces, plot_many
 
-ROOT = Path(__file__).resolve().parent.parent
-app = typer.Typer(add_completion=False)
+if TYPE_CHECKING:  # the command's modules load what they compute with when it runs (`lmclab --help` stays quick)
+    import pandas as pd
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 TABLES = ("evaluation", "methods", "pairwise")
 REBUILD = (
     "Rebuilt by `git clone . ../run-many && cd ../run-many && dvc exp run -S "
     "'merge_many.methods=[merge_many,c2m3,sync,star,cca,zipit]' merge_many`, then "
-    "`python tools/many_study.py collect --run ../run-many` (module docstring of tools/many_study.py)."
+    "`lmclab study many collect --run ../run-many` (`lmclab study many --help`)."
 )
 
 
 def _run_info(run: Path, trace: dict) -> dict:
+    from lmclab.core.device import describe_machine
+
     params = parse_yaml((run / "params.yaml").read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=run, capture_output=True, text=True)
     many = params["merge_many"]
@@ -53,6 +54,8 @@ def _run_info(run: Path, trace: dict) -> dict:
 
 
 def markdown(info: dict, evaluation: pd.DataFrame, methods: pd.DataFrame) -> str:
+    from lmclab.report.many_models import many_table
+
     model = ", ".join(f"{k} {v}" for k, v in info["model"].items())
     options = "; ".join(f"{m}: {o}" for m, o in info["options"].items())
     return "\n".join(
@@ -79,20 +82,20 @@ def markdown(info: dict, evaluation: pd.DataFrame, methods: pd.DataFrame) -> str
     )
 
 
-@app.callback()
-def main() -> None:
-    """The n-model comparison at full length (module docstring)."""
-
-
 @app.command()
 @one_line_errors
 def collect(
     run: Path = typer.Option(..., help="a run whose merge_many stage finished (RUN/data/merge_many/)"),
-    out: Path = typer.Option(ROOT / "reports" / "many_models"),
+    out: Path = typer.Option(Path("reports/many_models")),
     dpi: int = typer.Option(120),
     note: str = typer.Option("", help="a sentence on the run the page should carry (e.g. how loaded the machine was)"),
 ) -> None:
     """Build reports/many_models/ from a finished run."""
+    import pandas as pd
+
+    from lmclab.core.atomic import write_json, write_table, write_text
+    from lmclab.report.many_models import objective_traces, plot_many
+
     folder = run / "data" / "merge_many"
     if not all((folder / f"{name}.parquet").is_file() for name in TABLES):
         raise ValueError(f"--run: expected a run with {folder}/{{{','.join(TABLES)}}}.parquet, got {run}")
@@ -106,7 +109,3 @@ def collect(
     plot_many(traces, tables["evaluation"], out / "many_models.png", dpi=dpi)
     write_text(out / "many_models.md", markdown(info, tables["evaluation"], tables["methods"]))
     typer.echo(f"{out}: {len(tables['methods'])} methods")
-
-
-if __name__ == "__main__":
-    app()

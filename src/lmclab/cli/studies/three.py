@@ -1,9 +1,9 @@
-"""Three-model study (the paper's Table 3 and Figure 5 on the default run's digits), run by hand —
+"""The three-model study (the paper's Table 3 and Figure 5 on the default run's digits), run by hand —
 not a DVC stage: its inputs are experiments, not files (docs/analyses.md, "Three-model study").
 
-    python tools/three_study.py queue              # queue one `dvc exp` per study point (targets: connect)
-    dvc queue start -j 1                           # run them (the width-2048 point is left out: --points)
-    python tools/three_study.py collect            # reports/three_study/: three_study.md, .png, .parquet
+    lmclab study three queue              # queue one `dvc exp` per study point (targets: connect)
+    dvc queue start -j 1                  # run them (the width-2048 point is left out: --points)
+    lmclab study three collect            # reports/three_study/: three_study.md, .png, .parquet
 
 Every point is the default run with 9 models in 3 disjoint triples, the paper's WM and STE
 (wm_sinkhorn, ste_sinkhorn) and coordinate-descent WM, and one setting changed (POINTS). Only the
@@ -26,7 +26,7 @@ import typer
 
 from lmclab.pipeline.stage import one_line_errors, parse_yaml
 
-app = typer.Typer(add_completion=False)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 PREFIX = "three-"
 TRIPLES = [[0, 2, 4], [1, 3, 5], [6, 7, 8]]  # the default run's two triples and a third
 BASE = {
@@ -36,8 +36,8 @@ BASE = {
     "three.methods": ["wm_sinkhorn", "ste_sinkhorn", "wm"],
 }
 REBUILD = (
-    "Rebuilt by `python tools/three_study.py queue` (one `dvc exp` per setting, `--dry-run` prints them), "
-    "`dvc queue start -j 1`, then `python tools/three_study.py collect` (docs: Analyses and studies)."
+    "Rebuilt by `lmclab study three queue` (one `dvc exp` per setting, `--dry-run` prints them), "
+    "`dvc queue start -j 1`, then `lmclab study three collect` (docs: Analyses and studies)."
 )
 # point -> (axis, value shown, overrides); the default's own values are the "default" point
 POINTS: dict[str, tuple[str, str, dict]] = {
@@ -135,14 +135,12 @@ def queue(
 def _edges(experiment: str) -> list[dict]:
     """Every edges.json under data/connect of ``experiment`` (from its DVC cache), each edge with
     whether a search behind it stalled and, for a–b and a–c, the ⟨θa, π(θ)⟩ its search returned."""
-    import dvc.api
-
+    from lmclab.pipeline.runs import experiment_files
     from lmclab.studies.three_study import SEARCHED, edge_stalled, search_objective
 
-    fs = dvc.api.DVCFileSystem(".", rev=experiment)
     rows = []
-    for path in sorted(fs.glob("data/connect/*/*/edges.json")):
-        blob = json.loads(fs.read_text(path))
+    for text in experiment_files(experiment, "data/connect/*/*/edges.json").values():
+        blob = json.loads(text)
         triple, search = "seed" + blob["seeds"].replace(",", "-seed"), blob.get("search", {})
         for edge in blob["edges"]:
             found = search.get(SEARCHED[edge["edge"]], {})  # a–b: θb's search, a–c: θc's; b–c: none
@@ -183,14 +181,10 @@ def collect(
         frames.append(pd.DataFrame(rows).assign(point=point, axis=axis, value=value))
         typer.echo(f"{point}: {len(rows)} edges")
     if not frames:
-        raise ValueError("no finished study experiment; run `python tools/three_study.py queue` first")
+        raise ValueError("no finished study experiment; run `lmclab study three queue` first")
     edges = pd.concat(frames, ignore_index=True)
     table = study_table(edges)
     for name, frame in (("edges", edges), ("table", table)):
         write_table(out / f"{name}.parquet", frame)
     plot_three_study(table, edges, out / "three_study.png", dpi=dpi)
     write_text(out / "three_study.md", study_markdown(table, defaults=defaults(params), rebuild=REBUILD))
-
-
-if __name__ == "__main__":
-    app()

@@ -1,19 +1,7 @@
-"""The language-model study (docs "Language models"): a byte-level GPT's barriers after every alignment, with
-and without REPAIR, how the barrier after alignment changes with width and training length, and whether the
-paper's explanation holds — run by hand, not a DVC stage: its inputs are finished runs of the pipeline.
-
-    git clone . ../run-lm && cd ../run-lm && python tools/preset.py pydoc_gpt && dvc repro
-    # each sweep run: the same clone procedure with the preset and the -S overrides of docs/language-models.md
-    python tools/lm_study.py collect --run ../run-lm --width 32=../run-w32 --width 128=../run-w128 \\
-        --epochs 2=../run-e2 --epochs 10=../run-e10
-
-The preset's run is also the sweeps' point at its own width and epochs; a sweep compares the methods every one
-of its runs has. ``collect`` reads each run's
-``data/tables/{pairs,alignment,history}.parquet``, its params.yaml and commit, and writes ``reports/lm/``:
-``points.parquet`` (the preset run's pairs, :func:`lmclab.studies.lm_study.study_points`), ``table.parquet``
-(per method), ``roles.parquet`` (R_0.3 per residual stream, attention, MLP), ``sweep_points.parquet`` and
-``sweep.parquet``, ``explanation.json``, ``trends.json``, ``runs.json``, ``lm.md`` and ``lm.png``.
-"""
+"""The language-model study's page (``lmclab study lm collect``): each run's commit, model, data and
+training read from its folder, and the Markdown tables of the barriers per method, R_0.3 by part of the
+model, the explanation (is the better-aligned method the one of lower barrier?) and the width and
+training-length sweeps (Appendix H.4's trend)."""
 
 from __future__ import annotations
 
@@ -22,28 +10,14 @@ import subprocess
 from pathlib import Path
 
 import pandas as pd
-import typer
 
-from lmclab.core.atomic import write_json, write_table, write_text
-from lmclab.pipeline.stage import one_line_errors, parse_yaml
+from lmclab.pipeline.stage import parse_yaml
 from lmclab.report.plots import label
-from lmclab.report.plots_lm import plot_lm_study
-from lmclab.studies.lm_study import (
-    COLUMNS,
-    explanation,
-    method_table,
-    role_table,
-    study_points,
-    sweep_points,
-    sweep_summary,
-    sweep_trends,
-)
+from lmclab.studies.lm_study import COLUMNS
 
-ROOT = Path(__file__).resolve().parent.parent
-app = typer.Typer(add_completion=False)
 REBUILD = (
-    "Rebuilt by running the pipeline with `python tools/preset.py pydoc_gpt` (and the sweep runs of "
-    "docs/language-models.md, each in its own clone, `dvc repro`), then `python tools/lm_study.py collect`."
+    "Rebuilt by running the pipeline with `lmclab preset pydoc_gpt` (and the sweep runs of "
+    "docs/language-models.md, each in its own clone, `dvc repro`), then `lmclab study lm collect`."
 )
 ALIGNING = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")
 HEADERS = {  # the table's column titles
@@ -61,7 +35,7 @@ HEADERS = {  # the table's column titles
 SWEPT = {"width": ("model", "gpt", "width"), "epochs": ("train", "epochs")}
 
 
-def _table(run: Path, name: str) -> pd.DataFrame:
+def run_table(run: Path, name: str) -> pd.DataFrame:
     path = run / "data" / "tables" / f"{name}.parquet"
     if not path.is_file():
         raise ValueError(f"{run}: no {path.relative_to(run)} (expected a finished run of the pipeline)")
@@ -72,9 +46,9 @@ def run_info(run: Path) -> dict:
     """The run's commit, model, data and training, its endpoints' final test loss and perplexity, and its
     mean search seconds per method."""
     params = parse_yaml((run / "params.yaml").read_text())
-    history = _table(run, "history")
+    history = run_table(run, "history")
     last = history[history["epoch"] == history["epoch"].max()]
-    pairs = _table(run, "pairs")
+    pairs = run_table(run, "pairs")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=run, capture_output=True, text=True)
     return {
         "commit": commit.stdout.strip(),
@@ -90,7 +64,7 @@ def run_info(run: Path) -> dict:
     }
 
 
-def _value(run: dict, kind: str) -> float:
+def sweep_value(run: dict, kind: str) -> float:
     node = {"width": run["gpt"], "epochs": run["train"]}[kind]
     return float(node[SWEPT[kind][-1]])
 
@@ -183,70 +157,3 @@ def markdown(table, roles, sweeps, verdicts, found, runs) -> str:
     lines += ["## Does the better-aligned method have the lower barrier?", "", explanation_markdown(found), ""]
     lines += ["## Width and training length", "", sweep_markdown(sweeps, verdicts), ""]
     return "\n".join(lines)
-
-
-@app.callback()
-def main() -> None:
-    """The language-model study (module docstring)."""
-
-
-def _sweep_runs(items: list[str], kind: str) -> dict[str, Path]:
-    out = {}
-    for item in items:
-        value, sep, folder = item.partition("=")
-        if not sep:
-            raise ValueError(f"--{kind}: expected VALUE=DIR of a finished run, got {item!r}")
-        out[f"{kind} {value}"] = Path(folder)
-    return out
-
-
-@app.command()
-@one_line_errors
-def collect(
-    run: Path = typer.Option(..., help="the preset's finished run (every method, REPAIR)"),
-    width: list[str] = typer.Option([], help="VALUE=DIR of a run at another width (repeat)"),
-    epochs: list[str] = typer.Option([], help="VALUE=DIR of a run trained for other epochs (repeat)"),
-    out: Path = typer.Option(ROOT / "reports" / "lm"),
-    dpi: int = typer.Option(120),
-) -> None:
-    """Build reports/lm/ from finished runs."""
-    dirs = {"preset": run} | _sweep_runs(width, "width") | _sweep_runs(epochs, "epochs")
-    runs = {name: run_info(d) for name, d in dirs.items()}
-    for name in runs.keys() - {"preset"}:  # the sweeps are compared by their barriers, not timed
-        del runs[name]["search_seconds"]
-    points = study_points(_table(run, "pairs"))
-    table, roles = method_table(points), role_table(_table(run, "alignment"))
-    sweeps, frames, verdicts = [], [], []
-    for kind in SWEPT:
-        names = ["preset", *(n for n in dirs if n.startswith(f"{kind} "))]
-        if len(names) < 2:
-            continue
-        value = {n: _value(runs[n], kind) for n in names}
-        measured = {value[n]: study_points(_table(dirs[n], "pairs")) for n in names}
-        common = set.intersection(*(set(p["method"]) for p in measured.values()))  # the methods every run has
-        found = sweep_points(
-            {v: p[p["method"].isin(common)] for v, p in measured.items()},
-            {value[n]: runs[n]["final_test_loss"] for n in names},
-        ).assign(sweep=kind)
-        frames.append(found)
-        sweeps.append(sweep_summary(found).assign(sweep=kind))
-        verdicts += [
-            v for m in ("wm", "wm_sinkhorn") if m in set(found["method"]) for v in sweep_trends(found, m, kind)
-        ]
-    sweep_points_all = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    sweep_table = pd.concat(sweeps, ignore_index=True) if sweeps else pd.DataFrame()
-    found = explanation(points, [m for m in ALIGNING if m in set(points["method"])])
-    for name, frame in (("points", points), ("table", table), ("roles", roles)):
-        write_table(out / f"{name}.parquet", frame)
-    write_table(out / "sweep_points.parquet", sweep_points_all)
-    write_table(out / "sweep.parquet", sweep_table)
-    write_json(out / "explanation.json", found)
-    write_json(out / "trends.json", verdicts)
-    write_json(out / "runs.json", runs)
-    plot_lm_study(sweep_table, points, out / "lm.png", dpi=dpi)
-    write_text(out / "lm.md", markdown(table, roles, sweep_table, verdicts, found, runs))
-    typer.echo(f"{out}: {len(table)} methods, {len(runs)} runs")
-
-
-if __name__ == "__main__":
-    app()
