@@ -34,7 +34,8 @@ def _flags() -> dict[str, set[str]]:
     """``--flag`` or ``ARGUMENT`` → the commands taking it (the app's global options included)."""
     group = typer.main.get_command(cli.app)
     found: dict[str, set[str]] = {}
-    for name, command in [("lmclab", group), *group.commands.items()]:
+    commands = [(n, c) for n, c in group.commands.items() if n != "study"]  # a study's options are its own
+    for name, command in [("lmclab", group), *commands]:
         for param in command.params:
             for flag in [o for o in param.opts if o.startswith("--")] or [param.name.upper()]:
                 if flag != "--help":

@@ -3,7 +3,8 @@ public API and every option of the ``lmclab`` command, each tied to its concept 
 one, its params.yaml key. A concept keeps one name everywhere (``--repair-samples`` is the flag of the keyword
 ``repair_samples`` and of the key ``measure.repair_samples``); where the names differ, ``reason`` says why.
 ``tools/names_table.py`` writes the table of docs/api.md from it, and tests/cli/test_names.py fails when a
-keyword or an option is not registered, when a registered name is not where the registry says, or when two
+keyword or an option is not registered (the options of ``lmclab study``'s commands are each study's own: they
+read finished runs, not models), when a registered name is not where the registry says, or when two
 names of one concept differ without a reason.
 """
 
@@ -104,7 +105,13 @@ CONCEPTS: dict[str, Concept] = {
     ),
     "out": Concept((), None, "--out", "", "the file or folder the command writes"),
     "json": Concept((), None, "--json", "", "the barriers also as JSON"),
-    "params": Concept((), None, "PARAMS", "", "a params.yaml to validate"),
+    "params": Concept(
+        (), None, "--params", "", "a pipeline's params.yaml (lmclab validate: its argument)", ("PARAMS",)
+    ),
+    "preset": Concept((), None, "NAME", "", "lmclab preset's argument: a preset of presets/ (the paper's settings)"),
+    "presets": Concept((), None, "--presets", "", "the folder of presets"),
+    "set_params": Concept((), None, "--set-params", "", "print `dvc exp run -S` flags instead of rewriting"),
+    "list": Concept((), None, "--list", "", "list the presets"),
     "spec": Concept((), "spec", None, "", "the permutation spec (default: traced, or an lmclab checkpoint's)"),
     "model": Concept((), "model", None, "", "the nn.Module of state dicts (the command: --factory)"),
     "points": Concept((), "points", None, "", "activation points of AM (default: traced)"),

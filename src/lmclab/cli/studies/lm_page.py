@@ -56,7 +56,7 @@ def run_info(run: Path) -> dict:
         "gpt": params["model"]["gpt"],
         "train": {k: params["train"][k] for k in ("epochs", "lr", "batch_size", "schedule", "warmup_epochs")},
         "seeds": len(params["train"]["seeds"]),
-        "repair": bool(params["measure"]["repair"]),
+        "repair": params["measure"]["repair"] not in (False, "none"),  # a run before one vocabulary: true or false
         "final_test_loss": float(last["test_loss"].mean()),
         "final_test_ppl": float(last["test_loss"].map(math.exp).mean()),
         "final_test_acc": float(last["test_acc"].mean()),
