@@ -15,11 +15,11 @@ import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
 from lmclab.pipeline.stage import (
+    method_key,
     one_line_errors,
     params_errors,
     run_warm,
     search_errors,
-    search_key,
     stage_params,
     under,
 )
@@ -29,7 +29,7 @@ app = typer.Typer(add_completion=False)
 # the params.yaml key of each name the library's errors use
 KEYS = {
     **under("three", "resolution", "margin"),
-    **under("measure", "num_lambdas", "repair", "repair_samples", "train_samples", gamma="gammas"),
+    **under("measure", "num_lambdas", "repair", "repair_samples", "train_samples", "gammas"),
 }
 REPAIRS = ("repair", "repair_samples")  # the measure settings it reads
 
@@ -64,7 +64,7 @@ def main(
     ckpts, train, test = load_triple(models, seeds), load_split(data, "train"), load_split(data, "test")
     settings = triple_settings(read, ckpts, train, world)
     aligned = {"b": load_alignment(aligned_b, method)} if aligned_b else {}
-    with params_errors(KEYS, search_key(method)):  # its own arguments first, then the search's options
+    with params_errors(KEYS, method_key("permute", method)):  # its own arguments first, then the search's options
         result = connect_triple(method, ckpts, train, test, options=options, aligned=aligned, **settings)
     leave_world(world)
     if world.is_main:  # one writer
@@ -74,10 +74,12 @@ def main(
 def triple_settings(read, ckpts: dict, train, world) -> dict:
     """connect_triple's keywords from params.yaml: the search seed, the plane's grid, the λ grid, the
     R_γ thresholds, the repairs (``measure.*``) and the process world."""
+    from lmclab.analysis.alignment import check_gammas
     from lmclab.analysis.pair import MeasureSettings, build_repairs
     from lmclab.archs import build_model
     from lmclab.core.metrics import lambda_grid
 
+    check_gammas(read("measure.gammas"))
     model = build_model(ckpts["a"].arch, ckpts["a"].config).to(world.device)
     measure = MeasureSettings(**{k: read(f"measure.{k}") for k in REPAIRS})
     repair, repair_at = build_repairs(measure, model, train, world=world)

@@ -15,17 +15,12 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params, under
+from lmclab.pipeline.stage import method_key, one_line_errors, params_errors, run_warm, stage_params, under
 
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
-KEYS = under("merge_many", "repair", params="seeds", names="seeds", num_samples="repair_samples")
-
-
-def _method_key(method: str):
-    """An n-model method's option ``x`` is ``merge_many.<method>.x``."""
-    block = f"merge_many.{method}"
-    return lambda name: {"method": "merge_many.methods", "options": block}.get(name, f"{block}.{name}")
+# the pipeline names the models it merges by their trained seeds (lmclab.cli.names: models)
+KEYS = {**under("merge_many", "repair", "repair_samples"), "params": "merge_many.seeds", "names": "merge_many.seeds"}
 
 
 @app.command()
@@ -47,7 +42,7 @@ def main(
     opts = read("merge_many")
     methods = {m: opts[m] or {} for m in opts["methods"]}
     for method, options in methods.items():  # every bad option before any work
-        with params_errors(_method_key(method)):
+        with params_errors(method_key("merge_many", method)):
             check_many(method, options)
     ckpts = load_models(models, opts["seeds"])
     device, first = resolve_device(read("device")), ckpts[0]

@@ -10,11 +10,11 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params
+from lmclab.pipeline.stage import one_line_errors, params_errors, run_warm, stage_params, under
 
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each argument the library's errors name
-KEYS = {"mode": "measure.conv_spectrum"}
+KEYS = under("measure", "conv_spectrum")
 
 
 @app.command()

@@ -38,7 +38,7 @@ def train_keys() -> tuple[str, ...]:
 
 
 # the params.yaml key of each argument the library's errors name (the architecture's: model_key)
-KEYS = LazyKeys(lambda: under("train", *train_keys(), *LAUNCH_KEYS, alpha="mixup_alpha"))
+KEYS = LazyKeys(lambda: under("train", *train_keys(), *LAUNCH_KEYS))
 
 
 @app.command()

@@ -53,7 +53,7 @@ def test_mixup_mixes_inputs_and_labels_with_one_beta_draw():
     assert 0 < lam < 1 and sorted(partner.tolist()) == list(range(8))
     torch.testing.assert_close(mixed, lam * x + (1 - lam) * x[partner])
     assert Mixup(0.4, seed=0).mix(x, y)[2] == lam and Mixup(0.4, seed=1).mix(x, y)[2] != lam
-    with pytest.raises(ValueError, match=r"^alpha must be positive to mix"):
+    with pytest.raises(ValueError, match=r"^mixup_alpha must be positive to mix"):
         Mixup(0.0, seed=0)
 
 

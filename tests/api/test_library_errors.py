@@ -13,7 +13,7 @@ import yaml
 from test_validate import _params
 from typer.testing import CliRunner
 
-from lmclab.analysis.alignment import alignment_r, check_mode
+from lmclab.analysis.alignment import check_gammas, check_mode
 from lmclab.analysis.landscape import plane_grid
 from lmclab.archs import get_arch, make_config, traced
 from lmclab.core.bn_repair import repair_subset
@@ -22,7 +22,7 @@ from lmclab.core.distributed import torchrun_command
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.options import OptionError
 from lmclab.core.repairs import resolved_repair
-from lmclab.pipeline.stage import model_key, params_errors, params_key, search_key, under
+from lmclab.pipeline.stage import method_key, model_key, params_errors, params_key, under
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.search.merge_many import merge_many
 from lmclab.train.augment import Mixup, augment_batch, resolve_augment
@@ -67,13 +67,13 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     ),
     (
         lambda: check_mode("exact"),
-        "mode must be one of ['reshape', 'fft'], got 'exact'",
+        "conv_spectrum must be one of ['reshape', 'fft'], got 'exact'",
         ("measure", "spectra"),
         "measure.conv_spectrum must be one of ['reshape', 'fft'], got 'exact'",
     ),
     (
-        lambda: alignment_r({}, {}, 1.5),
-        "gamma: γ must lie in [0, 1], got 1.5",
+        lambda: check_gammas([0.0, 1.5]),
+        "gammas: γ must lie in [0, 1], got 1.5",
         ("measure", "connect"),
         "measure.gammas: γ must lie in [0, 1], got 1.5",
     ),
@@ -205,7 +205,7 @@ CASES = [  # (call, the library's line, the stages reporting it, their line: the
     ),
     (
         lambda: Mixup(0.0, seed=0),
-        "alpha must be positive to mix (0 = off), got 0.0",
+        "mixup_alpha must be positive to mix (0 = off), got 0.0",
         ("train",),
         "train.mixup_alpha must be positive to mix (0 = off), got 0.0",
     ),
@@ -300,9 +300,9 @@ def stage_keys(stage: str) -> tuple:
     """The keys ``stage`` reports the library's errors under (its script's ``KEYS``, and what it adds)."""
     module = importlib.import_module(stage)
     keys = module.KEYS
-    extra = {"train": model_key("traced"), "connect": search_key("wm")}
+    extra = {"train": model_key("traced"), "connect": method_key("permute", "wm")}
     if stage == "merge_many":
-        extra["merge_many"] = module._method_key("merge_many")  # an n-model method's options
+        extra["merge_many"] = method_key("merge_many", "merge_many")  # an n-model method's options
     return (keys, extra[stage]) if stage in extra else (keys,)
 
 
@@ -327,12 +327,22 @@ def test_data_errors_keep_their_kinds() -> None:
 
 
 def test_an_argument_takes_the_key_of_the_first_that_knows_it() -> None:
-    key = params_key(under("measure", "num_lambdas", mode="conv_spectrum"), {"mode": "elsewhere"})
-    assert [key(n) for n in ("num_lambdas", "mode", "tol")] == ["measure.num_lambdas", "measure.conv_spectrum", "tol"]
-    key = params_key({"margin": "three.margin"}, search_key("wm"), {"tol": "never"})
+    key = params_key(under("measure", "num_lambdas", "conv_spectrum"), {"conv_spectrum": "elsewhere"})
+    assert [key(n) for n in ("num_lambdas", "conv_spectrum", "tol")] == [
+        "measure.num_lambdas",
+        "measure.conv_spectrum",
+        "tol",
+    ]
+    key = params_key({"margin": "three.margin"}, method_key("permute", "wm"), {"tol": "never"})
     assert [key(n) for n in ("margin", "tol", "method")] == ["three.margin", "permute.wm.tol", "permute.methods"]
     names = ("arch", "config", "layers")
     assert [model_key("vgg")(n) for n in names] == ["model.arch", "model.vgg", "model.vgg.layers"]
+    many = method_key("merge_many", "c2m3")
+    assert [many(n) for n in ("method", "options", "tol")] == [
+        "merge_many.methods",
+        "merge_many.c2m3",
+        "merge_many.c2m3.tol",
+    ]
 
 
 def test_validate_reports_a_traced_factory_under_its_key() -> None:

@@ -38,9 +38,17 @@ class Factors(NamedTuple):
     Vh: Tensor
 
 
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise OptionError(f"{{mode}} must be one of {got(list(MODES))}, got {got(mode)}")
+def check_mode(conv_spectrum: str) -> None:
+    """``conv_spectrum`` (how conv kernels enter R_γ and the spectra) is one of :data:`MODES`."""
+    if conv_spectrum not in MODES:
+        raise OptionError(f"{{conv_spectrum}} must be one of {got(list(MODES))}, got {got(conv_spectrum)}")
+
+
+def check_gammas(gammas: Sequence[float]) -> None:
+    """Every threshold γ of R_γ (Theorem 4.1) lies in [0, 1]."""
+    for gamma in gammas:
+        if not 0.0 <= gamma <= 1.0:
+            raise OptionError(f"{{gammas}}: γ must lie in [0, 1], got {gamma}")
 
 
 def layer_names(spec: PermutationSpec, params: Mapping[str, Tensor]) -> list[str]:

@@ -6,13 +6,12 @@ models) and returns the tables and summary to write."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from torch import Tensor, nn
 
-from lmclab.analysis.alignment import check_mode
+from lmclab.analysis.alignment import check_gammas, check_mode
 from lmclab.analysis.compose import Analysis, Endpoints, measure_and_analyze
 from lmclab.analysis.mae_pair import mae_pair
 from lmclab.archs import build_model, get_arch
@@ -23,7 +22,6 @@ from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.objective import is_reconstruction
-from lmclab.core.options import OptionError
 from lmclab.core.repair import RepairAt
 from lmclab.core.repairs import curve_repairs
 
@@ -66,9 +64,9 @@ def prepare_pair(
 ) -> Pair:
     """θa (``a``) and θb (``b``) on ``world``'s device, measured on ``splits`` (``train`` and ``test``) as
     ``settings`` say. Errors name the settings' fields."""
-    with _renamed(mode="conv_spectrum"):
-        lams = lambda_grid(settings.num_lambdas)
-        check_mode(settings.conv_spectrum)
+    lams = lambda_grid(settings.num_lambdas)
+    check_mode(settings.conv_spectrum)
+    check_gammas(settings.gammas)
     device = world.device
     model = build_model(a.arch, a.config).to(device)
     repair, repair_at = build_repairs(settings, model, splits["train"], world=world)
@@ -104,16 +102,15 @@ def measure_method(pair: Pair, permuted_b: Checkpoint, midpoint: Checkpoint) -> 
     :func:`lmclab.analysis.mae_pair.mae_pair`) as rows, the summary as one mapping."""
     device, ends = pair.world.device, pair.endpoints
     aligned = on_device(permuted_b.state_dict, device)
-    with _renamed(gamma="gammas"):
-        summary, tables = measure_and_analyze(
-            ends,
-            aligned,
-            on_device(midpoint.state_dict, device),
-            pair.how,
-            repair=pair.repair,
-            repair_at=pair.repair_at,
-            world=pair.world,
-        )
+    summary, tables = measure_and_analyze(
+        ends,
+        aligned,
+        on_device(midpoint.state_dict, device),
+        pair.how,
+        repair=pair.repair,
+        repair_at=pair.repair_at,
+        world=pair.world,
+    )
     if is_reconstruction(ends.model):  # MAE endpoints: the encoder as a representation, patch errors, blocks
         train, test = (ends.splits[s].to(device) for s in ("train", "test"))
         tables["mae"], tables["residual"], extra = mae_pair(
@@ -126,12 +123,3 @@ def measure_method(pair: Pair, permuted_b: Checkpoint, midpoint: Checkpoint) -> 
 def on_device(state: Mapping[str, Tensor], device) -> dict[str, Tensor]:
     """``state``'s tensors moved to ``device``."""
     return {k: v.to(device) for k, v in state.items()}
-
-
-@contextmanager
-def _renamed(**names: str) -> Iterator[None]:
-    """An :class:`OptionError` raised inside, naming each argument ``x`` of ``names`` as ``names[x]``."""
-    try:
-        yield
-    except OptionError as err:
-        raise OptionError(err.renamed(names)) from None

@@ -6,8 +6,7 @@ permutation spec (given, or traced with :mod:`lmclab.trace`). Errors name the AP
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,7 +16,6 @@ from torch import Tensor, nn
 from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
-from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a checkpoint path
@@ -193,15 +191,6 @@ def first_inputs(data: Data) -> Tensor:
     if item is None:
         raise ValueError("data is empty")
     return as_batch(item)[0][:2]  # a batch of one for a sample item
-
-
-@contextmanager
-def named_as(**names: str) -> Iterator[None]:
-    """Report a library error under the API's own argument names (``num_lambdas`` → ``lams``)."""
-    try:
-        yield
-    except OptionError as err:
-        raise ValueError(err.keyed(lambda name: names.get(name, name))) from None
 
 
 class Problem(NamedTuple):

@@ -5,14 +5,13 @@ params.yaml embeds the models; ``lmclab.pipeline.schema``).
 :func:`takes` gives a function its model's fields as keyword arguments: its signature lists them
 with their defaults, and every call validates them in one place. A bad value is one
 :class:`OptionError` line naming the argument (``max_iter must be a positive integer, got 0``); a
-caller that knows the arguments under other names renders it with :meth:`OptionError.keyed` (the
-pipeline: ``permute.wm.max_iter must be a positive integer, got 0``).
+caller names the arguments as its own user knows them with :func:`keyed_errors` (the pipeline:
+``permute.wm.max_iter must be a positive integer, got 0``; the API: ``options['max_iter'] must be …``).
 """
 
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import wraps
@@ -69,11 +68,6 @@ class OptionError(ValueError):
     def keyed(self, key: Callable[[str], str]) -> str:
         """The line with each argument ``name`` written as ``key(name)``."""
         return self.template.format_map(_Names(key))
-
-    def renamed(self, names: Mapping[str, str]) -> str:
-        """The template with each argument ``x`` of ``names`` named ``names[x]`` (for a new OptionError)."""
-        marked = escaped(self.keyed(lambda name: f"\0{names.get(name, name)}\0"))
-        return re.sub("\0(\\w+)\0", r"{\1}", marked)
 
 
 @contextmanager

@@ -171,10 +171,10 @@ def one_line_errors(fn: Callable) -> Callable:
 Key = Mapping[str, str] | Callable[[str], str]  # an argument's name -> its params.yaml key
 
 
-def under(block: str, *names: str, **renamed: str) -> dict[str, str]:
+def under(block: str, *names: str) -> dict[str, str]:
     """The params.yaml keys of arguments named as their keys in ``block`` (``under("three", "margin")``:
-    ``margin`` is ``three.margin``) and of arguments named otherwise (``num_samples="bn_repair_samples"``)."""
-    return {**{name: f"{block}.{name}" for name in names}, **{arg: f"{block}.{k}" for arg, k in renamed.items()}}
+    ``margin`` is ``three.margin``): the library's arguments carry params.yaml's names (lmclab.cli.names)."""
+    return {name: f"{block}.{name}" for name in names}
 
 
 class LazyKeys(Mapping):
@@ -228,24 +228,30 @@ def params_errors(*keys: Key) -> Iterator[None]:
         raise ValueError(err.keyed(params_key(*keys))) from None
 
 
-def search_key(method: str, methods_key: str = "permute.methods") -> Callable[[str], str]:
-    """The params.yaml key of each argument the search library's errors name: an option of
-    ``method`` is ``permute.<method>.<option>``, its ``options`` the block ``permute.<method>``, the
-    ``method`` itself an entry of ``methods_key``."""
-    block = f"permute.{method}"
-    return lambda name: {"method": methods_key, "options": block}.get(name, f"{block}.{name}")
+def choice_key(block: str, choice: str, chooser: str, chosen: str, among: str) -> Callable[[str], str]:
+    """The params.yaml key of each argument the library's errors name about ``choice``, one of ``block``'s
+    choices with a block of its own: the ``chooser`` argument (``method``, ``arch``) is ``block.<among>``, the
+    ``chosen`` one (``options``, ``config``) the block ``block.<choice>``, any other a field of that block."""
+    own = f"{block}.{choice}"
+    return lambda name: {chooser: f"{block}.{among}", chosen: own}.get(name, f"{own}.{name}")
 
 
-def search_errors(method: str, methods_key: str = "permute.methods") -> AbstractContextManager[None]:
+def method_key(block: str, method: str) -> Callable[[str], str]:
+    """A method's keys (``permute``, ``merge_many``): ``method`` is ``<block>.methods``, ``options`` the block
+    ``<block>.<method>``, an option ``<block>.<method>.<option>``."""
+    return choice_key(block, method, "method", "options", "methods")
+
+
+def search_errors(method: str) -> AbstractContextManager[None]:
     """:func:`params_errors` of the search library: ``max_iter must be …`` becomes
-    ``permute.wm.max_iter must be …`` (:func:`search_key`)."""
-    return params_errors(search_key(method, methods_key))
+    ``permute.wm.max_iter must be …`` (:func:`method_key`)."""
+    return params_errors(method_key("permute", method))
 
 
 def model_key(arch: str) -> Callable[[str], str]:
-    """The params.yaml key of each argument the architectures' errors name: ``arch`` is ``model.arch``,
-    a ``config`` the block ``model.<arch>``, one of its fields ``model.<arch>.<field>``."""
-    return lambda name: {"arch": "model.arch", "config": f"model.{arch}"}.get(name, f"model.{arch}.{name}")
+    """The architectures' keys: ``arch`` is ``model.arch``, a ``config`` the block ``model.<arch>``, one of its
+    fields ``model.<arch>.<field>``."""
+    return choice_key("model", arch, "arch", "config", "arch")
 
 
 def run_warm(app: Any) -> None:

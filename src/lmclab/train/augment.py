@@ -58,10 +58,10 @@ class Mixup:
     and the one-hot targets mixed alike — trained as ``λ CE(y) + (1 − λ) CE(y[partner])``, the same loss.
     Drawn from ``seed`` alone (its own stream), so training stays deterministic per seed."""
 
-    def __init__(self, alpha: float, seed: int) -> None:
-        if alpha <= 0:
-            raise OptionError(f"{{alpha}} must be positive to mix (0 = off), got {alpha}")
-        self.alpha = alpha
+    def __init__(self, mixup_alpha: float, seed: int) -> None:
+        if mixup_alpha <= 0:
+            raise OptionError(f"{{mixup_alpha}} must be positive to mix (0 = off), got {mixup_alpha}")
+        self.alpha = mixup_alpha
         self.rng = np.random.default_rng(seed + MIXUP_STREAM)
         self.generator = torch.Generator().manual_seed(seed + MIXUP_STREAM)
 
