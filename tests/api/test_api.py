@@ -207,3 +207,85 @@ def test_merge_weighs_model_a_by_lam_off_the_midpoint() -> None:
     assert all(torch.allclose(merged[k], 0.3 * theta_a[k] + 0.7 * pi_b[k]) for k in theta_a)
     naive = lmclab.merge(a, b, lam=0.8)
     assert all(torch.allclose(naive[k], 0.8 * theta_a[k] + 0.2 * b.state_dict()[k]) for k in theta_a)
+
+
+def test_a_curve_with_an_alignment_is_the_curve_of_the_aligned_model() -> None:
+    """``curve(a, b, alignment=res)`` measures θa to π(θb) — the path ``curve(a, res.apply(b))`` measures — and
+    without one the naive path; the alignment is applied to a checkpoint path alike."""
+    a, b, x = _mlp(0), _mlp(1), torch.randn(64, 12)
+    data = (x, torch.randint(0, 3, (64,)))
+    res = lmclab.find_permutation(a, b, example_inputs=x, device="cpu")
+    aligned = lmclab.curve(a, b, alignment=res, eval_data=data, lambdas=[0, 0.3, 0.5, 1], device="cpu")
+    assert aligned.rows == lmclab.curve(a, res.apply(b), eval_data=data, lambdas=[0, 0.3, 0.5, 1], device="cpu").rows
+    naive = lmclab.curve(a, b, eval_data=data, lambdas=[0, 0.3, 0.5, 1], device="cpu")
+    assert naive.rows[1]["loss"] != pytest.approx(aligned.rows[1]["loss"])  # λ = 0.3: another path
+
+
+def test_checkpoint_paths_are_models_with_their_factory(tmp_path, monkeypatch) -> None:
+    """``.pt`` and ``.safetensors`` state dicts with ``factory=`` (a callable or ``"module:callable"``) find the
+    alignment of the modules themselves; ``kwargs`` without a factory, or a factory beside a model, is refused."""
+    from safetensors.torch import save_file
+
+    a, b, x = _mlp(0), _mlp(1), torch.randn(8, 12)
+    torch.save(a.state_dict(), tmp_path / "a.pt")
+    save_file({k: v.contiguous() for k, v in b.state_dict().items()}, str(tmp_path / "b.safetensors"))
+    truth = lmclab.find_permutation(a, b, example_inputs=x, device="cpu")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "api_path_nets.py").write_text(
+        "from torch import nn\n\n\ndef mlp(width=16):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(12, width), nn.ReLU(), nn.Linear(width, 16), nn.ReLU(), "
+        "nn.Linear(16, 3))\n"
+    )
+    for factory in (lambda: _mlp(5), "api_path_nets:mlp"):
+        res = lmclab.find_permutation(
+            str(tmp_path / "a.pt"), tmp_path / "b.safetensors", factory=factory, example_inputs=x
+        )
+        assert all(torch.equal(res.perm[g], truth.perm[g]) for g in truth.perm)
+    narrow = "api_path_nets:mlp"
+    with pytest.raises(ValueError, match=r"^model_a: tensor '1.weight' has shape \(16, 12\), the module of factory's"):
+        lmclab.find_permutation(tmp_path / "a.pt", b, factory=narrow, kwargs={"width": 8}, example_inputs=x)
+    with pytest.raises(ValueError, match=r"^kwargs: keyword arguments of factory=, which is not given$"):
+        lmclab.find_permutation(a, b, kwargs={"width": 3}, example_inputs=x)
+    with pytest.raises(ValueError, match=r"^factory: give the module as model= or its factory as factory=, not both$"):
+        lmclab.find_permutation(a, b, model=a, factory=lambda: a, example_inputs=x)
+    with pytest.raises(ValueError, match=r"^model: tracing the permutation spec needs the nn.Module"):
+        lmclab.find_permutation(tmp_path / "a.pt", tmp_path / "b.safetensors", example_inputs=x)
+
+
+def test_a_curve_repairs_every_lambda_with_repair_as_the_pipeline_does() -> None:
+    """``repair="repair"`` (and ``auto`` on a net without BatchNorm) is REPAIR of each θ(λ) on ``repair_samples``
+    inputs: the pipeline's ``RepairAt`` on the same fixed subset, λ by λ."""
+    from lmclab.core.bn_repair import repair_subset
+    from lmclab.core.data import Split
+    from lmclab.core.repair import RepairAt
+
+    a, b = _mlp(0), _mlp(1)
+    x, y = torch.randn(200, 12), torch.randint(0, 3, (200,))
+    grid = [0.0, 0.25, 0.5, 1.0]
+    fixed = lmclab.curve(a, b, eval_data=(x, y), lambdas=grid, repair="repair", repair_data=(x, y), repair_samples=50)
+    assert (
+        fixed.rows
+        == lmclab.curve(a, b, eval_data=(x, y), lambdas=grid, repair="auto", repair_data=(x, y), repair_samples=50).rows
+    )
+    at = RepairAt(a, repair_subset(Split(x, y), 50))
+    for row, lam in zip(fixed.rows, grid, strict=True):
+        params = at(a.state_dict(), b.state_dict(), lam)
+        logits = torch.func.functional_call(a, params, (x,))
+        assert row["loss"] == pytest.approx(float(nn.functional.cross_entropy(logits, y)), rel=1e-5)
+    plain = lmclab.curve(a, b, eval_data=(x, y), lambdas=grid)
+    assert plain.rows[2]["loss"] != pytest.approx(fixed.rows[2]["loss"])
+
+
+def test_a_calls_options_are_validated_once_on_their_way_down(monkeypatch) -> None:
+    """The API validates ``options`` once; run_search and the method's own wrapper trust the validated model."""
+    model = lmclab.search.METHODS["wm"].options
+    calls, check = [], model.check.__func__
+
+    def counted(cls, values):
+        calls.append(dict(values))
+        return check(cls, values)
+
+    monkeypatch.setattr(model, "check", classmethod(counted))
+    a, b = _mlp(0), _mlp(1)
+    lmclab.find_permutation(a, b, options={"max_iter": 3}, example_inputs=torch.zeros(2, 12), device="cpu")
+    assert calls == [{"max_iter": 3}]

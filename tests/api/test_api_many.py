@@ -229,5 +229,5 @@ def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_s
     assert [r["lam"] for r in streamed.rows] == [r["lam"] for r in held.rows]
     for r, s in zip(streamed.rows, held.rows, strict=True):
         assert r["loss"] == pytest.approx(s["loss"], rel=1e-5) and r["acc"] == pytest.approx(s["acc"])
-    with pytest.raises(ValueError, match="^data: a DataLoader yielded no batches$"):
+    with pytest.raises(ValueError, match="^eval_data: a DataLoader yielded no batches$"):
         lmclab.curve(a, b, eval_data=DataLoader(TensorDataset(x[:0], y[:0])), num_lambdas=3, device="cpu")

@@ -50,9 +50,9 @@ def test_a_barrier_of_an_unknown_quantity_or_kind_is_refused(measured, quantity:
 
 def test_streamed_batches_without_targets_are_refused_by_the_split_they_belong_to() -> None:
     message = "expected (input, target) batches to evaluate on, got input tensors alone"
-    with pytest.raises(TypeError, match=_whole(f"data: {message}")):
+    with pytest.raises(TypeError, match=_whole(f"eval_data: {message}")):
         lmclab.curve(_net(0), _net(1), eval_data=[X[:5], X[5:]], num_lambdas=3)
-    with pytest.raises(TypeError, match=_whole(f"data['val']: {message}")):
+    with pytest.raises(TypeError, match=_whole(f"eval_data['val']: {message}")):
         lmclab.curve(_net(0), _net(1), eval_data={"test": (X, Y), "val": [X]}, num_lambdas=3)
     streamed = lmclab.curve(_net(0), _net(1), eval_data=[(X[:5], Y[:5]), (X[5:], Y[5:])], lambdas=[0, 0.3, 0.5, 1])
     held = lmclab.curve(_net(0), _net(1), eval_data=(X, Y), lambdas=[0, 0.3, 0.5, 1])

@@ -42,19 +42,19 @@ from lmclab.core.batches import Batches, streamed
 from lmclab.core.merge import lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
-from lmclab.core.options import keyed_errors
+from lmclab.core.options import Options, keyed_errors
 from lmclab.core.spec import Params, PermutationSpec, check_same_shapes
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
 
-def checked_options(method: str, options: Mapping[str, Any] | None, check: Any = check_method) -> dict[str, Any]:
-    """``options`` (a mapping or None) checked by ``method``'s options model before anything runs;
-    errors name ``method``, ``options`` or ``options['<name>']``."""
+def checked_options(method: str, options: Mapping[str, Any] | None, check: Any = check_method) -> Options:
+    """``options`` (a mapping or None) checked by ``method``'s options model before anything runs — the one
+    validation of the call, the layers below trust the result; errors name ``method``, ``options`` or
+    ``options['<name>']``."""
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"options must be a mapping of option names to values, got {type(options).__name__}")
     with keyed_errors(lambda name: f"options[{name!r}]" if name in (options or {}) else name):
-        check(method, options)
-    return dict(options or {})
+        return check(method, options)
 
 
 def training_data(method: str, data: Data | None, device: torch.device) -> Batches | None:

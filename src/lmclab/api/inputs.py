@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
-from lmclab.core.spec import Params, PermutationSpec, with_metadata
+from lmclab.core.spec import Params, PermutationSpec, check_same_shapes, with_metadata
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a checkpoint path
 Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
@@ -79,6 +79,9 @@ def open_models(
     first = opened.get(0)
     if factory is not None:
         model = _built(factory, dict(kwargs or {}))
+        first_params = found[0] if isinstance(found[0], Mapping) else None
+        if first_params is not None:  # a state dict and the module of its factory must fit, before any work
+            check_same_shapes(model.state_dict(), first_params, names[0], "the module of factory")
     elif model is None and first is not None:
         model = first.model
     own = first is not None and first.spec is not None and model is first.model

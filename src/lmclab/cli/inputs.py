@@ -46,14 +46,12 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
 
 def checked_options(check: Callable, method: str, pairs: list[str]) -> dict[str, Any]:
     """The ``--option`` pairs checked by ``method``'s options model; errors name ``--method``/``--option``."""
-    from lmclab.core.options import OptionError
+    from lmclab.core.options import keyed_errors
 
     options = parse_options(pairs)
-    try:
+    flags = {"method": "--method", "options": "--option"}
+    with keyed_errors(lambda name: flags.get(name, f"--option {name}")):
         check(method, options)
-    except OptionError as err:
-        names = {"method": "--method", "options": "--option"}
-        raise ValueError(err.keyed(lambda name: names.get(name, f"--option {name}"))) from None
     return options
 
 

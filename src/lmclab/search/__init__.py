@@ -68,12 +68,14 @@ class SearchProblem:
     progress: bool = False
 
 
-def check_method(method: str, options: Mapping[str, Any] | None = None) -> Options:
+def check_method(method: str, options: Mapping[str, Any] | Options | None = None) -> Options:
     """``options`` validated by ``method``'s options model, or a one-line :class:`OptionError` naming
-    the argument (``method``, ``options`` or the option)."""
+    the argument (``method``, ``options`` or the option); options it validated already (an instance of that
+    model, which is frozen) are trusted as they are: each entry point validates once."""
     if method not in METHODS:
         raise OptionError(f"{{method}}: unknown method {got(method)}; expected one of {got(sorted(METHODS))}")
-    return METHODS[method].options.check(options or {})
+    model = METHODS[method].options
+    return options if isinstance(options, model) else model.check(options or {})
 
 
 def _registered(method: str) -> Callable[..., Any]:
@@ -116,16 +118,17 @@ def run_search(
 ) -> SearchResult:
     """Run ``method`` on ``problem`` with ``options`` (its keyword options, e.g. ``{"max_iter": 5}``);
     ``seed`` seeds its generator. ``stats['seconds']`` excludes learning-curve monitoring."""
-    check_method(method, options)
+    checked = check_method(method, options)
     search = METHODS[method]
     start = time.perf_counter()
-    inputs = _inputs(search, problem, seed)
+    inputs = {**_inputs(search, problem, seed), "options": checked}
+    trusted = inspect.unwrap(search)  # validated above: the @takes wrapper would validate again
     with kept_modes(problem.model):
         if "monitor" in inspect.signature(search).parameters:
-            result = _monitored(problem, search, **inputs, **dict(options or {}))
+            result = _monitored(problem, trusted, **inputs)
         else:  # the loops that know no monitor tick a bar of their own steps (sweeps, batches)
             with progress_bar(method, "step", problem.progress):
-                result = search(problem.spec, problem.params_a, problem.params_b, **inputs, **dict(options or {}))
+                result = trusted(problem.spec, problem.params_a, problem.params_b, **inputs)
     result.stats.setdefault("seconds", time.perf_counter() - start)
     return result
 

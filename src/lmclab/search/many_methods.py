@@ -42,14 +42,15 @@ MANY_METHODS: dict[str, Callable[..., UniverseResult | TransformResult]] = {
 UNIVERSE = ("merge_many", "c2m3", "sync", "star")
 
 
-def check_many(method: str, options: Mapping[str, Any] | None = None) -> Options:
+def check_many(method: str, options: Mapping[str, Any] | Options | None = None) -> Options:
     """``options`` validated by ``method``'s options model, or a one-line :class:`OptionError` naming
-    the argument (``method`` or the option)."""
+    the argument (``method`` or the option); options it validated already are trusted as they are."""
     if method not in MANY_METHODS:
         raise OptionError(
             f"{{method}}: unknown n-model method {got(method)}; expected one of {got(list(MANY_METHODS))}"
         )
-    return MANY_METHODS[method].options.check(options or {})
+    model = MANY_METHODS[method].options
+    return options if isinstance(options, model) else model.check(options or {})
 
 
 def run_many(
@@ -69,7 +70,7 @@ def run_many(
     ``functional_call``), ``points`` (group -> module names, as activation matching's) and training
     ``data``. ``stats['seconds']`` is the method's own wall time; ``progress``: a bar over its steps (WM
     sweeps, MergeMany passes, batches of activations) on stderr."""
-    check_many(method, options)
+    checked = check_many(method, options)
     search, inputs = MANY_METHODS[method], {"model": model, "points": points, "data": data}
     wanted = inspect.signature(search).parameters
     given = {k: v for k, v in inputs.items() if k in wanted}
@@ -80,6 +81,6 @@ def run_many(
         given["generator"] = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     with progress_bar(method, "step", progress):
-        result = search(spec, params, **given, **dict(options or {}))
+        result = inspect.unwrap(search)(spec, params, **given, options=checked)  # validated once, above
     result.stats.setdefault("seconds", time.perf_counter() - start)
     return result
