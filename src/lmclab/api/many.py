@@ -95,7 +95,7 @@ def _check_call(models: Sequence[Model], method: str, options, data, repair) -> 
     return options
 
 
-def merge_many(
+def merge_many(  # size: the signature lists each keyword of the API (the body is short)
     models: Sequence[Model],
     *,
     method: str = "merge_many",

@@ -19,62 +19,15 @@ from lmclab.core.threads import wait_briefly
 wait_briefly()  # the command's thread policy: OpenMP reads it when torch loads, below (lmclab.core.threads)
 
 import json
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from lmclab.cli import preset, studies
-from lmclab.cli.inputs import (
-    aligned_pair,
-    checked_options,
-    load_data,
-    load_models,
-    load_pair,
-    output_for,
-    output_path,
-    parse_samples,
-    parse_shape,
-    trace_inputs,
-    traced_only,
-    write_merged,
-)
-from lmclab.search import METHODS
-from lmclab.search.many_methods import MANY_METHODS
+from lmclab.cli import models, preset, studies
+from lmclab.cli.common import KWARGS, one_line
+from lmclab.cli.inputs import parse_shape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
-
-FACTORY = typer.Option(None, help="module:callable building the nn.Module of plain state dicts")
-KWARGS = typer.Option("{}", help="JSON keyword arguments of --factory")
-SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,32 (to trace the spec)")
-DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
-OUT_MERGED = typer.Option(..., help="the merged state dict (.pt or .safetensors); a new folder for HF folders")
-PROGRESS = typer.Option(False, help="show a progress bar on stderr (search steps, curve λ values)")
-PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
-REPAIR = typer.Option(
-    "none",
-    help="none, bn (BatchNorm statistics), repair (REPAIR) or auto (the one the net takes), on --data's train split",
-)
-REPAIR_SAMPLES = typer.Option("500", help="training samples of the repair's statistics, or all")
-
-
-def one_line(fn: Callable) -> Callable:
-    """Bad input (ValueError, TypeError, FileNotFoundError, a refused trace) as ``error: …``, exit 1."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from lmclab.trace import TraceError
-
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, TypeError, FileNotFoundError, TraceError) as exc:
-            line = str(exc).splitlines()[0].replace("pass partial=True", "pass --partial")
-            typer.echo(f"error: {line}", err=True)
-            raise typer.Exit(1) from None
-
-    return wrapper
 
 
 @app.callback()
@@ -93,198 +46,6 @@ def threads(
         raise typer.Exit(1) from None
 
 
-@app.command()
-@one_line
-def match(
-    model_a: Path = typer.Argument(..., help="θa: state dict, Hugging Face folder or lmclab checkpoint"),
-    model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
-    method: str = typer.Option("wm", help=f"one of {', '.join(METHODS)}"),
-    out: Path = typer.Option(..., help="where to write the alignment: the permutation with its spec (.pt)"),
-    factory: str = FACTORY,
-    kwargs: str = KWARGS,
-    input_shape: str = SHAPE,
-    data: str = typer.Option(None, help="training data (methods that read activations): a data set name or folder"),
-    data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
-    in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
-    option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
-    seed: int = 0,
-    device: str = DEVICE,
-    partial: bool = PARTIAL,
-    progress: bool = PROGRESS,
-) -> None:
-    """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
-    from lmclab.api import find_permutation, l2_reduction
-    from lmclab.search import check_method, needs_data
-
-    options = checked_options(check_method, method, option)
-    output_path(out, "--out")
-    if needs_data(method) and data is None:
-        raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
-    params_a, params_b, (net, spec, points) = load_pair(model_a, model_b, factory, kwargs)
-    traced_only(partial, spec)
-    shape = parse_shape(input_shape)
-    train = load_data(data, "train", data_root, in_channels) if data is not None else None
-    res = find_permutation(
-        params_a,
-        params_b,
-        method=method,
-        spec=spec,
-        model=net,
-        points=points,
-        data=train,
-        example_inputs=trace_inputs(net, shape),
-        seed=seed,
-        device=device,
-        options=options,
-        partial=partial,
-        progress=progress,
-    )
-    res.save(out)
-    typer.echo(
-        f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s; "
-        f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
-    )
-
-
-@app.command()
-@one_line
-def merge(
-    model_a: Path = typer.Argument(...),
-    model_b: Path = typer.Argument(...),
-    out: Path = OUT_MERGED,
-    alignment: Path = typer.Option(None, help="an alignment from `lmclab match` (none: naive average)"),
-    lam: float = typer.Option(0.5, help="λ of λ·θa + (1−λ)·π(θb)"),
-    factory: str = FACTORY,
-    kwargs: str = KWARGS,
-    input_shape: str = SHAPE,
-    partial: bool = PARTIAL,
-) -> None:
-    """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
-    from lmclab.api import merge as merge_models
-
-    output_for(out, model_a, "--out")
-    params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial, False)
-    merged = merge_models(params_a, params_b, lam=lam)
-    write_merged(out, model_a, net, merged)
-    typer.echo(f"wrote {out} ({len(merged)} tensors, λ = {lam})")
-
-
-@app.command("merge-many")
-@one_line
-def merge_many(
-    models: list[Path] = typer.Argument(
-        ..., help="the models to merge (state dicts, Hugging Face folders or lmclab checkpoints), 2 or more"
-    ),
-    method: str = typer.Option("merge_many", help=f"one of {', '.join(MANY_METHODS)}"),
-    out: Path = OUT_MERGED,
-    factory: str = FACTORY,
-    kwargs: str = KWARGS,
-    input_shape: str = SHAPE,
-    data: str = typer.Option(None, help="training data (cca, zipit, --repair): a data set name or prepared folder"),
-    data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
-    in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
-    repair: str = REPAIR,
-    repair_samples: str = REPAIR_SAMPLES,
-    option: list[str] = typer.Option([], help="a method option key=value (repeatable)"),
-    seed: int = 0,
-    device: str = DEVICE,
-    partial: bool = PARTIAL,
-    progress: bool = PROGRESS,
-) -> None:
-    """Merge N models into one by an n-model method; write the merged state dict to --out."""
-    from lmclab.api import merge_many as merge_models
-    from lmclab.search import needs_data
-    from lmclab.search.many_methods import check_many
-
-    if len(models) < 2:
-        raise ValueError(f"MODELS: expected at least 2 model files, got {len(models)}")
-    options = checked_options(check_many, method, option)
-    if options.get("partial_zip") is not None:  # a partial zip keeps one network per model (Section 4.3)
-        raise ValueError("--option partial_zip: a partial zip is one network per model, no single model to write")
-    output_for(out, models[0], "--out")
-    if (needs_data(method) or repair != "none") and data is None:
-        why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
-        raise ValueError(f"--data: {why}; give a data set name or prepared folder")
-    params, (net, spec, points) = load_models(models, factory, kwargs)
-    traced_only(partial, spec)
-    shape = parse_shape(input_shape)
-    if spec is None and trace_inputs(net, shape) is None and data is None:
-        raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
-    res = merge_models(
-        params,
-        method=method,
-        spec=spec,
-        model=net,
-        points=points,
-        example_inputs=trace_inputs(net, shape),
-        data=load_data(data, "train", data_root, in_channels) if data is not None else None,
-        repair=repair,
-        repair_samples=parse_samples(repair_samples),
-        options=options,
-        seed=seed,
-        device=device,
-        partial=partial,
-        progress=progress,
-    )
-    write_merged(out, models[0], net, res.merged)
-    repaired = f", repaired ({res.repair})" if res.repair else ""
-    typer.echo(f"{method}: {len(models)} models, {res.stats.get('seconds', 0.0):.2f} s{repaired}; wrote {out}")
-
-
-@app.command()
-@one_line
-def barrier(
-    model_a: Path = typer.Argument(...),
-    model_b: Path = typer.Argument(...),
-    data: str = typer.Option(..., help="a data set name (mnist5k, cifar10, …) or a prepared data folder"),
-    alignment: Path = typer.Option(None, help="an alignment from `lmclab match` (none: the naive pair)"),
-    split: str = typer.Option("test", help="train or test"),
-    num_lambdas: int = typer.Option(11, help="evenly spaced λ values in [0, 1] (½ added if missing)"),
-    repair: str = REPAIR,
-    repair_samples: str = REPAIR_SAMPLES,
-    data_root: Path = typer.Option(Path("data/raw"), help="torchvision's download/cache folder"),
-    in_channels: int = typer.Option(None, help="repeat the data's channels to this many"),
-    factory: str = FACTORY,
-    kwargs: str = KWARGS,
-    input_shape: str = SHAPE,
-    json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
-    device: str = DEVICE,
-    partial: bool = PARTIAL,
-    progress: bool = PROGRESS,
-) -> None:
-    """Loss and accuracy barriers on the line between A and π(B)."""
-    from lmclab.api import curve as measure_curve
-    from lmclab.core.atomic import write_json
-
-    if json_out is not None:
-        output_path(json_out, "--json")
-    params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial)
-    test = load_data(data, split, data_root, in_channels)
-    repair_data = load_data(data, "train", data_root, in_channels) if repair != "none" else None
-    curve = measure_curve(
-        params_a,
-        params_b,
-        model=net,
-        eval_data={split: test},
-        num_lambdas=num_lambdas,
-        repair=repair,
-        repair_data=repair_data,
-        repair_samples=parse_samples(repair_samples),
-        device=device,
-        progress=progress,
-    )
-    found = curve.barriers()
-    for q, unit in (("loss", ""), ("acc", " points")):
-        typer.echo(
-            f"{split} {q}: A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
-            f"midpoint {found[f'{split}_{q}_mid']:.4f}; barrier max {found[f'{split}_{q}_barrier_max']:.4f}"
-            f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}"
-        )
-    if json_out is not None:
-        write_json(json_out, {"barriers": found, "curve": curve.rows})
-
-
-@app.command()
 @one_line
 def trace(
     factory: str = typer.Argument(..., help="module:callable building the nn.Module"),
@@ -309,7 +70,6 @@ def trace(
     typer.echo(f"{len(sizes)} groups over {len(traced.spec.axes)} tensors")
 
 
-@app.command()
 @one_line
 def validate(params: Path = typer.Argument(Path("params.yaml"), help="a params.yaml of the pipeline")) -> None:
     """Check a params.yaml against the pipeline's schema: one line per bad key."""
@@ -324,6 +84,11 @@ def validate(params: Path = typer.Argument(Path("params.yaml"), help="a params.y
     typer.echo(f"{params}: valid")
 
 
+# the commands on model files (cli/models.py), then on a spec and on the pipeline's params, in this order
+for name, command in [("match", models.match), ("merge", models.merge), ("merge-many", models.merge_many)]:
+    app.command(name)(command)
+for name, command in [("barrier", models.barrier), ("trace", trace), ("validate", validate)]:
+    app.command(name)(command)
 app.add_typer(studies.app, name="study")  # lmclab study NAME: the studies over finished runs (cli/studies/)
 app.command("preset")(preset.preset)  # lmclab preset NAME: a paper preset into params.yaml (cli/preset.py)
 

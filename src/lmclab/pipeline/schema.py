@@ -7,10 +7,9 @@ The blocks that depend on the registries are derived from them when :func:`param
 definition of its options with only the defaults of ``PIPELINE_DEFAULTS`` changed. Registering a method or
 an architecture is enough for the schema to hold its block.
 
-Strict types (a string where a number belongs is refused; an integer where a number belongs is
-fine), ``extra="forbid"`` everywhere (a typo'd key is refused) and every key required (a missing
-key is named with its default). ``lmclab.pipeline.validate`` runs it and turns each error into one line;
-``lmclab.pipeline.keys`` gives the table of docs/parameters.md.
+Strict types (a string where a number belongs is refused, an integer where a number belongs is fine),
+``extra="forbid"`` everywhere (a typo'd key is refused), every key required (a missing one is named with its
+default); ``lmclab.pipeline.validate`` turns each error into one line, ``lmclab.pipeline.keys`` the docs' table.
 """
 
 from __future__ import annotations
@@ -167,10 +166,9 @@ class Measure(Block):
     )
     repair: one_of(REPAIRS) = key(
         "none",
-        "also measure every λ (pairs, three-model edges, the merged midpoint) repaired: bn = BatchNorm statistics "
-        "recomputed on training data (BatchNorm nets; the paper's CIFAR-10 and ImageNet runs), repair = REPAIR, each "
-        "merged unit's statistics rescaled to the interpolation of the endpoints' (nets without BatchNorm), auto = "
-        "the one the network takes, none; the barriers are then the repaired curves'",
+        "also measure every λ (pairs, three-model edges, the merged midpoint) repaired, the barriers then the "
+        "repaired curves': bn = BatchNorm statistics recomputed (BatchNorm nets), repair = REPAIR to the "
+        "endpoints' interpolated unit statistics (nets without BatchNorm), auto = the one the network takes, none",
     )
     repair_samples: Annotated[int, Field(ge=2)] | None = key(500, "training images of the repair (null: all)")
     train_samples: Annotated[int, Field(ge=2)] | None = key(
