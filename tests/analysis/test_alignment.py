@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from lmclab.analysis.alignment import (
     alignment_r,
+    check_gammas,
     circular_operator_blocks,
     layer_alignment,
     layer_names,
@@ -243,8 +244,11 @@ def test_bad_gamma_and_mode_are_one_line_errors():
     f = factors(params, spec, "reshape", None)
     with pytest.raises(ValueError, match=r"^gamma: γ must lie in \[0, 1\]"):
         alignment_r(f, f, 1.5)
-    with pytest.raises(ValueError, match="^mode must be one of"):
+    with pytest.raises(ValueError, match="^conv_spectrum must be one of"):
         layer_svd(params["out.weight"], mode="exact")
+    with pytest.raises(ValueError, match=r"^gammas: γ must lie in \[0, 1\], got -0.1$"):
+        check_gammas([0.0, 0.3, -0.1])
+    check_gammas([0.0, 1.0])
 
 
 def test_the_exact_convolution_spectrum_without_an_input_size_is_refused():

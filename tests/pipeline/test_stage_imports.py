@@ -36,7 +36,7 @@ def test_every_stage_script_imports_nothing_heavy_before_its_handover() -> None:
 def test_the_train_stage_keys_name_params_yaml_once_looked_up() -> None:
     stage = runpy.run_path(str(ROOT / "stages" / "train.py"), run_name="imported")
     keys, mae = stage["KEYS"], stage["MAE_KEYS"]
-    assert keys["alpha"] == "train.mixup_alpha" and keys["lr"] == "train.lr" and keys["nnodes"] == "train.nnodes"
+    assert keys["mixup_alpha"] == "train.mixup_alpha" and keys["lr"] == "train.lr" and keys["nnodes"] == "train.nnodes"
     assert keys["precision"] == "train.precision" and "model" not in keys  # train()'s options and the launcher's
     assert mae["mask_ratio"] == "train.mae.mask_ratio" and mae["pool"] == "model.vit.pool"
     assert mae["lr"] == "train.lr" and mae["pretraining"] == "train.mae.pretraining"
