@@ -55,7 +55,7 @@ def main(
     read = stage_params("connect", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
     with search_errors(method):  # the library's errors, under their params.yaml keys
-        check_method(method, options)
+        options = check_method(method, options)  # checked once, here
     args = {"method": method, "seeds": seeds, "models": models, "data": data, "out": out, "aligned-b": aligned_b}
     argv = [f"--{k}={v}" for k, v in {**args, "params": params}.items() if v is not None]
     nproc = read("measure.nproc_per_node")

@@ -41,9 +41,9 @@ def main(
     read = stage_params("merge_many", params, dvc_yaml=DVC_YAML)
     opts = read("merge_many")
     methods = {m: opts[m] or {} for m in opts["methods"]}
-    for method, options in methods.items():  # every bad option before any work
+    for method, options in methods.items():  # every bad option before any work, checked once: here
         with params_errors(method_key("merge_many", method)):
-            check_many(method, options)
+            methods[method] = check_many(method, options)
     ckpts = load_models(models, opts["seeds"])
     device, first = resolve_device(read("device")), ckpts[0]
     train = load_split(data, "train")

@@ -35,8 +35,8 @@ def main(
 
     read = stage_params("permute", params, dvc_yaml=DVC_YAML, method=method)
     options = read(f"permute.{method}") or {}
-    with search_errors(method):  # the library's errors, under their params.yaml keys
-        check_method(method, options)
+    with search_errors(method):  # the library's errors, under their params.yaml keys: checked once, here
+        options = check_method(method, options)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
     arch = get_arch(a.arch)  # the registry's spec and activation points: nothing to trace
@@ -49,7 +49,7 @@ def main(
             model=build_model(a.arch, a.config),
             points=arch.activation_points(a.config),
             data=load_split(data, "train"),
-            test=load_split(data, "test"),
+            eval_data=load_split(data, "test"),
             seed=read("permute.seed"),
             device=read("device"),
             progress=show_progress(),

@@ -170,7 +170,7 @@ def test_measure_with_repair_reports_both_curves(trained, digits):
     )[0].state_dict
     spec = get_arch("vgg").permutation_spec(config)
     test = Split(digits["test"].x[:300], digits["test"].y[:300])
-    repair = bn_repair_hook(model, digits["train"], num_samples=300)
+    repair = bn_repair_hook(model, digits["train"], repair_samples=300)
     rows, summary = measure_pair_with_repair(
         spec, model, params_a, params_b, params_b, [0.0, 0.5, 1.0], {"test": test}, repair=repair
     )
@@ -180,5 +180,5 @@ def test_measure_with_repair_reports_both_curves(trained, digits):
     mid = {r["repair"]: r["acc"] for r in rows if r["lam"] == 0.5}
     assert mid[True] > mid[False]
     assert len(repair_subset(digits["train"], 300)) == 300
-    with pytest.raises(ValueError, match=r"^num_samples must be a positive number of images or null, got 0$"):
+    with pytest.raises(ValueError, match=r"^repair_samples must be a positive number of images or null, got 0$"):
         repair_subset(digits["train"], 0)

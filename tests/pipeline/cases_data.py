@@ -30,7 +30,7 @@ LM = {
         "wm_sinkhorn": {"epochs": 2, "iterations": 2},
         "ste_sinkhorn": {"epochs": 1, "batch_size": 64},
     },
-    "measure": {"repair": True, "repair_samples": 16, "train_samples": 40, "num_lambdas": 3},
+    "measure": {"repair": "repair", "repair_samples": 16, "train_samples": 40, "num_lambdas": 3},
     "three": {"methods": ["wm"]},
     "merge_many": {"methods": ["merge_many"], "repair_samples": 16},
 }
@@ -93,7 +93,7 @@ CONV = {
     "model": {"arch": "resnet20", "resnet20": {"width_multiplier": 0.25}},
     "train": {"epochs": 2, "batch_size": 50, "lr": 0.003},
     "permute": {"methods": ["identity", "wm"]},
-    "measure": {"num_lambdas": 3, "bn_repair_samples": 60},
+    "measure": {"num_lambdas": 3, "repair": "bn", "repair_samples": 60},
     "three": {"methods": ["wm"], "resolution": 2, "margin": 0.0},
     "merge_many": {"merge_many": {"max_iter": 2}, "repair": "bn"},  # a BatchNorm net
 }
@@ -136,7 +136,7 @@ def conv_changing_repair_samples_reruns_only_downstream(repo: Path, env: dict) -
     from lmclab.pipeline.preset import set_values
 
     params = repo / "params.yaml"
-    params.write_text(set_values(params.read_text(), {"measure.bn_repair_samples": 40}))
+    params.write_text(set_values(params.read_text(), {"measure.repair_samples": 40}))
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=repo, env=env, capture_output=True, text=True)
     assert status.returncode == 0, status.stderr
     assert "merge@" in status.stdout and "measure@" in status.stdout

@@ -51,7 +51,7 @@ MAE = {
     "model": {"arch": "vit", "vit": {"patch_size": 7, "width": 16, "heads": 2, "depth": 1}},
     "train": {"objective": "mae", "mae": {"decoder_width": 16, "decoder_depth": 1, "decoder_heads": 2}},
     "permute": {"methods": MAE_METHODS, "ste": {"epochs": 1, "batch_size": 50}},
-    "measure": {"repair": True, "repair_samples": 100},
+    "measure": {"repair": "repair", "repair_samples": 100},
     "three": {"methods": ["wm"]},
 }
 
@@ -160,7 +160,7 @@ TRACED = {
         "ste_sinkhorn": {"batch_size": 64, "epochs": 1},
     },
     "three": {"methods": ["wm"]},
-    "measure": {"bn_repair_samples": 100},
+    "measure": {"repair": "auto", "repair_samples": 100},  # bn: the traced resnet has BatchNorm
 }
 
 

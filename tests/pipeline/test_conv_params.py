@@ -33,8 +33,8 @@ def test_repository_params_are_valid_and_the_default_run_is_the_mlp():
         ({"train__schedule": "step"}, "train.schedule"),
         ({"train__warmup_epochs": 100}, "train.warmup_epochs"),
         ({"train__augment": "cutout"}, "train.augment"),
-        ({"measure__bn_repair": "yes"}, "measure.bn_repair"),
-        ({"measure__bn_repair_samples": 0}, "measure.bn_repair_samples"),
+        ({"measure__repair": "yes"}, "measure.repair"),
+        ({"measure__repair_samples": 0}, "measure.repair_samples"),
         ({"data__name": "imagenet", "data__image_size": 8}, "data.image_size"),
     ],
 )

@@ -232,7 +232,7 @@ def sharded_curve(rank: int, size: int, port: int, out: str, data: Split) -> Non
     torch.set_num_threads(1)
     world = join_world(rank, size, rank, "cpu")
     model, spec, params_a, params_b = bn_pair()
-    repair = bn_repair_hook(model, data, num_samples=None, batch_size=40, world=world)
+    repair = bn_repair_hook(model, data, repair_samples=None, batch_size=40, world=world)
     curve, summary = measure_pair_with_repair(
         spec, model, params_a, params_b, params_b, lambda_grid(5), {"test": data}, repair=repair, world=world
     )
@@ -270,7 +270,7 @@ def test_a_sharded_measure_gives_the_unsharded_curve_barriers_and_landscape(tmp_
     torch.multiprocessing.spawn(sharded_curve, args=(2, port, str(tmp_path / "curve.pt"), data), nprocs=2)
     curve, summary, plane = torch.load(tmp_path / "curve.pt")
     model, spec, params_a, params_b = bn_pair()
-    repair = bn_repair_hook(model, data, num_samples=None, batch_size=40)
+    repair = bn_repair_hook(model, data, repair_samples=None, batch_size=40)
     expected, expected_summary = measure_pair_with_repair(
         spec, model, params_a, params_b, params_b, lambda_grid(5), {"test": data}, repair=repair
     )
@@ -294,7 +294,7 @@ def test_measure_and_connect_under_torchrun_write_the_single_process_numbers(tmp
         {
             "model": {"arch": "resnet20", "resnet20": {"width_multiplier": 0.25}},
             "permute": {"methods": ["identity", "wm"]},
-            "measure": {"bn_repair_samples": 150, "num_lambdas": 3},  # λ = ½ and the endpoints
+            "measure": {"repair": "bn", "repair_samples": 150, "num_lambdas": 3},  # λ = ½ and the endpoints
             "three": {"resolution": 2},
         },
     )

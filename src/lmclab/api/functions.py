@@ -51,7 +51,7 @@ def checked_options(method: str, options: Mapping[str, Any] | None, check: Any =
     """``options`` (a mapping or None) checked by ``method``'s options model before anything runs — the one
     validation of the call, the layers below trust the result; errors name ``method``, ``options`` or
     ``options['<name>']``."""
-    if options is not None and not isinstance(options, Mapping):
+    if options is not None and not isinstance(options, Mapping | Options):  # Options: validated by the caller
         raise TypeError(f"options must be a mapping of option names to values, got {type(options).__name__}")
     with keyed_errors(lambda name: f"options[{name!r}]" if name in (options or {}) else name):
         return check(method, options)
