@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from lmclab.studies.findings import study_note
+from lmclab.studies.three_note import study_note
 from lmclab.studies.three_study import (
     BC,
     edge_stalled,
