@@ -219,7 +219,7 @@ def ste_barrier_without_alignment(pairs: pd.DataFrame, r: dict[str, str], level:
     )
 
 
-def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = None) -> Finding:
+def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = None, level: float = 0.05) -> Finding:
     wm, ste = r["WM"], r["STE"]
     bc = edges[edges["edge"] == "b-c"].set_index(["method", "triple"]).sort_index()
     numbers, below = {}, []
@@ -233,7 +233,7 @@ def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = No
         f"in every triple, {wm}'s b–c test loss and accuracy barriers (max over λ) are below {ste}'s",
         bool(all(below)),
         numbers,
-        study_note(study) if study else "",
+        study_note(study, level) if study else "",
     )
 
 
@@ -275,7 +275,7 @@ def paper_findings(
         else needs("ste_barrier_without_alignment", "STE: small barrier, low R", "an STE, a WM and identity")
     )
     out.append(
-        three_models(edges, r3, study)
+        three_models(edges, r3, study, level)
         if {"WM", "STE"} <= set(r3)
         else needs("three_models", "WM keeps b–c small, STE does not", "a WM and an STE in three.methods")
     )
