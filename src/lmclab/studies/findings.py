@@ -241,6 +241,25 @@ def needs(key: str, claim: str, what: str) -> Finding:
     return Finding(key, claim, f"not tested by this run: needs {what}", None)
 
 
+# key -> the roles its check needs, and for a run without them: the claim in short and what it needs
+NEEDS = {
+    "wm_small_l2": (("WM", "naive"), "WM reduces L2 by only ~6–20 %", "WM+naive in permute.methods"),
+    "taylor_misses": (("WM",), "the Taylor estimate misses", "WM in permute.methods"),
+    "wm_aligns_singular_vectors": (("WM", "naive"), "R > 0 with WM", "WM+naive in permute.methods"),
+    "spectra_coincide": ((), "", ""),
+    "energy_concentrates": ((), "", ""),
+    "am_like_wm": (("AM", "WM", "naive"), "AM behaves like WM", "am, a WM and identity in permute.methods"),
+    "ste_barrier_without_alignment": (("STE", "WM", "naive"), "STE: small barrier, low R", "an STE, a WM and identity"),
+    "three_models": (("WM", "STE"), "WM keeps b–c small, STE does not", "a WM and an STE in three.methods"),
+}
+SWEEPS = (  # never tested by a run: the sweeps are studies of their own
+    "easier_when_wider_or_regularised",
+    "wider models, stronger weight decay and a larger learning rate make alignment and LMC easier (Appendix H.4, H.5)",
+    "the width, weight-decay and learning-rate sweeps (docs: Analyses and studies); their reports, "
+    "reports/sweeps/*/sweep.md, say which trends hold",
+)
+
+
 def paper_findings(
     pairs: pd.DataFrame,
     spectrum: pd.DataFrame,
@@ -251,41 +270,22 @@ def paper_findings(
     level: float = 0.05,
     study: dict | None = None,
 ) -> list[Finding]:
-    """Every finding of the paper in its order; untestable ones with ``holds = None``. ``study``
-    (:func:`lmclab.studies.three_study.study_summary`) adds the three-model study's note."""
+    """Every finding of the paper in its order; untestable ones (:data:`NEEDS`) with ``holds = None``.
+    ``study`` (:func:`lmclab.studies.three_study.study_summary`) adds the three-model study's note."""
     r, r3 = roles(methods), roles(three_methods)
-    pair_checks: list[tuple[tuple[str, ...], Callable[[], Finding], tuple[str, str]]] = [
-        (("WM", "naive"), lambda: wm_small_l2(pairs, r, level), ("wm_small_l2", "WM reduces L2 by only ~6–20 %")),
-        (("WM",), lambda: taylor_misses(pairs, r, level), ("taylor_misses", "the Taylor estimate misses")),
-        (("WM", "naive"), lambda: wm_aligns(pairs, r, level), ("wm_aligns_singular_vectors", "R > 0 with WM")),
-    ]
-    out = [
-        check() if all(k in r for k in keys) else needs(*names, "+".join(keys) + " in permute.methods")
-        for keys, check, names in pair_checks
-    ]
-    out += [spectra_coincide(spectrum), energy_concentrates(energy, level)]
-    out.append(
-        am_like_wm(pairs, r, level)
-        if {"AM", "WM", "naive"} <= set(r)
-        else needs("am_like_wm", "AM behaves like WM", "am, a WM and identity in permute.methods")
-    )
-    out.append(
-        ste_barrier_without_alignment(pairs, r, level)
-        if {"STE", "WM", "naive"} <= set(r)
-        else needs("ste_barrier_without_alignment", "STE: small barrier, low R", "an STE, a WM and identity")
-    )
-    out.append(
-        three_models(edges, r3, study, level)
-        if {"WM", "STE"} <= set(r3)
-        else needs("three_models", "WM keeps b–c small, STE does not", "a WM and an STE in three.methods")
-    )
-    out.append(
-        needs(
-            "easier_when_wider_or_regularised",
-            "wider models, stronger weight decay and a larger learning "
-            "rate make alignment and LMC easier (Appendix H.4, H.5)",
-            "the width, weight-decay and learning-rate sweeps (docs: Analyses and studies); their reports, "
-            "reports/sweeps/*/sweep.md, say which trends hold",
-        )
-    )
-    return out
+    checks: dict[str, Callable[[], Finding]] = {
+        "wm_small_l2": lambda: wm_small_l2(pairs, r, level),
+        "taylor_misses": lambda: taylor_misses(pairs, r, level),
+        "wm_aligns_singular_vectors": lambda: wm_aligns(pairs, r, level),
+        "spectra_coincide": lambda: spectra_coincide(spectrum),
+        "energy_concentrates": lambda: energy_concentrates(energy, level),
+        "am_like_wm": lambda: am_like_wm(pairs, r, level),
+        "ste_barrier_without_alignment": lambda: ste_barrier_without_alignment(pairs, r, level),
+        "three_models": lambda: three_models(edges, r3, study, level),
+    }
+    out = []
+    for key, check in checks.items():
+        keys, claim, what = NEEDS[key]
+        have = r3 if key == "three_models" else r
+        out.append(check() if all(k in have for k in keys) else needs(key, claim, what))
+    return [*out, needs(*SWEEPS)]
