@@ -10,7 +10,6 @@ import pandas as pd
 
 from lmclab.core.atomic import write_text
 from lmclab.report.language import family_section, is_language_model, perplexity_section
-from lmclab.report.many_models import many_table
 from lmclab.report.paper_numbers import paper_row
 from lmclab.report.paper_tables import (
     findings_section,
@@ -19,9 +18,9 @@ from lmclab.report.paper_tables import (
     paper_note,
     table1_paper_line,
     table2,
-    table3_paper_lines,
 )
 from lmclab.report.plots import label
+from lmclab.report.three_models import three_section
 
 
 def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", t1: pd.DataFrame | None = None) -> str:
@@ -108,59 +107,6 @@ def endpoint_table(history: pd.DataFrame, language: bool = False) -> str:
             + (f" {math.exp(r['test_loss']):.3f} |" if language else "")
         )
     return "\n".join(lines)
-
-
-def table3(edges: pd.DataFrame, row: str | None = None) -> str:
-    """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
-    a–b and a–c edges for comparison; test split, max over λ (and the b–c midpoint barrier, the
-    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.report.paper_numbers`) below."""
-    r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
-    r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
-    lines = [
-        "| method | loss b–c | loss b–c ½ | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |" + r_head,
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0),
-    ]
-    for m in dict.fromkeys(edges["method"]):
-        r = edges[edges["method"] == m].set_index("edge")
-        cell = lambda e, c, d=3, r=r: mean_pm(r.loc[[e], c], d)  # noqa: E731
-        lines.append(
-            f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
-            f"{cell('b-c', 'test_loss_barrier_mid')} | "
-            f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
-            f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
-            f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
-            f"{cell('b-c', 'l2', 2)} |"
-            + ("".join(f" {cell(e, r_col)} |" for e in ("a-b", "a-c", "b-c")) if r_col else "")
-        )
-    return "\n".join(lines) + table3_paper_lines(row, 9 + (3 if r_col else 0))
-
-
-def three_section(
-    edges: pd.DataFrame, evaluation: pd.DataFrame, many_methods: pd.DataFrame, rel: dict[str, str], row: str | None
-) -> str:
-    n = edges["triple"].nunique()
-    return f"""
-## Three models (Table 3 layout; test split, max over λ, {n} triple(s))
-
-θb and θc are each aligned to θa; b–c is the pair never matched to each other.
-
-{table3(edges, row)}
-
-![three-model barriers]({rel["three"]})
-
-![landscape]({rel["landscape"]})
-
-## N models in one frame ({sum((evaluation["method"] == "models") & (evaluation["split"] == "test"))} models)
-
-Every n-model method maps each model into one frame; its pairwise maps π_ij = π_j ∘ π_i⁻¹ are then
-cycle-consistent (cycle error 0), unlike independent pairwise WM. F is the shared objective
-Σ_{{i<j}} ⟨π_i θ_i, π_j θ_j⟩ over the best method's; pair B½ is the mean test barrier at λ = ½ between
-θ_i and π_ij(θ_j) over the pairs; "repaired" evaluates the merge repaired as `merge_many.repair` says.
-
-{many_table(evaluation, many_methods)}
-
-![n-model methods]({rel["merge_many"]})
-"""
 
 
 def analysis_section(
