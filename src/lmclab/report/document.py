@@ -10,6 +10,7 @@ import pandas as pd
 
 from lmclab.core.atomic import write_text
 from lmclab.report.language import family_section, is_language_model, perplexity_section
+from lmclab.report.many_models import many_section
 from lmclab.report.paper_numbers import paper_row
 from lmclab.report.paper_tables import (
     findings_section,
@@ -239,12 +240,38 @@ def write_report(
     ``arch`` select the paper's rows (:mod:`lmclab.report.paper_numbers`); ``findings`` is ``findings.json``."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
-    n_pairs, row = pairs["pair"].nunique(), paper_row(data, arch)
-    text = f"""# {title}
+    row = paper_row(data, arch)
+    text = run_section(title, rel, pairs, history, methods, findings, t1, row, paper_note(data, arch))
+    text += analysis_section(rel, pairs, methods, bounds, layers)
+    if edges is not None:
+        text += three_section(edges, rel, row) + many_section(evaluation, many_methods, rel["merge_many"])
+    if "cka" in rel:
+        text += cka_section(rel["cka"], pairs, methods)
+    if "search_curves" in rel:
+        text += search_curves_section(rel["search_curves"])
+    write_text(path, text)
+    return path
+
+
+def run_section(
+    title: str,
+    rel: dict[str, str],
+    pairs: pd.DataFrame,
+    history: pd.DataFrame,
+    methods: Sequence[str],
+    findings: dict | None,
+    t1: pd.DataFrame | None,
+    row: str | None,
+    note: str,
+) -> str:
+    """The report's head: the pairs, the endpoints, the findings, the paper's tables, the barriers and the
+    interpolation curves (Definition 2.1; the paper's ``row`` and its ``note``)."""
+    n_pairs = pairs["pair"].nunique()
+    return f"""# {title}
 
 Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].unique()))}.
 λ = 1 is θa, λ = 0 is π(θb); barriers follow the paper's Definition 2.1 (max over the λ grid) and its tables (at λ = ½).
-{paper_note(data, arch)}
+{note}
 ## Endpoints
 
 {endpoint_table(history, is_language_model(pairs))}
@@ -259,19 +286,16 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 {_stale_section(pairs, methods)}{_language_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds, layers)}"""
-    if edges is not None:
-        text += three_section(edges, evaluation, many_methods, rel, row)
-    if "cka" in rel:
-        text += cka_section(rel["cka"], pairs, methods)
-    if "search_curves" in rel:
-        text += f"""
+"""
+
+
+def search_curves_section(figure: str) -> str:
+    """The iterative searches' learning curves (the paper's Figure 6)."""
+    return f"""
 ## Search learning curves (paper Figure 6)
 
 Per epoch of the iterative searches: L2 distance with the current hard permutation and the
 merged midpoint model's test loss and accuracy (epoch 0 is the initial permutation).
 
-![search curves]({rel["search_curves"]})
+![search curves]({figure})
 """
-    write_text(path, text)
-    return path

@@ -12,7 +12,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from lmclab.report.many_models import many_table
 from lmclab.report.paper_tables import marked, mean_pm, table3_paper_lines
 from lmclab.report.plots import _save, label, mean_std
 
@@ -42,9 +41,8 @@ def table3(edges: pd.DataFrame, row: str | None = None) -> str:
     return "\n".join(lines) + table3_paper_lines(row, 9 + (3 if r_col else 0))
 
 
-def three_section(
-    edges: pd.DataFrame, evaluation: pd.DataFrame, many_methods: pd.DataFrame, rel: dict[str, str], row: str | None
-) -> str:
+def three_section(edges: pd.DataFrame, rel: dict[str, str], row: str | None) -> str:
+    """The report's three-model section: Table 3's layout (the paper's ``row`` below) and both figures."""
     n = edges["triple"].nunique()
     return f"""
 ## Three models (Table 3 layout; test split, max over λ, {n} triple(s))
@@ -56,17 +54,6 @@ def three_section(
 ![three-model barriers]({rel["three"]})
 
 ![landscape]({rel["landscape"]})
-
-## N models in one frame ({sum((evaluation["method"] == "models") & (evaluation["split"] == "test"))} models)
-
-Every n-model method maps each model into one frame; its pairwise maps π_ij = π_j ∘ π_i⁻¹ are then
-cycle-consistent (cycle error 0), unlike independent pairwise WM. F is the shared objective
-Σ_{{i<j}} ⟨π_i θ_i, π_j θ_j⟩ over the best method's; pair B½ is the mean test barrier at λ = ½ between
-θ_i and π_ij(θ_j) over the pairs; "repaired" evaluates the merge repaired as `merge_many.repair` says.
-
-{many_table(evaluation, many_methods)}
-
-![n-model methods]({rel["merge_many"]})
 """
 
 
