@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmclab.report.cka import plot_cka
 from lmclab.report.document import write_report
 from lmclab.report.many_models import plot_many
 from lmclab.report.plot_data import plot_tables, write_plot_tables
@@ -23,7 +24,6 @@ from lmclab.report.plots import (
     plot_taylor,
     plot_training,
 )
-from lmclab.report.plots_cka import plot_cka
 from lmclab.report.three_models import plot_landscape, plot_three_barriers
 
 NEEDED = (  # the summarize stage's tables a run's figures and report are drawn from
