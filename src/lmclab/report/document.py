@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmclab.core.atomic import write_text
+from lmclab.report.cka import cka_section
 from lmclab.report.language import family_section, is_language_model, perplexity_section
 from lmclab.report.many_models import many_section
 from lmclab.report.paper_numbers import paper_row
@@ -187,34 +188,6 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 ## Table 2 layout: STE (test split, λ = ½)
 
 {table2(pairs, methods, row)}
-"""
-
-
-def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
-    """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
-    keys = [
-        ("cka_a_b", "θa, θb"),
-        ("cka_a_pi_b", "θa, π(θb)"),
-        ("cka_a_mid", "θa, θ(½)"),
-        ("cka_pi_b_mid", "π(θb), θ(½)"),
-    ]
-    rows = [
-        f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
-        for m in methods
-        if "cka_a_b" in pairs
-    ]
-    return f"""
-## Functional similarity: CKA of the hidden layers
-
-Linear CKA (Kornblith et al. 2019) between hidden representations on the test split, mean over the
-hidden layers. It is blind to permutations, so (θa, θb) and (θa, π(θb)) agree; what alignment changes
-is how much the merged midpoint θ(½) still computes what the endpoints compute.
-
-| method | {" | ".join(name for _, name in keys)} |
-|---|---|---|---|---|
-{chr(10).join(rows)}
-
-![cka]({figure})
 """
 
 
