@@ -1,8 +1,8 @@
-"""The size limits of docs/STYLE (point 15: modules ≲300 lines, functions ≲40), kept by a test: every
-module under src/lmclab is at most ``MODULE_LINES`` physical lines and every function or method at most
-``FUNCTION_LINES`` lines, counted from its ``def`` line to its last line without its docstring (decorators
-not counted). An exception carries its one-line reason beside it: ``# size: <reason>`` on the ``def`` line
-of a function, or on the first line after a module's docstring; and the exceptions stay few."""
+"""The size limits of the project's style guide (point 15: modules ≲300 lines, functions ≲40), kept by a
+test: every module under src/lmclab is at most ``MODULE_LINES`` physical lines and every function or method
+at most ``FUNCTION_LINES`` lines, counted from its ``def`` line to its last line without its docstring
+(decorators not counted). An exception carries its one-line reason beside it: ``# size: <reason>`` on the
+``def`` line of a function, or on the first line after a module's docstring; and the exceptions stay few."""
 
 from __future__ import annotations
 
