@@ -22,7 +22,8 @@ from lmclab.analysis.alignment import (
 )
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.options import OptionError
-from lmclab.core.spec import apply_permutation, build_spec, conv, dense, norm, random_permutation
+from lmclab.core.spec import apply_permutation, build_spec, random_permutation
+from lmclab.core.spec_builders import conv, dense, norm
 
 
 def mlp_case(seed=0):

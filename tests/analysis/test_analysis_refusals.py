@@ -28,7 +28,8 @@ from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import lerp_params
 from lmclab.core.objective import functional_method
 from lmclab.core.options import OptionError
-from lmclab.core.spec import build_spec, dense
+from lmclab.core.spec import build_spec
+from lmclab.core.spec_builders import dense
 
 MAE = mae.from_vit(
     vit.Config(input_shape=(1, 28, 28), num_classes=10, patch_size=7, width=16, depth=1, heads=2),

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import lmclab
-from lmclab.api.files import _torch_load
 from lmclab.api.hf import _model_class
+from lmclab.core.torchfile import torch_load
 
 
 def _bn_net(seed: int) -> nn.Module:
@@ -76,10 +76,10 @@ def test_an_unreadable_pytorch_file_is_worded_from_its_exception(tmp_path, monke
     with pytest.raises(
         ValueError, match=r"m\.pt: not a readable PyTorch file \(truncated or corrupted\? RuntimeError\)$"
     ):
-        _torch_load(path)
+        torch_load(path)
     monkeypatch.setattr(torch, "load", fail("y" * 200 + "\nsecond line"))  # its first line, 120 characters
     with pytest.raises(ValueError) as err:
-        _torch_load(path)
+        torch_load(path)
     assert str(err.value).endswith("(truncated or corrupted? " + "y" * 120 + ")")
 
 

@@ -15,7 +15,8 @@ from lmclab.core.heads import Heads
 from lmclab.core.interpolation import interpolation_curve, measure_pair
 from lmclab.core.metrics import barrier
 from lmclab.core.repair import Moments, RepairAt, repair_interpolated, repair_merged, repair_to, unit_statistics
-from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, basic_block, bottleneck, check_permutation
+from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, check_permutation
+from lmclab.core.spec_builders import basic_block, bottleneck
 from lmclab.core.transform import partial_merge, permutation_transforms, transform_merge
 
 

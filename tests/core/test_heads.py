@@ -19,10 +19,10 @@ from lmclab.core.spec import (
     build_spec,
     check_permutation,
     compose,
-    dense,
     invert,
     random_permutation,
 )
+from lmclab.core.spec_builders import dense
 from lmclab.search import SearchProblem, run_search
 from lmclab.search.sinkhorn import (
     hard_permutation,

@@ -13,7 +13,8 @@ from lmclab.core.data import Split
 from lmclab.core.interpolation import barriers_from_curve, interpolation_curve, measure_pair
 from lmclab.core.merge import aligned_midpoint, lerp_params
 from lmclab.core.metrics import barrier, l2_distance, lambda_grid, midpoint_barrier, reduction_rate
-from lmclab.core.spec import build_spec, dense, identity_permutation
+from lmclab.core.spec import build_spec, identity_permutation
+from lmclab.core.spec_builders import dense
 
 
 def test_lambda_grid_contains_endpoints_and_half() -> None:

@@ -14,11 +14,11 @@ from lmclab.core.spec import (
     build_spec,
     check_permutation,
     compose,
-    dense,
     identity_permutation,
     invert,
     random_permutation,
 )
+from lmclab.core.spec_builders import dense
 
 INPUTS = {"mlp": (1, 28, 28)}
 

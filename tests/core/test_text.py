@@ -78,3 +78,16 @@ def test_a_context_that_is_not_a_positive_count_is_refused(tmp_path, context, sh
 def test_an_unknown_text_is_refused_in_one_line() -> None:
     with pytest.raises(OptionError, match=r"^name: unknown text 'wiki'; expected one of \['pydoc', 'text'\]$"):
         text.prepare_text("wiki", context=8)
+
+
+def test_a_split_corpus_keeps_a_train_and_a_test_document_of_the_same_name(monkeypatch) -> None:
+    """Each split joins its own documents: the test set's ``a`` never replaces the train set's ``a``."""
+    corpus = {"train": {"a": "train one", "b": "train two"}, "test": {"a": "the test"}}
+    monkeypatch.setitem(text.TEXTS, "clash", lambda root, column: corpus)
+    meta, splits = text.prepare_text("clash", context=4)
+    train, test = ("train one\n\ntrain two", "the test")
+    assert meta["documents"] == {"train": 2, "test": 1}
+    assert meta["bytes"] == {"train": 18, "test": 8} and meta["tokens"] == {"train": len(train), "test": len(test)}
+    for split, joined in (("train", train), ("test", test)):
+        inputs = splits[split][0]
+        assert b"".join(bytes(row) for row in inputs) == joined.encode()[: 4 * len(inputs)]

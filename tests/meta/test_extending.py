@@ -20,7 +20,8 @@ from lmclab.archs import ARCHS, build_model, make_config
 from lmclab.archs.base import ArchConfig
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
 from lmclab.core.options import Count, OptionError, Options, option, takes
-from lmclab.core.spec import PermutationSpec, apply_permutation, build_spec, dense, random_permutation
+from lmclab.core.spec import PermutationSpec, apply_permutation, build_spec, random_permutation
+from lmclab.core.spec_builders import dense
 from lmclab.pipeline.keys import key_rows
 from lmclab.pipeline.validate import ParamsError, check_params
 from lmclab.search import METHODS

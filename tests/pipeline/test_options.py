@@ -19,7 +19,8 @@ from dvc_repo import ROOT, TINY
 from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS, interface
 from lmclab.core.options import OptionError
-from lmclab.core.spec import build_spec, dense
+from lmclab.core.spec import build_spec
+from lmclab.core.spec_builders import dense
 from lmclab.pipeline.keys import key_rows
 from lmclab.pipeline.schema import PIPELINE_DEFAULTS, params_model
 from lmclab.pipeline.stage import search_errors

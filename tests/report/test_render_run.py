@@ -110,7 +110,7 @@ def test_the_interpolation_band_is_the_range_over_pairs_when_asked(tmp_path, mon
 
 
 def test_table3_without_an_r_column_has_as_many_separators_as_headers() -> None:
-    from lmclab.report.document import table3
+    from lmclab.report.three_models import table3
 
     edges = run_tables()["three_edges"]
     plain = edges[[c for c in edges.columns if not c.startswith("R_")]]

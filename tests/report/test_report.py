@@ -7,11 +7,12 @@ import math
 import pandas as pd
 from test_analysis_stages import ONE_TWO_THREE, three_pairs
 
-from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1, table3
+from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1
 from lmclab.report.language import family_section, is_language_model, perplexity_section
 from lmclab.report.plots import mean_std
 from lmclab.report.summary import THREE_KEYS
 from lmclab.report.summary import table1 as summary_table1
+from lmclab.report.three_models import table3
 
 
 def test_endpoint_table_lists_each_seed_once_in_seed_order_with_its_last_epoch() -> None:

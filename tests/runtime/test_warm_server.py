@@ -3,7 +3,8 @@ coverage nor mutation testing follows it): ``serve`` takes the lock and binds th
 per request that forks the worker, and on going idle removes both; the worker becomes the client's process
 (cwd, environment, umask, stdio, argv, the script's folder first on ``sys.path``) and reports the script's
 exit code the way ``python script`` would, and a client that hangs up takes its worker along. The pieces
-are also tested on their own: ``_run``'s exit codes, ``_wait``'s, the lock and its pid."""
+are also tested on their own: ``run_main``'s exit codes, ``wait_exit``'s (:mod:`lmclab.runtime.warmworker`),
+the lock and its pid."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 from test_lifetime import _alive  # running, a zombie counting as gone
 
-from lmclab.runtime import warmstart
+from lmclab.runtime import warmstart, warmworker
 
 pytestmark = pytest.mark.skipif(not warmstart.enabled(), reason="warm start needs fork, SCM_RIGHTS and SO_PEERCRED")
 
@@ -245,10 +246,10 @@ def test_run_gives_python_script_exit_codes_and_runs_the_exit_functions(
             self.ran += 1
 
     exit_functions = ExitFunctions()
-    monkeypatch.setattr(warmstart, "atexit", exit_functions)  # this process's own must not run
+    monkeypatch.setattr(warmworker, "atexit", exit_functions)  # this process's own must not run
     script = tmp_path / "s.py"
     script.write_text(f"assert __name__ == '__main__'\n{body}\n")
-    assert warmstart._run(str(script)) == code
+    assert warmworker.run_main(str(script)) == code
     err = capsys.readouterr().err
     assert err == stderr if code in (0, 4) or body.startswith("raise SystemExit") else stderr in err
     if code in (1, 130) and not body.startswith("raise SystemExit"):
@@ -278,7 +279,7 @@ def test_wait_reports_the_workers_exit_code_or_128_plus_its_signal(how, code) ->
 
     here, there = socket.socketpair()
     with here, there:
-        assert warmstart._wait(_child(worker), here) == code
+        assert warmworker.wait_exit(_child(worker), here) == code
 
 
 def test_wait_kills_the_worker_when_the_client_hangs_up() -> None:
@@ -287,7 +288,7 @@ def test_wait_kills_the_worker_when_the_client_hangs_up() -> None:
     with here:
         there.close()
         start = time.monotonic()
-        assert warmstart._wait(pid, here) == 128 + signal.SIGKILL
+        assert warmworker.wait_exit(pid, here) == 128 + signal.SIGKILL
         assert time.monotonic() - start < 10
 
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from lmclab.core.data import Split
-from lmclab.core.spec import build_spec, dense
+from lmclab.core.spec import build_spec
+from lmclab.core.spec_builders import dense
 from lmclab.search import METHODS, SearchProblem, run_search
 
 QUICK = {

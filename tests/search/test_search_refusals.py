@@ -22,7 +22,8 @@ from lmclab.core.heads import Heads
 from lmclab.core.merge import aligned_midpoint
 from lmclab.core.options import OptionError
 from lmclab.core.repair import repair_merged, unit_statistics
-from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, build_spec, dense, random_permutation
+from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, build_spec, random_permutation
+from lmclab.core.spec_builders import dense
 from lmclab.core.transform import TransformResult, permutation_transforms
 from lmclab.search import SearchProblem, run_search
 from lmclab.search.features import repair_transformed, transform_targets

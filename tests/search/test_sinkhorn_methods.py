@@ -14,7 +14,8 @@ from conftest import random_params
 
 from lmclab.archs import get_arch, make_config
 from lmclab.core.data import Split
-from lmclab.core.spec import apply_permutation, build_spec, dense, invert, random_permutation
+from lmclab.core.spec import apply_permutation, build_spec, invert, random_permutation
+from lmclab.core.spec_builders import dense
 from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
 from lmclab.search.midpoint import midpoint_loss, minibatches

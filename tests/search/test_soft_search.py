@@ -17,7 +17,8 @@ from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import l2_distance
-from lmclab.core.spec import apply_permutation, build_spec, check_permutation, dense, invert, norm, random_permutation
+from lmclab.core.spec import apply_permutation, build_spec, check_permutation, invert, random_permutation
+from lmclab.core.spec_builders import dense, norm
 from lmclab.pipeline.stage import search_errors
 from lmclab.pipeline.validate import check_params
 from lmclab.search import SearchProblem, check_method, run_search

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from lmclab.studies.findings import study_note
+from lmclab.studies.three_note import EXPLANATION, study_note
 from lmclab.studies.three_study import (
     BC,
     edge_stalled,
@@ -118,6 +118,10 @@ def test_study_summary_and_the_findings_note_name_each_setting_with_both_means()
     assert "reversed in every triple: width 128 (WM 0.200 vs STE 0.117, p " in note
     assert "mixed: default (WM 0.200 vs STE 0.300, p 0.23)" in note
     assert "opposite signs in 0 of 3 settings (sign test p 0.25)" in note  # here R = barrier / 10
+    assert note.endswith(
+        "the data do not show the paper's explanation (the method that aligns b and c's dominant "
+        "singular directions better has the lower b–c barrier)."
+    )
 
 
 def test_r_explains_ordering_counts_opposite_signs_with_the_sign_tests_closed_form() -> None:
@@ -251,3 +255,28 @@ def test_collect_keeps_the_committed_rows_of_points_run_on_another_machine(tmp_p
     expected = committed[committed["point"].isin(["default", "width-128"])].reset_index(drop=True)
     pd.testing.assert_frame_equal(edges.reset_index(drop=True), expected)
     assert set(pd.read_parquet(tmp_path / "table.parquet")["point"]) == {"default", "width-128"}
+
+
+@pytest.mark.parametrize(
+    ("opposite", "n", "p_sign", "level", "says"),
+    [
+        (10, 12, 0.039, 0.05, "lower b–c barrier, as the paper says."),
+        (2, 12, 0.039, 0.05, "higher b–c barrier, the reverse of the paper's explanation."),
+        (10, 12, 0.039, 0.01, "the data do not show the paper's explanation"),  # not significant at this level
+        (0, 3, 0.25, 0.05, "the data do not show the paper's explanation"),
+        (2, 4, 0.01, 0.05, "the data do not show the paper's explanation"),  # no majority, whatever p says
+        (0, 0, None, 0.05, "the data do not show the paper's explanation"),  # no setting left to test
+    ],
+)
+def test_the_notes_explanation_follows_the_sign_test_either_way(opposite, n, p_sign, level, says) -> None:
+    """The note's last sentence is the sign test's verdict: the paper's explanation, its reverse, or neither."""
+    paired = {"n": n, "opposite": opposite, "p_sign": p_sign, "rho": None}
+    summary = {"column": "test_loss_barrier_mid", "settings": [], "r_explains_ordering": paired}
+    note = study_note(summary, level)
+    p = "—" if p_sign is None else f"{p_sign:.2g}"
+    assert note.endswith(f"opposite signs in {opposite} of {n} settings (sign test p {p}): {explanation_of(says)}")
+    assert ("as the paper says" in note) == (says.endswith("as the paper says."))
+
+
+def explanation_of(says: str) -> str:
+    return next(s for s in EXPLANATION.values() if says in s)

@@ -163,6 +163,23 @@ def _evaluate_merges(model, method: str, merges: Mapping[bool, Any], splits: Map
     return rows
 
 
+def _references(
+    model: nn.Module,
+    params: Sequence[Mapping[str, Tensor]],
+    names: Sequence[str],
+    merge: Merge | None,
+    splits: Mapping[str, Split],
+) -> list[dict]:
+    """The evaluation rows of the references: the naive average (repaired too with ``merge``), each model
+    and the output ensemble of all of them."""
+    naive = {False: mean_params(params)} | ({True: merge(params)} if merge is not None else {})
+    evaluation = [r | {"model": "average"} for r in _evaluate_merges(model, "naive", naive, splits)]
+    for name, p in zip(names, params, strict=True):
+        evaluation += [r | {"model": name} for r in _evaluate_merges(model, "models", {False: dict(p)}, splits)]
+    ensemble = _evaluate_merges(model, "ensemble", {False: list(params)}, splits)  # the output ensemble
+    return evaluation + [r | {"model": "ensemble"} for r in ensemble]
+
+
 def compare_many(
     model: nn.Module,
     spec: PermutationSpec,
@@ -189,12 +206,7 @@ def compare_many(
     repair = resolved_repair(repair, model)
     merge = repaired_merge(repair, model, repair_data)
     run = _Run(model, spec, params, splits["test"], seed, merge, repair, repair_data, points, train)
-    naive = {False: mean_params(params)} | ({True: merge(params)} if merge is not None else {})
-    evaluation = [r | {"model": "average"} for r in _evaluate_merges(model, "naive", naive, splits)]
-    for name, p in zip(names, params, strict=True):
-        evaluation += [r | {"model": name} for r in _evaluate_merges(model, "models", {False: dict(p)}, splits)]
-    ensemble = _evaluate_merges(model, "ensemble", {False: list(params)}, splits)  # the output ensemble
-    evaluation += [r | {"model": "ensemble"} for r in ensemble]
+    evaluation = _references(model, params, names, merge, splits)
     maps, stats = direct_pairwise(spec, params, seed=seed)
     barriers = pair_barriers(model, params, maps, spec, splits["test"])
     rows, pairs, results = (

@@ -21,8 +21,8 @@ from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, RepairAt, barriers_from_curve, interpolation_curve
 from lmclab.core.metrics import l2_distance
-from lmclab.core.spec import Permutation, PermutationSpec, apply_permutation, check_permutation
-from lmclab.search import run_search
+from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, check_permutation
+from lmclab.search import SearchProblem, run_search
 from lmclab.search.registered import search_problem
 from lmclab.search.result import SearchResult
 
@@ -94,6 +94,37 @@ class TripleResult(NamedTuple):
     search: dict[str, dict]  # search stats of π_b and π_c
 
 
+def _curves_train(train: Split, train_samples: int | None) -> Split:
+    """The fixed random subset of ``train`` the edges' train curves are measured on (None: all of it)."""
+    return repair_subset(train, train_samples, key="train_samples")
+
+
+def _align_to_a(
+    method: str,
+    ckpts: Mapping[str, Checkpoint],
+    train: Split,
+    options: Mapping,
+    seed: int,
+    device: torch.device,
+    aligned: dict[str, SearchResult],
+) -> tuple[SearchProblem, dict[str, Params], dict[str, Permutation], dict[str, dict]]:
+    """θb and θc aligned to θa by ``method`` (or as ``aligned`` gives them, checked): the search problem
+    of the last, the three endpoints on ``device`` (π_b(θb), π_c(θc)), the permutations and search stats."""
+    a = ckpts["a"]
+    if set(aligned) - {"b", "c"}:
+        raise ValueError(f"aligned: expected keys among 'b', 'c', got {sorted(aligned)}")
+    on = {k: {n: v.to(device) for n, v in c.state_dict.items()} for k, c in ckpts.items()}
+    models, perms, search = {"a": on["a"]}, {}, {}
+    for k in "bc":
+        problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train)
+        if k in aligned:
+            _check_aligned(k, aligned[k].perm, problem.spec, on[k])
+        result = aligned.get(k) or run_search(method, problem, seed=seed, options=options)
+        perms[k], search[k] = {g: p.to(device) for g, p in result.perm.items()}, result.stats
+        models[k] = apply_permutation(problem.spec, result.perm, on[k])
+    return problem, models, perms, search
+
+
 def connect_triple(
     method: str,
     ckpts: Mapping[str, Checkpoint],
@@ -123,43 +154,15 @@ def connect_triple(
     deterministic, so the triple is the same); those are checked against the spec, not searched again.
     ``train_samples``: the edges' train curves on a fixed random subset of that many samples (None: all; the
     search reads all of ``train``)."""
-    grid = plane_grid(resolution, margin)  # validates before any search
-    curve_train = repair_subset(train, train_samples, key="train_samples")
-    a, aligned = ckpts["a"], dict(aligned or {})
-    if set(aligned) - {"b", "c"}:
-        raise ValueError(f"aligned: expected keys among 'b', 'c', got {sorted(aligned)}")
-    on = {k: {n: v.to(device) for n, v in c.state_dict.items()} for k, c in ckpts.items()}
-    models, perms, search = {"a": on["a"]}, {}, {}
-    for k in "bc":
-        problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train)
-        if k in aligned:
-            _check_aligned(k, aligned[k].perm, problem.spec, on[k])
-        result = aligned.get(k) or run_search(method, problem, seed=seed, options=options)
-        perms[k], search[k] = {g: p.to(device) for g, p in result.perm.items()}, result.stats
-        models[k] = apply_permutation(problem.spec, result.perm, on[k])
-    spec, model = problem.spec, problem.model
+    grid, curve_train = plane_grid(resolution, margin), _curves_train(train, train_samples)  # before any search
+    problem, models, perms, search = _align_to_a(method, ckpts, train, options, seed, device, dict(aligned or {}))
+    spec, model, measured = problem.spec, problem.model, {"repair": repair, "world": world}
+    splits = {"train": curve_train, "test": test}
     curves, edges = three_model_barriers(
-        spec,
-        model,
-        models,
-        lams,
-        {"train": curve_train, "test": test},
-        gammas=gammas,
-        repair=repair,
-        repair_at=repair_at,
-        world=world,
+        spec, model, models, lams, splits, gammas=gammas, repair_at=repair_at, **measured
     )
-    plane = landscape(
-        model,
-        models["a"],
-        models["b"],
-        models["c"],
-        grid,
-        test,
-        keys=sorted(spec.matched(on["a"])),
-        repair=repair,
-        world=world,
-    )
+    keys = sorted(spec.matched(models["a"]))
+    plane = landscape(model, models["a"], models["b"], models["c"], grid, test, keys=keys, **measured)
     return TripleResult(
         {k: {g: p.cpu() for g, p in perm.items()} for k, perm in perms.items()}, edges, curves, plane, search
     )

@@ -88,7 +88,7 @@ class Alignment:
 
 def read_alignment(path: str | os.PathLike) -> tuple[dict[str, Any], PermutationSpec | None]:
     """The file's contents and its spec (None in a file of the earlier, spec-less format)."""
-    from lmclab.api.files import _torch_load as torch_load
+    from lmclab.core.torchfile import torch_load
 
     path = Path(path)
     expected = f"expected an alignment written by `lmclab match` or Alignment.save (format {FORMAT})"

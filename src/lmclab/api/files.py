@@ -6,17 +6,16 @@ architecture, so its spec and activation points come from the registry), and the
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor, nn
 
 from lmclab.archs import build_model, get_arch
 from lmclab.archs.checkpoint import FORMAT, load_checkpoint
 from lmclab.archs.traced import load_factory
 from lmclab.core.spec import PermutationSpec
+from lmclab.core.torchfile import torch_load
 
 
 class Loaded(NamedTuple):
@@ -26,27 +25,6 @@ class Loaded(NamedTuple):
     model: nn.Module | None = None
     spec: PermutationSpec | None = None
     points: dict[str, list[str]] | None = None
-
-
-def _torch_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # a file torch reads, holding objects other than tensors, or a foreign one
-        if not _torch_saved(path):
-            raise ValueError(f"{path}: not a PyTorch file (neither torch.save's zip archive nor a pickle)") from None
-        raise ValueError(
-            f"{path}: holds pickled objects, not only tensors (save model.state_dict(), not the module)"
-        ) from None
-    except Exception as exc:  # zip or pickle errors: a truncated, corrupted or foreign file
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{path}: not a readable PyTorch file (truncated or corrupted? {first[:120]})") from None
-
-
-def _torch_saved(path: Path) -> bool:
-    """Does ``path`` start as ``torch.save`` writes: a zip archive, or (the legacy format) a pickle?"""
-    with path.open("rb") as f:
-        head = f.read(4)
-    return head == b"PK\x03\x04" or head[:1] == b"\x80"
 
 
 def _safetensors_load(path: Path) -> dict[str, Tensor]:
@@ -74,7 +52,7 @@ def load_model_file(path: Path) -> Loaded:
         raise FileNotFoundError(f"{path}: file not found")
     if path.suffix == ".safetensors":
         return Loaded(_safetensors_load(path))
-    blob = _torch_load(path)
+    blob = torch_load(path)
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         ckpt = load_checkpoint(path)
         arch = get_arch(ckpt.arch)

@@ -75,13 +75,13 @@ def _check_weights(path: Path) -> None:
     every shard its index names."""
     from safetensors import SafetensorError, safe_open
 
-    from lmclab.api.files import _torch_load
+    from lmclab.core.torchfile import torch_load
 
     def check(file: Path) -> None:
         if not file.is_file():
             raise FileNotFoundError(f"{file}: file not found (named by the folder's index)")
         if file.suffix != ".safetensors":
-            _torch_load(file)
+            torch_load(file)
             return
         try:
             with safe_open(str(file), "pt") as handle:

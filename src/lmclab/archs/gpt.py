@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from lmclab.archs.base import ArchConfig, as_tuple
 from lmclab.core.heads import Heads
 from lmclab.core.options import Count, OptionError, one_of, option
-from lmclab.core.spec import Entry, PermutationSpec, Segment, build_spec, dense, norm
+from lmclab.core.spec import Entry, PermutationSpec, Segment, build_spec
+from lmclab.core.spec_builders import dense, norm
 
 INPUT = "tokens"  # reads windows of token ids (a text data set), not images
 SHAPES = "data"  # built on its data's windows only (lmclab.archs.base.Interface)

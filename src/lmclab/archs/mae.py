@@ -38,7 +38,8 @@ from lmclab.archs.base import DATA_FIELDS
 from lmclab.archs.masking import masked_mse, pixel_targets, random_masks, visible_indices
 from lmclab.core.objective import RECONSTRUCTION
 from lmclab.core.options import Count, OptionError, got, one_of, option
-from lmclab.core.spec import Params, PermutationSpec, build_spec, dense, norm
+from lmclab.core.spec import Params, PermutationSpec, build_spec
+from lmclab.core.spec_builders import dense, norm
 
 STREAM = vit.STREAM
 DECODER = "P_dec"

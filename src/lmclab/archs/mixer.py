@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from lmclab.archs.base import ArchConfig, check_patches_tile
 from lmclab.core.options import Count, option
-from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
+from lmclab.core.spec import PermutationSpec, build_spec
+from lmclab.core.spec_builders import dense, norm
 
 STREAM = "P_stream"
 SHAPES = "data"  # its patches must tile the data's own image (lmclab.archs.base.Interface)

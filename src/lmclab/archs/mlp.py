@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 from lmclab.archs.base import ArchConfig
 from lmclab.core.options import Count, option
-from lmclab.core.spec import PermutationSpec, build_spec, dense
+from lmclab.core.spec import PermutationSpec, build_spec
+from lmclab.core.spec_builders import dense
 
 
 class Config(ArchConfig):

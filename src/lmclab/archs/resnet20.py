@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from lmclab.archs.base import ArchConfig
 from lmclab.core.options import Count, Positive, option
-from lmclab.core.spec import PermutationSpec, basic_block, build_spec, conv_bn, dense
+from lmclab.core.spec import PermutationSpec, build_spec
+from lmclab.core.spec_builders import basic_block, conv_bn, dense
 
 STAGE_WIDTHS = (16, 32, 64)
 

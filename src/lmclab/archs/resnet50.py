@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 from lmclab.archs.base import ArchConfig
 from lmclab.core.options import Positive, option
-from lmclab.core.spec import PermutationSpec, bottleneck, build_spec, conv_bn, dense
+from lmclab.core.spec import PermutationSpec, build_spec
+from lmclab.core.spec_builders import bottleneck, conv_bn, dense
 
 BLOCKS = (3, 4, 6, 3)
 

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from lmclab.archs.base import ArchConfig, tuple_of
 from lmclab.core.options import Count, OptionError, Positive, got, option
-from lmclab.core.spec import PermutationSpec, build_spec, conv_bn, dense
+from lmclab.core.spec import PermutationSpec, build_spec
+from lmclab.core.spec_builders import conv_bn, dense
 
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from lmclab.archs.base import ArchConfig, check_patches_tile
 from lmclab.core.heads import Heads
 from lmclab.core.options import Count, OptionError, one_of, option
-from lmclab.core.spec import PermutationSpec, build_spec, dense, norm
+from lmclab.core.spec import PermutationSpec, build_spec
+from lmclab.core.spec_builders import dense, norm
 
 STREAM = "P_res"
 SHAPES = "data"  # its patches must tile the data's own image (lmclab.archs.base.Interface)

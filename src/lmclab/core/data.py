@@ -227,14 +227,22 @@ def prepare(
             tokenizer=None if tokenizer is None else Path(tokenizer),
             text_column=text_column,
         )
-        _write_prepared(out_dir, meta, splits)
-        return meta
+    else:
+        meta, splits = _images(name, Path(root), max_train, max_test, image_size)
+    _write_prepared(out_dir, meta, splits)
+    return meta
+
+
+def _images(
+    name: str, root: Path, max_train: int | None, max_test: int | None, image_size: int
+) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The metadata and the train and test images and labels of image data set ``name`` (:func:`prepare`)."""
     if name in FOLDER_LOADERS:
         x_tr, y_tr, x_te, y_te = FOLDER_LOADERS[name](
-            Path(root), image_size=image_size, max_train=max_train, max_test=max_test
+            root, image_size=image_size, max_train=max_train, max_test=max_test
         )
     else:
-        x_tr, y_tr, x_te, y_te = LOADERS[name](Path(root))
+        x_tr, y_tr, x_te, y_te = LOADERS[name](root)
     if max_train is not None and max_train < len(y_tr):
         keep = stratified_split(y_tr, max_train)[0]
         x_tr, y_tr = x_tr[keep], y_tr[keep]
@@ -251,8 +259,7 @@ def prepare(
         "n_train": int(len(y_tr)),
         "n_test": int(len(y_te)),
     }
-    _write_prepared(out_dir, meta, {"train": (x_tr, y_tr), "test": (x_te, y_te)})
-    return meta
+    return meta, {"train": (x_tr, y_tr), "test": (x_te, y_te)}
 
 
 def _write_prepared(out_dir: Path, meta: dict, splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:

@@ -5,7 +5,10 @@ topics, about 466 KB of English prose, grammar and examples), offline. ``text`` 
 under ``root`` (:mod:`lmclab.core.corpus`: text files or a saved Hugging Face dataset). Documents, not
 bytes, are split into a fixed train and test set (unless the corpus comes split): in the sorted order of
 their names shuffled by a fixed seed, documents go to the test set until it holds :data:`TEST_FRACTION` of
-the bytes, so no document is seen in training and tested on. Each split's documents are joined (sorted by
+the bytes, so no document is seen in training and tested on. A corpus that comes split keeps its splits as
+they are: each split's documents are its own, so a train and a test document of the same name (a reader may name
+each split's rows ``0``, ``1``, …) are both kept, neither in the other's place: what the researcher put in a
+split is what is trained or tested on. Each split's documents are joined (sorted by
 name, a blank line between) and encoded as UTF-8 bytes; with a ``tokenizer`` folder, tokenised by it
 (:func:`lmclab.core.corpus.tokenize`: each document followed by the end-of-text token).
 
@@ -63,6 +66,15 @@ def split_documents(documents: Mapping[str, str], test_fraction: float = TEST_FR
     return [n for n in names if n not in test], sorted(test)
 
 
+def _parts(corpus: Corpus) -> dict[str, tuple[Mapping[str, str], list[str]]]:
+    """Each split's documents and the names it joins: a corpus that comes split keeps each split's own
+    documents, so a train and a test document of the same name are both kept (module docstring)."""
+    if "all" in corpus:
+        names = split_documents(corpus["all"])
+        return {s: (corpus["all"], n) for s, n in zip(("train", "test"), names, strict=True)}
+    return {s: (corpus[s], sorted(corpus[s])) for s in ("train", "test")}
+
+
 def encode(documents: Mapping[str, str], names: list[str]) -> np.ndarray:
     """The UTF-8 bytes of the named documents joined by :data:`SEPARATOR` (uint8)."""
     return np.frombuffer(SEPARATOR.join(documents[n] for n in names).encode(), dtype=np.uint8).copy()
@@ -99,10 +111,8 @@ def prepare_text(
         raise OptionError(f"{{context}} must be a positive number of tokens, got {got(context)}")
     tok = None if tokenizer is None else load_tokenizer(tokenizer)
     corpus = TEXTS[name](root, text_column)
-    split = dict(zip(("train", "test"), split_documents(corpus["all"]), strict=True)) if "all" in corpus else None
-    documents = corpus["all"] if split else {**corpus["train"], **corpus["test"]}
-    names = split or {s: sorted(corpus[s]) for s in ("train", "test")}
-    encoded = {s: encode(documents, n) if tok is None else tokenize(tok, documents, n) for s, n in names.items()}
+    parts = _parts(corpus)
+    encoded = {s: encode(docs, n) if tok is None else tokenize(tok, docs, n) for s, (docs, n) in parts.items()}
     limits = {"train": max_train, "test": max_test}
     splits = {s: windows(tokens, context, limits[s]) for s, tokens in encoded.items()}
     meta = {
@@ -113,8 +123,8 @@ def prepare_text(
         "n_train": len(splits["train"][0]),
         "n_test": len(splits["test"][0]),
         "tokenizer": "bytes" if tok is None else Path(tokenizer).name,
-        "documents": {s: len(n) for s, n in names.items()},
-        "bytes": {s: sum(len(documents[d].encode()) for d in n) for s, n in names.items()},
+        "documents": {s: len(n) for s, (_, n) in parts.items()},
+        "bytes": {s: sum(len(docs[d].encode()) for d in n) for s, (docs, n) in parts.items()},
         "tokens": {s: int(len(t)) for s, t in encoded.items()},
     }
     return meta, splits

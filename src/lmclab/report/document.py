@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from lmclab.core.atomic import write_text
+from lmclab.report.cka import cka_section
 from lmclab.report.language import family_section, is_language_model, perplexity_section
-from lmclab.report.many_models import many_table
+from lmclab.report.many_models import many_section
 from lmclab.report.paper_numbers import paper_row
 from lmclab.report.paper_tables import (
     findings_section,
@@ -19,9 +20,9 @@ from lmclab.report.paper_tables import (
     paper_note,
     table1_paper_line,
     table2,
-    table3_paper_lines,
 )
 from lmclab.report.plots import label
+from lmclab.report.three_models import three_section
 
 
 def table1(pairs: pd.DataFrame, methods: Sequence[str], split: str = "test", t1: pd.DataFrame | None = None) -> str:
@@ -110,59 +111,6 @@ def endpoint_table(history: pd.DataFrame, language: bool = False) -> str:
     return "\n".join(lines)
 
 
-def table3(edges: pd.DataFrame, row: str | None = None) -> str:
-    """Table 3 layout: barriers between π_b(θb) and π_c(θc) (never matched to each other), with the
-    a–b and a–c edges for comparison; test split, max over λ (and the b–c midpoint barrier, the
-    paper's loss column), mean ± std over triples; the paper's ``row`` (:mod:`lmclab.report.paper_numbers`) below."""
-    r_col = next((c for c in ("R_0.3", *sorted(c for c in edges.columns if c.startswith("R_"))) if c in edges), None)
-    r_head = f" {r_col} a–b | {r_col} a–c | {r_col} b–c |" if r_col else ""
-    lines = [
-        "| method | loss b–c | loss b–c ½ | acc b–c | loss a–b | acc a–b | loss a–c | acc a–c | L2 b–c |" + r_head,
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * (3 if r_col else 0),
-    ]
-    for m in dict.fromkeys(edges["method"]):
-        r = edges[edges["method"] == m].set_index("edge")
-        cell = lambda e, c, d=3, r=r: mean_pm(r.loc[[e], c], d)  # noqa: E731
-        lines.append(
-            f"| {marked(m)} | {cell('b-c', 'test_loss_barrier_max')} | "
-            f"{cell('b-c', 'test_loss_barrier_mid')} | "
-            f"{cell('b-c', 'test_acc_barrier_max', 2)} | "
-            f"{cell('a-b', 'test_loss_barrier_max')} | {cell('a-b', 'test_acc_barrier_max', 2)} | "
-            f"{cell('a-c', 'test_loss_barrier_max')} | {cell('a-c', 'test_acc_barrier_max', 2)} | "
-            f"{cell('b-c', 'l2', 2)} |"
-            + ("".join(f" {cell(e, r_col)} |" for e in ("a-b", "a-c", "b-c")) if r_col else "")
-        )
-    return "\n".join(lines) + table3_paper_lines(row, 9 + (3 if r_col else 0))
-
-
-def three_section(
-    edges: pd.DataFrame, evaluation: pd.DataFrame, many_methods: pd.DataFrame, rel: dict[str, str], row: str | None
-) -> str:
-    n = edges["triple"].nunique()
-    return f"""
-## Three models (Table 3 layout; test split, max over λ, {n} triple(s))
-
-θb and θc are each aligned to θa; b–c is the pair never matched to each other.
-
-{table3(edges, row)}
-
-![three-model barriers]({rel["three"]})
-
-![landscape]({rel["landscape"]})
-
-## N models in one frame ({sum((evaluation["method"] == "models") & (evaluation["split"] == "test"))} models)
-
-Every n-model method maps each model into one frame; its pairwise maps π_ij = π_j ∘ π_i⁻¹ are then
-cycle-consistent (cycle error 0), unlike independent pairwise WM. F is the shared objective
-Σ_{{i<j}} ⟨π_i θ_i, π_j θ_j⟩ over the best method's; pair B½ is the mean test barrier at λ = ½ between
-θ_i and π_ij(θ_j) over the pairs; "repaired" evaluates the merge repaired as `merge_many.repair` says.
-
-{many_table(evaluation, many_methods)}
-
-![n-model methods]({rel["merge_many"]})
-"""
-
-
 def analysis_section(
     rel: dict[str, str],
     pairs: pd.DataFrame,
@@ -243,34 +191,6 @@ Diff. = Taylor − B_½; p: paired two-sided t-test over pairs (* = significant 
 """
 
 
-def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
-    """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
-    keys = [
-        ("cka_a_b", "θa, θb"),
-        ("cka_a_pi_b", "θa, π(θb)"),
-        ("cka_a_mid", "θa, θ(½)"),
-        ("cka_pi_b_mid", "π(θb), θ(½)"),
-    ]
-    rows = [
-        f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
-        for m in methods
-        if "cka_a_b" in pairs
-    ]
-    return f"""
-## Functional similarity: CKA of the hidden layers
-
-Linear CKA (Kornblith et al. 2019) between hidden representations on the test split, mean over the
-hidden layers. It is blind to permutations, so (θa, θb) and (θa, π(θb)) agree; what alignment changes
-is how much the merged midpoint θ(½) still computes what the endpoints compute.
-
-| method | {" | ".join(name for _, name in keys)} |
-|---|---|---|---|---|
-{chr(10).join(rows)}
-
-![cka]({figure})
-"""
-
-
 def write_report(
     path: Path,
     *,
@@ -293,12 +213,38 @@ def write_report(
     ``arch`` select the paper's rows (:mod:`lmclab.report.paper_numbers`); ``findings`` is ``findings.json``."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
-    n_pairs, row = pairs["pair"].nunique(), paper_row(data, arch)
-    text = f"""# {title}
+    row = paper_row(data, arch)
+    text = run_section(title, rel, pairs, history, methods, findings, t1, row, paper_note(data, arch))
+    text += analysis_section(rel, pairs, methods, bounds, layers)
+    if edges is not None:
+        text += three_section(edges, rel, row) + many_section(evaluation, many_methods, rel["merge_many"])
+    if "cka" in rel:
+        text += cka_section(rel["cka"], pairs, methods)
+    if "search_curves" in rel:
+        text += search_curves_section(rel["search_curves"])
+    write_text(path, text)
+    return path
+
+
+def run_section(
+    title: str,
+    rel: dict[str, str],
+    pairs: pd.DataFrame,
+    history: pd.DataFrame,
+    methods: Sequence[str],
+    findings: dict | None,
+    t1: pd.DataFrame | None,
+    row: str | None,
+    note: str,
+) -> str:
+    """The report's head: the pairs, the endpoints, the findings, the paper's tables, the barriers and the
+    interpolation curves (Definition 2.1; the paper's ``row`` and its ``note``)."""
+    n_pairs = pairs["pair"].nunique()
+    return f"""# {title}
 
 Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].unique()))}.
 λ = 1 is θa, λ = 0 is π(θb); barriers follow the paper's Definition 2.1 (max over the λ grid) and its tables (at λ = ½).
-{paper_note(data, arch)}
+{note}
 ## Endpoints
 
 {endpoint_table(history, is_language_model(pairs))}
@@ -313,19 +259,16 @@ Mean ± sample std over {n_pairs} pair(s): {", ".join(sorted(pairs["pair"].uniqu
 {_stale_section(pairs, methods)}{_language_section(pairs, methods)}## Interpolation curves
 
 ![interpolation]({rel["interpolation"]})
-{analysis_section(rel, pairs, methods, bounds, layers)}"""
-    if edges is not None:
-        text += three_section(edges, evaluation, many_methods, rel, row)
-    if "cka" in rel:
-        text += cka_section(rel["cka"], pairs, methods)
-    if "search_curves" in rel:
-        text += f"""
+"""
+
+
+def search_curves_section(figure: str) -> str:
+    """The iterative searches' learning curves (the paper's Figure 6)."""
+    return f"""
 ## Search learning curves (paper Figure 6)
 
 Per epoch of the iterative searches: L2 distance with the current hard permutation and the
 merged midpoint model's test loss and accuracy (epoch 0 is the initial permutation).
 
-![search curves]({rel["search_curves"]})
+![search curves]({figure})
 """
-    write_text(path, text)
-    return path

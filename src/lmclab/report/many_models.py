@@ -12,6 +12,24 @@ import pandas as pd
 NAMES = {"merge_many": "MergeMany", "c2m3": "C2M3", "sync": "sync", "star": "star", "pairwise WM": "pairwise WM"}
 
 
+def many_section(evaluation: pd.DataFrame, many_methods: pd.DataFrame, figure: str) -> str:
+    """The report's n-model section: every method's merge and the references (:func:`many_table`), and
+    its ``figure``."""
+    n_models = sum((evaluation["method"] == "models") & (evaluation["split"] == "test"))
+    return f"""
+## N models in one frame ({n_models} models)
+
+Every n-model method maps each model into one frame; its pairwise maps π_ij = π_j ∘ π_i⁻¹ are then
+cycle-consistent (cycle error 0), unlike independent pairwise WM. F is the shared objective
+Σ_{{i<j}} ⟨π_i θ_i, π_j θ_j⟩ over the best method's; pair B½ is the mean test barrier at λ = ½ between
+θ_i and π_ij(θ_j) over the pairs; "repaired" evaluates the merge repaired as `merge_many.repair` says.
+
+{many_table(evaluation, many_methods)}
+
+![n-model methods]({figure})
+"""
+
+
 def objective_traces(trace: Mapping, methods: pd.DataFrame) -> pd.DataFrame:
     """Long format ``method, iteration, objective``: the shared objective F per iteration. C2M3 records
     its relaxed F; MergeMany its ``D = Σ_i ‖π_i(θ_i) − θ̄‖²``, turned into F by

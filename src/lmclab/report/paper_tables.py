@@ -54,7 +54,7 @@ def table1_paper_line(row: str | None) -> str:
 
 
 def table3_paper_lines(row: str | None, n_cols: int) -> str:
-    """Table 3's paper rows under the columns of :func:`lmclab.report.document.table3` (method, loss b–c max,
+    """Table 3's paper rows under the columns of :func:`lmclab.report.three_models.table3` (method, loss b–c max,
     loss b–c ½, acc b–c, …): the paper's loss barrier is the midpoint one (negative for its MLPs)."""
     if row is None:
         return ""

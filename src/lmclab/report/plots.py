@@ -118,56 +118,6 @@ def _save(fig: plt.Figure, path: Path, dpi: int) -> Path:
     return path
 
 
-def plot_landscape(plane: pd.DataFrame, path: Path, *, dpi: int = 120, quantity: str = "acc") -> Path:
-    """Test accuracy (or loss) on the plane through θa, π_b(θb), π_c(θc), one panel per method,
-    for the first triple; orthonormal in-plane coordinates, the three models marked (Figure 17)."""
-    triple = plane["triple"].iloc[0]
-    sub = plane[plane["triple"] == triple]
-    methods = list(dict.fromkeys(sub["method"]))
-    fig, axes = plt.subplots(1, len(methods), figsize=(4.3 * len(methods), 3.9), squeeze=False)
-    for ax, method in zip(axes[0], methods, strict=True):
-        m = sub[sub["method"] == method]
-        scale = 100 if quantity == "acc" else 1
-        cs = ax.tricontourf(m["x"], m["y"], m[quantity] * scale, levels=20, cmap="viridis")
-        fig.colorbar(cs, ax=ax, label=f"test {'accuracy (%)' if quantity == 'acc' else 'loss'}")
-        corners = m[((m["u"] == 0) | (m["u"] == 1)) & ((m["v"] == 0) | (m["v"] == 1)) & (m["u"] + m["v"] <= 1)]
-        for _, r in corners.iterrows():
-            name = {(0.0, 0.0): "θa", (1.0, 0.0): "π_b(θb)", (0.0, 1.0): "π_c(θc)"}[(r["u"], r["v"])]
-            ax.plot(r["x"], r["y"], "w^", ms=8, mec="k")
-            ax.annotate(name, (r["x"], r["y"]), textcoords="offset points", xytext=(4, 4), color="w")
-        ax.set(title=label(method), aspect="equal", xlabel="in-plane x (L2)", ylabel="in-plane y (L2)")
-    fig.suptitle(f"Landscape on the plane of three models ({triple})")
-    return _save(fig, path, dpi)
-
-
-def plot_three_barriers(edges: pd.DataFrame, path: Path, *, dpi: int = 120) -> Path:
-    """Test loss and accuracy barriers (max over λ) on each edge a–b, a–c, b–c per method (Table 3),
-    and R_0.3 of each edge when present (Figure 5)."""
-    panels = [
-        ("test_loss_barrier_max", "test loss barrier"),
-        ("test_acc_barrier_max", "test accuracy barrier (points)"),
-    ]
-    if "R_0.3" in edges:
-        panels.append(("R_0.3", "R_0.3 (alignment)"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
-    methods = list(dict.fromkeys(edges["method"]))
-    edge_names = ["a-b", "a-c", "b-c"]
-    width = 0.8 / len(methods)
-    for ax, (col, name) in zip(axes, panels, strict=True):
-        for i, method in enumerate(methods):
-            g = edges[edges["method"] == method].groupby("edge")[col]
-            mean, std = mean_std(g)
-            mean, std = mean.reindex(edge_names), std.reindex(edge_names).fillna(0)
-            xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(3)]
-            ax.bar(xs, mean.values, width, yerr=std.values, label=label(method), capsize=3)
-        ax.set_xticks(range(3), ["a–π_b(b)", "a–π_c(c)", "π_b(b)–π_c(c)"])
-        ax.set(ylabel=name)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Three-model connectivity: b and c are aligned to a only (mean ± std over triples)")
-    return _save(fig, path, dpi)
-
-
 def _layer_axes(layers: list[str], height: float = 3.2) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(4, len(layers))
     rows = -(-len(layers) // cols)

@@ -35,16 +35,7 @@ def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dp
             left.scatter([x] * len(dots), dots, color="black", s=6, zorder=3)
             if point in gone:
                 left.bar(x, height, width, fill=False, hatch="//", edgecolor="black")
-        mine = bc[bc["method"] == method]
-        stuck = mine["point"].isin(gone)
-        dot = right.scatter(mine["R_0.3"][~stuck], mine["test_loss_barrier_mid"][~stuck], s=12, label=method)
-        right.scatter(
-            mine["R_0.3"][stuck],
-            mine["test_loss_barrier_mid"][stuck],
-            s=12,
-            facecolors="none",
-            edgecolors=dot.get_facecolor(),
-        )
+        _scatter_r(right, bc[bc["method"] == method], gone, method)
     left.axhline(0, color="grey", lw=0.5)
     left.set_xticks(range(len(settings)), settings, rotation=30, ha="right")
     left.set_ylabel("b–c test loss barrier at λ = ½")
@@ -56,3 +47,17 @@ def plot_three_study(table: pd.DataFrame, edges: pd.DataFrame, path: Path, *, dp
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=dpi, format="png")
     plt.close(fig)
+
+
+def _scatter_r(ax, mine: pd.DataFrame, gone: set, method: str) -> None:
+    """``method``'s triples on ``ax``: b–c R_0.3 against the b–c barrier, hollow where the setting's
+    searches failed (``gone``)."""
+    stuck = mine["point"].isin(gone)
+    dot = ax.scatter(mine["R_0.3"][~stuck], mine["test_loss_barrier_mid"][~stuck], s=12, label=method)
+    ax.scatter(
+        mine["R_0.3"][stuck],
+        mine["test_loss_barrier_mid"][stuck],
+        s=12,
+        facecolors="none",
+        edgecolors=dot.get_facecolor(),
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmclab.report.cka import plot_cka
 from lmclab.report.document import write_report
 from lmclab.report.many_models import plot_many
 from lmclab.report.plot_data import plot_tables, write_plot_tables
@@ -17,15 +18,13 @@ from lmclab.report.plots import (
     plot_alignment,
     plot_energy,
     plot_interpolation,
-    plot_landscape,
     plot_output_scale,
     plot_search_curves,
     plot_spectra,
     plot_taylor,
-    plot_three_barriers,
     plot_training,
 )
-from lmclab.report.plots_cka import plot_cka
+from lmclab.report.three_models import plot_landscape, plot_three_barriers
 
 NEEDED = (  # the summarize stage's tables a run's figures and report are drawn from
     *("curves", "pairs", "history", "three_edges", "merge_many", "merge_many_methods", "merge_many_trace"),

@@ -28,26 +28,24 @@ elsewhere stages simply run in place. This module imports only the standard libr
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
 import importlib
 import json
 import os
-import runpy
 import select
 import signal
 import socket
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from lmclab.runtime import lifetime, trust
+from lmclab.runtime import lifetime, trust, warmworker
 from lmclab.runtime.lifetime import die_with_parent
 from lmclab.runtime.trust import owner_only_umask, peer_problem, private_dir_problem, warm_dir
+from lmclab.runtime.warmworker import WORKER_ENV, become_client, kill, wait_exit
 
 PRELOAD = (
     "numpy",
@@ -65,7 +63,6 @@ PRELOAD = (
     "pydantic",  # every method's options
 )
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_", "TORCH_", "PYTORCH_", "MPL", "LD_", "KMP_")
-WORKER_ENV = "LMCLAB_WARM_WORKER"  # set inside a worker: the stage runs in place
 _HELLO, _MAX_MESSAGE = b"lmclab-warm 1\n", 1 << 20
 
 
@@ -81,9 +78,11 @@ def enabled() -> bool:
 
 
 def socket_name() -> str:
-    """The server's socket for this interpreter, its packages, this file and the import-time env."""
+    """The server's socket for this interpreter, its packages, its source files and the import-time env."""
     parts = [sys.executable, sys.prefix, sys.version]
-    parts += [f"{f}:{os.stat(f).st_mtime_ns}" for f in (__file__, trust.__file__, lifetime.__file__)]
+    parts += [
+        f"{f}:{os.stat(f).st_mtime_ns}" for f in (__file__, trust.__file__, lifetime.__file__, warmworker.__file__)
+    ]
     for entry in sys.path:
         if entry.startswith(sys.prefix) and os.path.isdir(entry):
             parts.append(f"{entry}:{os.stat(entry).st_mtime_ns}")
@@ -172,7 +171,7 @@ def _follow(conn: socket.socket) -> int:
     pid = started.get("pid")
     if pid is None:
         return 1
-    forward = lambda signum, _frame: _kill(pid, signum)  # noqa: E731
+    forward = lambda signum, _frame: kill(pid, signum)  # noqa: E731
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         return int(json.loads(reader.readline())["exit"])  # EOF (session gone) -> ValueError -> 1
@@ -181,11 +180,6 @@ def _follow(conn: socket.socket) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def _kill(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
 
 
 def _umask() -> int:
@@ -292,73 +286,10 @@ def _session(conn: socket.socket) -> NoReturn:
         if pid == 0:
             die_with_parent(session)
             conn.close()
-            _worker(json.loads(message), fds)
+            become_client(json.loads(message), fds)
         for fd in fds:
             os.close(fd)
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        conn.sendall(json.dumps({"exit": _wait(pid, conn)}).encode() + b"\n")
+        conn.sendall(json.dumps({"exit": wait_exit(pid, conn)}).encode() + b"\n")
     finally:
         os._exit(0)
-
-
-def _wait(pid: int, conn: socket.socket) -> int:
-    """The worker's exit code (128 + signal if killed). A client that hangs up was killed (the signals
-    it can catch are forwarded instead): its worker is SIGKILLed too, as a cold stage would have been."""
-    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-    watch = [conn] + ([pidfd] if pidfd is not None else [])
-    while True:
-        readable = select.select(watch, [], [], None if pidfd is not None else 0.05)[0]
-        if conn in readable and not conn.recv(1):  # the client is gone: so is its worker
-            _kill(pid, signal.SIGKILL)
-            watch = [w for w in watch if w is not conn]
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            return code if code >= 0 else 128 - code
-
-
-def _worker(request: dict, fds: list[int]) -> NoReturn:
-    """Become the client's process (cwd, env, umask, stdio, argv) and run the script as ``__main__``."""
-    code = 1
-    try:
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"], **{WORKER_ENV: "1"})
-        os.umask(request["umask"])
-        sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1 if os.isatty(1) else -1, closefd=False)  # noqa: SIM115
-        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for name in [m for m in sys.modules if m == "lmclab" or m.startswith("lmclab.")]:
-            del sys.modules[name]  # the stage imports its own checkout's lmclab
-        sys.argv, sys.path[0] = [request["script"], *request["argv"]], os.path.dirname(request["script"])
-        code = _run(request["script"])
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed pipe: nothing left to report
-                stream.flush()
-        os._exit(code)
-
-
-def _run(script: str) -> int:
-    """``python script`` semantics: SystemExit's code, 1 and a traceback on an exception, 130 on Ctrl-C."""
-    try:
-        runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = 130
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    atexit._run_exitfuncs()
-    return code

@@ -19,7 +19,7 @@ from torch import Tensor
 from lmclab.core.assignment import AssignmentOptions
 from lmclab.core.options import Count, NonNegative, OptionError, option, takes
 from lmclab.core.progress import tick
-from lmclab.core.spec import PermutationSpec, apply_permutation, identity_permutation
+from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation, identity_permutation
 from lmclab.search.universe import UniverseResult, mean_params, summed_distance, universe_result
 from lmclab.search.weight_matching import weight_matching
 
@@ -45,28 +45,14 @@ def merge_many(
     """Align ``params`` (N ≥ 2 models) to each other and average them (options: :class:`MergeManyOptions`)."""
     if len(params) < 2:
         raise OptionError(f"{{params}} must name at least 2 models, got {len(params)}")
-    max_iter, tol, wm_max_iter = options.max_iter, options.tol, options.wm_max_iter
+    max_iter, tol = options.max_iter, options.tol
     start = time.perf_counter()
     generator = generator or torch.Generator().manual_seed(0)
     perms = [identity_permutation(spec.group_sizes(p)) for p in params]
     aligned = [dict(p) for p in params]
     distance, assignments = [summed_distance(spec, aligned)], 0
     for _ in range(max_iter):
-        for i in torch.randperm(len(params), generator=generator).tolist():
-            others = mean_params([aligned[j] for j in range(len(params)) if j != i])
-            found = weight_matching(
-                spec,
-                others,
-                params[i],
-                max_iter=wm_max_iter,
-                tol=0.0,
-                generator=generator,
-                init_perm=perms[i],
-                lap_backend=options.lap_backend,
-                restarts=1,  # warm-started from the model's current permutation
-            )
-            perms[i], assignments = found.perm, assignments + found.stats["assignments"]
-            aligned[i] = apply_permutation(spec, perms[i], params[i])
+        assignments += _align_each(spec, params, perms, aligned, generator, options)
         distance.append(summed_distance(spec, aligned))
         tick(distance=f"{distance[-1]:.4g}")  # one pass over the models
         if distance[-2] - distance[-1] <= tol * abs(distance[-2]):
@@ -79,3 +65,32 @@ def merge_many(
         "seconds": time.perf_counter() - start,
     }
     return universe_result(spec, perms, params, stats)
+
+
+def _align_each(
+    spec: PermutationSpec,
+    params: Sequence[Mapping[str, Tensor]],
+    perms: list[Permutation],
+    aligned: list[Params],
+    generator: torch.Generator,
+    options: MergeManyOptions,
+) -> int:
+    """One pass: each model in random order aligned by WM to the mean of the others, warm-started from its
+    permutation; ``perms`` and ``aligned`` are updated in place. Returns the assignments solved."""
+    assignments = 0
+    for i in torch.randperm(len(params), generator=generator).tolist():
+        others = mean_params([aligned[j] for j in range(len(params)) if j != i])
+        found = weight_matching(
+            spec,
+            others,
+            params[i],
+            max_iter=options.wm_max_iter,
+            tol=0.0,
+            generator=generator,
+            init_perm=perms[i],
+            lap_backend=options.lap_backend,
+            restarts=1,  # warm-started from the model's current permutation
+        )
+        perms[i], assignments = found.perm, assignments + found.stats["assignments"]
+        aligned[i] = apply_permutation(spec, perms[i], params[i])
+    return assignments

@@ -84,35 +84,13 @@ def ste(
     tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
     opt = make_optimizer(options.optimizer, tilde.values(), lr=options.lr, momentum=options.momentum)
     project = projector(spec, params_b, options.wm_max_iter, generator, lap_backend=options.lap_backend)
-    score = partial(
-        _score,
-        model=model,
-        spec=spec,
-        params_a=params_a,
-        params_b=params_b,
-        held=held,
-        batch_size=batch_size,
-        monitor=monitor,
-    )
+    common = {"model": model, "spec": spec, "params_a": params_a, "params_b": params_b}
+    score = partial(_score, **common, held=held, batch_size=batch_size, monitor=monitor)
+    step = partial(ste_step, opt, tilde, project, **common)
     epoch_perms = [project(tilde, None)]
     curve, batch_best = [score(0, epoch_perms[0], None)], (float("inf"), epoch_perms[0], 0)
     for epoch in range(1, epochs + 1):
-        perm, losses = epoch_perms[-1], []
-        for idx in minibatches(len(train), batch_size, generator):
-            perm, loss = ste_step(
-                opt,
-                tilde,
-                project,
-                perm,
-                model=model,
-                spec=spec,
-                params_a=params_a,
-                params_b=params_b,
-                x=train.x[idx],
-                y=train.y[idx],
-            )
-            losses.append(loss)
-            batch_best = (loss, perm, epoch) if loss < batch_best[0] else batch_best
+        perm, losses, batch_best = _epoch(step, epoch_perms[-1], train, batch_size, generator, epoch, batch_best)
         epoch_perms.append(project(tilde, perm))
         row = score(epoch, epoch_perms[-1], sum(losses) / len(losses))
         curve.append({**row, "best_batch_loss": min(losses)})
@@ -123,6 +101,26 @@ def ste(
         best_perm = epoch_perms[best_epoch]
     stats = {"curve": curve, "epochs": epochs, "best_epoch": best_epoch, "lap_backend": options.lap_backend}
     return SearchResult(best_perm, stats | {"seconds": time.perf_counter() - start})
+
+
+def _epoch(
+    step: Callable[..., tuple[Permutation, float]],
+    perm: Permutation,
+    train: Split,
+    batch_size: int,
+    generator: torch.Generator,
+    epoch: int,
+    batch_best: tuple[float, Permutation, int],
+) -> tuple[Permutation, list[float], tuple[float, Permutation, int]]:
+    """Epoch ``epoch`` of Algorithm 3, one pass over ``train`` from the projection ``perm``: the last
+    projection, the minibatch losses, and ``batch_best`` (the loss, projection and epoch of the lowest
+    minibatch loss so far: ``select: best_batch``) updated."""
+    losses = []
+    for idx in minibatches(len(train), batch_size, generator):
+        perm, loss = step(perm, x=train.x[idx], y=train.y[idx])
+        losses.append(loss)
+        batch_best = (loss, perm, epoch) if loss < batch_best[0] else batch_best
+    return perm, losses, batch_best
 
 
 def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, momentum: float) -> torch.optim.Optimizer:

@@ -88,29 +88,12 @@ def ste_sinkhorn(
     )
     dtype = next(v.dtype for v in params_a.values() if v.is_floating_point())  # a float64 model: float64 scores
     scores = {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
-    hard = partial(
-        hard_permutation,
-        scores,
-        tau=options.tau,
-        n_iter=options.sinkhorn_iters,
-        heads=spec.heads,
-        lap_backend=options.lap_backend,
-    )
+    sinkhorn = {"tau": options.tau, "n_iter": options.sinkhorn_iters}
+    hard = partial(hard_permutation, scores, **sinkhorn, heads=spec.heads, lap_backend=options.lap_backend)
     opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
     data = data.to(device)
     curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard()) if monitor else {})}]
-    step = partial(
-        _step,
-        opt,
-        spec,
-        scores,
-        model,
-        params_a,
-        params_b,
-        tau=options.tau,
-        n_iter=options.sinkhorn_iters,
-        bf16=options.precision == "bf16",
-    )
+    step = partial(_step, opt, spec, scores, model, params_a, params_b, **sinkhorn, bf16=options.precision == "bf16")
     for epoch in range(1, epochs + 1):
         batches = minibatches(len(data), batch_size, generator, drop_last=options.drop_last)
         total = sum(step(data.x[i], data.y[i]) * len(i) for i in batches)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 import torch
@@ -118,15 +118,9 @@ def wm_sinkhorn(
     optimizer = torch.optim.Adam(scores.values(), lr=options.lr, eps=ADAM_EPS)
     track = _Tracker(spec, params_a, params_b, monitor, start)
     track(0, None, hard())
+    loss = partial(distance_loss, spec, scores, params_a, matched_b, tau=tau, n_iter=n_iter)
     for epoch in range(1, options.epochs + 1):
-        total = 0.0
-        for _ in range(iterations):
-            loss = distance_loss(spec, scores, params_a, matched_b, tau=tau, n_iter=n_iter)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.item()
-        track(epoch, total / iterations, hard())
+        track(epoch, _descend(optimizer, loss, iterations) / iterations, hard())
         if patience is not None and track.stale >= patience:
             break
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
@@ -144,6 +138,18 @@ def wm_sinkhorn(
             "seconds": time.perf_counter() - start,
         },
     )
+
+
+def _descend(optimizer: torch.optim.Optimizer, loss: Callable[[], Tensor], iterations: int) -> float:
+    """``iterations`` Adam steps on the DistL2 ``loss`` (one epoch); the sum of their losses."""
+    total = 0.0
+    for _ in range(iterations):
+        value = loss()
+        optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        optimizer.step()
+        total += value.item()
+    return total
 
 
 def start_gradients(

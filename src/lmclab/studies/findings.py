@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from lmclab.studies.three_note import study_note
+
 ROLES = {"naive": ("identity",), "WM": ("wm_sinkhorn", "wm"), "STE": ("ste_sinkhorn", "ste"), "AM": ("am",)}
 SMALL_BARRIER = 0.1  # "removes the barrier": B½ at most this fraction of the naive B½
 L2_RANGE = (0.0, 25.0)  # "only ~6–20 %": the paper's range (6.6–20.3 %) rounded outwards
@@ -217,39 +219,7 @@ def ste_barrier_without_alignment(pairs: pd.DataFrame, r: dict[str, str], level:
     )
 
 
-STUDY_WORDS = {
-    "holds": "holds in every triple",
-    "reversed": "reversed in every triple",
-    "mixed": "mixed",
-    "stalled": "no verdict, a search stalled (found no alignment)",
-    "unconverged": "no verdict, Sinkhorn WM unconverged (⟨θa, π(θb)⟩ under half of coordinate descent's)",
-}
-
-
-def study_note(study: dict) -> str:
-    """One paragraph from :func:`lmclab.studies.three_study.study_summary`: the settings where the
-    paper's ordering holds, reverses or is mixed, each with both means, and R's relation to the barrier."""
-    parts = []
-    for word, phrase in STUDY_WORDS.items():
-        cells = [_study_cell(s) for s in study["settings"] if s["ordering"] == word]
-        if cells:
-            parts.append(f"{phrase}: " + ", ".join(cells))
-    paired = study["r_explains_ordering"]
-    return (
-        f"Three-model study (reports/three_study; b–c {study['column']}, mean over triples): "
-        + "; ".join(parts)
-        + f". Why: within a setting, WM − STE in b–c R_0.3 and in that barrier have opposite signs in "
-        f"{paired['opposite']} of {paired['n']} settings (sign test p {paired['p_sign']:.2g}): the method "
-        "that aligns b and c's dominant singular directions better has the lower b–c barrier, as the paper says."
-    )
-
-
-def _study_cell(s: dict) -> str:
-    p = f", p {s['p']:.2g}" if s["p"] is not None and s["p"] == s["p"] else ""
-    return f"{s['setting']} (WM {s['WM']:.3f} vs STE {s['STE']:.3f}{p})"
-
-
-def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = None) -> Finding:
+def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = None, level: float = 0.05) -> Finding:
     wm, ste = r["WM"], r["STE"]
     bc = edges[edges["edge"] == "b-c"].set_index(["method", "triple"]).sort_index()
     numbers, below = {}, []
@@ -263,12 +233,31 @@ def three_models(edges: pd.DataFrame, r: dict[str, str], study: dict | None = No
         f"in every triple, {wm}'s b–c test loss and accuracy barriers (max over λ) are below {ste}'s",
         bool(all(below)),
         numbers,
-        study_note(study) if study else "",
+        study_note(study, level) if study else "",
     )
 
 
 def needs(key: str, claim: str, what: str) -> Finding:
     return Finding(key, claim, f"not tested by this run: needs {what}", None)
+
+
+# key -> the roles its check needs, and for a run without them: the claim in short and what it needs
+NEEDS = {
+    "wm_small_l2": (("WM", "naive"), "WM reduces L2 by only ~6–20 %", "WM+naive in permute.methods"),
+    "taylor_misses": (("WM",), "the Taylor estimate misses", "WM in permute.methods"),
+    "wm_aligns_singular_vectors": (("WM", "naive"), "R > 0 with WM", "WM+naive in permute.methods"),
+    "spectra_coincide": ((), "", ""),
+    "energy_concentrates": ((), "", ""),
+    "am_like_wm": (("AM", "WM", "naive"), "AM behaves like WM", "am, a WM and identity in permute.methods"),
+    "ste_barrier_without_alignment": (("STE", "WM", "naive"), "STE: small barrier, low R", "an STE, a WM and identity"),
+    "three_models": (("WM", "STE"), "WM keeps b–c small, STE does not", "a WM and an STE in three.methods"),
+}
+SWEEPS = (  # never tested by a run: the sweeps are studies of their own
+    "easier_when_wider_or_regularised",
+    "wider models, stronger weight decay and a larger learning rate make alignment and LMC easier (Appendix H.4, H.5)",
+    "the width, weight-decay and learning-rate sweeps (docs: Analyses and studies); their reports, "
+    "reports/sweeps/*/sweep.md, say which trends hold",
+)
 
 
 def paper_findings(
@@ -281,41 +270,22 @@ def paper_findings(
     level: float = 0.05,
     study: dict | None = None,
 ) -> list[Finding]:
-    """Every finding of the paper in its order; untestable ones with ``holds = None``. ``study``
-    (:func:`lmclab.studies.three_study.study_summary`) adds the three-model study's note."""
+    """Every finding of the paper in its order; untestable ones (:data:`NEEDS`) with ``holds = None``.
+    ``study`` (:func:`lmclab.studies.three_study.study_summary`) adds the three-model study's note."""
     r, r3 = roles(methods), roles(three_methods)
-    pair_checks: list[tuple[tuple[str, ...], Callable[[], Finding], tuple[str, str]]] = [
-        (("WM", "naive"), lambda: wm_small_l2(pairs, r, level), ("wm_small_l2", "WM reduces L2 by only ~6–20 %")),
-        (("WM",), lambda: taylor_misses(pairs, r, level), ("taylor_misses", "the Taylor estimate misses")),
-        (("WM", "naive"), lambda: wm_aligns(pairs, r, level), ("wm_aligns_singular_vectors", "R > 0 with WM")),
-    ]
-    out = [
-        check() if all(k in r for k in keys) else needs(*names, "+".join(keys) + " in permute.methods")
-        for keys, check, names in pair_checks
-    ]
-    out += [spectra_coincide(spectrum), energy_concentrates(energy, level)]
-    out.append(
-        am_like_wm(pairs, r, level)
-        if {"AM", "WM", "naive"} <= set(r)
-        else needs("am_like_wm", "AM behaves like WM", "am, a WM and identity in permute.methods")
-    )
-    out.append(
-        ste_barrier_without_alignment(pairs, r, level)
-        if {"STE", "WM", "naive"} <= set(r)
-        else needs("ste_barrier_without_alignment", "STE: small barrier, low R", "an STE, a WM and identity")
-    )
-    out.append(
-        three_models(edges, r3, study)
-        if {"WM", "STE"} <= set(r3)
-        else needs("three_models", "WM keeps b–c small, STE does not", "a WM and an STE in three.methods")
-    )
-    out.append(
-        needs(
-            "easier_when_wider_or_regularised",
-            "wider models, stronger weight decay and a larger learning "
-            "rate make alignment and LMC easier (Appendix H.4, H.5)",
-            "the width, weight-decay and learning-rate sweeps (docs: Analyses and studies); their reports, "
-            "reports/sweeps/*/sweep.md, say which trends hold",
-        )
-    )
-    return out
+    checks: dict[str, Callable[[], Finding]] = {
+        "wm_small_l2": lambda: wm_small_l2(pairs, r, level),
+        "taylor_misses": lambda: taylor_misses(pairs, r, level),
+        "wm_aligns_singular_vectors": lambda: wm_aligns(pairs, r, level),
+        "spectra_coincide": lambda: spectra_coincide(spectrum),
+        "energy_concentrates": lambda: energy_concentrates(energy, level),
+        "am_like_wm": lambda: am_like_wm(pairs, r, level),
+        "ste_barrier_without_alignment": lambda: ste_barrier_without_alignment(pairs, r, level),
+        "three_models": lambda: three_models(edges, r3, study, level),
+    }
+    out = []
+    for key, check in checks.items():
+        keys, claim, what = NEEDS[key]
+        have = r3 if key == "three_models" else r
+        out.append(check() if all(k in have for k in keys) else needs(key, claim, what))
+    return [*out, needs(*SWEEPS)]

@@ -129,24 +129,37 @@ def study_markdown(table: pd.DataFrame, *, defaults: Mapping[str, str], rebuild:
         *([rebuild, ""] if rebuild else []),
         "![three-model study](three_study.png)",
         "",
+    ]
+    return "\n".join(lines + _table_lines(table) + _ordering_lines(table) + _explanation_lines(table))
+
+
+def _setting(row: pd.Series) -> str:
+    return "default" if row["axis"] == "default" else f"{row['axis']} {row['value']}"
+
+
+def _table_lines(table: pd.DataFrame) -> list[str]:
+    """One row per point and method: the b–c barriers, R_0.3 of every edge, the a–b objective."""
+    lines = [
         "| setting | method | triples | loss b–c ½ | loss b–c | acc b–c | train loss b–c "
         "| R_0.3 a–b | R_0.3 a–c | R_0.3 b–c | ⟨θa, π(θb)⟩ a–b |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
-        setting = "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}"
         cells = [_cell(r, c, 3 if "loss" in c else 2) for c in BC]
         cells += [_cell(r, f"R_0.3_{e}", 3) for e in ("a-b", "a-c")] + [_cell(r, "R_0.3", 3)]
         known = r.get("objective_a-b_mean")
         cells.append("—" if known is None or known != known else _cell(r, "objective_a-b", 1))
-        lines.append(f"| {setting} | {_method_cell(r)} | {r['n_triples']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Does the paper's ordering hold? (WM Sinkhorn's b–c barrier below STE Sinkhorn's)", ""]
+        lines.append(f"| {_setting(r)} | {_method_cell(r)} | {r['n_triples']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _ordering_lines(table: pd.DataFrame) -> list[str]:
+    """Per point, the paper's ordering on each b–c barrier (:func:`_verdict`), and how to read a cell."""
+    lines = ["", "## Does the paper's ordering hold? (WM Sinkhorn's b–c barrier below STE Sinkhorn's)", ""]
     lines += ["| setting | " + " | ".join(BC) + " |", "|---|" + "---|" * len(BC)]
     for _, r in table[table["method"] == PAPER_WM].iterrows():
-        setting = "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}"
-        cells = [_verdict(r, c) for c in BC]
-        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    lines += [
+        lines.append(f"| {_setting(r)} | " + " | ".join(_verdict(r, c) for c in BC) + " |")
+    return lines + [
         "",
         "Cell: yes = WM below STE in every triple, reversed = STE below WM in every triple, mixed = "
         "neither; with the paired two-sided t-test's p over triples. A search that stalled (its hard "
@@ -155,18 +168,23 @@ def study_markdown(table: pd.DataFrame, *, defaults: Mapping[str, str], rebuild:
         "pairs (unconverged), leaves its setting without a verdict and out of the statistics below.",
         "",
     ]
-    if len(table[table["method"].isin((PAPER_WM, PAPER_STE))]) >= 3:
-        track, paired = r_tracks_barrier(table), r_explains_ordering(table)
-        lines += [
-            "The paper's explanation (better-aligned dominant singular directions, a lower barrier), "
-            f"measured: within a setting, WM − STE in b–c R_0.3 and in the b–c test loss barrier at ½ "
-            f"have opposite signs in {paired['opposite']} of {paired['n']} settings (two-sided sign test "
-            f"p {paired['p_sign']:.2g}; Spearman ρ of the two differences {_num(paired['rho'])}). Pooled "
-            f"over the {track['n']} (setting, method) rows, b–c R_0.3 against the barrier: ρ = "
-            f"{track['rho']:.2f} (p {track['p']:.2g}); settings differ in the barrier's scale.",
-            "",
-        ]
-    return "\n".join(lines)
+
+
+def _explanation_lines(table: pd.DataFrame) -> list[str]:
+    """The paper's explanation measured (:func:`r_explains_ordering`, :func:`r_tracks_barrier`), given
+    three rows of the paper's methods at least."""
+    if len(table[table["method"].isin((PAPER_WM, PAPER_STE))]) < 3:
+        return []
+    track, paired = r_tracks_barrier(table), r_explains_ordering(table)
+    return [
+        "The paper's explanation (better-aligned dominant singular directions, a lower barrier), "
+        f"measured: within a setting, WM − STE in b–c R_0.3 and in the b–c test loss barrier at ½ "
+        f"have opposite signs in {paired['opposite']} of {paired['n']} settings (two-sided sign test "
+        f"p {paired['p_sign']:.2g}; Spearman ρ of the two differences {_num(paired['rho'])}). Pooled "
+        f"over the {track['n']} (setting, method) rows, b–c R_0.3 against the barrier: ρ = "
+        f"{track['rho']:.2f} (p {track['p']:.2g}); settings differ in the barrier's scale.",
+        "",
+    ]
 
 
 def _method_cell(row: pd.Series) -> str:
@@ -223,7 +241,7 @@ def study_summary(table: pd.DataFrame, column: str = "test_loss_barrier_mid") ->
     for _, r in table[table["method"] == PAPER_WM].iterrows():
         settings.append(
             {
-                "setting": "default" if r["axis"] == "default" else f"{r['axis']} {r['value']}",
+                "setting": _setting(r),
                 "ordering": ordering(r, column),
                 "WM": float(means[(r["point"], PAPER_WM)]),
                 "STE": float(means.get((r["point"], PAPER_STE), float("nan"))),

@@ -44,6 +44,7 @@ from lmclab.trace.groups import (
     Within,
     loaded_carry_functions,
 )
+from lmclab.trace.state import TraceState
 
 # what may touch a head axis or per-head features: elementwise ops, moves, reshapes, products, softmax, x.shape
 HEADED_FUNCTIONS = MERGE_FUNCTIONS | SOFTMAX_FUNCTIONS | MATMUL_FUNCTIONS | (CARRY_FUNCTIONS - POOL_FUNCTIONS)
@@ -53,8 +54,9 @@ HEADED_METHODS = {"add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "su
 HEADED_METHODS |= {"dim", "transpose", "permute", "swapaxes", "view", "reshape", "flatten", "softmax", "expand"}
 
 
-class AttentionRules:
-    """Needs the tracer's ``tag``, ``shape``, ``live``, ``refuse``, ``unite``, ``record``, ``pin`` and ``groups``."""
+class AttentionRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
+    ``unite`` and ``record``."""
 
     def is_headed(self, seg: Seg | Within) -> bool:
         """A segment of a head order σ, or per-head features."""

@@ -21,6 +21,7 @@ import torch
 from torch import fx
 
 from lmclab.trace.groups import Seg, Tag
+from lmclab.trace.state import TraceState
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -38,9 +39,9 @@ def module_kind(node: fx.Node) -> tuple[str, str]:
     return path, kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
 
 
-class CallRules:
-    """Needs the tracer's ``tag``, ``shape``, ``live``, ``refuse``, ``record``, ``parameter``, ``refine``,
-    ``grouped_output``, ``carry``, ``writers``, ``tags``, ``unbound`` and ``groups``."""
+class CallRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
+    ``record``, ``parameter``, ``refine``, ``grouped_output`` and ``carry``."""
 
     def written(self, node: fx.Node, gid: int, kinds: tuple[str, ...], axis: str = "@-1", role: str = "layer") -> None:
         """An activation point on ``axis`` (``@-1``: the last; ``""``: axis 1) of the module ``node`` runs in, when

@@ -22,6 +22,7 @@ import torch
 from torch import fx
 
 from lmclab.trace.groups import Layout, Seg, Tag
+from lmclab.trace.state import TraceState
 
 F = torch.nn.functional
 # each function's tensor arguments that may be parameters or buffers of the model (per channel)
@@ -35,9 +36,9 @@ FUNCTIONAL_RULES = {F.linear: "functional_linear", **dict.fromkeys(NORM_ARGS, "f
 FUNCTIONAL_RULES |= {F.pad: "spatial", torch.roll: "spatial", "roll": "spatial"}  # "roll": the method
 
 
-class FunctionalRules:
-    """Needs the tracer's ``tag``, ``shape``, ``live``, ``refuse``, ``record``, ``write``, ``grouped_output``,
-    ``tags``, ``groups`` and ``state_keys``."""
+class FunctionalRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
+    ``record`` and ``grouped_output``."""
 
     def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
         """An elementwise or identity-like op (``pool``: a window over the last two axes): the input's layout."""

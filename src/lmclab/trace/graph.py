@@ -3,7 +3,6 @@ change a tensor's shape live in :mod:`lmclab.trace.shapes`)."""
 
 from __future__ import annotations
 
-import inspect
 import operator
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -26,7 +25,6 @@ from lmclab.trace.groups import (
     POOL_FUNCTIONS,
     POOL_MODULES,
     SOFTMAX_FUNCTIONS,
-    Groups,
     Layout,
     Seg,
     Tag,
@@ -38,6 +36,7 @@ from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.rotary import RotaryRules
 from lmclab.trace.shapes import ShapeRules
+from lmclab.trace.state import unknown
 
 RULES = FUNCTIONAL_RULES | CALL_RULES
 CARRY_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "pow", "rsqrt", "sqrt", "neg", "exp"}
@@ -50,77 +49,11 @@ OWNING = {
 }
 
 
-def _where(node: fx.Node) -> str:
-    """The module path a node belongs to (``(top level)`` outside any submodule); torch.fx and torch.export
-    both record it, a called module's own path included."""
-    stack = node.meta.get("nn_module_stack") or {}
-    return next(reversed(stack.values()), ("(top level)",))[0] if stack else "(top level)"
-
-
-def _op_name(node: fx.Node, model: nn.Module) -> str:
-    if node.op == "call_module":
-        return type(model.get_submodule(str(node.target))).__name__
-    return getattr(node.target, "__name__", str(node.target))
-
-
-def _unknown(node: fx.Node) -> str:
-    """Why an op is refused; a function from outside torch that ``torch.fx`` kept whole (``torch.fx.wrap``)."""
-    where = getattr(node.target, "__module__", None) or "torch"
-    if node.op == "call_function" and inspect.isfunction(node.target) and where.split(".")[0] != "torch":
-        return f"a function of {where} that torch.fx keeps whole: the graph does not show its inside"
-    return "an operation the tracer does not know"
-
-
 class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules):
-    """One pass over the graph in topological order, tagging each node's output."""
-
-    def __init__(self, gm: fx.GraphModule, partial: bool) -> None:
-        self.gm, self.partial, self.groups = gm, partial, Groups()
-        self.tags: dict[fx.Node, Tag | None] = {}
-        self.axes: dict[str, list[Layout]] = {}
-        self.writers: dict[int, list[tuple[str, str]]] = {}  # group -> (norm | layer, activation point)
-        self.state_keys = set(gm.state_dict())
-        self.names: dict[int, str] = {}  # union-find root -> P_k, filled by result()
-        self.attention_heads: dict[fx.Node, tuple[int, int, int]] = {}  # MultiheadAttention -> (tie, H, ndim)
-        self.packed: dict[fx.Node, tuple[int, list[Tag | None]]] = {}  # (part axis, each part's tag)
-        self.unbound: dict[fx.Node, list[Tag | None]] = {}  # unbind of a packed tensor -> each part's tag
+    """One pass over the graph in topological order, tagging each node's output: the rules of every mixin
+    over one :class:`~lmclab.trace.state.TraceState` (``GraphTracer(gm, partial)``)."""
 
     # ---- helpers ----------------------------------------------------------------------------
-    def tag(self, arg: object) -> Tag | None:
-        return self.tags.get(arg) if isinstance(arg, fx.Node) else None
-
-    def shape(self, node: fx.Node) -> tuple[int, ...] | None:
-        meta = node.meta.get("tensor_meta")
-        return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
-
-    def live(self, tag: Tag) -> list[int]:
-        """The axes of ``tag`` still permuted: some segment's group is not pinned (so far)."""
-        return [a for a in tag.permuted if any(self.groups.find(s.gid) != FIXED for s in tag.at(a))]
-
-    def tagged_inputs(self, node: fx.Node) -> list[Tag]:
-        return [t for a in node.all_input_nodes if (t := self.tag(a)) is not None]
-
-    def pin(self, gids: Sequence[int]) -> None:
-        for gid in gids:
-            self.groups.union(gid, FIXED)
-
-    def write(self, gid: int, kind: str, name: str, axis: int, ndim: int) -> None:
-        """Module ``name``'s output holds group ``gid``'s units on ``axis``: an activation point (``@`` names
-        the axis when it is not 1, as :mod:`lmclab.search.activation_matching` reads it)."""
-        point = name if axis == 1 else f"{name}@{axis - ndim}"
-        self.writers.setdefault(gid, []).append((kind, point))
-
-    def refuse(self, node: fx.Node, reason: str) -> None:
-        if not self.partial:
-            raise TraceError(
-                f"trace_spec: node {node.name!r}: {_op_name(node, self.gm)} in {_where(node)} "
-                f"cannot be proved permutation-equivariant ({reason}); pass partial=True to leave "
-                "its channels unpermuted"
-            )
-        for t in self.tagged_inputs(node):
-            self.pin(t.gids)
-        self.tags[node] = None
-
     def unite(self, a: Layout, b: Layout) -> bool:
         """Merge two layouts segment by segment; False when their lengths differ. Of two segments in
         different blocks, the finer group is coarsened to the longer runs (grouped conv ⊙ its SE scale)."""
@@ -213,7 +146,13 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             return getattr(self, RULES[target])(node, tagged[0] if tagged else None)
         if not tagged:
             self.tags[node] = None
-        elif target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub"):
+        else:
+            self.tagged_function(node, method, tagged)
+
+    def tagged_function(self, node: fx.Node, method: str | None, tagged: list[Tag]) -> None:
+        """A function or method (``method``: its name) of tensors of which some are permuted (``tagged``)."""
+        target = node.target
+        if target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub"):
             self.merge(node)
         elif target in CARRY_FUNCTIONS or target in loaded_carry_functions() or method in CARRY_METHODS:
             self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
@@ -246,7 +185,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         elif (target is getattr or method in ("size", "dim")) and self.shape(node) is None:
             self.tags[node] = None  # x.shape, x.size(0): not a tensor
         else:
-            self.refuse(node, _unknown(node))
+            self.refuse(node, unknown(node))
 
     def merge(self, node: fx.Node) -> None:
         """x + y, x * y (broadcast): on each axis the groups of the operands permuted there are one. An operand

@@ -8,10 +8,12 @@ from __future__ import annotations
 from torch import fx, nn
 
 from lmclab.trace.groups import FIXED, LAST_AXIS_NORMS, Seg, Tag
+from lmclab.trace.state import TraceState
 
 
-class LayerRules:
-    """Needs the tracer's ``shape``, ``live``, ``refuse``, ``record``, ``write``, ``tags`` and ``groups``."""
+class LayerRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
+    ``record``."""
 
     def layer(self, node: fx.Node, name: str, module: nn.Module, t_in: Tag | None, axis: int, spatial: int) -> None:
         """Linear (``axis`` last) or ungrouped conv (``axis`` 1): a new group on the output's ``axis``, the

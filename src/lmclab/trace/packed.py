@@ -27,15 +27,16 @@ from torch import fx
 
 from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within
 from lmclab.trace.shapes import _axis_order
+from lmclab.trace.state import TraceState
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 MOVES = {torch.transpose, torch.permute, torch.swapaxes}
 SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-class PackedRules:
-    """Needs the tracer's ``tag``, ``shape``, ``live``, ``refuse``, ``unite``, ``pin``, ``same_heads``,
-    ``broadcast``, ``axes``, ``tags``, ``writers`` and ``groups``."""
+class PackedRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
+    ``unite``, ``same_heads`` and ``broadcast``."""
 
     def split_packed(self, node: fx.Node, t_in: Tag, axis: int, parts: int, count: int, d: int) -> bool:
         """``(…, P·E, …) -> (…, P, H, d, …)``: the group on ``axis`` refined into ``parts`` headed groups

@@ -29,10 +29,11 @@ import math
 from torch import fx
 
 from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within
+from lmclab.trace.state import TraceState
 
 
-class RotaryRules:
-    """Needs the tracer's ``pin``, ``tags``, ``shape`` and ``groups``."""
+class RotaryRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`) alone."""
 
     def is_rigid(self, seg: Seg | Within) -> bool:
         return isinstance(seg, Within) and self.groups.find(seg.gid) in self.groups.rigid

@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within, blocks_of
+from lmclab.trace.state import TraceState
 
 
 def _axis_order(node: fx.Node, ndim: int) -> list[int]:
@@ -34,8 +35,9 @@ def _axis_order(node: fx.Node, ndim: int) -> list[int]:
     return order
 
 
-class ShapeRules:
-    """Needs the tracer's ``tag``, ``shape``, ``live``, ``refuse``, ``unite``, ``record`` and ``groups``."""
+class ShapeRules(TraceState):
+    """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
+    ``unite`` and ``record``."""
 
     def flatten(self, node: fx.Node, t_in: Tag | None, start: int, end: int) -> None:
         if t_in is None:

@@ -94,15 +94,9 @@ def train_mae(
     history = []
     model.train()
     for epoch in tqdm(range(1, o.epochs + 1), desc=f"mae seed {seed}", disable=not progress, leave=False):
-        start, loss_sum = time.perf_counter(), 0.0
-        for idx in torch.randperm(len(images), generator=order).split(o.batch_size):
-            mask = random_masks(len(idx), config.patches, config.mask_ratio, masking)  # fresh per step
-            loss = model(x_all[idx.to(device)], mask.to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            loss_sum += loss.item() * len(idx)  # every image has the same number of masked patches
+        start = time.perf_counter()
+        batches = torch.randperm(len(images), generator=order).split(o.batch_size)
+        loss_sum = _epoch(model, opt, sched, x_all, batches, masking)
         seconds = time.perf_counter() - start
         row = {"epoch": epoch, "lr": opt.param_groups[0]["lr"], "train_loss": loss_sum / len(images)}
         if test is not None:
@@ -113,3 +107,25 @@ def train_mae(
             on_epoch(dict(history[-1]))
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return state, history
+
+
+def _epoch(
+    model: mae.Model,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    x_all: torch.Tensor,
+    batches: tuple[torch.Tensor, ...],
+    masking: torch.Generator,
+) -> float:
+    """One pass over ``batches`` of ``x_all``, an optimiser and a schedule step per minibatch, each image
+    under a fresh random mask drawn from ``masking``; the sum over images of their masked-patch loss."""
+    loss_sum = 0.0
+    for idx in batches:
+        mask = random_masks(len(idx), model.config.patches, model.config.mask_ratio, masking)  # fresh per step
+        loss = model(x_all[idx.to(x_all.device)], mask.to(x_all.device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        loss_sum += loss.item() * len(idx)  # every image has the same number of masked patches
+    return loss_sum

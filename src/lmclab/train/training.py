@@ -130,26 +130,8 @@ def train(
     """
     o = check_training_options(len(train_split), **options.model_dump())
     model = build_model(arch, config, seed=seed).to(device)
-    wrapped = world.wrap(model)
-    opt = make_optimizer(
-        wrapped.parameters(), optimizer=o.optimizer, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay
-    )
-    steps_per_epoch = math.ceil(len(train_split) / o.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: lr_factor(o.schedule, step, o.epochs * steps_per_epoch, o.warmup_epochs * steps_per_epoch)
-    )
+    step = _stepper(model, o, seed, train_split, device, world)
     order = torch.Generator().manual_seed(seed)
-    step = Step(
-        wrapped,
-        opt,
-        sched,
-        train_split.to(device),
-        o.augment,
-        torch.Generator().manual_seed(seed + AUGMENT_STREAM),
-        world,
-        o.precision,
-        Mixup(o.mixup_alpha, seed) if o.mixup_alpha > 0 else None,
-    )
     history = []
     bar = tqdm(
         range(1, o.epochs + 1), desc=f"train seed {seed}", disable=not progress or not world.is_main, leave=False
@@ -159,7 +141,7 @@ def train(
         test = evaluate_sharded(model, dict(model.state_dict()), test_split, world)
         row = {
             "epoch": epoch,
-            "lr": opt.param_groups[0]["lr"],
+            "lr": step.opt.param_groups[0]["lr"],
             "train_loss": loss,
             "train_acc": acc,
             "test_loss": test.loss,
@@ -173,6 +155,32 @@ def train(
     spec = get_arch(arch).permutation_spec(config)
     history[-1].update(neural_collapse(spec, model, dict(model.state_dict()), train_split))
     return Checkpoint(arch, config, seed, state), history
+
+
+def _stepper(
+    model: torch.nn.Module, o: TrainOptions, seed: int, train_split: Split, device: torch.device, world: World
+) -> Step:
+    """The optimiser, learning-rate schedule and minibatch steps of ``model`` (wrapped for ``world``) under
+    the options ``o``; augmentation and mixup draw from their own streams of ``seed``."""
+    wrapped = world.wrap(model)
+    opt = make_optimizer(
+        wrapped.parameters(), optimizer=o.optimizer, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay
+    )
+    steps_per_epoch = math.ceil(len(train_split) / o.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(o.schedule, step, o.epochs * steps_per_epoch, o.warmup_epochs * steps_per_epoch)
+    )
+    return Step(
+        wrapped,
+        opt,
+        sched,
+        train_split.to(device),
+        o.augment,
+        torch.Generator().manual_seed(seed + AUGMENT_STREAM),
+        world,
+        o.precision,
+        Mixup(o.mixup_alpha, seed) if o.mixup_alpha > 0 else None,
+    )
 
 
 @dataclass

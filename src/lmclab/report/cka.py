@@ -1,9 +1,10 @@
-"""The CKA figure: layer × method heat map of CKA(θa, θ(½)) — how similar the merged
-midpoint's hidden representations are to θa's — beside the endpoints' own CKA(θa, θb), read from the
-saved ``cka`` table only (mean over pairs)."""
+"""The CKA of a run in the report: the figure, a layer × method heat map of CKA(θa, θ(½)) — how similar
+the merged midpoint's hidden representations are to θa's — beside the endpoints' own CKA(θa, θb), read
+from the saved ``cka`` table only (mean over pairs), and the report's section with its table."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from lmclab.report.paper_tables import marked, mean_pm
 from lmclab.report.plots import _save, label
 
 
@@ -36,3 +38,31 @@ def plot_cka(cka: pd.DataFrame, path: Path, *, methods: list[str], dpi: int = 12
     fig.colorbar(image, ax=ax, label="linear CKA (test split)")
     ax.set_title("CKA of the hidden layers: endpoints, and θa vs the merged midpoint")
     return _save(fig, path, dpi)
+
+
+def cka_section(figure: str, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
+    """Mean CKA over the hidden layers per pair of models (mean ± std over seed pairs), and the figure."""
+    keys = [
+        ("cka_a_b", "θa, θb"),
+        ("cka_a_pi_b", "θa, π(θb)"),
+        ("cka_a_mid", "θa, θ(½)"),
+        ("cka_pi_b_mid", "π(θb), θ(½)"),
+    ]
+    rows = [
+        f"| {marked(m)} | " + " | ".join(mean_pm(pairs[pairs["method"] == m][k], 3) for k, _ in keys) + " |"
+        for m in methods
+        if "cka_a_b" in pairs
+    ]
+    return f"""
+## Functional similarity: CKA of the hidden layers
+
+Linear CKA (Kornblith et al. 2019) between hidden representations on the test split, mean over the
+hidden layers. It is blind to permutations, so (θa, θb) and (θa, π(θb)) agree; what alignment changes
+is how much the merged midpoint θ(½) still computes what the endpoints compute.
+
+| method | {" | ".join(name for _, name in keys)} |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+![cka]({figure})
+"""
