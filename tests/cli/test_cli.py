@@ -27,11 +27,12 @@ def mlp(width=16):
 """
 
 
-def lmclab(cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+def lmclab(cwd: Path, *args: str, ok: bool = True, shell: bool = True) -> subprocess.CompletedProcess:
     """The installed command when there is one (``make setup``), else ``python -m lmclab``. Under
     `make mutation` (mutmut's trampolines import mutmut) the command runs in this process through typer's
-    runner instead, so that mutmut sees which of the command's functions a test reaches."""
-    proc = _in_process(cwd, args) if "mutmut" in sys.modules else _in_a_shell(cwd, args)
+    runner instead, so that mutmut sees which of the command's functions a test reaches; ``shell=False``
+    does so too, for the many refusals whose line is what is tested (a shell costs ~2.7 s of imports each)."""
+    proc = _in_process(cwd, args) if "mutmut" in sys.modules or not shell else _in_a_shell(cwd, args)
     assert (proc.returncode == 0) == ok, f"{args}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 

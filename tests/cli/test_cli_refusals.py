@@ -1,6 +1,8 @@
-"""The ``lmclab`` command's refusals, from a shell outside the repository: each bad argument, file, shape or
+"""The ``lmclab`` command's refusals, in a folder outside the repository: each bad argument, file, shape or
 output path is one line on stderr and exit code 1, before any work and without writing anything; and
-the checkpoint layouts a researcher brings (nested, safetensors) read as the same model."""
+the checkpoint layouts a researcher brings (nested, safetensors) read as the same model. The refusals run the
+command's app in this process (typer's runner: the same code, without a shell's ~2.7 s of imports each);
+tests/cli/test_cli.py runs the installed command from a shell."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], m
     finally:
         sys.path.remove(str(work))
     torch.save(mlp(width=32).state_dict(), work / "wide.pt")
-    err = lmclab(work, "merge-many", *args, "--out", "never.pt", ok=False).stderr
+    err = lmclab(work, "merge-many", *args, "--out", "never.pt", ok=False, shell=False).stderr
     assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
     assert not (work / "never.pt").exists()
 
@@ -100,7 +102,7 @@ def test_merge_many_refuses_bad_input_in_one_line(work: Path, args: list[str], m
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(work: Path, args: list[str], message: str) -> None:
-    err = lmclab(work, *args, ok=False).stderr
+    err = lmclab(work, *args, ok=False, shell=False).stderr
     assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
 
 
@@ -157,7 +159,7 @@ FACTORY = ["--factory", "nets:mlp", "--input-shape", "1,28,28"]
 )
 def test_bad_files_and_shapes_are_one_line_before_any_work(broken: Path, args: list[str], message: str) -> None:
     out = broken / "never.pt"
-    err = lmclab(broken, *args, "--out", str(out), ok=False).stderr
+    err = lmclab(broken, *args, "--out", str(out), ok=False, shell=False).stderr
     assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
 
@@ -175,7 +177,7 @@ def test_bad_files_and_shapes_are_one_line_before_any_work(broken: Path, args: l
     ],
 )
 def test_output_paths_are_checked_before_any_work(broken: Path, args: list[str], message: str) -> None:
-    err = lmclab(broken, *args, ok=False).stderr
+    err = lmclab(broken, *args, ok=False, shell=False).stderr
     assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
 
 

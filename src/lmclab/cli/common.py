@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -20,6 +21,9 @@ REPAIR = typer.Option(
     "none",
     help="none, bn (BatchNorm statistics), repair (REPAIR) or auto (the one the net takes), on --data's train split",
 )
+DATA_ROOT = typer.Option(Path("data/raw"), help="torchvision's download/cache folder")
+IN_CHANNELS = typer.Option(None, help="repeat the data's channels to this many")
+OPTION = typer.Option([], help="a method option key=value (repeatable)")
 REPAIR_SAMPLES = typer.Option("500", help="training samples of the repair's statistics, or all")
 
 
