@@ -260,13 +260,15 @@ def test_lmclab_checkpoints_bring_their_spec_and_activation_points(work: Path) -
 
 
 def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
-    out = lmclab(work, "trace", "torchvision.models:resnet18", "--input-shape", "3,32,32").stdout
+    out = lmclab(work, "trace", "torchvision.models:resnet18", "--input-shape", "3,32,32", shell=False).stdout
     assert "groups over" in out and "conv1.weight[0]" in out
     vit = lmclab(
-        work, "trace", "torchvision.models:vit_b_16", "--kwargs", '{"image_size": 32}', "--input-shape", "3,32,32"
+        work,
+        *("trace", "torchvision.models:vit_b_16", "--kwargs", '{"image_size": 32}', "--input-shape", "3,32,32"),
+        shell=False,
     )
     assert "(768 units; 12 heads, head order" in vit.stdout and "in_proj_weight[0]" in vit.stdout
-    bad = lmclab(work, "trace", "torchvision.models:swin_t", "--input-shape", "3,32,32", ok=False)
+    bad = lmclab(work, "trace", "torchvision.models:swin_t", "--input-shape", "3,32,32", ok=False, shell=False)
     assert bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
     assert "shifted_window_attention" in bad.stderr  # an operation the tracer does not know
 
@@ -275,4 +277,4 @@ def test_validate_reads_a_params_file(work: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     assert "valid" in lmclab(work, "validate", str(root / "params.yaml")).stdout
     (work / "bad.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1))
-    assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False).stderr
+    assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False, shell=False).stderr

@@ -134,7 +134,7 @@ def broken(work: Path, name: str) -> Path:
     ],
 )
 def test_a_bad_folder_is_one_line(work: Path, name: str, message: str) -> None:
-    proc = lmclab(work, "match", str(broken(work, name)), "b", "--out", "x.pt", ok=False)
+    proc = lmclab(work, "match", str(broken(work, name)), "b", "--out", "x.pt", ok=False, shell=False)
     assert proc.stderr.count("\n") == 1 and pytest.importorskip("re").search(message, proc.stderr), proc.stderr
     assert not (work / "x.pt").exists()
 
@@ -142,6 +142,6 @@ def test_a_bad_folder_is_one_line(work: Path, name: str, message: str) -> None:
 def test_merge_refuses_an_existing_output_folder_before_any_work(work: Path) -> None:
     (work / "full").mkdir(exist_ok=True)
     (work / "full" / "keep.txt").write_text("mine")
-    proc = lmclab(work, "merge", "a", "b", "--out", "full", ok=False)
+    proc = lmclab(work, "merge", "a", "b", "--out", "full", ok=False, shell=False)
     assert "--out: full exists; expected a new or empty folder" in proc.stderr
     assert [p.name for p in (work / "full").iterdir()] == ["keep.txt"]
