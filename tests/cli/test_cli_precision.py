@@ -1,6 +1,6 @@
 """Two model files in different precisions through the command (lmclab.api.weights): for every ordered pair of
 float32, float16, bfloat16 and float64 (θb = π(θa) cast to the other dtype), ``lmclab match`` recovers the
-planted permutation, ``lmclab merge --alignment`` writes θa back in θa's dtype and ``lmclab barrier
+planted permutation, ``lmclab merge --alignment`` (and ``merge-many``) writes θa's dtype and ``lmclab barrier
 --alignment`` measures a zero barrier; the models are compared in float64 when either is float64, else in
 float32. In this process (typer's runner): the command's own code, without a shell per run."""
 
@@ -55,6 +55,8 @@ def test_match_merge_and_barrier_take_two_precisions(work: Path, dtype_a: str, d
     assert all(v.dtype == DTYPES[dtype_a] for v in state.values())  # the merge in θa's dtype
     close = 0.0 if {dtype_a, dtype_b} <= {"fp32", "f64"} else 1e-2  # the midpoint of θa and θa rounded
     assert all(torch.allclose(v.double(), own[k].double(), atol=close) for k, v in state.items())
+    lmclab(work, "merge-many", a, b, *FACTORY, "--out", f"many_{merged}", shell=False)
+    assert all(v.dtype == DTYPES[dtype_a] for v in torch.load(work / f"many_{merged}").values())
     out = f"barrier_{dtype_a}_{dtype_b}.json"
     args = ["barrier", a, b, "--alignment", perm, "--factory", "nets:mlp", "--data", "digits", "--num-lambdas", "3"]
     lmclab(work, *args, "--json", out, shell=False)
