@@ -182,6 +182,7 @@ def test_lambdas_must_hold_both_endpoints_and_the_midpoint() -> None:
         "lmclab.api.many",
         "lmclab.api.inputs",
         "lmclab.api.alignment",
+        "lmclab.api.weights",
         "lmclab.api.registry",
         "lmclab.core.spec_data",
         "lmclab.api",

@@ -188,3 +188,115 @@ def test_nested_and_safetensors_checkpoints_are_read(broken: Path) -> None:
     first = torch.load(out)["perm"]
     lmclab(broken, "match", "a.safetensors", "b.pt", *FACTORY, "--out", str(out))
     assert all(torch.equal(first[g], p) for g, p in torch.load(out)["perm"].items())
+
+
+def _tokens(folder: Path, high: int = 256, count: int = 8) -> Path:
+    """A prepared text (``kind: tokens``): windows of 8 token ids below ``high`` and their next tokens."""
+    import json
+
+    folder.mkdir(exist_ok=True)
+    ids = torch.randint(0, high, (count, 9), generator=torch.Generator().manual_seed(0))
+    ids[0, 0] = high - 1  # the largest id occurs
+    for split in ("train", "test"):
+        torch.save({"images": ids[:, :-1], "labels": ids[:, 1:]}, folder / f"{split}.pt")
+    meta = {"name": "tokens", "kind": "tokens", "num_classes": high, "input_shape": [8]}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def odd(broken: Path) -> Path:
+    """Models with a NaN or an infinity in one weight, an empty prepared folder, a prepared text, and an
+    alignment found for a.pt and b.pt (width 16), beside the broken files."""
+    a = torch.load(broken / "a.pt")
+    for name, bad in (("nan", float("nan")), ("posinf", float("inf")), ("neginf", -float("inf"))):
+        state = {k: v.clone() for k, v in a.items()}
+        state["3.weight"][2, 5] = bad
+        torch.save(state, broken / f"{name}.pt")
+    (broken / "empty").mkdir(exist_ok=True)
+    (broken / "empty" / "meta.json").write_text((broken / "digits" / "meta.json").read_text())
+    for split in ("train", "test"):
+        nothing = {"images": torch.zeros(0, 1, 28, 28, dtype=torch.uint8), "labels": torch.zeros(0, dtype=torch.long)}
+        torch.save(nothing, broken / "empty" / f"{split}.pt")
+    _tokens(broken / "tokens")
+    lmclab(broken, "match", "a.pt", "b.pt", *FACTORY, "--out", "ab.pt", shell=False)
+    return broken
+
+
+DIGITS = ["--factory", "nets:mlp", "--data", "digits"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        *[
+            (
+                [command, "a.pt", f"{name}.pt", *extra],
+                f"error: {name}.pt: tensor '3.weight' has 1 {kind} entry; expected finite weights",
+            )
+            for command, extra in (
+                ("match", FACTORY),
+                ("merge", []),  # the naive merge: it would write the NaN on
+                ("barrier", DIGITS),  # and the naive curve would measure it
+                ("merge-many", FACTORY),
+            )
+            for name, kind in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
+        ],
+        (["barrier", "nan.pt", "b.pt", *DIGITS], "error: nan.pt: tensor '3.weight' has 1 NaN entry"),  # θa too
+        (
+            ["barrier", "a.pt", "b.pt", "--factory", "nets:mlp", "--data", "empty"],
+            "error: --data empty: its test split has no samples (an empty prepared folder)",
+        ),
+        (
+            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--method", "am", "--data", "empty"],
+            "error: --data empty: its train split has no samples (an empty prepared folder)",
+        ),
+        (
+            ["merge-many", "a.pt", "b.pt", *FACTORY, "--method", "cca", "--data", "empty"],
+            "error: --data empty: its train split has no samples",
+        ),
+        (
+            ["barrier", "a.pt", "b.pt", *DIGITS[:2], "--data", "tokens"],
+            "error: --data tokens: the model cannot read its token ids of shape (8,) (mat1 and mat2 must have the same",
+        ),
+        (
+            ["match", "a.pt", "b.pt", "--factory", "nets:mlp", "--method", "am", "--data", "tokens"],
+            "error: --data tokens: the model cannot read its token ids of shape (8,)",
+        ),
+        (["barrier", "a.pt", "b.pt", *DIGITS, "--num-lambdas", "1"], "error: --num-lambdas must be at least 2"),
+        (["barrier", "a.pt", "b.pt", *DIGITS, "--repair", "best"], "error: --repair must be one of ['auto', 'none',"),
+        (
+            ["barrier", "a.pt", "b.pt", *DIGITS, "--repair", "bn"],
+            "error: --repair: 'bn' does not fit this model; use repair or none: the model has no BatchNorm",
+        ),
+        (["barrier", "a.pt", "b.pt", *DIGITS, "--split", "val"], "error: --split: expected train or test, got 'val'"),
+        (["merge-many", "a.pt", "b.pt", *FACTORY, "--repair", "best"], "error: --repair must be one of"),
+        (["merge", "a.pt", "b.pt", "--lam", "1.5"], "error: --lam must be in [0, 1], got 1.5"),
+        (["merge", "a.pt", "b.pt", "--lam", "-0.1"], "error: --lam must be in [0, 1], got -0.1"),
+        (
+            ["merge", "wide.pt", "wide.pt", "--alignment", "ab.pt"],
+            "error: --alignment ab.pt: found for another model than wide.pt: group 'P_0' has 32 units in wide.pt, "
+            "16 in the alignment",
+        ),
+        (
+            ["barrier", "wide.pt", "wide.pt", "--alignment", "ab.pt", "--factory", "nets:mlp", "--kwargs"]
+            + ['{"width": 32}', "--data", "digits"],
+            "error: --alignment ab.pt: found for another model than wide.pt: group 'P_0' has 32 units",
+        ),
+        (["merge", "a.pt", "wide.pt"], "error: wide.pt: tensor '1.weight' has shape (32, 784), a.pt's (16, 784)"),
+    ],
+)
+def test_weights_data_and_flags_are_refused_naming_the_file_or_the_flag(
+    odd: Path, args: list[str], message: str
+) -> None:
+    before = sorted(p.name for p in odd.iterdir())
+    out = ["--json", "never.json"] if args[0] == "barrier" else ["--out", "never.pt"]
+    err = lmclab(odd, *args, *out, ok=False, shell=False).stderr
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in odd.iterdir()) == before  # nothing written, not even a temporary file
+
+
+def test_trace_names_kwargs_that_are_not_json(work: Path) -> None:
+    args = ["trace", "nets:mlp", "--input-shape", "1,28,28", "--kwargs", "{num_classes: 10}"]
+    err = lmclab(work, *args, ok=False, shell=False).stderr
+    assert err.startswith("error: --kwargs: not valid JSON (") and "got '{num_classes: 10}'" in err, err

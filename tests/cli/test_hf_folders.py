@@ -145,3 +145,49 @@ def test_merge_refuses_an_existing_output_folder_before_any_work(work: Path) -> 
     proc = lmclab(work, "merge", "a", "b", "--out", "full", ok=False, shell=False)
     assert "--out: full exists; expected a new or empty folder" in proc.stderr
     assert [p.name for p in (work / "full").iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize(("a", "b", "dtype"), [("a", "b", "float16"), ("a", "b", "bfloat16")])
+def test_match_takes_folders_in_two_precisions_in_both_orders(work: Path, a: str, b: str, dtype: str) -> None:
+    """One folder saved in float32, the other in half precision (either one): the permutation found is the
+    float32 pair's, and the merge is a folder in θa's dtype."""
+    for name in (a, b):
+        if not (work / f"{name}-{dtype}").exists():
+            model = transformers.GPT2LMHeadModel.from_pretrained(work / name)
+            model.to(getattr(torch, dtype)).save_pretrained(work / f"{name}-{dtype}")
+    lmclab(work, "match", a, b, "--out", "p32.pt", shell=False)
+    reference = torch.load(work / "p32.pt")["perm"]
+    for pair in ((a, f"{b}-{dtype}"), (f"{a}-{dtype}", b)):
+        lmclab(work, "match", *pair, "--out", "ph.pt", shell=False)
+        assert all(torch.equal(p, reference[g]) for g, p in torch.load(work / "ph.pt")["perm"].items()), pair
+    out = f"merged-{dtype}"
+    lmclab(work, "merge", f"{a}-{dtype}", b, "--alignment", "p32.pt", "--out", out, shell=False)
+    merged = transformers.GPT2LMHeadModel.from_pretrained(work / out, dtype="auto")
+    assert next(merged.parameters()).dtype == getattr(torch, dtype)
+
+
+def test_barrier_refuses_data_the_model_does_not_read(work: Path) -> None:
+    """A language model given images, an image model given token ids, token ids past the vocabulary: one line
+    naming --data and what the model reads, before any work."""
+    from test_cli_refusals import _tokens
+
+    from lmclab.core.data import prepare
+
+    if not (work / "digits").exists():
+        prepare("mnist5k", work / "raw", work / "digits", max_train=20, max_test=10)
+    _tokens(work / "tokens", high=50)
+    _tokens(work / "bytes", high=256)
+    for args, message in [
+        (
+            ["a", "b", "--data", "digits"],
+            "--data digits: holds images of shape (1, 28, 28); the model (GPT2LMHeadModel)",
+        ),
+        (["va", "vb", "--data", "tokens"], "--data tokens: holds token ids of shape (8,); the model (ViTForImage"),
+        (["a", "b", "--data", "bytes"], "--data bytes: token ids up to 255; the model's embedding has 50 entries"),
+    ]:
+        err = lmclab(work, "barrier", *args, "--json", "never.json", ok=False, shell=False).stderr
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+        assert not (work / "never.json").exists()
+    assert (
+        "test loss" in lmclab(work, "barrier", "a", "b", "--data", "tokens", "--num-lambdas", "3", shell=False).stdout
+    )

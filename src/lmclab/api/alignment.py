@@ -57,6 +57,22 @@ def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params:
     return spec_ops.apply_permutation(spec, perm, params)
 
 
+def aligned_to(alignment: Alignment, params: Mapping[str, Tensor], what: str, source: str = "alignment") -> Params:
+    """π(θ) of ``params`` (called ``what``) by ``alignment`` (called ``source``); one line naming both unless
+    its spec and permutation were found for a model of ``params``' tensors, axes and group sizes."""
+    try:
+        alignment.spec.check(params, what)
+        sizes = alignment.spec.group_sizes(params)
+        for group, perm in alignment.perm.items():
+            if group in sizes and sizes[group] != len(perm):
+                raise ValueError(f"group {group!r} has {sizes[group]} units in {what}, {len(perm)} in the alignment")
+        spec_ops.check_permutation(alignment.perm, sizes, alignment.spec.heads)
+    except ValueError as exc:
+        detail = str(exc).removeprefix(f"{what}: ")
+        raise ValueError(f"{source}: found for another model than {what}: {detail}") from None
+    return spec_ops.apply_permutation(alignment.spec, alignment.perm, params)
+
+
 @dataclass(frozen=True, repr=False)
 class Alignment:
     """The permutation ``perm`` (group → index tensor) found by ``method`` aligning θb to θa under
@@ -68,8 +84,8 @@ class Alignment:
     stats: dict[str, Any] = field(default_factory=dict)
 
     def apply(self, params_b: Model) -> Params:
-        """π(θb) for a module, state dict or checkpoint path ``params_b``."""
-        return apply_permutation(self.spec, self.perm, params_of(params_b, "params_b", torch.device("cpu")))
+        """π(θb) for a module, state dict or checkpoint path ``params_b`` (in its own dtype)."""
+        return aligned_to(self, params_of(params_b, "params_b", torch.device("cpu")), "params_b")
 
     def save(self, path: str | os.PathLike) -> None:
         """The alignment with its spec, written atomically to ``path`` (read back by :func:`load_alignment`);

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from lmclab.api.alignment import Alignment
-from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, params_of, skeleton
+from lmclab.api.alignment import Alignment, aligned_to
+from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, read_weights, skeleton
 from lmclab.core.batches import as_batch, streamed
 from lmclab.core.data import Split
 from lmclab.core.device import resolve_device
@@ -96,7 +96,8 @@ def curve(
     batches) is streamed, one pass over its batches per λ (it should yield the same samples each time: no
     random augmentation); any other source is held in memory (:func:`lmclab.as_split`). The models are
     modules, state dicts or checkpoint paths, run in ``model`` (or ``factory(**kwargs)``, or the
-    checkpoint's module) as :func:`lmclab.find_permutation` takes them.
+    checkpoint's module) as :func:`lmclab.find_permutation` takes them, and compared in the dtype
+    :func:`lmclab.api.weights.compute_dtype` chooses for the pair (float32 for half precisions).
 
     ``repair`` (:mod:`lmclab.core.repairs`): ``bn`` re-estimates every BatchNorm's statistics at each λ,
     ``repair`` rescales each unit of θ(λ) to the interpolated statistics of the endpoints (REPAIR, networks
@@ -108,9 +109,9 @@ def curve(
     grid = _grid(num_lambdas, lambdas)
     dev = resolve_device(device)
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
+    params_a, params_b = read_weights(opened.models, ["model_a", "model_b"], dev).params  # in one dtype
+    params_b = aligned_to(alignment, params_b, "model_b") if alignment is not None else params_b
     net = on_device(skeleton(opened.model, opened.models[0], "evaluating the models"), dev)
-    params_a = params_of(opened.models[0], "model_a", dev)
-    params_b = params_of(alignment.apply(opened.models[1]) if alignment else opened.models[1], "model_b", dev)
     sources, labels = _sources(eval_data, dev)
     fix, fix_at = _repairs(net, repair, repair_data, repair_samples, dev)
     rows = []

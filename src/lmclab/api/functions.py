@@ -36,14 +36,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmclab.api.alignment import Alignment
-from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, params_of, resolve
+from lmclab.api.alignment import Alignment, aligned_to
+from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
 from lmclab.core.batches import Batches, streamed
-from lmclab.core.merge import lerp_params
+from lmclab.core.merge import check_lam, lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
 from lmclab.core.options import Options, keyed_errors
-from lmclab.core.spec import Params, PermutationSpec, check_same_shapes
+from lmclab.core.spec import Params, PermutationSpec
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
 
@@ -107,10 +107,7 @@ def find_permutation(  # size: the signature lists each keyword of the API (the 
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
-    cpu = torch.device("cpu")
-    check_same_shapes(
-        params_of(opened.models[0], "model_a", cpu), params_of(opened.models[1], "model_b", cpu), "model_b", "model_a"
-    )
+    weights = read_weights(opened.models, ["model_a", "model_b"], torch.device("cpu"))  # checked before the trace
     problem = resolve(
         opened.models[0],
         spec=spec if spec is not None else opened.spec,
@@ -121,18 +118,16 @@ def find_permutation(  # size: the signature lists each keyword of the API (the 
         needs_forward=needs_model(method) or eval_data is not None,  # the learning curve runs the model too
         partial=partial,
     )
-    search = _search_problem(method, problem, opened, points, data, eval_data, progress)
+    search = _search_problem(method, problem, opened, weights, points, data, eval_data, progress)
     with custom_loss(loss_fn):
         result = run_search(method, search, seed=seed, options=options)
     return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
 
 
-def _search_problem(method: str, problem: Problem, opened: Opened, points, data, eval_data, progress) -> SearchProblem:
-    """The search of ``method`` on the opened pair, both checked against the spec, on the problem's device."""
-    params_a, params_b = (
-        params_of(opened.models[0], "model_a", problem.device),
-        params_of(opened.models[1], "model_b", problem.device),
-    )
+def _search_problem(method, problem: Problem, opened: Opened, weights, points, data, eval_data, progress):
+    """The search of ``method`` on the pair as read (:func:`read_weights`: in one dtype), both checked against
+    the spec, on the problem's device."""
+    params_a, params_b = ({k: v.to(problem.device) for k, v in p.items()} for p in weights.params)
     problem.spec.check(params_a, "model_a")
     problem.spec.check(params_b, "model_b")
     points = points if points is not None else opened.points if opened.spec is not None else problem.points
@@ -150,19 +145,19 @@ def _search_problem(method: str, problem: Problem, opened: Opened, points, data,
 
 
 def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *, lam: float = 0.5) -> Params:
-    """``λ·θa + (1−λ)·π(θb)`` (π = I without ``alignment``): the merged model at λ (½: the midpoint)."""
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1], got {lam}")
-    cpu = torch.device("cpu")
-    params_a = params_of(model_a, "model_a", cpu)
-    params_b = alignment.apply(model_b) if alignment is not None else params_of(model_b, "model_b", cpu)
-    return lerp_params(params_a, params_b, lam)
+    """``λ·θa + (1−λ)·π(θb)`` (π = I without ``alignment``): the merged model at λ (½: the midpoint), computed
+    in the dtype :func:`lmclab.api.weights.compute_dtype` chooses for the pair and returned in θa's."""
+    with keyed_errors(str):
+        check_lam(lam)
+    weights = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu"))
+    params_a, params_b = weights.params
+    params_b = aligned_to(alignment, params_b, "model_b") if alignment is not None else params_b
+    return weights.own(0, lerp_params(params_a, params_b, lam))
 
 
 def l2_reduction(model_a: Model, model_b: Model, alignment: Alignment) -> float:
     """How much closer π(θb) is to θa than θb: ``100·(1 − ‖θa − π(θb)‖ / ‖θa − θb‖)`` in percent,
-    over the entries the spec matches (no running statistics)."""
-    cpu = torch.device("cpu")
-    params_a, params_b = params_of(model_a, "model_a", cpu), params_of(model_b, "model_b", cpu)
+    over the entries the spec matches (no running statistics), in the pair's compute dtype."""
+    params_a, params_b = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu")).params
     before = l2_distance(alignment.spec, params_a, params_b)
-    return reduction_rate(before, l2_distance(alignment.spec, params_a, alignment.apply(params_b)))
+    return reduction_rate(before, l2_distance(alignment.spec, params_a, aligned_to(alignment, params_b, "model_b")))

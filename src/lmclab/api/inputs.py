@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from lmclab.api.weights import Weights, check_weights, compute_dtype, in_dtype
 from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
@@ -24,7 +25,8 @@ Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
 
 def params_of(model: Model, name: str, device: torch.device) -> Params:
     """The state dict of ``model`` (a module, a mapping of tensors, or a checkpoint path as
-    :func:`open_models` reads it), detached, on ``device``."""
+    :func:`open_models` reads it), detached, on ``device``; a one-line error naming ``name`` and the tensor
+    when it has no values (``meta``) or a non-finite weight (:func:`lmclab.api.weights.check_weights`)."""
     if isinstance(model, str | os.PathLike):
         state = _opened(model, name).params
     elif isinstance(model, nn.Module):
@@ -35,7 +37,20 @@ def params_of(model: Model, name: str, device: torch.device) -> Params:
         raise TypeError(
             f"{name} must be an nn.Module, a state dict of tensors or a checkpoint path, got {type(model).__name__}"
         )
+    check_weights(state, name)
     return with_metadata({k: v.detach().to(device) for k, v in state.items()}, state)
+
+
+def read_weights(models: Sequence[Model], names: Sequence[str], device: torch.device) -> Weights:
+    """The models as every search, merge and curve reads them (:mod:`lmclab.api.weights`): each one's state
+    dict (:func:`params_of`) on ``device``, checked for ``models[0]``'s tensor names and shapes, in the dtype
+    :func:`lmclab.api.weights.compute_dtype` chooses for all of them, with each one's own dtypes kept."""
+    found = [params_of(m, name, device) for m, name in zip(models, names, strict=True)]
+    for params, name in zip(found[1:], names[1:], strict=True):
+        check_same_shapes(found[0], params, name, names[0])
+    dtype = compute_dtype(found)
+    own = [{k: v.dtype for k, v in p.items() if v.is_floating_point()} for p in found]
+    return Weights([in_dtype(p, dtype) for p in found], own)
 
 
 def _opened(path: str | os.PathLike, name: str) -> Any:
@@ -113,6 +128,10 @@ def skeleton(model: nn.Module | None, model_a: Model, why: str) -> nn.Module:
             f"model: {why} needs the nn.Module the state dicts belong to (pass model= or factory=, or model_a as "
             "a module, a Hugging Face folder or an lmclab checkpoint)"
         )
+    meta = next((k for k, v in (*found.named_parameters(), *found.named_buffers()) if v.is_meta), None)
+    if meta is not None:  # it is run: tensors outside the state dict (non-persistent buffers) need values too
+        name = "model" if model is not None else "model_a"
+        raise ValueError(f"{name}: tensor {meta!r} is on the meta device (shapes without values); {why} runs it")
     return found
 
 
@@ -134,10 +153,13 @@ def as_split(data: Data, name: str = "data") -> Split:
     pass per epoch, a held-out part), REPAIR and the BatchNorm reset (a fixed subset, one pass per
     repair point). Activation matching, CCA Merge, ZipIt! and :func:`lmclab.curve` stream a
     ``DataLoader`` instead (:func:`lmclab.core.batches.input_batches`)."""
-    if isinstance(data, Split):
-        return data
-    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        return Split(data[0], _targets(data[1]))
+    if isinstance(data, Split) or (
+        isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, Tensor) for t in data)
+    ):
+        split = data if isinstance(data, Split) else Split(data[0], _targets(data[1]))
+        if len(split) == 0:
+            raise ValueError(f"{name} is empty")
+        return split
     if isinstance(data, Iterable):
         items = iter(data)
     elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):  # a map-style Dataset of samples

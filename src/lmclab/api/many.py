@@ -35,13 +35,13 @@ from torch import Tensor, nn
 
 from lmclab.api.alignment import short_groups, short_stats
 from lmclab.api.functions import checked_options, training_data
-from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, params_of, resolve, skeleton
+from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, read_weights, resolve, skeleton
 from lmclab.core.bn_repair import repair_bn, repair_subset
 from lmclab.core.device import resolve_device
 from lmclab.core.options import keyed_errors
 from lmclab.core.repair import merged_targets, repair_to
 from lmclab.core.repairs import REPAIRS, resolved_repair
-from lmclab.core.spec import Params, Permutation, PermutationSpec, check_same_shapes
+from lmclab.core.spec import Params, Permutation, PermutationSpec
 from lmclab.search import needs_data, needs_model
 from lmclab.search.many_methods import UNIVERSE, check_many, run_many
 
@@ -73,13 +73,6 @@ class ManyMerge:
         return (
             f"ManyMerge(method={self.method!r}, {n} models, {short_groups(sizes)}{repaired}{short_stats(self.stats)})"
         )
-
-
-def same_tensors(params: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> None:
-    """One-line ``ValueError`` unless every ``params[i]`` (called ``names[i]``) has the first's tensor
-    names and shapes (:func:`lmclab.core.spec.check_same_shapes`)."""
-    for p, name in zip(params[1:], names[1:], strict=True):
-        check_same_shapes(params[0], p, name, names[0])
 
 
 def _check_call(models: Sequence[Model], method: str, options, data, repair) -> dict[str, Any]:
@@ -140,8 +133,8 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
         needs_forward=needs_model(method) or repair != "none",
         partial=partial,
     )
-    params = [params_of(m, name, problem.device) for m, name in zip(opened.models, names, strict=True)]
-    same_tensors(params, names)
+    weights = read_weights(opened.models, names, problem.device)  # in one dtype, each one's own kept
+    params = weights.params
     for p, name in zip(params, names, strict=True):
         problem.spec.check(p, name)
     points = points if points is not None else opened.points if opened.spec is not None else problem.points
@@ -160,7 +153,7 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
         data=train,
         progress=progress,
     )
-    return _collected(method, problem, params, result, fix, fix and fix[2])
+    return _collected(method, problem, weights, result, fix, fix and fix[2])
 
 
 def _repair_of(repair: str, net: nn.Module | None, train: Any) -> tuple[str, Any, Any] | None:
@@ -175,14 +168,17 @@ def _repair_of(repair: str, net: nn.Module | None, train: Any) -> tuple[str, Any
         return kind, repaired_merge(kind, net, train), train
 
 
-def _collected(method, problem, params, result, fix, train) -> ManyMerge:
+def _collected(method, problem, weights, result, fix, train) -> ManyMerge:
     """The :class:`ManyMerge` of ``result``, its merge repaired by ``fix`` (the pipeline's repairs of
-    :mod:`lmclab.analysis.many_models`), every tensor on the CPU."""
+    :mod:`lmclab.analysis.many_models`), every tensor on the CPU; each model in its input's own dtype (the
+    merged one in ``models[0]``'s)."""
     from lmclab.search.features import repair_transformed
     from lmclab.search.universe import aligned_models
 
-    def cpu(p):
-        return {k: v.cpu() for k, v in p.items()}
+    params = weights.params
+
+    def cpu(p, index=0):
+        return {k: v.cpu() for k, v in weights.own(index, p).items()}
 
     aligned = aligned_models(problem.spec, result.perms, params) if method in UNIVERSE else []
     merged, kind = result.merged, None
@@ -196,11 +192,12 @@ def _collected(method, problem, params, result, fix, train) -> ManyMerge:
             merged = repair_transformed(problem.model, problem.spec, params, result, train)
     transforms = {"merges": [], "unmerges": [], "heads": []}
     if method not in UNIVERSE:
-        transforms = {"merges": result.merges, "unmerges": result.unmerges, "heads": [cpu(h) for h in result.heads]}
+        heads = [cpu(h, i) for i, h in enumerate(result.heads)]
+        transforms = {"merges": result.merges, "unmerges": result.unmerges, "heads": heads}
     return ManyMerge(
         method,
         cpu(merged) if merged is not None else None,
-        [cpu(a) for a in aligned],
+        [cpu(a, i) for i, a in enumerate(aligned)],
         [{g: p.cpu() for g, p in perm.items()} for perm in getattr(result, "perms", [])],
         repair=kind,
         stats=dict(result.stats),
@@ -235,10 +232,9 @@ def repair(
     if kind == "repair" and not endpoints:
         raise ValueError("endpoints: repair='repair' needs the merged models (their statistics are the targets)")
     dev = resolve_device(device)
-    merged = params_of(merged_params, "merged_params", dev)
     names = [f"endpoints[{i}]" for i in range(len(endpoints))]
-    ends = [params_of(e, name, dev) for e, name in zip(endpoints, names, strict=True)]
-    same_tensors([merged, *ends], ["merged_params", *names])
+    found = read_weights([merged_params, *endpoints], ["merged_params", *names], dev)  # in one dtype
+    merged, *ends = found.params
     with keyed_errors(str):
         split = repair_subset(as_split(data).to(dev), repair_samples)
     net = on_device(net, dev)
@@ -247,4 +243,4 @@ def repair(
     else:
         _, targets = merged_targets(net, ends, split, weights=weights)
         fixed = repair_to(net, merged, split, targets)
-    return {k: v.cpu() for k, v in fixed.items()}
+    return {k: v.cpu() for k, v in found.own(0, fixed).items()}

@@ -18,14 +18,13 @@ from lmclab.core.threads import wait_briefly
 
 wait_briefly()  # the command's thread policy: OpenMP reads it when torch loads, below (lmclab.core.threads)
 
-import json
 from pathlib import Path
 
 import typer
 
 from lmclab.cli import models, preset, studies
 from lmclab.cli.common import KWARGS, one_line
-from lmclab.cli.inputs import parse_shape
+from lmclab.cli.inputs import parse_kwargs, parse_shape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 
@@ -59,7 +58,7 @@ def trace(
     from lmclab.api.files import build_factory
     from lmclab.trace import trace as trace_model
 
-    net = build_factory(factory, json.loads(kwargs))
+    net = build_factory(factory, parse_kwargs(kwargs))
     traced = trace_model(net, torch.zeros(2, *parse_shape(input_shape)), partial=partial)
     sizes = traced.spec.group_sizes(net.state_dict())
     for group, places in traced.spec.groups.items():

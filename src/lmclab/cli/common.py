@@ -4,6 +4,7 @@ params.yaml key, :mod:`lmclab.cli.names`) and the one-line report of bad input."
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,15 @@ DATA_ROOT = typer.Option(Path("data/raw"), help="torchvision's download/cache fo
 IN_CHANNELS = typer.Option(None, help="repeat the data's channels to this many")
 OPTION = typer.Option([], help="a method option key=value (repeatable)")
 REPAIR_SAMPLES = typer.Option("500", help="training samples of the repair's statistics, or all")
+
+
+def flagged() -> AbstractContextManager[None]:
+    """The library's checks of an API keyword (an :class:`lmclab.core.options.OptionError`) reported with the
+    command's option for it (:func:`lmclab.cli.names.flag_of`: ``num_lambdas`` → ``--num-lambdas``)."""
+    from lmclab.cli.names import flag_of
+    from lmclab.core.options import keyed_errors
+
+    return keyed_errors(flag_of)
 
 
 def one_line(fn: Callable) -> Callable:

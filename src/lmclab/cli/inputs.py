@@ -55,24 +55,32 @@ def checked_options(check: Callable, method: str, pairs: list[str]) -> dict[str,
     return options
 
 
+def parse_kwargs(text: str) -> dict[str, Any]:
+    """``--kwargs``: a JSON object of the factory's keyword arguments."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--kwargs: not valid JSON ({exc}), got {text!r}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--kwargs: expected a JSON object, got {text!r}")
+    return parsed
+
+
 def load_models(paths: list[Path], factory: str | None, kwargs: str, module: bool = True) -> tuple[list[Any], Any]:
     """Every model's parameters, the module they run in, and (checkpoints) their spec and points; without
     ``module``, plain state dicts need no ``--factory`` (the module is then None)."""
     from lmclab.api.files import build_factory, load_model_file
+    from lmclab.api.weights import check_weights
     from lmclab.core.spec import check_same_shapes
 
     loaded = [load_model_file(p) for p in paths]
     params = [m.params for m in loaded]
     for path, model in zip(paths[1:], params[1:], strict=True):
         check_same_shapes(params[0], model, str(path), str(paths[0]))
+    for path, model in zip(paths, params, strict=True):
+        check_weights(model, str(path))  # NaN, ±inf: named by file and tensor, before any work
     if factory is not None:
-        try:
-            parsed = json.loads(kwargs)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--kwargs: not valid JSON ({exc})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError(f"--kwargs: expected a JSON object, got {kwargs!r}")
-        net = build_factory(factory, parsed)
+        net = build_factory(factory, parse_kwargs(kwargs))
         check_same_shapes(net.state_dict(), params[0], str(paths[0]), f"the module of --factory {factory}")
         return params, (net, None, None)
     if loaded[0].model is None and module:
@@ -101,9 +109,14 @@ def load_data(source: str, split: str, root: Path, in_channels: int | None) -> A
                 raise ValueError(err.keyed(lambda name: "--data" if name == "name" else name)) from None
             data = load_split(Path(tmp) / "prepared", split)
     elif Path(source).is_dir():
+        if (Path(source) / "meta.json").is_file() and not (Path(source) / f"{split}.pt").is_file():
+            raise ValueError(f"--data {source}: a prepared folder without its {split} split ({split}.pt)")
         data = load_split(Path(source), split)
     else:
         raise ValueError(f"--data: expected one of {sorted(LOADERS)} or a prepared data folder, got {source!r}")
+    if len(data) == 0:
+        where = f"read from --data-root {root}" if source in LOADERS else "an empty prepared folder"
+        raise ValueError(f"--data {source}: its {split} split has no samples ({where})")
     if in_channels is not None:
         if in_channels % data.x.shape[1]:
             raise ValueError(f"--in-channels: {in_channels} is not a multiple of the data's {data.x.shape[1]}")
@@ -133,7 +146,7 @@ def aligned_pair(
     alignment saved with its spec (``lmclab match``) is applied as it is; one of the earlier, spec-less
     format permutes by the spec of the models (an lmclab checkpoint's, or traced on ``--input-shape``). Without
     ``module`` (``merge``), plain state dicts need no ``--factory`` when the alignment carries its spec."""
-    from lmclab.api.alignment import apply_permutation, read_alignment
+    from lmclab.api.alignment import Alignment, aligned_to, read_alignment
 
     blob, stored = read_alignment(perm) if perm is not None else (None, None)
     need = module or (perm is not None and stored is None)
@@ -149,7 +162,56 @@ def aligned_pair(
         if inputs is None:
             raise ValueError(f"--input-shape: {perm} carries no spec (an earlier lmclab): needed with --factory")
         spec = trace_spec(net, inputs, partial=partial)
-    return params_a, apply_permutation(spec, blob["perm"], params_b), net
+    found = Alignment("", spec, blob["perm"])  # names the file and the model when it does not fit
+    return params_a, aligned_to(found, params_b, str(model_b), f"--alignment {perm}"), net
+
+
+def check_inputs(net: Any, params: dict, data: Any, source: str) -> None:
+    """``--data`` refused in one line unless ``net`` reads its inputs — a language model token ids, an image
+    model images (a Hugging Face model's ``main_input_name``; a module whose first layer is an embedding reads
+    token ids) — and runs on two of them with ``params``, before any work."""
+    import torch
+    from torch.func import functional_call
+
+    from lmclab.api.weights import compute_dtype, in_dtype
+    from lmclab.core.data import inputs_like
+    from lmclab.search import kept_modes
+
+    holds = "images" if data.x.is_floating_point() else "token ids"
+    takes, shape = _reads(net), tuple(data.x.shape[1:])
+    if takes is not None and takes != holds:
+        raise ValueError(
+            f"--data {source}: holds {holds} of shape {shape}; the model ({type(net).__name__}) reads {takes}"
+        )
+    table = _first_layer(net)
+    if holds == "token ids" and isinstance(table, torch.nn.Embedding) and int(data.x.max()) >= table.num_embeddings:
+        raise ValueError(
+            f"--data {source}: token ids up to {int(data.x.max())}; the model's embedding has "
+            f"{table.num_embeddings} entries (a text prepared with another tokenizer?)"
+        )
+    state = in_dtype(params, compute_dtype([params]))
+    with kept_modes(net), torch.no_grad():
+        net.eval()  # a BatchNorm in train mode would update the running statistics of ``params``
+        try:
+            functional_call(net, state, (inputs_like(data.x[:2], state),), tie_weights=False)
+        except Exception as exc:  # whatever the model raises on inputs it cannot read: one line naming --data
+            first = " ".join(str(exc).split())[:160]
+            raise ValueError(f"--data {source}: the model cannot read its {holds} of shape {shape} ({first})") from None
+
+
+def _reads(net: Any) -> str | None:
+    """What ``net`` reads, ``token ids`` or ``images``, where it says (None: unknown)."""
+    from torch import nn
+
+    name = getattr(net, "main_input_name", None)
+    if name in ("input_ids", "pixel_values"):
+        return "token ids" if name == "input_ids" else "images"
+    return "token ids" if isinstance(_first_layer(net), nn.Embedding) else None
+
+
+def _first_layer(net: Any) -> Any:
+    """The first module of ``net`` (in registration order) with parameters of its own."""
+    return next((m for m in net.modules() if next(m.parameters(recurse=False), None) is not None), None)
 
 
 def save_state(path: Path, state: dict) -> None:

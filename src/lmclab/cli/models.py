@@ -22,10 +22,12 @@ from lmclab.cli.common import (
     REPAIR,
     REPAIR_SAMPLES,
     SHAPE,
+    flagged,
     one_line,
 )
 from lmclab.cli.inputs import (
     aligned_pair,
+    check_inputs,
     checked_options,
     load_data,
     load_models,
@@ -72,6 +74,8 @@ def match(  # size: a typer command's signature lists each of its options
     traced_only(partial, spec)
     shape = parse_shape(input_shape)
     train = load_data(data, "train", data_root, in_channels) if data is not None else None
+    if train is not None and net is not None:
+        check_inputs(net, params_a, train, data)
     res = find_permutation(
         params_a,
         params_b,
@@ -108,7 +112,10 @@ def merge(
 ) -> None:
     """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
     from lmclab.api import merge as merge_models
+    from lmclab.core.merge import check_lam
 
+    with flagged():
+        check_lam(lam)
     output_for(out, model_a, "--out")
     params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial, False)
     merged = merge_models(params_a, params_b, lam=lam)
@@ -139,6 +146,7 @@ def merge_many(  # size: a typer command's signature lists each of its options
 ) -> None:
     """Merge N models into one by an n-model method; write the merged state dict to --out."""
     from lmclab.api import merge_many as merge_models
+    from lmclab.core.repairs import check_repair, resolved_repair
     from lmclab.search import needs_data
     from lmclab.search.many_methods import check_many
 
@@ -148,6 +156,8 @@ def merge_many(  # size: a typer command's signature lists each of its options
     if options.get("partial_zip") is not None:  # a partial zip keeps one network per model (Section 4.3)
         raise ValueError("--option partial_zip: a partial zip is one network per model, no single model to write")
     output_for(out, models[0], "--out")
+    with flagged():
+        check_repair(repair)  # the name only: whether it fits the model is checked once the model is read
     if (needs_data(method) or repair != "none") and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
@@ -156,6 +166,11 @@ def merge_many(  # size: a typer command's signature lists each of its options
     shape = parse_shape(input_shape)
     if spec is None and trace_inputs(net, shape) is None and data is None:
         raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
+    train = load_data(data, "train", data_root, in_channels) if data is not None else None
+    if train is not None:
+        check_inputs(net, params[0], train, data)
+    with flagged():
+        resolved_repair(repair, net)
     res = merge_models(
         params,
         method=method,
@@ -163,7 +178,7 @@ def merge_many(  # size: a typer command's signature lists each of its options
         model=net,
         points=points,
         example_inputs=trace_inputs(net, shape),
-        data=load_data(data, "train", data_root, in_channels) if data is not None else None,
+        data=train,
         repair=repair,
         repair_samples=parse_samples(repair_samples),
         options=options,
@@ -200,11 +215,21 @@ def barrier(  # size: a typer command's signature lists each of its options
     """Loss and accuracy barriers on the line between A and π(B)."""
     from lmclab.api import curve as measure_curve
     from lmclab.core.atomic import write_json
+    from lmclab.core.metrics import lambda_grid
+    from lmclab.core.repairs import check_repair, resolved_repair
 
     if json_out is not None:
         output_path(json_out, "--json")
+    if split not in ("train", "test"):
+        raise ValueError(f"--split: expected train or test, got {split!r}")
+    with flagged():
+        lambda_grid(num_lambdas)
+        check_repair(repair)
     params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial)
+    with flagged():
+        resolved_repair(repair, net)
     test = load_data(data, split, data_root, in_channels)
+    check_inputs(net, params_a, test, data)
     repair_data = load_data(data, "train", data_root, in_channels) if repair != "none" else None
     curve = measure_curve(
         params_a,

@@ -138,6 +138,13 @@ def keyword_concepts() -> dict[str, str]:
     return {c.keyword: name for name, c in CONCEPTS.items() if c.keyword}
 
 
+def flag_of(keyword: str) -> str:
+    """The command's option for the API keyword ``keyword`` (``num_lambdas`` → ``--num-lambdas``), for the
+    library's errors the command reports; the keyword itself where the command has no option for it."""
+    concept = CONCEPTS.get(keyword_concepts().get(keyword, ""))
+    return concept.flag if concept is not None and concept.flag else keyword
+
+
 def flag_concepts() -> dict[str, str]:
     """Command option (``--flag`` or ``ARGUMENT``) → concept."""
     return {flag: name for name, c in CONCEPTS.items() for flag in ([c.flag] if c.flag else []) + list(c.also)}

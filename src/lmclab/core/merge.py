@@ -17,7 +17,15 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from lmclab.core.options import OptionError
 from lmclab.core.spec import Params, PermutationSpec, apply_permutation
+
+
+def check_lam(lam: float) -> float:
+    """``lam`` if it is a λ of the segment between the endpoints, [0, 1]; an :class:`OptionError` naming it."""
+    if not 0.0 <= lam <= 1.0:
+        raise OptionError(f"{{lam}} must be in [0, 1], got {lam}")
+    return lam
 
 
 def lerp_params(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], lam: float) -> Params:

@@ -18,12 +18,17 @@ from lmclab.core.repair import RepairAt
 REPAIRS = ("auto", "none", "bn", "repair")
 
 
+def check_repair(repair: str) -> str:
+    """``repair`` if it is one of :data:`REPAIRS`; an :class:`OptionError` naming ``repair`` otherwise."""
+    if repair not in REPAIRS:
+        raise OptionError(f"{{repair}} must be one of {list(REPAIRS)}, got {got(repair)}")
+    return repair
+
+
 def resolved_repair(repair: str, model: nn.Module) -> str:
     """``repair`` checked against ``model``, ``auto`` made the one it takes (``bn`` or ``repair``); an
     :class:`OptionError` naming ``repair`` when it is not a repair or does not fit the model."""
-    if repair not in REPAIRS:
-        raise OptionError(f"{{repair}} must be one of {list(REPAIRS)}, got {got(repair)}")
-    if repair == "auto":
+    if check_repair(repair) == "auto":
         return "bn" if has_batchnorm(model) else "repair"
     if repair != "none" and (repair == "bn") != has_batchnorm(model):
         need = "bn: the model has BatchNorm" if has_batchnorm(model) else "repair or none: the model has no BatchNorm"
