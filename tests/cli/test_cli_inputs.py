@@ -149,3 +149,47 @@ def test_the_output_of_a_hugging_face_merge_is_a_new_or_empty_folder_in_an_exist
     with pytest.raises(ValueError, match=r"^--json: .* is a folder; expected a file name$"):
         output_path(tmp_path / "empty", "--json")  # not a Hugging Face model: a file
     assert output_path(tmp_path / "out.json", "--json") == tmp_path / "out.json"
+
+
+PINNED_NET = '''import torch
+from torch import nn
+
+
+class Flipped(nn.Module):
+    """a's units read by position (refused; pinned with --partial), a stream b + x + d that carries the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d, self.h = (nn.Linear(*io) for io in [(4, 8), (8, 4), (4, 8), (8, 4), (4, 3)])
+
+    def forward(self, x):
+        h = self.b(self.a(x).flip(-1)) + x
+        return self.h(h + self.d(torch.relu(self.c(h))))
+
+
+def build():
+    return Flipped()
+'''
+
+
+def test_match_says_in_one_line_what_the_trace_left_unpermuted_and_trace_lists_it(tmp_path):
+    from test_cli import lmclab  # tests/cli is on the import path
+
+    (tmp_path / "pinned_net.py").write_text(PINNED_NET)
+    torch.manual_seed(0)
+    for name in ("a.pt", "b.pt"):
+        torch.save(_flipped_state(), tmp_path / name)
+    net = ["--factory", "pinned_net:build", "--input-shape", "4", "--partial"]
+    proc = lmclab(tmp_path, "match", "a.pt", "b.pt", *net, "--out", "p.pt", shell=False)
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "residual streams" in warned[0] and "node 'add' in (top level)" in warned[0]
+    listed = lmclab(tmp_path, "trace", "pinned_net:build", "--input-shape", "4", "--partial", shell=False).stdout
+    assert "pinned: 8 units by node 'flip' in (top level)" in listed
+    assert "pinned: 4 units, a residual stream by node 'add'" in listed and "b.weight[0]" in listed
+
+
+def _flipped_state() -> dict[str, torch.Tensor]:
+    shapes = {"a": (8, 4), "b": (4, 8), "c": (8, 4), "d": (4, 8), "h": (3, 4)}
+    return {
+        f"{k}.{p}": torch.randn(s if p == "weight" else s[:1]) for k, s in shapes.items() for p in ("weight", "bias")
+    }

@@ -191,3 +191,22 @@ def test_barrier_refuses_data_the_model_does_not_read(work: Path) -> None:
     assert (
         "test loss" in lmclab(work, "barrier", "a", "b", "--data", "tokens", "--num-lambdas", "3", shell=False).stdout
     )
+
+
+@pytest.mark.parametrize("start", [0, None], ids=["decoder-start", "no-decoder-start"])
+def test_an_encoder_decoder_folder_is_traced_on_its_decoder_inputs_or_refused_naming_them(tmp_path, start) -> None:
+    """T5's decoder reads its own ids: the command builds them from ``decoder_start_token_id`` (the tracer then
+    refuses a node of T5's graph, or traces it), or says that they are missing — never blames torch.fx."""
+    config = transformers.T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4)
+    if start is not None:
+        config.decoder_start_token_id = start
+    for name in ("ta", "tb"):
+        transformers.T5ForConditionalGeneration(config).save_pretrained(tmp_path / name)
+    from test_cli import _in_process
+
+    proc = _in_process(tmp_path, ("match", "ta", "tb", "--method", "wm", "--out", "p.pt"))
+    error = proc.stderr.strip()
+    if start is None:
+        assert error.startswith("error: ") and "reads decoder_input_ids besides input_ids" in error
+    else:
+        assert proc.returncode == 0 or error.startswith("error: trace_spec: node "), error

@@ -205,7 +205,7 @@ class Sliced(nn.Module):
 
 def test_the_exported_graph_computes_the_model_and_drops_constant_arguments():
     model, x = Sliced().double(), torch.randn(2, 5, 6, dtype=torch.float64)
-    gm = exported(model, (x,))
+    gm = exported(model, (x,), {})
     assert [n.name for n in gm.graph.nodes if n.op == "placeholder"] == ["x"]
     (out,) = gm(x)
     assert torch.equal(out, model(x))

@@ -34,6 +34,7 @@ MODELS = {
     "mobilenetv3_small_100": ({}, (3, 32, 32)),
     "efficientnet_b0": ({}, (3, 32, 32)),
     "swin_tiny_patch4_window7_224": (SMALL_SWIN, (3, 48, 48)),
+    "convnext_atto": ({}, (3, 32, 32)),
 }
 
 
@@ -79,7 +80,12 @@ def test_a_permutation_on_the_writing_side_of_a_group_only_changes_the_logits(na
 
 @pytest.mark.parametrize(
     "name",
-    ["mobilenetv3_small_100", pytest.param("efficientnet_b0", marks=pytest.mark.slow), "swin_tiny_patch4_window7_224"],
+    [
+        "mobilenetv3_small_100",
+        pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+        "swin_tiny_patch4_window7_224",
+        "convnext_atto",
+    ],
 )
 def test_weight_matching_brings_a_permuted_timm_model_back_exactly(name):
     model, x, spec = model_and_spec(name)
@@ -99,6 +105,23 @@ def test_swin_keeps_its_stream_and_mlp_groups_and_pins_attention_its_bias_table_
     merged = spec.axes["layers.1.downsample.reduction.weight"][1]
     assert merged == (Segment(stream, 16),) * 4
     assert len(spec.groups) == 6  # two streams, four MLPs
+    pinned = {(p.where, p.places[0]) for p in spec.pinned}  # said where and why: the bias added to the logits
+    assert ("layers.0.blocks.0.attn", ("layers.0.blocks.0.attn.qkv.weight", 0)) in pinned and len(pinned) == 4
+
+
+def test_convnext_keeps_every_stage_stream_through_its_reshaped_layer_scale():
+    """timm's ConvNeXt multiplies by ``gamma.reshape(1, -1, 1, 1)``: the reshape keeps the channel axis, so the
+    layer scale is permuted with its stage's stream (which was pinned, all four stages, before); permuting
+    the layer scales alone changes the logits."""
+    model, x, spec = model_and_spec("convnext_atto")
+    state, y = model.state_dict(), logits(model, x)
+    stream = spec.axes["stages.0.blocks.0.gamma"][0]
+    assert spec.pinned == () and stream == spec.axes["stem.0.weight"][0] == spec.axes["stages.0.blocks.1.gamma"][0]
+    assert sum(any(e is not None for e in axes) for axes in spec.axes.values()) == 127  # of 128 (the head's bias)
+    gammas = {k: v.flip(0) for k, v in state.items() if k.endswith("gamma")}
+    twin = permuted(model, spec, seed=0)
+    twin.load_state_dict(state | gammas)
+    assert relative_change(y, logits(twin, x)) > 1e-3
 
 
 class Grouped(nn.Module):
@@ -182,3 +205,20 @@ def test_torchvision_swin_is_refused_at_the_attention_function_torch_fx_keeps_wh
         "whole: the graph does not show its inside)"
     )
     assert "\n" not in str(e.value)
+
+
+def test_a_trace_leaves_levits_attention_bias_cache_as_it_was():
+    """timm's LeViT caches its attention biases per device in eval mode: ``torch.fx`` left proxies there, and
+    every later trace of the same model failed on them. The trace runs on a copy: twice the same outcome."""
+    model = timm.create_model("levit_128s", pretrained=False, num_classes=10, img_size=64).eval()
+    x = torch.randn(2, 3, 64, 64)
+    outcomes = []
+    for _ in range(2):
+        try:
+            outcomes.append(sorted(trace_spec(model, x).groups))
+        except TraceError as exc:
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1] and "does not run on inputs" not in str(outcomes[1])
+    caches = [m.attention_bias_cache for m in model.modules() if hasattr(m, "attention_bias_cache")]
+    assert caches and all(cache == {} for cache in caches)
+    assert model(x).shape == (2, 10)

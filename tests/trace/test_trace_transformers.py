@@ -15,10 +15,11 @@ import torch
 
 import lmclab
 from lmclab.core.spec import apply_permutation, random_permutation
-from lmclab.trace import trace, trace_spec
+from lmclab.trace import TraceError, trace, trace_spec
 
 pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 transformers = pytest.importorskip("transformers")
+from transformers.models.gemma import modeling_gemma  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
 
@@ -44,12 +45,23 @@ CONFIGS = {
     "llama": lambda: transformers.LlamaForCausalLM(
         transformers.LlamaConfig(**SMALL, hidden_size=32, num_key_value_heads=2, max_position_embeddings=16)
     ),
+    "gemma": lambda: transformers.GemmaForCausalLM(
+        transformers.GemmaConfig(**SMALL, hidden_size=32, num_key_value_heads=2, head_dim=8, max_position_embeddings=16)
+    ),
 }
+
+
+def float64_gemma_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+    """GemmaRMSNorm with its mean of squares in float64; its gain ``1 + w`` as transformers writes it (the cast of
+    ``w`` to float32 rounds each entry alike, whatever their order)."""
+    normed = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+    return (normed * (1.0 + self.weight.float())).type_as(hidden)
 
 
 @pytest.fixture(autouse=True)
 def rms_in_float64(monkeypatch):
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    monkeypatch.setattr(modeling_gemma.GemmaRMSNorm, "forward", float64_gemma_norm)
 
 
 def build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -97,6 +109,13 @@ def test_random_permutations_of_every_group_keep_the_logits(name):
     assert change(y[0], y[1]) > 1e-3 and len(spec.heads) >= 4
     for seed in (1, 2):
         assert change(y, logits(permuted(model, spec, seed), x)) <= 1e-10
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_nothing_is_left_unpermuted_but_the_logits_which_are_not_listed(name):
+    """BERT's decoder is tied to the word table, which pins its logits before the output does: not listed."""
+    model, x = build(name)
+    assert trace_spec(model, x).pinned == ()
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -185,3 +204,46 @@ def test_activation_matching_reads_hooks_on_the_modules_of_an_exported_graph():
     found = lmclab.find_permutation(model, twin, method="am", data=[(x, x)])
     back = found.apply(twin)
     assert all(torch.equal(back[k], v) for k, v in spec.matched(model.state_dict()).items())
+
+
+def test_gemma_keeps_its_stream_through_the_gain_one_plus_w_and_the_gain_alone_changes_the_logits():
+    """GemmaRMSNorm scales by ``1 + w``: a parameter plus a constant is permuted as the parameter, so the stream
+    (pinned, whole, before) is one group; permuting only the norms' gains gives another function."""
+    model, x = build("gemma")
+    spec, state, y = trace_spec(model, x), model.state_dict(), logits(model, x)
+    stream = spec.axes["model.embed_tokens.weight"][1]
+    assert spec.pinned == () and all(any(e is not None for e in axes) for axes in spec.axes.values())
+    assert stream == spec.axes["model.layers.1.post_attention_layernorm.weight"][0] == spec.axes["model.norm.weight"][0]
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(state | {k: v.flip(0) for k, v in state.items() if k.endswith("norm.weight")})
+    assert change(y, logits(twin, x)) > 1e-3
+
+
+T5 = {"vocab_size": 50, "d_model": 16, "d_kv": 4, "d_ff": 32, "num_layers": 1, "num_heads": 4}
+
+
+@pytest.mark.parametrize("form", ["tuple", "mapping"])
+def test_an_encoder_decoder_reaches_the_tracer_on_a_tuple_or_a_mapping_of_its_inputs(form):
+    """T5's decoder needs its own ids: given them (positionally after the mask, or by name), find_permutation
+    runs the tracer on the model, which traces it or refuses a node of its graph (not the inputs)."""
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5)).eval()
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask, decoder_ids = torch.ones_like(ids), ids.roll(1, 1)
+    inputs = (ids, mask, decoder_ids) if form == "tuple" else {"input_ids": ids, "decoder_input_ids": decoder_ids}
+    try:
+        lmclab.find_permutation(model, model, method="wm", example_inputs=inputs)
+    except TraceError as exc:
+        assert str(exc).startswith("trace_spec: node ") and "input_ids" not in str(exc)
+
+
+def test_an_encoder_decoders_inputs_are_built_from_its_decoder_start_token_or_refused():
+    from lmclab.api.hf import example_inputs
+
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5, decoder_start_token_id=3))
+    inputs = example_inputs(model, (5,))
+    assert set(inputs) == {"input_ids", "decoder_input_ids"} and inputs["decoder_input_ids"].shape == (2, 5)
+    assert inputs["decoder_input_ids"][:, 0].tolist() == [3, 3]
+    assert torch.equal(inputs["decoder_input_ids"][:, 1:], inputs["input_ids"][:, :-1])  # shifted right
+    bare = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5))
+    with pytest.raises(ValueError, match="reads decoder_input_ids besides input_ids.*no decoder_start_token_id"):
+        example_inputs(bare, None)

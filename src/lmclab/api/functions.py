@@ -72,7 +72,7 @@ def find_permutation(  # size: the signature lists each keyword of the API (the 
     *,
     method: str = "wm",
     spec: PermutationSpec | None = None,
-    example_inputs: Tensor | None = None,
+    example_inputs: Tensor | Sequence[Any] | Mapping[str, Any] | None = None,
     data: Data | None = None,
     model: nn.Module | None = None,
     factory: str | Callable[..., nn.Module] | None = None,
@@ -93,8 +93,11 @@ def find_permutation(  # size: the signature lists each keyword of the API (the 
     ``model_a`` and ``model_b`` are modules, state dicts or checkpoint paths (:func:`lmclab.api.inputs.open_models`:
     ``.pt``/``.pth``/``.safetensors`` state dicts, Hugging Face folders, lmclab checkpoints). ``spec`` defaults
     to an lmclab checkpoint's own, else the one traced from the module (``model``, ``factory(**kwargs)``, the
-    checkpoint's, or ``model_a``) on ``example_inputs`` (or on ``data``'s first batch; ``partial=True`` leaves
-    the channels the tracer cannot prove unpermuted instead of refusing the model, :func:`lmclab.trace.trace_spec`).
+    checkpoint's, or ``model_a``) on ``example_inputs`` (a tensor, a sequence of positional inputs or a mapping
+    of keyword inputs such as ``{"input_ids": …, "decoder_input_ids": …}``; or on ``data``'s first batch;
+    ``partial=True`` leaves the channels the tracer cannot prove unpermuted instead of refusing the model,
+    :func:`lmclab.trace.trace_spec`). A traced spec that leaves a residual stream or more than 10 % of the
+    parameters unpermuted warns in one line (:class:`lmclab.trace.PinnedWarning`; ``spec.pinned`` says where and why).
     ``data`` (training batches) is needed by the methods that read activations (:func:`lmclab.search.needs_data`:
     ``am``, ``ste``, ``ste_sinkhorn``); a ``DataLoader`` is streamed batch by batch by the methods that
     pass over it once (``am``; the others hold it in memory: STE's epochs revisit it); ``points``

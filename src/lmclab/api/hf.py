@@ -133,12 +133,24 @@ def load_hf_folder(path: Path) -> tuple[dict[str, Tensor], nn.Module]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, model.eval()
 
 
-def example_inputs(model: nn.Module, shape: tuple[int, ...] | None) -> Tensor | None:
-    """Inputs to trace a transformers model on: token ids (``shape``: the sequence length, 8 by default) or
-    images of its config's size; None for any other module."""
+def example_inputs(model: nn.Module, shape: tuple[int, ...] | None) -> Tensor | dict[str, Tensor] | None:
+    """Inputs to trace a transformers model on: token ids (``shape``: the sequence length, 8 by default) —
+    with an encoder–decoder's ``decoder_input_ids`` beside them, as its ``_shift_right`` builds them from
+    ``decoder_start_token_id`` — or images of its config's size; None for any other module."""
     config, name = getattr(model, "config", None), getattr(model, "main_input_name", None)
     if name == "input_ids":
-        return torch.randint(0, config.vocab_size, (2, *(shape or (8,))), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(0, config.vocab_size, (2, *(shape or (8,))), generator=torch.Generator().manual_seed(0))
+        if not getattr(config, "is_encoder_decoder", False):
+            return ids
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is None:  # transformers 5 keeps it in the generation config
+            start = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
+        if start is None:
+            raise ValueError(
+                f"{type(model).__name__}: an encoder–decoder reads decoder_input_ids besides input_ids, and its "
+                "config sets no decoder_start_token_id to build them from (set it in config.json)"
+            )
+        return {"input_ids": ids, "decoder_input_ids": torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], 1)}
     if name == "pixel_values":
         size = shape or (config.num_channels, config.image_size, config.image_size)
         return torch.zeros(2, *size)

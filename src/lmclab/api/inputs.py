@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +18,9 @@ from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
 from lmclab.core.spec import Params, PermutationSpec, check_same_shapes, with_metadata
+
+if TYPE_CHECKING:
+    from lmclab.trace.inputs import Inputs
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike  # a module, its state_dict, or a checkpoint path
 Data = Split | tuple[Tensor, Tensor] | Iterable[Any]
@@ -232,7 +235,7 @@ def resolve(
     *,
     spec: PermutationSpec | None,
     model: nn.Module | None,
-    example_inputs: Tensor | None,
+    example_inputs: Inputs | None,
     data: Data | None,
     device: str,
     needs_forward: bool,
@@ -251,7 +254,7 @@ def resolve(
     )
     points = None
     if spec is None:
-        from lmclab.trace import trace
+        from lmclab.trace import trace, warn_pinned
 
         if example_inputs is None and data is None:  # a transformers model's own: token ids, images
             from lmclab.api.hf import example_inputs as own_inputs
@@ -262,6 +265,21 @@ def resolve(
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
             example_inputs = first_inputs(data)
         cpu_net = on_device(net, torch.device("cpu"))
-        traced = trace(cpu_net, inputs_like(example_inputs.cpu(), dict(cpu_net.state_dict())), partial=partial)
+        traced = trace(cpu_net, _traced_inputs(example_inputs, dict(cpu_net.state_dict())), partial=partial)
         spec, points = traced.spec, traced.points
+        warn_pinned(spec, cpu_net.state_dict())
     return Problem(spec, points, on_device(net, dev) if net is not None else None, dev)
+
+
+def _traced_inputs(example_inputs: Inputs, state: Mapping[str, Tensor]) -> Inputs:
+    """Every tensor of ``example_inputs`` (one, a sequence, or a mapping of keyword inputs) on the CPU, floating
+    ones in the model's dtype (:func:`lmclab.core.data.inputs_like`)."""
+
+    def cpu(x: Any) -> Any:
+        return inputs_like(x.cpu(), state) if isinstance(x, Tensor) else x
+
+    if isinstance(example_inputs, Mapping):
+        return {k: cpu(v) for k, v in example_inputs.items()}
+    if isinstance(example_inputs, Sequence) and not isinstance(example_inputs, str | Tensor):
+        return tuple(cpu(x) for x in example_inputs)
+    return cpu(example_inputs)

@@ -93,7 +93,7 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
     *,
     method: str = "merge_many",
     spec: PermutationSpec | None = None,
-    example_inputs: Tensor | None = None,
+    example_inputs: Tensor | Sequence[Any] | Mapping[str, Any] | None = None,
     data: Data | None = None,
     model: nn.Module | None = None,
     factory: str | Callable[..., nn.Module] | None = None,
@@ -112,7 +112,8 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
 
     The models are modules, state dicts or checkpoint paths, as :func:`lmclab.find_permutation` takes them.
     ``spec`` defaults to an lmclab checkpoint's own, else the one traced from the module (``model``,
-    ``factory(**kwargs)``, else ``models[0]``) on ``example_inputs`` or ``data``'s first batch
+    ``factory(**kwargs)``, else ``models[0]``) on ``example_inputs`` (one tensor, a sequence or a mapping of
+    keyword inputs, as :func:`lmclab.find_permutation` takes them) or ``data``'s first batch
     (``partial=True``: what the tracer cannot prove stays unpermuted); ``data`` (training batches) is needed
     by the transform methods (which stream a ``DataLoader`` batch by batch) and by ``repair`` (which holds
     it in memory, a fixed subset of ``repair_samples`` inputs, None: all): ``bn`` recomputes BatchNorm

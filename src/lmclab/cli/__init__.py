@@ -52,7 +52,8 @@ def trace(
     kwargs: str = KWARGS,
     partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted"),
 ) -> None:
-    """Print the permutation spec tracing derives (groups, their sizes and places), or the refusal."""
+    """Print the permutation spec tracing derives (groups, their sizes and places; what it left unpermuted,
+    where and why), or the refusal."""
     import torch
 
     from lmclab.api.files import build_factory
@@ -66,6 +67,10 @@ def trace(
         heads = traced.spec.heads.get(group)
         headed = f"; {heads.count} heads, head order {heads.tie}" if heads else ""
         typer.echo(f"{group} ({sizes[group]} units{headed}): {where}")
+    for pin in traced.spec.pinned:  # what the trace left unpermuted, and why (lmclab.trace.pinned)
+        where = ", ".join(f"{name}[{axis}]" for name, axis in pin.places[:4]) + ", …" * (len(pin.places) > 4)
+        stream = ", a residual stream" if pin.stream else ""
+        typer.echo(f"pinned: {pin.units} units{stream} by node {pin.node!r} in {pin.where} ({pin.reason}): {where}")
     typer.echo(f"{len(sizes)} groups over {len(traced.spec.axes)} tensors")
 
 

@@ -3,8 +3,9 @@ params.yaml key, :mod:`lmclab.cli.names`) and the one-line report of bad input."
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -38,17 +39,40 @@ def flagged() -> AbstractContextManager[None]:
 
 
 def one_line(fn: Callable) -> Callable:
-    """Bad input (ValueError, TypeError, FileNotFoundError, a refused trace) as ``error: …``, exit 1."""
+    """Bad input (ValueError, TypeError, FileNotFoundError, a refused trace) as ``error: …``, exit 1; a traced
+    spec's :class:`~lmclab.trace.PinnedWarning` as ``warning: …`` (:func:`pinned_in_one_line`)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from lmclab.trace import TraceError
 
         try:
-            return fn(*args, **kwargs)
+            with pinned_in_one_line():  # lmclab match, merge-many: what a traced spec leaves unpermuted
+                return fn(*args, **kwargs)
         except (ValueError, TypeError, FileNotFoundError, TraceError) as exc:
             line = str(exc).splitlines()[0].replace("pass partial=True", "pass --partial")
             typer.echo(f"error: {line}", err=True)
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+@contextmanager
+def pinned_in_one_line() -> Iterator[None]:
+    """A traced spec's :class:`~lmclab.trace.PinnedWarning` (:mod:`lmclab.trace.pinned`) shown as one line
+    ``warning: …`` on stderr; other warnings as Python shows them."""
+    from lmclab.trace import PinnedWarning
+
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, PinnedWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown

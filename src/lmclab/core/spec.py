@@ -42,6 +42,19 @@ class Segment(NamedTuple):
     block: int = 1
 
 
+class Pinned(NamedTuple):
+    """Units a traced spec leaves unpermuted though the model's inputs and outputs do not ask it: ``units``
+    units on the tensor axes ``places`` (name, axis), pinned by graph node ``node`` in module ``where``
+    (:mod:`lmclab.trace`) because of ``reason``; ``stream``: two or more layers write them (a residual stream)."""
+
+    node: str
+    where: str
+    reason: str
+    places: tuple[tuple[str, int], ...]
+    units: int
+    stream: bool
+
+
 Entry = str | None | tuple[Segment, ...]
 Axes = tuple[Entry, ...]
 
@@ -99,12 +112,15 @@ class PermutationSpec:
     ``axes[name][k]`` is the group acting on axis ``k`` of ``state_dict[name]`` or ``None``.
     ``stats`` names buffers (BatchNorm running statistics, counters) that are permuted but
     excluded from matching costs and L2 distances. ``heads`` marks the headed groups of attention
-    (:mod:`lmclab.core.heads`): their permutations keep heads whole and share σ within a tie.
+    (:mod:`lmclab.core.heads`): their permutations keep heads whole and share σ within a tie. ``pinned``
+    (a traced spec's) says which units the tracer left unpermuted, where and why; it is a report, not part
+    of the symmetry: two specs that differ only there are equal.
     """
 
     axes: Mapping[str, Axes]
     stats: frozenset[str] = field(default_factory=frozenset)
     heads: Mapping[str, Heads] = field(default_factory=dict)
+    pinned: tuple[Pinned, ...] = field(default=(), compare=False)
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:

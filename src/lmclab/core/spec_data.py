@@ -1,7 +1,8 @@
 """A :class:`~lmclab.core.spec.PermutationSpec` as plain data (strings, integers, lists, dicts) and back, so
 that an alignment saved to a file carries the spec it permutes by (``torch.load(weights_only=True)`` reads
 plain data; a pickled class it refuses). Each axis entry is a group name, ``None``, or a list of segments
-``[group, length, block]``; headed groups are ``{group: [count, tie]}``.
+``[group, length, block]``; headed groups are ``{group: [count, tie]}``; the units a trace pinned
+(:class:`~lmclab.core.spec.Pinned`) ``[node, where, reason, [[name, axis], …], units, stream]``.
 
 >>> from lmclab.core.spec import PermutationSpec, Segment
 >>> spec = PermutationSpec({"w": ("P_0", (Segment("P_1", 4, 2), Segment(None, 3)))}, frozenset({"w"}))
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmclab.core.heads import Heads
-from lmclab.core.spec import Entry, PermutationSpec, Segment
+from lmclab.core.spec import Entry, PermutationSpec, Pinned, Segment
 
 
 def spec_to_data(spec: PermutationSpec) -> dict[str, Any]:
@@ -23,6 +24,7 @@ def spec_to_data(spec: PermutationSpec) -> dict[str, Any]:
         "axes": {name: [_entry_data(e) for e in axes] for name, axes in spec.axes.items()},
         "stats": sorted(spec.stats),
         "heads": {g: [h.count, h.tie] for g, h in spec.heads.items()},
+        "pinned": [[p.node, p.where, p.reason, [list(x) for x in p.places], p.units, p.stream] for p in spec.pinned],
     }
 
 
@@ -35,9 +37,16 @@ def spec_from_data(data: Any, what: str = "spec") -> PermutationSpec:
     try:
         axes = {str(name): tuple(_entry(e) for e in entries) for name, entries in data["axes"].items()}
         heads = {str(g): Heads(int(count), str(tie)) for g, (count, tie) in data["heads"].items()}
-        return PermutationSpec(axes, frozenset(str(s) for s in data["stats"]), heads)
+        pinned = tuple(_pinned(*p) for p in data.get("pinned", ()))  # absent in files of lmclab before it
+        return PermutationSpec(axes, frozenset(str(s) for s in data["stats"]), heads, pinned)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{what}: not a permutation spec as lmclab saves one ({type(exc).__name__}: {exc})") from None
+
+
+def _pinned(node: Any, where: Any, reason: Any, places: Any, units: Any, stream: Any) -> Pinned:
+    return Pinned(
+        str(node), str(where), str(reason), tuple((str(n), int(a)) for n, a in places), int(units), bool(stream)
+    )
 
 
 def _entry(data: Any) -> Entry:

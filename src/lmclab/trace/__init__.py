@@ -21,8 +21,10 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   move them, a ``Linear`` over another axis keeps them, a mean over unpermuted axes keeps them;
 - an addition or product of two tensors merges their groups axis by axis (union-find): every layer
   writing into one residual stream shares one permutation; a parameter combined with it (a layer
-  scale) is permuted alike; a tensor combined with an unpermuted one (the model's input) cannot be
-  permuted;
+  scale) is permuted alike, also reshaped by adding or dropping axes of length 1 (``gamma.reshape(1, -1,
+  1, 1)``) or computed from it elementwise with constants (a gain ``1 + w``); a tensor combined with an
+  unpermuted one (the model's input) cannot be permuted;
+- ``nn.Embedding`` (module, or ``F.embedding``) starts a group on its output's last axis, its weight's axis 1;
 - ``flatten`` (or the equal ``reshape``) of ``C × H × W`` maps each channel onto a block of ``H·W``
   features (a composite axis, :class:`lmclab.core.spec.Segment`); unpermuted axes flattened before the
   channels repeat their layout (Swin's patch merging, ``2 × 2 × C``: four copies side by side); ``cat``
@@ -45,15 +47,19 @@ shuffle), a pad or roll along a permuted axis, a GroupNorm whose runs segments s
 reading segments that split its groups, a flatten or mean over a permuted axis mixed with others, an op
 over heads it cannot prove (a Linear across heads, a mean over them, heads of different counts) — is
 refused with one line naming the graph node, its op and the module path; with ``partial=True`` the
-groups reaching it are left unpermuted instead.
+groups reaching it are left unpermuted instead. What is left unpermuted, where and why, is the spec's
+``pinned`` (:mod:`lmclab.trace.pinned`). ``example_inputs`` may be one tensor, a sequence of positional
+inputs or a mapping of keyword inputs (:mod:`lmclab.trace.inputs`); the trace runs on a copy of the model,
+so the caller's module is never changed (``torch.fx`` runs ``forward`` on proxies, which a module may keep).
 Nothing is guessed: the tests check the result by invariance of the function in float64.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -63,33 +69,56 @@ from lmclab.core.spec import PermutationSpec
 from lmclab.trace.export import exported
 from lmclab.trace.graph import GraphTracer, Traced
 from lmclab.trace.groups import TraceError
+from lmclab.trace.inputs import Inputs, positional, shapes, split_inputs
+from lmclab.trace.pinned import PINNED_SHARE, PinnedWarning, pinned_message, warn_pinned
 
-__all__ = ["TraceError", "Traced", "trace", "trace_spec"]
+__all__ = [
+    "PINNED_SHARE",
+    "PinnedWarning",
+    "TraceError",
+    "Traced",
+    "pinned_message",
+    "trace",
+    "trace_spec",
+    "warn_pinned",
+]
 
 
-def trace_spec(
-    model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *, partial: bool = False
-) -> PermutationSpec:
-    """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` give the
-    shapes. One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``."""
+def trace_spec(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) -> PermutationSpec:
+    """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` (a tensor, a sequence
+    of positional inputs or a mapping of keyword inputs, :mod:`lmclab.trace.inputs`) give the shapes.
+    One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``."""
     return trace(model, example_inputs, partial=partial).spec
 
 
-def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *, partial: bool = False) -> Traced:
+def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) -> Traced:
     """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    model = _copy(model)  # tracing may write to the module (a cache of proxies): the caller's stays as it was
+    args, kwargs = split_inputs(model, example_inputs)
     try:
         gm = fx.symbolic_trace(model)
     except Exception as exc:  # torch.fx raises many types for untraceable Python: export runs it instead
-        gm = _exported(model, inputs, exc)  # with the shapes it ran on
+        gm = _exported(model, args, kwargs, exc)  # with the shapes it ran on
     else:
-        _propagate(gm, model, inputs)
+        _propagate(gm, model, positional(model, args, kwargs))
     tracer = GraphTracer(gm, partial)
     tracer.run()
     return tracer.result(model)
 
 
-def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+def _copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` to trace: ``torch.fx`` runs ``forward`` on proxies, which a module may keep (timm's
+    LeViT caches its attention biases per device), and the passes set training flags."""
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:  # deepcopy raises what the module's attributes raise
+        raise TraceError(
+            f"trace_spec: {type(model).__name__} cannot be copied to trace it ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:120]})"
+        ) from None
+
+
+def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...]) -> None:
     """The shape of every node, from one forward pass in eval mode (``torch.fx`` ShapeProp)."""
     was_training = model.training
     gm.eval()
@@ -100,18 +129,18 @@ def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple[torch.Tensor,
         cause = exc.__cause__ or exc
         raise TraceError(
             f"trace_spec: {type(model).__name__} does not run on inputs of shape "
-            f"{[tuple(x.shape) for x in inputs]}: {' '.join(str(cause).split())[:200]}"
+            f"{shapes(inputs, {})}: {' '.join(str(cause).split())[:200]}"
         ) from None
     finally:
         gm.train(was_training)
 
 
-def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...], fx_error: Exception) -> fx.GraphModule:
+def _exported(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], fx_error: Exception) -> fx.GraphModule:
     """The graph ``torch.export`` records (:mod:`lmclab.trace.export`), in eval mode; one line when it cannot."""
     was_training = model.training
     model.eval()
     try:
-        return exported(model, inputs)
+        return exported(model, args, kwargs)
     except Exception as exc:  # export raises many types for what it cannot run
         raise TraceError(
             f"trace_spec: neither torch.fx nor torch.export can trace {type(model).__name__}: "

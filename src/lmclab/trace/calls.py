@@ -1,9 +1,9 @@
 """The rules of :mod:`lmclab.trace` for the calls of an exported graph (:mod:`lmclab.trace.export`) and of any
 model that calls them itself. Mixed into :class:`lmclab.trace.graph.GraphTracer`.
 
-- ``F.embedding(ids, weight)``: row ``i`` of the table is the embedding of token ``i``; the output's last
-  axis is a new group, the table's axis 1 (a table tied to an output head is one parameter: the head's
-  rows are the logits, never permuted);
+- ``F.embedding(ids, weight)`` and an ``nn.Embedding`` module: row ``i`` of the table is the embedding of token
+  ``i``; the output's last axis is a new group, the table's axis 1 (a table tied to an output head is one
+  parameter: the head's rows are the logits, never permuted);
 - ``addmm(bias, x, weight)`` with ``weight`` stored ``(in, out)`` (GPT-2's ``Conv1D``): a Linear whose
   weight is transposed: a new group on the output's last axis and the weight's axis 1, the input's
   layout on the weight's axis 0;
@@ -59,6 +59,16 @@ class CallRules(TraceState):
         out = (Seg(g, shape[-1]),)
         self.record(str(weight.target), [None, out])
         self.written(node, g, ("Embedding",))
+        self.tags[node] = Tag.of((None,) * (len(shape) - 1) + (out,))
+
+    def embedding_layer(self, node: fx.Node, name: str) -> None:
+        """An ``nn.Embedding`` module (a leaf of the ``torch.fx`` graph): as ``F.embedding`` of its weight."""
+        if self.tagged_inputs(node):
+            return self.refuse(node, "an embedding of permuted indices")
+        g, shape = self.groups.new(), self.shape(node)
+        out = (Seg(g, shape[-1]),)
+        self.record(f"{name}.weight", [None, out])
+        self.write(g, "layer", name, len(shape) - 1, len(shape))
         self.tags[node] = Tag.of((None,) * (len(shape) - 1) + (out,))
 
     def addmm(self, node: fx.Node, t_in: Tag | None) -> None:

@@ -55,10 +55,11 @@ SAME_ARGS = {
 ASSERTS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default}
 
 
-def exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> fx.GraphModule:
-    """``model``'s exported graph in the tracer's form (module docstring); raises what export raises."""
+def exported(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """``model``'s exported graph on positional ``args`` and keyword ``kwargs`` in the tracer's form (module
+    docstring); raises what export raises."""
     caching = "use_cache" in inspect.signature(model.forward).parameters  # transformers: no cache in the output
-    program = torch.export.export(model, inputs, {"use_cache": False} if caching else None, strict=False)
+    program = torch.export.export(model, args, kwargs | ({"use_cache": False} if caching else {}), strict=False)
     signature = program.graph_signature
     owned = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     graph, env = fx.Graph(), {}

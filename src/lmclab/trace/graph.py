@@ -34,6 +34,7 @@ from lmclab.trace.groups import (
 )
 from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
+from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
 from lmclab.trace.shapes import ShapeRules
 from lmclab.trace.state import unknown
@@ -49,7 +50,9 @@ OWNING = {
 }
 
 
-class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules):
+class GraphTracer(
+    LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules, PinnedRules
+):
     """One pass over the graph in topological order, tagging each node's output: the rules of every mixin
     over one :class:`~lmclab.trace.state.TraceState` (``GraphTracer(gm, partial)``)."""
 
@@ -61,6 +64,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             return a is None and b is None
         if any(isinstance(s, Within) for s in (*a, *b)):  # per-head features: of one group, or not alike
             return self.unite_within(a, b)
+        for x, y in zip(a, b, strict=False):
+            self.groups.join(x.gid, y.gid)
         a, b = [self.groups.resolve(s) for s in a], [self.groups.resolve(s) for s in b]
         if [s.length for s in a] != [s.length for s in b] or any(
             max(x.block, y.block) % min(x.block, y.block) or not self.groups.joinable(x.gid, y.gid)
@@ -82,7 +87,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         if name in self.axes:  # an axis one use leaves unpermuted is unpermuted (a table tied to a head)
             for a, b in zip(self.axes[name], layouts, strict=True):
                 if (a is None) != (b is None):
-                    self.pin([s.gid for s in a or b])
+                    self.pin([s.gid for s in a or b], f"{name!r} is also used unpermuted along it")
                 elif not self.unite(a, b):
                     raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
             return
@@ -91,6 +96,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
     # ---- the pass ----------------------------------------------------------------------------
     def run(self) -> None:
         for node in self.gm.graph.nodes:
+            self.groups.cause = self.cause_at(node)
             if node.op in ("placeholder", "get_attr"):
                 self.tags[node] = None
             elif node.op == "output":
@@ -122,6 +128,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             self.conv(node, name, module, t_in)
         elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, *LAST_AXIS_NORMS, nn.GroupNorm)):
             self.norm(node, name, module, t_in)
+        elif isinstance(module, nn.Embedding):
+            self.embedding_layer(node, name)
         elif isinstance(module, nn.Softmax):
             self.softmax(node, t_in, module.dim)
         elif isinstance(module, CARRY_MODULES):
@@ -191,7 +199,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         """x + y, x * y (broadcast): on each axis the groups of the operands permuted there are one. An operand
         not permuted on such an axis, yet varying along it, pins the groups; unless it is a parameter or
         buffer of the model (a layer scale): it is then permuted alike."""
-        shape, out = self.shape(node), []
+        shape, out, self.groups.cause = self.shape(node), [], self.cause_at(node, COMBINED)
         tensors = [a for a in node.all_input_nodes if self.shape(a) is not None]
         for axis in range(len(shape)):
             here = [lay for a in tensors if (lay := self.broadcast(a, axis, len(shape))) is not None]
@@ -200,12 +208,11 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             out.append(here[0] if here else None)
         for a in tensors:
             s, offset = self.shape(a), len(shape) - len(self.shape(a))
-            if self.tag(a) is None and a.op == "get_attr" and a.target in self.state_keys:
-                if any(
-                    out[k + offset] and any(map(self.is_headed, out[k + offset])) for k, n in enumerate(s) if n != 1
-                ):
+            if self.tag(a) is None and (found := self.per_channel(a)) is not None:  # a layer scale, a gain 1 + w
+                param, at = found
+                if any(k is not None and out[k + offset] and any(map(self.is_headed, out[k + offset])) for k in at):
                     return self.refuse(node, "a parameter varying along heads or per-head features")
-                self.record(str(a.target), [None if n == 1 else out[k + offset] for k, n in enumerate(s)])
+                self.record(str(param.target), [None if k is None else out[k + offset] for k in at])
                 continue
             self.fix(  # rotary cos/sin along per-head features: the heads move whole
                 [
@@ -273,7 +280,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        return Traced(PermutationSpec(axes=axes, stats=stats_of(axes), heads=heads), points)
+        spec = PermutationSpec(axes=axes, stats=stats_of(axes), heads=heads, pinned=self.pinned_record())
+        return Traced(spec, points)
 
 
 class Traced(NamedTuple):

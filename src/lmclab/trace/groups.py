@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-FIXED = -1  # the union-find root of every group that must not be permuted
+from lmclab.trace.pins import FIXED, PinLog
+
 # windows over the last two axes
 POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
 POOL_FUNCTIONS = {
@@ -153,13 +154,14 @@ class TraceError(ValueError):
     """A node the tracer cannot prove permutation-equivariant."""
 
 
-class Groups:
+class Groups(PinLog):
     """Union-find over group ids; ``FIXED`` absorbs every group that must stay unpermuted.
 
     A group may be *coarsened* (a grouped convolution reads it): its units are then permuted only in
     whole runs of ``factor`` consecutive units, by a coarse group of its own (``coarse``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.parent: dict[int, int] = {FIXED: FIXED}
         self.coarse: dict[int, tuple[int, int]] = {}  # root -> (coarse gid, factor)
         self.heads: dict[int, tuple[int, int]] = {}  # root of a headed group -> (head count, its tie)
@@ -235,11 +237,13 @@ class Groups:
     def pin_ties(self) -> None:
         """A pinned head order pins every group it orders (their σ is the identity, which no
         :class:`~lmclab.core.heads.Heads` can say), and a pinned headed group pins its order (in union)."""
-        while pinned := [r for r, (_, tie) in self.heads.items() if self.find(tie) == FIXED]:
-            for root in pinned:
+        while pinned := [(r, tie) for r, (_, tie) in self.heads.items() if self.find(tie) == FIXED]:
+            for root, tie in pinned:
+                self.cause = self.first_causes().get(self.stream(tie))  # pinned for its heads' order
                 self.union(root, FIXED)
 
     def union(self, a: int, b: int) -> int:
+        self.logged(a, b, self.find)
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return ra

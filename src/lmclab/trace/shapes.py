@@ -19,8 +19,23 @@ import math
 import torch
 from torch import fx
 
-from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within, blocks_of
+from lmclab.trace.groups import (
+    CARRY_FUNCTIONS,
+    FIXED,
+    MERGE_FUNCTIONS,
+    POOL_FUNCTIONS,
+    Layout,
+    Seg,
+    Tag,
+    Within,
+    blocks_of,
+)
 from lmclab.trace.state import TraceState
+
+# the elementwise functions of one tensor and constants (a parameter's gain ``1.0 + w``, a cast)
+ELEMENTWISE_FUNCTIONS = MERGE_FUNCTIONS | (CARRY_FUNCTIONS - POOL_FUNCTIONS)
+ELEMENTWISE_METHODS = {"add", "sub", "mul", "div", "pow", "neg", "exp", "sqrt", "rsqrt", "sigmoid", "tanh"}
+ELEMENTWISE_METHODS |= {"to", "float", "double", "half", "bfloat16", "type_as", "clone", "contiguous"}
 
 
 def _axis_order(node: fx.Node, ndim: int) -> list[int]:
@@ -119,6 +134,28 @@ class ShapeRules(TraceState):
         while arg.op == "call_method" and arg.target == "expand" or arg.target is torch.ops.aten.expand.default:
             arg = arg.args[0]
         return arg if arg.op == "get_attr" and arg.target in self.state_keys else None
+
+    def per_channel(self, arg: fx.Node) -> tuple[fx.Node, list[int | None]] | None:
+        """The parameter or buffer ``arg`` is computed from alone — elementwise with constants (``1.0 + w``,
+        a cast) or reshaped by adding or dropping axes of length 1 (``gamma.reshape(1, -1, 1, 1)``) — and
+        for each of its axes the axis of ``arg`` holding it (None: length 1). Permuting the parameter then
+        permutes ``arg`` alike along those axes. None for anything else."""
+        if arg.op == "get_attr" and arg.target in self.state_keys:
+            return arg, [None if n == 1 else k for k, n in enumerate(self.shape(arg) or ())]
+        method, nodes = (arg.target if arg.op == "call_method" else None), arg.all_input_nodes
+        source = arg.args[0] if method in ("to", "type_as") else nodes[0] if len(nodes) == 1 else None
+        if not isinstance(source, fx.Node) or None in (self.shape(source), self.shape(arg)):
+            return None
+        if (found := self.per_channel(source)) is None:
+            return None
+        param, at = found
+        if method in ("view", "reshape", "unsqueeze", "squeeze") or arg.target in (torch.reshape, torch.unsqueeze):
+            kept_in, kept = ([k for k, n in enumerate(self.shape(x)) if n != 1] for x in (source, arg))
+            if [self.shape(source)[k] for k in kept_in] != [self.shape(arg)[k] for k in kept]:
+                return None
+            return param, [None if k is None else kept[kept_in.index(k)] for k in at]
+        elementwise = arg.target in ELEMENTWISE_FUNCTIONS or method in ELEMENTWISE_METHODS
+        return (param, at) if elementwise and self.shape(arg) == self.shape(source) else None
 
     def joined(self, tensors: list[fx.Node], lays: list[Layout], dim: int) -> Layout:
         """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand;

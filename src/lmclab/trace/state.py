@@ -9,7 +9,8 @@ and :meth:`TraceState.check`, which asserts the invariants the rules keep. The r
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from torch import fx, nn
@@ -75,9 +76,22 @@ class TraceState:
     def tagged_inputs(self, node: fx.Node) -> list[Tag]:
         return [t for a in node.all_input_nodes if (t := self.tag(a)) is not None]
 
-    def pin(self, gids: Sequence[int]) -> None:
-        for gid in gids:
-            self.groups.union(gid, FIXED)
+    def pin(self, gids: Sequence[int], reason: str | None = None) -> None:
+        """Leave ``gids`` unpermuted; ``reason``: why, in place of the node's own (:mod:`lmclab.trace.pinned`)."""
+        with self.because(reason):
+            for gid in gids:
+                self.groups.union(gid, FIXED)
+
+    @contextmanager
+    def because(self, reason: str | None) -> Iterator[None]:
+        """The pins made inside are for ``reason`` (None: the node's own)."""
+        cause = self.groups.cause
+        if reason is not None and cause is not None:
+            self.groups.cause = (*cause[:2], reason)
+        try:
+            yield
+        finally:
+            self.groups.cause = cause
 
     def write(self, gid: int, kind: str, name: str, axis: int, ndim: int) -> None:
         """Module ``name``'s output holds group ``gid``'s units on ``axis``: an activation point (``@`` names
@@ -93,7 +107,7 @@ class TraceState:
                 "its channels unpermuted"
             )
         for t in self.tagged_inputs(node):
-            self.pin(t.gids)
+            self.pin(t.gids, reason)
         self.tags[node] = None
 
 
