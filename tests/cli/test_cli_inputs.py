@@ -149,3 +149,15 @@ def test_the_output_of_a_hugging_face_merge_is_a_new_or_empty_folder_in_an_exist
     with pytest.raises(ValueError, match=r"^--json: .* is a folder; expected a file name$"):
         output_path(tmp_path / "empty", "--json")  # not a Hugging Face model: a file
     assert output_path(tmp_path / "out.json", "--json") == tmp_path / "out.json"
+
+
+def test_an_input_shape_or_sample_count_of_zero_is_refused_and_one_is_read() -> None:
+    from lmclab.cli.inputs import parse_samples, parse_shape
+
+    assert parse_shape("1") == (1,) and parse_shape("3,1,1") == (3, 1, 1)  # the boundary: 1 is a size
+    for bad in ("0", "3,0,2", "-1"):
+        with pytest.raises(ValueError, match=f"^--input-shape: expected positive integers .*got '{bad}'$"):
+            parse_shape(bad)
+    assert parse_samples("1") == 1 and parse_samples("all") is None
+    with pytest.raises(ValueError, match="^--repair-samples: expected a positive integer or all, got '0'$"):
+        parse_samples("0")
