@@ -42,3 +42,29 @@ def one_line(fn: Callable) -> Callable:
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def warn_if_classes_differ(net: Any, params: dict, data: Any) -> None:
+    """One line on stderr when the model's outputs are not ``--data``'s classes (torchvision's 1000-way
+    head measured on 10-class digits: its accuracy counts every other output as a wrong answer)."""
+    import torch
+    from torch.func import functional_call
+
+    if net is None or data is None or getattr(data, "x", None) is None or data.y.dtype.is_floating_point:
+        return
+    was = net.training
+    try:
+        with torch.no_grad():
+            out = functional_call(net.eval(), params, (data.x[:2],))
+    except Exception:  # noqa: BLE001 -- the measurement itself reports a model that does not run
+        return
+    finally:
+        net.train(was)
+    classes = int(data.y.max()) + 1
+    if isinstance(out, torch.Tensor) and out.ndim == 2 and out.shape[1] != classes:
+        typer.echo(
+            f"warning: the model has {out.shape[1]} outputs and --data {classes} classes; accuracy counts "
+            f'every other output as a wrong answer (a {classes}-way head: e.g. --kwargs \'{{"num_classes": '
+            f"{classes}}}')",
+            err=True,
+        )

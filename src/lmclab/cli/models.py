@@ -23,6 +23,7 @@ from lmclab.cli.common import (
     REPAIR_SAMPLES,
     SHAPE,
     one_line,
+    warn_if_classes_differ,
 )
 from lmclab.cli.inputs import (
     aligned_pair,
@@ -72,6 +73,7 @@ def match(  # size: a typer command's signature lists each of its options
     traced_only(partial, spec)
     shape = parse_shape(input_shape)
     train = load_data(data, "train", data_root, in_channels) if data is not None else None
+    warn_if_classes_differ(net, params_a, train)
     res = find_permutation(
         params_a,
         params_b,
@@ -156,6 +158,8 @@ def merge_many(  # size: a typer command's signature lists each of its options
     shape = parse_shape(input_shape)
     if spec is None and trace_inputs(net, shape) is None and data is None:
         raise ValueError("--input-shape: needed with --factory to trace the spec (or give --data)")
+    train = load_data(data, "train", data_root, in_channels) if data is not None else None
+    warn_if_classes_differ(net, params[0], train)
     res = merge_models(
         params,
         method=method,
@@ -163,7 +167,7 @@ def merge_many(  # size: a typer command's signature lists each of its options
         model=net,
         points=points,
         example_inputs=trace_inputs(net, shape),
-        data=load_data(data, "train", data_root, in_channels) if data is not None else None,
+        data=train,
         repair=repair,
         repair_samples=parse_samples(repair_samples),
         options=options,
@@ -205,6 +209,7 @@ def barrier(  # size: a typer command's signature lists each of its options
         output_path(json_out, "--json")
     params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial)
     test = load_data(data, split, data_root, in_channels)
+    warn_if_classes_differ(net, params_a, test)
     repair_data = load_data(data, "train", data_root, in_channels) if repair != "none" else None
     curve = measure_curve(
         params_a,
@@ -218,12 +223,13 @@ def barrier(  # size: a typer command's signature lists each of its options
         device=device,
         progress=progress,
     )
-    found = curve.barriers()
-    for q, unit in (("loss", ""), ("acc", " points")):
+    found = curve.barriers()  # accuracy in per cent, its barriers in percentage points
+    for q, unit, gap in (("loss", "mean cross-entropy", ""), ("acc", "%", " points")):
         typer.echo(
-            f"{split} {q}: A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
+            f"{split} {q} ({unit}): A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
             f"midpoint {found[f'{split}_{q}_mid']:.4f}; barrier max {found[f'{split}_{q}_barrier_max']:.4f}"
-            f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}"
+            f"{gap}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{gap}"
         )
-    if json_out is not None:
-        write_json(json_out, {"barriers": found, "curve": curve.rows})
+    if json_out is not None:  # one unit in the file: accuracies as fractions, as in the curve's rows
+        fractions = {k: v / 100 if k.startswith(f"{split}_acc_") else v for k, v in found.items()}
+        write_json(json_out, {"barriers": fractions, "curve": curve.rows})
