@@ -196,7 +196,7 @@ def barrier(  # size: a typer command's signature lists each of its options
     factory: str = FACTORY,
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
-    json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
+    json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON (accuracies as fractions)"),
     device: str = DEVICE,
     partial: bool = PARTIAL,
     progress: bool = PROGRESS,
