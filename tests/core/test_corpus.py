@@ -74,6 +74,11 @@ def test_a_train_folder_alone_is_not_a_split(tmp_path) -> None:
     assert corpus.read_corpus(tmp_path) == {"all": {"train/a.txt": "alpha", "b.txt": "beta"}}
 
 
+def test_a_test_folder_alone_is_not_a_split(tmp_path) -> None:
+    write(tmp_path, {"test/a.txt": "alpha", "b.txt": "beta"})
+    assert corpus.read_corpus(tmp_path) == {"all": {"test/a.txt": "alpha", "b.txt": "beta"}}
+
+
 def test_unreadable_sources_are_refused_in_one_line(tmp_path) -> None:
     with pytest.raises(OptionError, match=r"^root: .*/missing is not a folder \(expected text files or a saved"):
         corpus.source_kind(tmp_path / "missing")
