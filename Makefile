@@ -74,12 +74,14 @@ durations: setup
 	$(VENV)/bin/python tools/test_durations.py
 
 # mutation testing (tools/mutation.py, docs/testing.md): MODULES are packages (core), modules
-# (lmclab.core.spec) or files; none given: the library modules changed since SINCE. SAMPLE mutants are
-# drawn per package with SEED (0: all); MUTATION_ARGS e.g. "--survivors" (test the recorded survivors
-# again after adding tests) or "--trust-tests". Writes reports/mutation/results.json and docs/mutation.md
+# (lmclab.core.spec) or files; none given: the library modules changed since SINCE (auto: the merge base
+# of HEAD with origin/main, else main, uncommitted changes included), and when none changed a seeded
+# first draw of 10 mutants per package of every package. SAMPLE mutants are drawn per package with SEED
+# (0: all); MUTATION_ARGS e.g. "--survivors" (test the recorded survivors again after adding tests),
+# "--trust-tests" or "--check-equivalents". Writes reports/mutation/results.json and docs/mutation.md
 MUTATION_ARGS ?=
 MODULES ?=
-SINCE ?= HEAD~1
+SINCE ?= auto
 SAMPLE ?= 0
 SEED ?= 0
 mutation: setup

@@ -74,10 +74,10 @@ def _block(demo: dict) -> str:
         "|---|---|---|---|",
     ]
     for label, key in (("naive θa, θb", "naive"), ("θa, π(θb) (WM)", "aligned")):
-        b = demo["barriers"][key]
+        b = demo["barriers"][key]  # as `--json` writes them: accuracies as fractions
         rows.append(
-            f"| {label} | {b['test_loss_barrier_max']:.3f} | {b['test_acc_barrier_max']:.2f} "
-            f"| {b['test_acc_mid']:.2f} % |"
+            f"| {label} | {b['test_loss_barrier_max']:.3f} | {100 * b['test_acc_barrier_max']:.2f} "
+            f"| {100 * b['test_acc_mid']:.2f} % |"
         )
     commands = "\n".join(f"$ {r['command']}\n{r['printed']}" for r in demo["runs"])
     return "\n".join(

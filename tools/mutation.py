@@ -1,11 +1,14 @@
 """Mutation testing of the library with mutmut: how many plausible bugs do the tests catch?
 
-    python tools/mutation.py                       # the modules changed since HEAD~1 (all their mutants)
+    python tools/mutation.py                       # the modules changed on this branch (all their mutants)
     python tools/mutation.py core trace --sample 100 --seed 0    # 100 mutants drawn per package
     python tools/mutation.py src/lmclab/core/assignment.py       # one module, all its mutants
     python tools/mutation.py --render              # only rewrite docs/mutation.md from the results
 
-(`make mutation MODULES="core trace" SAMPLE=100`.) The working tree is copied into ``.mutation/work``
+(`make mutation MODULES="core trace" SAMPLE=100`.) With no MODULES: the library modules changed since the
+merge base of HEAD with ``origin/main`` (else ``main``), uncommitted changes included; when none changed,
+a first draw of ``FIRST_DRAW`` mutants per package of every package (seeded: the same draw each time).
+The working tree is copied into ``.mutation/work``
 (kept between runs, so mutmut's record of which test calls which function is collected once), mutmut
 writes each mutant into that copy behind a trampoline, and a fork server runs, for each mutant, only the
 tests that called the mutated function (stopping at the first failure). The per-module counts and the
@@ -28,6 +31,7 @@ from pathlib import Path
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mutation_operators  # noqa: E402
 import mutation_report as report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +39,24 @@ LIBRARY = Path("src/lmclab")
 # tests/meta reads the repository as files (lint, docs, layers): under mutmut it would lint the trampolines;
 # slow tests run the stages in other processes, where mutmut cannot see which function a test reached
 TEST_SELECTION = ["tests", "--ignore=tests/meta", "-m", "not slow"]
+FIRST_DRAW = 10  # mutants per package when no module changed: a first-draw sample of the whole library
 app = typer.Typer(add_completion=False)
+
+
+def merge_base(root: Path) -> str:
+    """The commit this branch left the main line at (``origin/main``, else ``main``); HEAD without either."""
+    for ref in ("origin/main", "main"):
+        out = subprocess.run(["git", "merge-base", "HEAD", ref], cwd=root, capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return "HEAD"
 
 
 def resolve_targets(names: list[str], root: Path, since: str) -> list[Path]:
     """Library modules (paths relative to ``root``) named as packages (``core``), modules
     (``lmclab.core.spec``) or files; none named: the ``.py`` files under ``src/lmclab`` changed since ``since``."""
     if not names:
+        since = merge_base(root) if since == "auto" else since
         out = subprocess.run(
             ["git", "diff", "--name-only", since, "--", str(LIBRARY)], cwd=root, capture_output=True, text=True
         )
@@ -55,7 +70,7 @@ def resolve_targets(names: list[str], root: Path, since: str) -> list[Path]:
         hit = next((c for c in candidates if (root / c).exists() and str(c).startswith(str(LIBRARY))), None)
         if hit is None:
             raise typer.BadParameter(f"{name!r} is no package, module or file of {LIBRARY}", param_hint="MODULES")
-        found += sorted(hit.rglob("*.py")) if (root / hit).is_dir() else [hit]
+        found += sorted(p.relative_to(root) for p in (root / hit).rglob("*.py")) if (root / hit).is_dir() else [hit]
     return sorted(set(found))
 
 
@@ -111,6 +126,7 @@ def generate(work: Path) -> dict[str, list[str]]:
     from mutmut.__main__ import create_mutants, set_mutant_under_test
     from mutmut.utils.file_utils import copy_src_dir
 
+    mutation_operators.install()  # the operators mutmut lacks (tools/mutation_operators.py)
     with inside(work):
         set_mutant_under_test("mutant_generation")
         copy_src_dir()
@@ -129,13 +145,15 @@ def draw(mutants: dict[str, list[str]], sample: int, seed: int) -> list[str]:
     return sorted(chosen)
 
 
-# mutmut first runs every test that calls a chosen mutant's function, unmutated, and stops if one fails;
-# for a sample spread over a package that is most of the suite (15 min here). --trust-tests skips it
-# when the suite has just passed (`make test`); mutmut's forced-fail check still runs.
+# `mutmut run` with this project's operators installed (were it to write a module's mutants again, they
+# are the same mutants under the same names). mutmut first runs every test that calls a chosen mutant's
+# function, unmutated, and stops if one fails; for a sample spread over a package that is most of the
+# suite (15 min here). --trust-tests skips it when the suite has just passed (`make test`); mutmut's
+# forced-fail check still runs.
+RUNNER = "import mutation_operators; mutation_operators.install()\nfrom mutmut.__main__ import cli\n"
 TRUSTING = (
-    "import mutmut.workers.isolation as w; from mutmut.__main__ import cli\n"
+    "import mutmut.workers.isolation as w\n"
     "for runner in (w.ForkServerRunner, w.ForkRunner): runner.run_clean_tests = lambda self, tests: 0\n"
-    "cli()"
 )
 
 
@@ -144,8 +162,8 @@ def run_mutmut(work: Path, names: list[str], jobs: int, trust_tests: bool) -> No
     here = str(Path(__file__).resolve().parent)  # mutation_forks, the plugin, whatever project is mutated
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
-    mutmut = ["-c", TRUSTING] if trust_tests else ["-m", "mutmut"]
-    cmd = [sys.executable, *mutmut, "run", "--max-children", str(jobs), *names]
+    script = RUNNER + (TRUSTING if trust_tests else "") + "cli()"
+    cmd = [sys.executable, "-c", script, "run", "--max-children", str(jobs), *names]
     proc = subprocess.run(cmd, cwd=work, env=env)
     if proc.returncode:
         raise SystemExit(f"mutmut run exited {proc.returncode} (its output is above)")
@@ -154,6 +172,7 @@ def run_mutmut(work: Path, names: list[str], jobs: int, trust_tests: bool) -> No
 def diffs(work: Path, names: list[str]) -> dict[str, str]:
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
+    mutation_operators.install()
     with inside(work):
         return {name: get_diff_for_mutant(name) for name in names}
 
@@ -193,6 +212,7 @@ def run(
     """Mutate ``targets`` in a copy of ``root``, test the drawn mutants, merge the results and render the page."""
     wanted = {str(t) for t in targets}
     mutants = {m: n for m, n in prepare(root, work, tests).items() if report.module_path(m) in wanted}
+    check_equivalents(root, work, mutants)
     chosen = draw(mutants, sample, seed)
     print(f"mutation: {len(chosen)} of {sum(map(len, mutants.values()))} mutants in {len(targets)} modules")
     meta, run = tested(work, chosen, jobs, trust_tests, sample=sample, seed=seed)
@@ -215,7 +235,9 @@ def retest_survivors(root: Path, targets: list[Path], tests: list[str], work: Pa
     )
     if not chosen:
         raise typer.BadParameter("no surviving mutant of these modules is on record", param_hint="MODULES")
-    made = {n for names in prepare(root, work, tests).values() for n in names}
+    prepared = prepare(root, work, tests)
+    check_equivalents(root, work, {m: n for m, n in prepared.items() if report.module_path(m) in wanted})
+    made = {n for names in prepared.values() for n in names}
     gone = [n for n in chosen if n not in made]  # its function changed: mutmut no longer makes that mutant
     chosen = [n for n in chosen if n in made]
     print(f"mutation: {len(chosen)} surviving mutants tested again, {len(gone)} no longer made")
@@ -225,11 +247,35 @@ def retest_survivors(root: Path, targets: list[Path], tests: list[str], work: Pa
     report.write_page(root)
 
 
+def render(root: Path) -> None:
+    """The committed results' ``stale`` marks brought up to date with the tree, then the page rendered."""
+    path = root / report.RESULTS
+    results = json.loads(path.read_text())
+    report.mark_stale(root, results)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    report.write_page(root)
+
+
+def check_equivalents(root: Path, work: Path, mutants: dict[str, list[str]]) -> dict[str, str]:
+    """Print the entries of tools/mutation_equivalent.yaml whose mutant the code of the modules just
+    mutated no longer makes as judged (remove or judge them again); name → why."""
+    judged = report.equivalents(root)
+    names = [n for n in judged if n in {m for ms in mutants.values() for m in ms}]
+    stale = report.stale_equivalents(judged, diffs(work, names), set(mutants))
+    for name, why in stale.items():
+        print(f"mutation: stale entry in {report.EQUIVALENT}: {name}: {why}")
+    return stale
+
+
 @app.command()
 def main(
     modules: list[str] = typer.Argument(None, help="packages (core), modules (lmclab.core.spec) or files"),
-    since: str = typer.Option("HEAD~1", help="with no MODULES: the library modules changed since this commit"),
-    sample: int = typer.Option(0, min=0, help="mutants drawn per package (0: every mutant)"),
+    since: str = typer.Option(
+        "auto", help="with no MODULES: the library modules changed since this commit (auto: the merge base)"
+    ),
+    sample: int = typer.Option(
+        0, min=0, help=f"mutants drawn per package (0: every mutant; {FIRST_DRAW} when no module changed)"
+    ),
     seed: int = typer.Option(0, help="seed of the draw"),
     jobs: int = typer.Option(os.cpu_count() or 1, min=1, help="mutants tested at once"),
     tests: list[str] = typer.Option(TEST_SELECTION, help="pytest arguments choosing the tests mutmut may run"),
@@ -238,12 +284,21 @@ def main(
     trust_tests: bool = typer.Option(False, help="skip mutmut's unmutated run of the chosen mutants' tests"),
     survivors: bool = typer.Option(False, help="test the committed survivors of MODULES again (after new tests)"),
     render_only: bool = typer.Option(False, "--render", help="only rewrite docs/mutation.md from the results"),
+    equivalents_only: bool = typer.Option(
+        False, "--check-equivalents", help="only list the stale entries of tools/mutation_equivalent.yaml"
+    ),
 ) -> None:
     root = root.resolve()
     if render_only:
-        report.write_page(root)
+        render(root)
         return
+    if equivalents_only:
+        work = (work or root / ".mutation/work").resolve()
+        raise SystemExit(1 if check_equivalents(root, work, prepare(root, work, tests)) else 0)
     targets = resolve_targets(modules or [], root, since)
+    if not targets and not survivors:  # nothing changed: a first draw over the whole library
+        print(f"mutation: no library module changed since {since}; a first draw of every package")
+        targets, sample = resolve_targets([str(LIBRARY)], root, since), sample or FIRST_DRAW
     if not targets:
         raise typer.BadParameter(f"no library module changed since {since}", param_hint="MODULES")
     work = (work or root / ".mutation/work").resolve()

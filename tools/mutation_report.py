@@ -95,6 +95,7 @@ def module_record(names: list[str], chosen: set[str], meta: dict, diffs: dict[st
     for name in tested:
         record[status(meta, name)] += 1
     record["survivors"] = [{"mutant": n, "status": status(meta, n), "diff": diffs[n]} for n in tested if n in diffs]
+    record["first_draw"] = {c: record[c] for c in COUNTS}  # kept as drawn: retests move the counts above only
     return record
 
 
@@ -106,8 +107,11 @@ def update(root: Path, run: dict, mutants: dict[str, list[str]], chosen: list[st
     per_mutant = run["seconds"] / max(run["mutants_run"], 1)  # wall seconds, all workers together
     for module, names in mutants.items():
         results["modules"][module] = (
-            module_record(names, set(chosen), meta, diffs) | stamp | {"wall_seconds_per_mutant": round(per_mutant, 2)}
+            module_record(names, set(chosen), meta, diffs)
+            | stamp
+            | {"wall_seconds_per_mutant": round(per_mutant, 2), "source": blob(root, module_path(module))}
         )
+    mark_stale(root, results)
     this = {"modules": {m: results["modules"][m] for m in mutants}}
     rates = {r["package"]: round(r["rate"], 1) for r in package_rows(this, equivalents(root))}
     results["runs"].append(run | stamp | {"killed_pct": rates})
@@ -140,7 +144,8 @@ def retest(
         rec["survivors"], rec["retested"] = kept, stamp["commit"]
     this = {"modules": {m: r for m, r in results["modules"].items() if m.split(".")[1] in packages}}
     rates = {r["package"]: round(r["rate"], 1) for r in package_rows(this, equivalents(root))}
-    results["runs"].append(run | stamp | {"killed_pct": rates})
+    results["runs"].append(run | stamp | {"killed_pct": rates, "retest": True})
+    mark_stale(root, results)
     _write(path, results)
 
 
@@ -152,41 +157,101 @@ def _write(path: Path, results: dict) -> None:
     os.replace(partial, path)
 
 
+def blob(root: Path, path: str, rev: str | None = None) -> str | None:
+    """git's object name of ``path``'s text: as it is now, or at commit ``rev`` (None when git has none)."""
+    cmd = ["git", "hash-object", path] if rev is None else ["git", "rev-parse", f"{rev}:{path}"]
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def mark_stale(root: Path, results: dict) -> None:
+    """``stale`` on each module record whose source differs from the one its sample was drawn on (the
+    ``source`` recorded with it; a record without one: the module at the record's commit)."""
+    for module, rec in results["modules"].items():
+        path = module_path(module)
+        drawn = rec.get("source") or blob(root, path, rec.get("commit", "").removesuffix("+changes") or None)
+        now = blob(root, path)
+        rec["stale"] = drawn is None or now is None or drawn != now
+
+
+def stale_equivalents(equivalent: dict[str, dict], made: dict[str, str], modules: set[str]) -> dict[str, str]:
+    """The entries of ``tools/mutation_equivalent.yaml`` of ``modules`` whose mutant the current code no
+    longer makes as judged: name → why (``made``: every current mutant's diff by name)."""
+    out = {}
+    for name, entry in sorted(equivalent.items()):
+        if not any(name.startswith(m + ".") for m in modules):
+            continue
+        if name not in made:
+            out[name] = "no such mutant in the current code"
+        elif made[name].strip() != entry["diff"].strip():
+            out[name] = "the mutant of that name now has another diff"
+    return out
+
+
+def _first_draw(rec: dict) -> dict | None:
+    """The counts of the module's sample as drawn (before any retest); None when a retest overwrote them."""
+    return rec.get("first_draw") or (None if "retested" in rec else {c: rec[c] for c in COUNTS})
+
+
 def package_rows(results: dict, equivalent: dict[str, dict]) -> list[dict]:
-    """One row per package: its modules' counts added up, equivalent mutants set apart, the kill rate."""
+    """One row per package: its modules' counts added up, equivalent mutants set apart, the kill rate now
+    (``rate``: after the retests of survivors that new tests caught), the *first-draw* rate (``first_rate``:
+    the sample as drawn on the code it was drawn on; nan when a retest overwrote a module's first counts),
+    and the modules whose source changed since their sample (``stale``)."""
     rows: dict[str, dict] = {}
     for module, rec in sorted(results["modules"].items()):
         row = rows.setdefault(
             module.split(".")[1],
-            {"mutants": 0, "tested": 0, "equivalent": 0, "full_hours": 0.0} | {c: 0 for c in COUNTS},
+            {"mutants": 0, "tested": 0, "equivalent": 0, "full_hours": 0.0, "stale": [], "first": {}}
+            | {c: 0 for c in COUNTS},
         )
         for key in ("mutants", "tested", *COUNTS):
             row[key] += rec[key]
         row["full_hours"] += rec["mutants"] * rec["wall_seconds_per_mutant"] / 3600
         row["equivalent"] += sum(is_equivalent(s, equivalent) for s in rec["survivors"])
+        row["stale"] += [module] if rec.get("stale") else []
+        first = _first_draw(rec)
+        row["first"] = (
+            None if first is None or row["first"] is None else {c: row["first"].get(c, 0) + first[c] for c in COUNTS}
+        )
     for row in rows.values():
-        judged = row["tested"] - row["equivalent"] - row["not run"]
-        row["rate"] = 100.0 * (row["killed"] + row["timeout"] + row["crashed"]) / judged if judged else float("nan")
+        row["rate"] = _rate(row, row["tested"], row["equivalent"])
+        first = row.pop("first")
+        row["first_rate"] = _rate(first, row["tested"], row["equivalent"]) if first is not None else float("nan")
     return [{"package": p} | r for p, r in sorted(rows.items())]
+
+
+def _rate(counts: dict, tested: int, equivalent: int) -> float:
+    """(killed + timed out + crashed) / (tested − equivalent − not run), in per cent."""
+    judged = tested - equivalent - counts["not run"]
+    return 100.0 * (counts["killed"] + counts["timeout"] + counts["crashed"]) / judged if judged else float("nan")
+
+
+def _pct(rate: float) -> str:
+    if rate != rate:  # nan: not known
+        return "—"
+    return f"**{rate:.1f}**" if rate >= GOAL else f"{rate:.1f}"
 
 
 def render(root: Path) -> str:
     results = json.loads((root / RESULTS).read_text())
     equivalent = equivalents(root)
     head = (
-        "| package | mutants | tested | killed | timed out | survived | no test | equivalent | killed % "
-        "| every mutant, h |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| package | mutants | tested | killed | timed out | survived | no test | equivalent | first draw, killed % "
+        "| after retests, killed % | every mutant, h | changed since the sample |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [
         f"| `{r['package']}` | {r['mutants']} | {r['tested']} | {r['killed']} | {r['timeout'] + r['crashed']} "
-        f"| {r['survived'] + r['suspicious']} | {r['no tests']} | {r['equivalent']} | "
-        f"{'**' if r['rate'] >= GOAL else ''}{r['rate']:.1f}{'**' if r['rate'] >= GOAL else ''} | "
-        f"{r['full_hours']:.1f} |"
+        f"| {r['survived'] + r['suspicious']} | {r['no tests']} | {r['equivalent']} | {_pct(r['first_rate'])} "
+        f"| {_pct(r['rate'])} | {r['full_hours']:.1f} | "
+        + (", ".join(f"`{m.split('.', 2)[2]}`" for m in r["stale"]) or "none")
+        + " |"
         for r in package_rows(results, equivalent)
     ]
     runs = [
         f"- `{r['command']}`: {r['mutants_run']} mutants in {r['seconds']:.0f} s with {r['jobs']} workers, "
-        f"at {r['commit']} on {r['date']} ({r['machine']})"
+        f"at {r['commit']} on {r['date']} ({r['machine']}){', a retest of survivors' if r.get('retest') else ''}"
         + "".join(f"; `{p}` {pct:.1f} % killed" for p, pct in sorted(r.get("killed_pct", {}).items()))
         for r in results["runs"]
     ]
@@ -225,7 +290,11 @@ library (an operator, a constant, a comparison, a dropped argument: [mutmut](htt
 mutants) and runs the tests that call the changed function; a mutant is *killed* when one of them fails.
 [Testing and benchmarks](testing.md#mutation-testing) says how to run it and why mutmut.
 The table is per package, over the mutants tested (every mutant, or a seeded sample where a package has
-thousands); killed % = (killed + timed out) / (tested − equivalent), the goal is {goal:.0f} %. The last
-column is what testing every mutant of the package would take at the sample's wall seconds per mutant.
+thousands); killed % = (killed + timed out) / (tested − equivalent), the goal is {goal:.0f} %. The
+*first draw* is the sample as drawn on the code it was drawn on: the suite's rate on fresh mutants. *After
+retests* counts the survivors that tests written since caught (`--survivors`), so it flatters the suite;
+— where a retest overwrote a module's first counts. "Every mutant, h" is what testing every mutant of the
+package would take at the sample's wall seconds per mutant; the last column names the modules whose
+source changed since their sample (as of the last run or `--render`): their records are stale.
 
 """.replace("{goal:.0f}", f"{GOAL:.0f}")

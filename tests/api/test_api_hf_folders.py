@@ -63,3 +63,23 @@ def test_a_language_model_curve_reads_logits_per_token(folders: Path) -> None:
     end = next(r for r in curve.rows if r["lam"] == 1.0)
     assert end["loss"] == pytest.approx(float(own), rel=1e-5) and 0.0 <= end["acc"] <= 1.0
     assert abs(curve.barrier()) < 1e-5
+
+
+def test_reading_and_writing_a_folder_restores_the_callers_transformers_verbosity(folders: Path, tmp_path) -> None:
+    """lmclab silences transformers while it reads or writes a folder, then gives back the caller's level
+    and progress bars (saved before it silenced them)."""
+    from lmclab.api.hf import load_hf_folder, save_hf_folder
+
+    logging = transformers.utils.logging
+    before = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    try:
+        for level, bars in ((logging.INFO, True), (logging.DEBUG, False)):
+            logging.set_verbosity(level)
+            (logging.enable_progress_bar if bars else logging.disable_progress_bar)()
+            state, model = load_hf_folder(folders / "a")
+            assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == (level, bars)
+            save_hf_folder(model, state, tmp_path / f"out{level}")
+            assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == (level, bars)
+    finally:
+        logging.set_verbosity(before[0])
+        (logging.enable_progress_bar if before[1] else logging.disable_progress_bar)()

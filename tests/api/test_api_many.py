@@ -84,6 +84,20 @@ def test_merge_many_with_a_transform_method_reads_data_and_repairs() -> None:
     assert fixed.repair == "repair" and torch.allclose(functional_call(net, fixed.merged, (x,)), net(x), atol=1e-3)
 
 
+def test_the_repair_of_a_merge_reads_the_aligned_models() -> None:
+    """REPAIR of an n-model merge measures the endpoints in the common frame: on permuted copies the
+    repaired merge is the net's function again; the unaligned copies' statistics would move its units."""
+    net, x = _mlp(0), torch.randn(256, 12)
+    copies = _copies(net, x[:2])
+    data = (x, torch.zeros(256))
+    res = lmclab.merge_many(copies, model=net, data=data, repair="repair", repair_samples=None, device="cpu")
+    assert res.repair == "repair"
+    assert torch.allclose(functional_call(net, res.merged, (x,)), net(x), atol=1e-4)
+    plain = lmclab.merge_many(copies, model=net, example_inputs=x[:2], device="cpu")
+    unaligned = lmclab.repair(net, plain.merged, copies, data=data, repair="repair", repair_samples=None, device="cpu")
+    assert not torch.allclose(functional_call(net, unaligned, (x,)), net(x), atol=1e-2)  # negative control
+
+
 def test_merge_many_leaves_the_callers_module_and_state_dicts_alone() -> None:
     net, x = _mlp(0), torch.randn(8, 12)
     copies = _copies(net, x)

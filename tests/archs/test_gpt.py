@@ -170,3 +170,17 @@ def test_find_permutation_brings_back_a_permuted_copy_with_grouped_queries_and_r
 def test_shapes_that_do_not_fit_are_refused_in_one_line(options, message) -> None:
     with pytest.raises(OptionError, match=message):
         config(**options)
+
+
+@pytest.mark.parametrize("position", gpt.POSITIONS)
+def test_the_output_at_a_position_reads_the_tokens_up_to_it_and_none_after(position) -> None:
+    """Causal attention (GPT-2's mask): changing token s changes the logits at every t ≥ s and none at t < s."""
+    model = built(config(position=position))
+    ids = tokens(seed=0, batch=1)
+    s = CONTEXT // 2
+    changed = ids.clone()
+    changed[0, s] = (ids[0, s] + 1) % VOCAB
+    with torch.no_grad():
+        moved = (model(changed) - model(ids)).abs().amax(dim=-1)[0]  # (tokens,)
+    assert torch.all(moved[:s] == 0), moved
+    assert torch.all(moved[s:] > 1e-6), moved

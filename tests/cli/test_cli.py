@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,8 @@ NETS = """
 from torch import nn
 
 
-def mlp(width=16):
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, width), nn.ReLU(), nn.Linear(width, 10))
+def mlp(width=16, classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, width), nn.ReLU(), nn.Linear(width, classes))
 """
 
 
@@ -104,7 +105,15 @@ def test_match_then_barrier_recovers_a_planted_permutation(work: Path) -> None:
         "--json",
         "aligned.json",
     ).stdout
-    assert "test loss" in naive and "test acc" in aligned
+    assert "test loss (mean cross-entropy): A" in naive and "test acc (%): A" in aligned  # each line's unit
+    assert re.search(r"barrier max -?\d+\.\d{4} points, mid -?\d+\.\d{4} points$", naive.strip())
+    written = json.loads((work / "naive.json").read_text())  # one unit: accuracies as fractions, as the rows
+    at = {r["lam"]: r for r in written["curve"] if r["split"] == "test"}
+    barriers = written["barriers"]
+    assert barriers["test_acc_a"] == pytest.approx(at[1.0]["acc"]) and 0 <= barriers["test_acc_a"] <= 1
+    assert barriers["test_acc_mid"] == pytest.approx(at[0.5]["acc"])
+    printed = float(re.search(r"test acc \(%\): .*barrier max (\S+) points", naive).group(1))
+    assert barriers["test_acc_barrier_max"] == pytest.approx(printed / 100, abs=1e-6)
     found = json.loads((work / "aligned.json").read_text())["barriers"]
     assert found["test_loss_barrier_max"] == pytest.approx(0.0, abs=1e-6)
     assert json.loads((work / "naive.json").read_text())["barriers"]["test_loss_barrier_max"] != pytest.approx(0.0)
@@ -278,3 +287,33 @@ def test_validate_reads_a_params_file(work: Path) -> None:
     assert "valid" in lmclab(work, "validate", str(root / "params.yaml")).stdout
     (work / "bad.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1))
     assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False, shell=False).stderr
+
+
+@pytest.mark.parametrize("command", ["", "match", "merge", "merge-many", "barrier", "trace", "validate", "study"])
+def test_help_is_plain_text_without_rest_markup(tmp_path: Path, command: str) -> None:
+    """``--help`` is read in a terminal: no ``literal``, :mod:`…` or :func:`…` from a docstring's reST."""
+    out = lmclab(tmp_path, *command.split(), "--help", shell=False).stdout
+    head = [line.strip(" │") for line in out.splitlines() if line.strip(" │")][:4]
+    assert head[0].startswith("Usage:") and len(head) > 1, out
+    assert not re.search(r"``|:(mod|func|class|meth|attr|data|ref):`", out), out
+    if not command:
+        assert head[1].startswith("Align, merge and measure trained networks"), head
+
+
+def test_a_head_with_other_classes_than_the_data_is_warned_in_one_line(work: Path) -> None:
+    """torchvision's 1000-way resnet18 measured on 10-class digits, in small: 12 outputs, 10 classes."""
+    sys.path.insert(0, str(work))
+    try:
+        from nets import mlp
+    finally:
+        sys.path.remove(str(work))
+    for name in ("wide_a.pt", "wide_b.pt"):
+        torch.save(mlp(classes=12).state_dict(), work / name)
+    args = ["--data", "digits", "--factory", "nets:mlp", "--num-lambdas", "3"]
+    err = lmclab(work, "barrier", "wide_a.pt", "wide_b.pt", *args, "--kwargs", '{"classes": 12}', shell=False).stderr
+    assert err.startswith("warning: the model has 12 outputs and --data digits has 10 classes;") and len(err.splitlines()) == 1
+    assert "--kwargs '{\"num_classes\": 10}'" in err
+    assert lmclab(work, "barrier", "a.pt", "b.pt", *args, shell=False).stderr == ""  # 10 outputs, 10 classes
+    many = ["merge-many", "wide_a.pt", "wide_b.pt", "--factory", "nets:mlp", "--kwargs", '{"classes": 12}']
+    err = lmclab(work, *many, "--data", "digits", "--out", "many.pt", shell=False).stderr
+    assert err.startswith("warning: the model has 12 outputs and --data digits has 10 classes;")

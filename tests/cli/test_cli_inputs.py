@@ -193,3 +193,35 @@ def _flipped_state() -> dict[str, torch.Tensor]:
     return {
         f"{k}.{p}": torch.randn(s if p == "weight" else s[:1]) for k, s in shapes.items() for p in ("weight", "bias")
     }
+
+
+def test_an_input_shape_or_sample_count_of_zero_is_refused_and_one_is_read() -> None:
+    from lmclab.cli.inputs import parse_samples, parse_shape
+
+    assert parse_shape("1") == (1,) and parse_shape("3,1,1") == (3, 1, 1)  # the boundary: 1 is a size
+    for bad in ("0", "3,0,2", "-1"):
+        with pytest.raises(ValueError, match=f"^--input-shape: expected positive integers .*got '{bad}'$"):
+            parse_shape(bad)
+    assert parse_samples("1") == 1 and parse_samples("all") is None
+    with pytest.raises(ValueError, match="^--repair-samples: expected a positive integer or all, got '0'$"):
+        parse_samples("0")
+
+
+def test_the_spec_of_several_checkpoints_is_the_first_ones(tmp_path) -> None:
+    """Two gpt checkpoints with 4 and 2 heads have the same tensor shapes and different specs (heads of
+    4 and 2 units): the command works in the first model's spec — or refuses the second in one line."""
+    from lmclab.archs import build_model, make_config
+    from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
+
+    paths = []
+    for heads in (4, 2):
+        config = make_config("gpt", input_shape=(8,), num_classes=11, width=8, depth=1, heads=heads, mlp_ratio=2)
+        paths.append(tmp_path / f"gpt{heads}.pt")
+        save_checkpoint(paths[-1], Checkpoint("gpt", config, 0, build_model("gpt", config, seed=0).state_dict()))
+    try:
+        params, (net, spec, _) = load_models(paths, None, "{}")
+    except ValueError as err:
+        assert str(err).startswith(str(paths[1])) and "\n" not in str(err)
+        return
+    assert params[0].keys() == params[1].keys() and all(params[0][k].shape == params[1][k].shape for k in params[0])
+    assert {h.count for h in spec.heads.values()} == {4}, spec.heads  # the first checkpoint's heads

@@ -60,9 +60,23 @@ def test_train_and_test_folders_are_the_split(tmp_path) -> None:
         corpus.read_corpus(tmp_path)
 
 
+def test_a_corpus_stored_under_a_hidden_folder_is_read(tmp_path) -> None:
+    """Only hidden folders inside the corpus are skipped, not those on the way to it (``~/.cache/...``)."""
+    root = write(tmp_path / ".cache" / "corpus", {"a.txt": "alpha", "sub/b.txt": "beta", ".git/c.txt": "no"})
+    assert corpus.source_kind(root) == "files"
+    assert corpus.read_corpus(root) == {"all": {"a.txt": "alpha", "sub/b.txt": "beta"}}
+    split = write(tmp_path / ".cache" / "split", {"train/a.txt": "alpha", "test/b.txt": "beta"})
+    assert corpus.read_corpus(split) == {"train": {"train/a.txt": "alpha"}, "test": {"test/b.txt": "beta"}}
+
+
 def test_a_train_folder_alone_is_not_a_split(tmp_path) -> None:
     write(tmp_path, {"train/a.txt": "alpha", "b.txt": "beta"})
     assert corpus.read_corpus(tmp_path) == {"all": {"train/a.txt": "alpha", "b.txt": "beta"}}
+
+
+def test_a_test_folder_alone_is_not_a_split(tmp_path) -> None:
+    write(tmp_path, {"test/a.txt": "alpha", "b.txt": "beta"})
+    assert corpus.read_corpus(tmp_path) == {"all": {"test/a.txt": "alpha", "b.txt": "beta"}}
 
 
 def test_unreadable_sources_are_refused_in_one_line(tmp_path) -> None:

@@ -239,3 +239,150 @@ def test_a_survivor_no_longer_made_counts_as_not_run_outside_the_rate(tmp_path: 
     assert [s["mutant"] for s in rec["survivors"]] == [names[0]]
     (last,) = json.loads((tmp_path / report.RESULTS).read_text())["runs"]
     assert last["killed_pct"] == {"core": round(100 * 8 / 9, 1)}  # (7 killed + 1 timed out) / (10 − 1 not run)
+
+
+# ---- the default targets, the operators mutmut lacks, stale records and stale equivalents -------------------
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_targets_default_to_the_modules_changed_since_the_branch_left_main(tmp_path: Path) -> None:
+    root = _git_project(tmp_path)
+    _git(root, "branch", "-M", "main")
+    _git(root, "checkout", "-qb", "topic")
+    (root / "src/lmclab/a.py").write_text("x = 2\n")
+    _git(root, "commit", "-qam", "two")
+    (root / "src/lmclab/b.py").write_text("y = 3\n")  # uncommitted: counted too
+    _git(root, "commit", "-qam", "three")
+    (root / "src/lmclab/b.py").write_text("y = 4\n")
+    assert mutation.merge_base(root) == _git(root, "rev-parse", "main")
+    assert mutation.resolve_targets([], root, "auto") == [Path("src/lmclab/a.py"), Path("src/lmclab/b.py")]
+    assert mutation.resolve_targets([], root, "HEAD~1") == [Path("src/lmclab/b.py")]  # HEAD~1 misses a.py
+
+
+def test_with_nothing_changed_the_default_is_a_first_draw_of_every_package(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    root = _git_project(tmp_path)
+    _git(root, "branch", "-M", "main")
+    seen = {}
+    monkeypatch.setattr(
+        mutation,
+        "run",
+        lambda root, targets, tests, work, sample, seed, *a, **k: seen.update(
+            targets=targets, sample=sample, seed=seed
+        ),
+    )
+    result = CliRunner().invoke(mutation.app, ["--root", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "no library module changed since" in result.output
+    assert seen == {
+        "targets": [Path("src/lmclab/a.py"), Path("src/lmclab/b.py")],
+        "sample": mutation.FIRST_DRAW,
+        "seed": 0,
+    }
+    CliRunner().invoke(mutation.app, ["--root", str(root), "--sample", "3", "--seed", "2"])
+    assert (seen["sample"], seen["seed"]) == (3, 2)
+
+
+OPERATED = '''
+def f(x, logging, spec, axis, step, size):
+    """The operators' cases, one each."""
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    y = x[..., ::2]
+    m = x.triu(1)
+    whole = size == 3 and step == 1
+    return all(e for e in spec if e != axis), level, y, m, whole
+'''
+
+
+def _made(code: str) -> dict[str, str]:
+    from mutmut.mutation import file_mutation
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    made = file_mutation.mutate_file_contents("toy.py", code)
+    return {n: get_diff_for_mutant(n, source=made.code, path="toy.py") for n in made.mutant_names}
+
+
+def test_the_added_operators_plant_the_bugs_that_survived_and_keep_mutmuts_numbering(monkeypatch) -> None:
+    import mutation_operators
+    from mutmut.mutation import file_mutation
+
+    monkeypatch.setattr(file_mutation, "create_mutations", file_mutation.create_mutations)  # undone after
+    own = _made(OPERATED)
+    mutation_operators.install()
+    both = _made(OPERATED)
+    assert list(both)[: len(own)] == list(own) and all(both[n] == own[n] for n in own)  # the same names
+    added = [d for n, d in both.items() if n not in own]
+    changes = sorted("\n".join(line for line in d.splitlines()[3:] if line[:1] in "+-") for d in added)
+    assert changes == sorted(
+        [
+            "+    logging.set_verbosity_error()\n-    logging.set_verbosity_error()",  # saved after it is silenced
+            "+    y = x[..., ::2]\n-    y = x[..., ::2]",
+            "-    y = x[..., ::2]\n+    y = x[..., :]",
+            "-    m = x.triu(1)\n+    m = x.tril(1)",
+            "-    whole = size == 3 and step == 1\n+    whole = size == 3",
+            "-    whole = size == 3 and step == 1\n+    whole = step == 1",
+            "-    return all(e for e in spec if e != axis), level, y, m, whole\n"
+            "+    return any(e for e in spec if e != axis), level, y, m, whole",
+        ]
+    ), changes
+
+
+def test_an_equivalent_entry_is_stale_when_its_mutant_is_gone_or_has_another_diff() -> None:
+    judged = {
+        "lmclab.core.a.x_f__mutmut_1": {"reason": "r", "diff": "-x = 1\n+x = 1.0"},
+        "lmclab.core.a.x_f__mutmut_2": {"reason": "r", "diff": "-y = 1\n+y = 1.0"},
+        "lmclab.core.a.x_f__mutmut_3": {"reason": "r", "diff": "-z\n+w"},
+        "lmclab.api.b.x_g__mutmut_1": {"reason": "r", "diff": "-a\n+b"},  # a module not mutated now: not judged
+    }
+    made = {"lmclab.core.a.x_f__mutmut_1": "-x = 1\n+x = 1.0\n", "lmclab.core.a.x_f__mutmut_2": "-y = 1\n+y = 2"}
+    assert report.stale_equivalents(judged, made, {"lmclab.core.a"}) == {
+        "lmclab.core.a.x_f__mutmut_2": "the mutant of that name now has another diff",
+        "lmclab.core.a.x_f__mutmut_3": "no such mutant in the current code",
+    }
+
+
+def test_the_first_draw_rate_stays_as_drawn_while_retests_move_the_rate_after_them(tmp_path: Path) -> None:
+    results = _results("-x = 1\n+x = 2")
+    results["modules"]["lmclab.core.a"]["first_draw"] = {
+        c: results["modules"]["lmclab.core.a"][c] for c in report.COUNTS
+    }
+    (tmp_path / report.RESULTS).parent.mkdir(parents=True)
+    (tmp_path / report.RESULTS).write_text(json.dumps(results))
+    names = [s["mutant"] for s in results["modules"]["lmclab.core.a"]["survivors"]]
+    meta = {"lmclab.core.a": {"exit_code_by_key": {names[0]: 1, names[1]: 1, names[2]: 1}}}  # all caught now
+    run = {"command": "c", "seconds": 1.0, "jobs": 1, "sample": 0, "seed": 0, "mutants_run": 3}
+    report.retest(tmp_path, run, meta, {}, names)
+    after = json.loads((tmp_path / report.RESULTS).read_text())
+    (row,) = report.package_rows(after, {})
+    assert row["first_rate"] == pytest.approx(70.0) and row["rate"] == pytest.approx(100.0)
+    del after["modules"]["lmclab.core.a"]["first_draw"]  # a record from before first draws were kept
+    (row,) = report.package_rows(after, {})
+    assert row["first_rate"] != row["first_rate"] and row["rate"] == pytest.approx(100.0)  # nan: not known
+    page_row = next(line for line in report.render(tmp_path).splitlines() if line.startswith("| `core`"))
+    assert "| 70.0 | **100.0** |" in page_row
+    (tmp_path / report.RESULTS).write_text(json.dumps(after))
+    page_row = next(line for line in report.render(tmp_path).splitlines() if line.startswith("| `core`"))
+    assert "| — | **100.0** |" in page_row
+
+
+def test_a_record_is_stale_once_its_module_changed_since_its_sample(tmp_path: Path) -> None:
+    root = _git_project(tmp_path)
+    results = {"modules": {"lmclab.a": {"source": report.blob(root, "src/lmclab/a.py")}, "lmclab.b": {}}}
+    results["modules"]["lmclab.b"]["commit"] = _git(root, "rev-parse", "--short", "HEAD") + "+changes"
+    report.mark_stale(root, results)
+    assert not results["modules"]["lmclab.a"]["stale"] and not results["modules"]["lmclab.b"]["stale"]
+    (root / "src/lmclab/a.py").write_text("x = 5\n")
+    (root / "src/lmclab/b.py").write_text("y = 5\n")
+    report.mark_stale(root, results)
+    assert results["modules"]["lmclab.a"]["stale"] and results["modules"]["lmclab.b"]["stale"]

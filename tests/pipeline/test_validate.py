@@ -216,6 +216,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         {"train__objective": "mae", "model__arch": "vit", "train__optimizer": "sgd"},
         "train.optimizer: train.objective mae needs 'adam', got 'sgd'",
     ),
+    (  # one process: the pretraining is not sharded
+        {"train__objective": "mae", "model__arch": "vit", "train__nproc_per_node": 2},
+        "train.nproc_per_node: train.objective mae needs 1, got 2",
+    ),
     (
         {"train__objective": "mae", "model__arch": "vit", "train__mae__mask_ratio": 1.0},
         "train.mae.mask_ratio: expected a number in (0, 1), got 1.0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -272,6 +273,43 @@ def test_restarts_keep_the_highest_objective_and_warn_when_starts_disagree() -> 
     assert matching_objective(spec, found.perm, params_a, params_b) == pytest.approx(max(finals), rel=1e-12)
     one = weight_matching(spec, params_a, params_b, restarts=1, generator=torch.Generator().manual_seed(0))
     assert one.stats["restart_objectives"] == finals[:1]  # the first start is the plain identity start
+
+
+def _starts(monkeypatch, spec, params_a, params_b, restarts: int) -> list[dict]:
+    """The permutation each of weight matching's starts descends from, in order."""
+    from lmclab.search import weight_matching as module
+
+    seen, descend = [], module._descend
+    monkeypatch.setattr(
+        module, "_descend", lambda spec, a, b, init, *rest: seen.append(init) or descend(spec, a, b, init, *rest)
+    )
+    with warnings.catch_warnings():  # whether the starts end apart is not the question here
+        warnings.simplefilter("ignore", LocalOptimaWarning)
+        weight_matching(spec, params_a, params_b, restarts=restarts, generator=torch.Generator().manual_seed(0))
+    return seen
+
+
+def test_the_starts_are_the_identity_then_the_sorted_signatures_then_random(monkeypatch) -> None:
+    """Module docstring: the identity first and the sorted signatures second on unrelated models, the other
+    way round on a relabelling; random permutations only from the third start on."""
+    from functools import partial
+
+    from lmclab.search.weight_matching import sorted_signature_start
+
+    same = lambda p, q: p.keys() == q.keys() and all(torch.equal(p[g], q[g]) for g in p)  # noqa: E731
+    for planted in (False, True):
+        if planted:
+            spec, params_a, params_b, _ = _planted_mlp(seed=0)
+        else:
+            spec, params_a, params_b = _random_mlp(hidden=3, width=16, seed=5)
+        identity = identity_permutation(spec.group_sizes(params_a))
+        signature = sorted_signature_start(spec, params_a, params_b, partial(solve_assignment, backend="scipy"))
+        assert not same(identity, signature)
+        starts = _starts(monkeypatch, spec, params_a, params_b, restarts=3)
+        assert len(starts) == 3
+        first, second = (signature, identity) if planted else (identity, signature)
+        assert same(starts[0], first) and same(starts[1], second), planted
+        assert not same(starts[2], identity) and not same(starts[2], signature)
 
 
 @pytest.mark.slow

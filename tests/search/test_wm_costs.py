@@ -147,3 +147,20 @@ def test_a_term_of_an_entry_with_three_permuted_axes_is_updated_on_the_one_that_
     assert torch.allclose(cache.cost("A", moved), group_cost(spec, "A", moved, params_a, params_b))
     assert cache.counts == {"kept": 0, "updated": 1, "recomputed": 1}
     assert cache.objective(moved) == matching_objective(spec, moved, params_a, params_b)
+
+
+def test_the_constant_terms_are_those_whose_other_axes_are_all_unpermuted() -> None:
+    """A conv kernel (out, in, kh, kw) permuted on its input axis has unpermuted spatial axes: its term for
+    the output group moves with the input's permutation, so it is no constant; the first conv's (its input
+    is the image) is. The cost with the constants equals the cost computed from scratch."""
+    from lmclab.search.wm_costs import constant_terms
+
+    spec, params_a = _conv_flatten(0)
+    _, params_b = _conv_flatten(1)
+    constants = constant_terms(spec, params_a, params_b)
+    assert ("3.weight", 0, spec.axes["3.weight"][0]) not in constants  # (8, 6, 3, 3): its input is permuted
+    assert ("0.weight", 0, spec.axes["0.weight"][0]) in constants  # (6, 3, 3, 3): its input is the image
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(2))
+    for group in spec.groups:
+        with_constants = group_cost(spec, group, perm, params_a, params_b, constants)
+        assert torch.allclose(with_constants, group_cost(spec, group, perm, params_a, params_b), rtol=1e-12), group

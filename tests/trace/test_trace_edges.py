@@ -211,6 +211,31 @@ def test_the_exported_graph_computes_the_model_and_drops_constant_arguments():
     assert torch.equal(out, model(x))
 
 
+class Strided(nn.Module):
+    """Every other unit of ``a`` read by ``b``; a branch on the input's shape that torch.fx cannot record, so
+    the tracer reads the graph torch.export records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 6:
+            return x
+        return self.b(self.a(x)[..., ::2])  # (N, 5, 8) → (N, 5, 4)
+
+
+def test_a_strided_slice_of_the_whole_axis_is_read_with_its_step_by_the_export_path():
+    """``h[..., ::2]`` starts at 0 and ends at the axis' length, yet keeps half of it: the exported graph
+    computes the model, and the slice of a permuted axis is refused as picking units, not carried as ``:``."""
+    model, x = Strided().double(), torch.randn(2, 5, 6, dtype=torch.float64)
+    (out,) = exported(model, (x,))(x)
+    assert torch.equal(out, model(x))
+    message = r"^trace_spec: node 'slice_1': getitem .*\(an index that picks units of a permuted axis\)"
+    with pytest.raises(TraceError, match=message):
+        trace_spec(model, x)
+
+
 def test_a_union_roots_at_the_older_group_and_the_pinned_one_and_keeps_the_heads():
     groups = Groups()
     old, new, other = groups.new(), groups.new(), groups.new()

@@ -127,3 +127,22 @@ def test_one_group_split_into_two_head_counts_is_refused():
         trace_spec(Net(packed(4)), torch.randn(2, 9, 16))
     spec = trace_spec(Net(packed(2)), torch.randn(2, 9, 16))  # 2 heads both times: one head count
     assert spec.axes["q.weight"] == (None, None)  # returned: the model's outputs are never permuted
+
+
+def test_a_pooling_window_over_the_second_to_last_axis_is_refused_when_that_axis_is_permuted():
+    """A 2-D pooling window spans the last two axes: one of them permuted mixes units of a group (the window
+    keeps the shape, so only the pooling rule can see it); the channel axis before them is carried."""
+    pool = torch.nn.functional.avg_pool2d
+
+    def over_units(m, x):  # (2, 3, 4, 6) → (2, 3, 6, 4): the units on the second-to-last axis
+        return m.head(pool(m.a(x).transpose(-1, -2), 3, stride=1, padding=1).transpose(-1, -2))
+
+    message = r"^trace_spec: node 'avg_pool2d': .*\(a pooling window over a permuted axis\)"
+    with pytest.raises(TraceError, match=message):
+        trace_spec(Net(over_units), torch.randn(2, 3, 4, 5))
+
+    def over_space(m, x):  # (2, 3, 4, 6) → (2, 6, 3, 4): the units are channels, the window is spatial
+        return m.head(pool(m.a(x).permute(0, 3, 1, 2), 3, stride=1, padding=1).permute(0, 2, 3, 1))
+
+    spec = trace_spec(Net(over_space), torch.randn(2, 3, 4, 5))
+    assert spec.axes["a.weight"] == ("P_0", None) and spec.axes["head.weight"] == (None, "P_0")

@@ -26,7 +26,12 @@ from lmclab.cli import models, preset, studies
 from lmclab.cli.common import KWARGS, one_line
 from lmclab.cli.inputs import parse_kwargs, parse_shape
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+HELP = (
+    "Align, merge and measure trained networks from the shell: match finds the permutation of B's hidden "
+    "units that aligns it to A, merge and merge-many write merged weights, barrier measures the loss and "
+    "accuracy barriers on the line between A and π(B) (linear mode connectivity)."
+)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
 
 
 @app.callback()

@@ -193,10 +193,29 @@ def check_inputs(net: Any, params: dict, data: Any, source: str) -> None:
     with kept_modes(net), torch.no_grad():
         net.eval()  # a BatchNorm in train mode would update the running statistics of ``params``
         try:
-            functional_call(net, state, (inputs_like(data.x[:2], state),), tie_weights=False)
+            out = functional_call(net, state, (inputs_like(data.x[:2], state),), tie_weights=False)
         except Exception as exc:  # whatever the model raises on inputs it cannot read: one line naming --data
             first = " ".join(str(exc).split())[:160]
             raise ValueError(f"--data {source}: the model cannot read its {holds} of shape {shape} ({first})") from None
+    _warn_if_classes_differ(out, data, source)
+
+
+def _warn_if_classes_differ(out: Any, data: Any, source: str) -> None:
+    """One line on stderr when the model's outputs are not ``--data``'s classes (torchvision's 1000-way
+    head measured on 10-class digits: its accuracy counts every other output as a wrong answer)."""
+    import torch
+    import typer
+
+    if data.y.dtype.is_floating_point or not isinstance(out, torch.Tensor) or out.ndim != 2:
+        return
+    classes = int(data.y.max()) + 1
+    if out.shape[1] != classes:
+        typer.echo(
+            f"warning: the model has {out.shape[1]} outputs and --data {source} has {classes} classes; accuracy "
+            f"counts every other output as a wrong answer (a {classes}-way head: e.g. --kwargs "
+            f"'{{\"num_classes\": {classes}}}')",
+            err=True,
+        )
 
 
 def _reads(net: Any) -> str | None:

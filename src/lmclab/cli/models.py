@@ -207,7 +207,7 @@ def barrier(  # size: a typer command's signature lists each of its options
     factory: str = FACTORY,
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
-    json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON"),
+    json_out: Path = typer.Option(None, "--json", help="also write every barrier as JSON (accuracies as fractions)"),
     device: str = DEVICE,
     partial: bool = PARTIAL,
     progress: bool = PROGRESS,
@@ -243,12 +243,13 @@ def barrier(  # size: a typer command's signature lists each of its options
         device=device,
         progress=progress,
     )
-    found = curve.barriers()
-    for q, unit in (("loss", ""), ("acc", " points")):
+    found = curve.barriers()  # accuracy in per cent, its barriers in percentage points
+    for q, unit, gap in (("loss", "mean cross-entropy", ""), ("acc", "%", " points")):
         typer.echo(
-            f"{split} {q}: A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
+            f"{split} {q} ({unit}): A {found[f'{split}_{q}_a']:.4f}, B {found[f'{split}_{q}_b']:.4f}, "
             f"midpoint {found[f'{split}_{q}_mid']:.4f}; barrier max {found[f'{split}_{q}_barrier_max']:.4f}"
-            f"{unit}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{unit}"
+            f"{gap}, mid {found[f'{split}_{q}_barrier_mid']:.4f}{gap}"
         )
-    if json_out is not None:
-        write_json(json_out, {"barriers": found, "curve": curve.rows})
+    if json_out is not None:  # one unit in the file: accuracies as fractions, as in the curve's rows
+        fractions = {k: v / 100 if k.startswith(f"{split}_acc_") else v for k, v in found.items()}
+        write_json(json_out, {"barriers": fractions, "curve": curve.rows})

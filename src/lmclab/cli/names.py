@@ -104,7 +104,7 @@ CONCEPTS: dict[str, Concept] = {
         "inputs to trace the spec on",
     ),
     "out": Concept((), None, "--out", "", "the file or folder the command writes"),
-    "json": Concept((), None, "--json", "", "the barriers also as JSON"),
+    "json": Concept((), None, "--json", "", "the barriers also as JSON (accuracies as fractions)"),
     "params": Concept(
         (), None, "--params", "", "a pipeline's params.yaml (lmclab validate: its argument)", ("PARAMS",)
     ),
