@@ -311,7 +311,8 @@ def test_a_head_with_other_classes_than_the_data_is_warned_in_one_line(work: Pat
         torch.save(mlp(classes=12).state_dict(), work / name)
     args = ["--data", "digits", "--factory", "nets:mlp", "--num-lambdas", "3"]
     err = lmclab(work, "barrier", "wide_a.pt", "wide_b.pt", *args, "--kwargs", '{"classes": 12}', shell=False).stderr
-    assert err.startswith("warning: the model has 12 outputs and --data digits has 10 classes;") and len(err.splitlines()) == 1
+    assert err.startswith("warning: the model has 12 outputs and --data digits has 10 classes;")
+    assert len(err.splitlines()) == 1
     assert "--kwargs '{\"num_classes\": 10}'" in err
     assert lmclab(work, "barrier", "a.pt", "b.pt", *args, shell=False).stderr == ""  # 10 outputs, 10 classes
     many = ["merge-many", "wide_a.pt", "wide_b.pt", "--factory", "nets:mlp", "--kwargs", '{"classes": 12}']
