@@ -52,36 +52,43 @@ Nothing is guessed: the tests check the result by invariance of the function in 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from lmclab.core.spec import PermutationSpec
-from lmclab.trace.export import exported
+from lmclab.trace.export import exported, wrapped_calls
 from lmclab.trace.graph import GraphTracer, Traced
 from lmclab.trace.groups import TraceError
 
 __all__ = ["TraceError", "Traced", "trace", "trace_spec"]
 
 
-def trace_spec(
-    model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *, partial: bool = False
-) -> PermutationSpec:
+Inputs = torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+
+
+def trace_spec(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) -> PermutationSpec:
     """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` give the
-    shapes. One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``."""
+    shapes: one tensor, a tuple of ``forward``'s positional arguments, or a dict of its keyword arguments
+    (T5's ``{"input_ids": …, "decoder_input_ids": …}``). One-line :class:`TraceError` for a graph it
+    cannot follow, unless ``partial``."""
     return trace(model, example_inputs, partial=partial).spec
 
 
-def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *, partial: bool = False) -> Traced:
+def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) -> Traced:
     """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    inputs = _positional(model, example_inputs)
+    kwargs = dict(example_inputs) if isinstance(example_inputs, Mapping) else {}
     try:
-        gm = fx.symbolic_trace(model)
+        gm = fx.symbolic_trace(model, concrete_args=_absent(model, kwargs))
+        if hidden := wrapped_calls(gm):  # torch.fx.wrap keeps them whole: export records their inside
+            raise TraceError(f"torch.fx keeps {hidden[0]} whole")
     except Exception as exc:  # torch.fx raises many types for untraceable Python: export runs it instead
-        gm = _exported(model, inputs, exc)  # with the shapes it ran on
+        gm = _exported(model, inputs, exc, kwargs)  # with the shapes it ran on
     else:
         _propagate(gm, model, inputs)
     tracer = GraphTracer(gm, partial)
@@ -89,7 +96,7 @@ def trace(model: nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor
     return tracer.result(model)
 
 
-def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple) -> None:
     """The shape of every node, from one forward pass in eval mode (``torch.fx`` ShapeProp)."""
     was_training = model.training
     gm.eval()
@@ -100,18 +107,38 @@ def _propagate(gm: fx.GraphModule, model: nn.Module, inputs: tuple[torch.Tensor,
         cause = exc.__cause__ or exc
         raise TraceError(
             f"trace_spec: {type(model).__name__} does not run on inputs of shape "
-            f"{[tuple(x.shape) for x in inputs]}: {' '.join(str(cause).split())[:200]}"
+            f"{[tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)]}: {' '.join(str(cause).split())[:200]}"
         ) from None
     finally:
         gm.train(was_training)
 
 
-def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...], fx_error: Exception) -> fx.GraphModule:
+def _positional(model: nn.Module, example_inputs: Inputs) -> tuple:
+    """``example_inputs`` as ``forward``'s positional arguments (a dict: in signature order, defaults between)."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if not isinstance(example_inputs, Mapping):
+        return tuple(example_inputs)
+    params = list(inspect.signature(model.forward).parameters.values())
+    if unknown := set(example_inputs) - {p.name for p in params}:
+        raise TraceError(f"example_inputs: {type(model).__name__}.forward takes no argument {sorted(unknown)[0]!r}")
+    last = max(i for i, p in enumerate(params) if p.name in example_inputs)
+    return tuple(example_inputs.get(p.name, p.default) for p in params[: last + 1])
+
+
+def _absent(model: nn.Module, kwargs: dict[str, torch.Tensor]) -> dict | None:
+    """The arguments of ``forward`` a dict of inputs leaves out, at their defaults (``torch.fx`` then follows
+    the branch taken on them, as the forward pass does): None for positional inputs."""
+    params = inspect.signature(model.forward).parameters.values()
+    return {p.name: p.default for p in params if p.name not in kwargs and p.default is not p.empty} if kwargs else None
+
+
+def _exported(model: nn.Module, inputs: tuple, fx_error: Exception, kwargs: dict[str, torch.Tensor]) -> fx.GraphModule:
     """The graph ``torch.export`` records (:mod:`lmclab.trace.export`), in eval mode; one line when it cannot."""
     was_training = model.training
     model.eval()
     try:
-        return exported(model, inputs)
+        return exported(model, () if kwargs else inputs, kwargs)
     except Exception as exc:  # export raises many types for what it cannot run
         raise TraceError(
             f"trace_spec: neither torch.fx nor torch.export can trace {type(model).__name__}: "

@@ -35,10 +35,11 @@ from lmclab.trace.groups import (
 from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.rotary import RotaryRules
+from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
 from lmclab.trace.state import unknown
 
-RULES = FUNCTIONAL_RULES | CALL_RULES
+RULES = FUNCTIONAL_RULES | CALL_RULES | ROUTING_RULES
 CARRY_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "pow", "rsqrt", "sqrt", "neg", "exp"}
 CARRY_METHODS |= {"to", "float", "double", "type_as"}
 OWNING = {
@@ -49,7 +50,9 @@ OWNING = {
 }
 
 
-class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules):
+class GraphTracer(
+    LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules, RoutingRules
+):
     """One pass over the graph in topological order, tagging each node's output: the rules of every mixin
     over one :class:`~lmclab.trace.state.TraceState` (``GraphTracer(gm, partial)``)."""
 
@@ -141,7 +144,7 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
         if target is SDPA and tagged:
             return self.fused_attention(node)
         if not self.knows_heads(node, tagged):
-            return self.refuse(node, "an operation over heads or per-head features it does not know")
+            return self.refuse(node, self.heads_reason(node))
         if target in OWNING:  # a layer of the model's own parameters: a new group, even on the model's input
             return getattr(self, RULES[target])(node, tagged[0] if tagged else None)
         if not tagged:
@@ -162,6 +165,8 @@ class GraphTracer(LayerRules, ShapeRules, AttentionRules, PackedRules, Functiona
             self.flatten(node, tagged[0], start, end)
         elif method in ("view", "reshape") or target is torch.reshape:
             self.reshape(node, tagged[0])
+        elif method in ("view_as", "reshape_as"):  # x.reshape_as(y) = x.reshape(y.shape) (timm's LeViT)
+            self.reshape(node, t) if (t := self.tag(node.args[0])) is not None else self.tags.update({node: None})
         elif target in (torch.cat, torch.concat, torch.concatenate):
             self.cat(node)
         elif target in SOFTMAX_FUNCTIONS or method == "softmax":
