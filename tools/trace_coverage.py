@@ -10,6 +10,9 @@ back to θa exactly, with the seconds of the trace and of WM.
     python tools/trace_coverage.py [--models timm:resnet18,torchvision:vgg11_bn] [--out reports/coverage.json]
     python tools/trace_coverage.py --docs   # the coverage table of docs/architectures.md, from that JSON
 
+The full run (every model into ``reports/coverage.json``, then the table) is one command, about 15 minutes
+on two shared cores; ``--models`` with another ``--out`` measures a few without touching the table.
+
 The JSON records the command, commit, machine and library versions. Run with ``OMP_NUM_THREADS=1`` on a
 shared machine (two busy threads per core slow torch's CPU kernels by orders of magnitude).
 """
@@ -310,7 +313,8 @@ def main() -> None:
             print(row_line(rows[-1]), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(provenance(sys.argv[1:]) | {"models": rows}, indent=1) + "\n")
-    write_docs(DOCS, json.loads(args.out.read_text()))
+    if args.docs or args.out.resolve() == OUT:  # a few models into another file leave the table alone
+        write_docs(DOCS, json.loads(args.out.read_text()))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ models of two layers export in under a second each.
 parameters and buffers (placeholders of the exported program) become ``get_attr`` nodes named by their
 ``state_dict`` keys, and each ATen operation with a rule becomes the ``torch`` function of that rule
 (``aten.linear`` is ``F.linear``, ``aten.view`` a reshape, ``aten.slice`` and ``aten.unsqueeze`` an index,
-``aten.embedding`` ``F.embedding`` with its arguments in that order). Elementwise ATen operations are in
-the tracer's tables (:mod:`lmclab.trace.groups`); the rest keep their ATen target and are refused when
-they touch a permuted tensor. Checks the program asserts on its own values (no result) are dropped.
+``aten.embedding`` ``F.embedding`` with its arguments in that order, ``aten.pad``/``aten.constant_pad_nd``
+``F.pad``, ``aten.roll`` ``torch.roll``, ``aten.adaptive_avg_pool1d(x, 1)`` a mean over the last axis).
+Elementwise ATen operations are in the tracer's tables (:mod:`lmclab.trace.groups`); the rest keep their
+ATen target and are refused when they touch a permuted tensor. Checks the program asserts on its own
+values (no result) are dropped.
 """
 
 from __future__ import annotations
