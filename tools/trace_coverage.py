@@ -10,6 +10,9 @@ back to θa exactly, with the seconds of the trace and of WM.
     python tools/trace_coverage.py [--models timm:resnet18,torchvision:vgg11_bn] [--out reports/coverage.json]
     python tools/trace_coverage.py --docs   # the coverage table of docs/architectures.md, from that JSON
 
+The full run (every model into ``reports/coverage.json``, then the table) is one command, about 15 minutes
+on two shared cores; ``--models`` with another ``--out`` measures a few without touching the table.
+
 The JSON records the command, commit, machine and library versions. Run with ``OMP_NUM_THREADS=1`` on a
 shared machine (two busy threads per core slow torch's CPU kernels by orders of magnitude).
 """
@@ -64,18 +67,27 @@ def torchvision_model(name: str, **kwargs: object) -> Callable[[], nn.Module]:
     return build
 
 
-def transformers_model(model: str, config: str, **kwargs: object) -> Callable[[], nn.Module]:
+def transformers_model(model: str, config: str, small: bool = True, **kwargs: object) -> Callable[[], nn.Module]:
+    """``model(config(**kwargs))``, with two layers of 4 heads and a vocabulary of 100 unless not ``small``
+    (a vision config whose depths and heads are per stage)."""
+
     def build() -> nn.Module:
         import transformers
 
-        small = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 100}
-        return getattr(transformers, model)(getattr(transformers, config)(**small | kwargs))
+        sizes = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 100}
+        return getattr(transformers, model)(getattr(transformers, config)(**(sizes if small else {}) | kwargs))
 
     return build
 
 
 GPT2 = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 100}
 GPT2 |= {"bos_token_id": 0, "eos_token_id": 0}  # within the small vocabulary
+GQA = {"hidden_size": 32, "num_key_value_heads": 2}  # 4 query heads read 2 key/value heads
+OPT = {"hidden_size": 32, "ffn_dim": 64, "word_embed_proj_dim": 32, "max_position_embeddings": 32}
+T5 = {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4, "decoder_start_token_id": 0}
+HF_SWIN = {"image_size": 32, "patch_size": 4, "embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2], "window_size": 4}
+CONVNEXT = {"hidden_sizes": [16, 32], "depths": [1, 1], "num_stages": 2, "image_size": 32, "num_labels": 10}
+SEQ2SEQ = (8, 8)  # token ids of a sequence of 8 and of its decoder's sequence of 8 (a dict of both)
 # name -> (builder, input shape without the batch axis; a 1-axis shape is token ids)
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "timm:vit_tiny_patch16_224": (timm_model("vit_tiny_patch16_224", img_size=32), IMAGE),
@@ -104,15 +116,55 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
         ),
         IMAGE,
     ),
-    "transformers:LlamaForCausalLM": (  # grouped queries: 4 query heads read 2 key/value heads
-        transformers_model("LlamaForCausalLM", "LlamaConfig", hidden_size=32, num_key_value_heads=2),
+    "transformers:LlamaForCausalLM": (transformers_model("LlamaForCausalLM", "LlamaConfig", **GQA), TEXT),
+    "transformers:MistralForCausalLM": (transformers_model("MistralForCausalLM", "MistralConfig", **GQA), TEXT),
+    "transformers:Qwen2ForCausalLM": (transformers_model("Qwen2ForCausalLM", "Qwen2Config", **GQA), TEXT),
+    "transformers:GemmaForCausalLM": (transformers_model("GemmaForCausalLM", "GemmaConfig", **GQA, head_dim=8), TEXT),
+    "transformers:PhiForCausalLM": (transformers_model("PhiForCausalLM", "PhiConfig", hidden_size=32), TEXT),
+    "transformers:OPTForCausalLM": (transformers_model("OPTForCausalLM", "OPTConfig", **OPT), TEXT),
+    "transformers:DistilBertForMaskedLM": (
+        transformers_model("DistilBertForMaskedLM", "DistilBertConfig", hidden_size=32, hidden_dim=64),
         TEXT,
     ),
+    "transformers:RobertaForMaskedLM": (
+        transformers_model("RobertaForMaskedLM", "RobertaConfig", hidden_size=32),
+        TEXT,
+    ),
+    "transformers:CLIPVisionModel": (
+        transformers_model("CLIPVisionModel", "CLIPVisionConfig", hidden_size=32, image_size=32, patch_size=16),
+        IMAGE,
+    ),
+    "transformers:ConvNextForImageClassification": (
+        transformers_model("ConvNextForImageClassification", "ConvNextConfig", small=False, **CONVNEXT),
+        IMAGE,
+    ),
+    "timm:regnety_002": (timm_model("regnety_002"), IMAGE),
+    "transformers:GPTNeoXForCausalLM": (
+        transformers_model("GPTNeoXForCausalLM", "GPTNeoXConfig", hidden_size=32),
+        TEXT,
+    ),
+    "transformers:BloomForCausalLM": (
+        transformers_model("BloomForCausalLM", "BloomConfig", hidden_size=32, n_layer=2, n_head=4),
+        TEXT,
+    ),
+    "transformers:T5ForConditionalGeneration": (
+        transformers_model("T5ForConditionalGeneration", "T5Config", **T5),
+        SEQ2SEQ,
+    ),
+    "transformers:SwinForImageClassification": (
+        transformers_model("SwinForImageClassification", "SwinConfig", small=False, **HF_SWIN, num_labels=10),
+        IMAGE,
+    ),
+    "timm:levit_128s": (timm_model("levit_128s", img_size=32), IMAGE),
 }
 
 
-def inputs(shape: tuple[int, ...], batch: int, seed: int) -> torch.Tensor:
+def inputs(shape: tuple[int, ...], batch: int, seed: int) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Images, token ids (a 1-axis shape), or an encoder's and a decoder's token ids (:data:`SEQ2SEQ`)."""
     gen = torch.Generator().manual_seed(seed)
+    if shape == SEQ2SEQ:
+        ids = [torch.randint(0, 100, (batch, n), generator=gen) for n in shape]
+        return {"input_ids": ids[0], "decoder_input_ids": ids[1]}
     if len(shape) == 1:
         return torch.randint(0, 100, (batch, *shape), generator=gen)
     return torch.randn(batch, *shape, generator=gen, dtype=torch.float64)
@@ -132,22 +184,22 @@ def randomised(model: nn.Module, shape: tuple[int, ...]) -> nn.Module:
             m.reset_running_stats()
             m.momentum = None  # a plain average over the calibration batch
         if norms:
-            model.train()(inputs(shape, 4, seed=0))
+            model.train()(inputs(shape, 4, seed=0))  # images only: no transformers model has BatchNorm
         for m in model.modules():
             if isinstance(m, (*[type(n) for n in norms], nn.LayerNorm, nn.GroupNorm)) and m.weight is not None:
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.normal_(0, 0.1)
         for name, p in model.named_parameters():
-            if name.endswith(("gamma", "layer_scale", "bias_table")):
+            if name.endswith(("gamma", "layer_scale", "bias_table", "layer_scale_parameter")):
                 p.uniform_(0.5, 1.5)
     return model.eval()
 
 
-def logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The output tensor (a transformers model's ``logits``)."""
+def logits(model: nn.Module, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+    """The output tensor (a transformers model's ``logits``, or its first output: CLIP's last hidden state)."""
     with torch.no_grad():
-        out = model(x)
-    return out if isinstance(out, torch.Tensor) else out.logits
+        out = model(**x) if isinstance(x, dict) else model(x)
+    return out if isinstance(out, torch.Tensor) else out.get("logits", out[0])
 
 
 def permuted(model: nn.Module, spec: PermutationSpec, seed: int) -> nn.Module:
@@ -161,7 +213,8 @@ def permuted(model: nn.Module, spec: PermutationSpec, seed: int) -> nn.Module:
 
 def recovered(model: nn.Module, twin: nn.Module, spec: PermutationSpec, x: torch.Tensor) -> bool:
     """WM (default options) on ``model`` and its permuted ``twin``: π(θb) equal to θa on every matched entry."""
-    found = find_permutation(model, twin, method="wm", example_inputs=x)
+    given = {"spec": spec} if isinstance(x, dict) else {"example_inputs": x}  # a dict of inputs: the spec traced
+    found = find_permutation(model, twin, method="wm", **given)
     back, params_a = found.apply(twin), spec.matched(model.state_dict())
     return all(torch.equal(back[k], v) for k, v in params_a.items())
 
@@ -170,6 +223,7 @@ def measure(name: str) -> dict:
     """One row: traced or refused, groups, invariance, WM's planted recovery, seconds."""
     build, shape = MODELS[name]
     size = f"token ids × {shape[0]}" if len(shape) == 1 else "×".join(map(str, shape))
+    size = "token ids × 8, decoder's × 8" if shape == SEQ2SEQ else size
     row: dict = {"model": name, "input": size}
     model, x = randomised(build(), shape), inputs(shape, 3, seed=1)
     start = time.perf_counter()
@@ -259,7 +313,8 @@ def main() -> None:
             print(row_line(rows[-1]), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(provenance(sys.argv[1:]) | {"models": rows}, indent=1) + "\n")
-    write_docs(DOCS, json.loads(args.out.read_text()))
+    if args.docs or args.out.resolve() == OUT:  # a few models into another file leave the table alone
+        write_docs(DOCS, json.loads(args.out.read_text()))
 
 
 if __name__ == "__main__":

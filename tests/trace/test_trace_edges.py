@@ -13,7 +13,7 @@ from torch import nn
 
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace, trace_spec
-from lmclab.trace.export import exported
+from lmclab.trace.export import exported, wrapped_calls
 from lmclab.trace.groups import FIXED, Groups
 
 
@@ -292,3 +292,30 @@ def test_the_tracer_loads_no_torchvision_and_still_carries_its_stochastic_depth(
 
     spec = trace_spec(Dropped().eval(), torch.zeros(2, 4))
     assert spec.axes["inner.weight"][0] is not None and spec.axes["head.weight"][1] == spec.axes["inner.weight"][0]
+
+
+class TwoInputs(nn.Module):
+    """Two inputs with an argument of default ``None`` between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(5, 6), nn.Linear(3, 6), nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None, y: torch.Tensor | None = None):
+        h = torch.relu(self.a(x)) + self.b(y)
+        return self.head(h if scale is None else h * scale)
+
+
+def test_inputs_given_as_a_dict_are_forwards_arguments_by_name():
+    """torch.fx takes them in signature order, the defaults between filled in: ``b``'s output joins ``a``'s."""
+    torch.manual_seed(0)
+    model = TwoInputs().double()
+    x, y = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    spec = trace_spec(model, {"y": y, "x": x})  # torch.fx's own check of the default is no hidden function
+    assert wrapped_calls(torch.fx.symbolic_trace(model, concrete_args={"scale": None})) == []
+    assert spec.axes["a.weight"] == spec.axes["b.weight"] == ("P_0", None) and spec.axes["head.weight"][1] == "P_0"
+    perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(x, y=y)
+        model.load_state_dict(apply_permutation(spec, perm, model.state_dict()))
+        assert (model(x, y=y) - expected).abs().max() <= 1e-12 * expected.abs().max()

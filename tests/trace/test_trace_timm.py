@@ -194,17 +194,19 @@ def test_pad_and_roll_of_a_permuted_axis_are_refused_in_one_line(op):
     assert "\n" not in str(e.value)
 
 
-def test_torchvision_swin_is_refused_at_the_attention_function_torch_fx_keeps_whole():
-    """torchvision's ``shifted_window_attention`` is wrapped (``torch.fx.wrap``): one node, no inside to follow."""
+def test_torchvision_swin_is_traced_through_export_past_the_function_torch_fx_keeps_whole():
+    """torchvision's ``shifted_window_attention`` is wrapped (``torch.fx.wrap``): one node of the fx graph, no
+    inside to follow; the trace falls back to ``torch.export``, which records its operations. Its relative
+    position bias pins each block's head order (so its q/k/v groups); the stream and MLP groups are permuted."""
     torchvision = pytest.importorskip("torchvision")
-    with pytest.raises(TraceError) as e:
-        trace_spec(torchvision.models.swin_t(weights=None, num_classes=10).eval(), torch.zeros(1, 3, 32, 32))
-    assert str(e.value).startswith(
-        "trace_spec: node 'shifted_window_attention': shifted_window_attention in features.1.0.attn cannot be "
-        "proved permutation-equivariant (a function of torchvision.models.swin_transformer that torch.fx keeps "
-        "whole: the graph does not show its inside)"
-    )
-    assert "\n" not in str(e.value)
+    from lmclab.trace.export import wrapped_calls
+
+    model = torchvision.models.swin_t(weights=None, num_classes=10).eval()
+    assert "shifted_window_attention" in wrapped_calls(torch.fx.symbolic_trace(model))
+    spec = trace_spec(model, torch.zeros(1, 3, 32, 32))
+    stream = spec.axes["features.1.0.norm1.weight"][0]
+    assert stream is not None and spec.axes["features.1.0.attn.qkv.weight"] == (None, stream) and not spec.heads
+    assert spec.axes["features.1.0.mlp.0.weight"][1] == stream != spec.axes["features.1.0.mlp.0.weight"][0]
 
 
 def test_a_trace_leaves_levits_attention_bias_cache_as_it_was():

@@ -1,7 +1,11 @@
 """The permutation spec of any ``nn.Module`` that ``torch.fx`` can trace.
 
 :func:`trace_spec` follows channel groups through the traced graph, with shapes from one forward
-pass on ``example_inputs`` (``torch.fx`` ShapeProp):
+pass on ``example_inputs`` (``torch.fx`` ShapeProp; one tensor, a tuple of ``forward``'s positional
+arguments, or a dict of its arguments by name, T5's ``input_ids`` and ``decoder_input_ids``). A model
+``torch.fx`` cannot trace, or whose graph calls a function registered with ``torch.fx.wrap`` that no rule
+knows (torchvision's ``shifted_window_attention``: one node, its inside unseen), is recorded by
+``torch.export`` instead (:mod:`lmclab.trace.export`), which runs such functions and records their operations:
 
 - a ``Linear`` or ``Conv2d`` output starts a group (its weight's axis 0, its bias); the layer's input
   axis takes the layout of the tensor it reads; a grouped conv (depthwise: one channel per group) ties
@@ -38,16 +42,24 @@ pass on ``example_inputs`` (``torch.fx`` ShapeProp):
   ``F.scaled_dot_product_attention`` is its two products (:mod:`lmclab.trace.packed`);
 - an index by ints and full slices (``x[:, 0]``) keeps the axes it does not pick from; a class token
   (a parameter, ``expand``-ed) concatenated to the tokens is permuted as they are;
+- a channel shuffle (ShuffleNet V2's ``view (B, g, C/g, H, W)``, ``transpose(1, 2)``, ``view`` back) is a
+  fixed permutation of the channels; it commutes with one that moves each of its ``g`` runs alike, so the
+  groups of the runs become one, in blocks of ``g`` after it; a ``chunk`` of such blocks refines their
+  group into whole blocks per piece; ``where(cond, x, y)`` merges as ``x + y``; a tensor made from another's
+  shape (``new_zeros``, ``zeros_like``) is not permuted (:mod:`lmclab.trace.routing`);
+- an attention mask or bias varying along the head axis (Swin's and T5's position biases) fixes the head
+  order, as a tensor not of the model's parameters does (below);
 - the model's inputs and outputs are never permuted; nor is a head order that a tensor not of the model's
   parameters varies along (Swin's relative position bias, a table indexed by a buffer): every headed
   group it orders is then left unpermuted.
 
-Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel
-shuffle), a pad or roll along a permuted axis, a GroupNorm whose runs segments split, a grouped conv
-reading segments that split its groups, a flatten or mean over a permuted axis mixed with others, an op
-over heads it cannot prove (a Linear across heads, a mean over them, heads of different counts) — is
-refused with one line naming the graph node, its op and the module path; with ``partial=True`` the
-groups reaching it are left unpermuted instead. What is left unpermuted, where and why, is the spec's
+Anything else that touches a permuted tensor — an unknown op, a reshape it cannot follow (a channel shuffle of
+one group's channels), q, k and v packed head by head (GPT-NeoX, Bloom, LeViT: their rows interleave per head,
+which no headed group can hold), a pad or roll along a permuted axis, a GroupNorm whose runs segments split, a
+grouped conv reading segments that split its groups, a flatten or mean over a permuted axis mixed with others,
+an op over heads it cannot prove (a Linear across heads, a mean over them, heads of different counts) — is
+refused with one line naming the graph node, its op and the module path; with ``partial=True`` the groups
+reaching it are left unpermuted instead. What is left unpermuted, where and why, is the spec's
 ``pinned`` (:mod:`lmclab.trace.pinned`). ``example_inputs`` may be one tensor, a sequence of positional
 inputs or a mapping of keyword inputs (:mod:`lmclab.trace.inputs`); the trace runs on a copy of the model,
 so the caller's module is never changed (``torch.fx`` runs ``forward`` on proxies, which a module may keep).
@@ -66,10 +78,10 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from lmclab.core.spec import PermutationSpec
-from lmclab.trace.export import exported
+from lmclab.trace.export import exported, wrapped_calls
 from lmclab.trace.graph import GraphTracer, Traced
 from lmclab.trace.groups import TraceError
-from lmclab.trace.inputs import Inputs, positional, shapes, split_inputs
+from lmclab.trace.inputs import Inputs, absent, positional, shapes, split_inputs
 from lmclab.trace.pinned import PINNED_SHARE, PinnedWarning, pinned_message, warn_pinned
 
 __all__ = [
@@ -95,12 +107,15 @@ def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) ->
     """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
     model = _copy(model)  # tracing may write to the module (a cache of proxies): the caller's stays as it was
     args, kwargs = split_inputs(model, example_inputs)
+    inputs = positional(model, args, kwargs)  # one line naming example_inputs before any work
     try:
-        gm = fx.symbolic_trace(model)
+        gm = fx.symbolic_trace(model, concrete_args=absent(model, kwargs))
+        if hidden := wrapped_calls(gm):  # torch.fx.wrap keeps them whole: export records their inside
+            raise TraceError(f"torch.fx keeps {hidden[0]} whole")
     except Exception as exc:  # torch.fx raises many types for untraceable Python: export runs it instead
         gm = _exported(model, args, kwargs, exc)  # with the shapes it ran on
     else:
-        _propagate(gm, model, positional(model, args, kwargs))
+        _propagate(gm, model, inputs)
     tracer = GraphTracer(gm, partial)
     tracer.run()
     return tracer.result(model)

@@ -26,6 +26,7 @@ from lmclab.trace.state import TraceState
 aten = torch.ops.aten
 F = torch.nn.functional
 SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, torch.split, torch.chunk}
+SPLITS |= {"split", "chunk"}  # the methods, as torch.fx records them
 CALL_RULES = {F.embedding: "embedding", aten.addmm.default: "addmm", F.conv2d: "functional_conv"}
 CALL_RULES |= {aten.expand.default: "expand", **dict.fromkeys(SPLITS, "split")}
 
@@ -135,6 +136,8 @@ class CallRules(TraceState):
             if segs[0].gid in self.groups.heads or self.is_headed(segs[0]):
                 return None
             return [(Seg(g, lengths[0]),) for g in self.refine(segs[0].gid, len(lengths))]
+        if len(segs) == 1 and isinstance(segs[0], Seg) and len(set(lengths)) == 1:  # blocks (a channel shuffle's)
+            return self.split_blocks(segs[0], len(lengths))
         if [s.length for s in segs] == lengths:
             return [(s,) for s in segs]
         return None

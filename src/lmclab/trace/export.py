@@ -13,9 +13,11 @@ models of two layers export in under a second each.
 parameters and buffers (placeholders of the exported program) become ``get_attr`` nodes named by their
 ``state_dict`` keys, and each ATen operation with a rule becomes the ``torch`` function of that rule
 (``aten.linear`` is ``F.linear``, ``aten.view`` a reshape, ``aten.slice`` and ``aten.unsqueeze`` an index,
-``aten.embedding`` ``F.embedding`` with its arguments in that order). Elementwise ATen operations are in
-the tracer's tables (:mod:`lmclab.trace.groups`); the rest keep their ATen target and are refused when
-they touch a permuted tensor. Checks the program asserts on its own values (no result) are dropped.
+``aten.embedding`` ``F.embedding`` with its arguments in that order, ``aten.pad``/``aten.constant_pad_nd``
+``F.pad``, ``aten.roll`` ``torch.roll``, ``aten.adaptive_avg_pool1d(x, 1)`` a mean over the last axis).
+Elementwise ATen operations are in the tracer's tables (:mod:`lmclab.trace.groups`); the rest keep their
+ATen target and are refused when they touch a permuted tensor. Checks the program asserts on its own
+values (no result) are dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import operator
 
 import torch
 from torch import fx, nn
+
+from lmclab.trace.groups import loaded_carry_functions
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -51,15 +55,19 @@ SAME_ARGS = {
     aten.sub.Tensor: torch.sub,
     aten.mul.Tensor: torch.mul,
     aten.div.Tensor: torch.div,
+    aten.pad.default: F.pad,  # (input, pad, mode, value)
+    aten.roll.default: torch.roll,  # (input, shifts, dims)
+    aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,
 }
 ASSERTS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default}
 
 
-def exported(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+def exported(model: nn.Module, args: tuple, kwargs: dict | None = None) -> fx.GraphModule:
     """``model``'s exported graph on positional ``args`` and keyword ``kwargs`` in the tracer's form (module
     docstring); raises what export raises."""
     caching = "use_cache" in inspect.signature(model.forward).parameters  # transformers: no cache in the output
-    program = torch.export.export(model, args, kwargs | ({"use_cache": False} if caching else {}), strict=False)
+    kwargs = (kwargs or {}) | ({"use_cache": False} if caching else {})
+    program = torch.export.export(model, args, kwargs, strict=False)
     signature = program.graph_signature
     owned = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     graph, env = fx.Graph(), {}
@@ -97,6 +105,10 @@ def _translated(node: fx.Node) -> tuple[object, tuple, dict]:
     if target is aten.batch_norm.default:  # (input, weight, bias, mean, var, training, momentum, eps, cudnn)
         x, weight, bias, mean, var, *rest = args
         return F.batch_norm, (x, mean, var, weight, bias, *rest[:3]), {}
+    if target is aten.constant_pad_nd.default:  # (input, pad, value)
+        return F.pad, (args[0], args[1], "constant", *args[2:]), {}
+    if target is aten.adaptive_avg_pool1d.default and list(args[1]) == [1]:  # the mean over the last axis
+        return torch.mean, (args[0], [-1], True), {}
     if target is aten.embedding.default:  # (weight, indices, …): F.embedding(indices, weight)
         return F.embedding, (args[1], args[0]), {}
     if target is aten.select.int:  # x.select(dim, i) = x[:, …, i]
@@ -124,3 +136,19 @@ def _slice(node: fx.Node, ndim: int) -> tuple[slice, ...]:
     start, end = (start % size if start < 0 else start), (end % size if end < 0 else end)
     whole = start == 0 and end == size and step == 1
     return (slice(None),) * dim + (slice(None) if whole else slice(start, end, step),)
+
+
+def wrapped_calls(gm: fx.GraphModule) -> list[str]:
+    """The functions ``gm`` calls that ``torch.fx.wrap`` registered (torchvision's ``shifted_window_attention``)
+    and no rule knows (torchvision's ``stochastic_depth`` is carried): ``torch.fx`` records a call, not what is
+    inside; ``torch.export`` runs them and records their operations."""
+    registered = getattr(torch.fx._symbolic_trace, "_wrapped_fns_to_patch", {})
+    return [
+        node.target.__name__
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and inspect.isfunction(node.target)
+        and (id(node.target.__globals__), node.target.__name__) in registered
+        and node.target.__module__.split(".")[0] != "torch"  # torch.fx's own checks (``_assert_is_none``)
+        and node.target not in loaded_carry_functions()
+    ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from torch import fx, nn
@@ -36,10 +35,11 @@ from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
+from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
-from lmclab.trace.state import unknown
+from lmclab.trace.state import Traced, unknown
 
-RULES = FUNCTIONAL_RULES | CALL_RULES
+RULES = FUNCTIONAL_RULES | CALL_RULES | ROUTING_RULES
 CARRY_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "pow", "rsqrt", "sqrt", "neg", "exp"}
 CARRY_METHODS |= {"to", "float", "double", "type_as"}
 OWNING = {
@@ -51,7 +51,15 @@ OWNING = {
 
 
 class GraphTracer(
-    LayerRules, ShapeRules, AttentionRules, PackedRules, FunctionalRules, CallRules, RotaryRules, PinnedRules
+    LayerRules,
+    ShapeRules,
+    AttentionRules,
+    PackedRules,
+    FunctionalRules,
+    CallRules,
+    RotaryRules,
+    PinnedRules,
+    RoutingRules,
 ):
     """One pass over the graph in topological order, tagging each node's output: the rules of every mixin
     over one :class:`~lmclab.trace.state.TraceState` (``GraphTracer(gm, partial)``)."""
@@ -149,7 +157,7 @@ class GraphTracer(
         if target is SDPA and tagged:
             return self.fused_attention(node)
         if not self.knows_heads(node, tagged):
-            return self.refuse(node, "an operation over heads or per-head features it does not know")
+            return self.refuse(node, self.heads_reason(node))
         if target in OWNING:  # a layer of the model's own parameters: a new group, even on the model's input
             return getattr(self, RULES[target])(node, tagged[0] if tagged else None)
         if not tagged:
@@ -170,6 +178,8 @@ class GraphTracer(
             self.flatten(node, tagged[0], start, end)
         elif method in ("view", "reshape") or target is torch.reshape:
             self.reshape(node, tagged[0])
+        elif method in ("view_as", "reshape_as"):  # x.reshape_as(y) = x.reshape(y.shape) (timm's LeViT)
+            self.reshape(node, t) if (t := self.tag(node.args[0])) is not None else self.tags.update({node: None})
         elif target in (torch.cat, torch.concat, torch.concatenate):
             self.cat(node)
         elif target in SOFTMAX_FUNCTIONS or method == "softmax":
@@ -282,11 +292,3 @@ class GraphTracer(
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
         spec = PermutationSpec(axes=axes, stats=stats_of(axes), heads=heads, pinned=self.pinned_record())
         return Traced(spec, points)
-
-
-class Traced(NamedTuple):
-    """The spec, and per group the modules whose outputs carry its units for activation matching:
-    the norms that follow the layers writing it, or those layers themselves (pre-activation)."""
-
-    spec: PermutationSpec
-    points: dict[str, list[str]]

@@ -63,3 +63,13 @@ def shapes(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
     if named and not args:
         return str(named)
     return str([shape(x) for x in args]) + (f" and {named}" if named else "")
+
+
+def absent(model: nn.Module, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The arguments of ``forward`` a mapping of keyword inputs leaves out, at their defaults (``torch.fx``'s
+    ``concrete_args``: it then follows the branch taken on them, as the forward pass does); None for
+    positional inputs."""
+    if not kwargs:
+        return None
+    params = inspect.signature(model.forward).parameters.values()
+    return {p.name: p.default for p in params if p.name not in kwargs and p.default is not p.empty}

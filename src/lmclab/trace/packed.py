@@ -15,7 +15,11 @@
 - ``F.scaled_dot_product_attention(q, k, v)`` is ``softmax(q kᵀ·s + mask) v``: the two products of the
   unfused form. ``q``'s and ``k``'s features are contracted within one head (one group), the batch and
   head axes of ``q``, ``k`` and ``v`` are one (tying ``v``'s head order to theirs), the token axes stay
-  unpermuted, the output carries ``v``'s features. A permuted mask or grouped-query attention is refused.
+  unpermuted, the output carries ``v``'s features. A mask varying along the head axis (Hugging Face Swin's
+  relative position bias, passed as the mask) fixes the head order, as an added bias does in the unfused
+  form; so does a mask permuted by a group of its own (T5's relative attention bias, an embedding whose
+  columns are the heads), which is pinned: read in place. A mask permuted by a head order or per-head
+  features, and grouped-query attention, are refused.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ class PackedRules(TraceState):
         elif source in self.packed and node.target is operator.getitem and (part := self.part(node)) is not None:
             self.tags[node] = part
         else:
-            self.refuse_packed(node, "an operation on packed q/k/v it does not know")
+            self.refuse_packed(node, self.packed_reason(node))
 
     def move_packed(self, node: fx.Node, source: fx.Node) -> None:
         axis, tags = self.packed[source]
@@ -137,8 +141,12 @@ class PackedRules(TraceState):
         q, k, v = (args[key] for key in SDPA_ARGS[:3])
         if args.get("enable_gqa"):
             return self.refuse(node, "grouped-query attention (keys shared by several query heads)")
-        if self.tag(args.get("attn_mask")) is not None:
-            return self.refuse(node, "an attention mask that is permuted")
+        mask = args.get("attn_mask") if isinstance(args.get("attn_mask"), fx.Node) else None
+        mask = mask if mask is not None and self.shape(mask) is not None else None  # a mask of None: no node
+        if (t_mask := self.tag(mask)) is not None:  # a bias table's own group over the heads (T5): read in place
+            if any(self.is_headed(s) for a in self.live(t_mask) for s in t_mask.at(a)):
+                return self.refuse(node, "an attention mask that is permuted")
+            self.pin(t_mask.gids)
         tags, shape = [self.tag(x) for x in (q, k, v)], self.shape(node)
         ndim = len(shape)
         if any(t is not None and len(self.shape(x)) - 2 in self.live(t) for x, t in zip((q, k, v), tags, strict=True)):
@@ -157,7 +165,10 @@ class PackedRules(TraceState):
             if here and not all(self.unite(here[0], lay) for lay in here[1:]):
                 return self.refuse(node, "its query, key and value are permuted differently on a batch axis")
             varying = [x for x in (q, k, v) if self.broadcast(x, axis, ndim) is None and self.size(x, axis, shape) > 1]
-            if here and varying:  # an unpermuted operand varying along the axis fixes its order
+            varying += [mask] if mask is not None and self.size(mask, axis, shape) > 1 else []
+            if (
+                here and varying
+            ):  # an unpermuted operand or mask (a bias per head) varying along the axis fixes its order
                 self.pin([s.gid for s in here[0]])
             out.append(here[0] if here else None)
         self.tags[node] = Tag.of(out + [None, tags[2].at(-1) if tags[2] else None])

@@ -97,6 +97,7 @@ class ShapeRules(TraceState):
             one
             and (
                 (new == 2 and self.split_heads(node, t_in, head, *shape[head : head + 2]))
+                or (new == 2 and self.split_runs(node, t_in, head, *shape[head : head + 2]))
                 or (new == 3 and self.split_packed(node, t_in, head, *shape[head : head + 3]))
             )
         ):

@@ -12,9 +12,11 @@ import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from torch import fx, nn
 
+from lmclab.core.spec import PermutationSpec
 from lmclab.trace.groups import FIXED, Groups, Layout, Seg, Tag, TraceError, Within
 
 
@@ -130,3 +132,11 @@ def unknown(node: fx.Node) -> str:
     if node.op == "call_function" and inspect.isfunction(node.target) and module.split(".")[0] != "torch":
         return f"a function of {module} that torch.fx keeps whole: the graph does not show its inside"
     return "an operation the tracer does not know"
+
+
+class Traced(NamedTuple):
+    """The spec, and per group the modules whose outputs carry its units for activation matching:
+    the norms that follow the layers writing it, or those layers themselves (pre-activation)."""
+
+    spec: PermutationSpec
+    points: dict[str, list[str]]
