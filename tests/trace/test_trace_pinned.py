@@ -72,7 +72,9 @@ def test_find_permutation_warns_in_one_line_when_a_stream_is_pinned_and_not_othe
     net = Flipped()
     with pytest.warns(PinnedWarning) as caught:
         lmclab.find_permutation(net, net, example_inputs=torch.zeros(2, 4), partial=True)
-    (message,) = [str(w.message) for w in caught if w.category is PinnedWarning]
+    (warned,) = [w for w in caught if w.category is PinnedWarning]
+    assert warned.filename == __file__  # the caller's line, not lmclab's
+    message = str(warned.message)
     assert "\n" not in message and "residual streams" in message and "node 'flip'" not in message
     assert "first by node 'add' in (top level)" in message
     mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))

@@ -15,8 +15,10 @@ tensor axes they sit on. The model's own inputs and outputs are never permuted a
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 from torch import Tensor, fx
 
@@ -94,4 +96,12 @@ def pinned_message(spec: PermutationSpec, params: Mapping[str, Tensor], share: f
 def warn_pinned(spec: PermutationSpec, params: Mapping[str, Tensor]) -> None:
     """:func:`pinned_message` as a :class:`PinnedWarning`, if any."""
     if (message := pinned_message(spec, params)) is not None:
-        warnings.warn(message, PinnedWarning, stacklevel=3)
+        warnings.warn(message, PinnedWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside lmclab: the warning names the caller's line."""
+    package, frame, level = str(Path(__file__).resolve().parents[1]), sys._getframe(2), 2
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
