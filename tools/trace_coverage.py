@@ -39,6 +39,7 @@ from torch import nn
 from lmclab import find_permutation
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
+from lmclab.trace.pinned import pinned_share
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT, DOCS = ROOT / "reports" / "coverage.json", ROOT / "docs" / "architectures.md"
@@ -238,6 +239,9 @@ def measure(name: str) -> dict:
         "headed": len(spec.heads),
         "invariance": float((y - y_twin).abs().max() / y.abs().max()),
         "spread": float((y[0] - y[1]).abs().max() / y.abs().max()),  # the outputs depend on the input
+        "pinned_units": sum(p.units for p in spec.pinned),
+        "pinned_streams": sum(p.stream for p in spec.pinned),
+        "pinned_share": pinned_share(spec, model.state_dict()),
     }
     start = time.perf_counter()
     row["wm_exact"] = recovered(model, twin, spec, x)
@@ -267,13 +271,21 @@ def reason(text: str) -> str:
 def row_line(r: dict) -> str:
     name = r["model"].replace(":", " `") + "`"
     if r["result"] == "refused":
-        return f"| {name} | {r['input']} | refused: {reason(r['reason'])} | — | — | — | {r['trace_s']:.2f} |"
+        return f"| {name} | {r['input']} | refused: {reason(r['reason'])} | — | — | — | — | {r['trace_s']:.2f} |"
     groups = f"{r['groups']} ({r['headed']} headed)" if r["headed"] else str(r["groups"])
     exact = "yes" if r["wm_exact"] else "no"
     return (
-        f"| {name} | {r['input']} | traced | {groups} | {r['invariance']:.0e} | {exact} ({r['wm_s']:.1f} s) | "
-        f"{r['trace_s']:.2f} |"
+        f"| {name} | {r['input']} | traced | {groups} | {left_unpermuted(r)} | {r['invariance']:.0e} | {exact} "
+        f"({r['wm_s']:.1f} s) | {r['trace_s']:.2f} |"
     )
+
+
+def left_unpermuted(r: dict) -> str:
+    """What the trace pins (``spec.pinned``): units, the residual streams among them, the share of parameters."""
+    if not r["pinned_units"]:
+        return "none"
+    streams = f", {r['pinned_streams']} stream{'s' if r['pinned_streams'] > 1 else ''}" if r["pinned_streams"] else ""
+    return f"{r['pinned_units']} units{streams} ({r['pinned_share']:.0%} of the parameters)"
 
 
 def table(data: dict) -> str:
@@ -285,9 +297,9 @@ def table(data: dict) -> str:
         f"({data['date'][:10]}; torch "
         f"{v['torch']}, torchvision {v['torchvision']}, timm {v['timm']}, transformers {v['transformers']}):",
         "",
-        "| model | input | result | groups | outputs under a random permutation (max rel. change) "
+        "| model | input | result | groups | left unpermuted | outputs under a random permutation (max rel. change) "
         "| WM recovers θb = π(θa) exactly | trace s |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
         *map(row_line, data["models"]),
         END,
     ]

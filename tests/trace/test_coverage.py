@@ -41,7 +41,17 @@ def test_a_traced_row_is_invariant_and_recovered(coverage, name, library):
     row = coverage.measure(name)
     assert row["result"] == "traced" and row["groups"] == 27
     assert row["invariance"] <= 1e-10 < 1e-3 < row["spread"] and row["wm_exact"]
+    assert row["pinned_units"] == row["pinned_streams"] == row["pinned_share"] == 0  # every channel permuted
     assert coverage.row_line(row).startswith(f"| {name.split(':')[0]} `{name.split(':')[1]}` | 3×32×32 | traced |")
+
+
+def test_the_left_unpermuted_column_says_units_streams_and_share(coverage):
+    row = {"pinned_units": 0, "pinned_streams": 0, "pinned_share": 0.0}
+    assert coverage.left_unpermuted(row) == "none"
+    row = {"pinned_units": 96, "pinned_streams": 1, "pinned_share": 0.27}
+    assert coverage.left_unpermuted(row) == "96 units, 1 stream (27% of the parameters)"
+    row = {"pinned_units": 4, "pinned_streams": 0, "pinned_share": 0.004}
+    assert coverage.left_unpermuted(row) == "4 units (0% of the parameters)"
 
 
 @pytest.mark.extras

@@ -78,9 +78,7 @@ def pinned_message(spec: PermutationSpec, params: Mapping[str, Tensor], share: f
     on a pinned axis (module docstring); None otherwise."""
     if not spec.pinned:
         return None
-    matched = spec.matched(params)
-    on_pinned = {name for p in spec.pinned for name, _ in p.places if name in matched}
-    fraction = sum(matched[k].numel() for k in on_pinned) / max(1, sum(v.numel() for v in matched.values()))
+    fraction = pinned_share(spec, params)
     streams = [p for p in spec.pinned if p.stream]
     if not streams and fraction <= share:
         return None
@@ -91,6 +89,14 @@ def pinned_message(spec: PermutationSpec, params: Mapping[str, Tensor], share: f
         f"parameters on a pinned axis), first by node {first.node!r} in {first.where} ({first.reason}); "
         "matching leaves them in place (spec.pinned lists them)"
     )
+
+
+def pinned_share(spec: PermutationSpec, params: Mapping[str, Tensor]) -> float:
+    """The share of the matched parameters of ``params`` (running statistics left out) that lie on an axis
+    ``spec.pinned`` lists: the entries matching leaves in place."""
+    matched = spec.matched(params)
+    on_pinned = {name for p in spec.pinned for name, _ in p.places if name in matched}
+    return sum(matched[k].numel() for k in on_pinned) / max(1, sum(v.numel() for v in matched.values()))
 
 
 def warn_pinned(spec: PermutationSpec, params: Mapping[str, Tensor]) -> None:
