@@ -107,6 +107,7 @@ def test_swin_keeps_its_stream_and_mlp_groups_and_pins_attention_its_bias_table_
     assert len(spec.groups) == 6  # two streams, four MLPs
     pinned = {(p.where, p.places[0]) for p in spec.pinned}  # said where and why: the bias added to the logits
     assert ("layers.0.blocks.0.attn", ("layers.0.blocks.0.attn.qkv.weight", 0)) in pinned and len(pinned) == 4
+    assert not any(p.stream for p in spec.pinned)  # q/k written by two layers, per head: no residual stream
 
 
 def test_convnext_keeps_every_stage_stream_through_its_reshaped_layer_scale():

@@ -68,9 +68,16 @@ class PinnedRules(TraceState):
         )
 
     def written_by_layers(self, stream: int) -> bool:
-        """Two or more layers write the units of ``stream`` (a residual stream)."""
-        written = [g for g, points in self.writers.items() if any(kind == "layer" for kind, _ in points)]
-        return sum(self.groups.stream(g) == stream for g in written) > 1
+        """Two or more layers write the units of ``stream`` (a residual stream; a packed projection writing its
+        queries and keys, two groups, is one layer)."""
+        layers = {
+            point.split("@")[0]  # a packed projection's parts (``qkv@-1[0/3]``) are one layer
+            for g, points in self.writers.items()
+            if self.groups.stream(g) == stream
+            for kind, point in points
+            if kind == "layer"
+        }
+        return len(layers) > 1
 
 
 def pinned_message(spec: PermutationSpec, params: Mapping[str, Tensor], share: float = PINNED_SHARE) -> str | None:
