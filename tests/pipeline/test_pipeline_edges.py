@@ -194,17 +194,36 @@ def test_a_scripts_closure_holds_no_package_file_it_does_not_run(tmp_path) -> No
     }
 
 
+FLIPPED_NET = """from torch import nn
+
+
+class Flipped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).flip(1).mean((2, 3)))
+
+
+def build():
+    return Flipped()
+"""
+
+
 @pytest.mark.parametrize(
     ("factory", "line"),
     [
         ("nowhere.module:build", "model.traced.factory: cannot import 'nowhere.module:build' (No module named"),
         ("torch.nn:LSTM", "model.traced: torch.nn:LSTM(**{'num_classes': 10}) failed: "),
-        ("torchvision.models:shufflenet_v2_x0_5", "model.traced: trace_spec: node 'view'"),
+        ("flipped_net:build", "model.traced: trace_spec: node 'flip'"),
     ],
     ids=["names-its-key", "fails-to-build", "refused-by-the-tracer"],
 )
-def test_a_traced_factory_that_fails_is_one_line_naming_its_key(factory: str, line: str) -> None:
+def test_a_traced_factory_that_fails_is_one_line_naming_its_key(factory: str, line: str, tmp_path, monkeypatch) -> None:
     """An error that names its key is kept as it is; any other is prefixed with the block's key."""
+    (tmp_path / "flipped_net.py").write_text(FLIPPED_NET)  # its channels read in reverse: refused by the tracer
+    monkeypatch.syspath_prepend(str(tmp_path))
     params = _params(model={**TINY["model"], "arch": "traced"})
     params["model"]["traced"] = {"factory": factory, "kwargs": {}, "in_channels": 3, "partial": False}
     with pytest.raises(ParamsError) as err:
