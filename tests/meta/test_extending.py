@@ -171,3 +171,19 @@ def test_the_command_matches_checkpoints_of_the_new_architecture_with_the_new_me
 def test_the_options_model_of_the_new_architecture_refuses_in_one_line(registered) -> None:
     with pytest.raises(OptionError, match=r"^width must be a positive integer, got 0$"):
         make_config("tanh_mlp", input_shape=(1, 4, 4), num_classes=3, width=0)
+
+
+def test_no_module_reads_an_architectures_interface_around_it() -> None:
+    """The members code outside an architecture reads are :class:`lmclab.archs.base.Interface`'s
+    (``lmclab.archs.base.interface``): no module of the library reads one by ``getattr``/``hasattr`` with a
+    default of its own. (Read from the source, so here: mutation testing rewrites the library's files.)"""
+    import re
+    from pathlib import Path
+
+    from lmclab.archs.base import Interface
+
+    members = "|".join(Interface._fields)
+    around = re.compile(rf"(getattr|hasattr)\(.{{0,80}}?[\"']({members})[\"']")
+    src = Path(__file__).resolve().parents[2] / "src" / "lmclab"
+    readers = [str(p) for p in src.rglob("*.py") if around.search(p.read_text())]
+    assert not readers, readers
