@@ -352,6 +352,7 @@ def test_width_tables_combine_runs_by_width():
     out = width_tables({8: run(8, 0.1), 4: run(4, 0.3)})
     assert out["spectrum"].groupby("width")["normalised_value"].max().tolist() == [1.0, 1.0]
     assert out["spectrum"].groupby("width")["relative_index"].max().tolist() == [1.0, 1.0]
+    assert out["energy"].groupby("width")["relative_index"].agg(["min", "max"]).values.tolist() == [[0, 1], [0, 1]]
     wm = out["alignment"][out["alignment"]["method"] == "wm"]
     assert wm["width"].tolist() == [4, 8] and wm["R_0_mean"].tolist() == pytest.approx([0.35, 0.15])
     assert "R_0_naive_mean" not in out["alignment"]  # only R_γ of (θa, π(θb)) per method

@@ -1,11 +1,14 @@
 """Relative imports in lmclab.pipeline.closure, at every depth: ``from . import``, ``from .. import`` and
-``from ...pkg import`` in a package three levels deep, named and followed into the closure."""
+``from ...pkg import`` in a package three levels deep, named and followed into the closure, each resolved
+against the package Python itself gives the file."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
-from lmclab.pipeline.closure import import_closure, imported_modules
+from lmclab.pipeline.closure import _package_of, import_closure, imported_modules
 
 
 def tree(root: Path) -> Path:
@@ -33,3 +36,23 @@ def test_the_closure_follows_them_into_every_file(tmp_path: Path) -> None:
     found = {p.relative_to(tmp_path.resolve()).as_posix() for p in import_closure(leaf, [tmp_path])}
     expected = {"top/mid/low/leaf.py", "top/mid/low/near.py", "top/mid/two.py", "top/side/three.py"}
     assert expected | {"top/__init__.py", "top/mid/__init__.py", "top/side/__init__.py"} <= found
+
+
+def test_relative_imports_resolve_against_the_package_python_gives_each_file(tmp_path: Path, monkeypatch) -> None:
+    tree(tmp_path)
+    (tmp_path / "top/mid/low/peer.py").write_text("")
+    (tmp_path / "__init__.py").write_text("")  # a file at a root is a top-level module, whatever its name
+    (tmp_path / "script.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = set(sys.modules)
+    try:
+        for name, file in [
+            ("top.mid.low.peer", "top/mid/low/peer.py"),
+            ("top.mid", "top/mid/__init__.py"),
+            ("__init__", "__init__.py"),
+            ("script", "script.py"),
+        ]:
+            assert importlib.import_module(name).__package__ == _package_of(tmp_path / file, [tmp_path]), file
+    finally:
+        for name in set(sys.modules) - loaded:
+            del sys.modules[name]

@@ -231,17 +231,20 @@ def test_a_traced_factory_that_fails_is_one_line_naming_its_key(factory: str, li
     assert len(err.value.lines) == 1 and err.value.lines[0].startswith(line)
 
 
-@pytest.mark.parametrize(("warm", "code"), [(True, 4), (True, None), (False, 4)])
-def test_a_stage_runs_in_a_warm_worker_or_here(monkeypatch, warm: bool, code: int | None) -> None:
+@pytest.mark.parametrize(
+    ("warm", "accepted", "code"), [(True, True, 4), (True, True, None), (False, True, 4), (True, False, 4)]
+)
+def test_a_stage_runs_in_a_warm_worker_or_here(monkeypatch, warm: bool, accepted: bool, code: int | None) -> None:
     """With warm start on and the command line accepted, the worker's exit code ends the stage (None: the
-    worker was unavailable, the stage runs here); with it off the stage runs here without asking."""
+    worker was unavailable, the stage runs here); with it off, or a command line the stage refuses (``--help``,
+    a usage error), the stage runs here without asking."""
     calls = []
     monkeypatch.setattr(stage, "die_with_parent", lambda pid: calls.append(("parent", pid)))
     monkeypatch.setattr(stage, "enabled", lambda: warm)
-    monkeypatch.setattr(stage, "accepts", lambda app, argv: True)
+    monkeypatch.setattr(stage, "accepts", lambda app, argv: accepted)
     monkeypatch.setattr(stage, "run_script", lambda script, argv: calls.append(("worker", script, argv)) or code)
     monkeypatch.setattr(sys, "argv", ["stages/x.py", "--seed", "1"])
-    if warm and code is not None:
+    if warm and accepted and code is not None:
         with pytest.raises(SystemExit) as done:
             stage.run_warm(lambda: calls.append("here"))
         assert done.value.code == 4
@@ -249,7 +252,7 @@ def test_a_stage_runs_in_a_warm_worker_or_here(monkeypatch, warm: bool, code: in
         stage.run_warm(lambda: calls.append("here"))
         assert calls[-1] == "here"
     assert calls[0] == ("parent", stage.STARTED_BY)
-    assert (("worker", "stages/x.py", ["--seed", "1"]) in calls) == warm
+    assert (("worker", "stages/x.py", ["--seed", "1"]) in calls) == (warm and accepted)
 
 
 def _exp_show(rows: list[dict]) -> list[dict]:

@@ -67,6 +67,13 @@ def test_unknown_key_and_block_are_errors():
         set_values(text, {"a.c": 1})
 
 
+def test_a_set_value_keeps_its_comment_in_its_column():
+    text = "a:\n  b: 1       # units\n  c: 2 # s\n"
+    assert set_values(text, {"a.b": 22}).splitlines()[1] == "  b: 22      # units"
+    assert set_values(text, {"a.b": [1, 2]}).splitlines()[1] == "  b: [1, 2]  # units"
+    assert set_values(text, {"a.c": 12345}).splitlines()[2] == "  c: 12345 # s"  # no room left: one space
+
+
 def test_unknown_preset_is_one_line_error():
     with pytest.raises(FileNotFoundError, match="known"):
         apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text(), PRESETS)

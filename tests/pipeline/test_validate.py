@@ -191,6 +191,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         {"model__arch": "vgg", "model__vgg__layers": [8, "M", "M", "M", "M", "M", "M"]},
         "model.vgg.layers: 6 max-pools do not fit 32 pixels",
     ),
+    (  # the data's own images too, not only 28- and 32-pixel ones: ImageNet's 224-pixel crop
+        {"data__name": "imagenet", "model__arch": "vgg"},
+        "model.vgg.input_shape: vgg takes images of 28 to 32 pixels a side (padded to 32), got (3, 224, 224)",
+    ),
     (
         {
             "data__max_train": 100,

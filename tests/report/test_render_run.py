@@ -92,7 +92,8 @@ def _json(value):
 
 def test_the_interpolation_band_is_the_range_over_pairs_when_asked(tmp_path, monkeypatch) -> None:
     """``band: range``: the title says so, and the naive method's band on the first panel runs from its
-    lowest to its highest pair's train loss over λ (a ±std band would not reach either)."""
+    lowest to its highest pair's train loss over λ (a ±std band would not reach either); every band is
+    translucent, so the lines and the other methods' bands show through it."""
     from lmclab.report.plots import plot_interpolation
 
     curves = run_tables()["curves"]
@@ -107,6 +108,7 @@ def test_the_interpolation_band_is_the_range_over_pairs_when_asked(tmp_path, mon
         naive = naive[~naive["repair"].astype(bool)]
     ys = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert ys.min() == pytest.approx(naive["loss"].min()) and ys.max() == pytest.approx(naive["loss"].max())
+    assert {band.get_alpha() for ax in fig.axes for band in ax.collections} == {0.2}
 
 
 def test_table3_without_an_r_column_has_as_many_separators_as_headers() -> None:

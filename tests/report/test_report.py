@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -10,7 +11,7 @@ from test_analysis_stages import ONE_TWO_THREE, three_pairs
 from lmclab.report.document import alignment_table, barrier_table, endpoint_table, table1
 from lmclab.report.language import family_section, is_language_model, perplexity_section
 from lmclab.report.plots import mean_std
-from lmclab.report.summary import THREE_KEYS
+from lmclab.report.summary import THREE_KEYS, collect_pairs
 from lmclab.report.summary import table1 as summary_table1
 from lmclab.report.three_models import table3
 
@@ -133,3 +134,27 @@ def test_the_family_section_pools_each_family_per_method_at_gamma_03_or_the_larg
     assert family_section(larger, ["wm", "am"]).strip().splitlines()[-2:] == lines[-2:]
     one_pair = family_section(frame[frame["pair"] == "p"], ["am"]).strip().splitlines()
     assert one_pair[-2:] == ["| `blocks.*.attn.q.weight` | 0.250 ± 0.000 |", "| `head.weight` | 0.500 ± 0.000 |"]
+
+
+def test_each_pair_and_method_is_read_from_its_own_folders(tmp_path) -> None:
+    measure, perms = tmp_path / "measure", tmp_path / "perms"
+    for seed_a, seed_b in ((0, 1), (3, 2)):
+        for method in ("identity", "wm"):
+            where = f"seed{seed_a}-seed{seed_b}/{method}"
+            (measure / where).mkdir(parents=True)
+            (perms / where).mkdir(parents=True)
+            summary = {"seed_a": seed_a, "seed_b": seed_b, "method": method, "barrier": 10 * seed_a + seed_b}
+            (measure / where / "summary.json").write_text(json.dumps(summary))
+            (perms / where / "stats.json").write_text(json.dumps({"seconds": seed_b}))
+            for name in ("curve", "taylor", "theorem42", "alignment", "cka"):
+                pd.DataFrame({"table": [name], "where": [where]}).to_parquet(measure / where / f"{name}.parquet")
+    records = collect_pairs(measure, perms, [(0, 1), (3, 2)], ["identity", "wm"])
+    assert [(r["seed_a"], r["seed_b"], r["method"]) for r in records] == [
+        (0, 1, "identity"),
+        (0, 1, "wm"),
+        (3, 2, "identity"),
+        (3, 2, "wm"),
+    ]
+    last = records[-1]
+    assert last["summary"] == {"barrier": 32} and last["search"] == {"seconds": 2}
+    assert all(last[name] == [{"table": name, "where": "seed3-seed2/wm"}] for name in ("curve", "taylor", "cka"))

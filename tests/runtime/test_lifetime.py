@@ -1,5 +1,5 @@
 """lmclab.runtime.lifetime: a process tied with ``die_with_parent`` is SIGKILLed when its parent dies, and
-dies at once if its parent was already gone when it asked."""
+dies at once if its parent was already gone when it asked; off Linux nothing is tied, and the call says so."""
 
 from __future__ import annotations
 
@@ -59,3 +59,10 @@ def test_a_process_whose_parent_is_already_gone_dies_at_once() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == ""
+
+
+def test_off_linux_nothing_is_tied_and_the_process_is_told_so(monkeypatch) -> None:
+    from lmclab.runtime.lifetime import die_with_parent
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert die_with_parent(os.getppid()) is False

@@ -1,6 +1,7 @@
 """The committed studies are what the code makes of their committed tables: the three-model study's table
-and page from its edges, each sweep's table, trends and page from its points, the transformer study's
-page from its table and runs (the experiments themselves take hours; their tables are kept in git)."""
+and page from its edges, each sweep's table, trends and page from its points, the transformer and
+n-model studies' pages from their tables and runs, the mixup page's table (the experiments themselves take
+hours; their tables are kept in git)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,23 @@ def test_the_transformer_study_page_is_its_table_and_runs() -> None:
     folder = REPORTS / "transformers"
     table, runs = pd.read_parquet(folder / "table.parquet"), json.loads((folder / "runs.json").read_text())
     assert transformer_study.markdown(table, runs) == (folder / "transformers.md").read_text()
+
+
+def test_the_many_models_page_is_its_tables_and_run() -> None:
+    from lmclab.cli.studies import many
+
+    folder = REPORTS / "many_models"
+    tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in ("evaluation", "methods")}
+    info = json.loads((folder / "run.json").read_text())
+    assert many.markdown(info, tables["evaluation"], tables["methods"]) == (folder / "many_models.md").read_text()
+
+
+def test_the_mixup_page_ends_with_its_table() -> None:
+    from lmclab.studies.mixup import mixup_markdown
+
+    folder = REPORTS / "mixup"
+    table = pd.read_parquet(folder / "table.parquet")
+    assert (folder / "mixup.md").read_text().endswith("\n\n" + mixup_markdown(table) + "\n")
 
 
 def test_the_width_study_page_is_its_alignment_table() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -76,6 +78,14 @@ def test_taylor_misses_is_a_paired_t_test_over_pairs():
     assert found.holds and found.numbers["diff"] == pytest.approx(0.1)
     close = method((-0.03, -0.02, -0.025), (8, 8, 8), taylor=(-0.02, -0.03, -0.024))  # Taylor on both sides
     assert not taylor_misses(pairs_table(wm=close), r, 0.05).holds
+
+
+def test_a_column_no_pair_recorded_reads_as_nan_and_leaves_the_finding_untested():
+    buffer = io.BytesIO()  # as data/tables/pairs.parquet stores it: a column of nulls comes back as None objects
+    pairs_table(wm=WM).assign(test_taylor_barrier_mid=None).to_parquet(buffer)
+    pairs = pd.read_parquet(io.BytesIO(buffer.getvalue()))
+    assert np.isnan(by_pair(pairs, "wm", "test_taylor_barrier_mid")).all()
+    assert taylor_misses(pairs, {"WM": "wm"}, 0.05).holds is None
 
 
 def test_wm_aligns_needs_the_naive_r_near_zero_in_magnitude():

@@ -131,6 +131,32 @@ def test_sweeps_tabulate_each_value_and_test_the_trend() -> None:
     assert verdicts["B_half"]["n_points"] == 9 and verdicts["B_half"]["param"] == "width"
 
 
+def test_a_sweep_compares_the_methods_every_one_of_its_runs_has(tmp_path) -> None:
+    from lmclab.cli.studies.lm import _sweeps
+
+    # AM is missing at two of the three widths; the epochs sweep has the preset's run alone: left out
+
+    dirs, runs = {}, {}
+    for name, width in (("preset", 64), ("width 32", 32), ("width 128", 128)):
+        dirs[name] = tmp_path / name
+        (dirs[name] / "data" / "tables").mkdir(parents=True)
+        frame = pairs_with_repair()
+        frame = frame if name == "preset" else frame[frame["method"] != "am"]
+        frame.to_parquet(dirs[name] / "data" / "tables" / "pairs.parquet")
+        runs[name] = {"gpt": {"width": width}, "train": {"epochs": 5}, "final_test_loss": 1.5 - width / 1000}
+    points, table, verdicts = _sweeps(dirs, runs)
+    assert len(points) == 3 * 2 * 3 and set(points["method"]) == {"identity", "wm"}
+    assert set(points["sweep"]) == set(table["sweep"]) == {"width"}
+    assert list(zip(table["value"], table["method"], strict=True)) == [
+        (w, m) for w in (32.0, 64.0, 128.0) for m in ("identity", "wm")
+    ]
+    assert table.loc[table["value"] == 128.0, "final_test_loss"].tolist() == pytest.approx([1.372, 1.372])
+    assert [(v["method"], v["quantity"], v["param"], v["n_points"]) for v in verdicts] == [
+        ("wm", "B_half", "width", 9),
+        ("wm", "R_0.3", "width", 9),
+    ]
+
+
 def test_the_roles_pool_a_gpts_layers() -> None:
     shares = [
         ("embed.weight", 1.0, 2),

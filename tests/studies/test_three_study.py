@@ -197,6 +197,9 @@ def test_the_objective_ratio_is_a_mean_of_per_triple_ratios() -> None:
     ]
     rows.append({"triple": "t0", "edge": "a-c", "method": "wm", "objective": 1.0})  # other edges are not read
     assert objective_ratio(pd.DataFrame(rows)) == pytest.approx(0.8)
+    apart = [("t0", "wm_sinkhorn"), ("t1", "wm")]  # each triple recorded one of the two: none to compare
+    rows = [{"triple": t, "edge": "a-b", "method": m, "objective": 1.0} for t, m in apart]
+    assert objective_ratio(pd.DataFrame(rows)) is None
 
 
 def test_an_unconverged_sinkhorn_wm_gets_no_verdict_and_leaves_the_statistics() -> None:

@@ -38,10 +38,11 @@ def module_file(name: str, roots: Iterable[Path]) -> Path | None:
 
 
 def _package_of(path: Path, roots: Iterable[Path]) -> str | None:
+    """What ``path``'s relative imports resolve against: the ``__package__`` of the module it is imported as
+    from the first of ``roots`` holding it (``a/b/c.py`` and ``a/b/__init__.py``: ``a.b``; at a root: none)."""
     for root in roots:
         if path.is_relative_to(root):
-            parts = path.relative_to(root).with_suffix("").parts
-            return ".".join(parts if path.name == "__init__.py" else parts[:-1]).removesuffix(".__init__")
+            return ".".join(path.relative_to(root).parts[:-1])
     return None
 
 

@@ -94,14 +94,16 @@ def input_shape_of(p: Params) -> tuple[int, ...]:
 
 
 def check_architecture(p: Params) -> Problems:
-    """The chosen architecture's config builds for 1×28×28 and 3×32×32 images (e.g. VGG's pools fit), or
-    for the data set's own shape when the architecture says so (its ``SHAPES``: a ViT's patches must tile
-    the image); an architecture whose spec is traced (``TRACED``) is traced: that is the check."""
+    """The chosen architecture's config builds for the data set's own shape and, unless the architecture
+    builds for that shape only (its ``SHAPES``: a ViT's patches must tile the image), for 1×28×28 and 3×32×32
+    images too (e.g. VGG's pools fit); an architecture whose spec is traced (``TRACED``) is traced: that is
+    the check."""
     arch = p.model.arch
     if (p.data.name in TEXTS) != _reads_tokens(arch):  # check_data_kind says so
         return
     options, declared = getattr(p.model, arch).model_dump(), interface(get_arch(arch))
-    for shape in ((1, 28, 28), (3, 32, 32)) if declared.SHAPES == "images" else (input_shape_of(p),):
+    shapes = [(1, 28, 28), (3, 32, 32)] if declared.SHAPES == "images" else []
+    for shape in dict.fromkeys([*shapes, input_shape_of(p)]):  # ImageNet's crop is neither of the two
         try:
             config = make_config(arch, input_shape=shape, num_classes=10, **options)
             if declared.TRACED:  # tracing is the check: a graph it cannot follow is refused here

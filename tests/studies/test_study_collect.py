@@ -1,0 +1,90 @@
+"""``lmclab study three collect`` and ``lmclab study transformer collect`` on runs made here: what each reads
+of an experiment's or a run's files ends up in the study's tables and page."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from dvc_repo import ROOT
+from typer.testing import CliRunner
+
+from lmclab.cli import app
+
+# what the connect stage's edges.json holds per edge (collect adds the triple, method, point and search columns)
+ADDED = ["triple", "method", "point", "axis", "value", "stalled", "objective"]
+
+
+def test_three_collect_tabulates_each_experiments_edges_under_their_method(tmp_path, monkeypatch) -> None:
+    import lmclab.pipeline.runs as runs
+
+    committed = pd.read_parquet(ROOT / "reports/three_study/edges.parquet")
+    default = committed[committed["point"] == "default"].reset_index(drop=True)
+    files = {}
+    for (triple, method), rows in default.groupby(["triple", "method"], sort=False):
+        seeds = triple.removeprefix("seed").replace("-seed", ",")
+        blob = {"seeds": seeds, "method": method, "edges": rows.drop(columns=ADDED).to_dict("records")}
+        blob["search"] = {"b": {"objective": [1.0, 2.0]}}  # θb's search: the a–b edge's ⟨θa, π(θb)⟩
+        files[f"data/connect/{seeds}/{method}/edges.json"] = json.dumps(blob)
+
+    def experiment_files(rev: str, pattern: str) -> dict[str, str]:
+        assert (rev, pattern) == ("three-default", "data/connect/*/*/edges.json")
+        return files
+
+    monkeypatch.setattr(runs, "experiment_files", experiment_files)
+    args = ["study", "three", "collect", "--out", str(tmp_path), "--points", "default", "--dpi", "30"]
+    result = CliRunner().invoke(app, [*args, "--params", str(ROOT / "params.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "default: 27 edges" in result.output
+    edges = pd.read_parquet(tmp_path / "edges.parquet")
+    measured = [c for c in default.columns if c not in ("stalled", "objective")]
+    pd.testing.assert_frame_equal(edges[measured], default[measured])
+    assert edges.loc[edges["edge"] == "a-b", "objective"].tolist() == [2.0] * 9
+    assert edges.loc[edges["edge"] != "a-b", "objective"].isna().all() and not edges["stalled"].any()
+
+
+def _transformer_run(folder, objective: str) -> str:
+    """A finished run of the ViT preset (``objective`` supervised or mae) in its own git repository: two pairs
+    of identity and WM, whose P_res keeps 1 and ½ of the units in place; its commit."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["train"].update(objective=objective, seeds=[0, 1, 2, 3], epochs=2)
+    (folder / "data" / "tables").mkdir(parents=True)
+    (folder / "data" / "history").mkdir()
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    rows = []
+    for i, pair in enumerate(("seed0-seed1", "seed2-seed3")):
+        for method, p_res in (("identity", [0, 1, 2, 3]), ("wm", [1, 0, 2, 3])):
+            (folder / "data" / "perms" / pair / method).mkdir(parents=True)
+            torch.save({"P_res": torch.tensor(p_res)}, folder / "data" / "perms" / pair / method / "perm.pt")
+            barrier = (1.0 if method == "identity" else 0.1) + i / 10
+            rows.append({"pair": pair, "method": method, "norepair_test_loss_barrier_mid": barrier})
+    pd.DataFrame(rows).to_parquet(folder / "data" / "tables" / "pairs.parquet")
+    acc = [0.5, 0.9] if objective == "supervised" else [float("nan")] * 2
+    history = {"epoch": [1, 2], "test_loss": [2.0, 1.0], "test_acc": acc, "seconds": [3.0, 5.0]}
+    pd.DataFrame(history).to_parquet(folder / "data" / "history" / "seed0.parquet")
+    git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "run"], ["rev-parse", "HEAD"]):
+        done = subprocess.run([*git, *command], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_transformer_collect_reads_each_runs_pairs_permutations_history_and_commit(tmp_path) -> None:
+    heads = {name: _transformer_run(tmp_path / name, kind) for name, kind in (("vit", "supervised"), ("mae", "mae"))}
+    out = tmp_path / "out"
+    args = ["study", "transformer", "collect", "--run", f"vit={tmp_path / 'vit'}", "--run", f"mae={tmp_path / 'mae'}"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    table = pd.read_parquet(out / "table.parquet")
+    assert list(zip(table["run"], table["method"], strict=True)) == [(r, m) for r in heads for m in ("identity", "wm")]
+    assert table["p_res_identity"].tolist() == [1.0, 0.5, 1.0, 0.5]
+    assert table["B_mid"].tolist() == pytest.approx([1.05, 0.15, 1.05, 0.15])
+    runs = json.loads((out / "runs.json").read_text())
+    for name, head in heads.items():
+        assert 4 <= len(runs[name]["commit"]) < len(head) and head.startswith(runs[name]["commit"])  # --short
+    assert (runs["vit"]["mae"], runs["vit"]["final_test_acc"], runs["mae"]["final_test_acc"]) == (None, 0.9, None)
+    assert runs["mae"]["mae"]["mask_ratio"] == 0.75 and runs["vit"]["seconds_per_epoch"] == 4.0
+    assert f"- **vit** (commit {runs['vit']['commit']}): ViT patch 4" in (out / "transformers.md").read_text()
