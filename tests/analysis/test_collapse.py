@@ -3,6 +3,8 @@ training that is deterministic per seed and mixes what it says."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -45,6 +47,14 @@ def test_within_class_spread_and_unequal_means_are_measured():
     means = torch.tensor([[1.0, 0, 0, 0], [2.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 3.0, 0]], dtype=torch.float64)
     skew = collapse_stats(means[y], y)
     assert skew["nc1"] == pytest.approx(0, abs=1e-12) and skew["nc2_etf"] > 0.3 and skew["nc_equinorm"] > 0.2
+
+
+def test_features_of_a_diverged_model_give_nan_statistics_not_an_error():
+    y = torch.arange(3).repeat(4)
+    features = simplex(3)[y].clone()
+    features[0, 0] = float("nan")  # training diverged: the end-of-training statistics are NaN, as its loss is
+    stats = collapse_stats(features, y)
+    assert stats.keys() == collapse_stats(simplex(3)[y], y).keys() and all(math.isnan(v) for v in stats.values())
 
 
 def test_mixup_mixes_inputs_and_labels_with_one_beta_draw():

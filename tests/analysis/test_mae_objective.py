@@ -113,3 +113,28 @@ def test_the_mae_analyses_of_a_pair_are_consistent_with_their_parts():
     assert {(r["lam"], r["block"]) for r in residual} == {(lam, "blocks.0") for lam in (0.0, 0.5, 1.0)}
     with pytest.raises(ValueError, match="lams: the λ grid must contain 0, ½ and 1"):
         mae_pair(model, a, b, train, test, [0.0, 1.0])
+
+
+def test_the_measure_stage_gives_the_mae_analyses_their_splits_on_the_process_device(monkeypatch):
+    """θa, π(θb) and both splits reach the MAE analyses on the world's device: ``meta`` stands in for a GPU,
+    with the analyses replaced by a recorder (nothing can be computed there)."""
+    from lmclab.analysis import pair as measure
+    from lmclab.analysis.compose import Analysis, Endpoints
+    from lmclab.archs.checkpoint import Checkpoint
+    from lmclab.core.distributed import World
+
+    model, a, b = _pair()
+    meta, seen = torch.device("meta"), []
+
+    def recording(model, params_a, permuted_b, train, test, lams):
+        seen.extend(t.device.type for t in (*params_a.values(), *permuted_b.values(), train.x, train.y, test.x, test.y))
+        return [], [], {}
+
+    monkeypatch.setattr(measure, "measure_and_analyze", lambda *args, **kwargs: ({}, {}))
+    monkeypatch.setattr(measure, "mae_pair", recording)
+    on_meta = {k: v.to(meta) for k, v in a.items()}  # as prepare_pair leaves θa
+    ends = Endpoints(mae.permutation_spec(CONFIG), model, on_meta, on_meta, {"train": _images(6), "test": _images(4)})
+    how = Analysis(lams=[0.0, 0.5, 1.0], gammas=[0.0], input_shape=CONFIG.input_shape)
+    aligned, midpoint = (Checkpoint("mae", CONFIG, 1, p) for p in (b, lerp_params(a, b, 0.5)))
+    tables, _ = measure.measure_method(measure.Pair(ends, how, None, None, World(device=meta)), aligned, midpoint)
+    assert sorted(tables) == ["mae", "residual"] and set(seen) == {"meta"}

@@ -149,6 +149,29 @@ def test_taylor_terms_are_the_eval_mode_derivatives_along_the_line_at_each_endpo
     assert terms.slope_a != pytest.approx(terms.slope_b, rel=0.1)  # the two endpoints are told apart
 
 
+def test_the_batch_losses_read_their_batches_on_the_device_asked_for():
+    """``meta`` stands in for a GPU: the losses of a split held on the CPU evaluate on meta parameters."""
+    model, split, params, _ = _tiny_mlp_problem()
+    on_meta = {k: v.to("meta") for k, v in params.items()}
+    losses = split_loss_fns(model, split, batch_size=16, device=torch.device("meta"))
+    assert [w for w, _ in losses] == [0.4, 0.4, 0.2] and all(fn(on_meta).is_meta for _, fn in losses)
+
+
+def test_taylor_terms_evaluate_the_batches_where_theta_a_lives(monkeypatch):
+    """Where the batches go is the parameters' device (a GPU's, for parameters there): recorded on the CPU."""
+    import lmclab.analysis.taylor as taylor
+
+    model, split, params_a, params_b = _tiny_mlp_problem()
+    asked = []
+
+    def recording(*args, device, **kwargs):
+        asked.append(device)
+        return split_loss_fns(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(taylor, "split_loss_fns", recording)
+    assert taylor_terms(model, params_a, params_b, split).delta > 0 and asked == [torch.device("cpu")]
+
+
 def test_identical_endpoints_have_zero_taylor_barrier():
     model, split, params_a, _ = _tiny_mlp_problem()
     terms = taylor_terms(model, params_a, params_a, split)

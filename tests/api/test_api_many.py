@@ -211,6 +211,10 @@ def test_alignment_and_curve_have_short_reprs_and_the_curve_a_frame() -> None:
     res = lmclab.find_permutation(a, b, example_inputs=x, device="cpu")
     assert repr(res).startswith("Alignment(method='wm', 2 groups {P_0: 16, P_1: 16}, ")
     assert "tensor" not in repr(res) and len(repr(res)) < 200
+    stats = {"seconds": 1.5, "stalled": True, "curve": [1.0], "sweeps": 3, "objective": 2.25, "epochs": 7}
+    assert repr(lmclab.Alignment("wm", res.spec, res.perm, stats)) == (
+        "Alignment(method='wm', 2 groups {P_0: 16, P_1: 16}, seconds=1.5, sweeps=3, objective=2.25)"
+    )  # the first three numbers
     curve = lmclab.curve(a, res.apply(b), eval_data=(x, torch.randint(0, 3, (32,))), num_lambdas=3, device="cpu")
     assert repr(curve) == f"Curve(splits=['test'], 3 λ values, loss barrier {curve.barrier():.4g} on 'test')"
     frame = curve.to_frame()

@@ -1,6 +1,6 @@
 """The refusals of the public API's arguments and of the command's file readers, each reached from the
 function a researcher calls and read in full, with the nearest accepted input beside it: a curve's
-barrier names (``Curve.barrier``), streamed batches without targets and the BatchNorm reset's arguments
+barrier names (``Curve.barrier``), streamed batches without targets or of dicts and the BatchNorm reset's arguments
 (``lmclab.curve``), λ outside [0, 1] (``lmclab.merge``), empty data (``lmclab.as_split``, the traced spec
 of ``lmclab.find_permutation``), and model files, factories and permutation files (``lmclab.api.files``)."""
 
@@ -58,6 +58,19 @@ def test_streamed_batches_without_targets_are_refused_by_the_split_they_belong_t
     held = lmclab.curve(_net(0), _net(1), eval_data=(X, Y), lambdas=[0, 0.3, 0.5, 1])
     for s, h in zip(streamed.rows, held.rows, strict=True):  # batches of 5 and 11 weighted by their size
         assert s["loss"] == pytest.approx(h["loss"], rel=1e-5) and s["acc"] == pytest.approx(h["acc"])
+
+
+def test_streamed_dict_batches_are_refused_by_the_split_they_belong_to_with_the_wrapper_to_use() -> None:
+    got = "expected (input, target) batches or input tensors, got dict"
+    hint = "(wrap the data in lmclab.pairs(…, input_key=…, target_key=…))"
+    dicts = [{"x": X[:5], "y": Y[:5]}, {"x": X[5:], "y": Y[5:]}]
+    with pytest.raises(TypeError, match=_whole(f"eval_data['val']: {got} {hint}")):
+        lmclab.curve(_net(0), _net(1), eval_data={"test": (X, Y), "val": dicts}, num_lambdas=3)
+    wrapped = lmclab.curve(
+        _net(0), _net(1), eval_data=lmclab.pairs(dicts, input_key="x", target_key="y"), num_lambdas=3
+    )
+    held = lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3)
+    assert [r["loss"] for r in wrapped.rows] == pytest.approx([r["loss"] for r in held.rows], rel=1e-5)
 
 
 @pytest.mark.parametrize(

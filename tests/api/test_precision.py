@@ -1,8 +1,8 @@
 """Two models in different precisions, through the API (lmclab.api.weights): each pair of float32, float16,
 bfloat16 and float64 in both orders is compared in one dtype — float64 when either is float64, else float32 —
 so that every search recovers a planted permutation (θb = π(θa) cast to the other dtype), merges and curves
-return each model in its own dtype, and the caller's models are left as they were; weights that are not
-finite or have no values (``meta``) are refused naming the argument and the tensor."""
+return each model in its own dtype (a merge on the CPU), and the caller's models are left as they were;
+weights that are not finite or have no values (``meta``) are refused naming the argument and the tensor."""
 
 from __future__ import annotations
 
@@ -127,6 +127,21 @@ def test_models_on_the_meta_device_are_refused_naming_the_argument() -> None:
         lmclab.merge(ghost, NET)
     with pytest.raises(ValueError, match=r"^model: tensor '0.weight' is on the meta device.*evaluating the models"):
         lmclab.curve(NET.state_dict(), NET.state_dict(), model=ghost, eval_data=(X, Y), num_lambdas=3)
+
+
+def test_a_merge_takes_no_device_and_reads_both_models_on_the_cpu(monkeypatch) -> None:
+    """Models on a GPU, or on two devices, are merged on the CPU: the device the weights are read on is recorded."""
+    import lmclab.api.functions as functions
+
+    asked, read = [], functions.read_weights
+
+    def recording(models, names, device):
+        asked.append(device)
+        return read(models, names, device)
+
+    monkeypatch.setattr(functions, "read_weights", recording)
+    merged = lmclab.merge(*_pair("fp32", "f64"), lam=0.5)
+    assert asked == [torch.device("cpu")] and {v.device.type for v in merged.values()} == {"cpu"}
 
 
 def test_a_merge_of_two_shapes_and_an_alignment_of_another_model_are_named() -> None:

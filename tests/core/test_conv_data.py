@@ -68,6 +68,13 @@ def test_imagenet_image_folder(tmp_path):
     assert json.loads((tmp_path / "prepared" / "meta.json").read_text()) == load_meta(tmp_path / "prepared")
 
 
+def test_imagenet_images_are_224_pixels_square_by_default(tmp_path):
+    _image_folder(tmp_path / "imagenet", classes=2, per_class=1)  # the paper's ResNet50 input (Appendix D)
+    meta = prepare("imagenet", tmp_path / "imagenet", tmp_path / "prepared")
+    assert meta["input_shape"] == [3, 224, 224] and meta["n_train"] == meta["n_test"] == 4
+    assert torch.load(tmp_path / "prepared" / "train.pt")["images"].shape == (4, 3, 224, 224)
+
+
 def test_imagenet_missing_folder_is_one_line_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="^root: .* is not a directory"):
         prepare("imagenet", tmp_path / "nowhere", tmp_path / "prepared", image_size=32)

@@ -209,6 +209,23 @@ def test_repair_merged_refuses_bad_weights_in_one_line(weights, match):
         repair_merged(model, [params_a, params_b], data, weights=weights)
 
 
+def test_repair_merged_of_one_endpoint_returns_it():
+    model, _, params_a, _, data = _setup("mlp")
+    alone = repair_merged(model, [params_a], data)  # its own statistics are the targets
+    assert max((alone[k] - params_a[k]).abs().max().item() for k in params_a) < TOL
+
+
+def test_repair_merged_reads_the_data_in_batches_of_batch_size():
+    model, _, params_a, params_b, data = _setup("mlp")  # 48 samples
+    sizes = []
+    hook = model.register_forward_pre_hook(lambda _m, args: sizes.append(len(args[0])))
+    try:
+        repair_merged(model, [params_a, params_b], data, batch_size=20)
+    finally:
+        hook.remove()
+    assert max(sizes) == 20 and sizes.count(8) == sizes.count(20) // 2  # each pass: 20, 20 and 8
+
+
 def test_a_unit_with_zero_mean_and_zero_std_is_dead_not_divided_by_zero():
     """The dead-unit threshold σ_m ≤ 64·eps·|μ_m| includes its boundary: an all-zero unit (σ_m = μ_m = 0)
     keeps s = 1 and only moves its mean; a live unit gets s = σ_t / σ_m (closed form, off λ = ½)."""

@@ -69,6 +69,10 @@ REFUSED = {
         grouped_conv,
         r"node 'conv2d'.*\(a grouped convolution \(2 groups\) reading segments that split them\)",
     ),
+    "functional-grouped-conv-of-the-input": (
+        lambda m, x: F.conv2d(x, m.kernel, m.bias, groups=2).mean((2, 3)),
+        r"node 'conv2d'.*\(a grouped convolution \(2 groups\) reading segments that split them\)",
+    ),
     "layer-norm-over-two-axes": (
         lambda m, x: m.head(F.layer_norm(m.a(x), (3, 6)).mean(1)),
         r"node 'layer_norm'.*\(a LayerNorm or RMSNorm over more than the permuted feature axis\)",
@@ -90,7 +94,11 @@ REFUSED = {
         r"node 'cat_1'.*\(a concatenation of tensors permuted on another axis, not alike\)",
     ),
 }
-INPUTS = {"functional-grouped-conv-splitting-segments": image_input, "group-norm-splitting-segments": image_input}
+INPUTS = {
+    "functional-grouped-conv-splitting-segments": image_input,
+    "functional-grouped-conv-of-the-input": lambda: torch.randn(2, 6, 4, 4),
+    "group-norm-splitting-segments": image_input,
+}
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
@@ -190,8 +198,9 @@ def test_grouped_query_attention_without_rotary_positions_moves_whole_key_value_
 
 
 class Sliced(nn.Module):
-    """Slices with a start, a step and a negative start, a select, an unsqueeze and a squeeze, and a
-    constant ``use_cache`` argument it never reads."""
+    """Slices with a start, a step and a negative start, slices past an end of the axis (empty, or the whole
+    axis as Python reads them), a select, an unsqueeze and a squeeze, and a constant ``use_cache`` argument it
+    never reads."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -200,7 +209,9 @@ class Sliced(nn.Module):
     def forward(self, x: torch.Tensor, use_cache: bool | None = None) -> torch.Tensor:
         h = self.a(x)  # (N, 5, 8)
         s = h[:, 1:4, 2:8:2].unsqueeze(1).squeeze(1)
-        return self.b(s) + h[:, -3:, :][..., 0].unsqueeze(-1)
+        last, first = torch.cat([h[:, 5:], h[:, -2:]], 1), torch.cat([h[:, :-7], h[:, :1]], 1)  # rows 3, 4; row 0
+        ends = last.mean(1, True) + 2 * first.mean(1, True) + 4 * h[:, -7:].mean(1, True)  # rows 0 to 4
+        return self.b(s) + h[:, -3:, :][..., 0].unsqueeze(-1) + ends[..., :2]
 
 
 def test_the_exported_graph_computes_the_model_and_drops_constant_arguments():

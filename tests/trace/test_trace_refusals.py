@@ -146,3 +146,28 @@ def test_a_pooling_window_over_the_second_to_last_axis_is_refused_when_that_axis
 
     spec = trace_spec(Net(over_space), torch.randn(2, 3, 4, 5))
     assert spec.axes["a.weight"] == ("P_0", None) and spec.axes["head.weight"] == (None, "P_0")
+
+
+class Shifted(nn.Module):
+    """``a`` (5 → 6) read by ``head`` after a roll along the batch: by 1, or by a shift that ``width`` (5 → 1)
+    reads off the first input."""
+
+    def __init__(self, learned: bool) -> None:
+        super().__init__()
+        self.a, self.width, self.head = nn.Linear(5, 6), nn.Linear(5, 1), nn.Linear(6, 3)
+        self.learned = learned
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shift = torch.relu(self.width(x[:1])).to(torch.long)[0] if self.learned else 1  # (1,): width's unit
+        return self.head(torch.roll(torch.relu(self.a(x)), shifts=(shift,), dims=(0,)))
+
+
+def test_a_roll_by_a_shift_a_layer_computes_is_refused_and_a_constant_shift_carried():
+    """A shift read off a layer's output is an argument on that layer's permuted axis (of one unit: a shift is
+    one number), which the rule does not follow; the roll along the batch by a constant keeps ``a``'s units."""
+    message = r"^trace_spec: node 'roll': roll in \(top level\) cannot .*\(a roll along a permuted axis\)"
+    with pytest.raises(TraceError, match=message):
+        trace_spec(Shifted(learned=True), torch.randn(4, 5))
+    spec = trace_spec(Shifted(learned=False), torch.randn(4, 5))
+    group = spec.axes["a.weight"][0]
+    assert group is not None and spec.axes["head.weight"] == (None, group)

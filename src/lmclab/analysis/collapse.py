@@ -22,7 +22,8 @@ from lmclab.core.spec import PermutationSpec
 
 
 def collapse_stats(features: Tensor, labels: Tensor) -> dict[str, float]:
-    """NC1, the ETF distance and the equinorm CV of ``features`` (samples × dims) grouped by ``labels``."""
+    """NC1, the ETF distance and the equinorm CV of ``features`` (samples × dims) grouped by ``labels``; NaN
+    each when the class means are not finite (a diverged model, whose loss is NaN too)."""
     h, present = features.double(), torch.unique(labels)
     if len(present) < 2:
         raise ValueError(f"neural collapse needs at least 2 classes among the samples, got {len(present)}")
@@ -30,6 +31,8 @@ def collapse_stats(features: Tensor, labels: Tensor) -> dict[str, float]:
     centred = means - h.mean(0)
     within = sum((h[labels == c] - m).T @ (h[labels == c] - m) for c, m in zip(present, means, strict=True)) / len(h)
     between = centred.T @ centred / len(present)
+    if not bool(torch.isfinite(between).all()):  # NaN features (a diverged model): pinv's solvers fail on them
+        return dict.fromkeys(("nc1", "nc2_etf", "nc_equinorm"), float("nan"))
     nc1 = float(torch.trace(within @ torch.linalg.pinv(between, hermitian=True)) / len(present))
     unit = centred / centred.norm(dim=1, keepdim=True)
     gram, c = unit @ unit.T, len(present)

@@ -131,9 +131,8 @@ def _slice(node: fx.Node, ndim: int) -> tuple[slice, ...]:
     args = dict(zip(names, node.args, strict=False)) | node.kwargs
     dim = args.get("dim", 0) % ndim
     size = node.args[0].meta["val"].shape[dim]
-    start, end, step = args.get("start") or 0, args.get("end"), args.get("step", 1)
-    end = size if end is None or end > size else end
-    start, end = (start % size if start < 0 else start), (end % size if end < 0 else end)
+    # clamped to the axis as Python and torch read them: x[-7:] of 5 entries is all 5, x[7:] none
+    start, end, step = slice(args.get("start"), args.get("end"), args.get("step", 1)).indices(size)
     whole = start == 0 and end == size and step == 1
     return (slice(None),) * dim + (slice(None) if whole else slice(start, end, step),)
 
