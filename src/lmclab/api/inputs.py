@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from lmclab.api.weights import Weights, check_weights, compute_dtype, in_dtype
+from lmclab.api.weights import Weights, check_same_shapes, check_weights, compute_dtype, in_dtype
 from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
-from lmclab.core.spec import Params, PermutationSpec, check_same_shapes, with_metadata
+from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 if TYPE_CHECKING:
     from lmclab.trace.inputs import Inputs

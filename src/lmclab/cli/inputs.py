@@ -70,8 +70,7 @@ def load_models(paths: list[Path], factory: str | None, kwargs: str, module: boo
     """Every model's parameters, the module they run in, and (checkpoints) their spec and points; without
     ``module``, plain state dicts need no ``--factory`` (the module is then None)."""
     from lmclab.api.files import build_factory, load_model_file
-    from lmclab.api.weights import check_weights
-    from lmclab.core.spec import check_same_shapes
+    from lmclab.api.weights import check_same_shapes, check_weights
 
     loaded = [load_model_file(p) for p in paths]
     params = [m.params for m in loaded]
