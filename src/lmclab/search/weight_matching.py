@@ -55,24 +55,15 @@ from lmclab.core.progress import tick
 from lmclab.core.spec import (
     Permutation,
     PermutationSpec,
-    apply_permutation,
     group_slices,
     identity_permutation,
     random_permutation,
     unit_rows,
 )
 from lmclab.search.result import SearchResult
-from lmclab.search.wm_costs import TermCache, constant_terms, cost_dependencies, group_cost
+from lmclab.search.wm_costs import TermCache, constant_terms, cost_dependencies, group_cost, matching_objective
 
 __all__ = ["LocalOptimaWarning", "WMOptions", "group_cost", "constant_terms", "matching_objective", "weight_matching"]
-
-
-def matching_objective(
-    spec: PermutationSpec, perm: Mapping[str, Tensor], params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
-) -> float:
-    """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded)."""
-    permuted = apply_permutation(spec, perm, spec.matched(params_b))
-    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
 
 
 SIGNATURE = 1024  # order statistics per unit in the sorted-signature start (module docstring)
