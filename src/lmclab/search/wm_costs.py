@@ -12,7 +12,15 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmclab.core.spec import PermutationSpec, apply_permutation, axis_index, entry_groups, group_slices, unit_rows
+from lmclab.core.spec import (
+    PermutationSpec,
+    act_on_axis,
+    apply_permutation,
+    axis_index,
+    entry_groups,
+    group_slices,
+    unit_rows,
+)
 
 
 def matching_objective(
@@ -28,7 +36,7 @@ def _permute_other_axes(
 ) -> Tensor:
     for axis, entry in enumerate(spec.axes[name]):
         if entry_groups(entry) and axis != skip_axis:
-            value = value.index_select(axis, axis_index(entry, perm, value.shape[axis]))
+            value = act_on_axis(value, axis, entry, perm)
     return value
 
 
