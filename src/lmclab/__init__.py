@@ -17,6 +17,7 @@ API = (
     "METHODS",
     "ManyMerge",
     "PermutationSpec",
+    "align",
     "apply_permutation",
     "as_split",
     "create_model",

@@ -146,6 +146,7 @@ def aligned_pair(
     format permutes by the spec of the models (an lmclab checkpoint's, or traced on ``--input-shape``). Without
     ``module`` (``merge``), plain state dicts need no ``--factory`` when the alignment carries its spec."""
     from lmclab.api.alignment import Alignment, aligned_to, read_alignment
+    from lmclab.core.canonical import fold_gains
 
     blob, stored = read_alignment(perm) if perm is not None else (None, None)
     need = module or (perm is not None and stored is None)
@@ -162,7 +163,8 @@ def aligned_pair(
             raise ValueError(f"--input-shape: {perm} carries no spec (an earlier lmclab): needed with --factory")
         spec = trace_spec(net, inputs, partial=partial)
     found = Alignment("", spec, blob["perm"])  # names the file and the model when it does not fit
-    return params_a, aligned_to(found, params_b, str(model_b), f"--alignment {perm}"), net
+    aligned = aligned_to(found, params_b, str(model_b), f"--alignment {perm}")
+    return fold_gains(spec, params_a, str(model_a)), aligned, net  # θa in the form the alignment acts on
 
 
 def check_inputs(net: Any, params: dict, data: Any, source: str) -> None:

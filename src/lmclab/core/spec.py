@@ -116,15 +116,16 @@ class PermutationSpec:
     (:mod:`lmclab.core.heads`): their permutations keep heads whole and share σ within a tie. ``pinned``
     (a traced spec's) says which units the tracer left unpermuted, where and why; it is a report, not part
     of the symmetry: two specs that differ only there are equal. ``kinds`` marks the groups on which every
-    orthogonal map is a symmetry too (``"orthogonal"``, :mod:`lmclab.core.orthogonal`); the others are
-    ``"permutation"`` groups.
+    orthogonal map is a symmetry too (``"orthogonal"``, :mod:`lmclab.core.orthogonal`) once every per-channel
+    gain on them is 1: ``gains`` maps each such gain to the weights that read it (:mod:`lmclab.core.canonical`).
     """
 
     axes: Mapping[str, Axes]
     stats: frozenset[str] = field(default_factory=frozenset)
     heads: Mapping[str, Heads] = field(default_factory=dict)
-    kinds: Mapping[str, str] = field(default_factory=dict)
     pinned: tuple[Pinned, ...] = field(default=(), compare=False)
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    gains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:
