@@ -24,7 +24,7 @@ import typer
 
 from lmclab.cli import models, preset, studies
 from lmclab.cli.common import KWARGS, SYMMETRY, one_line
-from lmclab.cli.inputs import parse_kwargs, parse_shape
+from lmclab.cli.inputs import parse_kwargs, parse_shape, trace_inputs
 
 HELP = (
     "Align, merge and measure trained networks from the shell: match finds the permutation of B's hidden "
@@ -60,13 +60,12 @@ def trace(
 ) -> None:
     """Print the permutation spec tracing derives (groups, their sizes, kinds and places; what it left
     unpermuted, where and why; the norm gains an orthogonal map needs folded), or the refusal."""
-    import torch
-
     from lmclab.api.files import build_factory
     from lmclab.trace import trace as trace_model
 
     net = build_factory(factory, parse_kwargs(kwargs))
-    traced = trace_model(net, torch.zeros(2, *parse_shape(input_shape)), partial=partial, symmetry=symmetry)
+    inputs = trace_inputs(net, parse_shape(input_shape))  # a transformers model's token ids, else zeros
+    traced = trace_model(net, inputs, partial=partial, symmetry=symmetry)
     sizes = traced.spec.group_sizes(net.state_dict())
     for group, places in traced.spec.groups.items():
         where = ", ".join(f"{name}[{axis}]" for name, axis in places)

@@ -39,7 +39,8 @@ def act(value: Tensor, axis: int, element: Tensor, block: int = 1) -> Tensor:
         return value.index_select(axis, index)
     moved = value.movedim(axis, 0)
     rows = moved.reshape(moved.shape[0] // block, -1)  # (units, block · other axes)
-    mixed = element.to(device=value.device, dtype=torch.promote_types(value.dtype, element.dtype)) @ rows
+    dtype = torch.promote_types(value.dtype, element.dtype)  # float64 maps keep float32 weights exact to rounding
+    mixed = element.to(device=value.device, dtype=dtype) @ rows.to(dtype)
     return mixed.to(value.dtype).reshape(moved.shape).movedim(0, axis)
 
 
