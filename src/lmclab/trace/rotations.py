@@ -120,8 +120,10 @@ class RotationRules(TraceState):
             if arg in tagged or s is None:
                 continue
             varies = [a for a in permuted if a - (len(shape) - len(s)) >= 0 and s[a - (len(shape) - len(s))] != 1]
-            if varies and (found := self.per_channel(arg)) is not None and found[0].op == "get_attr":
-                return self.gained(node, str(found[0].target))  # else the merge pinned the groups it varies along
+            if varies and (gain := _stored(arg)) is not None:
+                return self.gained(node, str(gain.target))
+            if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
+                return "a per-channel gain computed from a parameter (only a stored gain is folded)"
         return None
 
     def gained(self, node: fx.Node, gain: str) -> str | None:
@@ -167,6 +169,17 @@ class RotationRules(TraceState):
 
     def _live(self, layout) -> bool:
         return any(isinstance(s, Seg) and self.groups.find(s.gid) != FIXED for s in layout)
+
+
+def _stored(arg: fx.Node) -> fx.Node | None:
+    """The parameter or buffer ``arg`` is, moved or cast at most (not computed from it: ``1 + w`` is no gain
+    whose folding sets it to 1); None otherwise."""
+    while arg.op != "get_attr":
+        moving = arg.target in MOVING - {operator.getitem} or METHODS.get(arg.target) == "move"
+        if not moving or not arg.args or not isinstance(arg.args[0], fx.Node):
+            return None
+        arg = arg.args[0]
+    return arg
 
 
 def _is_square(node: fx.Node) -> bool:
