@@ -37,8 +37,12 @@ def _tokens(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def planted():
+    return _planted()
+
+
+def _planted(**options):
     """θa with random gains; θb: its canonical form rotated and permuted, as a gpt of the same config."""
-    model_a = _model()
+    model_a = _model(**options)
     spec = lmclab.trace_spec(model_a, _tokens()[0], symmetry="orthogonal")
     folded = fold_gains(spec, model_a.state_dict())
     perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(3), spec.heads, spec.kinds)
@@ -68,13 +72,26 @@ def test_a_rotated_and_permuted_copy_is_aligned_back_with_no_barrier(planted, tm
     torch.testing.assert_close(lmclab.merge(model_a, model_b, back, lam=0.3), merged, rtol=0, atol=0)
 
 
+def test_activation_matching_finds_the_rotation_by_procrustes_on_the_cross_moment() -> None:
+    model_a, model_b, spec = _planted(position="learned")  # every group with activation points
+    x, y = _tokens(64)
+    res = lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=(x, y))
+    stream = next(iter(spec.kinds))
+    assert res.perm[stream].shape == (12, 12)
+    assert abs(lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=3).barrier()) <= 1e-6
+    assert lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100.0, abs=1e-6)
+
+
 def test_the_refusals_name_their_argument(planted) -> None:
     model_a, model_b, _ = planted
     x = _tokens()[0]
     with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rotation'"):
         lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
-    with pytest.raises(ValueError, match=r"^method: 'am' seeks permutations only; symmetry='orthogonal' by \('wm',\)"):
-        lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", example_inputs=x, data=_tokens())
+    with pytest.raises(ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry='orthogonal' by"):
+        lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
+    with pytest.raises(ValueError, match=r"^statistic: 'pearson' normalises each unit, which an orthogonal map mixes"):
+        options = {"statistic": "pearson"}
+        lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=_tokens(), options=options)
     layernorm = _model(norm="layernorm")
     with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
         lmclab.align(layernorm, layernorm, symmetry="orthogonal", example_inputs=x)

@@ -161,7 +161,7 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
     )
 
 
-ORTHOGONAL_METHODS = ("wm",)  # the methods that seek orthogonal maps (lmclab.search.wm_orthogonal)
+ORTHOGONAL_METHODS = ("wm", "am")  # the methods that seek orthogonal maps (Procrustes steps; lmclab.core.orthogonal)
 
 
 def check_symmetry(symmetry: str, method: str) -> None:
