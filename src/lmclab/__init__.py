@@ -20,6 +20,7 @@ API = (
     "align",
     "apply_permutation",
     "as_split",
+    "canonicalize",
     "create_model",
     "curve",
     "find_permutation",

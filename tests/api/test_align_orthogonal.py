@@ -110,3 +110,14 @@ def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_alig
     model = _model()
     res = lmclab.find_permutation(model, model, example_inputs=_tokens()[0])
     assert res.spec.kinds == {} and all(p.dim() == 1 for p in res.perm.values())
+
+
+def test_canonicalize_folds_the_gains_into_a_copy_with_the_same_function() -> None:
+    model, x = _model(), _tokens()[0]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    folded = lmclab.canonicalize(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)
+    assert all(bool((p == 1).all()) for k, p in folded.state_dict().items() if "norm" in k)
+    assert not torch.equal(folded.state_dict()["head.weight"], before["head.weight"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the caller's model kept

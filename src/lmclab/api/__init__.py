@@ -10,7 +10,7 @@ symmetries of their hidden units, merge them, and measure the path between them.
 
 from lmclab.api.alignment import Alignment, apply_permutation, load_alignment
 from lmclab.api.curves import Curve, curve
-from lmclab.api.functions import align, find_permutation, l2_reduction, merge
+from lmclab.api.functions import align, canonicalize, find_permutation, l2_reduction, merge
 from lmclab.api.inputs import as_split, pairs
 from lmclab.api.many import ManyMerge, merge_many, repair
 from lmclab.api.registry import ARCHITECTURES, MANY_METHODS, METHODS, create_model
@@ -28,6 +28,7 @@ __all__ = [
     "align",
     "apply_permutation",
     "as_split",
+    "canonicalize",
     "create_model",
     "curve",
     "find_permutation",

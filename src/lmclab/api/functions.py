@@ -30,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -197,6 +198,18 @@ _signature = inspect.signature(align)
 find_permutation.__signature__ = _signature.replace(  # type: ignore[attr-defined]
     parameters=[p for name, p in _signature.parameters.items() if name != "symmetry"]
 )
+
+
+def canonicalize(model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapping[str, Any]) -> nn.Module:
+    """A copy of ``model`` in the canonical form an orthogonal alignment acts on, with the same function: every
+    norm gain the tracer can fold (``trace_spec(…, symmetry="orthogonal")``) folded into the layers that read
+    it and set to 1 (:func:`lmclab.core.canonical.fold_gains`); ``model`` itself is left as it is."""
+    from lmclab.trace import trace_spec
+
+    spec = trace_spec(model, example_inputs, symmetry="orthogonal")
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(fold_gains(spec, model.state_dict(), "model"))
+    return twin
 
 
 def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *, lam: float = 0.5) -> Params:
