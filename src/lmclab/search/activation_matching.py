@@ -149,12 +149,18 @@ def activation_matching(
         for g, ps in points.items():
             for p in ps:
                 moments[g].add(_units(za[p], p), _units(zb[p], p))
-    similarity = {g: m.similarity(statistic) for g, m in moments.items()}
-    perm, solve = {}, partial(solve_assignment, backend=options.lap_backend)
-    for unit in tie_sets(similarity, spec.heads):  # headed groups of one tie: one structured assignment
+    perm = _solve(spec, {g: m.similarity(statistic) for g, m in moments.items()}, options.lap_backend)
+    stats = {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic}
+    return SearchResult(perm, stats | {"lap_backend": options.lap_backend})
+
+
+def _solve(spec: PermutationSpec, similarity: Mapping[str, Tensor], lap_backend: str) -> dict[str, Tensor]:
+    """Each group's best element on its similarity: an assignment (headed groups of one tie: one structured
+    assignment), or for an orthogonal group the polar factor."""
+    perm, solve = {}, partial(solve_assignment, backend=lap_backend)
+    for unit in tie_sets(similarity, spec.heads):
         if any(spec.kinds.get(g) == "orthogonal" for g in unit):
             perm.update({g: polar(similarity[g]) for g in unit})
         else:
             perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve))
-    stats = {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic}
-    return SearchResult(perm, stats | {"lap_backend": options.lap_backend})
+    return perm

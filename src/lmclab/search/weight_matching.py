@@ -156,9 +156,7 @@ def weight_matching(
     generator = generator or torch.Generator().manual_seed(0)
     solve = partial(solve_assignment, backend=options.lap_backend)
     if orthogonal_groups(spec):  # Procrustes steps beside the assignments (lmclab.search.wm_orthogonal)
-        return orthogonal_matching(
-            spec, params_a, params_b, options=options, solve=solve, generator=generator, init_perm=init_perm
-        )
+        return orthogonal_matching(spec, params_a, params_b, options, solve, generator, init_perm)
     sizes = spec.group_sizes(params_a)
     cache = TermCache(spec, params_a, params_b)  # every start's terms, kept between solves
     best, finals, solves = None, [], 0

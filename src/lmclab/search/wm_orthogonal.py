@@ -55,7 +55,6 @@ def orthogonal_matching(
     spec: PermutationSpec,
     params_a: Mapping[str, Tensor],
     params_b: Mapping[str, Tensor],
-    *,
     options: Any,
     solve: Any,
     generator: torch.Generator,
