@@ -5,11 +5,12 @@ symmetries of their hidden units, merge them, and measure the path between them.
     curve = lmclab.curve(model_a, model_b, alignment=res, eval_data=test_loader, num_lambdas=11)
     print(curve.barrier(), lmclab.l2_reduction(model_a, model_b, res))
     res.save("perm.pt"); res = lmclab.load_alignment("perm.pt")
+    rot   = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)  # orthogonal maps of streams
 """
 
 from lmclab.api.alignment import Alignment, apply_permutation, load_alignment
 from lmclab.api.curves import Curve, curve
-from lmclab.api.functions import find_permutation, l2_reduction, merge
+from lmclab.api.functions import align, canonicalize, find_permutation, l2_reduction, merge
 from lmclab.api.inputs import as_split, pairs
 from lmclab.api.many import ManyMerge, merge_many, repair
 from lmclab.api.registry import ARCHITECTURES, MANY_METHODS, METHODS, create_model
@@ -24,8 +25,10 @@ __all__ = [
     "METHODS",
     "ManyMerge",
     "PermutationSpec",
+    "align",
     "apply_permutation",
     "as_split",
+    "canonicalize",
     "create_model",
     "curve",
     "find_permutation",

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from lmclab.api.inputs import Model, params_of
 from lmclab.core import spec as spec_ops
+from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import Params, Permutation, PermutationSpec
 from lmclab.core.spec_data import spec_from_data, spec_to_data
 
@@ -53,30 +54,44 @@ def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params:
     if not isinstance(perm, Mapping) or not isinstance(params, Mapping):
         raise TypeError("perm and params must be mappings (group -> index tensor; name -> tensor), in that order")
     spec.check(params, "params")
-    spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads)
+    spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads, spec.kinds)
     return spec_ops.apply_permutation(spec, perm, params)
 
 
 def aligned_to(alignment: Alignment, params: Mapping[str, Tensor], what: str, source: str = "alignment") -> Params:
-    """π(θ) of ``params`` (called ``what``) by ``alignment`` (called ``source``); one line naming both unless
-    its spec and permutation were found for a model of ``params``' tensors, axes and group sizes."""
+    """π(θ) of ``params`` (called ``what``) by ``alignment`` (called ``source``), its norm gains first folded
+    into their readers where the spec lists gains (:func:`lmclab.core.canonical.fold_gains`: the canonical form
+    an orthogonal alignment acts on); one line naming both unless its spec and permutation were found for a
+    model of ``params``' tensors, axes and group sizes."""
     try:
         alignment.spec.check(params, what)
         sizes = alignment.spec.group_sizes(params)
         for group, perm in alignment.perm.items():
             if group in sizes and sizes[group] != len(perm):
                 raise ValueError(f"group {group!r} has {sizes[group]} units in {what}, {len(perm)} in the alignment")
-        spec_ops.check_permutation(alignment.perm, sizes, alignment.spec.heads)
+        spec_ops.check_permutation(alignment.perm, sizes, alignment.spec.heads, alignment.spec.kinds)
+        params = fold_gains(alignment.spec, params, what)
     except ValueError as exc:
         detail = str(exc).removeprefix(f"{what}: ")
         raise ValueError(f"{source}: found for another model than {what}: {detail}") from None
     return spec_ops.apply_permutation(alignment.spec, alignment.perm, params)
 
 
+def aligned_pair(
+    alignment: Alignment | None, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> tuple[Params, Params]:
+    """θa and π(θb) as an alignment compares them: both in the canonical form its spec acts on (θa's gains folded
+    as :func:`aligned_to` folds θb's); the pair unchanged without ``alignment``."""
+    if alignment is None:
+        return dict(params_a), dict(params_b)
+    return fold_gains(alignment.spec, params_a, "model_a"), aligned_to(alignment, params_b, "model_b")
+
+
 @dataclass(frozen=True, repr=False)
 class Alignment:
-    """The permutation ``perm`` (group → index tensor) found by ``method`` aligning θb to θa under
-    ``spec``; ``stats`` holds what the search recorded (seconds, objective, curves)."""
+    """The permutation ``perm`` (group → index tensor, or an orthogonal matrix for a group of kind
+    ``"orthogonal"``: :mod:`lmclab.core.orthogonal`) found by ``method`` aligning θb to θa under ``spec``;
+    ``stats`` holds what the search recorded (seconds, objective, curves)."""
 
     method: str
     spec: PermutationSpec
@@ -128,7 +143,7 @@ def load_alignment(path: str | os.PathLike, *, spec: PermutationSpec | None = No
     if stored is not None and spec is not None and stored != spec:
         raise ValueError(f"spec: differs from the spec stored in {path}")
     found = stored or spec
-    spec_ops.check_permutation(blob["perm"], {g: len(p) for g, p in blob["perm"].items()}, found.heads)
+    spec_ops.check_permutation(blob["perm"], {g: len(p) for g, p in blob["perm"].items()}, found.heads, found.kinds)
     if set(blob["perm"]) != set(found.groups):
         raise ValueError(f"{path}: its permutation's groups {sorted(blob['perm'])} are not the spec's")
     return Alignment(str(blob.get("method", "")), found, dict(blob["perm"]), dict(blob.get("stats", {})))

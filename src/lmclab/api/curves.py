@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from lmclab.api.alignment import Alignment, aligned_to
+from lmclab.api.alignment import Alignment, aligned_pair
 from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, read_weights, skeleton
 from lmclab.core.batches import as_batch, streamed
 from lmclab.core.data import Split
@@ -110,7 +110,7 @@ def curve(
     dev = resolve_device(device)
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
     params_a, params_b = read_weights(opened.models, ["model_a", "model_b"], dev).params  # in one dtype
-    params_b = aligned_to(alignment, params_b, "model_b") if alignment is not None else params_b
+    params_a, params_b = aligned_pair(alignment, params_a, params_b)
     net = on_device(skeleton(opened.model, opened.models[0], "evaluating the models"), dev)
     sources, labels = _sources(eval_data, dev)
     fix, fix_at = _repairs(net, repair, repair_data, repair_samples, dev)

@@ -30,19 +30,24 @@ True
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lmclab.api.alignment import Alignment, aligned_to
+from lmclab.api.alignment import Alignment, aligned_pair
 from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
 from lmclab.core.batches import Batches, streamed
+from lmclab.core.canonical import fold_gains
 from lmclab.core.merge import check_lam, lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
 from lmclab.core.options import Options, keyed_errors
+from lmclab.core.orthogonal import KINDS
 from lmclab.core.spec import Params, PermutationSpec
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
@@ -66,11 +71,12 @@ def training_data(method: str, data: Data | None, device: torch.device) -> Batch
     return data if streams_data(method) and streamed(data) else as_split(data).to(device)
 
 
-def find_permutation(  # size: the signature lists each keyword of the API (the body is short)
+def align(  # size: the signature lists each keyword of the API (the body is short)
     model_a: Model,
     model_b: Model,
     *,
     method: str = "wm",
+    symmetry: str = "permutation",
     spec: PermutationSpec | None = None,
     example_inputs: Tensor | Sequence[Any] | Mapping[str, Any] | None = None,
     data: Data | None = None,
@@ -86,9 +92,14 @@ def find_permutation(  # size: the signature lists each keyword of the API (the 
     partial: bool = False,
     loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
 ) -> Alignment:
-    """The permutation π of θb's hidden units that aligns it to θa (``method``: a name of
+    """The element π of the symmetry group of θb's hidden units that aligns it to θa (``method``: a name of
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
-    against its options model before anything runs).
+    against its options model before anything runs). ``symmetry="permutation"`` (the paper's) seeks a
+    permutation of every group; ``"orthogonal"`` an orthogonal map of every group the tracer proves it may act
+    on (:mod:`lmclab.trace.rotations`: a transformer's residual stream once its RMSNorm gains are folded into
+    the layers that read them, :mod:`lmclab.core.canonical`) and a permutation of the others, by weight
+    matching (``method="wm"``, :mod:`lmclab.search.wm_orthogonal`); the alignment then acts on the canonical
+    form of both models (gains folded), which :func:`merge` and :func:`curve` use in its place.
 
     ``model_a`` and ``model_b`` are modules, state dicts or checkpoint paths (:func:`lmclab.api.inputs.open_models`:
     ``.pt``/``.pth``/``.safetensors`` state dicts, Hugging Face folders, lmclab checkpoints). ``spec`` defaults
@@ -107,20 +118,23 @@ def find_permutation(  # size: the signature lists each keyword of the API (the 
     ``loss_fn(output, target)`` (a batch's mean loss) replaces the cross-entropy of the logits wherever
     the search evaluates a loss (STE's and Sinkhorn STE's midpoint objective, the test curve)."""
     options = checked_options(method, options)
+    check_symmetry(symmetry, method)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
     weights = read_weights(opened.models, ["model_a", "model_b"], torch.device("cpu"))  # checked before the trace
     problem = resolve(
         opened.models[0],
-        spec=spec if spec is not None else opened.spec,
+        spec=spec if spec is not None else opened.spec if symmetry == "permutation" else None,  # kinds: traced
         model=opened.model,
         example_inputs=example_inputs,
         data=data,
         device=device,
         needs_forward=needs_model(method) or eval_data is not None,  # the learning curve runs the model too
         partial=partial,
+        symmetry=symmetry,
     )
+    problem = in_symmetry(problem, symmetry, type(opened.models[0]).__name__)
     search = _search_problem(method, problem, opened, weights, points, data, eval_data, progress)
     with custom_loss(loss_fn):
         result = run_search(method, search, seed=seed, options=options)
@@ -133,6 +147,7 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
     params_a, params_b = ({k: v.to(problem.device) for k, v in p.items()} for p in weights.params)
     problem.spec.check(params_a, "model_a")
     problem.spec.check(params_b, "model_b")
+    params_a, params_b = (fold_gains(problem.spec, p, w) for p, w in ((params_a, "model_a"), (params_b, "model_b")))
     points = points if points is not None else opened.points if opened.spec is not None else problem.points
     return SearchProblem(
         spec=problem.spec,
@@ -147,14 +162,63 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
     )
 
 
+ORTHOGONAL_METHODS = ("wm", "am")  # the methods that seek orthogonal maps (Procrustes steps; lmclab.core.orthogonal)
+
+
+def check_symmetry(symmetry: str, method: str) -> None:
+    """One line naming ``symmetry`` or ``method`` unless ``method`` seeks elements of that kind."""
+    if symmetry not in KINDS:
+        raise ValueError(f"symmetry: expected one of {KINDS}, got {symmetry!r}")
+    if symmetry == "orthogonal" and method not in ORTHOGONAL_METHODS:
+        raise ValueError(f"method: {method!r} seeks permutations only; symmetry='orthogonal' by {ORTHOGONAL_METHODS}")
+
+
+def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
+    """``problem`` with its spec's kinds for ``symmetry``: none for ``"permutation"`` (the gains a spec folds stay
+    folded); for ``"orthogonal"``, one line naming ``symmetry`` when no group may take an orthogonal map."""
+    if symmetry == "permutation":
+        return problem._replace(spec=dataclasses.replace(problem.spec, kinds={}))
+    if not problem.spec.kinds:
+        raise ValueError(
+            f"symmetry: the tracer proves no group of {what} orthogonal (each meets a nonlinearity, LayerNorm, "
+            "BatchNorm, a tied head or another operation that does not commute with rotations)"
+        )
+    return problem
+
+
+def find_permutation(model_a: Model, model_b: Model, **keywords: Any) -> Alignment:
+    """:func:`align` in the paper's symmetry group, the permutations of hidden units (every keyword of
+    :func:`align` but ``symmetry``)."""
+    if "symmetry" in keywords:
+        raise TypeError("find_permutation() seeks permutations: call lmclab.align(..., symmetry=...) for other kinds")
+    return align(model_a, model_b, **keywords)
+
+
+_signature = inspect.signature(align)
+find_permutation.__signature__ = _signature.replace(  # type: ignore[attr-defined]
+    parameters=[p for name, p in _signature.parameters.items() if name != "symmetry"]
+)
+
+
+def canonicalize(model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapping[str, Any]) -> nn.Module:
+    """A copy of ``model`` in the canonical form an orthogonal alignment acts on, with the same function: every
+    norm gain the tracer can fold (``trace_spec(…, symmetry="orthogonal")``) folded into the layers that read
+    it and set to 1 (:func:`lmclab.core.canonical.fold_gains`); ``model`` itself is left as it is."""
+    from lmclab.trace import trace_spec
+
+    spec = trace_spec(model, example_inputs, symmetry="orthogonal")
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(fold_gains(spec, model.state_dict(), "model"))
+    return twin
+
+
 def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *, lam: float = 0.5) -> Params:
     """``λ·θa + (1−λ)·π(θb)`` (π = I without ``alignment``): the merged model at λ (½: the midpoint), computed
     in the dtype :func:`lmclab.api.weights.compute_dtype` chooses for the pair and returned in θa's."""
     with keyed_errors(str):
         check_lam(lam)
     weights = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu"))
-    params_a, params_b = weights.params
-    params_b = aligned_to(alignment, params_b, "model_b") if alignment is not None else params_b
+    params_a, params_b = aligned_pair(alignment, *weights.params)
     return weights.own(0, lerp_params(params_a, params_b, lam))
 
 
@@ -163,4 +227,4 @@ def l2_reduction(model_a: Model, model_b: Model, alignment: Alignment) -> float:
     over the entries the spec matches (no running statistics), in the pair's compute dtype."""
     params_a, params_b = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu")).params
     before = l2_distance(alignment.spec, params_a, params_b)
-    return reduction_rate(before, l2_distance(alignment.spec, params_a, aligned_to(alignment, params_b, "model_b")))
+    return reduction_rate(before, l2_distance(alignment.spec, *aligned_pair(alignment, params_a, params_b)))

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from lmclab.api.weights import Weights, check_weights, compute_dtype, in_dtype
+from lmclab.api.weights import Weights, check_same_shapes, check_weights, compute_dtype, in_dtype
 from lmclab.core.batches import Pairs, as_batch
 from lmclab.core.data import Split, inputs_like
 from lmclab.core.device import resolve_device
-from lmclab.core.spec import Params, PermutationSpec, check_same_shapes, with_metadata
+from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 if TYPE_CHECKING:
     from lmclab.trace.inputs import Inputs
@@ -240,6 +240,7 @@ def resolve(
     device: str,
     needs_forward: bool,
     partial: bool = False,
+    symmetry: str = "permutation",
 ) -> Problem:
     """The spec (given, or traced from the skeleton on ``example_inputs`` — else on two inputs of
     ``data``; with ``partial``, what the tracer cannot prove is left unpermuted), the activation
@@ -265,7 +266,8 @@ def resolve(
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
             example_inputs = first_inputs(data)
         cpu_net = on_device(net, torch.device("cpu"))
-        traced = trace(cpu_net, _traced_inputs(example_inputs, dict(cpu_net.state_dict())), partial=partial)
+        inputs = _traced_inputs(example_inputs, dict(cpu_net.state_dict()))
+        traced = trace(cpu_net, inputs, partial=partial, symmetry=symmetry)
         spec, points = traced.spec, traced.points
         warn_pinned(spec, cpu_net.state_dict())
     return Problem(spec, points, on_device(net, dev) if net is not None else None, dev)

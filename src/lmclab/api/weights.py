@@ -82,3 +82,21 @@ class Weights(NamedTuple):
         return with_metadata(
             {k: v.to(own[k]) if v.is_floating_point() and k in own else v for k, v in params.items()}, params
         )
+
+
+def check_same_shapes(
+    reference: Mapping[str, Tensor], params: Mapping[str, Tensor], what: str, reference_what: str
+) -> None:
+    """One line naming ``what``, the tensor and both shapes unless ``params`` holds exactly ``reference``'s
+    tensor names with the same shapes (two models to align, or a model file and the module it runs in)."""
+    missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
+    if missing or extra:
+        raise ValueError(
+            f"{what}: tensor names differ from {reference_what}'s (missing {missing[:3]}, extra {extra[:3]})"
+        )
+    for name, value in reference.items():
+        if tuple(params[name].shape) != tuple(value.shape):
+            raise ValueError(
+                f"{what}: tensor {name!r} has shape {tuple(params[name].shape)}, "
+                f"{reference_what}'s {tuple(value.shape)}"
+            )

@@ -23,8 +23,8 @@ from pathlib import Path
 import typer
 
 from lmclab.cli import models, preset, studies
-from lmclab.cli.common import KWARGS, one_line
-from lmclab.cli.inputs import parse_kwargs, parse_shape
+from lmclab.cli.common import KWARGS, SYMMETRY, one_line
+from lmclab.cli.inputs import parse_kwargs, parse_shape, trace_inputs
 
 HELP = (
     "Align, merge and measure trained networks from the shell: match finds the permutation of B's hidden "
@@ -56,26 +56,29 @@ def trace(
     input_shape: str = typer.Option(..., help="input shape without the batch axis, e.g. 3,32,32"),
     kwargs: str = KWARGS,
     partial: bool = typer.Option(False, help="leave what cannot be proven unpermuted"),
+    symmetry: str = SYMMETRY,
 ) -> None:
-    """Print the permutation spec tracing derives (groups, their sizes and places; what it left unpermuted,
-    where and why), or the refusal."""
-    import torch
-
+    """Print the permutation spec tracing derives (groups, their sizes, kinds and places; what it left
+    unpermuted, where and why; the norm gains an orthogonal map needs folded), or the refusal."""
     from lmclab.api.files import build_factory
     from lmclab.trace import trace as trace_model
 
     net = build_factory(factory, parse_kwargs(kwargs))
-    traced = trace_model(net, torch.zeros(2, *parse_shape(input_shape)), partial=partial)
+    inputs = trace_inputs(net, parse_shape(input_shape))  # a transformers model's token ids, else zeros
+    traced = trace_model(net, inputs, partial=partial, symmetry=symmetry)
     sizes = traced.spec.group_sizes(net.state_dict())
     for group, places in traced.spec.groups.items():
         where = ", ".join(f"{name}[{axis}]" for name, axis in places)
         heads = traced.spec.heads.get(group)
         headed = f"; {heads.count} heads, head order {heads.tie}" if heads else ""
-        typer.echo(f"{group} ({sizes[group]} units{headed}): {where}")
+        kind = ", orthogonal" if traced.spec.kinds.get(group) == "orthogonal" else ""
+        typer.echo(f"{group} ({sizes[group]} units{kind}{headed}): {where}")
     for pin in traced.spec.pinned:  # what the trace left unpermuted, and why (lmclab.trace.pinned)
         where = ", ".join(f"{name}[{axis}]" for name, axis in pin.places[:4]) + ", …" * (len(pin.places) > 4)
         stream = ", a residual stream" if pin.stream else ""
         typer.echo(f"pinned: {pin.units} units{stream} by node {pin.node!r} in {pin.where} ({pin.reason}): {where}")
+    for gain, readers in traced.spec.gains.items():  # folded before an orthogonal map (lmclab.core.canonical)
+        typer.echo(f"gain: {gain} folded into {', '.join(readers)}")
     typer.echo(f"{len(sizes)} groups over {len(traced.spec.axes)} tensors")
 
 

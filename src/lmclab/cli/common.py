@@ -18,6 +18,9 @@ SHAPE = typer.Option(None, help="input shape without the batch axis, e.g. 3,32,3
 DEVICE = typer.Option("auto", help="auto (a GPU when present), cpu or cuda[:N]")
 OUT_MERGED = typer.Option(..., help="the merged state dict (.pt or .safetensors); a new folder for HF folders")
 PROGRESS = typer.Option(False, help="show a progress bar on stderr (search steps, curve λ values)")
+SYMMETRY = typer.Option(
+    "permutation", help="permutation, or orthogonal: orthogonal maps of the groups the tracer proves (method wm)"
+)
 PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
 REPAIR = typer.Option(
     "none",

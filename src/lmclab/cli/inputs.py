@@ -70,8 +70,7 @@ def load_models(paths: list[Path], factory: str | None, kwargs: str, module: boo
     """Every model's parameters, the module they run in, and (checkpoints) their spec and points; without
     ``module``, plain state dicts need no ``--factory`` (the module is then None)."""
     from lmclab.api.files import build_factory, load_model_file
-    from lmclab.api.weights import check_weights
-    from lmclab.core.spec import check_same_shapes
+    from lmclab.api.weights import check_same_shapes, check_weights
 
     loaded = [load_model_file(p) for p in paths]
     params = [m.params for m in loaded]
@@ -147,6 +146,7 @@ def aligned_pair(
     format permutes by the spec of the models (an lmclab checkpoint's, or traced on ``--input-shape``). Without
     ``module`` (``merge``), plain state dicts need no ``--factory`` when the alignment carries its spec."""
     from lmclab.api.alignment import Alignment, aligned_to, read_alignment
+    from lmclab.core.canonical import fold_gains
 
     blob, stored = read_alignment(perm) if perm is not None else (None, None)
     need = module or (perm is not None and stored is None)
@@ -163,7 +163,8 @@ def aligned_pair(
             raise ValueError(f"--input-shape: {perm} carries no spec (an earlier lmclab): needed with --factory")
         spec = trace_spec(net, inputs, partial=partial)
     found = Alignment("", spec, blob["perm"])  # names the file and the model when it does not fit
-    return params_a, aligned_to(found, params_b, str(model_b), f"--alignment {perm}"), net
+    aligned = aligned_to(found, params_b, str(model_b), f"--alignment {perm}")
+    return fold_gains(spec, params_a, str(model_a)), aligned, net  # θa in the form the alignment acts on
 
 
 def check_inputs(net: Any, params: dict, data: Any, source: str) -> None:

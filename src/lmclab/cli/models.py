@@ -22,6 +22,7 @@ from lmclab.cli.common import (
     REPAIR,
     REPAIR_SAMPLES,
     SHAPE,
+    SYMMETRY,
     flagged,
     one_line,
 )
@@ -49,6 +50,7 @@ def match(  # size: a typer command's signature lists each of its options
     model_a: Path = typer.Argument(..., help="θa: state dict, Hugging Face folder or lmclab checkpoint"),
     model_b: Path = typer.Argument(..., help="θb, to be aligned to θa"),
     method: str = typer.Option("wm", help=f"one of {', '.join(METHODS)}"),
+    symmetry: str = SYMMETRY,
     out: Path = typer.Option(..., help="where to write the alignment: the permutation with its spec (.pt)"),
     factory: str = FACTORY,
     kwargs: str = KWARGS,
@@ -62,8 +64,9 @@ def match(  # size: a typer command's signature lists each of its options
     partial: bool = PARTIAL,
     progress: bool = PROGRESS,
 ) -> None:
-    """Find the permutation of B's hidden units that aligns B to A; write it to --out."""
-    from lmclab.api import find_permutation, l2_reduction
+    """Find the permutation of B's hidden units (or, --symmetry orthogonal, orthogonal maps of its streams) that
+    aligns B to A; write it to --out."""
+    from lmclab.api import align, l2_reduction
     from lmclab.search import check_method, needs_data
 
     options = checked_options(check_method, method, option)
@@ -76,13 +79,15 @@ def match(  # size: a typer command's signature lists each of its options
     train = load_data(data, "train", data_root, in_channels) if data is not None else None
     if train is not None and net is not None:
         check_inputs(net, params_a, train, data)
-    res = find_permutation(
+    traced = symmetry != "permutation"  # the kinds are the tracer's: a checkpoint's own spec has none
+    res = align(
         params_a,
         params_b,
         method=method,
-        spec=spec,
+        symmetry=symmetry,
+        spec=None if traced else spec,
         model=net,
-        points=points,
+        points=None if traced else points,
         data=train,
         example_inputs=trace_inputs(net, shape),
         seed=seed,
@@ -92,8 +97,9 @@ def match(  # size: a typer command's signature lists each of its options
         progress=progress,
     )
     res.save(out)
+    rotated = f" ({len(res.spec.kinds)} orthogonal)" if res.spec.kinds else ""
     typer.echo(
-        f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s; "
+        f"{method}: {len(res.perm)} groups{rotated}, {res.stats.get('seconds', 0.0):.2f} s; "
         f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
     )
 

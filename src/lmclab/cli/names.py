@@ -40,6 +40,9 @@ CONCEPTS: dict[str, Concept] = {
         "the method's own options",
     ),
     "seed": Concept(("permute.seed",), "seed", "--seed", "", "seeds the randomness of the searches"),
+    "symmetry": Concept(
+        (), "symmetry", "--symmetry", "", "permutation, or orthogonal maps of the groups the tracer proves"
+    ),
     "device": Concept(("device",), "device", "--device", "", "auto (a GPU when present), cpu or cuda[:N]"),
     "threads": Concept(("threads",), None, "--threads", "", "intra-op threads of the process"),
     "num_lambdas": Concept(("measure.num_lambdas",), "num_lambdas", "--num-lambdas", "", "evenly spaced λ in [0, 1]"),
@@ -130,7 +133,7 @@ CONCEPTS: dict[str, Concept] = {
 }
 
 # the functions of the public API whose keywords are registered (each keyword is a concept above)
-FUNCTIONS = ("find_permutation", "curve", "merge", "l2_reduction", "merge_many", "repair", "create_model")
+FUNCTIONS = ("align", "find_permutation", "curve", "merge", "l2_reduction", "merge_many", "repair", "create_model")
 
 
 def keyword_concepts() -> dict[str, str]:

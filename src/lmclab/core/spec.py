@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from lmclab.core.heads import Heads, check_headed, head_size, random_headed
+from lmclab.core.orthogonal import KINDS, act, check_orthogonal, composed, inverse, is_matrix, random_orthogonal
 
 Params = dict[str, Tensor]
 Permutation = dict[str, Tensor]
@@ -114,13 +115,17 @@ class PermutationSpec:
     excluded from matching costs and L2 distances. ``heads`` marks the headed groups of attention
     (:mod:`lmclab.core.heads`): their permutations keep heads whole and share σ within a tie. ``pinned``
     (a traced spec's) says which units the tracer left unpermuted, where and why; it is a report, not part
-    of the symmetry: two specs that differ only there are equal.
+    of the symmetry: two specs that differ only there are equal. ``kinds`` marks the groups on which every
+    orthogonal map is a symmetry too (``"orthogonal"``, :mod:`lmclab.core.orthogonal`) once every per-channel
+    gain on them is 1: ``gains`` maps each such gain to the weights that read it (:mod:`lmclab.core.canonical`).
     """
 
     axes: Mapping[str, Axes]
     stats: frozenset[str] = field(default_factory=frozenset)
     heads: Mapping[str, Heads] = field(default_factory=dict)
     pinned: tuple[Pinned, ...] = field(default=(), compare=False)
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    gains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:
@@ -170,6 +175,9 @@ class PermutationSpec:
                         f"entries, the spec's segments cover {total}"
                     )
         sizes, counts = self.group_sizes(params), {}
+        for group, kind in self.kinds.items():
+            if group not in sizes or kind not in KINDS:
+                raise ValueError(f"{what}: kind {kind!r} of {group!r}: expected one of {KINDS} for a group of the spec")
         for group, heads in self.heads.items():
             if group not in sizes:
                 raise ValueError(f"{what}: headed group {group!r} acts on no axis of the spec")
@@ -204,9 +212,22 @@ def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params:
     for name, value in params.items():
         for axis, entry in enumerate(spec.axes[name]):
             if entry_groups(entry):
-                value = value.index_select(axis, axis_index(entry, perm, value.shape[axis]).to(value.device))
+                value = act_on_axis(value, axis, entry, perm)
         out[name] = value
     return with_metadata(out, params)
+
+
+def act_on_axis(value: Tensor, axis: int, entry: Entry, perm: Mapping[str, Tensor]) -> Tensor:
+    """``perm`` applied along ``axis`` of ``value`` (``entry``: the groups acting on it), each group's element
+    an index tensor (a permutation) or a matrix (an orthogonal map, :func:`lmclab.core.orthogonal.act`)."""
+    if not any(is_matrix(perm[g]) for g in entry_groups(entry)):
+        return value.index_select(axis, axis_index(entry, perm, value.shape[axis]).to(value.device))
+    parts, offset = [], 0
+    for seg in segments(entry, value.shape[axis]):
+        part = value.narrow(axis, offset, seg.length)
+        parts.append(part if seg.group is None else act(part, axis, perm[seg.group], seg.block))
+        offset += seg.length
+    return torch.cat(parts, axis)
 
 
 def with_metadata(out: Params, like: Mapping[str, Tensor]) -> Params:
@@ -221,13 +242,13 @@ def with_metadata(out: Params, like: Mapping[str, Tensor]) -> Params:
 
 
 def invert(perm: Mapping[str, Tensor]) -> Permutation:
-    """``π⁻¹``: for index tensors, the inverse is the argsort."""
-    return {g: torch.argsort(p) for g, p in perm.items()}
+    """``π⁻¹``: the argsort of an index tensor, the transpose of an orthogonal matrix."""
+    return {g: inverse(p) for g, p in perm.items()}
 
 
 def compose(outer: Mapping[str, Tensor], inner: Mapping[str, Tensor]) -> Permutation:
-    """The permutation equal to applying ``inner`` first, then ``outer``."""
-    return {g: inner[g][outer[g]] for g in inner}
+    """The element equal to applying ``inner`` first, then ``outer`` (per group, of either kind)."""
+    return {g: composed(outer[g], inner[g]) for g in inner}
 
 
 def identity_permutation(sizes: Mapping[str, int]) -> Permutation:
@@ -235,43 +256,41 @@ def identity_permutation(sizes: Mapping[str, int]) -> Permutation:
     return {g: torch.arange(n) for g, n in sizes.items()}
 
 
-def check_same_shapes(
-    reference: Mapping[str, Tensor], params: Mapping[str, Tensor], what: str, reference_what: str
-) -> None:
-    """One line naming ``what``, the tensor and both shapes unless ``params`` holds exactly ``reference``'s
-    tensor names with the same shapes (two models to align, or a model file and the module it runs in)."""
-    missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
-    if missing or extra:
-        raise ValueError(
-            f"{what}: tensor names differ from {reference_what}'s (missing {missing[:3]}, extra {extra[:3]})"
-        )
-    for name, value in reference.items():
-        if tuple(params[name].shape) != tuple(value.shape):
-            raise ValueError(
-                f"{what}: tensor {name!r} has shape {tuple(params[name].shape)}, "
-                f"{reference_what}'s {tuple(value.shape)}"
-            )
-
-
 def random_permutation(
-    sizes: Mapping[str, int], generator: torch.Generator, heads: Mapping[str, Heads] | None = None
+    sizes: Mapping[str, int],
+    generator: torch.Generator,
+    heads: Mapping[str, Heads] | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> Permutation:
     """A uniformly random permutation of every group, drawn from ``generator`` (headed groups: uniform
-    over the permutations that keep their heads whole, one σ per tie)."""
-    heads = heads or {}
-    perm = {g: torch.randperm(n, generator=generator) for g, n in sorted(sizes.items()) if g not in heads}
+    over the permutations that keep their heads whole, one σ per tie); a group that ``kinds`` marks
+    ``"orthogonal"`` gets a Haar-random orthogonal matrix instead (:func:`lmclab.core.orthogonal.random_orthogonal`)."""
+    heads, kinds = heads or {}, kinds or {}
+    perm = {
+        g: random_orthogonal(n, generator) if kinds.get(g) == "orthogonal" else torch.randperm(n, generator=generator)
+        for g, n in sorted(sizes.items())
+        if g not in heads
+    }
     return {**perm, **random_headed(sizes, heads, generator)} if heads else perm
 
 
 def check_permutation(
-    perm: Mapping[str, Tensor], sizes: Mapping[str, int], heads: Mapping[str, Heads] | None = None
+    perm: Mapping[str, Tensor],
+    sizes: Mapping[str, int],
+    heads: Mapping[str, Heads] | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> None:
     """One-line error unless ``perm`` is a bijection of the right size for every group and keeps the
-    ``heads`` of every headed group whole (tied groups with one head order)."""
+    ``heads`` of every headed group whole (tied groups with one head order); a matrix is accepted for a
+    group that ``kinds`` marks ``"orthogonal"`` when it is an orthogonal matrix of the group's size."""
     if set(perm) != set(sizes):
         raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's {sorted(sizes)}")
     for g, n in sizes.items():
         p = perm[g]
-        if p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):
+        if is_matrix(p) and (kinds or {}).get(g) != "orthogonal":
+            raise ValueError(f"group {g!r} is a permutation group: an orthogonal map of its units changes the function")
+        if is_matrix(p):
+            check_orthogonal(g, p, n)
+        elif p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):
             raise ValueError(f"permutation of group {g!r} is not a bijection of {n} units")
     check_headed(perm, sizes, heads or {})

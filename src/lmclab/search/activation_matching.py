@@ -14,7 +14,9 @@ token-major tensors such as a Mixer's; every other position of a feature map cou
 after it: part ``i`` of ``n`` equal parts of that axis, as in a packed ``qkv`` projection).
 A group with several points (a residual stream) sums their statistics. The headed groups of attention
 (queries/keys and values, tied by one head order) sum their costs in one structured assignment that is
-exact for this objective (:func:`lmclab.core.heads.solve_tied`).
+exact for this objective (:func:`lmclab.core.heads.solve_tied`). A group the spec marks orthogonal
+(:mod:`lmclab.core.orthogonal`) takes ``argmin_O E‖z^a − O z^b‖² = argmax_O ⟨O, E[z^a z^bᵀ]⟩``, the polar factor of
+its cross moment (orthogonal Procrustes) — exact too, on the cross moment only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.batches import Batches, input_batches
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, one_of, option, takes
+from lmclab.core.orthogonal import polar
 from lmclab.core.progress import tick
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
@@ -125,6 +128,11 @@ def activation_matching(
     ``DataLoader`` streamed in one pass: the statistics are sums), in eval mode (options:
     :class:`AMOptions`)."""
     statistic, batch_size, max_samples = options.statistic, options.batch_size, options.max_samples
+    if spec.kinds and statistic != "cross_moment":
+        raise ValueError(
+            f"statistic: {statistic!r} normalises each unit, which an orthogonal map mixes; "
+            "orthogonal groups are matched on the cross moment E[a bᵀ] (cross_moment)"
+        )
     if set(points) != set(spec.groups):
         raise ValueError(
             f"points: expected activation points of exactly the groups {sorted(spec.groups)}, got {sorted(points)}"
@@ -141,9 +149,18 @@ def activation_matching(
         for g, ps in points.items():
             for p in ps:
                 moments[g].add(_units(za[p], p), _units(zb[p], p))
-    similarity = {g: m.similarity(statistic) for g, m in moments.items()}
-    perm, solve = {}, partial(solve_assignment, backend=options.lap_backend)
-    for unit in tie_sets(similarity, spec.heads):  # headed groups of one tie: one structured assignment
-        perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve))
+    perm = _solve(spec, {g: m.similarity(statistic) for g, m in moments.items()}, options.lap_backend)
     stats = {"seconds": time.perf_counter() - start, "samples": n, "statistic": statistic}
     return SearchResult(perm, stats | {"lap_backend": options.lap_backend})
+
+
+def _solve(spec: PermutationSpec, similarity: Mapping[str, Tensor], lap_backend: str) -> dict[str, Tensor]:
+    """Each group's best element on its similarity: an assignment (headed groups of one tie: one structured
+    assignment), or for an orthogonal group the polar factor."""
+    perm, solve = {}, partial(solve_assignment, backend=lap_backend)
+    for unit in tie_sets(similarity, spec.heads):
+        if any(spec.kinds.get(g) == "orthogonal" for g in unit):
+            perm.update({g: polar(similarity[g]) for g in unit})
+        else:
+            perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve))
+    return perm

@@ -8,7 +8,8 @@ one group, with all others fixed, the objective is linear in ``P`` with cost
 headed groups of attention, tied by a shared head order, one structured assignment solved exactly by
 :func:`lmclab.core.heads.solve_tied`). Stop when
 a full sweep raises the objective by no more than ``tol`` relative to it, or after ``max_iter``
-sweeps. Data-free.
+sweeps. Data-free. A spec with orthogonal groups is matched by :mod:`lmclab.search.wm_orthogonal` (an
+orthogonal group's step is orthogonal Procrustes instead of an assignment).
 
 Shortcuts that leave the plain loop's result: a group's assignment is re-solved only when a permutation
 its cost depends on changed since it was last solved (an unchanged cost has the same optimum; near
@@ -55,24 +56,16 @@ from lmclab.core.progress import tick
 from lmclab.core.spec import (
     Permutation,
     PermutationSpec,
-    apply_permutation,
     group_slices,
     identity_permutation,
     random_permutation,
     unit_rows,
 )
 from lmclab.search.result import SearchResult
-from lmclab.search.wm_costs import TermCache, constant_terms, cost_dependencies, group_cost
+from lmclab.search.wm_costs import TermCache, constant_terms, cost_dependencies, group_cost, matching_objective
+from lmclab.search.wm_orthogonal import orthogonal_groups, orthogonal_matching
 
 __all__ = ["LocalOptimaWarning", "WMOptions", "group_cost", "constant_terms", "matching_objective", "weight_matching"]
-
-
-def matching_objective(
-    spec: PermutationSpec, perm: Mapping[str, Tensor], params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
-) -> float:
-    """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded)."""
-    permuted = apply_permutation(spec, perm, spec.matched(params_b))
-    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
 
 
 SIGNATURE = 1024  # order statistics per unit in the sorted-signature start (module docstring)
@@ -162,6 +155,8 @@ def weight_matching(
     start = time.perf_counter()
     generator = generator or torch.Generator().manual_seed(0)
     solve = partial(solve_assignment, backend=options.lap_backend)
+    if orthogonal_groups(spec):  # Procrustes steps beside the assignments (lmclab.search.wm_orthogonal)
+        return orthogonal_matching(spec, params_a, params_b, options, solve, generator, init_perm)
     sizes = spec.group_sizes(params_a)
     cache = TermCache(spec, params_a, params_b)  # every start's terms, kept between solves
     best, finals, solves = None, [], 0

@@ -12,7 +12,23 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmclab.core.spec import PermutationSpec, axis_index, entry_groups, group_slices, unit_rows
+from lmclab.core.spec import (
+    PermutationSpec,
+    act_on_axis,
+    apply_permutation,
+    axis_index,
+    entry_groups,
+    group_slices,
+    unit_rows,
+)
+
+
+def matching_objective(
+    spec: PermutationSpec, perm: Mapping[str, Tensor], params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> float:
+    """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded)."""
+    permuted = apply_permutation(spec, perm, spec.matched(params_b))
+    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
 
 
 def _permute_other_axes(
@@ -20,7 +36,7 @@ def _permute_other_axes(
 ) -> Tensor:
     for axis, entry in enumerate(spec.axes[name]):
         if entry_groups(entry) and axis != skip_axis:
-            value = value.index_select(axis, axis_index(entry, perm, value.shape[axis]))
+            value = act_on_axis(value, axis, entry, perm)
     return value
 
 

@@ -77,6 +77,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from lmclab.core.orthogonal import KINDS
 from lmclab.core.spec import PermutationSpec
 from lmclab.trace.export import exported, wrapped_calls
 from lmclab.trace.graph import GraphTracer, Traced
@@ -96,15 +97,20 @@ __all__ = [
 ]
 
 
-def trace_spec(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) -> PermutationSpec:
+def trace_spec(
+    model: nn.Module, example_inputs: Inputs, *, partial: bool = False, symmetry: str = "permutation"
+) -> PermutationSpec:
     """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` (a tensor, a sequence
     of positional inputs or a mapping of keyword inputs, :mod:`lmclab.trace.inputs`) give the shapes.
-    One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``."""
-    return trace(model, example_inputs, partial=partial).spec
+    One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``. ``symmetry="orthogonal"``:
+    the groups on which orthogonal maps are symmetries too get that kind (:mod:`lmclab.trace.rotations`)."""
+    return trace(model, example_inputs, partial=partial, symmetry=symmetry).spec
 
 
-def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) -> Traced:
+def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False, symmetry: str = "permutation") -> Traced:
     """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
+    if symmetry not in KINDS:
+        raise ValueError(f"symmetry: expected one of {KINDS}, got {symmetry!r}")
     model = _copy(model)  # tracing may write to the module (a cache of proxies): the caller's stays as it was
     args, kwargs = split_inputs(model, example_inputs)
     inputs = positional(model, args, kwargs)  # one line naming example_inputs before any work
@@ -116,7 +122,7 @@ def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False) ->
         gm = _exported(model, args, kwargs, exc)  # with the shapes it ran on
     else:
         _propagate(gm, model, inputs)
-    tracer = GraphTracer(gm, partial)
+    tracer = GraphTracer(gm, partial, symmetry)
     tracer.run()
     return tracer.result(model)
 

@@ -35,6 +35,7 @@ from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
+from lmclab.trace.rotations import KindRules
 from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
 from lmclab.trace.state import Traced, unknown
@@ -60,6 +61,7 @@ class GraphTracer(
     RotaryRules,
     PinnedRules,
     RoutingRules,
+    KindRules,
 ):
     """One pass over the graph in topological order, tagging each node's output: the rules of every mixin
     over one :class:`~lmclab.trace.state.TraceState` (``GraphTracer(gm, partial)``)."""
@@ -120,6 +122,7 @@ class GraphTracer(
                 self.function(node)
             if (t := self.tags.get(node)) is not None and not self.well_formed(t):
                 self.refuse(node, "per-head features beside no axis of their heads, or two")
+            self.rotations(node)
 
     def module(self, node: fx.Node, module: nn.Module) -> None:
         name, x = str(node.target), node.args[0] if node.args else None
@@ -290,5 +293,6 @@ class GraphTracer(
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        spec = PermutationSpec(axes=axes, stats=stats_of(axes), heads=heads, pinned=self.pinned_record())
+        axes, kinds, gains = self.kinded(axes, state)
+        spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), kinds, gains)
         return Traced(spec, points)

@@ -26,6 +26,7 @@ class TraceState:
 
     gm: fx.GraphModule
     partial: bool
+    symmetry: str = "permutation"  # "orthogonal": prove which groups orthogonal maps may act on (rotations)
     groups: Groups = field(default_factory=Groups)
     tags: dict[fx.Node, Tag | None] = field(default_factory=dict)  # each node met: its output's layouts
     axes: dict[str, list[Layout]] = field(default_factory=dict)  # parameter or buffer -> its axes' layouts
@@ -35,6 +36,9 @@ class TraceState:
     attention_heads: dict[fx.Node, tuple[int, int, int]] = field(default_factory=dict)  # MHA -> (tie, H, ndim)
     packed: dict[fx.Node, tuple[int, list[Tag | None]]] = field(default_factory=dict)  # (part axis, parts' tags)
     unbound: dict[fx.Node, list[Tag | None]] = field(default_factory=dict)  # unbind of a packed tensor -> tags
+    bent: dict[int, str] = field(default_factory=dict)  # group -> why no orthogonal map of it is a symmetry
+    squares: set[fx.Node] = field(default_factory=set)  # x.pow(2), x * x of a group's tensor: summed, or bent
+    gains: dict[str, list[str]] = field(default_factory=dict)  # per-channel gain -> the linear weights reading it
 
     def __post_init__(self) -> None:
         self.state_keys = set(self.gm.state_dict())

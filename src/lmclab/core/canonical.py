@@ -1,0 +1,41 @@
+"""The canonical form in which orthogonal maps of a stream are symmetries: norm gains folded into their readers.
+
+An RMSNorm computes ``g ⊙ x / rms(x)``; a per-channel gain ``g`` does not commute with an orthogonal map
+(``diag(g) O ≠ O diag(g)``), but every layer that reads the norm's output is linear, ``W (g ⊙ y) =
+(W diag(g)) y``, so moving ``g`` into the readers' columns and setting it to 1 keeps the function (the
+folding SliceGPT and QuaRot perform; Ashkboos et al. 2024, Section 3). The tracer records each foldable
+gain with the weights that read it (:attr:`lmclab.core.spec.PermutationSpec.gains`,
+:mod:`lmclab.trace.rotations`); the folded model is of the same architecture, with unit gains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from lmclab.core.spec import Params, PermutationSpec, with_metadata
+
+
+def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = "params") -> Params:
+    """``params`` with every gain of ``spec.gains`` folded into the weights that read it (``W ← W diag(g)``,
+    ``g ← 1``), the caller's tensors untouched. One-line error naming ``what`` when a reader's input axis is
+    not as long as its gain."""
+    out = dict(params)
+    for gain, readers in spec.gains.items():
+        g = params[gain].reshape(-1)
+        for reader in readers:
+            w = out[reader]
+            if w.dim() != 2 or w.shape[1] != g.numel():
+                raise ValueError(
+                    f"{what}: {reader!r} of shape {tuple(w.shape)} reads the gain {gain!r} of {g.numel()} entries"
+                )
+            out[reader] = (w * g.to(w.dtype)).to(w.dtype)
+        out[gain] = torch.ones_like(params[gain])
+    return with_metadata(out, params)
+
+
+def is_canonical(spec: PermutationSpec, params: Mapping[str, Tensor]) -> bool:
+    """Whether every gain of ``spec.gains`` is 1 in ``params`` (folded)."""
+    return all(bool((params[gain] == 1).all()) for gain in spec.gains)

@@ -1,0 +1,236 @@
+"""Which groups an orthogonal map may act on: the tracer's proof of a group's *kind* (:mod:`lmclab.core.orthogonal`).
+
+A permutation of units commutes with every elementwise operation; an orthogonal map ``O`` only with those
+linear in the units. After each node's rule the pass asks whether the node commutes with ``O`` on every
+group it touches; if not, those groups are *bent* — kept permutation groups — with the node as the reason.
+What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
+
+- linear reads and writes: ``nn.Linear``/``F.linear``, ``nn.Embedding``/``F.embedding``, a convolution of
+  one group (``groups=1``), an ``addmm``;
+- sums and differences of tensors of the group (a residual add, a bias add: ``O(x + b) = Ox + Ob``);
+- a product or quotient by a tensor constant along the group's axis (a per-token scale ``x · rsqrt(ms)``);
+- moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout;
+- ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
+- a norm whose gain is a per-channel vector ``g`` read only by linear layers (RMSNorm: ``g ⊙ x/rms(x)``):
+  not with ``g`` in place (``diag(g) O ≠ O diag(g)``), but once ``g`` is folded into the layers that read
+  it (``W ← W diag(g)``, ``g ← 1``; :func:`lmclab.core.canonical.fold_gains`). The tracer records such gains
+  and their readers in :attr:`lmclab.core.spec.PermutationSpec.gains`.
+
+Anything else bends the groups it touches: an elementwise nonlinearity, a product of two tensors of the
+group, LayerNorm's centring, BatchNorm, softmax, attention's products, a pooling by maximum, a gain read by
+anything but a linear layer. Headed groups (attention's heads) stay permutation groups here.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx, nn
+
+from lmclab.trace.groups import FIXED, Seg
+from lmclab.trace.state import TraceState
+
+F = torch.nn.functional
+LINEAR_MODULES = (nn.Linear, nn.Embedding)
+MOVING_MODULES = (nn.Dropout, nn.Identity, nn.Flatten)
+LINEAR_FUNCTIONS = {F.linear, F.embedding, torch.ops.aten.addmm.default}
+ADDITIVE = {operator.add, torch.add, operator.iadd, operator.sub, torch.sub, operator.neg, torch.neg}
+ADDITIVE |= {torch.ops.aten.neg.default}
+SCALING = {operator.mul, torch.mul, operator.imul, operator.truediv, torch.div}
+SCALING |= {torch.ops.aten.mul.Scalar, torch.ops.aten.div.Scalar}
+MOVING = {torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.swapaxes, operator.getitem}
+MOVING |= {torch.cat, torch.concat, torch.concatenate, F.dropout, torch.unsqueeze, torch.squeeze}
+A = torch.ops.aten
+MOVING |= {A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
+MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default, A.expand.default}
+METHODS = {"add": "+", "add_": "+", "__add__": "+", "sub": "+", "neg": "+", "mul": "*", "mul_": "*", "__mul__": "*"}
+METHODS |= {"div": "*"} | dict.fromkeys(("mean", "sum"), "reduce")
+METHODS |= dict.fromkeys(("view", "reshape", "view_as", "reshape_as", "flatten", "transpose", "permute"), "move")
+METHODS |= dict.fromkeys(("swapaxes", "contiguous", "clone", "to", "float", "double", "type_as", "expand"), "move")
+METHODS |= dict.fromkeys(("unsqueeze", "squeeze", "size", "dim", "half", "bfloat16"), "move")
+
+
+class RotationRules(TraceState):
+    """The kind of every group (module docstring): :meth:`rotations` after each node's own rule."""
+
+    def bend(self, gids: list[int], reason: str) -> None:
+        for gid in gids:
+            self.bent.setdefault(gid, reason)
+
+    def rotations(self, node: fx.Node) -> None:
+        """Bend the groups of ``node``'s inputs and output unless ``node`` commutes with orthogonal maps of them."""
+        tagged = [a for a in node.all_input_nodes if self.tag(a) is not None]
+        if not tagged or node.op == "output":
+            return
+        gids = [g for a in tagged for g in self.tag(a).gids] + (self.tag(node).gids if self.tag(node) else [])
+        for a in tagged:
+            if a in self.squares and not self._sums_square(node, a):
+                self.bend(self.tag(a).gids, f"node {a.name!r}: a square of the units read otherwise than summed")
+        reason = self._breaks(node, tagged)
+        if reason is not None:
+            self.bend(gids, f"node {node.name!r}: {reason}")
+
+    def _breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
+        """Why ``node`` does not commute with an orthogonal map of its groups (None: it does)."""
+        if node.op == "call_module":
+            return self._module_breaks(node, self.gm.get_submodule(str(node.target)))
+        target = node.target
+        kind = METHODS.get(target) if node.op == "call_method" else None
+        if target in LINEAR_FUNCTIONS or target in ADDITIVE or target in MOVING or kind in ("+", "move"):
+            return None
+        if target is F.conv2d:
+            return None if _conv_groups(node) == 1 else "a grouped convolution"
+        if target is F.rms_norm:  # (input, normalized_shape, weight, eps)
+            weight = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
+            if weight is None:
+                return None
+            found = self.per_channel(weight) if isinstance(weight, fx.Node) else None
+            return self.gained(node, str(found[0].target)) if found and found[0].op == "get_attr" else "a norm's gain"
+        if _is_square(node):
+            self.squares.add(node)
+            return None
+        if target in SCALING or kind == "*":
+            return self._scale_breaks(node, tagged)
+        if target in (torch.mean, torch.sum) or kind == "reduce":
+            square = node.args[0] in self.squares  # ‖x‖²: its sum over the units is what O keeps
+            return None if square or not self._reduces_units(node) else "a sum over the units"
+        return "an operation that does not commute with rotations of its units"
+
+    def _module_breaks(self, node: fx.Node, module: nn.Module) -> str | None:
+        if isinstance(module, LINEAR_MODULES + MOVING_MODULES):
+            return None
+        if isinstance(module, nn.Conv2d):
+            return None if module.groups == 1 else "a grouped convolution"
+        if isinstance(module, nn.RMSNorm) and module.weight is None:
+            return None
+        if isinstance(module, nn.RMSNorm):
+            return self.gained(node, f"{node.target}.weight")
+        return f"{type(module).__name__} does not commute with rotations of its units"
+
+    def _scale_breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
+        """A product or quotient: by factors constant along every permuted axis of the result, or by one
+        per-channel gain (:meth:`gained`)."""
+        if len(tagged) > 1:
+            return "a product of two tensors of the group"
+        shape, tag = self.shape(node), self.tag(node)
+        permuted = [] if tag is None else [a for a in tag.permuted if self._live(tag.at(a))]
+        for arg in node.all_input_nodes:
+            s = self.shape(arg)
+            if arg in tagged or s is None:
+                continue
+            varies = [a for a in permuted if a - (len(shape) - len(s)) >= 0 and s[a - (len(shape) - len(s))] != 1]
+            if varies and (gain := _stored(arg)) is not None:
+                return self.gained(node, str(gain.target))
+            if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
+                return "a per-channel gain computed from a parameter (only a stored gain is folded)"
+        return None
+
+    def gained(self, node: fx.Node, gain: str) -> str | None:
+        """A per-channel gain ``gain`` multiplies ``node``'s units: foldable when every use of ``node`` is a linear
+        read (directly or through moves); then recorded with its readers, else a reason."""
+        readers = self._linear_readers(node)
+        if readers is None:
+            return f"the gain {gain!r} in place (its output is read by more than linear layers)"
+        self.gains.setdefault(gain, []).extend(r for r in readers if r not in self.gains.get(gain, []))
+        return None
+
+    def _linear_readers(self, node: fx.Node) -> list[str] | None:
+        """The weights of the linear layers that read ``node`` (through moves and casts); None if anything else does."""
+        readers = []
+        for user in node.users:
+            if user.op == "call_module" and isinstance(self.gm.get_submodule(str(user.target)), nn.Linear):
+                readers.append(f"{user.target}.weight")
+            elif user.op == "call_function" and user.target is F.linear and user.args[0] is node:
+                w = user.args[1]
+                if not (isinstance(w, fx.Node) and w.op == "get_attr"):
+                    return None
+                readers.append(str(w.target))
+            elif user.target in MOVING - {operator.getitem} or METHODS.get(user.target) == "move":
+                found = self._linear_readers(user)
+                if found is None:
+                    return None
+                readers += found
+            else:
+                return None
+        return readers
+
+    def _sums_square(self, node: fx.Node, square: fx.Node) -> bool:
+        """``node`` sums or averages the square over every permuted axis it has (``‖x‖²``)."""
+        reduce = node.target in (torch.mean, torch.sum) or METHODS.get(node.target) == "reduce"
+        return reduce and self._reduces_units(node) and node.args[0] is square
+
+    def _reduces_units(self, node: fx.Node) -> bool:
+        """A mean or sum over a permuted axis of its input."""
+        t_in, shape_in = self.tag(node.args[0]), self.shape(node.args[0])
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or range(len(shape_in)))]
+        return any(a in dims for a in t_in.permuted if self._live(t_in.at(a)))
+
+    def _live(self, layout) -> bool:
+        return any(isinstance(s, Seg) and self.groups.find(s.gid) != FIXED for s in layout)
+
+
+def _stored(arg: fx.Node) -> fx.Node | None:
+    """The parameter or buffer ``arg`` is, moved or cast at most (not computed from it: ``1 + w`` is no gain
+    whose folding sets it to 1); None otherwise."""
+    while arg.op != "get_attr":
+        moving = arg.target in MOVING - {operator.getitem} or METHODS.get(arg.target) == "move"
+        if not moving or not arg.args or not isinstance(arg.args[0], fx.Node):
+            return None
+        arg = arg.args[0]
+    return arg
+
+
+def _is_square(node: fx.Node) -> bool:
+    """``x.pow(2)``, ``x ** 2`` or ``x * x``."""
+    args = node.args
+    if node.target in (torch.pow, operator.pow, torch.ops.aten.pow.Tensor_Scalar) or node.target == "pow":
+        return len(args) > 1 and args[1] == 2
+    mul = node.target in (operator.mul, torch.mul, "mul", "__mul__")
+    return mul and len(args) == 2 and args[0] is args[1]
+
+
+def _conv_groups(node: fx.Node) -> int:
+    groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+    return groups if isinstance(groups, int) else 0
+
+
+class KindRules(RotationRules):
+    """The kinds and gains of the spec (:meth:`kinded`), once the pass is over."""
+
+    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]]]:
+        """For ``symmetry="orthogonal"``: the spec's axes with every gain on an orthogonal group left out of it
+        (held at 1), its kinds and gains (:meth:`kinds`); else ``axes`` as they are and no kinds."""
+        if self.symmetry != "orthogonal":
+            return axes, {}, {}
+        kinds, gains = self.kinds(axes)
+        tied = _tied_keys(state)
+        for gain, readers in gains.items():  # a reader tied to another entry (the head) cannot take the gain alone
+            if any(len(tied.get(r, ())) > 1 for r in readers):
+                for group in axes[gain]:
+                    kinds.pop(group, None)
+        gains = {g: r for g, r in gains.items() if all(e in kinds for e in axes[g])}
+        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains
+
+    def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+        """``"orthogonal"`` for every named group no node bent, that is neither headed nor read in runs (a
+        grouped convolution's); and the gains on those groups with the weights that read them."""
+        find = self.groups.find
+        bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
+        bent |= {find(c) for c, _ in self.groups.coarse.values()}  # heads: bent by attention's products
+        kinds = {name: "orthogonal" for root, name in self.names.items() if root not in bent}
+        gains = {
+            gain: tuple(readers)
+            for gain, readers in self.gains.items()
+            if axes.get(gain) and all(e in kinds for e in axes[gain]) and all(r in axes for r in readers)
+        }
+        return kinds, gains
+
+
+def _tied_keys(state: dict) -> dict[str, tuple[str, ...]]:
+    """Each entry of ``state`` with every entry that is the same tensor (an embedding tied to the head)."""
+    by_tensor: dict[tuple, list[str]] = {}
+    for key, value in state.items():
+        by_tensor.setdefault((value.data_ptr(), tuple(value.shape)), []).append(key)
+    return {k: tuple(keys) for keys in by_tensor.values() for k in keys}

@@ -1,0 +1,123 @@
+"""``lmclab.align(…, symmetry="orthogonal")`` on the project's ``gpt`` with RMSNorm: a copy whose residual stream
+is rotated by a random orthogonal map and whose MLP units and heads are permuted, built as a model of the
+original class, is aligned back with no barrier along ``lmclab.curve``, while permutations alone leave one;
+the alignment is saved with its matrices and kinds and read back; the refusals name their argument."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lmclab
+from lmclab.archs import gpt
+from lmclab.core.canonical import fold_gains
+from lmclab.core.spec import apply_permutation, random_permutation
+
+VOCAB, CONTEXT = 23, 8
+
+
+def _model(seed: int = 0, **options) -> torch.nn.Module:
+    shapes = dict(width=12, depth=2, heads=2, mlp_ratio=2, norm="rmsnorm", position="rotary", tie_embeddings=False)
+    cfg = gpt.Config(input_shape=(CONTEXT,), num_classes=VOCAB, **(shapes | options))
+    torch.manual_seed(seed)
+    model = gpt.Model(cfg).double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(torch.rand_like(p) + 0.5) if "norm" in key else p.normal_(0, 0.3)
+    return model
+
+
+def _tokens(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(0, VOCAB, (n, CONTEXT), generator=g)
+    return x, torch.roll(x, -1, dims=1)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return _planted()
+
+
+def _planted(**options):
+    """θa with random gains; θb: its canonical form rotated and permuted, as a gpt of the same config."""
+    model_a = _model(**options)
+    spec = lmclab.trace_spec(model_a, _tokens()[0], symmetry="orthogonal")
+    folded = fold_gains(spec, model_a.state_dict())
+    perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(3), spec.heads, spec.kinds)
+    model_b = copy.deepcopy(model_a)
+    model_b.load_state_dict(apply_permutation(spec, perm, folded))
+    return model_a, model_b, spec
+
+
+def test_a_rotated_and_permuted_copy_is_aligned_back_with_no_barrier(planted, tmp_path) -> None:
+    model_a, model_b, spec = planted
+    x, y = _tokens()
+    res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
+    assert res.spec.kinds == spec.kinds and res.perm[next(iter(spec.kinds))].shape == (12, 12)
+    curve = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=5)
+    assert abs(curve.barrier()) <= 1e-6
+    merged = lmclab.merge(model_a, model_b, res, lam=0.3)
+    twin = copy.deepcopy(model_a)
+    twin.load_state_dict(merged)  # the input's own architecture, in canonical form (gains 1)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model_a(x), rtol=1e-9, atol=1e-9)
+    only = lmclab.find_permutation(model_a, model_b, example_inputs=x)
+    assert lmclab.curve(model_a, model_b, alignment=only, eval_data=(x, y), num_lambdas=5).barrier() > 1e-2
+    res.save(tmp_path / "rot.pt")
+    back = lmclab.load_alignment(tmp_path / "rot.pt")
+    assert back.spec == res.spec and back.spec.kinds == res.spec.kinds and back.spec.gains == res.spec.gains
+    assert all(torch.equal(back.perm[g], p) for g, p in res.perm.items())
+    torch.testing.assert_close(lmclab.merge(model_a, model_b, back, lam=0.3), merged, rtol=0, atol=0)
+
+
+def test_activation_matching_finds_the_rotation_by_procrustes_on_the_cross_moment() -> None:
+    model_a, model_b, spec = _planted(position="learned")  # every group with activation points
+    x, y = _tokens(64)
+    res = lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=(x, y))
+    stream = next(iter(spec.kinds))
+    assert res.perm[stream].shape == (12, 12)
+    assert abs(lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=3).barrier()) <= 1e-6
+    assert lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100.0, abs=1e-6)
+
+
+def test_the_refusals_name_their_argument(planted) -> None:
+    model_a, model_b, _ = planted
+    x = _tokens()[0]
+    with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rotation'"):
+        lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
+    with pytest.raises(ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry='orthogonal' by"):
+        lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
+    with pytest.raises(ValueError, match=r"^statistic: 'pearson' normalises each unit, which an orthogonal map mixes"):
+        options = {"statistic": "pearson"}
+        lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=_tokens(), options=options)
+    layernorm = _model(norm="layernorm")
+    with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
+        lmclab.align(layernorm, layernorm, symmetry="orthogonal", example_inputs=x)
+    with pytest.raises(TypeError, match="find_permutation\\(\\) seeks permutations: call lmclab.align"):
+        lmclab.find_permutation(model_a, model_b, symmetry="orthogonal", example_inputs=x)
+    res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
+    with pytest.raises(ValueError, match="'P_0' is a permutation group: an orthogonal map"):
+        lmclab.apply_permutation(lmclab.trace_spec(model_a, x), res.perm, model_b.state_dict())
+
+
+def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry() -> None:
+    import inspect
+
+    align, find = (inspect.signature(f).parameters for f in (lmclab.align, lmclab.find_permutation))
+    assert list(find) == [p for p in align if p != "symmetry"]
+    model = _model()
+    res = lmclab.find_permutation(model, model, example_inputs=_tokens()[0])
+    assert res.spec.kinds == {} and all(p.dim() == 1 for p in res.perm.values())
+
+
+def test_canonicalize_folds_the_gains_into_a_copy_with_the_same_function() -> None:
+    model, x = _model(), _tokens()[0]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    folded = lmclab.canonicalize(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)
+    assert all(bool((p == 1).all()) for k, p in folded.state_dict().items() if "norm" in k)
+    assert not torch.equal(folded.state_dict()["head.weight"], before["head.weight"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the caller's model kept

@@ -1,0 +1,71 @@
+"""``lmclab match --symmetry orthogonal`` on Hugging Face Llama folders: B is A in canonical form (RMSNorm gains
+folded into the layers that read them) with its residual stream rotated by a random orthogonal map and its MLP
+units and heads permuted, saved by ``save_pretrained``; the match brings it back exactly and ``lmclab merge``
+writes a folder ``from_pretrained`` loads that computes A's function, while permutations alone cannot;
+``lmclab trace --symmetry orthogonal`` lists the kinds and the gains."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmclab.core.canonical import fold_gains
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace_spec
+
+pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
+transformers = pytest.importorskip("transformers")
+from test_cli import lmclab  # noqa: E402  (tests/cli is on the import path)
+
+LLAMA = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
+LLAMA |= {"intermediate_size": 64, "vocab_size": 50, "max_position_embeddings": 16, "tie_word_embeddings": False}
+X = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("rotated")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "norm" in key:
+                p.uniform_(0.5, 1.5)
+    spec = trace_spec(model, X, symmetry="orthogonal")
+    folded = fold_gains(spec, model.state_dict())
+    perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(2), spec.heads, spec.kinds)
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(apply_permutation(spec, perm, folded))
+    model.save_pretrained(work / "a")
+    twin.save_pretrained(work / "b")
+    return work
+
+
+def _logits(folder: Path) -> torch.Tensor:
+    with torch.no_grad():
+        return transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(X).logits
+
+
+def test_match_undoes_a_rotated_stream_and_merge_writes_a_folder_of_a_s_function(work: Path) -> None:
+    out = lmclab(work, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt").stdout
+    assert "(1 orthogonal)" in out and "L2 reduction 100.00 %" in out
+    lmclab(work, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged")
+    reference = _logits(work / "a")
+    torch.testing.assert_close(_logits(work / "merged"), reference, rtol=1e-4, atol=1e-4)
+    out = lmclab(work, "match", "a", "b", "--out", "perm.pt").stdout  # permutations only
+    assert "L2 reduction 100.00 %" not in out
+    lmclab(work, "merge", "a", "b", "--alignment", "perm.pt", "--lam", "0.3", "--out", "permuted")
+    assert (_logits(work / "permuted") - reference).abs().max() > 1e-2
+
+
+def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None:
+    (tmp_path / "llama_factory.py").write_text(
+        "import transformers\n"
+        f"def build():\n    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{LLAMA!r}))\n"
+    )
+    out = lmclab(tmp_path, "trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal").stdout
+    assert "units, orthogonal)" in out
+    assert "gain: model.norm.weight folded into lm_head.weight" in out

@@ -1,0 +1,154 @@
+"""The tracer's proof of a group's kind (lmclab.trace.rotations) and the canonical form (lmclab.core.canonical):
+on the project's ``gpt`` with RMSNorm the residual stream is proved orthogonal with its gains listed; folding the
+gains keeps the logits, and then random orthogonal maps of the stream (with permutations of every other group)
+keep them in float64, while the same maps with the gains in place, or on a group the tracer kept a permutation
+group, change them. LayerNorm, a tied head and every operation that does not commute with rotations keep the
+stream a permutation group."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from lmclab.archs import gpt
+from lmclab.core.canonical import fold_gains, is_canonical
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace_spec
+
+VOCAB, CONTEXT = 31, 8
+
+
+def _gpt(seed: int = 0, **options) -> nn.Module:
+    """gpt in float64 with every parameter random (gains in 0.5 … 1.5)."""
+    shapes = dict(width=12, depth=2, heads=2, mlp_ratio=2, norm="rmsnorm", tie_embeddings=False)
+    cfg = gpt.Config(input_shape=(CONTEXT,), num_classes=VOCAB, **(shapes | options))
+    torch.manual_seed(seed)
+    model = gpt.Model(cfg).double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(torch.rand_like(p) + 0.5) if "norm" in key else p.normal_(0, 0.3)
+    return model
+
+
+def _x() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (3, CONTEXT), generator=torch.Generator().manual_seed(1))
+
+
+def _change(model: nn.Module, params: dict, reference: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((functional_call(model, params, (_x(),)) - reference).abs().max() / reference.abs().max())
+
+
+OPTIONS = [dict(position=p, mlp=m, kv_heads=k) for p in gpt.POSITIONS for m in gpt.MLPS for k in (None, 1)]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(map(str, o.values())))
+def test_the_stream_of_rmsnorm_gpt_is_orthogonal_once_its_gains_are_folded(options: dict) -> None:
+    model = _gpt(**options)
+    spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
+    assert list(spec.kinds.values()) == ["orthogonal"] and len(spec.gains) == 5
+    stream = next(iter(spec.kinds))
+    assert spec.axes["embed.weight"] == (None, stream) and spec.axes["norm.weight"] == (None,)
+    with torch.no_grad():
+        reference = model(_x())
+    folded = fold_gains(spec, state)
+    assert is_canonical(spec, folded) and not is_canonical(spec, state)
+    assert _change(model, folded, reference) <= 1e-12
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert perm[stream].shape == (12, 12)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+        assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
+    mlp = spec.axes["blocks.0.fc1.weight"][0]  # a group the tracer kept a permutation group (GELU, SwiGLU)
+    forced = dataclasses.replace(spec, kinds={**spec.kinds, mlp: "orthogonal"})
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(3), spec.heads, forced.kinds)
+    assert _change(model, apply_permutation(forced, perm, folded), reference) > 1e-3
+
+
+def test_the_default_spec_has_no_kinds_and_keeps_the_gains_in_the_stream() -> None:
+    model = _gpt()
+    spec = trace_spec(model, _x())
+    assert spec.kinds == {} and spec.gains == {}
+    assert spec.axes["norm.weight"] == (spec.axes["embed.weight"][1],)
+    with pytest.raises(ValueError, match="symmetry: expected one of"):
+        trace_spec(model, _x(), symmetry="rotation")
+
+
+@pytest.mark.parametrize("options", [dict(norm="layernorm"), dict(tie_embeddings=True)], ids=["layernorm", "tied"])
+def test_layernorm_and_a_gain_folded_into_a_tied_head_keep_the_stream_a_permutation_group(options: dict) -> None:
+    model = _gpt(**options)
+    spec = trace_spec(model, _x(), symmetry="orthogonal")
+    assert spec.kinds == {} and spec.gains == {}
+    assert spec == trace_spec(model, _x())
+
+
+class Stream(nn.Module):
+    """x → embed → stream ops of one kind (``how``) → head: which ones keep the stream orthogonal."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.embed, self.fc, self.head = how, nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+        self.gain = nn.Parameter(torch.rand(4) + 0.5)
+        self.depthwise = nn.Conv2d(4, 4, 1, groups=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.embed(x)
+        if self.how == "gelu":
+            s = nn.functional.gelu(s)
+        elif self.how == "rms":  # a hand-written RMSNorm with its gain, read by a linear layer
+            s = s + self.fc(self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "postnorm":  # the gained output is the stream itself, read by an add: not foldable
+            s = self.gain * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.fc(s)
+        elif self.how == "sum":  # a plain sum over the units is no invariant of a rotation
+            s = s * s.sum(-1, keepdim=True)
+        elif self.how == "product":
+            s = s * self.fc(s)
+        elif self.how == "square":  # a square read otherwise than summed over the units
+            s = s + (s * s)
+        elif self.how == "square over samples":
+            s = s + (s * s).mean(0, keepdim=True)
+        elif self.how == "cube":
+            s = s * s.pow(3).sum(-1, keepdim=True)
+        elif self.how == "1 + gain":  # Gemma's gain: folding it would not make it 1
+            s = s + self.fc((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "depthwise":  # a kernel per channel
+            s = self.depthwise(s[:, :, None, None]).flatten(1)
+        return self.head(s)
+
+
+@pytest.mark.parametrize(
+    ("how", "orthogonal"),
+    [("rms", True), ("gelu", False), ("postnorm", False), ("sum", False), ("product", False), ("square", False)]
+    + [("square over samples", False), ("cube", False), ("depthwise", False), ("1 + gain", False)],
+)
+def test_each_rule_of_the_proof(how: str, orthogonal: bool) -> None:
+    model = Stream(how).double().eval()
+    x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    spec = trace_spec(model, x, symmetry="orthogonal")
+    stream = spec.axes["embed.weight"][0]
+    assert (spec.kinds.get(stream) == "orthogonal") is orthogonal
+    if how == "rms":
+        assert spec.gains == {"gain": ("fc.weight",)}
+    with torch.no_grad():
+        state, reference = model.state_dict(), model(x)
+    folded = fold_gains(spec, state)
+    kinds = {stream: "orthogonal"}  # forced where the proof refused: the function must then change
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(4), spec.heads, kinds)
+    moved = apply_permutation(dataclasses.replace(spec, kinds=kinds), perm, folded)
+    with torch.no_grad():
+        change = float((functional_call(model, moved, (x,)) - reference).abs().max())
+    assert (change <= 1e-12) is orthogonal, change
+
+
+def test_fold_gains_refuses_a_reader_of_another_width() -> None:
+    model = _gpt()
+    spec = trace_spec(model, _x(), symmetry="orthogonal")
+    state = dict(model.state_dict())
+    state["head.weight"] = state["head.weight"][:, :5]
+    with pytest.raises(ValueError, match=r"model_b: 'head.weight' of shape \(31, 5\) reads the gain 'norm.weight'"):
+        fold_gains(spec, state, "model_b")
