@@ -1,0 +1,78 @@
+"""The tracer's proof of kinds on Hugging Face models (lmclab.trace.rotations): Llama's residual stream (RMSNorm,
+rotary positions, SwiGLU, grouped-query attention 4/2, untied head) is orthogonal once its gains are folded, and
+random orthogonal maps of it with permutations of every other group keep the logits in float64 (≤ 1e-10
+relative), while the same maps with the gains in place change them; LayerNorm (GPT-2), Gemma's ``1 + w`` gain
+and a tied head keep every group a permutation group."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lmclab.core.canonical import fold_gains
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import trace_spec
+
+pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+SMALL = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 50}
+ROPE = {"hidden_size": 32, "num_key_value_heads": 2, "max_position_embeddings": 16}
+X = torch.randint(0, 50, (3, 8), generator=torch.Generator().manual_seed(1))
+
+
+def float64_rms_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm without its cast to float32: in float64 the residual is the map's alone."""
+    return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _llama(tie: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**SMALL, **ROPE, tie_word_embeddings=tie)
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "norm" in key:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _change(model: torch.nn.Module, state: dict, reference: torch.Tensor) -> float:
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(state)
+    with torch.no_grad():
+        return float((twin(X).logits - reference).abs().max() / reference.abs().max())
+
+
+def test_llama_s_stream_is_orthogonal_once_its_gains_are_folded(monkeypatch) -> None:
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    model = _llama()
+    spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
+    (stream,) = spec.kinds
+    assert spec.axes["model.embed_tokens.weight"] == (None, stream) and len(spec.gains) == 5
+    assert spec.gains["model.norm.weight"] == ("lm_head.weight",)
+    with torch.no_grad():
+        reference = model(X).logits
+    folded = fold_gains(spec, state)
+    assert _change(model, folded, reference) <= 1e-12
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+        assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gemma", "tied llama"])
+def test_layernorm_a_computed_gain_and_a_tied_head_keep_permutation_groups(name: str) -> None:
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16)
+        model = transformers.GPT2LMHeadModel(config)
+    elif name == "gemma":
+        config = transformers.GemmaConfig(**SMALL, **ROPE, head_dim=8, tie_word_embeddings=False)
+        model = transformers.GemmaForCausalLM(config)
+    else:
+        model = _llama(tie=True)
+    spec = trace_spec(model.eval(), X, symmetry="orthogonal")
+    assert spec.kinds == {} and spec.gains == {}
