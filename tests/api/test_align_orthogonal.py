@@ -100,6 +100,12 @@ def test_the_refusals_name_their_argument(planted) -> None:
     res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
     with pytest.raises(ValueError, match="'P_0' is a permutation group: an orthogonal map"):
         lmclab.apply_permutation(lmclab.trace_spec(model_a, x), res.perm, model_b.state_dict())
+    moved = lmclab.apply_permutation(res.spec, res.perm, model_b.state_dict())  # folds θb's gains (all 1 here)
+    twin = copy.deepcopy(model_a)
+    twin.load_state_dict(lmclab.apply_permutation(res.spec, res.perm, model_a.state_dict()))  # θa's are not
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model_a(x), rtol=1e-9, atol=1e-9)
+    assert set(moved) == set(model_b.state_dict())
 
 
 def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry() -> None:

@@ -49,13 +49,14 @@ def short_groups(sizes: Mapping[str, int], count: int = 6) -> str:
 
 
 def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
-    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor in ``perm``
-    (the argument order of :func:`lmclab.core.spec.apply_permutation` and git-re-basin's)."""
+    """π(θ): every axis of every entry of ``params`` permuted by its group's index tensor (or multiplied by its
+    orthogonal matrix) in ``perm`` (the argument order of :func:`lmclab.core.spec.apply_permutation` and
+    git-re-basin's); a spec with gains first folds them (the canonical form its orthogonal groups act on)."""
     if not isinstance(perm, Mapping) or not isinstance(params, Mapping):
         raise TypeError("perm and params must be mappings (group -> index tensor; name -> tensor), in that order")
     spec.check(params, "params")
     spec_ops.check_permutation(perm, spec.group_sizes(params), spec.heads, spec.kinds)
-    return spec_ops.apply_permutation(spec, perm, params)
+    return spec_ops.apply_permutation(spec, perm, fold_gains(spec, params, "params"))
 
 
 def aligned_to(alignment: Alignment, params: Mapping[str, Tensor], what: str, source: str = "alignment") -> Params:
