@@ -116,6 +116,12 @@ class Stream(nn.Module):
             s = s * s.pow(3).sum(-1, keepdim=True)
         elif self.how == "1 + gain":  # Gemma's gain: folding it would not make it 1
             s = s + self.fc((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "shift":  # a constant added to every unit: O(x + c·1) ≠ Ox + c·1
+            s = s + 0.5
+        elif self.how == "token shift":  # a per-sample constant, broadcast along the units
+            s = s - x[:, :1]
+        elif self.how == "bias":  # a parameter along the units: rotated with them
+            s = s + self.gain
         elif self.how == "depthwise":  # a kernel per channel
             s = self.depthwise(s[:, :, None, None]).flatten(1)
         return self.head(s)
@@ -124,7 +130,8 @@ class Stream(nn.Module):
 @pytest.mark.parametrize(
     ("how", "orthogonal"),
     [("rms", True), ("gelu", False), ("postnorm", False), ("sum", False), ("product", False), ("square", False)]
-    + [("square over samples", False), ("cube", False), ("depthwise", False), ("1 + gain", False)],
+    + [("square over samples", False), ("cube", False), ("depthwise", False), ("1 + gain", False)]
+    + [("shift", False), ("token shift", False), ("bias", True)],
 )
 def test_each_rule_of_the_proof(how: str, orthogonal: bool) -> None:
     model = Stream(how).double().eval()

@@ -7,7 +7,8 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 
 - linear reads and writes: ``nn.Linear``/``F.linear``, ``nn.Embedding``/``F.embedding``, a convolution of
   one group (``groups=1``), an ``addmm``;
-- sums and differences of tensors of the group (a residual add, a bias add: ``O(x + b) = Ox + Ob``);
+- sums and differences of tensors of the group (a residual add; a bias add of a parameter along the units,
+  rotated with them: ``O(x + b) = Ox + Ob``), not of a constant (``O(x + c·1) ≠ Ox + c·1``);
 - a product or quotient by a tensor constant along the group's axis (a per-token scale ``x · rsqrt(ms)``);
 - moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout;
 - ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
@@ -77,7 +78,9 @@ class RotationRules(TraceState):
             return self._module_breaks(node, self.gm.get_submodule(str(node.target)))
         target = node.target
         kind = METHODS.get(target) if node.op == "call_method" else None
-        if target in LINEAR_FUNCTIONS or target in ADDITIVE or target in MOVING or kind in ("+", "move"):
+        if target in ADDITIVE or kind == "+":
+            return self._shift_breaks(node, tagged)
+        if target in LINEAR_FUNCTIONS or target in MOVING or kind == "move":
             return None
         if target is F.conv2d:
             return None if _conv_groups(node) == 1 else "a grouped convolution"
@@ -124,6 +127,20 @@ class RotationRules(TraceState):
                 return self.gained(node, str(gain.target))
             if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
                 return "a per-channel gain computed from a parameter (only a stored gain is folded)"
+        return None
+
+    def _shift_breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
+        """A sum or difference: of tensors of the group, or of a parameter along its units (a bias: ``O b``);
+        not of a constant along the units (``x + c``: ``O(x + c·1) ≠ Ox + c·1``)."""
+        shape, tag = self.shape(node), self.tag(node)
+        permuted = [] if tag is None else [a for a in tag.permuted if self._live(tag.at(a))]
+        for arg in node.args:
+            if isinstance(arg, int | float) and arg != 0 and permuted:
+                return "a constant added to the units"
+            s = self.shape(arg) if isinstance(arg, fx.Node) and arg not in tagged else None
+            offset = None if s is None else len(shape) - len(s)
+            if s is not None and any(a - offset < 0 or s[a - offset] == 1 for a in permuted):
+                return "a tensor constant along the units added to them"
         return None
 
     def gained(self, node: fx.Node, gain: str) -> str | None:
