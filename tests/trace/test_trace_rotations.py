@@ -94,6 +94,7 @@ class Stream(nn.Module):
         self.how, self.embed, self.fc, self.head = how, nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
         self.gain = nn.Parameter(torch.rand(4) + 0.5)
         self.depthwise = nn.Conv2d(4, 4, 1, groups=4)
+        self.mix = nn.Linear(5, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.embed(x)
@@ -122,6 +123,11 @@ class Stream(nn.Module):
             s = s - x[:, :1]
         elif self.how == "bias":  # a parameter along the units: rotated with them
             s = s + self.gain
+        elif self.how == "reciprocal":
+            s = s + self.fc(1.0 / s)
+        elif self.how == "gain read across samples":  # the normed output read by a Linear over the batch axis
+            h = self.gain * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.mix(h.transpose(0, 1)).transpose(0, 1)
         elif self.how == "depthwise":  # a kernel per channel
             s = self.depthwise(s[:, :, None, None]).flatten(1)
         return self.head(s)
@@ -131,7 +137,8 @@ class Stream(nn.Module):
     ("how", "orthogonal"),
     [("rms", True), ("gelu", False), ("postnorm", False), ("sum", False), ("product", False), ("square", False)]
     + [("square over samples", False), ("cube", False), ("depthwise", False), ("1 + gain", False)]
-    + [("shift", False), ("token shift", False), ("bias", True)],
+    + [("shift", False), ("token shift", False), ("bias", True), ("reciprocal", False)]
+    + [("gain read across samples", False)],
 )
 def test_each_rule_of_the_proof(how: str, orthogonal: bool) -> None:
     model = Stream(how).double().eval()

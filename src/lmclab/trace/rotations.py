@@ -45,6 +45,9 @@ MOVING |= {torch.cat, torch.concat, torch.concatenate, F.dropout, torch.unsqueez
 A = torch.ops.aten
 MOVING |= {A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default, A.expand.default}
+COPYING = {F.dropout, A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
+COPYING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default}
+COPYING_METHODS = {"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"}
 METHODS = {"add": "+", "add_": "+", "__add__": "+", "sub": "+", "neg": "+", "mul": "*", "mul_": "*", "__mul__": "*"}
 METHODS |= {"div": "*"} | dict.fromkeys(("mean", "sum"), "reduce")
 METHODS |= dict.fromkeys(("view", "reshape", "view_as", "reshape_as", "flatten", "transpose", "permute"), "move")
@@ -116,6 +119,9 @@ class RotationRules(TraceState):
         per-channel gain (:meth:`gained`)."""
         if len(tagged) > 1:
             return "a product of two tensors of the group"
+        divide = node.target in (operator.truediv, torch.div, torch.ops.aten.div.Scalar) or node.target == "div"
+        if divide and len(node.args) > 1 and node.args[1] in tagged:
+            return "a quotient by the units"
         shape, tag = self.shape(node), self.tag(node)
         permuted = [] if tag is None else [a for a in tag.permuted if self._live(tag.at(a))]
         for arg in node.all_input_nodes:
@@ -123,7 +129,7 @@ class RotationRules(TraceState):
             if arg in tagged or s is None:
                 continue
             varies = [a for a in permuted if a - (len(shape) - len(s)) >= 0 and s[a - (len(shape) - len(s))] != 1]
-            if varies and (gain := _stored(arg)) is not None:
+            if varies == [len(shape) - 1] and (gain := _stored(arg)) is not None:  # along the units linear layers read
                 return self.gained(node, str(gain.target))
             if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
                 return "a per-channel gain computed from a parameter (only a stored gain is folded)"
@@ -153,7 +159,8 @@ class RotationRules(TraceState):
         return None
 
     def _linear_readers(self, node: fx.Node) -> list[str] | None:
-        """The weights of the linear layers that read ``node`` (through moves and casts); None if anything else does."""
+        """The weights of the linear layers that read ``node`` along its last axis (directly or through copies and
+        casts, which keep the axes where they are); None if anything else reads it."""
         readers = []
         for user in node.users:
             if user.op == "call_module" and isinstance(self.gm.get_submodule(str(user.target)), nn.Linear):
@@ -163,7 +170,7 @@ class RotationRules(TraceState):
                 if not (isinstance(w, fx.Node) and w.op == "get_attr"):
                     return None
                 readers.append(str(w.target))
-            elif user.target in MOVING - {operator.getitem} or METHODS.get(user.target) == "move":
+            elif user.target in COPYING or (user.op == "call_method" and user.target in COPYING_METHODS):
                 found = self._linear_readers(user)
                 if found is None:
                     return None
