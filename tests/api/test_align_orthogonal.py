@@ -82,6 +82,18 @@ def test_activation_matching_finds_the_rotation_by_procrustes_on_the_cross_momen
     assert lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("method", ["wm", "am"])
+def test_a_layernorm_copy_rotated_about_the_all_ones_vector_is_aligned_back(method: str) -> None:
+    model_a, model_b, spec = _planted(norm="layernorm", position="learned")
+    (stream,) = spec.kinds
+    assert spec.kinds[stream] == "centred"
+    x, y = _tokens(64)
+    res = lmclab.align(model_a, model_b, method=method, symmetry="orthogonal", example_inputs=x[:2], data=(x, y))
+    ones = torch.ones(12, dtype=torch.float64)
+    torch.testing.assert_close(res.perm[stream] @ ones, ones, rtol=0, atol=1e-10)
+    assert abs(lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=3).barrier()) <= 1e-6
+
+
 def test_the_refusals_name_their_argument(planted) -> None:
     model_a, model_b, _ = planted
     x = _tokens()[0]
@@ -92,9 +104,9 @@ def test_the_refusals_name_their_argument(planted) -> None:
     with pytest.raises(ValueError, match=r"^statistic: 'pearson' normalises each unit, which an orthogonal map mixes"):
         options = {"statistic": "pearson"}
         lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=_tokens(), options=options)
-    layernorm = _model(norm="layernorm")
+    tied = _model(tie_embeddings=True)
     with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
-        lmclab.align(layernorm, layernorm, symmetry="orthogonal", example_inputs=x)
+        lmclab.align(tied, tied, symmetry="orthogonal", example_inputs=x)
     with pytest.raises(TypeError, match="find_permutation\\(\\) seeks permutations: call lmclab.align"):
         lmclab.find_permutation(model_a, model_b, symmetry="orthogonal", example_inputs=x)
     res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)

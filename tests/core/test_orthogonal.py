@@ -7,7 +7,18 @@ import pytest
 import torch
 from torch import Tensor
 
-from lmclab.core.orthogonal import act, as_matrix, check_orthogonal, composed, inverse, polar, random_orthogonal
+from lmclab.core.orthogonal import (
+    act,
+    as_matrix,
+    check_centred,
+    check_orthogonal,
+    composed,
+    inverse,
+    polar,
+    polar_centred,
+    random_centred,
+    random_orthogonal,
+)
 from lmclab.core.spec import (
     PermutationSpec,
     Segment,
@@ -144,3 +155,21 @@ def test_refusals_of_matrices() -> None:
     for kinds, bad in (({"S": "rotation"}, "'rotation' of 'S'"), ({"Z": "orthogonal"}, "'orthogonal' of 'Z'")):
         with pytest.raises(ValueError, match=f"kind {bad}: expected one of"):
             _net_spec(kinds).check(_params())
+
+
+def test_centred_maps_fix_the_all_ones_vector_and_polar_centred_is_their_procrustes_optimum() -> None:
+    g = torch.Generator().manual_seed(8)
+    ones = torch.ones(5, dtype=torch.float64)
+    draws = [random_centred(5, g) for _ in range(200)]
+    for o in draws[:20]:
+        check_centred("g", o, 5)
+        torch.testing.assert_close(o @ ones, ones, rtol=0, atol=1e-12)
+    cost = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    best = polar_centred(cost)
+    check_centred("g", best, 5)
+    value = float((best * cost).sum())
+    assert value > max(float((o * cost).sum()) for o in draws)
+    assert value < float((polar(cost) * cost).sum())  # the unconstrained optimum moves the all-ones vector
+    check_centred("g", as_matrix(torch.randperm(5, generator=g)), 5)  # every permutation is centred
+    with pytest.raises(ValueError, match=r"'g': the matrix moves the all-ones vector \(max \|O1 − 1\|"):
+        check_centred("g", random_orthogonal(5, g), 5)

@@ -69,6 +69,28 @@ def test_the_stream_of_rmsnorm_gpt_is_orthogonal_once_its_gains_are_folded(optio
     assert _change(model, apply_permutation(forced, perm, folded), reference) > 1e-3
 
 
+@pytest.mark.parametrize("position", gpt.POSITIONS)
+def test_the_stream_of_layernorm_gpt_is_centred_once_its_gains_are_folded(position: str) -> None:
+    """LayerNorm's centring commutes with the orthogonal maps that fix the all-ones vector; its bias is rotated
+    with the stream, its gain folded; a general orthogonal map changes the logits."""
+    model = _gpt(norm="layernorm", position=position)
+    spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
+    (stream,) = spec.kinds
+    assert spec.kinds[stream] == "centred" and len(spec.gains) == 5
+    assert spec.axes["blocks.0.norm1.bias"] == (stream,) and spec.axes["blocks.0.norm1.weight"] == (None,)
+    with torch.no_grad():
+        reference = model(_x())
+    folded = fold_gains(spec, state)
+    assert _change(model, folded, reference) <= 1e-12
+    sizes = spec.group_sizes(state)
+    for seed in (1, 2):
+        perm = random_permutation(sizes, torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    general = dataclasses.replace(spec, kinds={stream: "orthogonal"})
+    perm = random_permutation(sizes, torch.Generator().manual_seed(3), spec.heads, general.kinds)
+    assert _change(model, apply_permutation(general, perm, folded), reference) > 1e-3
+
+
 def test_the_default_spec_has_no_kinds_and_keeps_the_gains_in_the_stream() -> None:
     model = _gpt()
     spec = trace_spec(model, _x())
@@ -78,9 +100,9 @@ def test_the_default_spec_has_no_kinds_and_keeps_the_gains_in_the_stream() -> No
         trace_spec(model, _x(), symmetry="rotation")
 
 
-@pytest.mark.parametrize("options", [dict(norm="layernorm"), dict(tie_embeddings=True)], ids=["layernorm", "tied"])
-def test_layernorm_and_a_gain_folded_into_a_tied_head_keep_the_stream_a_permutation_group(options: dict) -> None:
-    model = _gpt(**options)
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_a_gain_folded_into_a_tied_head_keeps_the_stream_a_permutation_group(norm: str) -> None:
+    model = _gpt(norm=norm, tie_embeddings=True)
     spec = trace_spec(model, _x(), symmetry="orthogonal")
     assert spec.kinds == {} and spec.gains == {}
     assert spec == trace_spec(model, _x())
@@ -94,6 +116,8 @@ class Stream(nn.Module):
         self.how, self.embed, self.fc, self.head = how, nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
         self.gain = nn.Parameter(torch.rand(4) + 0.5)
         self.depthwise = nn.Conv2d(4, 4, 1, groups=4)
+        self.mix = nn.Linear(5, 5)
+        self.norm = nn.LayerNorm(4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.embed(x)
@@ -116,33 +140,55 @@ class Stream(nn.Module):
             s = s * s.pow(3).sum(-1, keepdim=True)
         elif self.how == "1 + gain":  # Gemma's gain: folding it would not make it 1
             s = s + self.fc((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "shift":  # a constant added to every unit: O(x + c·1) ≠ Ox + c·1
+            s = s + 0.5
+        elif self.how == "token shift":  # a per-sample constant, broadcast along the units
+            s = s - x[:, :1]
+        elif self.how == "bias":  # a parameter along the units: rotated with them
+            s = s + self.gain
+        elif self.how == "reciprocal":
+            s = s + self.fc(1.0 / s)
+        elif self.how == "gain read across samples":  # the normed output read by a Linear over the batch axis
+            h = self.gain * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.mix(h.transpose(0, 1)).transpose(0, 1)
+        elif self.how == "layernorm":  # its centring commutes with the maps that fix the all-ones vector
+            s = s + self.fc(self.norm(s))
         elif self.how == "depthwise":  # a kernel per channel
             s = self.depthwise(s[:, :, None, None]).flatten(1)
         return self.head(s)
 
 
+ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a permutation group
+
+
 @pytest.mark.parametrize(
-    ("how", "orthogonal"),
-    [("rms", True), ("gelu", False), ("postnorm", False), ("sum", False), ("product", False), ("square", False)]
-    + [("square over samples", False), ("cube", False), ("depthwise", False), ("1 + gain", False)],
+    ("how", "kind"),
+    [("rms", ORTH), ("gelu", None), ("postnorm", None), ("sum", CENT), ("product", None), ("square", None)]
+    + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", None)]
+    + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
+    + [("layernorm", CENT)],
 )
-def test_each_rule_of_the_proof(how: str, orthogonal: bool) -> None:
+def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
+    """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
+    (general orthogonal maps of a centred group, centred ones of a permutation group) change it."""
     model = Stream(how).double().eval()
     x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     spec = trace_spec(model, x, symmetry="orthogonal")
     stream = spec.axes["embed.weight"][0]
-    assert (spec.kinds.get(stream) == "orthogonal") is orthogonal
-    if how == "rms":
-        assert spec.gains == {"gain": ("fc.weight",)}
+    assert spec.kinds.get(stream) == kind
+    if how in ("rms", "layernorm"):
+        assert spec.gains == {"gain" if how == "rms" else "norm.weight": ("fc.weight",)}
     with torch.no_grad():
         state, reference = model.state_dict(), model(x)
     folded = fold_gains(spec, state)
-    kinds = {stream: "orthogonal"}  # forced where the proof refused: the function must then change
-    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(4), spec.heads, kinds)
-    moved = apply_permutation(dataclasses.replace(spec, kinds=kinds), perm, folded)
-    with torch.no_grad():
-        change = float((functional_call(model, moved, (x,)) - reference).abs().max())
-    assert (change <= 1e-12) is orthogonal, change
+    for forced in (CENT, ORTH):
+        perm = random_permutation(
+            spec.group_sizes(state), torch.Generator().manual_seed(4), spec.heads, {stream: forced}
+        )
+        moved = apply_permutation(dataclasses.replace(spec, kinds={stream: forced}), perm, folded)
+        with torch.no_grad():
+            change = float((functional_call(model, moved, (x,)) - reference).abs().max())
+        assert (change <= 1e-12) is (kind in (ORTH, forced)), (forced, change)
 
 
 def test_fold_gains_refuses_a_reader_of_another_width() -> None:
@@ -151,4 +197,15 @@ def test_fold_gains_refuses_a_reader_of_another_width() -> None:
     state = dict(model.state_dict())
     state["head.weight"] = state["head.weight"][:, :5]
     with pytest.raises(ValueError, match=r"model_b: 'head.weight' of shape \(31, 5\) reads the gain 'norm.weight'"):
+        fold_gains(spec, state, "model_b")
+
+
+def test_fold_gains_refuses_a_zero_gain_with_a_bias() -> None:
+    model = _gpt(norm="layernorm")
+    spec = trace_spec(model, _x(), symmetry="orthogonal")
+    assert spec.gain_biases["norm.weight"] == "norm.bias"
+    state = dict(model.state_dict())
+    state["norm.weight"] = state["norm.weight"].clone()
+    state["norm.weight"][0] = 0.0
+    with pytest.raises(ValueError, match="model_b: the gain 'norm.weight' has a zero entry; its bias 'norm.bias'"):
         fold_gains(spec, state, "model_b")

@@ -47,7 +47,7 @@ from lmclab.core.merge import check_lam, lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
 from lmclab.core.options import Options, keyed_errors
-from lmclab.core.orthogonal import KINDS
+from lmclab.core.orthogonal import SYMMETRIES
 from lmclab.core.spec import Params, PermutationSpec
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
 
@@ -167,8 +167,8 @@ ORTHOGONAL_METHODS = ("wm", "am")  # the methods that seek orthogonal maps (Proc
 
 def check_symmetry(symmetry: str, method: str) -> None:
     """One line naming ``symmetry`` or ``method`` unless ``method`` seeks elements of that kind."""
-    if symmetry not in KINDS:
-        raise ValueError(f"symmetry: expected one of {KINDS}, got {symmetry!r}")
+    if symmetry not in SYMMETRIES:
+        raise ValueError(f"symmetry: expected one of {SYMMETRIES}, got {symmetry!r}")
     if symmetry == "orthogonal" and method not in ORTHOGONAL_METHODS:
         raise ValueError(f"method: {method!r} seeks permutations only; symmetry='orthogonal' by {ORTHOGONAL_METHODS}")
 
@@ -180,8 +180,8 @@ def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
         return problem._replace(spec=dataclasses.replace(problem.spec, kinds={}))
     if not problem.spec.kinds:
         raise ValueError(
-            f"symmetry: the tracer proves no group of {what} orthogonal (each meets a nonlinearity, LayerNorm, "
-            "BatchNorm, a tied head or another operation that does not commute with rotations)"
+            f"symmetry: the tracer proves no group of {what} orthogonal (each meets a nonlinearity, BatchNorm, "
+            "a gain folded into a tied head or another operation that does not commute with rotations)"
         )
     return problem
 

@@ -20,11 +20,16 @@ from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = "params") -> Params:
     """``params`` with every gain of ``spec.gains`` folded into the weights that read it (``W ← W diag(g)``,
-    ``g ← 1``), the caller's tensors untouched. One-line error naming ``what`` when a reader's input axis is
-    not as long as its gain."""
+    ``g ← 1``; a LayerNorm's bias ``b ← b / g``, so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's
+    tensors untouched. One-line error naming ``what`` when a reader's input axis is not as long as its gain, or
+    when a gain with a bias has a zero entry."""
     out = dict(params)
     for gain, readers in spec.gains.items():
         g = params[gain].reshape(-1)
+        if (bias := spec.gain_biases.get(gain)) is not None:
+            if bool((g == 0).any()):
+                raise ValueError(f"{what}: the gain {gain!r} has a zero entry; its bias {bias!r} cannot be folded")
+            out[bias] = (params[bias] / g.to(params[bias].dtype)).to(params[bias].dtype)
         for reader in readers:
             w = out[reader]
             if w.dim() != 2 or w.shape[1] != g.numel():

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from lmclab.core.heads import Heads, check_headed, head_size, random_headed
-from lmclab.core.orthogonal import KINDS, act, check_orthogonal, composed, inverse, is_matrix, random_orthogonal
+from lmclab.core.orthogonal import KINDS, RANDOM, act, check_matrix, composed, inverse, is_matrix
 
 Params = dict[str, Tensor]
 Permutation = dict[str, Tensor]
@@ -126,6 +126,7 @@ class PermutationSpec:
     pinned: tuple[Pinned, ...] = field(default=(), compare=False)
     kinds: Mapping[str, str] = field(default_factory=dict)
     gains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    gain_biases: Mapping[str, str] = field(default_factory=dict)  # LayerNorm's gain -> its bias (scaled by 1/g)
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:
@@ -264,10 +265,10 @@ def random_permutation(
 ) -> Permutation:
     """A uniformly random permutation of every group, drawn from ``generator`` (headed groups: uniform
     over the permutations that keep their heads whole, one σ per tie); a group that ``kinds`` marks
-    ``"orthogonal"`` gets a Haar-random orthogonal matrix instead (:func:`lmclab.core.orthogonal.random_orthogonal`)."""
+    ``"orthogonal"`` or ``"centred"`` gets a Haar-random matrix of its kind instead (:mod:`lmclab.core.orthogonal`)."""
     heads, kinds = heads or {}, kinds or {}
     perm = {
-        g: random_orthogonal(n, generator) if kinds.get(g) == "orthogonal" else torch.randperm(n, generator=generator)
+        g: RANDOM[kinds[g]](n, generator) if kinds.get(g) in RANDOM else torch.randperm(n, generator=generator)
         for g, n in sorted(sizes.items())
         if g not in heads
     }
@@ -282,15 +283,14 @@ def check_permutation(
 ) -> None:
     """One-line error unless ``perm`` is a bijection of the right size for every group and keeps the
     ``heads`` of every headed group whole (tied groups with one head order); a matrix is accepted for a
-    group that ``kinds`` marks ``"orthogonal"`` when it is an orthogonal matrix of the group's size."""
+    group that ``kinds`` marks ``"orthogonal"`` (``"centred"``) when it is an orthogonal matrix of the group's
+    size (that fixes the all-ones vector)."""
     if set(perm) != set(sizes):
         raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's {sorted(sizes)}")
     for g, n in sizes.items():
         p = perm[g]
-        if is_matrix(p) and (kinds or {}).get(g) != "orthogonal":
-            raise ValueError(f"group {g!r} is a permutation group: an orthogonal map of its units changes the function")
         if is_matrix(p):
-            check_orthogonal(g, p, n)
+            check_matrix(g, p, n, (kinds or {}).get(g, "permutation"))
         elif p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):
             raise ValueError(f"permutation of group {g!r} is not a bijection of {n} units")
     check_headed(perm, sizes, heads or {})

@@ -3,7 +3,7 @@ that an alignment saved to a file carries the spec it permutes by (``torch.load(
 plain data; a pickled class it refuses). Each axis entry is a group name, ``None``, or a list of segments
 ``[group, length, block]``; headed groups are ``{group: [count, tie]}``; the units a trace pinned
 (:class:`~lmclab.core.spec.Pinned`) ``[node, where, reason, [[name, axis], …], units, stream]``; the kinds
-``{group: "orthogonal"}`` and the gains ``{gain: [reader, …]}``.
+``{group: "orthogonal"}``, the gains ``{gain: [reader, …]}`` and their biases ``{gain: bias}``.
 
 >>> from lmclab.core.spec import PermutationSpec, Segment
 >>> spec = PermutationSpec({"w": ("P_0", (Segment("P_1", 4, 2), Segment(None, 3)))}, frozenset({"w"}))
@@ -28,6 +28,7 @@ def spec_to_data(spec: PermutationSpec) -> dict[str, Any]:
         "pinned": [[p.node, p.where, p.reason, [list(x) for x in p.places], p.units, p.stream] for p in spec.pinned],
         "kinds": dict(spec.kinds),
         "gains": {gain: list(readers) for gain, readers in spec.gains.items()},
+        "gain_biases": dict(spec.gain_biases),
     }
 
 
@@ -43,7 +44,8 @@ def spec_from_data(data: Any, what: str = "spec") -> PermutationSpec:
         pinned = tuple(_pinned(*p) for p in data.get("pinned", ()))  # absent in files of lmclab before it
         kinds = {str(g): str(kind) for g, kind in data.get("kinds", {}).items()}  # absent before orthogonal maps
         gains = {str(gain): tuple(map(str, readers)) for gain, readers in data.get("gains", {}).items()}
-        return PermutationSpec(axes, frozenset(str(s) for s in data["stats"]), heads, pinned, kinds, gains)
+        biases = {str(gain): str(bias) for gain, bias in data.get("gain_biases", {}).items()}
+        return PermutationSpec(axes, frozenset(str(s) for s in data["stats"]), heads, pinned, kinds, gains, biases)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{what}: not a permutation spec as lmclab saves one ({type(exc).__name__}: {exc})") from None
 

@@ -33,7 +33,7 @@ from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.batches import Batches, input_batches
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, one_of, option, takes
-from lmclab.core.orthogonal import polar
+from lmclab.core.orthogonal import POLAR
 from lmclab.core.progress import tick
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
@@ -159,8 +159,8 @@ def _solve(spec: PermutationSpec, similarity: Mapping[str, Tensor], lap_backend:
     assignment), or for an orthogonal group the polar factor."""
     perm, solve = {}, partial(solve_assignment, backend=lap_backend)
     for unit in tie_sets(similarity, spec.heads):
-        if any(spec.kinds.get(g) == "orthogonal" for g in unit):
-            perm.update({g: polar(similarity[g]) for g in unit})
+        if any(g in spec.kinds for g in unit):
+            perm.update({g: POLAR[spec.kinds[g]](similarity[g]) for g in unit})
         else:
             perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve))
     return perm

@@ -6,8 +6,10 @@ an orthogonal matrix for every group the spec marks ``"orthogonal"``. Coordinate
 group with all others fixed, the objective is ``⟨O, C_g⟩ + const`` with the same cost ``C_g``
 (:func:`lmclab.search.wm_costs.group_cost`, every other group's element applied to θb); a permutation
 group's best element is the assignment, an orthogonal group's the polar factor of ``C_g`` (orthogonal
-Procrustes, :func:`lmclab.core.orthogonal.polar`). Each step is the exact optimum over its group, so the
-objective never decreases; the descent stops when a sweep raises it by no more than ``tol`` relative to it.
+Procrustes, :func:`lmclab.core.orthogonal.polar`; for a centred group, the polar factor on the complement of
+the all-ones vector, :func:`lmclab.core.orthogonal.polar_centred`). Each step is the exact optimum over its
+group, so the objective never decreases; the descent stops when a sweep raises it by no more than ``tol``
+relative to it.
 
 The data-free start: every orthogonal group solved alone on its *constant terms* — the entries none of
 whose other axes any group acts on, such as a transformer's token embedding and unembedding, whose
@@ -26,7 +28,7 @@ import torch
 from torch import Tensor
 
 from lmclab.core.heads import solve_tied, tie_sets
-from lmclab.core.orthogonal import polar
+from lmclab.core.orthogonal import MATRIX_KINDS, POLAR
 from lmclab.core.progress import tick
 from lmclab.core.spec import Permutation, PermutationSpec, identity_permutation, random_permutation
 from lmclab.search.result import SearchResult
@@ -34,8 +36,8 @@ from lmclab.search.wm_costs import constant_terms, group_cost, matching_objectiv
 
 
 def orthogonal_groups(spec: PermutationSpec) -> list[str]:
-    """The groups ``spec`` marks ``"orthogonal"``, sorted."""
-    return sorted(g for g, kind in spec.kinds.items() if kind == "orthogonal")
+    """The groups ``spec`` marks ``"orthogonal"`` or ``"centred"`` (their elements are matrices), sorted."""
+    return sorted(g for g, kind in spec.kinds.items() if kind in MATRIX_KINDS)
 
 
 def constant_start(
@@ -47,7 +49,8 @@ def constant_start(
     constants = constant_terms(spec, params_a, params_b)
     for group in orthogonal_groups(spec):
         terms = [term for (_, _, g), term in constants.items() if g == group]
-        perm[group] = polar(sum(terms)) if terms else torch.eye(len(perm[group]), dtype=torch.float64)
+        identity = torch.eye(len(perm[group]), dtype=torch.float64)
+        perm[group] = POLAR[spec.kinds[group]](sum(terms)) if terms else identity
     return perm
 
 
@@ -104,7 +107,7 @@ def _descend(
             if any(c is None for c in costs.values()):
                 continue  # a group acting on running statistics only: no cost
             if rotated & set(units[k]):
-                perm.update({g: polar(c) for g, c in costs.items()})
+                perm.update({g: POLAR[spec.kinds[g]](c) for g, c in costs.items()})
             else:
                 perm.update(solve_tied(costs, spec.heads, solve))
         objective.append(matching_objective(spec, perm, params_a, params_b))

@@ -77,7 +77,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from lmclab.core.orthogonal import KINDS
+from lmclab.core.orthogonal import SYMMETRIES
 from lmclab.core.spec import PermutationSpec
 from lmclab.trace.export import exported, wrapped_calls
 from lmclab.trace.graph import GraphTracer, Traced
@@ -109,8 +109,8 @@ def trace_spec(
 
 def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False, symmetry: str = "permutation") -> Traced:
     """:func:`trace_spec` with the activation points of every group (:class:`Traced`)."""
-    if symmetry not in KINDS:
-        raise ValueError(f"symmetry: expected one of {KINDS}, got {symmetry!r}")
+    if symmetry not in SYMMETRIES:
+        raise ValueError(f"symmetry: expected one of {SYMMETRIES}, got {symmetry!r}")
     model = _copy(model)  # tracing may write to the module (a cache of proxies): the caller's stays as it was
     args, kwargs = split_inputs(model, example_inputs)
     inputs = positional(model, args, kwargs)  # one line naming example_inputs before any work

@@ -293,6 +293,6 @@ class GraphTracer(
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        axes, kinds, gains = self.kinded(axes, state)
-        spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), kinds, gains)
+        axes, *kinded = self.kinded(axes, state)  # the kinds, gains and gains' biases (lmclab.trace.rotations)
+        spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), *kinded)
         return Traced(spec, points)

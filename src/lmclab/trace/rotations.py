@@ -7,7 +7,8 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 
 - linear reads and writes: ``nn.Linear``/``F.linear``, ``nn.Embedding``/``F.embedding``, a convolution of
   one group (``groups=1``), an ``addmm``;
-- sums and differences of tensors of the group (a residual add, a bias add: ``O(x + b) = Ox + Ob``);
+- sums and differences of tensors of the group (a residual add; a bias add of a parameter along the units,
+  rotated with them: ``O(x + b) = Ox + Ob``), not of a constant (``O(x + c·1) ≠ Ox + c·1``);
 - a product or quotient by a tensor constant along the group's axis (a per-token scale ``x · rsqrt(ms)``);
 - moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout;
 - ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
@@ -44,6 +45,10 @@ MOVING |= {torch.cat, torch.concat, torch.concatenate, F.dropout, torch.unsqueez
 A = torch.ops.aten
 MOVING |= {A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default, A.expand.default}
+COPYING = {F.dropout, A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
+COPYING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default}
+COPYING_METHODS = {"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"}
+CENTRED = "centred: "  # the reason of a node that commutes with the centred maps only (O1 = 1)
 METHODS = {"add": "+", "add_": "+", "__add__": "+", "sub": "+", "neg": "+", "mul": "*", "mul_": "*", "__mul__": "*"}
 METHODS |= {"div": "*"} | dict.fromkeys(("mean", "sum"), "reduce")
 METHODS |= dict.fromkeys(("view", "reshape", "view_as", "reshape_as", "flatten", "transpose", "permute"), "move")
@@ -68,7 +73,10 @@ class RotationRules(TraceState):
             if a in self.squares and not self._sums_square(node, a):
                 self.bend(self.tag(a).gids, f"node {a.name!r}: a square of the units read otherwise than summed")
         reason = self._breaks(node, tagged)
-        if reason is not None:
+        if reason is not None and reason.startswith(CENTRED):  # only the centred maps commute with it
+            for gid in gids:
+                self.centred.setdefault(gid, f"node {node.name!r}: {reason.removeprefix(CENTRED)}")
+        elif reason is not None:
             self.bend(gids, f"node {node.name!r}: {reason}")
 
     def _breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
@@ -77,16 +85,22 @@ class RotationRules(TraceState):
             return self._module_breaks(node, self.gm.get_submodule(str(node.target)))
         target = node.target
         kind = METHODS.get(target) if node.op == "call_method" else None
-        if target in LINEAR_FUNCTIONS or target in ADDITIVE or target in MOVING or kind in ("+", "move"):
+        if target in ADDITIVE or kind == "+":
+            return self._shift_breaks(node, tagged)
+        if target in LINEAR_FUNCTIONS or target in MOVING or kind == "move":
             return None
         if target is F.conv2d:
             return None if _conv_groups(node) == 1 else "a grouped convolution"
-        if target is F.rms_norm:  # (input, normalized_shape, weight, eps)
+        if target in (F.rms_norm, F.layer_norm):  # (input, normalized_shape, weight, …)
             weight = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
-            if weight is None:
-                return None
-            found = self.per_channel(weight) if isinstance(weight, fx.Node) else None
-            return self.gained(node, str(found[0].target)) if found and found[0].op == "get_attr" else "a norm's gain"
+            stored = _stored(weight) if isinstance(weight, fx.Node) else None
+            reason = None if weight is None else self.gained(node, str(stored.target)) if stored else "a norm's gain"
+            bias = node.args[3] if target is F.layer_norm and len(node.args) > 3 else node.kwargs.get("bias")
+            if reason is None and stored and bias is not None:
+                if not isinstance(bias, fx.Node) or (found := _stored(bias)) is None:
+                    return "a LayerNorm's bias that is no parameter"
+                self.gain_biases[str(stored.target)] = str(found.target)
+            return reason or (CENTRED + "LayerNorm's centring" if target is F.layer_norm else None)
         if _is_square(node):
             self.squares.add(node)
             return None
@@ -94,7 +108,7 @@ class RotationRules(TraceState):
             return self._scale_breaks(node, tagged)
         if target in (torch.mean, torch.sum) or kind == "reduce":
             square = node.args[0] in self.squares  # ‖x‖²: its sum over the units is what O keeps
-            return None if square or not self._reduces_units(node) else "a sum over the units"
+            return None if square or not self._reduces_units(node) else CENTRED + "a sum over the units"
         return "an operation that does not commute with rotations of its units"
 
     def _module_breaks(self, node: fx.Node, module: nn.Module) -> str | None:
@@ -102,10 +116,11 @@ class RotationRules(TraceState):
             return None
         if isinstance(module, nn.Conv2d):
             return None if module.groups == 1 else "a grouped convolution"
-        if isinstance(module, nn.RMSNorm) and module.weight is None:
-            return None
-        if isinstance(module, nn.RMSNorm):
-            return self.gained(node, f"{node.target}.weight")
+        if isinstance(module, nn.RMSNorm | nn.LayerNorm):
+            reason = None if module.weight is None else self.gained(node, f"{node.target}.weight")
+            if reason is None and module.weight is not None and getattr(module, "bias", None) is not None:
+                self.gain_biases[f"{node.target}.weight"] = f"{node.target}.bias"
+            return reason or (CENTRED + "LayerNorm's centring" if isinstance(module, nn.LayerNorm) else None)
         return f"{type(module).__name__} does not commute with rotations of its units"
 
     def _scale_breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
@@ -113,6 +128,9 @@ class RotationRules(TraceState):
         per-channel gain (:meth:`gained`)."""
         if len(tagged) > 1:
             return "a product of two tensors of the group"
+        divide = node.target in (operator.truediv, torch.div, torch.ops.aten.div.Scalar) or node.target == "div"
+        if divide and len(node.args) > 1 and node.args[1] in tagged:
+            return "a quotient by the units"
         shape, tag = self.shape(node), self.tag(node)
         permuted = [] if tag is None else [a for a in tag.permuted if self._live(tag.at(a))]
         for arg in node.all_input_nodes:
@@ -120,10 +138,24 @@ class RotationRules(TraceState):
             if arg in tagged or s is None:
                 continue
             varies = [a for a in permuted if a - (len(shape) - len(s)) >= 0 and s[a - (len(shape) - len(s))] != 1]
-            if varies and (gain := _stored(arg)) is not None:
+            if varies == [len(shape) - 1] and (gain := _stored(arg)) is not None:  # along the units linear layers read
                 return self.gained(node, str(gain.target))
             if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
                 return "a per-channel gain computed from a parameter (only a stored gain is folded)"
+        return None
+
+    def _shift_breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
+        """A sum or difference: of tensors of the group, or of a parameter along its units (a bias: ``O b``);
+        not of a constant along the units (``x + c``: ``O(x + c·1) ≠ Ox + c·1``)."""
+        shape, tag = self.shape(node), self.tag(node)
+        permuted = [] if tag is None else [a for a in tag.permuted if self._live(tag.at(a))]
+        for arg in node.args:
+            if isinstance(arg, int | float) and arg != 0 and permuted:
+                return CENTRED + "a constant added to the units"
+            s = self.shape(arg) if isinstance(arg, fx.Node) and arg not in tagged else None
+            offset = None if s is None else len(shape) - len(s)
+            if s is not None and any(a - offset < 0 or s[a - offset] == 1 for a in permuted):
+                return CENTRED + "a tensor constant along the units added to them"
         return None
 
     def gained(self, node: fx.Node, gain: str) -> str | None:
@@ -136,7 +168,8 @@ class RotationRules(TraceState):
         return None
 
     def _linear_readers(self, node: fx.Node) -> list[str] | None:
-        """The weights of the linear layers that read ``node`` (through moves and casts); None if anything else does."""
+        """The weights of the linear layers that read ``node`` along its last axis (directly or through copies and
+        casts, which keep the axes where they are); None if anything else reads it."""
         readers = []
         for user in node.users:
             if user.op == "call_module" and isinstance(self.gm.get_submodule(str(user.target)), nn.Linear):
@@ -146,7 +179,11 @@ class RotationRules(TraceState):
                 if not (isinstance(w, fx.Node) and w.op == "get_attr"):
                     return None
                 readers.append(str(w.target))
-            elif user.target in MOVING - {operator.getitem} or METHODS.get(user.target) == "move":
+            elif (
+                user.target in COPYING
+                or (user.op == "call_method" and user.target in COPYING_METHODS)
+                or (self._keeps_last_axis(node, user))
+            ):
                 found = self._linear_readers(user)
                 if found is None:
                     return None
@@ -154,6 +191,13 @@ class RotationRules(TraceState):
             else:
                 return None
         return readers
+
+    def _keeps_last_axis(self, node: fx.Node, user: fx.Node) -> bool:
+        """``user`` picks or averages along other axes of ``node`` than its last (a class token, a mean over the
+        tokens): a linear map that leaves the last axis, and its units, where they are."""
+        picks = user.target is operator.getitem or user.target in (torch.mean, torch.sum) or user.target == "mean"
+        shape, tag = self.shape(user), self.tag(user)
+        return bool(picks and shape and tag and self.tag(node) and tag.at(-1) == self.tag(node).at(-1))
 
     def _sums_square(self, node: fx.Node, square: fx.Node) -> bool:
         """``node`` sums or averages the square over every permuted axis it has (``‖x‖²``)."""
@@ -199,11 +243,11 @@ def _conv_groups(node: fx.Node) -> int:
 class KindRules(RotationRules):
     """The kinds and gains of the spec (:meth:`kinded`), once the pass is over."""
 
-    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]]]:
+    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]], dict]:
         """For ``symmetry="orthogonal"``: the spec's axes with every gain on an orthogonal group left out of it
-        (held at 1), its kinds and gains (:meth:`kinds`); else ``axes`` as they are and no kinds."""
+        (held at 1), its kinds, gains (:meth:`kinds`) and the gains' biases; else ``axes`` as they are, no kinds."""
         if self.symmetry != "orthogonal":
-            return axes, {}, {}
+            return axes, {}, {}, {}
         kinds, gains = self.kinds(axes)
         tied = _tied_keys(state)
         for gain, readers in gains.items():  # a reader tied to another entry (the head) cannot take the gain alone
@@ -211,7 +255,8 @@ class KindRules(RotationRules):
                 for group in axes[gain]:
                     kinds.pop(group, None)
         gains = {g: r for g, r in gains.items() if all(e in kinds for e in axes[g])}
-        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains
+        biases = {g: b for g, b in self.gain_biases.items() if g in gains}
+        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains, biases
 
     def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
         """``"orthogonal"`` for every named group no node bent, that is neither headed nor read in runs (a
@@ -219,7 +264,12 @@ class KindRules(RotationRules):
         find = self.groups.find
         bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
         bent |= {find(c) for c, _ in self.groups.coarse.values()}  # heads: bent by attention's products
-        kinds = {name: "orthogonal" for root, name in self.names.items() if root not in bent}
+        centred = {find(g) for g in self.centred}
+        kinds = {
+            name: "centred" if root in centred else "orthogonal"
+            for root, name in self.names.items()
+            if root not in bent
+        }
         gains = {
             gain: tuple(readers)
             for gain, readers in self.gains.items()

@@ -37,8 +37,10 @@ class TraceState:
     packed: dict[fx.Node, tuple[int, list[Tag | None]]] = field(default_factory=dict)  # (part axis, parts' tags)
     unbound: dict[fx.Node, list[Tag | None]] = field(default_factory=dict)  # unbind of a packed tensor -> tags
     bent: dict[int, str] = field(default_factory=dict)  # group -> why no orthogonal map of it is a symmetry
+    centred: dict[int, str] = field(default_factory=dict)  # group -> why only the maps with O1 = 1 keep it
     squares: set[fx.Node] = field(default_factory=set)  # x.pow(2), x * x of a group's tensor: summed, or bent
     gains: dict[str, list[str]] = field(default_factory=dict)  # per-channel gain -> the linear weights reading it
+    gain_biases: dict[str, str] = field(default_factory=dict)  # a LayerNorm's gain -> its bias
 
     def __post_init__(self) -> None:
         self.state_keys = set(self.gm.state_dict())
