@@ -96,10 +96,10 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
     against its options model before anything runs). ``symmetry="permutation"`` (the paper's) seeks a
     permutation of every group; ``"orthogonal"`` an orthogonal map of every group the tracer proves it may act
-    on (:mod:`lmclab.trace.rotations`: a transformer's residual stream once its RMSNorm gains are folded into
-    the layers that read them, :mod:`lmclab.core.canonical`) and a permutation of the others, by weight
-    matching (``method="wm"``, :mod:`lmclab.search.wm_orthogonal`); the alignment then acts on the canonical
-    form of both models (gains folded), which :func:`merge` and :func:`curve` use in its place.
+    on (:mod:`lmclab.trace.rotations`: a transformer's residual stream once its norm gains are folded into the
+    layers that read them, :mod:`lmclab.core.canonical`; one that fixes the all-ones vector behind LayerNorm)
+    and a permutation of the others, by weight or activation matching (``method="wm"`` or ``"am"``); the
+    alignment then acts on the canonical form of both models (gains folded), as :func:`merge` and :func:`curve` do.
 
     ``model_a`` and ``model_b`` are modules, state dicts or checkpoint paths (:func:`lmclab.api.inputs.open_models`:
     ``.pt``/``.pth``/``.safetensors`` state dicts, Hugging Face folders, lmclab checkpoints). ``spec`` defaults
@@ -134,7 +134,7 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
         partial=partial,
         symmetry=symmetry,
     )
-    problem = in_symmetry(problem, symmetry, type(opened.models[0]).__name__)
+    problem = in_symmetry(problem, symmetry, type(problem.model or opened.model or opened.models[0]).__name__)
     search = _search_problem(method, problem, opened, weights, points, data, eval_data, progress)
     with custom_loss(loss_fn):
         result = run_search(method, search, seed=seed, options=options)
