@@ -4,6 +4,7 @@ from the model, data as loaders, tensors or datasets; planted permutations must 
 from __future__ import annotations
 
 import doctest
+import re
 import subprocess
 import sys
 
@@ -65,7 +66,11 @@ def test_a_planted_permutation_of_an_mlp_is_recovered_data_free(method: str) -> 
 def test_state_dicts_need_their_module_and_then_match_like_modules() -> None:
     a, x = _mlp(0), torch.randn(8, 12)
     b, _ = _planted(a, x)
-    with pytest.raises(ValueError, match=r"^model: tracing the permutation spec needs the nn.Module"):
+    needs = (
+        "model: tracing the permutation spec needs the nn.Module the state dicts belong to (pass model= or "
+        "factory=, or model_a as a module, a Hugging Face folder or an lmclab checkpoint)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(needs)}$"):
         lmclab.find_permutation(a.state_dict(), b, example_inputs=x)
     res = lmclab.find_permutation(a.state_dict(), b, model=_mlp(3), example_inputs=x, device="cpu")
     assert _same(res.apply(b), a.state_dict())

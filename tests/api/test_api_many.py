@@ -179,6 +179,10 @@ def test_repair_bn_recomputes_the_running_statistics() -> None:
     h = net[0](x)
     assert torch.allclose(fixed["1.running_mean"], h.mean(0), atol=1e-4)
     assert not torch.allclose(net.state_dict()["1.running_mean"], h.mean(0), atol=1e-2)
+    more = (torch.randn(501, 6), torch.zeros(501))  # by default a fixed subset of 500 samples
+    default = lmclab.repair(net, net.state_dict(), data=more, device="cpu")
+    assert _close(default, lmclab.repair(net, net.state_dict(), data=more, repair_samples=500, device="cpu"), atol=0)
+    assert not _close(default, lmclab.repair(net, net.state_dict(), data=more, repair_samples=None, device="cpu"))
 
 
 @pytest.mark.parametrize(
@@ -236,7 +240,7 @@ def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_s
     from torch.utils.data import DataLoader, TensorDataset
 
     a, b = _mlp(0), _mlp(1)
-    x, y = torch.randn(100, 12), torch.randint(0, 3, (100,))
+    x, y = torch.randn(100, 12), torch.randint(0, 3, (100,), dtype=torch.int32)  # int32 labels: read as classes
     held = lmclab.curve(a, b, eval_data=(x, y), num_lambdas=3, device="cpu")
 
     def never(*args, **kwargs):

@@ -141,6 +141,11 @@ def test_a_curve_refuses_empty_repair_data() -> None:
         lmclab.curve(_net(0), _net(1), eval_data=(X, Y), num_lambdas=3, repair="bn", repair_data=[])
 
 
+def test_a_search_refuses_empty_eval_data_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^eval_data is empty$"):
+        lmclab.find_permutation(_net(0), _net(1), data=(X, Y), eval_data=[])
+
+
 @pytest.mark.parametrize("empty", [[], _Samples(0)], ids=["list", "dataset"])
 def test_tracing_the_spec_on_empty_data_is_refused(empty) -> None:
     with pytest.raises(ValueError, match=r"^data is empty$"):

@@ -129,6 +129,15 @@ def test_models_on_the_meta_device_are_refused_naming_the_argument() -> None:
         lmclab.curve(NET.state_dict(), NET.state_dict(), model=ghost, eval_data=(X, Y), num_lambdas=3)
 
 
+def test_a_module_is_copied_to_the_device_it_runs_on_and_left_where_it_was() -> None:
+    from lmclab.api.inputs import on_device
+
+    net = _mlp()
+    moved = on_device(net, torch.device("meta"))
+    assert all(t.is_meta for t in (*moved.parameters(), *moved.buffers()))
+    assert not any(t.is_meta for t in net.parameters()) and on_device(net, torch.device("cpu")) is net
+
+
 def test_a_merge_takes_no_device_and_reads_both_models_on_the_cpu(monkeypatch) -> None:
     """Models on a GPU, or on two devices, are merged on the CPU: the device the weights are read on is recorded."""
     import lmclab.api.functions as functions

@@ -12,6 +12,7 @@ from torch import nn
 
 from lmclab.cli.inputs import (
     aligned_pair,
+    check_inputs,
     load_data,
     load_models,
     output_for,
@@ -120,6 +121,8 @@ def test_factory_kwargs_are_a_json_object(tmp_path, monkeypatch) -> None:
             load_models(files, "input_nets:mlp", text)
     params, (net, spec, _) = load_models(files, "input_nets:mlp", '{"width": 4}')
     assert spec is None and net[0].out_features == 4 and len(params) == 2
+    (alone,), (net, _, _) = load_models(files[:1], "input_nets:mlp", "{}")  # one file: its own module
+    assert alone.keys() == net.state_dict().keys()
 
 
 def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_path, monkeypatch) -> None:
@@ -131,6 +134,8 @@ def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_
         aligned_pair(a, b, tmp_path / "p.pt", "input_nets:mlp", "{}", None)
     params_a, params_b, net = aligned_pair(a, b, None, "input_nets:mlp", "{}", None)  # no --alignment: nothing to trace
     assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3
+    params_a, params_b, net = aligned_pair(a, b, None, None, "{}", None, module=False)  # a merge: no module needed
+    assert net is None and torch.equal(params_a["0.weight"], torch.load(a)["0.weight"])
 
 
 def test_the_output_of_a_hugging_face_merge_is_a_new_or_empty_folder_in_an_existing_one(tmp_path) -> None:
@@ -225,3 +230,13 @@ def test_the_spec_of_several_checkpoints_is_the_first_ones(tmp_path) -> None:
         return
     assert params[0].keys() == params[1].keys() and all(params[0][k].shape == params[1][k].shape for k in params[0])
     assert {h.count for h in spec.heads.values()} == {4}, spec.heads  # the first checkpoint's heads
+
+
+def test_a_model_that_says_it_reads_pixel_values_takes_images_and_refuses_token_ids() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    net.main_input_name = "pixel_values"  # as a Hugging Face image model says
+    check_inputs(net, net.state_dict(), Split(torch.rand(3, 1, 2, 2), torch.tensor([0, 1, 0])), "digits")
+    tokens = Split(torch.randint(0, 9, (3, 4)), torch.tensor([0, 1, 0]))
+    message = "--data text: holds token ids of shape (4,); the model (Sequential) reads images"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_inputs(net, net.state_dict(), tokens, "text")

@@ -140,6 +140,9 @@ def test_torchrun_relaunches_a_stage_once_and_joins_its_world(monkeypatch) -> No
         sys.executable, "stages/train.py", ["--x"], run_id="r", nproc_per_node=2, nnodes=1, rdzv_endpoint=None
     )
     assert env["LMCLAB_WARM"] == "0"
+    with pytest.raises(SystemExit):  # two processes on each of two machines: four
+        torchrun.relaunch_under_torchrun("t.py", [], run_id="r", nproc_per_node=2, nnodes=2, rdzv_endpoint="h:1")
+    assert len(runs) == 2 and "--nnodes=2" in runs[1][0]
     monkeypatch.setenv("LOCAL_RANK", "1")  # already one of torchrun's processes
     torchrun.relaunch_under_torchrun("stages/train.py", [], run_id="r", nproc_per_node=2)
     monkeypatch.setenv("RANK", "3")

@@ -67,6 +67,12 @@ def test_unknown_key_and_block_are_errors():
         set_values(text, {"a.c": 1})
 
 
+def test_a_value_glued_to_its_key_is_not_rewritten():
+    # YAML reads `a:\n  c:#x` as a = "c:#x", no key a.c: refused rather than rewritten into a block
+    with pytest.raises(ValueError, match=r"^a\.c: "):
+        set_values("a:\n  c:#x\n", {"a.c": 1})
+
+
 def test_a_set_value_keeps_its_comment_in_its_column():
     text = "a:\n  b: 1       # units\n  c: 2 # s\n"
     assert set_values(text, {"a.b": 22}).splitlines()[1] == "  b: 22      # units"

@@ -96,6 +96,8 @@ def test_a_declared_key_absent_from_a_block_is_a_missing_key_not_a_refusal(tmp_p
 def test_a_stage_and_placeholders_dvc_yaml_does_not_have_are_one_line() -> None:
     with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: no stage 'nowhere'$"):
         declared_keys(PIPELINE, "nowhere", {}, {})
+    with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: no stage 'train'$"):
+        declared_keys({}, "train", {}, {})  # a dvc.yaml without stages
     with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: stage permute: cannot resolve \$\{item\.method\}$"):
         declared_keys(PIPELINE, "permute", {}, {})
     with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: stage train: cannot resolve \$\{model\.arch\}$"):

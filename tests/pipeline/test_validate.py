@@ -278,6 +278,13 @@ def test_transform_merges_of_a_headed_net_are_refused_whatever_the_repair(method
     ]
 
 
+def test_a_params_file_that_is_not_a_mapping_is_one_line_showing_it() -> None:
+    with pytest.raises(ParamsError) as err:
+        check_params([1, 2])
+    assert [line.split(",")[0] for line in err.value.lines] == ["params.yaml: expected a block with the keys device"]
+    assert err.value.lines[0].endswith(", got [1, 2]")
+
+
 def test_every_bad_key_gets_its_own_line() -> None:
     with pytest.raises(ParamsError) as err:
         check_params(_params(train__lr="abc", permute__wm__max_iter=0, plot__dpi=None))

@@ -271,3 +271,35 @@ def test_three_queue_prints_one_dvc_exp_per_point_in_a_dry_run() -> None:
     assert "-S model.mlp.width=128 connect" in lines[1]
     unknown = CliRunner().invoke(app, ["study", "three", "queue", "--points", "nope", "--dry-run"])
     assert unknown.exit_code == 1 and "error: --points: unknown point(s) nope" in unknown.output
+
+
+def test_a_runs_information_is_read_from_its_params_tables_and_git_commit(tmp_path) -> None:
+    import subprocess
+
+    from lmclab.cli.studies.lm_page import run_info
+
+    run, tables = tmp_path / "run", tmp_path / "run" / "data" / "tables"
+    tables.mkdir(parents=True)
+    (run / "params.yaml").write_text(
+        "data: {name: pydoc, context: 8, tokenizer: null}\nmodel: {gpt: {width: 16}}\nmeasure: {repair: none}\n"
+        "train: {epochs: 2, lr: 0.1, batch_size: 4, schedule: cosine, warmup_epochs: 0, seeds: [0, 1, 2]}\n"
+    )
+    history = {"epoch": [1, 2, 2], "test_loss": [3.0, 1.0, 2.0], "test_acc": [0.1, 0.5, 0.3]}
+    pd.DataFrame(history).to_parquet(tables / "history.parquet")
+    pairs_with_repair().to_parquet(tables / "pairs.parquet")
+    git = ["git", "-C", str(run), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "run"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert run_info(run) == {
+        "commit": commit,  # the run's own repository's, not the caller's
+        "data": {"name": "pydoc", "context": 8, "tokenizer": None},
+        "gpt": {"width": 16},
+        "train": {"epochs": 2, "lr": 0.1, "batch_size": 4, "schedule": "cosine", "warmup_epochs": 0},
+        "seeds": 3,
+        "repair": False,
+        "final_test_loss": pytest.approx(1.5),  # the last epoch's mean over the seeds
+        "final_test_ppl": pytest.approx((math.e + math.e**2) / 2),
+        "final_test_acc": pytest.approx(0.4),
+        "search_seconds": {"identity": 0.0, "wm": 4.0, "am": 4.0},
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -283,3 +284,25 @@ def test_the_notes_explanation_follows_the_sign_test_either_way(opposite, n, p_s
 
 def explanation_of(says: str) -> str:
     return next(s for s in EXPLANATION.values() if says in s)
+
+
+def test_the_default_run_of_each_axis_is_read_from_params_yaml_or_the_file_named(tmp_path) -> None:
+    from lmclab.cli.studies.three import defaults
+
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "train: {epochs: 20}\ndata: {max_train: null}\nmodel: {mlp: {width: 512}}\npermute:\n"
+        "  wm_sinkhorn: {lr: 0.1, epochs: 5, iterations: 20}\n  ste_sinkhorn: {epochs: 3, init: wm}\n"
+    )
+    assert defaults(params) == {
+        "training epochs": "20",
+        "training digits": "all",
+        "width": "512",
+        "width (Sinkhorn WM lr scaled)": "512 × 0.1",
+        "Sinkhorn WM schedule": "5 × 20",
+        "STE epochs": "3",
+        "STE initialisation": "wm",
+    }
+    params.write_text("train: [\n")
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(str(params))}: not valid YAML"):
+        defaults(params)
