@@ -144,6 +144,11 @@ def test_a_saved_dataset_is_refused_without_train_split_text_column_or_text(tmp_
         corpus.read_corpus(numbers)
 
 
+def test_prepare_reads_a_saved_dataset_from_its_text_column_by_default(tmp_path) -> None:
+    meta = prepare("text", saved(tmp_path, [document(i, 200) for i in range(8)]), tmp_path / "prepared", context=32)
+    assert sum(meta["documents"].values()) == 8
+
+
 def test_a_saved_dataset_without_the_datasets_package_is_refused(tmp_path, monkeypatch) -> None:
     root = saved(tmp_path, ["x", "y"])
     real = builtins.__import__

@@ -14,6 +14,7 @@ from lmclab.core.merge import lerp_params
 from lmclab.core.repair import (
     Moments,
     RepairAt,
+    merged_targets,
     repair_interpolated,
     repair_merged,
     repair_points,
@@ -224,6 +225,18 @@ def test_repair_merged_reads_the_data_in_batches_of_batch_size():
     finally:
         hook.remove()
     assert max(sizes) == 20 and sizes.count(8) == sizes.count(20) // 2  # each pass: 20, 20 and 8
+
+
+def test_merged_targets_read_the_data_in_batches_of_500_by_default():
+    model, _, params_a, _, _ = _setup("mlp")
+    data = Split(torch.zeros(501, 1, 4, 4, dtype=torch.float64), torch.zeros(501, dtype=torch.long))
+    sizes = []
+    hook = model.register_forward_pre_hook(lambda _m, args: sizes.append(len(args[0])))
+    try:
+        merged_targets(model, [params_a], data)
+    finally:
+        hook.remove()
+    assert max(sizes) == 500 and 1 in sizes
 
 
 def test_a_unit_with_zero_mean_and_zero_std_is_dead_not_divided_by_zero():

@@ -148,6 +148,9 @@ def test_errors_are_one_line():
     bad = [dict(merges[0]), {**merges[1], "P_1": torch.eye(5, 6, dtype=torch.float64)}]
     with pytest.raises(ValueError, match=r"^model 1, group 'P_1': merge \(5, 6\) and unmerge \(6, 6\) must be"):
         check_transforms(spec, params, bad, unmerges)
+    short = [params[0], {k: v for k, v in params[1].items() if k != "out.bias"}]
+    with pytest.raises(ValueError, match=r"^params\[1\]: keys do not match the permutation spec \(missing \['out.bias"):
+        check_transforms(spec, short, merges, unmerges)
     with pytest.raises(ValueError, match=r"^model 0: group 'P_0' has no merge or unmerge matrix$"):
         transform_merge(spec, params, [{}, {}], unmerges)
     with pytest.raises(ValueError, match=r"^weights must be 2 non-negative numbers summing to 1, got \[0.5, 0.6\]$"):

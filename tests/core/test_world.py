@@ -70,3 +70,11 @@ def test_a_cuda_world_sets_its_local_device_and_joins_over_nccl(monkeypatch):
     assert calls == [("set_device", torch.device("cuda", 1)), ("nccl", 3, 4)]
     calls.clear()
     assert join_world(0, 2, 0, "cpu") == World(0, 2, torch.device("cpu")) and calls == [("gloo", 0, 2)]
+
+
+def test_a_cuda_world_wraps_the_model_on_its_own_device_with_synchronised_batch_norm(monkeypatch):
+    """Without a GPU: DDP is recorded instead of made. Its ``device_ids`` make it move each batch to the device."""
+    made = []
+    monkeypatch.setattr(nn.parallel, "DistributedDataParallel", lambda model, **kwargs: made.append(kwargs) or model)
+    wrapped = World(1, 2, torch.device("cuda", 1)).wrap(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+    assert made == [{"device_ids": [1]}] and isinstance(wrapped[1], nn.SyncBatchNorm)

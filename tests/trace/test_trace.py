@@ -404,7 +404,7 @@ class Forward(nn.Module):
     [
         (
             lambda m, x: m.b(m.a(x).swapaxes(1, 2)).flatten(1),
-            r"node 'flatten'.*a flatten of two permuted axes into one",
+            r"node 'flatten'.*\(a flatten of two permuted axes into one\)",
         ),
         (lambda m, x: m.a(x)[:, :, 0], r"node 'getitem'.*an index that picks units of a permuted axis"),
         (

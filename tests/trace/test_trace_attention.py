@@ -210,6 +210,16 @@ def test_the_same_attention_with_shared_heads_is_traced():
     assert spec.heads[qk].count == spec.heads[vo].count == 4 and spec.heads[qk].tie == spec.heads[vo].tie
 
 
+def test_a_softmax_across_the_heads_of_the_attention_logits_is_traced():
+    """The logits ``q kᵀ`` hold no per-head features: a softmax over their head axis moves with the head order."""
+
+    def forward(m, x):
+        return attend(m, x, heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4), lambda w: w.softmax(1))
+
+    spec = trace_spec(Attention(forward), torch.zeros(2, 9, 16))
+    assert spec.heads[spec.axes["q.weight"][0]].count == 4
+
+
 def weights_out(m: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4)
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)

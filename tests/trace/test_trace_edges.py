@@ -199,8 +199,8 @@ def test_grouped_query_attention_without_rotary_positions_moves_whole_key_value_
 
 class Sliced(nn.Module):
     """Slices with a start, a step and a negative start, slices past an end of the axis (empty, or the whole
-    axis as Python reads them), a select, an unsqueeze and a squeeze, and a constant ``use_cache`` argument it
-    never reads."""
+    axis as Python reads them), a select, an unsqueeze and a squeeze, a constant made with keyword arguments
+    (its dtype) and a constant ``use_cache`` argument it never reads."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -211,7 +211,8 @@ class Sliced(nn.Module):
         s = h[:, 1:4, 2:8:2].unsqueeze(1).squeeze(1)
         last, first = torch.cat([h[:, 5:], h[:, -2:]], 1), torch.cat([h[:, :-7], h[:, :1]], 1)  # rows 3, 4; row 0
         ends = last.mean(1, True) + 2 * first.mean(1, True) + 4 * h[:, -7:].mean(1, True)  # rows 0 to 4
-        return self.b(s) + h[:, -3:, :][..., 0].unsqueeze(-1) + ends[..., :2]
+        shift = torch.full((2,), 0.1, dtype=x.dtype)  # in float32 0.1 would be another number
+        return self.b(s) + h[:, -3:, :][..., 0].unsqueeze(-1) + ends[..., :2] + shift
 
 
 def test_the_exported_graph_computes_the_model_and_drops_constant_arguments():
@@ -261,6 +262,9 @@ def test_a_union_roots_at_the_older_group_and_the_pinned_one_and_keeps_the_heads
     groups.union(headed_young, plain)  # the older root takes the child's heads
     assert groups.find(headed_young) == plain and groups.heads[plain] == (2, tie2)
     assert groups.union(new, FIXED) == FIXED and groups.union(FIXED, other) == FIXED
+    lone = groups.new()  # a head order joins no group, a group of 4 heads none of 2; an element joins itself
+    assert not groups.joinable(tie, lone) and not groups.joinable(younger, plain) and groups.joinable(tie, tie)
+    assert groups.joinable(headed, younger) and groups.joinable(lone, FIXED)
 
 
 class CrossAttention(nn.Module):

@@ -145,3 +145,11 @@ def test_the_snapshot_sees_a_changed_attribute_flag_cache_or_buffer():
         before = snapshot(model)
         change(model)
         assert not same(before, snapshot(model))
+
+
+def test_the_shapes_in_a_message_are_a_list_a_mapping_or_both():
+    from lmclab.trace.inputs import shapes
+
+    assert shapes((), {"input_ids": torch.zeros(2, 8, dtype=torch.long)}) == "{'input_ids': (2, 8)}"
+    assert shapes((X,), {"mask": MASK, "scale": 2.0}) == "[(2, 4)] and {'mask': (2, 3), 'scale': 'float'}"
+    assert shapes((X, None), {}) == "[(2, 4), 'NoneType']"

@@ -335,16 +335,26 @@ def test_a_split_projection_traced_by_fx_is_three_groups_and_keeps_the_function(
     assert torch.allclose(model(x), twin(x), rtol=1e-12, atol=1e-12)
 
 
+def channels_first(m: Packed, x: torch.Tensor) -> torch.Tensor:
+    """The parts split off an axis with the tokens after it: ``(B, 3·E, N) -> (B, 3, H, d, N)``."""
+    return m.qkv(x).transpose(1, 2).reshape(x.shape[0], 3, 4, 4, x.shape[1]).permute(1, 0, 2, 4, 3)
+
+
 @pytest.mark.parametrize(
-    "pick",
-    [lambda p: (p[0], p[1], p[2]), lambda p: p.unbind(0)],
-    ids=["indexed-parts", "unbound-parts"],
+    "pack,pick",
+    [
+        (parts, lambda p: (p[0], p[1], p[2])),
+        (parts, lambda p: p.unbind(0)),
+        (channels_first, lambda p: p.unbind(0)),
+    ],
+    ids=["indexed-parts", "unbound-parts", "channels-first"],
 )
-def test_parts_picked_by_index_are_the_parts_unbind_gives(pick):
-    """``qkv[0], qkv[1], qkv[2]`` (older timm) and ``qkv.unbind(0)``: the same spec, and it keeps the logits."""
+def test_parts_picked_by_index_are_the_parts_unbind_gives(pack, pick):
+    """``qkv[0], qkv[1], qkv[2]`` (older timm), ``qkv.unbind(0)`` and the parts split with the tokens last: the
+    same spec, and it keeps the logits."""
 
     def attend(m, x):
-        q, k, v = pick(parts(m, x))
+        q, k, v = pick(pack(m, x))
         return m.out(merged(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)) + x
 
     torch.manual_seed(0)

@@ -100,7 +100,8 @@ def test_the_share_of_parameters_on_a_pinned_axis_is_a_boundary():
 
 
 class LayerScaled(nn.Module):
-    """A conv stream with ConvNeXt's layer scale: ``x + conv(x) * gamma.reshape(1, -1, 1, 1)``."""
+    """A conv stream with ConvNeXt's layer scale ``x + conv(x) * gamma.reshape(1, -1, 1, 1)``, its last axis
+    added by ``unsqueeze``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,7 +110,7 @@ class LayerScaled(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.stem(x)
-        h = h + torch.relu(self.conv(h)).mul(self.gamma.reshape(1, -1, 1, 1))
+        h = h + torch.relu(self.conv(h)).mul(self.gamma.reshape(1, -1, 1).unsqueeze(-1))
         return self.head(h.mean((2, 3)))
 
 

@@ -171,3 +171,23 @@ def test_a_roll_by_a_shift_a_layer_computes_is_refused_and_a_constant_shift_carr
     spec = trace_spec(Shifted(learned=False), torch.randn(4, 5))
     group = spec.axes["a.weight"][0]
     assert group is not None and spec.axes["head.weight"] == (None, group)
+
+
+@pytest.mark.parametrize(
+    "forward,message",
+    [
+        (lambda m, x: m.a(x) @ torch.ones(6), r"node 'matmul'.*\(a product with a vector\)"),
+        (  # a torch function outside the tracer's tables: unknown, not a library's function kept whole
+            lambda m, x: m.head(torch.nn.functional.softsign(m.a(x))),
+            r"node 'softsign'.*\(an operation the tracer does not know\)",
+        ),
+        (  # the exponent broadcasts a batch axis in front: the units no longer sit on the axis they had
+            lambda m, x: m.head(m.a(x).pow(torch.ones(2, 6, 6))),
+            r"node 'pow\w*'.*\(it changes a permuted axis\)",
+        ),
+    ],
+    ids=["product-with-a-vector", "unknown-torch-function", "broadcast-to-more-axes"],
+)
+def test_what_the_rules_cannot_follow_is_refused_with_its_reason(forward, message):
+    with pytest.raises(TraceError, match=rf"^trace_spec: {message}"):
+        trace_spec(Net(forward), torch.randn(6, 5))
