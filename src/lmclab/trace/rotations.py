@@ -64,9 +64,10 @@ class RotationRules(TraceState):
             self.bent.setdefault(gid, reason)
 
     def rotations(self, node: fx.Node) -> None:
-        """Bend the groups of ``node``'s inputs and output unless ``node`` commutes with orthogonal maps of them."""
+        """Bend the groups of ``node``'s inputs and output unless ``node`` commutes with orthogonal maps of them
+        (only when the kinds are asked for: the permutation spec needs none of it)."""
         tagged = [a for a in node.all_input_nodes if self.tag(a) is not None]
-        if not tagged or node.op == "output":
+        if self.symmetry != "orthogonal" or not tagged or node.op == "output":
             return
         gids = [g for a in tagged for g in self.tag(a).gids] + (self.tag(node).gids if self.tag(node) else [])
         for a in tagged:
