@@ -1,12 +1,14 @@
 """Relative imports in lmclab.pipeline.closure, at every depth: ``from . import``, ``from .. import`` and
 ``from ...pkg import`` in a package three levels deep, named and followed into the closure, each resolved
-against the package Python itself gives the file."""
+against the package Python itself gives the file; and a file that does not parse is named in the error."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 from pathlib import Path
+
+import pytest
 
 from lmclab.pipeline.closure import _package_of, import_closure, imported_modules
 
@@ -56,3 +58,13 @@ def test_relative_imports_resolve_against_the_package_python_gives_each_file(tmp
     finally:
         for name in set(sys.modules) - loaded:
             del sys.modules[name]
+
+
+def test_a_file_that_does_not_parse_is_named_in_the_error(tmp_path: Path) -> None:
+    broken = tmp_path / "stages" / "broken.py"
+    broken.parent.mkdir()
+    broken.write_text("import os\ndef f(:\n")
+    with pytest.raises(SyntaxError) as raised:
+        list(imported_modules(broken))
+    assert raised.value.filename == str(broken)
+    assert raised.value.lineno == 2

@@ -80,6 +80,12 @@ def test_a_set_value_keeps_its_comment_in_its_column():
     assert set_values(text, {"a.c": 12345}).splitlines()[2] == "  c: 12345 # s"  # no room left: one space
 
 
+def test_only_quotes_hide_a_comment_and_any_other_letter_leaves_it_a_comment():
+    text = "a:\n  arch: XLNet  # the model\n  tag: 'x # y'  # quoted\n"
+    assert set_values(text, {"a.arch": "vit"}).splitlines()[1] == "  arch: vit    # the model"
+    assert set_values(text, {"a.tag": "z"}).splitlines()[2] == "  tag: z        # quoted"
+
+
 def test_unknown_preset_is_one_line_error():
     with pytest.raises(FileNotFoundError, match="known"):
         apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text(), PRESETS)

@@ -88,6 +88,7 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"measure__repair": True}, "measure.repair: expected one of auto, none, bn, repair, got True"),
     ({"train__seeds": [0, "1"]}, "train.seeds: expected a non-empty list of integers ≥ 0, got [0, '1']"),
     ({"permute__wm": 5}, "permute.wm: expected a block with the keys lap_backend, max_iter, tol, restarts, got 5"),
+    ({"permute__identity": 5}, "permute.identity: expected a block with the keys (none), got 5"),
     # out of range
     ({"permute__wm__max_iter": 0}, "permute.wm.max_iter: expected an integer ≥ 1, got 0"),
     ({"train__lr": -1.0}, "train.lr: expected a number > 0, got -1.0"),
@@ -144,6 +145,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     (
         {"permute__pairs": [[0, 1], [0, 1]]},
         "permute.pairs: expected no repeated entries, got [[0, 1], [0, 1]] ([0, 1] more than once)",
+    ),
+    (
+        {"measure__gammas": [0, 0.5, 1, 0.5]},
+        "measure.gammas: expected no repeated entries, got [0.0, 0.5, 1.0, 0.5] (0.5 more than once)",
     ),
     (
         {"three__methods": ["wm", "wm"]},

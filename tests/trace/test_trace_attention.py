@@ -176,6 +176,17 @@ REFUSED = {
         ),
         r"node 'mix': Linear in mix .*an operation over heads or per-head features it does not know",
     ),
+    "heads-beside-units": (  # the logits' head axis times k1's 4 units on that axis: a head order is no group
+        lambda m, x: attend(
+            m,
+            x,
+            heads(m.q(x), 4),
+            heads(m.k(x), 4),
+            heads(m.v(x), 4),
+            lambda w: w * m.k1(x).transpose(1, 2)[..., None],
+        ),
+        r"node 'mul': mul .*\(its operands are permuted in blocks or segments that differ\)",
+    ),
     "softmax-across-heads": (
         lambda m, x: m.out(merged(torch.softmax(heads(m.v(x), 4), dim=1))),
         r"node 'softmax': softmax .*a softmax across heads whose features are permuted per head",
@@ -269,6 +280,31 @@ def test_multihead_attention_weights_per_head_in_the_output_pin_its_head_order(r
     spec = trace_spec(Leaf(returned), torch.zeros(2, 9, 16))
     assert bool(spec.heads) == headed and spec.axes["proj.weight"][0] is not None
     assert (spec.axes["attn.in_proj_weight"][0] is not None) == headed
+
+
+class Unlike(nn.Module):
+    """``nn.MultiheadAttention`` whose query is two Linears' outputs side by side (two groups of 8) and whose
+    key and value are one Linear's (one group of 16): no one permutation of the 16 features fits both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 8), nn.Linear(16, 8)
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return self.attn(torch.cat([self.a(x), self.b(x)], -1), h, h)[0]
+
+
+def test_multihead_attention_on_a_query_key_and_value_permuted_differently_is_refused():
+    with pytest.raises(
+        TraceError,
+        match=r"^trace_spec: node 'attn': MultiheadAttention in attn cannot be proved "
+        r"permutation-equivariant \(its query, key and value are permuted differently\); pass",
+    ):
+        trace_spec(Unlike(), torch.zeros(2, 9, 16))
+    spec = trace_spec(Unlike(), torch.zeros(2, 9, 16), partial=True)
+    assert not spec.heads and all(axes == (None,) * len(axes) for axes in spec.axes.values())
 
 
 def test_a_product_of_query_and_key_with_their_heads_on_different_axes_is_refused():

@@ -137,6 +137,14 @@ def test_an_rms_norm_over_the_last_axis_takes_its_groups_layout_and_is_its_activ
     assert trace(Net(lambda m, x: m.head(torch.relu(m.rms(m.a(x))))), torch.randn(2, 3, 5)).points[group] == ["rms@-1"]
 
 
+@pytest.mark.parametrize("method", ["add", "sub", "mul", "div"])
+def test_a_method_combining_two_tensors_of_the_same_units_keeps_their_group(method):
+    """``h.div(g)`` and the like, as torch.fx records a method of a tensor: unit by unit, so one group."""
+    model = Net(lambda m, x: m.head(getattr(torch.relu(m.a(x)), method)(torch.sigmoid(m.a(x)) + 1)))
+    spec = invariant(model, torch.randn(2, 3, 5))
+    assert spec.axes["a.weight"][0] is not None and spec.axes["head.weight"] == (None, spec.axes["a.weight"][0])
+
+
 def test_a_split_into_one_piece_keeps_the_group():
     spec = invariant(Net(lambda m, x: m.head(torch.relu(torch.chunk(m.a(x), 1, dim=-1)[0]))), torch.randn(2, 3, 5))
     assert spec.axes["a.weight"][0] is not None and spec.axes["head.weight"] == (None, spec.axes["a.weight"][0])
@@ -265,6 +273,8 @@ def test_a_union_roots_at_the_older_group_and_the_pinned_one_and_keeps_the_heads
     lone = groups.new()  # a head order joins no group, a group of 4 heads none of 2; an element joins itself
     assert not groups.joinable(tie, lone) and not groups.joinable(younger, plain) and groups.joinable(tie, tie)
     assert groups.joinable(headed, younger) and groups.joinable(lone, FIXED)
+    groups.make_rigid(plain)  # the heads taken over keep their size: moved whole, in runs of 3 features
+    assert groups.coarse[plain][1] == 3 and groups.heads[groups.find(groups.coarse[plain][0])] == (2, tie2)
 
 
 class CrossAttention(nn.Module):

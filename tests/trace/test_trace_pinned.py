@@ -2,9 +2,9 @@
 module path and reason of every pin and the tensor axes it leaves alone, survives an alignment file, and
 ``find_permutation`` warns in one line past a stream or the share of parameters; and the three rules that
 keep streams a trace used to pin: a per-channel parameter reshaped before a product (ConvNeXt's layer
-scale), a gain ``1 + w`` (Gemma's RMSNorm) and an ``nn.Embedding`` module starting its group. Each rule:
-random permutations of every group keep the output in float64, one that misses a weight changes it, and
-weight matching gives a planted permutation back."""
+scale), a gain ``1 + w`` (Gemma's RMSNorm) and an ``nn.Embedding`` module (or ``F.embedding`` of a table of
+the model) starting its group. Each rule: random permutations of every group keep the output in float64, one
+that misses a weight changes it, and weight matching gives a planted permutation back."""
 
 from __future__ import annotations
 
@@ -44,6 +44,29 @@ def test_each_pin_names_its_node_module_reason_and_the_axes_it_leaves_alone():
         ("h.weight", 1)
     }
     assert set(spec.groups) == {"P_0"}  # c's hidden units alone
+
+
+class Shared(nn.Module):
+    """One Linear ``shared`` used twice: on ``a``'s units and on the model's input, which is never permuted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.shared, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.shared(torch.relu(self.a(x))))) + self.head(torch.relu(self.shared(x)))
+
+
+def test_a_layer_also_used_unpermuted_pins_the_units_it_reads_and_says_why():
+    spec = trace_spec(Shared(), torch.zeros(2, 4))
+    (pin,) = spec.pinned
+    assert (pin.node, pin.where, pin.reason) == (
+        "shared_1",
+        "shared",
+        "'shared.weight' is also used unpermuted along it",
+    )
+    assert set(pin.places) == {("a.weight", 0), ("a.bias", 0), ("shared.weight", 1)} and pin.units == 4
+    assert spec.axes["shared.weight"][1] is None and spec.axes["shared.weight"][0] is not None
 
 
 def test_the_models_output_and_input_are_never_listed():
@@ -144,10 +167,26 @@ class Embedded(nn.Module):
         return self.head(self.norm(h))
 
 
+class Looked(Embedded):
+    """The same net calling ``F.embedding`` on a table of its own, which torch.fx records with every option
+    of the call (``padding_idx``, ``max_norm``, …) as a keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.embed
+        self.table = nn.Parameter(torch.randn(20, 8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.embedding(ids, self.table)
+        h = h + self.b(torch.relu(self.a(h)))
+        return self.head(self.norm(h))
+
+
 CASES = {
     "layer scale": (LayerScaled, lambda g: torch.randn(3, 3, 6, 6, generator=g, dtype=torch.float64), "gamma"),
     "gain 1 + w": (Gained, lambda g: torch.randint(0, 20, (3, 6), generator=g), "weight"),
     "nn.Embedding": (Embedded, lambda g: torch.randint(0, 20, (3, 6), generator=g), "embed.weight"),
+    "F.embedding": (Looked, lambda g: torch.randint(0, 20, (3, 6), generator=g), "table"),
 }
 
 

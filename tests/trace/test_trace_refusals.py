@@ -129,6 +129,22 @@ def test_one_group_split_into_two_head_counts_is_refused():
     assert spec.axes["q.weight"] == (None, None)  # returned: the model's outputs are never permuted
 
 
+@pytest.mark.parametrize(
+    "split",
+    [lambda t: torch.chunk(t, 2), lambda t: t.split(2), lambda t: torch.split(t, 2)],
+    ids=["chunk", "split-method", "split-function"],
+)
+def test_a_split_of_per_head_features_along_the_default_first_axis_is_refused_as_packed_head_by_head(split):
+    """``(d, batch, tokens, heads)`` split without ``dim``: along torch's default, axis 0, each head's features."""
+
+    def forward(m: Net, x: torch.Tensor) -> torch.Tensor:
+        return split(heads(m.q(x), 4).permute(3, 0, 1, 2))[0]
+
+    reason = "a split of each head's features into q, k, v packed head by head: their rows interleave per head"
+    with pytest.raises(TraceError, match=rf"^trace_spec: node '\w+': \w+ in \(top level\) .*\({reason}, "):
+        trace_spec(Net(forward), torch.randn(2, 9, 16))
+
+
 def test_a_pooling_window_over_the_second_to_last_axis_is_refused_when_that_axis_is_permuted():
     """A 2-D pooling window spans the last two axes: one of them permuted mixes units of a group (the window
     keeps the shape, so only the pooling rule can see it); the channel axis before them is carried."""
@@ -173,6 +189,19 @@ def test_a_roll_by_a_shift_a_layer_computes_is_refused_and_a_constant_shift_carr
     assert group is not None and spec.axes["head.weight"] == (None, group)
 
 
+def overridable(module: str):
+    """A library's function of ``module`` that tensors may override, as torch's own are: torch.fx records a call
+    to it (keeps it whole) instead of tracing into it."""
+
+    def op(x: torch.Tensor) -> torch.Tensor:
+        if torch.overrides.has_torch_function_unary(x):
+            return torch.overrides.handle_torch_function(op, (x,), x)
+        return 2 * x
+
+    op.__module__ = module
+    return op
+
+
 @pytest.mark.parametrize(
     "forward,message",
     [
@@ -185,8 +214,27 @@ def test_a_roll_by_a_shift_a_layer_computes_is_refused_and_a_constant_shift_carr
             lambda m, x: m.head(m.a(x).pow(torch.ones(2, 6, 6))),
             r"node 'pow\w*'.*\(it changes a permuted axis\)",
         ),
+        (  # indices computed from a's units: which rows are read depends on their order
+            lambda m, x: torch.nn.functional.embedding(m.a(x).sigmoid().to(torch.long), m.head.weight),
+            r"node 'embedding'.*\(an embedding of permuted indices, or of a table not of the model\)",
+        ),
+        (
+            lambda m, x: m.head(overridable("mylib.ops")(m.a(x))),
+            r"node 'op'.*\(a function of mylib\.ops that torch\.fx keeps whole: the graph does not show its inside\)",
+        ),
+        (  # a function naming no module: no library to name
+            lambda m, x: m.head(overridable("")(m.a(x))),
+            r"node 'op'.*\(an operation the tracer does not know\)",
+        ),
     ],
-    ids=["product-with-a-vector", "unknown-torch-function", "broadcast-to-more-axes"],
+    ids=[
+        "product-with-a-vector",
+        "unknown-torch-function",
+        "broadcast-to-more-axes",
+        "embedding-of-permuted-indices",
+        "library-function-kept-whole",
+        "function-of-no-module",
+    ],
 )
 def test_what_the_rules_cannot_follow_is_refused_with_its_reason(forward, message):
     with pytest.raises(TraceError, match=rf"^trace_spec: {message}"):

@@ -125,6 +125,8 @@ class Stream(nn.Module):
             s = nn.functional.gelu(s)
         elif self.how == "rms":  # a hand-written RMSNorm with its gain, read by a linear layer
             s = s + self.fc(self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "cast gain":  # the same gain, cast first (as mixed-precision RMSNorms do): still stored
+            s = s + self.fc(self.gain.double() * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
         elif self.how == "postnorm":  # the gained output is the stream itself, read by an add: not foldable
             s = self.gain * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
             s = s + self.fc(s)
@@ -166,7 +168,7 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     [("rms", ORTH), ("gelu", None), ("postnorm", None), ("sum", CENT), ("product", None), ("square", None)]
     + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
-    + [("layernorm", CENT)],
+    + [("layernorm", CENT), ("cast gain", ORTH)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -176,8 +178,8 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     spec = trace_spec(model, x, symmetry="orthogonal")
     stream = spec.axes["embed.weight"][0]
     assert spec.kinds.get(stream) == kind
-    if how in ("rms", "layernorm"):
-        assert spec.gains == {"gain" if how == "rms" else "norm.weight": ("fc.weight",)}
+    if how in ("rms", "cast gain", "layernorm"):
+        assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
     with torch.no_grad():
         state, reference = model.state_dict(), model(x)
     folded = fold_gains(spec, state)

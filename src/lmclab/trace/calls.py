@@ -53,7 +53,8 @@ class CallRules(TraceState):
             self.writers.setdefault(gid, []).append((role, f"{path}{axis}"))
 
     def embedding(self, node: fx.Node, t_in: Tag | None) -> None:
-        ids, weight = (dict(zip(("input", "weight"), node.args, strict=False)) | node.kwargs).values()
+        args = dict(zip(("input", "weight"), node.args, strict=False)) | node.kwargs  # torch.fx: every option too
+        ids, weight = args["input"], args["weight"]
         if self.tag(ids) is not None or self.parameter(weight) is not weight:
             return self.refuse(node, "an embedding of permuted indices, or of a table not of the model")
         g, shape = self.groups.new(), self.shape(node)
