@@ -120,6 +120,12 @@ def test_the_refusals_name_their_argument(planted) -> None:
     assert set(moved) == set(model_b.state_dict())
 
 
+def test_the_refusal_of_state_dicts_names_the_class_of_their_module() -> None:
+    tied, x = _model(tie_embeddings=True), _tokens()[0]
+    with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
+        lmclab.align(tied.state_dict(), tied.state_dict(), model=tied, symmetry="orthogonal", example_inputs=x)
+
+
 def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry() -> None:
     import inspect
 

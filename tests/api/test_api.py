@@ -179,6 +179,11 @@ def test_lambdas_must_hold_both_endpoints_and_the_midpoint() -> None:
         lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), lambdas=[0, 1])
 
 
+def test_lambdas_of_just_both_endpoints_and_the_midpoint_are_a_curve_in_order() -> None:
+    data = (torch.randn(4, 12), torch.zeros(4).long())
+    assert lmclab.curve(_mlp(0), _mlp(1), eval_data=data, lambdas=[1, 0.5, 0, 1.0]).lambdas == [0.0, 0.5, 1.0]
+
+
 @pytest.mark.parametrize(
     "module",
     [

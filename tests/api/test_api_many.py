@@ -58,6 +58,10 @@ def test_data_needing_methods_are_read_off_the_registry() -> None:
         needs_data("nope")
 
 
+def test_a_many_merge_built_with_its_defaults_shows_no_models_and_no_groups() -> None:
+    assert repr(lmclab.ManyMerge("merge_many", None)) == "ManyMerge(method='merge_many', 0 models, 0 groups {})"
+
+
 @pytest.mark.parametrize("method", ["merge_many", "star", "c2m3"])
 def test_merge_many_recovers_three_permuted_copies(method: str) -> None:
     net, x = _mlp(0), torch.randn(8, 12)

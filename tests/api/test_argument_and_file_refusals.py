@@ -173,6 +173,15 @@ def test_a_pickled_module_is_refused_with_the_state_dict_hint(tmp_path) -> None:
         load_model_file(tmp_path / "legacy.pt")
 
 
+def test_a_pickled_module_is_refused_even_where_the_environment_turns_torchs_check_off(tmp_path, monkeypatch) -> None:
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 unpickles any object where torch.load is not told weights_only=True."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    torch.save(_net(2), tmp_path / "module.pt")
+    hint = "holds pickled objects, not only tensors (save model.state_dict(), not the module)"
+    with pytest.raises(ValueError, match=_whole(f"{tmp_path / 'module.pt'}: {hint}")):
+        load_model_file(tmp_path / "module.pt")
+
+
 def test_a_foreign_file_is_not_called_a_pickle(tmp_path) -> None:
     (tmp_path / "notes.pt").write_bytes(b"garbage, not written by torch.save")
     expected = f"{tmp_path / 'notes.pt'}: not a PyTorch file (neither torch.save's zip archive nor a pickle)"

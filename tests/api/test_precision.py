@@ -98,6 +98,14 @@ def test_merge_many_and_repair_return_each_model_in_its_own_dtype(dtype_a: str, 
     assert all(v.dtype == DTYPES[dtype_a] for v in fixed.values())
 
 
+def test_a_bn_repair_of_a_state_dict_cast_whole_to_half_returns_its_floats_in_half_and_the_counter_whole() -> None:
+    """``{k: v.half() …}`` casts the BatchNorm counter too: the repaired counter is the module's int64 again."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    fixed = lmclab.repair(net, {k: v.half() for k, v in net.state_dict().items()}, data=(X, Y), device="cpu")
+    assert {k: v.dtype for k, v in fixed.items() if v.dtype != torch.float16} == {"1.num_batches_tracked": torch.int64}
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "+inf", "-inf"])
 @pytest.mark.parametrize("which", ["model_a", "model_b"])
 def test_non_finite_weights_are_refused_naming_the_argument_and_the_tensor(bad: float, which: str) -> None:
@@ -136,6 +144,14 @@ def test_a_module_is_copied_to_the_device_it_runs_on_and_left_where_it_was() -> 
     moved = on_device(net, torch.device("meta"))
     assert all(t.is_meta for t in (*moved.parameters(), *moved.buffers()))
     assert not any(t.is_meta for t in net.parameters()) and on_device(net, torch.device("cpu")) is net
+
+
+def test_the_weights_are_read_on_the_device_asked_for() -> None:
+    from lmclab.api.inputs import read_weights
+
+    a, b = _pair("fp32", "f64")
+    read = read_weights([a, b], ["model_a", "model_b"], torch.device("meta"))
+    assert all(v.is_meta for p in read.params for v in p.values()) and not any(v.is_meta for v in a.values())
 
 
 def test_a_merge_takes_no_device_and_reads_both_models_on_the_cpu(monkeypatch) -> None:

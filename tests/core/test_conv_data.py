@@ -68,6 +68,17 @@ def test_imagenet_image_folder(tmp_path):
     assert json.loads((tmp_path / "prepared" / "meta.json").read_text()) == load_meta(tmp_path / "prepared")
 
 
+def test_imagenet_decodes_only_the_images_it_keeps(tmp_path, monkeypatch):
+    """A subset of ImageNet's 1.28 M training images is chosen by label before any is decoded."""
+    import lmclab.core.data as data
+
+    _image_folder(tmp_path / "imagenet")  # 15 images per split
+    opened, rgb = [], data._rgb
+    monkeypatch.setattr(data, "_rgb", lambda path: opened.append(path) or rgb(path))
+    prepare("imagenet", tmp_path / "imagenet", tmp_path / "prepared", image_size=32, max_train=6, max_test=3)
+    assert sum("/train/" in p for p in opened) == 6 and sum("/val/" in p for p in opened) == 3
+
+
 def test_imagenet_images_are_224_pixels_square_by_default(tmp_path):
     _image_folder(tmp_path / "imagenet", classes=2, per_class=1)  # the paper's ResNet50 input (Appendix D)
     meta = prepare("imagenet", tmp_path / "imagenet", tmp_path / "prepared")

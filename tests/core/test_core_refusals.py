@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lmclab.core import device as device_module
-from lmclab.core.bn_repair import repair_bn
+from lmclab.core.bn_repair import bn_repair_hook, repair_bn
 from lmclab.core.data import Split
 from lmclab.core.heads import Heads
 from lmclab.core.interpolation import interpolation_curve, measure_pair
@@ -54,6 +54,14 @@ def test_bn_repair_needs_a_positive_batch() -> None:
     with pytest.raises(ValueError, match=r"^BN repair batch_size must be positive, got 0$"):
         repair_bn(net, params, splits["test"], batch_size=0)
     assert set(repair_bn(net, params, splits["test"], batch_size=5)) == set(params)
+
+
+def test_a_bn_repair_hook_repairs_in_batches_of_its_batch_size() -> None:
+    net, params, splits = _net()
+    hook = bn_repair_hook(net, splits["test"], repair_samples=None, batch_size=5)
+    assert int(hook(params)["1.num_batches_tracked"]) == 3  # 5 + 5 + 2 of the 12 samples
+    with pytest.raises(ValueError, match=r"^BN repair batch_size must be positive, got 0$"):
+        bn_repair_hook(net, splits["test"], repair_samples=None, batch_size=0)(params)
 
 
 def test_a_spec_refuses_tensors_of_other_ranks_and_heads_it_cannot_place() -> None:

@@ -79,15 +79,16 @@ def test_a_permutation_as_its_matrix_acts_as_its_index_on_any_axis_and_block(axi
 
 
 def test_composite_axes_with_a_matrix_act_segment_by_segment() -> None:
-    """A flatten of 2 channels × 3 positions after 2 untouched features, read by a Linear (block 3)."""
-    entry = (Segment(None, 2), Segment("C", 6, 3))
+    """A flatten of 2 channels × 3 positions between 2 and 1 untouched features, read by a Linear (block 3)."""
+    entry = (Segment(None, 2), Segment("C", 6, 3), Segment(None, 1))
     spec = PermutationSpec(axes={"W": ("O", entry), "b": ("O",)}, kinds={"C": "orthogonal"})
-    params = _params_of({"W": (4, 8), "b": (4,)})
+    params = _params_of({"W": (4, 9), "b": (4,)})
     index = {"C": torch.tensor([1, 0]), "O": torch.tensor([2, 0, 3, 1])}
     as_matrices = {"C": as_matrix(index["C"]), "O": index["O"]}
     assert torch.equal(apply_permutation(spec, as_matrices, params)["W"], apply_permutation(spec, index, params)["W"])
     rotated = apply_permutation(spec, {"C": random_orthogonal(2, torch.Generator()), "O": index["O"]}, params)
-    assert torch.equal(rotated["W"][:, :2], params["W"][index["O"]][:, :2])  # the untouched segment
+    untouched = [0, 1, 8]  # the segments before and after the channels
+    assert torch.equal(rotated["W"][:, untouched], params["W"][index["O"]][:, untouched])
 
 
 def _params_of(shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:

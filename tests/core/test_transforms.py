@@ -140,6 +140,30 @@ def test_partial_merge_shares_the_zipped_prefix_and_keeps_each_models_tail():
         assert torch.allclose(functional_call(model, head, (x,)), functional_call(model, p, (x,)), atol=1e-12)
 
 
+def test_a_partial_merge_keeps_the_tail_of_unzipped_groups_without_copying_it():
+    """Each model keeps its own tail: the tensors no zipped group touches are its own, not copies of them."""
+    _, spec, params = noisy_copies(2, hidden=3)
+    merges, unmerges = permutation_transforms([{g: torch.arange(6) for g in spec.groups}] * 2)
+    heads = partial_merge(spec, params, merges, unmerges, ["P_0"])
+    for head, own in zip(heads, params, strict=True):
+        assert all(head[k].data_ptr() == own[k].data_ptr() for k in ("layers.1.bias", "layers.2.weight"))
+
+
+def test_merged_and_partially_zipped_state_dicts_are_contiguous_as_safetensors_saves_them():
+    """A map of a consuming axis (U on ``layers.1.weight``'s inputs) moves that axis back into place: a strided
+    view there made ``lmclab.merge_many(…, method="zipit").merged`` a state dict ``save_file`` refuses."""
+    from safetensors.torch import load, save
+
+    _, spec, params = noisy_copies(2, hidden=3)
+    gen = torch.Generator().manual_seed(4)
+    merges, unmerges = permutation_transforms([random_permutation(spec.group_sizes(p), gen) for p in params])
+    for state in (
+        transform_merge(spec, params, merges, unmerges),
+        *partial_merge(spec, params, merges, unmerges, ["P_0"]),
+    ):
+        assert all(torch.equal(v, state[k]) for k, v in load(save(state)).items())
+
+
 def test_errors_are_one_line():
     _, spec, params = noisy_copies(2)
     merges, unmerges = permutation_transforms([{g: torch.arange(6) for g in spec.groups}] * 2)

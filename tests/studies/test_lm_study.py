@@ -5,6 +5,7 @@ stds over pairs, the sweeps and their trends, and the explanation's verdict on p
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -220,6 +221,13 @@ def test_sweep_points_and_summary_keep_pairs_in_order() -> None:
     ]
 
 
+def test_a_sweep_run_is_split_at_its_first_equals_sign_so_its_folder_may_hold_one() -> None:
+    from lmclab.cli.studies.lm import _sweep_runs
+
+    got = _sweep_runs(["64=runs/width=64", "128=b"], "width")
+    assert got == {"width 64": Path("runs/width=64"), "width 128": Path("b")}
+
+
 def test_collect_refuses_a_sweep_without_a_value_and_a_folder_that_is_no_run(tmp_path) -> None:
     bad = CliRunner().invoke(app, ["study", "lm", "collect", "--run", str(tmp_path), "--width", str(tmp_path)])
     assert bad.exit_code == 1 and f"--width: expected VALUE=DIR of a finished run, got '{tmp_path}'" in bad.output
@@ -269,6 +277,11 @@ def test_three_queue_prints_one_dvc_exp_per_point_in_a_dry_run() -> None:
     lines = result.output.splitlines()
     assert len(lines) == 2 and lines[1].startswith("dvc exp run --queue -n three-width-128 -S ")
     assert "-S model.mlp.width=128 connect" in lines[1]
+    assert lines[0] == (  # each setting one shell word, its JSON without spaces
+        "dvc exp run --queue -n three-default -S 'train.seeds=[0,1,2,3,4,5,6,7,8]' "
+        "-S 'three.triples=[[0,2,4],[1,3,5],[6,7,8]]' -S 'permute.pairs=[[0,2],[1,3],[6,7]]' "
+        """-S 'three.methods=["wm_sinkhorn","ste_sinkhorn","wm"]' connect"""
+    )
     unknown = CliRunner().invoke(app, ["study", "three", "queue", "--points", "nope", "--dry-run"])
     assert unknown.exit_code == 1 and "error: --points: unknown point(s) nope" in unknown.output
 

@@ -247,3 +247,13 @@ def test_an_encoder_decoders_inputs_are_built_from_its_decoder_start_token_or_re
     bare = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5))
     with pytest.raises(ValueError, match="reads decoder_input_ids besides input_ids.*no decoder_start_token_id"):
         example_inputs(bare, None)
+
+
+def test_the_example_token_ids_are_the_same_each_time_span_the_vocabulary_and_leave_the_global_seed_alone():
+    from lmclab.api.hf import example_inputs
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=2))
+    state = torch.random.get_rng_state()
+    ids = example_inputs(model, None)
+    assert torch.equal(torch.random.get_rng_state(), state) and torch.equal(example_inputs(model, None), ids)
+    assert ids.shape == (2, 8) and set(ids.flatten().tolist()) == {0, 1}  # token 0 drawn too

@@ -66,7 +66,7 @@ def _map_units(value: Tensor, axis: int, offset: int, length: int, block: int, m
     rest = stretch.shape[1:]
     units = stretch.reshape(length // block, -1)  # (n, block · rest)
     out = matrix.to(units) @ units  # (m, block · rest)
-    return out.reshape(matrix.shape[0] * block, *rest).movedim(0, axis)
+    return out.reshape(matrix.shape[0] * block, *rest).movedim(0, axis).contiguous()  # as a module's state dict
 
 
 def _map_axis(value: Tensor, axis: int, entry: Entry, mats: Mapping[str, Tensor], weight: float | None) -> Tensor:
