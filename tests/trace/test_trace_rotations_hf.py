@@ -76,3 +76,19 @@ def test_layernorm_a_computed_gain_and_a_tied_head_keep_permutation_groups(name:
         model = _llama(tie=True)
     spec = trace_spec(model.eval(), X, symmetry="orthogonal")
     assert spec.kinds == {} and spec.gains == {}
+
+
+def test_a_tied_llama_s_canonical_copy_is_untied_saved_untied_and_orthogonal(monkeypatch, tmp_path) -> None:
+    import lmclab
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    model = _llama(tie=True)
+    canonical = lmclab.canonicalize(model, X)
+    assert canonical.config.tie_word_embeddings is False and model.config.tie_word_embeddings is True
+    assert canonical.lm_head.weight is not canonical.model.embed_tokens.weight
+    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}
+    canonical.save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    with torch.no_grad():
+        reference = model(X).logits
+        assert float((loaded(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12

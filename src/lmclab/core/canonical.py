@@ -6,6 +6,11 @@ An RMSNorm computes ``g ⊙ x / rms(x)``; a per-channel gain ``g`` does not comm
 folding SliceGPT and QuaRot perform; Ashkboos et al. 2024, Section 3). The tracer records each foldable
 gain with the weights that read it (:attr:`lmclab.core.spec.PermutationSpec.gains`,
 :mod:`lmclab.trace.rotations`); the folded model is of the same architecture, with unit gains.
+
+A head tied to the embeddings (GPT-2, most small language models) reads the final norm's gain through the
+embedding matrix ``E`` itself: folding the gain gives the head ``E diag(g)`` while the embedding keeps ``E``,
+so the canonical form unties them (:func:`untie`): the head gets its own weight, a copy, and the function is
+unchanged; the untied model has one more matrix and is saved untied (``tie_word_embeddings: false``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
@@ -44,3 +49,38 @@ def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = 
 def is_canonical(spec: PermutationSpec, params: Mapping[str, Tensor]) -> bool:
     """Whether every gain of ``spec.gains`` is 1 in ``params`` (folded)."""
     return all(bool((params[gain] == 1).all()) for gain in spec.gains)
+
+
+def shared_parameters(model: nn.Module) -> list[tuple[str, ...]]:
+    """Each set of names under which one parameter of ``model`` appears more than once (a tied head)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [tuple(n) for n in names.values() if len(n) > 1]
+
+
+def untie(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Give every name of ``names`` but the first its own copy of their shared parameter, in ``model`` itself
+    (a copy the caller owns): the function is unchanged."""
+    first = model.get_parameter(names[0])
+    for name in names[1:]:
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, nn.Parameter(first.detach().clone(), first.requires_grad))
+
+
+def tie(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Make every name of ``names`` the first's parameter again (the inverse of :func:`untie`)."""
+    first = model.get_parameter(names[0])
+    for name in names[1:]:
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, first)
+
+
+def untie_config(model: nn.Module) -> None:
+    """Mark a Hugging Face model's config (and its text config) untied, so that ``save_pretrained`` and
+    ``from_pretrained`` keep the head's own weight; a module without such a config is left as it is."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    for cfg in (config, text() if callable(text) else None):
+        if getattr(cfg, "tie_word_embeddings", False):
+            cfg.tie_word_embeddings = False
