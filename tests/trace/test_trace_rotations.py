@@ -138,8 +138,16 @@ class Stream(nn.Module):
             s = s + (s * s).mean(0, keepdim=True)
         elif self.how == "cube":
             s = s * s.pow(3).sum(-1, keepdim=True)
-        elif self.how == "1 + gain":  # Gemma's gain: folding it would not make it 1
-            s = s + self.fc((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "1 + gain":  # Gemma's gain: folded as 1 + w, leaving w = 0
+            s = s + self.fc(
+                (1.0 + self.gain.float().double()) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            )
+        elif self.how == "gain - 0.5":  # another offset, on the other side
+            s = s + self.fc(torch.add(self.gain, -0.5) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "2 * gain":  # computed otherwise: no folding sets what is read to 1
+            s = s + self.fc((2.0 * self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "1 + gain, read by a GELU":  # an offset gain whose output is not read by linear layers
+            s = s + nn.functional.gelu((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
         elif self.how == "shift":  # a constant added to every unit: O(x + c·1) ≠ Ox + c·1
             s = s + 0.5
         elif self.how == "token shift":  # a per-sample constant, broadcast along the units
@@ -164,7 +172,8 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
 @pytest.mark.parametrize(
     ("how", "kind"),
     [("rms", ORTH), ("gelu", None), ("postnorm", None), ("sum", CENT), ("product", None), ("square", None)]
-    + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", None)]
+    + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", ORTH), ("gain - 0.5", ORTH)]
+    + [("2 * gain", None), ("1 + gain, read by a GELU", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
     + [("layernorm", CENT)],
 )
@@ -176,8 +185,10 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     spec = trace_spec(model, x, symmetry="orthogonal")
     stream = spec.axes["embed.weight"][0]
     assert spec.kinds.get(stream) == kind
-    if how in ("rms", "layernorm"):
-        assert spec.gains == {"gain" if how == "rms" else "norm.weight": ("fc.weight",)}
+    if how in ("rms", "layernorm", "1 + gain", "gain - 0.5"):
+        assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
+        offset = {"1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)
+        assert spec.gain_offsets == ({} if offset is None else {"gain": offset})
     with torch.no_grad():
         state, reference = model.state_dict(), model(x)
     folded = fold_gains(spec, state)

@@ -25,12 +25,13 @@ from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = "params") -> Params:
     """``params`` with every gain of ``spec.gains`` folded into the weights that read it (``W ← W diag(g)``,
-    ``g ← 1``; a LayerNorm's bias ``b ← b / g``, so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's
-    tensors untouched. One-line error naming ``what`` when a reader's input axis is not as long as its gain, or
-    when a gain with a bias has a zero entry."""
+    ``g ← 1``; for a gain read as ``c + w``, ``g = c + w`` and ``w ← 1 − c``; a LayerNorm's bias ``b ← b / g``,
+    so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's tensors untouched. One-line error naming
+    ``what`` when a reader's input axis is not as long as its gain, or when a gain with a bias has a zero entry."""
     out = dict(params)
     for gain, readers in spec.gains.items():
-        g = params[gain].reshape(-1)
+        offset = spec.gain_offsets.get(gain, 0.0)  # Gemma's 1 + w: the gain read is offset + w
+        g = params[gain].reshape(-1).double() + offset
         if (bias := spec.gain_biases.get(gain)) is not None:
             if bool((g == 0).any()):
                 raise ValueError(f"{what}: the gain {gain!r} has a zero entry; its bias {bias!r} cannot be folded")
@@ -42,13 +43,13 @@ def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = 
                     f"{what}: {reader!r} of shape {tuple(w.shape)} reads the gain {gain!r} of {g.numel()} entries"
                 )
             out[reader] = (w * g.to(w.dtype)).to(w.dtype)
-        out[gain] = torch.ones_like(params[gain])
+        out[gain] = torch.full_like(params[gain], 1.0 - offset)
     return with_metadata(out, params)
 
 
 def is_canonical(spec: PermutationSpec, params: Mapping[str, Tensor]) -> bool:
-    """Whether every gain of ``spec.gains`` is 1 in ``params`` (folded)."""
-    return all(bool((params[gain] == 1).all()) for gain in spec.gains)
+    """Whether every gain of ``spec.gains`` reads 1 in ``params`` (folded: ``w = 1 − c`` for a gain ``c + w``)."""
+    return all(bool((params[gain] == 1.0 - spec.gain_offsets.get(gain, 0.0)).all()) for gain in spec.gains)
 
 
 def shared_parameters(model: nn.Module) -> list[tuple[str, ...]]:

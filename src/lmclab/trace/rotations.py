@@ -15,11 +15,13 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 - a norm whose gain is a per-channel vector ``g`` read only by linear layers (RMSNorm: ``g ⊙ x/rms(x)``):
   not with ``g`` in place (``diag(g) O ≠ O diag(g)``), but once ``g`` is folded into the layers that read
   it (``W ← W diag(g)``, ``g ← 1``; :func:`lmclab.core.canonical.fold_gains`). The tracer records such gains
-  and their readers in :attr:`lmclab.core.spec.PermutationSpec.gains`.
+  and their readers in :attr:`lmclab.core.spec.PermutationSpec.gains`; a gain read as ``c + w`` (Gemma's
+  ``1 + w``) is folded as ``c + w``, leaving ``w = 1 − c``.
 
 Anything else bends the groups it touches: an elementwise nonlinearity, a product of two tensors of the
 group, LayerNorm's centring, BatchNorm, softmax, attention's products, a pooling by maximum, a gain read by
-anything but a linear layer. Headed groups (attention's heads) stay permutation groups here.
+anything but a linear layer, a gain computed from a parameter otherwise than ``c + w``. Headed groups
+(attention's heads) stay permutation groups here.
 """
 
 from __future__ import annotations
@@ -141,8 +143,13 @@ class RotationRules(TraceState):
             varies = [a for a in permuted if a - (len(shape) - len(s)) >= 0 and s[a - (len(shape) - len(s))] != 1]
             if varies == [len(shape) - 1] and (gain := _stored(arg)) is not None:  # along the units linear layers read
                 return self.gained(node, str(gain.target))
-            if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
-                return "a per-channel gain computed from a parameter (only a stored gain is folded)"
+            if varies == [len(shape) - 1] and (found := _offset_gain(arg)) is not None:  # Gemma's 1 + w
+                offset, gain = found
+                reason = self.gained(node, str(gain.target))
+                self.gain_offsets.update({} if reason else {str(gain.target): offset})
+                return reason
+            if varies and self.per_channel(arg) is not None:  # a gain computed otherwise from a parameter (2·w)
+                return "a per-channel gain computed from a parameter (only a stored gain, or c + w, is folded)"
         return None
 
     def _shift_breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
@@ -227,6 +234,20 @@ def _stored(arg: fx.Node) -> fx.Node | None:
     return arg
 
 
+def _offset_gain(arg: fx.Node) -> tuple[float, fx.Node] | None:
+    """``(c, w)`` when ``arg`` is a number ``c`` plus a stored gain ``w`` (Gemma's ``1 + w``), cast at most:
+    folded as the gain ``c + w``, after which ``w = 1 − c``; None otherwise."""
+    while arg.target in COPYING or (arg.op == "call_method" and arg.target in COPYING_METHODS):
+        if not arg.args or not isinstance(arg.args[0], fx.Node):
+            return None
+        arg = arg.args[0]
+    if not (arg.target in (operator.add, torch.add) or arg.target == "add") or len(arg.args) != 2:
+        return None
+    (number,), (node,) = ([a for a in arg.args if isinstance(a, t)] or [None] for t in (int | float, fx.Node))
+    stored = _stored(node) if node is not None and number is not None and not isinstance(number, bool) else None
+    return None if stored is None else (float(number), stored)
+
+
 def _is_square(node: fx.Node) -> bool:
     """``x.pow(2)``, ``x ** 2`` or ``x * x``."""
     args = node.args
@@ -244,11 +265,12 @@ def _conv_groups(node: fx.Node) -> int:
 class KindRules(RotationRules):
     """The kinds and gains of the spec (:meth:`kinded`), once the pass is over."""
 
-    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]], dict]:
+    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]], dict, dict]:
         """For ``symmetry="orthogonal"``: the spec's axes with every gain on an orthogonal group left out of it
-        (held at 1), its kinds, gains (:meth:`kinds`) and the gains' biases; else ``axes`` as they are, no kinds."""
+        (held at 1), its kinds, gains (:meth:`kinds`), the gains' biases and offsets; else ``axes`` as they are,
+        no kinds."""
         if self.symmetry != "orthogonal":
-            return axes, {}, {}, {}
+            return axes, {}, {}, {}, {}
         kinds, gains = self.kinds(axes)
         tied = _tied_keys(state)
         for gain, readers in gains.items():  # a reader tied to another entry (the head) cannot take the gain alone
@@ -257,7 +279,8 @@ class KindRules(RotationRules):
                     kinds.pop(group, None)
         gains = {g: r for g, r in gains.items() if all(e in kinds for e in axes[g])}
         biases = {g: b for g, b in self.gain_biases.items() if g in gains}
-        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains, biases
+        offsets = {g: c for g, c in self.gain_offsets.items() if g in gains}
+        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains, biases, offsets
 
     def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
         """``"orthogonal"`` for every named group no node bent, that is neither headed nor read in runs (a
