@@ -31,11 +31,11 @@ from lmclab.trace.groups import (
     Within,
     loaded_carry_functions,
 )
+from lmclab.trace.kinds import KindRules
 from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
-from lmclab.trace.rotations import KindRules
 from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
 from lmclab.trace.state import Traced, unknown
