@@ -10,7 +10,8 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 - sums and differences of tensors of the group (a residual add; a bias add of a parameter along the units,
   rotated with them: ``O(x + b) = Ox + Ob``), not of a constant (``O(x + c·1) ≠ Ox + c·1``);
 - a product or quotient by a tensor constant along the group's axis (a per-token scale ``x · rsqrt(ms)``);
-- moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout;
+- moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout; reading
+  ``x.shape`` or ``x.dtype``;
 - ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
 - a norm whose gain is a per-channel vector ``g`` read only by linear layers (RMSNorm: ``g ⊙ x/rms(x)``):
   not with ``g`` in place (``diag(g) O ≠ O diag(g)``), but once ``g`` is folded into the layers that read
@@ -50,6 +51,7 @@ MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.typ
 COPYING = {F.dropout, A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 COPYING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default}
 COPYING_METHODS = {"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"}
+METADATA = ("shape", "dtype", "device", "ndim")  # attributes of a tensor that read none of its values
 CENTRED = "centred: "  # the reason of a node that commutes with the centred maps only (O1 = 1)
 METHODS = {"add": "+", "add_": "+", "__add__": "+", "sub": "+", "neg": "+", "mul": "*", "mul_": "*", "__mul__": "*"}
 METHODS |= {"div": "*"} | dict.fromkeys(("mean", "sum"), "reduce")
@@ -91,6 +93,8 @@ class RotationRules(TraceState):
         if target in ADDITIVE or kind == "+":
             return self._shift_breaks(node, tagged)
         if target in LINEAR_FUNCTIONS or target in MOVING or kind == "move":
+            return None
+        if target is getattr and len(node.args) > 1 and node.args[1] in METADATA:  # x.shape: no value is read
             return None
         if target is F.conv2d:
             return None if _conv_groups(node) == 1 else "a grouped convolution"
@@ -180,6 +184,8 @@ class RotationRules(TraceState):
         casts, which keep the axes where they are); None if anything else reads it."""
         readers = []
         for user in node.users:
+            if user.target is getattr and len(user.args) > 1 and user.args[1] in METADATA:  # x.shape: no value read
+                continue
             if user.op == "call_module" and isinstance(self.gm.get_submodule(str(user.target)), nn.Linear):
                 readers.append(f"{user.target}.weight")
             elif user.op == "call_function" and user.target is F.linear and user.args[0] is node:
@@ -203,9 +209,16 @@ class RotationRules(TraceState):
     def _keeps_last_axis(self, node: fx.Node, user: fx.Node) -> bool:
         """``user`` picks or averages along other axes of ``node`` than its last (a class token, a mean over the
         tokens): a linear map that leaves the last axis, and its units, where they are."""
-        picks = user.target is operator.getitem or user.target in (torch.mean, torch.sum) or user.target == "mean"
-        shape, tag = self.shape(user), self.tag(user)
-        return bool(picks and shape and tag and self.tag(node) and tag.at(-1) == self.tag(node).at(-1))
+        last = len(self.shape(node) or ()) - 1  # the users' own tags are not known yet: read from the call
+        if user.target is operator.getitem and user.args[0] is node and last > 0:
+            index = user.args[1] if isinstance(user.args[1], tuple) else (user.args[1],)
+            whole = all(i is not Ellipsis and i is not None for i in index)  # entries stand for the leading axes
+            return whole and (len(index) <= last or index[last] == slice(None))
+        if user.target in (torch.mean, torch.sum) or user.target in ("mean", "sum"):
+            dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
+            dims = (dims,) if isinstance(dims, int) else dims
+            return bool(dims) and last > 0 and all(isinstance(d, int) and d % (last + 1) != last for d in dims)
+        return False
 
     def _sums_square(self, node: fx.Node, square: fx.Node) -> bool:
         """``node`` sums or averages the square over every permuted axis it has (``‖x‖²``)."""
