@@ -99,7 +99,9 @@ def test_the_refusals_name_their_argument(planted) -> None:
     x = _tokens()[0]
     with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rotation'"):
         lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
-    with pytest.raises(ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry='orthogonal' by"):
+    with pytest.raises(
+        ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry orthogonal by \('wm', 'am'\)$"
+    ):
         lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
     with pytest.raises(ValueError, match=r"^statistic: 'pearson' normalises each unit, which an orthogonal map mixes"):
         options = {"statistic": "pearson"}
@@ -145,3 +147,61 @@ def test_canonicalize_folds_the_gains_into_a_copy_with_the_same_function() -> No
     assert all(bool((p == 1).all()) for k, p in folded.state_dict().items() if "norm" in k)
     assert not torch.equal(folded.state_dict()["head.weight"], before["head.weight"])
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the caller's model kept
+
+
+@pytest.mark.parametrize(("norm", "kind"), [("rmsnorm", "orthogonal"), ("layernorm", "centred")])
+def test_canonicalize_unties_a_head_tied_to_the_embeddings_and_keeps_the_function(norm: str, kind: str) -> None:
+    model, x = _model(tie_embeddings=True, norm=norm), _tokens()[0]
+    folded = lmclab.canonicalize(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)
+    assert folded.head.weight is not folded.embed.weight and model.head.weight is model.embed.weight
+    assert not torch.equal(folded.head.weight, folded.embed.weight)  # the final norm's gain: in the head alone
+    assert torch.equal(folded.embed.weight, model.embed.weight)
+    assert set(lmclab.trace_spec(folded, x, symmetry="orthogonal").kinds.values()) == {kind}
+
+
+def test_a_tied_model_is_refused_naming_the_shared_tensors_and_its_canonical_copies_are_aligned_back() -> None:
+    x, y = _tokens()
+    model_a = _model(tie_embeddings=True, norm="layernorm")
+    with pytest.raises(ValueError, match=r"'embed\.weight' and 'head\.weight' are one tensor: align the untied co"):
+        lmclab.align(model_a, model_a, symmetry="orthogonal", example_inputs=x)
+    canonical = lmclab.canonicalize(model_a, x)
+    spec = lmclab.trace_spec(canonical, x, symmetry="orthogonal")
+    perm = random_permutation(
+        spec.group_sizes(canonical.state_dict()), torch.Generator().manual_seed(5), spec.heads, spec.kinds
+    )
+    model_b = copy.deepcopy(canonical)
+    model_b.load_state_dict(apply_permutation(spec, perm, canonical.state_dict()))
+    res = lmclab.align(canonical, model_b, symmetry="orthogonal", example_inputs=x)
+    assert abs(lmclab.curve(canonical, model_b, alignment=res, eval_data=(x, y), num_lambdas=3).barrier()) <= 1e-6
+    midpoint, naive = copy.deepcopy(canonical), copy.deepcopy(canonical)
+    midpoint.load_state_dict(lmclab.merge(canonical, model_b, res))
+    naive.load_state_dict(lmclab.merge(canonical, model_b))
+    with torch.no_grad():
+        torch.testing.assert_close(midpoint(x), model_a(x), rtol=1e-9, atol=1e-9)
+        assert float((naive(x) - model_a(x)).abs().max()) > 1e-2
+
+
+class _SharedAfterANonlinearity(torch.nn.Module):
+    """A gain on the stem's units read by ``first``; ``a`` and ``b`` share one weight that no gain reaches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm, self.first = torch.nn.Linear(6, 6), torch.nn.RMSNorm(6), torch.nn.Linear(6, 6)
+        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(torch.relu(self.first(self.norm(self.stem(x)))))))
+
+
+def test_canonicalize_keeps_a_shared_weight_that_no_gain_reads_tied() -> None:
+    torch.manual_seed(0)
+    model, x = _SharedAfterANonlinearity().double(), torch.randn(5, 6, dtype=torch.float64)
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+    folded = lmclab.canonicalize(model, x)
+    assert folded.b.weight is folded.a.weight and bool((folded.norm.weight == 1).all())
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)

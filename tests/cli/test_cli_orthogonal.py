@@ -69,3 +69,35 @@ def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None
     out = lmclab(tmp_path, "trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal").stdout
     assert "units, orthogonal)" in out
     assert "gain: model.norm.weight folded into lm_head.weight" in out
+
+
+def test_match_refuses_a_tied_head_naming_the_flag_and_the_shared_tensors(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**(LLAMA | {"tie_word_embeddings": True}))).save_pretrained(
+        tmp_path / "tied"
+    )
+    args = ("match", "tied", "tied", "--symmetry", "orthogonal", "--out", "rot.pt")
+    err = lmclab(tmp_path, *args, ok=False, shell=False).stderr.strip()
+    assert err.startswith("error: --symmetry: the tracer proves no group of LlamaForCausalLM orthogonal (")
+    assert err.endswith(
+        "; 'model.embed_tokens.weight' and 'lm_head.weight' are one tensor: "
+        "align the untied copies lmclab.canonicalize returns"
+    )
+    err = lmclab(
+        tmp_path,
+        "match",
+        "tied",
+        "tied",
+        "--symmetry",
+        "orthogonal",
+        "--method",
+        "wm_sinkhorn",
+        "--out",
+        "r.pt",
+        ok=False,
+        shell=False,
+    ).stderr
+    assert err.startswith(
+        "error: --method: 'wm_sinkhorn' seeks permutations only; --symmetry orthogonal by ('wm', 'am')"
+    )
+    assert not (tmp_path / "rot.pt").exists()

@@ -174,3 +174,21 @@ def test_centred_maps_fix_the_all_ones_vector_and_polar_centred_is_their_procrus
     check_centred("g", as_matrix(torch.randperm(5, generator=g)), 5)  # every permutation is centred
     with pytest.raises(ValueError, match=r"'g': the matrix moves the all-ones vector \(max \|O1 − 1\|"):
         check_centred("g", random_orthogonal(5, g), 5)
+
+
+def test_a_spec_s_gains_biases_and_offsets_survive_its_plain_data_and_older_data_reads_without_them() -> None:
+    from lmclab.core.spec import PermutationSpec
+    from lmclab.core.spec_data import spec_from_data, spec_to_data
+
+    axes = {"norm.weight": (None,), "norm.bias": ("P_0",), "head.weight": (None, "P_0"), "g": (None,)}
+    spec = PermutationSpec(
+        axes,
+        kinds={"P_0": "orthogonal"},
+        gains={"norm.weight": ("head.weight",), "g": ("head.weight",)},
+        gain_biases={"norm.weight": "norm.bias"},
+        gain_offsets={"g": 1.0},
+    )
+    back = spec_from_data(spec_to_data(spec))
+    assert back == spec and back.gain_offsets == {"g": 1.0} and back.gain_biases == {"norm.weight": "norm.bias"}
+    older = {k: v for k, v in spec_to_data(spec).items() if k != "gain_offsets"}
+    assert spec_from_data(older).gain_offsets == {} and spec_from_data(older).gains == spec.gains

@@ -140,8 +140,16 @@ class Stream(nn.Module):
             s = s + (s * s).mean(0, keepdim=True)
         elif self.how == "cube":
             s = s * s.pow(3).sum(-1, keepdim=True)
-        elif self.how == "1 + gain":  # Gemma's gain: folding it would not make it 1
-            s = s + self.fc((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "1 + gain":  # Gemma's gain: folded as 1 + w, leaving w = 0
+            s = s + self.fc(
+                (1.0 + self.gain.float().double()) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            )
+        elif self.how == "gain - 0.5":  # another offset, on the other side
+            s = s + self.fc(torch.add(self.gain, -0.5) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "2 * gain":  # computed otherwise: no folding sets what is read to 1
+            s = s + self.fc((2.0 * self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "1 + gain, read by a GELU":  # an offset gain whose output is not read by linear layers
+            s = s + nn.functional.gelu((1.0 + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
         elif self.how == "shift":  # a constant added to every unit: O(x + c·1) ≠ Ox + c·1
             s = s + 0.5
         elif self.how == "token shift":  # a per-sample constant, broadcast along the units
@@ -155,6 +163,12 @@ class Stream(nn.Module):
             s = s + self.mix(h.transpose(0, 1)).transpose(0, 1)
         elif self.how == "layernorm":  # its centring commutes with the maps that fix the all-ones vector
             s = s + self.fc(self.norm(s))
+        elif self.how == "shape read":  # x.shape, x.dtype read by torch.fx as getattr: no value of the units
+            s = s + self.fc(self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+            s = s.reshape(s.shape[0], -1).to(s.dtype)
+        elif self.how == "normed shape read":  # the gained output's shape read beside its linear reader
+            h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.fc(h).reshape(h.shape[0], -1)
         elif self.how == "depthwise":  # a kernel per channel
             s = self.depthwise(s[:, :, None, None]).flatten(1)
         return self.head(s)
@@ -166,9 +180,10 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
 @pytest.mark.parametrize(
     ("how", "kind"),
     [("rms", ORTH), ("gelu", None), ("postnorm", None), ("sum", CENT), ("product", None), ("square", None)]
-    + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", None)]
+    + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", ORTH), ("gain - 0.5", ORTH)]
+    + [("2 * gain", None), ("1 + gain, read by a GELU", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
-    + [("layernorm", CENT), ("cast gain", ORTH)],
+    + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -178,8 +193,10 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     spec = trace_spec(model, x, symmetry="orthogonal")
     stream = spec.axes["embed.weight"][0]
     assert spec.kinds.get(stream) == kind
-    if how in ("rms", "cast gain", "layernorm"):
+    if how in ("rms", "cast gain", "layernorm", "1 + gain", "gain - 0.5", "shape read", "normed shape read"):
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
+        offset = {"1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)
+        assert spec.gain_offsets == ({} if offset is None else {"gain": offset})
     with torch.no_grad():
         state, reference = model.state_dict(), model(x)
     folded = fold_gains(spec, state)
@@ -211,3 +228,34 @@ def test_fold_gains_refuses_a_zero_gain_with_a_bias() -> None:
     state["norm.weight"][0] = 0.0
     with pytest.raises(ValueError, match="model_b: the gain 'norm.weight' has a zero entry; its bias 'norm.bias'"):
         fold_gains(spec, state, "model_b")
+
+
+@pytest.mark.parametrize(("pool", "position"), [("cls", "learned"), ("mean", "sincos")])
+def test_the_vit_s_stream_is_centred_once_its_layernorm_gains_are_folded(pool: str, position: str) -> None:
+    """The project's ViT (LayerNorm before the attention, the MLP and a class-token or mean-pooled head; its
+    attention reads ``x.shape``): centred maps of its stream keep the logits once the gains are folded, general
+    orthogonal maps change them, and so do centred maps with the gains in place."""
+    from lmclab.archs import vit
+
+    shapes = dict(patch_size=4, width=8, depth=2, heads=2, pool=pool, position=position)
+    torch.manual_seed(0)
+    model = vit.Model(vit.Config(input_shape=(3, 8, 8), num_classes=5, **shapes)).double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(torch.rand_like(p) + 0.5) if "norm" in key and key.endswith("weight") else p.normal_(0, 0.3)
+    x = torch.randn(4, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    spec, state = trace_spec(model, x, symmetry="orthogonal"), model.state_dict()
+    (stream,) = spec.kinds
+    assert spec.kinds[stream] == CENT and spec.gains["norm.weight"] == ("head.weight",) and len(spec.gains) == 5
+    with torch.no_grad():
+        reference = model(x)
+    folded = fold_gains(spec, state)
+
+    def change(kind: str, params: dict) -> float:
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, {stream: kind})
+        moved = apply_permutation(dataclasses.replace(spec, kinds={stream: kind}), perm, params)
+        with torch.no_grad():
+            return float((functional_call(model, moved, (x,)) - reference).abs().max() / reference.abs().max())
+
+    assert change(CENT, folded) <= 1e-10
+    assert change(ORTH, folded) > 1e-3 and change(CENT, state) > 1e-3

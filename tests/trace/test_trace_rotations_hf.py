@@ -1,8 +1,8 @@
 """The tracer's proof of kinds on Hugging Face models (lmclab.trace.rotations): Llama's residual stream (RMSNorm,
-rotary positions, SwiGLU, grouped-query attention 4/2, untied head) is orthogonal once its gains are folded, and
-random orthogonal maps of it with permutations of every other group keep the logits in float64 (≤ 1e-10
-relative), while the same maps with the gains in place change them; LayerNorm (GPT-2), Gemma's ``1 + w`` gain
-and a tied head keep every group a permutation group."""
+rotary positions, SwiGLU, grouped-query attention 4/2, untied head) and Gemma's (its gains read as ``1 + w``) are
+orthogonal once their gains are folded, and random orthogonal maps of it with permutations of every other group
+keep the logits in float64 (≤ 1e-10 relative), while the same maps with the gains in place change them; LayerNorm
+(GPT-2) and a tied head keep every group a permutation group, and the canonical copy of a tied model unties it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from lmclab.trace import trace_spec
 
 pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 transformers = pytest.importorskip("transformers")
+from transformers.models.gemma import modeling_gemma  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
 SMALL = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 50}
@@ -38,6 +39,23 @@ def _llama(tie: bool = False) -> torch.nn.Module:
             if "norm" in key:
                 p.uniform_(0.5, 1.5)
     return model
+
+
+def float64_gemma_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+    """GemmaRMSNorm without its cast to float32, its gain still read as ``1 + w``."""
+    return self._norm(hidden) * (1.0 + self.weight)
+
+
+def _gemma(tie: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = transformers.GemmaForCausalLM(
+        transformers.GemmaConfig(**SMALL, **ROPE, head_dim=8, tie_word_embeddings=tie)
+    )
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "norm" in key:
+                p.uniform_(-0.5, 0.5)  # the gain read is 1 + w
+    return model.double().eval()
 
 
 def _change(model: torch.nn.Module, state: dict, reference: torch.Tensor) -> float:
@@ -64,15 +82,56 @@ def test_llama_s_stream_is_orthogonal_once_its_gains_are_folded(monkeypatch) -> 
         assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gemma", "tied llama"])
-def test_layernorm_a_computed_gain_and_a_tied_head_keep_permutation_groups(name: str) -> None:
+@pytest.mark.parametrize("name", ["gpt2", "tied llama", "tied gemma"])
+def test_layernorm_and_a_tied_head_keep_permutation_groups(name: str) -> None:
     if name == "gpt2":
         config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16)
         model = transformers.GPT2LMHeadModel(config)
-    elif name == "gemma":
-        config = transformers.GemmaConfig(**SMALL, **ROPE, head_dim=8, tie_word_embeddings=False)
-        model = transformers.GemmaForCausalLM(config)
+    elif name == "tied gemma":
+        model = _gemma(tie=True)
     else:
         model = _llama(tie=True)
     spec = trace_spec(model.eval(), X, symmetry="orthogonal")
     assert spec.kinds == {} and spec.gains == {}
+
+
+def test_a_tied_llama_s_canonical_copy_is_untied_saved_untied_and_orthogonal(monkeypatch, tmp_path) -> None:
+    import lmclab
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    model = _llama(tie=True)
+    canonical = lmclab.canonicalize(model, X)
+    assert canonical.config.tie_word_embeddings is False and model.config.tie_word_embeddings is True
+    assert canonical.lm_head.weight is not canonical.model.embed_tokens.weight
+    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}
+    canonical.save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    with torch.no_grad():
+        reference = model(X).logits
+        assert float((loaded(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12
+
+
+def test_gemma_s_stream_is_orthogonal_once_its_1_plus_w_gains_are_folded(monkeypatch) -> None:
+    import lmclab
+
+    assert set(trace_spec(_gemma().float(), X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}  # as shipped
+    monkeypatch.setattr(modeling_gemma.GemmaRMSNorm, "forward", float64_gemma_norm)
+    model = _gemma()
+    spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
+    assert (
+        len(spec.gains) == 5 and set(spec.gain_offsets.values()) == {1.0} and set(spec.gain_offsets) == set(spec.gains)
+    )
+    with torch.no_grad():
+        reference = model(X).logits
+    folded = fold_gains(spec, state)
+    assert all(bool((folded[g] == 0).all()) for g in spec.gains)  # 1 + w = 1
+    assert _change(model, folded, reference) <= 1e-12
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, spec.kinds)
+    assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
+    tied = _gemma(tie=True)
+    canonical = lmclab.canonicalize(tied, X)
+    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}
+    with torch.no_grad():
+        reference = tied(X).logits
+        assert float((canonical(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12

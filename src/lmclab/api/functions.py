@@ -46,7 +46,7 @@ from lmclab.core.canonical import fold_gains
 from lmclab.core.merge import check_lam, lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
-from lmclab.core.options import Options, keyed_errors
+from lmclab.core.options import OptionError, Options, got, keyed_errors
 from lmclab.core.orthogonal import SYMMETRIES
 from lmclab.core.spec import Params, PermutationSpec
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
@@ -168,9 +168,11 @@ ORTHOGONAL_METHODS = ("wm", "am")  # the methods that seek orthogonal maps (Proc
 def check_symmetry(symmetry: str, method: str) -> None:
     """One line naming ``symmetry`` or ``method`` unless ``method`` seeks elements of that kind."""
     if symmetry not in SYMMETRIES:
-        raise ValueError(f"symmetry: expected one of {SYMMETRIES}, got {symmetry!r}")
+        raise OptionError(f"{{symmetry}}: expected one of {SYMMETRIES}, got {got(symmetry)}")
     if symmetry == "orthogonal" and method not in ORTHOGONAL_METHODS:
-        raise ValueError(f"method: {method!r} seeks permutations only; symmetry='orthogonal' by {ORTHOGONAL_METHODS}")
+        raise OptionError(
+            f"{{method}}: {got(method)} seeks permutations only; {{symmetry}} orthogonal by {ORTHOGONAL_METHODS}"
+        )
 
 
 def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
@@ -179,9 +181,14 @@ def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
     if symmetry == "permutation":
         return problem._replace(spec=dataclasses.replace(problem.spec, kinds={}))
     if not problem.spec.kinds:
-        raise ValueError(
-            f"symmetry: the tracer proves no group of {what} orthogonal (each meets a nonlinearity, BatchNorm, "
-            "a gain folded into a tied head or another operation that does not commute with rotations)"
+        from lmclab.core.canonical import shared_parameters
+
+        shared = shared_parameters(problem.model) if problem.model is not None else []
+        names = " and ".join(map(repr, shared[0])) if shared else ""
+        tied = f"; {names} are one tensor: align the untied copies lmclab.canonicalize returns" if shared else ""
+        raise OptionError(
+            f"{{symmetry}}: the tracer proves no group of {what} orthogonal (each meets a nonlinearity, BatchNorm, "
+            f"a gain folded into a tied head or another operation that does not commute with rotations){tied}"
         )
     return problem
 
@@ -203,12 +210,24 @@ find_permutation.__signature__ = _signature.replace(  # type: ignore[attr-define
 def canonicalize(model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapping[str, Any]) -> nn.Module:
     """A copy of ``model`` in the canonical form an orthogonal alignment acts on, with the same function: every
     norm gain the tracer can fold (``trace_spec(…, symmetry="orthogonal")``) folded into the layers that read
-    it and set to 1 (:func:`lmclab.core.canonical.fold_gains`); ``model`` itself is left as it is."""
+    it and set to 1 (:func:`lmclab.core.canonical.fold_gains`); a weight shared with a layer that takes a gain
+    (a head tied to the embeddings) untied, the reader getting its own copy (a Hugging Face config then says
+    ``tie_word_embeddings: false``); ``model`` itself is left as it is."""
+    from lmclab.core.canonical import shared_parameters, tie, untie, untie_config
     from lmclab.trace import trace_spec
 
-    spec = trace_spec(model, example_inputs, symmetry="orthogonal")
     twin = copy.deepcopy(model)
-    twin.load_state_dict(fold_gains(spec, model.state_dict(), "model"))
+    shared = shared_parameters(twin)
+    for names in shared:  # traced untied: a gain may then fold into one of them
+        untie(twin, names)
+    folded = fold_gains(trace_spec(twin, example_inputs, symmetry="orthogonal"), twin.state_dict(), "model")
+    kept = [names for names in shared if not all(torch.equal(folded[n], folded[names[0]]) for n in names)]
+    for names in shared:
+        if names not in kept:  # still equal once folded: tied again, as the caller had them
+            tie(twin, names)
+    if kept:
+        untie_config(twin)
+    twin.load_state_dict(folded)
     return twin
 
 

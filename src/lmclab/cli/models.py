@@ -80,22 +80,23 @@ def match(  # size: a typer command's signature lists each of its options
     if train is not None and net is not None:
         check_inputs(net, params_a, train, data)
     traced = symmetry != "permutation"  # the kinds are the tracer's: a checkpoint's own spec has none
-    res = align(
-        params_a,
-        params_b,
-        method=method,
-        symmetry=symmetry,
-        spec=None if traced else spec,
-        model=net,
-        points=None if traced else points,
-        data=train,
-        example_inputs=trace_inputs(net, shape),
-        seed=seed,
-        device=device,
-        options=options,
-        partial=partial,
-        progress=progress,
-    )
+    with flagged():
+        res = align(
+            params_a,
+            params_b,
+            method=method,
+            symmetry=symmetry,
+            spec=None if traced else spec,
+            model=net,
+            points=None if traced else points,
+            data=train,
+            example_inputs=trace_inputs(net, shape),
+            seed=seed,
+            device=device,
+            options=options,
+            partial=partial,
+            progress=progress,
+        )
     res.save(out)
     rotated = f" ({len(res.spec.kinds)} orthogonal)" if res.spec.kinds else ""
     typer.echo(

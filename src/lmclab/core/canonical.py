@@ -6,6 +6,11 @@ An RMSNorm computes ``g ⊙ x / rms(x)``; a per-channel gain ``g`` does not comm
 folding SliceGPT and QuaRot perform; Ashkboos et al. 2024, Section 3). The tracer records each foldable
 gain with the weights that read it (:attr:`lmclab.core.spec.PermutationSpec.gains`,
 :mod:`lmclab.trace.rotations`); the folded model is of the same architecture, with unit gains.
+
+A head tied to the embeddings (GPT-2, most small language models) reads the final norm's gain through the
+embedding matrix ``E`` itself: folding the gain gives the head ``E diag(g)`` while the embedding keeps ``E``,
+so the canonical form unties them (:func:`untie`): the head gets its own weight, a copy, and the function is
+unchanged; the untied model has one more matrix and is saved untied (``tie_word_embeddings: false``).
 """
 
 from __future__ import annotations
@@ -13,19 +18,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 
 def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = "params") -> Params:
     """``params`` with every gain of ``spec.gains`` folded into the weights that read it (``W ← W diag(g)``,
-    ``g ← 1``; a LayerNorm's bias ``b ← b / g``, so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's
-    tensors untouched. One-line error naming ``what`` when a reader's input axis is not as long as its gain, or
-    when a gain with a bias has a zero entry."""
+    ``g ← 1``; for a gain read as ``c + w``, ``g = c + w`` and ``w ← 1 − c``; a LayerNorm's bias ``b ← b / g``,
+    so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's tensors untouched. One-line error naming
+    ``what`` when a reader's input axis is not as long as its gain, or when a gain with a bias has a zero entry."""
     out = dict(params)
     for gain, readers in spec.gains.items():
-        g = params[gain].reshape(-1)
+        offset = spec.gain_offsets.get(gain, 0.0)  # Gemma's 1 + w: the gain read is offset + w
+        g = params[gain].reshape(-1).double() + offset
         if (bias := spec.gain_biases.get(gain)) is not None:
             if bool((g == 0).any()):
                 raise ValueError(f"{what}: the gain {gain!r} has a zero entry; its bias {bias!r} cannot be folded")
@@ -37,10 +43,45 @@ def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = 
                     f"{what}: {reader!r} of shape {tuple(w.shape)} reads the gain {gain!r} of {g.numel()} entries"
                 )
             out[reader] = (w * g.to(w.dtype)).to(w.dtype)
-        out[gain] = torch.ones_like(params[gain])
+        out[gain] = torch.full_like(params[gain], 1.0 - offset)
     return with_metadata(out, params)
 
 
 def is_canonical(spec: PermutationSpec, params: Mapping[str, Tensor]) -> bool:
-    """Whether every gain of ``spec.gains`` is 1 in ``params`` (folded)."""
-    return all(bool((params[gain] == 1).all()) for gain in spec.gains)
+    """Whether every gain of ``spec.gains`` reads 1 in ``params`` (folded: ``w = 1 − c`` for a gain ``c + w``)."""
+    return all(bool((params[gain] == 1.0 - spec.gain_offsets.get(gain, 0.0)).all()) for gain in spec.gains)
+
+
+def shared_parameters(model: nn.Module) -> list[tuple[str, ...]]:
+    """Each set of names under which one parameter of ``model`` appears more than once (a tied head)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [tuple(n) for n in names.values() if len(n) > 1]
+
+
+def untie(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Give every name of ``names`` but the first its own copy of their shared parameter, in ``model`` itself
+    (a copy the caller owns): the function is unchanged."""
+    first = model.get_parameter(names[0])
+    for name in names[1:]:
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, nn.Parameter(first.detach().clone(), first.requires_grad))
+
+
+def tie(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Make every name of ``names`` the first's parameter again (the inverse of :func:`untie`)."""
+    first = model.get_parameter(names[0])
+    for name in names[1:]:
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, first)
+
+
+def untie_config(model: nn.Module) -> None:
+    """Mark a Hugging Face model's config (and its text config) untied, so that ``save_pretrained`` and
+    ``from_pretrained`` keep the head's own weight; a module without such a config is left as it is."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    for cfg in (config, text() if callable(text) else None):
+        if getattr(cfg, "tie_word_embeddings", False):
+            cfg.tie_word_embeddings = False

@@ -117,7 +117,8 @@ class PermutationSpec:
     (a traced spec's) says which units the tracer left unpermuted, where and why; it is a report, not part
     of the symmetry: two specs that differ only there are equal. ``kinds`` marks the groups on which every
     orthogonal map is a symmetry too (``"orthogonal"``, :mod:`lmclab.core.orthogonal`) once every per-channel
-    gain on them is 1: ``gains`` maps each such gain to the weights that read it (:mod:`lmclab.core.canonical`).
+    gain on them is 1: ``gains`` maps each such gain to the weights that read it (:mod:`lmclab.core.canonical`),
+    ``gain_offsets`` the gains a model reads as ``c + w`` to ``c``.
     """
 
     axes: Mapping[str, Axes]
@@ -127,6 +128,7 @@ class PermutationSpec:
     kinds: Mapping[str, str] = field(default_factory=dict)
     gains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gain_biases: Mapping[str, str] = field(default_factory=dict)  # LayerNorm's gain -> its bias (scaled by 1/g)
+    gain_offsets: Mapping[str, float] = field(default_factory=dict)  # a gain read as c + w (Gemma's 1 + w) -> c
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:

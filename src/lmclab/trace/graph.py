@@ -31,11 +31,11 @@ from lmclab.trace.groups import (
     Within,
     loaded_carry_functions,
 )
+from lmclab.trace.kinds import KindRules
 from lmclab.trace.layers import LayerRules
 from lmclab.trace.packed import SDPA, PackedRules
 from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
-from lmclab.trace.rotations import KindRules
 from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
 from lmclab.trace.state import Traced, unknown
@@ -293,6 +293,6 @@ class GraphTracer(
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        axes, *kinded = self.kinded(axes, state)  # the kinds, gains and gains' biases (lmclab.trace.rotations)
+        axes, *kinded = self.kinded(axes, state)  # kinds, gains, their biases and offsets (lmclab.trace.rotations)
         spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), *kinded)
         return Traced(spec, points)

@@ -10,16 +10,19 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 - sums and differences of tensors of the group (a residual add; a bias add of a parameter along the units,
   rotated with them: ``O(x + b) = Ox + Ob``), not of a constant (``O(x + c·1) ≠ Ox + c·1``);
 - a product or quotient by a tensor constant along the group's axis (a per-token scale ``x · rsqrt(ms)``);
-- moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout;
+- moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout; reading
+  ``x.shape`` or ``x.dtype``;
 - ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
 - a norm whose gain is a per-channel vector ``g`` read only by linear layers (RMSNorm: ``g ⊙ x/rms(x)``):
   not with ``g`` in place (``diag(g) O ≠ O diag(g)``), but once ``g`` is folded into the layers that read
   it (``W ← W diag(g)``, ``g ← 1``; :func:`lmclab.core.canonical.fold_gains`). The tracer records such gains
-  and their readers in :attr:`lmclab.core.spec.PermutationSpec.gains`.
+  and their readers in :attr:`lmclab.core.spec.PermutationSpec.gains`; a gain read as ``c + w`` (Gemma's
+  ``1 + w``) is folded as ``c + w``, leaving ``w = 1 − c``.
 
 Anything else bends the groups it touches: an elementwise nonlinearity, a product of two tensors of the
 group, LayerNorm's centring, BatchNorm, softmax, attention's products, a pooling by maximum, a gain read by
-anything but a linear layer. Headed groups (attention's heads) stay permutation groups here.
+anything but a linear layer, a gain computed from a parameter otherwise than ``c + w``. Headed groups
+(attention's heads) stay permutation groups here.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.typ
 COPYING = {F.dropout, A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 COPYING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default}
 COPYING_METHODS = {"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"}
+METADATA = ("shape", "dtype", "device", "ndim")  # attributes of a tensor that read none of its values
 CENTRED = "centred: "  # the reason of a node that commutes with the centred maps only (O1 = 1)
 METHODS = {"add": "+", "add_": "+", "__add__": "+", "sub": "+", "neg": "+", "mul": "*", "mul_": "*", "__mul__": "*"}
 METHODS |= {"div": "*"} | dict.fromkeys(("mean", "sum"), "reduce")
@@ -89,6 +93,8 @@ class RotationRules(TraceState):
         if target in ADDITIVE or kind == "+":
             return self._shift_breaks(node, tagged)
         if target in LINEAR_FUNCTIONS or target in MOVING or kind == "move":
+            return None
+        if target is getattr and len(node.args) > 1 and node.args[1] in METADATA:  # x.shape: no value is read
             return None
         if target is F.conv2d:
             return None if _conv_groups(node) == 1 else "a grouped convolution"
@@ -141,8 +147,13 @@ class RotationRules(TraceState):
             varies = [a for a in permuted if a - (len(shape) - len(s)) >= 0 and s[a - (len(shape) - len(s))] != 1]
             if varies == [len(shape) - 1] and (gain := _stored(arg)) is not None:  # along the units linear layers read
                 return self.gained(node, str(gain.target))
-            if varies and self.per_channel(arg) is not None:  # a gain computed from a parameter (Gemma's 1 + w)
-                return "a per-channel gain computed from a parameter (only a stored gain is folded)"
+            if varies == [len(shape) - 1] and (found := _offset_gain(arg)) is not None:  # Gemma's 1 + w
+                offset, gain = found
+                reason = self.gained(node, str(gain.target))
+                self.gain_offsets.update({} if reason else {str(gain.target): offset})
+                return reason
+            if varies and self.per_channel(arg) is not None:  # a gain computed otherwise from a parameter (2·w)
+                return "a per-channel gain computed from a parameter (only a stored gain, or c + w, is folded)"
         return None
 
     def _shift_breaks(self, node: fx.Node, tagged: list[fx.Node]) -> str | None:
@@ -173,6 +184,8 @@ class RotationRules(TraceState):
         casts, which keep the axes where they are); None if anything else reads it."""
         readers = []
         for user in node.users:
+            if user.target is getattr and len(user.args) > 1 and user.args[1] in METADATA:  # x.shape: no value read
+                continue
             if user.op == "call_module" and isinstance(self.gm.get_submodule(str(user.target)), nn.Linear):
                 readers.append(f"{user.target}.weight")
             elif user.op == "call_function" and user.target is F.linear and user.args[0] is node:
@@ -196,9 +209,16 @@ class RotationRules(TraceState):
     def _keeps_last_axis(self, node: fx.Node, user: fx.Node) -> bool:
         """``user`` picks or averages along other axes of ``node`` than its last (a class token, a mean over the
         tokens): a linear map that leaves the last axis, and its units, where they are."""
-        picks = user.target is operator.getitem or user.target in (torch.mean, torch.sum) or user.target == "mean"
-        shape, tag = self.shape(user), self.tag(user)
-        return bool(picks and shape and tag and self.tag(node) and tag.at(-1) == self.tag(node).at(-1))
+        last = len(self.shape(node) or ()) - 1  # the users' own tags are not known yet: read from the call
+        if user.target is operator.getitem and user.args[0] is node and last > 0:
+            index = user.args[1] if isinstance(user.args[1], tuple) else (user.args[1],)
+            whole = all(i is not Ellipsis and i is not None for i in index)  # entries stand for the leading axes
+            return whole and (len(index) <= last or index[last] == slice(None))
+        if user.target in (torch.mean, torch.sum) or user.target in ("mean", "sum"):
+            dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
+            dims = (dims,) if isinstance(dims, int) else dims
+            return bool(dims) and last > 0 and all(isinstance(d, int) and d % (last + 1) != last for d in dims)
+        return False
 
     def _sums_square(self, node: fx.Node, square: fx.Node) -> bool:
         """``node`` sums or averages the square over every permuted axis it has (``‖x‖²``)."""
@@ -227,6 +247,20 @@ def _stored(arg: fx.Node) -> fx.Node | None:
     return arg
 
 
+def _offset_gain(arg: fx.Node) -> tuple[float, fx.Node] | None:
+    """``(c, w)`` when ``arg`` is a number ``c`` plus a stored gain ``w`` (Gemma's ``1 + w``), cast at most:
+    folded as the gain ``c + w``, after which ``w = 1 − c``; None otherwise."""
+    while arg.target in COPYING or (arg.op == "call_method" and arg.target in COPYING_METHODS):
+        if not arg.args or not isinstance(arg.args[0], fx.Node):
+            return None
+        arg = arg.args[0]
+    if not (arg.target in (operator.add, torch.add) or arg.target == "add") or len(arg.args) != 2:
+        return None
+    (number,), (node,) = ([a for a in arg.args if isinstance(a, t)] or [None] for t in (int | float, fx.Node))
+    stored = _stored(node) if node is not None and number is not None and not isinstance(number, bool) else None
+    return None if stored is None else (float(number), stored)
+
+
 def _is_square(node: fx.Node) -> bool:
     """``x.pow(2)``, ``x ** 2`` or ``x * x``."""
     args = node.args
@@ -239,49 +273,3 @@ def _is_square(node: fx.Node) -> bool:
 def _conv_groups(node: fx.Node) -> int:
     groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
     return groups if isinstance(groups, int) else 0
-
-
-class KindRules(RotationRules):
-    """The kinds and gains of the spec (:meth:`kinded`), once the pass is over."""
-
-    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]], dict]:
-        """For ``symmetry="orthogonal"``: the spec's axes with every gain on an orthogonal group left out of it
-        (held at 1), its kinds, gains (:meth:`kinds`) and the gains' biases; else ``axes`` as they are, no kinds."""
-        if self.symmetry != "orthogonal":
-            return axes, {}, {}, {}
-        kinds, gains = self.kinds(axes)
-        tied = _tied_keys(state)
-        for gain, readers in gains.items():  # a reader tied to another entry (the head) cannot take the gain alone
-            if any(len(tied.get(r, ())) > 1 for r in readers):
-                for group in axes[gain]:
-                    kinds.pop(group, None)
-        gains = {g: r for g, r in gains.items() if all(e in kinds for e in axes[g])}
-        biases = {g: b for g, b in self.gain_biases.items() if g in gains}
-        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains, biases
-
-    def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
-        """``"orthogonal"`` for every named group no node bent, that is neither headed nor read in runs (a
-        grouped convolution's); and the gains on those groups with the weights that read them."""
-        find = self.groups.find
-        bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
-        bent |= {find(c) for c, _ in self.groups.coarse.values()}  # heads: bent by attention's products
-        centred = {find(g) for g in self.centred}
-        kinds = {
-            name: "centred" if root in centred else "orthogonal"
-            for root, name in self.names.items()
-            if root not in bent
-        }
-        gains = {
-            gain: tuple(readers)
-            for gain, readers in self.gains.items()
-            if axes.get(gain) and all(e in kinds for e in axes[gain]) and all(r in axes for r in readers)
-        }
-        return kinds, gains
-
-
-def _tied_keys(state: dict) -> dict[str, tuple[str, ...]]:
-    """Each entry of ``state`` with every entry that is the same tensor (an embedding tied to the head)."""
-    by_tensor: dict[tuple, list[str]] = {}
-    for key, value in state.items():
-        by_tensor.setdefault((value.data_ptr(), tuple(value.shape)), []).append(key)
-    return {k: tuple(keys) for keys in by_tensor.values() for k in keys}

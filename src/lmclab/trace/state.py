@@ -41,6 +41,7 @@ class TraceState:
     squares: set[fx.Node] = field(default_factory=set)  # x.pow(2), x * x of a group's tensor: summed, or bent
     gains: dict[str, list[str]] = field(default_factory=dict)  # per-channel gain -> the linear weights reading it
     gain_biases: dict[str, str] = field(default_factory=dict)  # a LayerNorm's gain -> its bias
+    gain_offsets: dict[str, float] = field(default_factory=dict)  # a gain read as c + w -> c
 
     def __post_init__(self) -> None:
         self.state_keys = set(self.gm.state_dict())
