@@ -199,6 +199,10 @@ REFUSED = {
         lambda m, x: m.out(torch.cat([heads(m.v(x), 4).mean(1)] * 4, dim=-1)),
         r"node 'mean': mean .*an operation over heads or per-head features",
     ),
+    "two-head-axes-side-by-side": (  # a head order pinned by the input, then twice along one axis: 8 "heads"
+        lambda m, x: torch.cat([heads(m.q(x), 4) * x[:, 0, :4, None, None]] * 2, 1).transpose(1, 2).reshape(2, 9, 32),
+        r"node 'reshape_1': reshape .*\(a flatten that does not join a head axis to the features of its heads\)",
+    ),
 }
 
 
@@ -280,6 +284,35 @@ def test_multihead_attention_weights_per_head_in_the_output_pin_its_head_order(r
     spec = trace_spec(Leaf(returned), torch.zeros(2, 9, 16))
     assert bool(spec.heads) == headed and spec.axes["proj.weight"][0] is not None
     assert (spec.axes["attn.in_proj_weight"][0] is not None) == headed
+
+
+class Residual(nn.Module):
+    """``nn.MultiheadAttention`` in a residual stream that also carries the input (pinned by the addition)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.head = nn.Linear(16, 16), nn.Linear(16, 3)
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return self.head(h + self.attn(h, h, h)[0] + x)
+
+
+def test_a_pin_lists_the_axes_of_multihead_attention_in_the_order_of_the_model():
+    """The axes a pin leaves alone come in the order the graph reaches them, here the state_dict's: the input
+    projection's columns before the output projection's rows (``lmclab trace`` prints the first four)."""
+    spec = trace_spec(Residual(), torch.zeros(2, 9, 16))
+    (pin,) = spec.pinned
+    assert pin.node == "add_1" and pin.units == 16 and len(spec.heads) == 2  # the heads stay permuted
+    assert pin.places == (
+        ("proj.weight", 0),
+        ("proj.bias", 0),
+        ("attn.in_proj_weight", 1),
+        ("attn.out_proj.weight", 0),
+        ("attn.out_proj.bias", 0),
+        ("head.weight", 1),
+    )
 
 
 class Unlike(nn.Module):

@@ -256,6 +256,52 @@ def test_a_strided_slice_of_the_whole_axis_is_read_with_its_step_by_the_export_p
         trace_spec(model, x)
 
 
+@pytest.mark.parametrize("method", ["view_as", "reshape_as"])
+def test_a_view_as_or_reshape_as_another_tensors_shape_keeps_the_permuted_axis(method):
+    """``h.view_as(y)`` is ``h.view(y.shape)``: merging the batch axes keeps ``a``'s units on the last axis."""
+
+    def forward(m, x):
+        h = torch.relu(m.a(x))
+        return m.head(getattr(h, method)(h.flatten(0, 1)))
+
+    spec = invariant(Net(forward), torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0)))
+    assert spec.axes["a.weight"] == ("P_0", None) and spec.axes["head.weight"] == (None, "P_0")
+
+
+class Normed(nn.Module):
+    """A conv, ``nn.BatchNorm2d`` and a head, with a branch on the input's shape that torch.fx cannot record (the
+    export path, where the norm is ``aten.batch_norm``), and ``nn.Embedding`` ids read the same way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.head = nn.Conv2d(3, 6, 1), nn.BatchNorm2d(6), nn.Linear(6, 2)
+        self.embed = nn.Embedding(10, 6)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 4:
+            return x
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3))) + self.head(torch.relu(self.embed(ids)))
+
+
+def test_the_export_path_reads_batch_norm_with_its_statistics_and_embedding_as_an_activation_point():
+    torch.manual_seed(0)
+    model = Normed().double().eval()
+    with torch.no_grad():  # statistics and affine terms away from their defaults, so that their order counts
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2)
+        model.bn.weight.uniform_(0.5, 1.5)
+        model.bn.bias.normal_()
+    x, ids = image_input().double(), torch.randint(0, 10, (2,), generator=torch.Generator().manual_seed(1))
+    (out,) = exported(model, (x, ids))(x, ids)
+    assert torch.equal(out, model(x, ids))
+    traced = trace(model, {"x": x, "ids": ids})
+    group = traced.spec.axes["conv.weight"][0]
+    assert group == traced.spec.axes["embed.weight"][1] == traced.spec.axes["head.weight"][1] is not None
+    for key in ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"):
+        assert traced.spec.axes[key] == (group,)
+    assert traced.points[group] == ["conv", "embed@-1"]
+
+
 def test_a_union_roots_at_the_older_group_and_the_pinned_one_and_keeps_the_heads():
     groups = Groups()
     old, new, other = groups.new(), groups.new(), groups.new()
@@ -278,22 +324,31 @@ def test_a_union_roots_at_the_older_group_and_the_pinned_one_and_keeps_the_heads
 
 
 class CrossAttention(nn.Module):
-    """``nn.MultiheadAttention`` whose keys and values have their own widths: separate q/k/v projections."""
+    """``nn.MultiheadAttention`` with options (``kdim``/``vdim``: keys and values of their own widths, separate
+    q/k/v projections; ``add_bias_kv``, ``add_zero_attn``: extra keys), on one Linear's units."""
 
-    def __init__(self) -> None:
+    def __init__(self, **options) -> None:
         super().__init__()
-        self.proj, self.attn = nn.Linear(16, 16), nn.MultiheadAttention(16, 4, kdim=8, vdim=8, batch_first=True)
+        self.proj, self.attn = nn.Linear(16, 16), nn.MultiheadAttention(16, 4, batch_first=True, **options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(self.proj(x), x[..., :8], x[..., :8])[0]
+        h = self.proj(x)
+        kv = x[..., :8] if self.attn.kdim == 8 else h
+        return self.attn(h, kv, kv)[0]
 
 
-def test_multihead_attention_with_separate_projections_is_refused_naming_the_module():
+@pytest.mark.parametrize(
+    "options",
+    [{"kdim": 8, "vdim": 8}, {"add_bias_kv": True}, {"add_zero_attn": True}],
+    ids=["separate-projections", "bias-kv", "zero-attn"],
+)
+def test_multihead_attention_with_separate_projections_or_extra_keys_is_refused_naming_the_module(options):
     with pytest.raises(
         TraceError,
-        match=r"node 'attn': MultiheadAttention in attn .*\(a MultiheadAttention with separate q/k/v projections",
+        match=r"^trace_spec: node 'attn': MultiheadAttention in attn cannot be proved permutation-equivariant "
+        r"\(a MultiheadAttention with separate q/k/v projections or extra keys\); pass",
     ):
-        trace_spec(CrossAttention(), torch.zeros(2, 9, 16))
+        trace_spec(CrossAttention(**options), torch.zeros(2, 9, 16))
 
 
 def test_the_tracer_loads_no_torchvision_and_still_carries_its_stochastic_depth():

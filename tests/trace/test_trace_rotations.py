@@ -161,6 +161,9 @@ class Stream(nn.Module):
         elif self.how == "gain read across samples":  # the normed output read by a Linear over the batch axis
             h = self.gain * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
             s = s + self.mix(h.transpose(0, 1)).transpose(0, 1)
+        elif self.how == "gain read by a norm":  # a module other than a linear layer reads the gained units
+            h = self.gain * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.fc(self.norm(h))
         elif self.how == "layernorm":  # its centring commutes with the maps that fix the all-ones vector
             s = s + self.fc(self.norm(s))
         elif self.how == "shape read":  # x.shape, x.dtype read by torch.fx as getattr: no value of the units
@@ -183,7 +186,8 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", ORTH), ("gain - 0.5", ORTH)]
     + [("2 * gain", None), ("1 + gain, read by a GELU", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
-    + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)],
+    + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)]
+    + [("gain read by a norm", None)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -197,6 +201,8 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
         offset = {"1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)
         assert spec.gain_offsets == ({} if offset is None else {"gain": offset})
+    if how == "gain read by a norm":  # no gain of a permutation group is listed, the one the norm reads neither
+        assert spec.gains == {}
     with torch.no_grad():
         state, reference = model.state_dict(), model(x)
     folded = fold_gains(spec, state)
