@@ -128,7 +128,7 @@ def test_the_refusal_of_state_dicts_names_the_class_of_their_module() -> None:
         lmclab.align(tied.state_dict(), tied.state_dict(), model=tied, symmetry="orthogonal", example_inputs=x)
 
 
-def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry() -> None:
+def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry(planted) -> None:
     import inspect
 
     align, find = (inspect.signature(f).parameters for f in (lmclab.align, lmclab.find_permutation))
@@ -136,6 +136,10 @@ def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_alig
     model = _model()
     res = lmclab.find_permutation(model, model, example_inputs=_tokens()[0])
     assert res.spec.kinds == {} and all(p.dim() == 1 for p in res.perm.values())
+    model_a, model_b, rotatable = planted  # a spec given with its orthogonal kinds: permutations all the same
+    given = lmclab.find_permutation(model_a, model_b, spec=rotatable, options={"max_iter": 1})
+    assert rotatable.kinds and given.spec.kinds == {} and all(p.dim() == 1 for p in given.perm.values())
+    assert given.spec.gains == rotatable.gains  # the gains it folds stay folded
 
 
 def test_canonicalize_folds_the_gains_into_a_copy_with_the_same_function() -> None:

@@ -179,6 +179,12 @@ def test_lambdas_must_hold_both_endpoints_and_the_midpoint() -> None:
         lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), lambdas=[0, 1])
 
 
+def test_lambdas_beyond_the_endpoints_are_refused_even_with_0_half_and_1() -> None:
+    message = r"^lambdas must lie in \[0, 1\] and hold 0, 0.5 and 1, got \[0.0, 0.5, 1.0, 1.5\]$"
+    with pytest.raises(ValueError, match=message):
+        lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), lambdas=[0, 0.5, 1, 1.5])
+
+
 def test_lambdas_of_just_both_endpoints_and_the_midpoint_are_a_curve_in_order() -> None:
     data = (torch.randn(4, 12), torch.zeros(4).long())
     assert lmclab.curve(_mlp(0), _mlp(1), eval_data=data, lambdas=[1, 0.5, 0, 1.0]).lambdas == [0.0, 0.5, 1.0]

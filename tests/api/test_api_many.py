@@ -46,8 +46,11 @@ def test_apply_permutation_takes_spec_perm_params_and_round_trips() -> None:
     wrong = {g: p.roll(1) for g, p in perm.items()}  # negative control: another π is another model
     half = {**moved, **{k: v for k, v in lmclab.apply_permutation(spec, wrong, net.state_dict()).items() if "3." in k}}
     assert not torch.allclose(functional_call(net, half, (x,)), net(x), atol=1e-3)
-    with pytest.raises(TypeError, match="^perm and params must be mappings"):
+    refusal = r"^perm and params must be mappings \(group -> index tensor; name -> tensor\), in that order$"
+    with pytest.raises(TypeError, match=refusal):
         lmclab.apply_permutation(spec, net.state_dict(), list(perm.values()))
+    with pytest.raises(TypeError, match=refusal):  # a list of index tensors is no perm, whatever params is
+        lmclab.apply_permutation(spec, list(perm.values()), net.state_dict())
 
 
 def test_data_needing_methods_are_read_off_the_registry() -> None:

@@ -5,6 +5,7 @@ characters; a Hugging Face folder without transformers, or with a config that is
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -33,6 +34,25 @@ def test_a_model_that_is_neither_module_state_dict_nor_folder_is_named(which) ->
         lmclab.curve(models["model_a"], models["model_b"], eval_data=DATA, num_lambdas=3, model=_bn_net(2))
     with pytest.raises(TypeError, match=rf"^{which} must be an nn.Module"):
         lmclab.find_permutation(models["model_a"], models["model_b"], method="wm", model=_bn_net(2))
+
+
+def test_a_given_spec_that_does_not_fit_the_models_names_model_a() -> None:
+    torch.manual_seed(2)
+    without_bn = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    spec = lmclab.trace_spec(without_bn, DATA[0])
+    message = (
+        "model_a: keys do not match the permutation spec (missing ['2.bias', '2.weight'], "
+        "unexpected ['1.bias', '1.num_batches_tracked', '1.running_mean'])"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        lmclab.find_permutation(_bn_net(0), _bn_net(1), spec=spec)
+
+
+def test_l2_reduction_names_model_b_when_its_shapes_differ_from_model_as() -> None:
+    found = lmclab.find_permutation(_bn_net(0), _bn_net(1), example_inputs=DATA[0])
+    wide = _bn_net(1).state_dict() | {"3.weight": torch.zeros(3, 9)}
+    with pytest.raises(ValueError, match=r"^model_b: tensor '3\.weight' has shape \(3, 9\), model_a's \(3, 8\)$"):
+        lmclab.l2_reduction(_bn_net(0), wide, found)
 
 
 def test_repair_data_and_a_missing_split_are_named() -> None:
@@ -81,6 +101,26 @@ def test_an_unreadable_pytorch_file_is_worded_from_its_exception(tmp_path, monke
     with pytest.raises(ValueError) as err:
         torch_load(path)
     assert str(err.value).endswith("(truncated or corrupted? " + "y" * 120 + ")")
+
+
+def test_an_unreadable_safetensors_file_without_a_message_is_worded_by_its_exceptions_type(
+    tmp_path, monkeypatch
+) -> None:
+    import safetensors.torch
+    from safetensors.torch import save_file
+
+    from lmclab.api.files import load_model_file
+
+    path = tmp_path / "m.safetensors"
+    save_file(_bn_net(0).state_dict(), path)
+
+    def load(*args, **kwargs):
+        raise OSError()  # a failed read that says nothing (as some network file systems do)
+
+    monkeypatch.setattr(safetensors.torch, "load_file", load)
+    expected = f"{path}: not a readable safetensors file (truncated or corrupted? OSError)"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        load_model_file(path)
 
 
 def test_a_hugging_face_folder_needs_transformers_and_a_config_object(tmp_path, monkeypatch) -> None:

@@ -195,7 +195,8 @@ def test_a_tensor_the_folder_lacks_is_refused_unless_the_model_ties_it(saved, tm
 
 def test_writing_onto_a_folder_that_is_not_empty_fails_and_leaves_nothing(saved, tmp_path) -> None:
     model = transformers.GPT2LMHeadModel.from_pretrained(saved / "a")
-    state = {k: v + 1 for k, v in model.state_dict().items()}
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: v + 1 for k, v in own.items()}
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
@@ -206,3 +207,4 @@ def test_writing_onto_a_folder_that_is_not_empty_fails_and_leaves_nothing(saved,
     save_hf_folder(model, state, out)
     written = transformers.GPT2LMHeadModel.from_pretrained(out).state_dict()
     assert all(torch.equal(written[k], v) for k, v in state.items())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in own.items())  # the caller's model untouched

@@ -34,10 +34,21 @@ def digits(tmp_path_factory: pytest.TempPathFactory):
 def test_a_data_set_by_name_is_the_prepared_split_and_leaves_no_folder(digits, tmp_path, monkeypatch) -> None:
     import tempfile
 
+    import lmclab.core.data
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the private folder is made here, then removed
+    made = []
+
+    def prepare_into(name, root, out):  # where and how the command prepares it
+        made.append((out.parent.parent, out.parent.name, out.parent.stat().st_mode & 0o777))
+        return prepare(name, root, out)
+
+    monkeypatch.setattr(lmclab.core.data, "prepare", prepare_into)
     test = load_data("mnist5k", "test", digits / "raw", None)
     expected = load_split(digits / "prepared", "test")
     assert torch.equal(test.x, expected.x) and torch.equal(test.y, expected.y)
+    [(parent, name, mode)] = made
+    assert parent == tmp_path and name.startswith("lmclab-") and mode == 0o700  # named for lmclab, this user's only
     assert not any(tmp_path.iterdir())
     train = load_data(str(digits / "prepared"), "train", digits / "raw", None)
     assert len(train) == 4000 and torch.equal(train.x, load_split(digits / "prepared", "train").x)
@@ -59,6 +70,15 @@ def test_a_data_set_that_cannot_be_prepared_is_named_as_the_data_option(tmp_path
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"^--data: expected one of \[.*'mnist5k'.*\] or a prepared data folder"):
         load_data(str(tmp_path / "nowhere"), "test", tmp_path, None)
+
+
+def test_a_prepared_folder_without_the_split_asked_for_is_refused_by_name(digits, tmp_path) -> None:
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    (folder / "meta.json").write_bytes((digits / "prepared" / "meta.json").read_bytes())
+    message = f"--data {folder}: a prepared folder without its test split (test.pt)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_data(str(folder), "test", digits / "raw", None)
 
 
 def test_options_are_yaml_values_and_a_pair_without_a_key_is_refused() -> None:
@@ -240,3 +260,12 @@ def test_a_model_that_says_it_reads_pixel_values_takes_images_and_refuses_token_
     message = "--data text: holds token ids of shape (4,); the model (Sequential) reads images"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_inputs(net, net.state_dict(), tokens, "text")
+
+
+def test_a_model_that_says_it_reads_input_ids_takes_token_ids_and_refuses_images() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))  # no embedding first: only its word says token ids
+    net.main_input_name = "input_ids"  # as a Hugging Face language model says
+    images = Split(torch.rand(3, 1, 2, 2), torch.tensor([0, 1, 0]))
+    message = "--data digits: holds images of shape (1, 2, 2); the model (Sequential) reads token ids"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_inputs(net, net.state_dict(), images, "digits")

@@ -158,6 +158,33 @@ def test_a_sweep_compares_the_methods_every_one_of_its_runs_has(tmp_path) -> Non
     ]
 
 
+def test_the_width_and_epochs_sweeps_are_one_table_numbered_from_zero(tmp_path) -> None:
+    from lmclab.cli.studies.lm import _sweeps
+
+    dirs, runs = {}, {}
+    for name, width, epochs in (("preset", 64, 5), ("width 32", 32, 5), ("epochs 10", 64, 10)):
+        dirs[name] = tmp_path / name
+        (dirs[name] / "data" / "tables").mkdir(parents=True)
+        pairs_with_repair().to_parquet(dirs[name] / "data" / "tables" / "pairs.parquet")
+        runs[name] = {"gpt": {"width": width}, "train": {"epochs": epochs}, "final_test_loss": 1.5 - epochs / 100}
+    _, table, _ = _sweeps(dirs, runs)
+    sweeps = {"width": (32.0, 64.0), "epochs": (5.0, 10.0)}
+    assert list(zip(table["sweep"], table["value"], table["method"], strict=True)) == [
+        (kind, v, m) for kind, values in sweeps.items() for v in values for m in ("am", "identity", "wm")
+    ]
+    assert list(table.index) == list(range(12))  # one row per sweep, value and method, as sweep.parquet reads back
+
+
+def test_a_sweep_value_of_one_pair_shows_a_spread_of_zero() -> None:
+    from lmclab.cli.studies.lm_page import sweep_markdown
+
+    one = pairs_with_repair().query("pair == 'seed0-seed2' and method == 'wm'")
+    summary = sweep_summary(sweep_points({32.0: study_points(one)}, {32.0: 1.4})).assign(sweep="width")
+    assert summary["B_half_std"].isna().all()  # the sample std of one pair
+    row = "| width | 32 | WM (re-basin) | 0.300 ± 0.000 | 0.900 ± 0.000 | 0.500 ± 0.000 | 20.0 ± 0.0 | 1.4000 |"
+    assert sweep_markdown(summary, []).splitlines()[2] == row
+
+
 def test_the_roles_pool_a_gpts_layers() -> None:
     shares = [
         ("embed.weight", 1.0, 2),
