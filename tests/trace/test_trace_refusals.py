@@ -239,3 +239,30 @@ def overridable(module: str):
 def test_what_the_rules_cannot_follow_is_refused_with_its_reason(forward, message):
     with pytest.raises(TraceError, match=rf"^trace_spec: {message}"):
         trace_spec(Net(forward), torch.randn(6, 5))
+
+
+FIXED_READOUT = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))  # a tensor outside the model
+
+
+class ConstantReadout(nn.Module):
+    """``a``'s units read by a global tensor: torch.fx copies it into the graph as ``_tensor_constant0``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(torch.relu(self.a(x)), FIXED_READOUT)
+
+
+def test_a_tensor_from_outside_the_model_is_no_parameter_the_spec_may_permute():
+    """The constant cannot be permuted with ``a``'s units (it is no entry of the state dict): the linear is
+    refused, and with ``partial=True`` ``a``'s units stay unpermuted, so every spec keeps the function."""
+    model, x = ConstantReadout().eval(), torch.randn(5, 4)
+    message = r"^trace_spec: node 'linear': linear in \(top level\) cannot be proved permutation-equivariant "
+    with pytest.raises(
+        TraceError, match=message + r"\(a linear whose weight or bias is not a parameter of the model\)"
+    ):
+        trace_spec(model, x)
+    spec = trace_spec(model, x, partial=True)
+    assert spec.axes["a.weight"] == (None, None) and spec.pinned[0].reason.startswith("a linear whose weight")

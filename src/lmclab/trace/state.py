@@ -9,6 +9,7 @@ and :meth:`TraceState.check`, which asserts the invariants the rules keep. The r
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from torch import fx, nn
 
 from lmclab.core.spec import PermutationSpec
 from lmclab.trace.groups import FIXED, Groups, Layout, Seg, Tag, TraceError, Within
+
+CONSTANT = re.compile(r"_tensor_constant\d+")  # a tensor torch.fx copied out of forward: no entry of the model
 
 
 @dataclass(eq=False)
@@ -31,7 +34,7 @@ class TraceState:
     tags: dict[fx.Node, Tag | None] = field(default_factory=dict)  # each node met: its output's layouts
     axes: dict[str, list[Layout]] = field(default_factory=dict)  # parameter or buffer -> its axes' layouts
     writers: dict[int, list[tuple[str, str]]] = field(default_factory=dict)  # group -> (norm | layer, point)
-    state_keys: set[str] = field(init=False)  # the graph module's state_dict keys
+    state_keys: set[str] = field(init=False)  # the graph module's state_dict keys, its copied constants left out
     names: dict[int, str] = field(default_factory=dict)  # union-find root -> P_k, filled by result()
     attention_heads: dict[fx.Node, tuple[int, int, int]] = field(default_factory=dict)  # MHA -> (tie, H, ndim)
     packed: dict[fx.Node, tuple[int, list[Tag | None]]] = field(default_factory=dict)  # (part axis, parts' tags)
@@ -44,7 +47,7 @@ class TraceState:
     gain_offsets: dict[str, float] = field(default_factory=dict)  # a gain read as c + w -> c
 
     def __post_init__(self) -> None:
-        self.state_keys = set(self.gm.state_dict())
+        self.state_keys = {k for k in self.gm.state_dict() if not CONSTANT.fullmatch(k)}
 
     def check(self) -> None:
         """Assert the invariants the rules keep: every node remembered is a node of the graph, and so is
