@@ -114,7 +114,7 @@ class Stream(nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
         self.how, self.embed, self.fc, self.head = how, nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
-        self.gain = nn.Parameter(torch.rand(4) + 0.5)
+        self.gain, self.gain2 = nn.Parameter(torch.rand(4) + 0.5), nn.Parameter(torch.rand(4) - 0.5)
         self.depthwise = nn.Conv2d(4, 4, 1, groups=4)
         self.mix = nn.Linear(5, 5)
         self.norm = nn.LayerNorm(4)
@@ -146,6 +146,12 @@ class Stream(nn.Module):
             )
         elif self.how == "gain - 0.5":  # another offset, on the other side
             s = s + self.fc(torch.add(self.gain, -0.5) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "sum of two gains":  # two parameters: no c + w
+            s = s + self.fc((self.gain + self.gain2) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "gain + alpha * 1":  # torch.add's alpha scales the number: read as is, it is not folded
+            s = s + self.fc(
+                torch.add(self.gain, 1.0, alpha=2.0) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            )
         elif self.how == "2 * gain":  # computed otherwise: no folding sets what is read to 1
             s = s + self.fc((2.0 * self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
         elif self.how == "1 + gain, read by a GELU":  # an offset gain whose output is not read by linear layers
@@ -184,7 +190,7 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     ("how", "kind"),
     [("rms", ORTH), ("gelu", None), ("postnorm", None), ("sum", CENT), ("product", None), ("square", None)]
     + [("square over samples", None), ("cube", None), ("depthwise", None), ("1 + gain", ORTH), ("gain - 0.5", ORTH)]
-    + [("2 * gain", None), ("1 + gain, read by a GELU", None)]
+    + [("2 * gain", None), ("1 + gain, read by a GELU", None), ("sum of two gains", None), ("gain + alpha * 1", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
     + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)]
     + [("gain read by a norm", None)],
@@ -197,6 +203,9 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     spec = trace_spec(model, x, symmetry="orthogonal")
     stream = spec.axes["embed.weight"][0]
     assert spec.kinds.get(stream) == kind
+    if how == "sum of two gains":  # a gain of two parameters pins the stream already as a permutation group
+        assert stream is None and spec.gains == {}
+        return
     if how in ("rms", "cast gain", "layernorm", "1 + gain", "gain - 0.5", "shape read", "normed shape read"):
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
         offset = {"1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)

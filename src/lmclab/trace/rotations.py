@@ -254,11 +254,12 @@ def _offset_gain(arg: fx.Node) -> tuple[float, fx.Node] | None:
         if not arg.args or not isinstance(arg.args[0], fx.Node):
             return None
         arg = arg.args[0]
-    if not (arg.target in (operator.add, torch.add) or arg.target == "add") or len(arg.args) != 2:
-        return None
-    (number,), (node,) = ([a for a in arg.args if isinstance(a, t)] or [None] for t in (int | float, fx.Node))
-    stored = _stored(node) if node is not None and number is not None and not isinstance(number, bool) else None
-    return None if stored is None else (float(number), stored)
+    if not (arg.target in (operator.add, torch.add) or arg.target == "add") or len(arg.args) != 2 or arg.kwargs:
+        return None  # torch.add's alpha scales the second term: no c + w
+    numbers = [a for a in arg.args if isinstance(a, int | float) and not isinstance(a, bool)]
+    nodes = [a for a in arg.args if isinstance(a, fx.Node)]
+    stored = _stored(nodes[0]) if len(numbers) == 1 and len(nodes) == 1 else None
+    return None if stored is None else (float(numbers[0]), stored)
 
 
 def _is_square(node: fx.Node) -> bool:
