@@ -6,9 +6,11 @@ the alignment is saved with its matrices and kinds and read back; the refusals n
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
+from torch import nn
 
 import lmclab
 from lmclab.archs import gpt
@@ -107,7 +109,12 @@ def test_the_refusals_name_their_argument(planted) -> None:
         options = {"statistic": "pearson"}
         lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=_tokens(), options=options)
     tied = _model(tie_embeddings=True)
-    with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
+    refusal = (
+        "symmetry: the tracer proves no group of Model orthogonal; P_0, the group on the most tensors, stays a "
+        "permutation group: gain 'norm.weight' is read by 'head.weight', one tensor with another entry; "
+        "'embed.weight' and 'head.weight' are one tensor: align the untied copies lmclab.canonicalize returns"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(refusal)}$"):
         lmclab.align(tied, tied, symmetry="orthogonal", example_inputs=x)
     with pytest.raises(TypeError, match="find_permutation\\(\\) seeks permutations: call lmclab.align"):
         lmclab.find_permutation(model_a, model_b, symmetry="orthogonal", example_inputs=x)
@@ -120,6 +127,34 @@ def test_the_refusals_name_their_argument(planted) -> None:
     with torch.no_grad():
         torch.testing.assert_close(twin(x), model_a(x), rtol=1e-9, atol=1e-9)
     assert set(moved) == set(model_b.state_dict())
+
+
+def test_the_refusal_of_no_orthogonal_group_says_which_node_keeps_the_widest_group_a_permutation_group() -> None:
+    x = torch.randn(3, 4)
+    mlp = nn.Sequential(nn.Linear(4, 5, bias=False), nn.Identity(), nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 2))
+    spec = lmclab.trace_spec(mlp, x, symmetry="orthogonal")  # P_0 on two tensors, P_1 on three
+    relu = "node '_3': ReLU does not commute with rotations of its units"
+    assert spec.kinds == {"P_0": "orthogonal"} and spec.kind_reasons == {"P_1": relu}
+    mlp[1] = nn.GELU()
+    spec = lmclab.trace_spec(mlp, x, symmetry="orthogonal")
+    gelu = "node '_1': GELU does not commute with rotations of its units"
+    assert spec.kinds == {} and spec.kind_reasons == {"P_0": gelu, "P_1": relu}
+    expected = (
+        "symmetry: the tracer proves no group of Sequential orthogonal; P_1, the group on the most tensors, "
+        f"stays a permutation group: {relu}"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        lmclab.align(mlp, mlp, symmetry="orthogonal", example_inputs=x)
+    given = (
+        "symmetry: the tracer proves no group of Sequential orthogonal (the spec marks none: "
+        "trace_spec(..., symmetry='orthogonal') marks those it proves)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(given)}$"):
+        lmclab.align(mlp, mlp, symmetry="orthogonal", example_inputs=x, spec=lmclab.trace_spec(mlp, x))
+    linear = nn.Linear(4, 2)
+    no_group = "symmetry: the tracer proves no group of Linear orthogonal: it has no group of units"
+    with pytest.raises(ValueError, match=f"^{re.escape(no_group)}$"):
+        lmclab.align(linear, linear, symmetry="orthogonal", example_inputs=x)
 
 
 def test_the_refusal_of_state_dicts_names_the_class_of_their_module() -> None:

@@ -213,6 +213,31 @@ def test_match_says_in_one_line_what_the_trace_left_unpermuted_and_trace_lists_i
     assert "pinned: 4 units, a residual stream by node 'add'" in listed and "b.weight[0]" in listed
 
 
+LAYERNORM_NET = """
+from torch import nn
+
+
+def build():
+    return nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+"""
+
+
+def test_trace_for_orthogonal_maps_lists_each_kind_and_why_a_group_s_kind_is_narrower(tmp_path):
+    from test_cli import lmclab  # tests/cli is on the import path
+
+    (tmp_path / "ln_net.py").write_text(LAYERNORM_NET)
+    args = ["trace", "ln_net:build", "--input-shape", "4"]
+    assert lmclab(tmp_path, *args, "--symmetry", "orthogonal", shell=False).stdout.splitlines() == [
+        "P_0 (6 units, centred): 0.weight[0], 0.bias[0], 1.bias[0], 2.weight[1]",
+        "P_1 (5 units): 2.weight[0], 2.bias[0], 4.weight[1]",
+        "kind: P_0 is centred: node '_1': LayerNorm's centring",
+        "kind: P_1 stays a permutation group: node '_3': ReLU does not commute with rotations of its units",
+        "gain: 1.weight folded into 2.weight",
+        "2 groups over 8 tensors",
+    ]
+    assert "kind:" not in lmclab(tmp_path, *args, shell=False).stdout  # permutations only: no kinds, no reasons
+
+
 def _flipped_state() -> dict[str, torch.Tensor]:
     shapes = {"a": (8, 4), "b": (4, 8), "c": (8, 4), "d": (4, 8), "h": (3, 4)}
     return {

@@ -3,6 +3,8 @@ orthogonal maps of a group whose operations are linear keep the function, invers
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import Tensor
@@ -187,8 +189,12 @@ def test_a_spec_s_gains_biases_and_offsets_survive_its_plain_data_and_older_data
         gains={"norm.weight": ("head.weight",), "g": ("head.weight",)},
         gain_biases={"norm.weight": "norm.bias"},
         gain_offsets={"g": 1.0},
+        kind_reasons={"P_1": "node 'gelu': GELU does not commute with rotations of its units"},
     )
     back = spec_from_data(spec_to_data(spec))
     assert back == spec and back.gain_offsets == {"g": 1.0} and back.gain_biases == {"norm.weight": "norm.bias"}
-    older = {k: v for k, v in spec_to_data(spec).items() if k != "gain_offsets"}
+    assert back.kind_reasons == spec.kind_reasons
+    assert spec == dataclasses.replace(spec, kind_reasons={})  # a report, like the pinned units: not the symmetry
+    older = {k: v for k, v in spec_to_data(spec).items() if k not in ("gain_offsets", "kind_reasons")}
     assert spec_from_data(older).gain_offsets == {} and spec_from_data(older).gains == spec.gains
+    assert spec_from_data(older).kind_reasons == {}

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from lmclab.api.alignment import Alignment, aligned_pair
 from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
 from lmclab.core.batches import Batches, streamed
-from lmclab.core.canonical import fold_gains
+from lmclab.core.canonical import fold_gains, shared_parameters, tie, untie, untie_config
 from lmclab.core.merge import check_lam, lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
@@ -181,16 +181,23 @@ def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
     if symmetry == "permutation":
         return problem._replace(spec=dataclasses.replace(problem.spec, kinds={}))
     if not problem.spec.kinds:
-        from lmclab.core.canonical import shared_parameters
-
         shared = shared_parameters(problem.model) if problem.model is not None else []
         names = " and ".join(map(repr, shared[0])) if shared else ""
         tied = f"; {names} are one tensor: align the untied copies lmclab.canonicalize returns" if shared else ""
-        raise OptionError(
-            f"{{symmetry}}: the tracer proves no group of {what} orthogonal (each meets a nonlinearity, BatchNorm, "
-            f"a gain folded into a tied head or another operation that does not commute with rotations){tied}"
-        )
+        why = _why_not(problem.spec)
+        raise OptionError(f"{{symmetry}}: the tracer proves no group of {what} orthogonal{why}{tied}")
     return problem
+
+
+def _why_not(spec: PermutationSpec) -> str:
+    """Why the group on the most tensors (a residual stream) is no orthogonal group, as the trace recorded it."""
+    groups = spec.groups
+    if not groups:
+        return ": it has no group of units"
+    widest = max(groups, key=lambda g: len(groups[g]))
+    if widest not in spec.kind_reasons:  # a spec given, or traced for permutations only
+        return " (the spec marks none: trace_spec(..., symmetry='orthogonal') marks those it proves)"
+    return f"; {widest}, the group on the most tensors, stays a permutation group: {spec.kind_reasons[widest]}"
 
 
 def find_permutation(model_a: Model, model_b: Model, **keywords: Any) -> Alignment:
@@ -213,7 +220,6 @@ def canonicalize(model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapp
     it and set to 1 (:func:`lmclab.core.canonical.fold_gains`); a weight shared with a layer that takes a gain
     (a head tied to the embeddings) untied, the reader getting its own copy (a Hugging Face config then says
     ``tie_word_embeddings: false``); ``model`` itself is left as it is."""
-    from lmclab.core.canonical import shared_parameters, tie, untie, untie_config
     from lmclab.trace import trace_spec
 
     twin = copy.deepcopy(model)

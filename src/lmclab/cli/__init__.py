@@ -59,7 +59,8 @@ def trace(
     symmetry: str = SYMMETRY,
 ) -> None:
     """Print the permutation spec tracing derives (groups, their sizes, kinds and places; what it left
-    unpermuted, where and why; the norm gains an orthogonal map needs folded), or the refusal."""
+    unpermuted, where and why; why a group's kind is narrower; the norm gains an orthogonal map needs folded),
+    or the refusal."""
     from lmclab.api.files import build_factory
     from lmclab.trace import trace as trace_model
 
@@ -71,12 +72,15 @@ def trace(
         where = ", ".join(f"{name}[{axis}]" for name, axis in places)
         heads = traced.spec.heads.get(group)
         headed = f"; {heads.count} heads, head order {heads.tie}" if heads else ""
-        kind = ", orthogonal" if traced.spec.kinds.get(group) == "orthogonal" else ""
+        kind = f", {traced.spec.kinds[group]}" if group in traced.spec.kinds else ""
         typer.echo(f"{group} ({sizes[group]} units{kind}{headed}): {where}")
     for pin in traced.spec.pinned:  # what the trace left unpermuted, and why (lmclab.trace.pinned)
         where = ", ".join(f"{name}[{axis}]" for name, axis in pin.places[:4]) + ", …" * (len(pin.places) > 4)
         stream = ", a residual stream" if pin.stream else ""
         typer.echo(f"pinned: {pin.units} units{stream} by node {pin.node!r} in {pin.where} ({pin.reason}): {where}")
+    for group, reason in traced.spec.kind_reasons.items():  # why a group takes no orthogonal map (or only centred)
+        narrower = "is centred" if traced.spec.kinds.get(group) == "centred" else "stays a permutation group"
+        typer.echo(f"kind: {group} {narrower}: {reason}")
     for gain, readers in traced.spec.gains.items():  # folded before an orthogonal map (lmclab.core.canonical)
         typer.echo(f"gain: {gain} folded into {', '.join(readers)}")
     typer.echo(f"{len(sizes)} groups over {len(traced.spec.axes)} tensors")

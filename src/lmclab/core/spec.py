@@ -118,7 +118,9 @@ class PermutationSpec:
     of the symmetry: two specs that differ only there are equal. ``kinds`` marks the groups on which every
     orthogonal map is a symmetry too (``"orthogonal"``, :mod:`lmclab.core.orthogonal`) once every per-channel
     gain on them is 1: ``gains`` maps each such gain to the weights that read it (:mod:`lmclab.core.canonical`),
-    ``gain_offsets`` the gains a model reads as ``c + w`` to ``c``.
+    ``gain_offsets`` the gains a model reads as ``c + w`` to ``c``. ``kind_reasons`` (a spec traced for
+    orthogonal maps) says, for each group whose kind is narrower than ``"orthogonal"``, which node keeps it so;
+    like ``pinned`` it is a report, not part of the symmetry.
     """
 
     axes: Mapping[str, Axes]
@@ -129,6 +131,7 @@ class PermutationSpec:
     gains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gain_biases: Mapping[str, str] = field(default_factory=dict)  # LayerNorm's gain -> its bias (scaled by 1/g)
     gain_offsets: Mapping[str, float] = field(default_factory=dict)  # a gain read as c + w (Gemma's 1 + w) -> c
+    kind_reasons: Mapping[str, str] = field(default_factory=dict, compare=False)  # group -> why its kind is narrower
 
     @property
     def groups(self) -> dict[str, list[tuple[str, int]]]:

@@ -3,7 +3,8 @@ that an alignment saved to a file carries the spec it permutes by (``torch.load(
 plain data; a pickled class it refuses). Each axis entry is a group name, ``None``, or a list of segments
 ``[group, length, block]``; headed groups are ``{group: [count, tie]}``; the units a trace pinned
 (:class:`~lmclab.core.spec.Pinned`) ``[node, where, reason, [[name, axis], …], units, stream]``; the kinds
-``{group: "orthogonal"}``, the gains ``{gain: [reader, …]}``, their biases ``{gain: bias}`` and offsets ``{gain: c}``.
+``{group: "orthogonal"}``, the gains ``{gain: [reader, …]}``, their biases ``{gain: bias}`` and offsets ``{gain: c}``,
+and why a group's kind is narrower ``{group: reason}``.
 
 >>> from lmclab.core.spec import PermutationSpec, Segment
 >>> spec = PermutationSpec({"w": ("P_0", (Segment("P_1", 4, 2), Segment(None, 3)))}, frozenset({"w"}))
@@ -30,6 +31,7 @@ def spec_to_data(spec: PermutationSpec) -> dict[str, Any]:
         "gains": {gain: list(readers) for gain, readers in spec.gains.items()},
         "gain_biases": dict(spec.gain_biases),
         "gain_offsets": dict(spec.gain_offsets),
+        "kind_reasons": dict(spec.kind_reasons),
     }
 
 
@@ -47,8 +49,9 @@ def spec_from_data(data: Any, what: str = "spec") -> PermutationSpec:
         gains = {str(gain): tuple(map(str, readers)) for gain, readers in data.get("gains", {}).items()}
         biases = {str(gain): str(bias) for gain, bias in data.get("gain_biases", {}).items()}
         offsets = {str(gain): float(c) for gain, c in data.get("gain_offsets", {}).items()}
+        reasons = {str(g): str(why) for g, why in data.get("kind_reasons", {}).items()}
         stats = frozenset(str(s) for s in data["stats"])
-        return PermutationSpec(axes, stats, heads, pinned, kinds, gains, biases, offsets)
+        return PermutationSpec(axes, stats, heads, pinned, kinds, gains, biases, offsets, reasons)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{what}: not a permutation spec as lmclab saves one ({type(exc).__name__}: {exc})") from None
 

@@ -293,6 +293,6 @@ class GraphTracer(
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point)
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        axes, *kinded = self.kinded(axes, state)  # kinds, gains, their biases and offsets (lmclab.trace.rotations)
+        axes, *kinded = self.kinded(axes, state)  # kinds, gains, biases, offsets, reasons (.kinds)
         spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), *kinded)
         return Traced(spec, points)

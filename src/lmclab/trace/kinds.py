@@ -5,26 +5,31 @@ from __future__ import annotations
 
 from lmclab.trace.rotations import RotationRules
 
+RUNS = "it permutes runs of units (whole heads, or a grouped convolution's groups)"
+
 
 class KindRules(RotationRules):
     """The kinds and gains of the spec (:meth:`kinded`), once the pass is over."""
 
-    def kinded(self, axes: dict, state: dict) -> tuple[dict, dict[str, str], dict[str, tuple[str, ...]], dict, dict]:
+    def kinded(self, axes: dict, state: dict) -> tuple[dict, ...]:
         """For ``symmetry="orthogonal"``: the spec's axes with every gain on an orthogonal group left out of it
-        (held at 1), its kinds, gains (:meth:`kinds`), the gains' biases and offsets; else ``axes`` as they are,
-        no kinds."""
+        (held at 1), its kinds, gains (:meth:`kinds`), the gains' biases and offsets, and why each other named
+        group's kind is narrower (:meth:`reasons`); else ``axes`` as they are, no kinds."""
         if self.symmetry != "orthogonal":
-            return axes, {}, {}, {}, {}
+            return axes, {}, {}, {}, {}, {}
         kinds, gains = self.kinds(axes)
+        reasons = self.reasons(kinds)
         tied = _tied_keys(state)
         for gain, readers in gains.items():  # a reader tied to another entry (the head) cannot take the gain alone
-            if any(len(tied.get(r, ())) > 1 for r in readers):
+            if tied_reader := next((r for r in readers if len(tied.get(r, ())) > 1), None):
                 for group in axes[gain]:
-                    kinds.pop(group, None)
+                    if kinds.pop(group, None) is not None:
+                        reasons[group] = f"gain {gain!r} is read by {tied_reader!r}, one tensor with another entry"
         gains = {g: r for g, r in gains.items() if all(e in kinds for e in axes[g])}
         biases = {g: b for g, b in self.gain_biases.items() if g in gains}
         offsets = {g: c for g, c in self.gain_offsets.items() if g in gains}
-        return {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}, kinds, gains, biases, offsets
+        axes = {k: (None,) * len(v) if k in gains else v for k, v in axes.items()}
+        return axes, kinds, gains, biases, offsets, reasons
 
     def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
         """``"orthogonal"`` for every named group no node bent, that is neither headed nor read in runs (a
@@ -44,6 +49,14 @@ class KindRules(RotationRules):
             if axes.get(gain) and all(e in kinds for e in axes[gain]) and all(r in axes for r in readers)
         }
         return kinds, gains
+
+    def reasons(self, kinds: dict[str, str]) -> dict[str, str]:
+        """For each named group that ``kinds`` leaves a permutation group or centres, the first node that keeps
+        it so (the proof's order), or else the runs it permutes (heads, a grouped convolution's groups)."""
+        find, first = self.groups.find, {}
+        for gid, reason in [*self.bent.items(), *self.centred.items()]:
+            first.setdefault(find(gid), reason)
+        return {name: first.get(root, RUNS) for root, name in self.names.items() if kinds.get(name) != "orthogonal"}
 
 
 def _tied_keys(state: dict) -> dict[str, tuple[str, ...]]:

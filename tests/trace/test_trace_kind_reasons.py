@@ -1,0 +1,257 @@
+"""Why a group takes no orthogonal map, or only a centred one: every reason the proof of
+``lmclab.trace.rotations`` and ``lmclab.trace.kinds`` gives has a case here, the smallest model that reaches it.
+Each case is checked for the group's kind and its whole reason in ``spec.kind_reasons`` (what ``lmclab trace``
+prints and ``lmclab.align`` names when no group is orthogonal), and a negative control: once the gains are
+folded, a random orthogonal map of that group (a general one for a centred group) changes the output, so the
+reason is no false alarm. The last test fails when the source gains a reason with no case here."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+from torch.func import functional_call
+
+import lmclab.trace
+from lmclab.archs import gpt
+from lmclab.core.canonical import fold_gains
+from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.trace import TraceError, trace_spec
+from lmclab.trace.kinds import RUNS
+
+SOURCES = [Path(lmclab.trace.__file__).parent / name for name in ("rotations.py", "kinds.py")]
+
+
+class Net(nn.Module):
+    """Linears ``a``, ``b`` (4 → 6), ``head`` (6 → 3) and ``out`` (4 → 3), a gain ``g`` and bias ``beta`` (6),
+    1×1 convolutions ``conv`` (3 → 4) and ``grouped`` (4 → 4 in 2 groups), an RMSNorm, a LayerNorm and a GELU,
+    and a ``forward`` given as a function of the module and its input."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 3)
+        self.g, self.beta = nn.Parameter(torch.rand(6) + 0.5), nn.Parameter(torch.randn(6))
+        self.conv, self.grouped = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1, groups=2)
+        self.kernel = nn.Parameter(torch.randn(4, 2, 1, 1))
+        self.rms, self.ln, self.gelu, self.out = nn.RMSNorm(6), nn.LayerNorm(6), nn.GELU(), nn.Linear(4, 3)
+        self.f = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(self, x)
+
+
+class Tied(nn.Module):
+    """An embedding tied to the head that reads a final RMSNorm: the norm's gain cannot fold into the head alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.norm, self.head = nn.Embedding(7, 6), nn.RMSNorm(6), nn.Linear(6, 7, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(ids)))
+
+
+def _rotary_gpt() -> nn.Module:
+    shapes = dict(width=8, depth=1, heads=2, position="rotary", norm="rmsnorm", tie_embeddings=False)
+    return gpt.Model(gpt.Config(input_shape=(4,), num_classes=11, **shapes))
+
+
+def _vector() -> torch.Tensor:
+    return torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+
+
+def _image() -> torch.Tensor:
+    return torch.randn(2, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+
+
+def _net(forward: Callable[..., torch.Tensor], x: Callable[[], torch.Tensor] = _vector):
+    return lambda: (Net(forward), x())
+
+
+class Case(NamedTuple):
+    """``build()`` gives a model and its input; the group ``group``'s kind is ``kind`` for ``reason``."""
+
+    build: Callable[[], tuple[nn.Module, torch.Tensor]]
+    group: str
+    kind: str  # "permutation" or "centred"
+    reason: str
+    control: bool = True  # an orthogonal map of the group changes the output (not for a tied head's gain)
+
+
+NOT_ROTATION = "does not commute with rotations of its units"
+CASES: dict[str, Case] = {
+    "module-nonlinearity": Case(
+        _net(lambda m, x: m.head(m.gelu(m.a(x)))), "P_0", "permutation", f"node 'gelu': GELU {NOT_ROTATION}"
+    ),
+    "function-nonlinearity": Case(
+        _net(lambda m, x: m.head(torch.sigmoid(m.a(x)))),
+        "P_0",
+        "permutation",
+        f"node 'sigmoid': an operation that {NOT_ROTATION}",
+    ),
+    "grouped-convolution-module": Case(
+        _net(lambda m, x: m.out(m.grouped(m.conv(x)).mean((2, 3))), _image),
+        "P_0",
+        "permutation",
+        "node 'grouped': a grouped convolution",
+    ),
+    "grouped-convolution-function": Case(
+        _net(lambda m, x: m.out(F.conv2d(m.conv(x), m.kernel, groups=2).mean((2, 3))), _image),
+        "P_0",
+        "permutation",
+        "node 'conv2d': a grouped convolution",
+    ),
+    "layernorm-module": Case(
+        _net(lambda m, x: m.head(m.ln(m.a(x)))), "P_0", "centred", "node 'ln': LayerNorm's centring"
+    ),
+    "layernorm-function": Case(
+        _net(lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.g, m.beta))),
+        "P_0",
+        "centred",
+        "node 'layer_norm': LayerNorm's centring",
+    ),
+    "mean-over-the-units": Case(
+        _net(lambda m, x: m.head(m.a(x) - m.a(x).mean(-1, keepdim=True))),
+        "P_0",
+        "centred",
+        "node 'mean': a sum over the units",
+    ),
+    "product-of-two-tensors-of-the-group": Case(
+        _net(lambda m, x: m.head(m.a(x) * m.b(x))),
+        "P_0",
+        "permutation",
+        "node 'mul': a product of two tensors of the group",
+    ),
+    "quotient-by-the-units": Case(
+        _net(lambda m, x: m.head(torch.div(x.sum(-1, keepdim=True), m.a(x)))),
+        "P_0",
+        "permutation",
+        "node 'div': a quotient by the units",
+    ),
+    "computed-per-channel-gain": Case(
+        _net(lambda m, x: m.head(m.a(x) * (2 * m.g))),
+        "P_0",
+        "permutation",
+        "node 'mul_1': a per-channel gain computed from a parameter (only a stored gain, or c + w, is folded)",
+    ),
+    "constant-added": Case(
+        _net(lambda m, x: m.head(m.a(x) + 1.0)), "P_0", "centred", "node 'add': a constant added to the units"
+    ),
+    "centred-then-bent": Case(
+        _net(lambda m, x: m.head(m.gelu(m.a(x) + 1.0))), "P_0", "permutation", f"node 'gelu': GELU {NOT_ROTATION}"
+    ),
+    "tensor-constant-along-the-units-added": Case(
+        _net(lambda m, x: m.head(m.a(x) + x.mean(-1, keepdim=True))),
+        "P_0",
+        "centred",
+        "node 'add': a tensor constant along the units added to them",
+    ),
+    "gain-in-place": Case(
+        _net(lambda m, x: m.head(torch.relu(m.rms(m.a(x))))),
+        "P_0",
+        "permutation",
+        "node 'rms': the gain 'rms.weight' in place (its output is read by more than linear layers)",
+    ),
+    "square-not-summed": Case(
+        _net(lambda m, x: m.head(m.a(x).pow(2) + m.a(x))),
+        "P_0",
+        "permutation",
+        "node 'pow_1': a square of the units read otherwise than summed",
+    ),
+    "gain-read-by-a-tied-head": Case(
+        lambda: (Tied(), torch.randint(0, 7, (2, 5), generator=torch.Generator().manual_seed(0))),
+        "P_0",
+        "permutation",
+        "gain 'norm.weight' is read by 'head.weight', one tensor with another entry",
+        control=False,  # untied by lmclab.canonicalize, the stream is orthogonal
+    ),
+    "heads-under-rotary-positions": Case(
+        lambda: (_rotary_gpt(), torch.randint(0, 11, (2, 4), generator=torch.Generator().manual_seed(0))),
+        "P_1",
+        "permutation",
+        RUNS,
+        control=False,  # a headed group: random_permutation keeps its heads whole
+    ),
+}
+
+# Reached by no trace: the permutation rules refuse a norm whose weight or bias is no parameter before the
+# proof runs, and pin its input (the group then has no name, so no kind and no reason).
+UNREACHED = ("a norm's gain", "a LayerNorm's bias that is no parameter")
+
+
+@pytest.mark.parametrize("key", CASES)
+def test_every_narrower_kind_is_traced_with_its_whole_reason(key: str) -> None:
+    case = CASES[key]
+    model, x = case.build()
+    spec = trace_spec(model, x, symmetry="orthogonal")
+    assert spec.kinds.get(case.group, "permutation") == case.kind
+    assert spec.kind_reasons[case.group] == case.reason
+    assert trace_spec(model, x).kind_reasons == {}  # traced for permutations: no kinds, no reasons
+
+
+@pytest.mark.parametrize("key", [key for key, case in CASES.items() if case.control])
+def test_an_orthogonal_map_of_the_group_its_reason_names_changes_the_output(key: str) -> None:
+    case = CASES[key]
+    model, x = case.build()
+    model = model.double().eval()
+    x = x.double() if x.is_floating_point() else x
+    spec = trace_spec(model, x, symmetry="orthogonal")
+    state = fold_gains(spec, model.state_dict())
+    with torch.no_grad():
+        reference = functional_call(model, state, (x,))
+        forced = dataclasses.replace(spec, kinds={**spec.kinds, case.group: "orthogonal"})
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, forced.kinds)
+        moved = functional_call(model, apply_permutation(forced, perm, state), (x,))
+    assert (moved - reference).abs().max() > 1e-6 * reference.abs().max()
+
+
+def _templates(path: Path) -> dict[str, str]:
+    """The reasons in ``path`` as regular expressions (f-string fields match anything): strings of two words
+    or more that a function returns, that follow ``CENTRED +``, that ``bend`` or ``setdefault`` take, or that
+    are assigned to an entry."""
+    tree, found = ast.parse(path.read_text()), {}
+    for node in ast.walk(tree):
+        texts: list[ast.expr] = []
+        if isinstance(node, ast.Return) and node.value is not None:
+            texts = [node.value]
+        elif isinstance(node, ast.BinOp) and getattr(node.left, "id", None) == "CENTRED":
+            texts = [node.right]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("bend", "setdefault"):
+            texts = node.args[1:]
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+            texts = [node.value]
+        for text in texts:
+            if isinstance(text, ast.Constant) and isinstance(text.value, str) and " " in text.value:
+                found[f"{path.name}:{text.lineno}"] = re.escape(text.value)
+            elif isinstance(text, ast.JoinedStr):
+                pattern = "".join(re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in text.values)
+                if " " in pattern:
+                    found[f"{path.name}:{text.lineno}"] = pattern
+    return found
+
+
+def test_every_reason_the_proof_gives_has_a_case() -> None:
+    templates = {k: v for path in SOURCES for k, v in _templates(path).items()}
+    assert len(templates) >= 15  # the walk finds the proof's reasons
+    reasons = [c.reason for c in CASES.values()] + list(UNREACHED)
+    missing = [at for at, p in templates.items() if not any(re.fullmatch(f"(node '[^']+': )?{p}", r) for r in reasons)]
+    assert not missing, f"reasons with no case: {missing}"
+
+
+@pytest.mark.parametrize("weight, bias", [("m.g * 2", "m.beta"), ("m.g", "m.beta * 2")])
+def test_a_norm_whose_gain_or_bias_is_computed_is_refused_before_the_proof_and_pinned_under_partial(weight, bias):
+    net = Net(eval(f"lambda m, x: m.head(F.layer_norm(m.a(x), (6,), {weight}, {bias}))"))
+    which = "weight" if "2" in weight else "bias"
+    with pytest.raises(TraceError, match=f"a norm whose {which} is not a parameter or buffer of the model"):
+        trace_spec(net, _vector(), symmetry="orthogonal")
+    spec = trace_spec(net, _vector(), symmetry="orthogonal", partial=True)
+    assert spec.axes["a.weight"] == (None, None) and spec.kind_reasons == {}
