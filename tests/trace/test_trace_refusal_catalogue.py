@@ -381,7 +381,7 @@ CASES: dict[str, Case] = {
         "(top level)",
         "an operation over heads or per-head features it does not know",
     ),
-    "index-of-qkv-packed-head-by-head": Case(  # Bloom's (batch, tokens, heads, 3, d)[..., 0, :]
+    "index-of-qkv-packed-head-by-head": Case(  # Bloom's (batch, tokens, heads, 3, d): q, each head's part 0
         lambda: (
             Net(lambda m, x: m.qkv(x).reshape(2, 4, 2, 3, 3)[:, :, :, 0], qkv=nn.Linear(5, 18)),
             torch.randn(2, 4, 5),
