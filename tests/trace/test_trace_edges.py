@@ -399,3 +399,25 @@ def test_inputs_given_as_a_dict_are_forwards_arguments_by_name():
         expected = model(x, y=y)
         model.load_state_dict(apply_permutation(spec, perm, model.state_dict()))
         assert (model(x, y=y) - expected).abs().max() <= 1e-12 * expected.abs().max()
+
+
+class InputConv1D(nn.Module):
+    """GPT-2's ``Conv1D`` (weight stored ``(in, out)``, ``torch.addmm``) reading the model's own input, with a
+    branch on the input's shape that torch.fx cannot record: the exported graph's ``aten.addmm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(5, 6)), nn.Parameter(torch.randn(6))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 5:
+            return x
+        return self.head(torch.relu(torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)))
+
+
+def test_an_addmm_of_the_models_unpermuted_input_writes_a_new_group():
+    """The input is never permuted: the Conv1D's output units are a new group, its rows left alone."""
+    spec = invariant(InputConv1D(), torch.randn(4, 5, generator=torch.Generator().manual_seed(0)))
+    assert spec.axes["weight"] == (None, "P_0") and spec.axes["bias"] == ("P_0",)
+    assert spec.axes["head.weight"] == (None, "P_0")

@@ -79,10 +79,10 @@ class CallRules(TraceState):
             return self.refuse(node, "a product whose weight or bias is not a parameter of the model")
         g, shape = self.groups.new(), self.shape(node)
         out = (Seg(g, shape[-1]),)
-        self.record(str(weight.target), [t_in.at(-1), out])
+        self.record(str(weight.target), [t_in.at(-1) if t_in else None, out])
         self.record(str(bias.target), [out])
         self.written(node, g, ("Conv1D", "Linear"))
-        self.tags[node] = Tag.of(t_in.layouts[:-1] + (out,))
+        self.tags[node] = Tag.of((t_in.layouts[:-1] if t_in else (None,) * (len(shape) - 1)) + (out,))
 
     def functional_conv(self, node: fx.Node, t_in: Tag | None) -> None:
         """``F.conv2d(x, weight, bias, stride, padding, dilation, groups)`` of the model's kernel."""

@@ -132,7 +132,7 @@ class PackedRules(TraceState):
 
     def refuse_packed(self, node: fx.Node, reason: str) -> None:
         """Refused: with ``partial=True`` every part reaching ``node`` stays unpermuted."""
-        self.pin([g for a in node.all_input_nodes for g in self.packed_gids(a)])
+        self.pin([g for a in node.all_input_nodes for g in self.packed_gids(a)], reason)
         self.refuse(node, reason)
 
     def fused_attention(self, node: fx.Node) -> None:
