@@ -110,6 +110,34 @@ def _library_function(module: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return op
 
 
+# --- cases for functional.py, graph.py, layers.py and shapes.py ---
+
+
+def _mlp(forward: Callable[..., torch.Tensor]) -> Callable[[], tuple[nn.Module, Any]]:
+    """A ``Net`` with ``c`` (5 → 2) and ``d`` (5 → 4) beside ``a`` and ``head``, on ``(2, 5)`` inputs."""
+    return lambda: (Net(forward, c=nn.Linear(5, 2), d=nn.Linear(5, 4)), torch.randn(2, 5))
+
+
+def _split(m: Net, x: torch.Tensor) -> torch.Tensor:
+    """``q``'s 16 units as 4 heads of 4: ``(2, 9, 4, 4)``, the head axis beside the per-head features."""
+    return m.q(x).reshape(2, 9, 4, 4)
+
+
+def _headed(forward: Callable[..., torch.Tensor]) -> Callable[[], tuple[nn.Module, Any]]:
+    """A ``Net`` with ``q`` (16 → 16) split into heads and ``mix`` (4 → 4), on ``(2, 9, 16)`` inputs."""
+    return lambda: (Net(forward, q=nn.Linear(16, 16), mix=nn.Linear(4, 4)), torch.randn(2, 9, 16))
+
+
+def _convs(forward: Callable[..., torch.Tensor], **layers: nn.Module) -> Callable[[], tuple[nn.Module, Any]]:
+    """A ``Net`` with convs ``c1`` and ``c2`` (2 → 3 channels) and ``layers``, on ``(1, 2, 4, 4)`` inputs."""
+    return lambda: (Net(forward, c1=nn.Conv2d(2, 3, 1), c2=nn.Conv2d(2, 3, 1), **layers), torch.randn(1, 2, 4, 4))
+
+
+def _two_parts(m: Net, x: torch.Tensor) -> torch.Tensor:
+    """Channels (axis 1) in two segments: ``c1``'s 3, then ``c2``'s 3."""
+    return torch.cat([m.c1(x), m.c2(x)], 1)
+
+
 # One case per reason; the key is the case's id. Cases are grouped by the module of src/lmclab/trace whose rule
 # refuses (keep each group in its own block).
 CASES: dict[str, Case] = {
@@ -404,9 +432,177 @@ CASES: dict[str, Case] = {
     #
     #
     # --- functional.py -----------------------------------------------------------------------------------
+    "carry-changes-a-permuted-axis": Case(
+        lambda: (Net(lambda m, x: m.pool(m.a(x)), pool=nn.AdaptiveAvgPool2d(2)), torch.randn(2, 3, 4, 5)),
+        "pool",
+        "AdaptiveAvgPool2d",
+        "pool",
+        "it changes a permuted axis",
+    ),
+    "pooling-window-over-a-permuted-axis": Case(
+        lambda: (Net(lambda m, x: F.avg_pool2d(m.a(x), 3, stride=1, padding=1)), torch.randn(2, 3, 4, 5)),
+        "avg_pool2d",
+        "avg_pool2d",
+        "(top level)",
+        "a pooling window over a permuted axis",
+    ),
+    "functional-norm-scaled-by-a-permuted-tensor": Case(
+        lambda: (Net(lambda m, x: F.layer_norm(x, (6,), m.w(x)[0]), w=nn.Linear(6, 6)), torch.randn(2, 6)),
+        "layer_norm",
+        "layer_norm",
+        "(top level)",
+        "a norm whose statistics or scale are computed from a permuted tensor",
+    ),
+    "functional-layer-norm-over-two-axes": Case(
+        lambda: (Net(lambda m, x: m.head(F.layer_norm(m.a(x), (3, 6)))), torch.randn(2, 3, 5)),
+        "layer_norm",
+        "layer_norm",
+        "(top level)",
+        "a LayerNorm or RMSNorm over more than the permuted feature axis",
+    ),
+    "functional-group-norm-over-split-runs": Case(
+        _mlp(lambda m, x: m.head(F.group_norm(torch.cat([m.c(x), m.d(x)], 1), 2))),
+        "group_norm",
+        "group_norm",
+        "(top level)",
+        "a group norm over runs of channels that segments of the axis split",
+    ),
+    "functional-norm-weight-not-of-the-model": Case(
+        lambda: (Net(lambda m, x: m.head(F.layer_norm(m.a(x), (6,), torch.ones_like(m.a.bias)))), torch.randn(2, 5)),
+        "layer_norm",
+        "layer_norm",
+        "(top level)",
+        "a norm whose weight is not a parameter or buffer of the model",
+    ),
+    "functional-linear-weight-not-of-the-model": Case(
+        lambda: (Net(lambda m, x: F.linear(torch.relu(m.a(x)), 2 * m.head.weight)), torch.randn(2, 5)),
+        "linear",
+        "linear",
+        "(top level)",
+        "a linear whose weight or bias is not a parameter of the model",
+    ),
+    "pad-along-a-permuted-axis": Case(
+        lambda: (Net(lambda m, x: F.pad(m.a(x), (1, 1))), torch.randn(2, 3, 5)),
+        "pad",
+        "pad",
+        "(top level)",
+        "a pad along a permuted axis",
+    ),
+    "roll-along-a-permuted-axis": Case(
+        lambda: (Net(lambda m, x: m.head(m.a(x).roll(1, -1))), torch.randn(2, 5)),
+        "roll",
+        "roll",
+        "(top level)",
+        "a roll along a permuted axis",
+    ),
     # --- graph.py ----------------------------------------------------------------------------------------
+    "per-head-features-beside-two-head-axes": Case(
+        _headed(lambda m, x: _split(m, x)[:, :, :, None] + _split(m, x)[:, :, None]),
+        "add",
+        "add",
+        "(top level)",
+        "per-head features beside no axis of their heads, or two",
+    ),
+    "module-over-per-head-features": Case(
+        _headed(lambda m, x: m.mix(_split(m, x))),
+        "mix",
+        "Linear",
+        "mix",
+        "an operation over heads or per-head features it does not know",
+    ),
+    "conv-over-a-permuted-spatial-axis": Case(
+        lambda: (Net(lambda m, x: m.conv(m.a(x)), conv=nn.Conv2d(3, 4, 1)), torch.randn(2, 3, 4, 5)),
+        "conv",
+        "Conv2d",
+        "conv",
+        "a convolution over a permuted axis that is not its channel axis",
+    ),
+    "unknown-module": Case(
+        lambda: (Net(lambda m, x: m.head(m.act(m.a(x))), act=nn.SELU()), torch.randn(2, 5)),
+        "act",
+        "SELU",
+        "act",
+        "an operation the tracer does not know",
+    ),
+    "sum-of-operands-in-different-segments": Case(
+        _mlp(lambda m, x: m.head(m.a(x) + torch.cat([m.c(x), m.d(x)], 1))),
+        "add",
+        "add",
+        "(top level)",
+        "its operands are permuted in blocks or segments that differ",
+    ),
+    "parameter-along-per-head-features": Case(
+        _headed(lambda m, x: _split(m, x) + m.mix.bias),
+        "add",
+        "add",
+        "(top level)",
+        "a parameter varying along heads or per-head features",
+    ),
     # --- layers.py ---------------------------------------------------------------------------------------
+    "grouped-conv-over-segments-that-split-its-groups": Case(
+        _convs(lambda m, x: m.g(_two_parts(m, x)), g=nn.Conv2d(6, 6, 1, groups=3)),
+        "g",
+        "Conv2d",
+        "g",
+        "a grouped convolution (3 groups of 2 channels) reading segments that do not hold whole groups",
+    ),
+    "layer-norm-module-over-two-axes": Case(
+        lambda: (Net(lambda m, x: m.head(m.ln(m.a(x))), ln=nn.LayerNorm((3, 6))), torch.randn(2, 3, 5)),
+        "ln",
+        "LayerNorm",
+        "ln",
+        "a LayerNorm or RMSNorm over more than the permuted feature axis",
+    ),
+    "group-norm-module-over-split-runs": Case(
+        _convs(lambda m, x: m.gn(_two_parts(m, x)), gn=nn.GroupNorm(3, 6)),
+        "gn",
+        "GroupNorm",
+        "gn",
+        "a group norm over runs of channels that segments of the axis split",
+    ),
     # --- shapes.py ---------------------------------------------------------------------------------------
+    "flatten-of-heads-with-another-axis": Case(
+        _headed(lambda m, x: _split(m, x).flatten(1, 2)),
+        "flatten",
+        "flatten",
+        "(top level)",
+        "a flatten that does not join a head axis to the features of its heads",
+    ),
+    "flatten-of-two-permuted-axes": Case(
+        lambda: (Net(lambda m, x: m.t(m.a(x).transpose(1, 2)).flatten(1), t=nn.Linear(3, 4)), torch.randn(2, 3, 5)),
+        "flatten",
+        "flatten",
+        "(top level)",
+        "a flatten of two permuted axes into one",
+    ),
+    "reshape-it-cannot-follow": Case(
+        lambda: (Net(lambda m, x: m.a(x).reshape(3, 4)), torch.randn(2, 5)),
+        "reshape",
+        "reshape",
+        "(top level)",
+        "a reshape (2, 6) -> (3, 4) it cannot follow",
+    ),
+    "concatenation-of-a-permuted-and-a-computed-tensor": Case(
+        lambda: (Net(lambda m, x: m.head(torch.cat([m.a(x), torch.ones(1, 6)]))), torch.randn(2, 5)),
+        "cat",
+        "cat",
+        "(top level)",
+        "a concatenation of tensors permuted on another axis, not alike",
+    ),
+    "index-by-a-list": Case(
+        lambda: (Net(lambda m, x: m.head(m.a(x)[[0, 1]])), torch.randn(3, 5)),
+        "getitem",
+        "getitem",
+        "(top level)",
+        "an index by tensors",
+    ),
+    "index-of-one-unit": Case(
+        lambda: (Net(lambda m, x: m.a(x)[:, 0]), torch.randn(2, 5)),
+        "getitem",
+        "getitem",
+        "(top level)",
+        "an index that picks units of a permuted axis",
+    ),
 }
 
 
@@ -479,7 +675,9 @@ def reasons_in_source() -> dict[str, str]:
 def test_every_reason_the_tracer_refuses_with_has_a_case() -> None:
     reasons = reasons_in_source()
     assert len(reasons) > 40  # the walk finds the rules' reasons
-    missing = [where for where, pattern in reasons.items() if not any(re.fullmatch(pattern, c.reason) for c in CASES.values())]
+    missing = [
+        where for where, pattern in reasons.items() if not any(re.fullmatch(pattern, c.reason) for c in CASES.values())
+    ]
     assert not missing, f"reasons with no case: {missing}"
     stale = [key for key, c in CASES.items() if not any(re.fullmatch(p, c.reason) for p in reasons.values())]
     assert not stale, f"cases whose reason the tracer no longer gives: {stale}"

@@ -1,7 +1,8 @@
-"""Refusals of the tracer that the rest of the suite does not reach: a model that does not run on the
-example inputs, one that neither torch.fx nor torch.export can record, a layer used on inputs permuted in
-different ways, per-head features reaching a layer's weight, and one group split into two head counts.
-Each is one line, and the nearest model on the accepted side is traced."""
+"""Refusals of the tracer that the rest of the suite does not reach: a model that cannot be copied, one that
+does not run on the example inputs, one that neither torch.fx nor torch.export can record (a function torch.fx
+keeps whole among them), a layer used on inputs permuted in different ways, per-head features reaching a
+layer's weight, one group split into two head counts, and one group read by grouped convolutions in runs of
+two lengths. Each is one line, and the nearest model on the accepted side is traced."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch import fx, nn
 
+from lmclab.core.spec import Segment
 from lmclab.trace import TraceError, trace_spec
 from lmclab.trace.graph import GraphTracer
 from lmclab.trace.groups import Within
@@ -60,6 +62,49 @@ def test_a_model_neither_torch_fx_nor_torch_export_can_record_is_refused_with_bo
         return mlp(m, x) if x.shape[-1] == 5 else x
 
     assert trace_spec(Net(branching), torch.randn(2, 5)).axes["head.weight"] == (None, "P_0")
+
+
+def refused_whole(x: torch.Tensor) -> torch.Tensor:
+    """Kept whole by torch.fx (``torch.fx.wrap`` below); raises when torch.export runs it."""
+    raise ValueError("tensors refused")
+
+
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    """Kept whole by torch.fx (``torch.fx.wrap`` below); torch.export records its product."""
+    return 2 * x
+
+
+torch.fx.wrap("refused_whole")
+torch.fx.wrap("doubled")
+
+
+def test_a_function_torch_fx_keeps_whole_goes_to_torch_export_and_its_failure_names_the_function():
+    message = (
+        r"^trace_spec: neither torch.fx nor torch.export can trace Net: torch.fx keeps refused_whole whole; "
+        r"tensors refused$"
+    )
+    with pytest.raises(TraceError, match=message):
+        trace_spec(Net(lambda m, x: m.head(refused_whole(m.a(x)))), torch.randn(2, 5))
+    spec = trace_spec(Net(lambda m, x: m.head(doubled(m.a(x)))), torch.randn(2, 5))  # export sees 2 * x
+    assert spec.axes["a.weight"] == ("P_0", None) and spec.axes["head.weight"] == (None, "P_0")
+
+
+class Uncopyable(nn.Module):
+    """A module whose copy raises, with a message over several lines and longer than the refusal keeps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 6)
+
+    def __deepcopy__(self, memo: dict) -> Uncopyable:
+        raise RuntimeError("held by\n   another thread " + "x" * 200)
+
+
+def test_a_model_that_cannot_be_copied_is_refused_with_the_first_120_characters_of_its_error_on_one_line():
+    kept = ("held by another thread " + "x" * 200)[:120]
+    with pytest.raises(TraceError) as refused:
+        trace_spec(Uncopyable(), torch.randn(2, 5))
+    assert str(refused.value) == f"trace_spec: Uncopyable cannot be copied to trace it (RuntimeError: {kept})"
 
 
 def test_a_layer_used_on_inputs_permuted_in_different_ways_is_refused():
@@ -266,3 +311,29 @@ def test_a_tensor_from_outside_the_model_is_no_parameter_the_spec_may_permute():
         trace_spec(model, x)
     spec = trace_spec(model, x, partial=True)
     assert spec.axes["a.weight"] == (None, None) and spec.pinned[0].reason.startswith("a linear whose weight")
+
+
+class GroupedConvs(nn.Module):
+    """Convs ``c``, ``c1``, ``c2`` (2 → 6 channels); ``g1`` reads ``c1`` in 3 groups of 2 channels, ``g2`` reads
+    ``c2`` in ``groups`` groups; ``c``'s channels twice side by side are added to ``c1``'s then ``c2``'s."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.c, self.c1, self.c2 = nn.Conv2d(2, 6, 1), nn.Conv2d(2, 6, 1), nn.Conv2d(2, 6, 1)
+        self.g1, self.g2 = nn.Conv2d(6, 6, 1, groups=3), nn.Conv2d(6, 6, 1, groups=groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, h1, h2 = self.c(x), self.c1(x), self.c2(x)
+        read = self.g1(h1).sum() + self.g2(h2).sum()
+        return read + (torch.cat([h, h], 1) + torch.cat([h1, h2], 1)).sum()
+
+
+def test_one_group_read_by_grouped_convolutions_in_runs_of_two_lengths_is_refused():
+    """``c``'s group moves with ``c1``'s in runs of 2 (``g1``'s groups) and with ``c2``'s in runs of 3 (``g2``
+    of 2 groups): the sum cannot be both; with ``g2`` of 3 groups every conv moves in runs of 2, as one group."""
+    message = r"^trace_spec: one group is read by grouped convolutions in runs of 2 and of 3 channels$"
+    with pytest.raises(TraceError, match=message):
+        trace_spec(GroupedConvs(2), torch.randn(1, 2, 3, 3))
+    spec = trace_spec(GroupedConvs(3), torch.randn(1, 2, 3, 3))
+    runs = (Segment("P_0", 6, 2),)
+    assert spec.axes["c.weight"][0] == spec.axes["c1.weight"][0] == spec.axes["c2.weight"][0] == runs
