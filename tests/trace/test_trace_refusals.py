@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import fx, nn
 
-from lmclab.core.spec import Segment
+from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
 from lmclab.trace.graph import GraphTracer
-from lmclab.trace.groups import Within
+from lmclab.trace.groups import FIXED, Within
 
 
 class Net(nn.Module):
@@ -28,6 +28,29 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.f(self, x)
+
+
+def partial_spec(model: nn.Module, x: torch.Tensor, reason: str | None) -> PermutationSpec:
+    """The spec ``partial=True`` gives: a pin for ``reason`` (None: the model's outputs hold the units, which no
+    pin reports), and random permutations keep the output in float64."""
+    model, x = model.double().eval(), x.double()
+    spec = trace_spec(model, x, partial=True)
+    assert reason is None or reason in [p.reason for p in spec.pinned]
+    state = model.state_dict()
+    with torch.no_grad():
+        expected = model(x)
+        for seed in range(3):
+            perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads)
+            model.load_state_dict(apply_permutation(spec, perm, state))
+            out = model(x)
+            for a, b in zip(
+                out if isinstance(out, tuple) else (out,),
+                expected if isinstance(out, tuple) else (expected,),
+                strict=True,
+            ):
+                assert (a - b).abs().max() <= 1e-12 * b.abs().max()
+    model.load_state_dict(state)
+    return spec
 
 
 def heads(x: torch.Tensor, count: int) -> torch.Tensor:
@@ -116,6 +139,7 @@ def test_a_layer_used_on_inputs_permuted_in_different_ways_is_refused():
 
     with pytest.raises(TraceError, match=r"^trace_spec: 'head.weight' is used on inputs permuted in different ways$"):
         trace_spec(Net(two_layouts), torch.randn(2, 3, 5))
+    partial_spec(Net(two_layouts), torch.randn(2, 3, 5), "'head.weight' is used on inputs permuted in different ways")
 
     def one_layout(m, x):  # the same layer twice on one group's units: one permutation
         return m.head(m.a(x)) + m.head(torch.relu(m.a(x)))
@@ -155,6 +179,11 @@ def test_a_parameter_along_per_head_features_of_a_permuted_group_is_refused_wher
     tracer.pin([gid])  # unpermuted: recorded as it is
     tracer.record("mix.weight", [None, (Within(gid, 2),)])
     assert tracer.axes["mix.weight"] == [None, (Within(gid, 2),)]
+    tracer = GraphTracer(fx.symbolic_trace(nn.Linear(4, 4)), partial=True)  # partial: pinned, the reason logged
+    gid = tracer.groups.new()
+    tracer.groups.headed(gid, 2, 2)
+    tracer.record("mix.weight", [None, (Within(gid, 2),)])
+    assert tracer.groups.find(gid) == FIXED and tracer.axes["mix.weight"] == [None, (Within(gid, 2),)]
 
 
 def test_one_group_split_into_two_head_counts_is_refused():
@@ -170,6 +199,8 @@ def test_one_group_split_into_two_head_counts_is_refused():
 
     with pytest.raises(TraceError, match=r"^trace_spec: one group is split into 4 and into 2 heads$"):
         trace_spec(Net(packed(4)), torch.randn(2, 9, 16))
+    spec = partial_spec(Net(packed(4)), torch.randn(2, 9, 16), None)
+    assert spec.axes["q.weight"] == (None, None) and not spec.heads
     spec = trace_spec(Net(packed(2)), torch.randn(2, 9, 16))  # 2 heads both times: one head count
     assert spec.axes["q.weight"] == (None, None)  # returned: the model's outputs are never permuted
 
@@ -334,6 +365,9 @@ def test_one_group_read_by_grouped_convolutions_in_runs_of_two_lengths_is_refuse
     message = r"^trace_spec: one group is read by grouped convolutions in runs of 2 and of 3 channels$"
     with pytest.raises(TraceError, match=message):
         trace_spec(GroupedConvs(2), torch.randn(1, 2, 3, 3))
+    reason = "one group is read by grouped convolutions in runs of 2 and of 3 channels"
+    spec = partial_spec(GroupedConvs(2), torch.randn(1, 2, 3, 3), reason)
+    assert spec.axes["c.weight"][0] is None and spec.axes["c2.weight"][0] is None
     spec = trace_spec(GroupedConvs(3), torch.randn(1, 2, 3, 3))
     runs = (Segment("P_0", 6, 2),)
     assert spec.axes["c.weight"][0] == spec.axes["c1.weight"][0] == spec.axes["c2.weight"][0] == runs

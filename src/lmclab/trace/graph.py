@@ -90,18 +90,23 @@ class GraphTracer(
 
     def record(self, name: str, layouts: Sequence[Layout]) -> None:
         """Axes of a parameter; a module used twice must see the same groups (they are merged)."""
-        if any(
-            self.is_headed(s) and self.groups.find(s.gid) != FIXED for lay in layouts if lay is not None for s in lay
-        ):
-            raise TraceError(f"trace_spec: {name!r} would be permuted along a head axis, which no spec can say")
+        headed = [s.gid for lay in layouts if lay is not None for s in lay if self.is_headed(s)]
+        if any(self.groups.find(g) != FIXED for g in headed):
+            self.cannot(headed, f"{name!r} would be permuted along a head axis, which no spec can say")
         if name in self.axes:  # an axis one use leaves unpermuted is unpermuted (a table tied to a head)
             for a, b in zip(self.axes[name], layouts, strict=True):
                 if (a is None) != (b is None):
                     self.pin([s.gid for s in a or b], f"{name!r} is also used unpermuted along it")
                 elif not self.unite(a, b):
-                    raise TraceError(f"trace_spec: {name!r} is used on inputs permuted in different ways")
+                    self.cannot([s.gid for s in (*a, *b)], f"{name!r} is used on inputs permuted in different ways")
             return
         self.axes[name] = list(layouts)
+
+    def cannot(self, gids: list[int], reason: str) -> None:
+        """Groups no spec can follow: one-line :class:`TraceError`, or with ``partial`` pinned for ``reason``."""
+        if not self.partial:
+            raise TraceError(f"trace_spec: {reason}")
+        self.pin(gids, reason)
 
     # ---- the pass ----------------------------------------------------------------------------
     def run(self) -> None:

@@ -168,6 +168,7 @@ class Groups(PinLog):
         self.ties: set[int] = set()  # elements that are head orders σ (a head axis), never spec groups
         self.head_sizes: dict[int, int] = {}  # root of a headed group -> features per head
         self.rigid: set[int] = set()  # roots of headed groups whose heads move whole (features in place)
+        self.partial = False  # set by the tracer: pin what cannot be followed instead of refusing
 
     def new(self) -> int:
         gid = len(self.parent) - 1
@@ -189,10 +190,21 @@ class Groups(PinLog):
             self.coarse[root] = (self.new(), factor)
         coarse, old = self.coarse[root]
         if old != factor:
-            raise TraceError(
-                f"trace_spec: one group is read by grouped convolutions in runs of {old} and of {factor} channels"
+            return self.refused(
+                root, f"one group is read by grouped convolutions in runs of {old} and of {factor} channels"
             )
         return coarse
+
+    def refused(self, gid: int, reason: str) -> int:
+        """A group the tracer cannot follow: one-line :class:`TraceError`, or with :attr:`partial` pinned for
+        ``reason`` (its coarse group and head order with it); FIXED."""
+        if not self.partial:
+            raise TraceError(f"trace_spec: {reason}")
+        cause = self.cause
+        self.cause = cause and (*cause[:2], reason)
+        self.union(gid, FIXED)
+        self.cause = cause
+        return FIXED
 
     def headed(self, gid: int, count: int, size: int) -> int:
         """Mark ``gid``'s group as ``count`` heads of ``size``; its tie (a new :attr:`ties` element the first time)."""
@@ -205,7 +217,7 @@ class Groups(PinLog):
             self.ties.add(tie)
             self.heads[root] = (count, tie)
         if self.heads[root][0] != count:
-            raise TraceError(f"trace_spec: one group is split into {self.heads[root][0]} and into {count} heads")
+            return self.refused(root, f"one group is split into {self.heads[root][0]} and into {count} heads")
         return self.find(self.heads[root][1])
 
     def make_rigid(self, gid: int) -> None:

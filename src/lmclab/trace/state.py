@@ -48,6 +48,7 @@ class TraceState:
 
     def __post_init__(self) -> None:
         self.state_keys = {k for k in self.gm.state_dict() if not CONSTANT.fullmatch(k)}
+        self.groups.partial = self.partial
 
     def check(self) -> None:
         """Assert the invariants the rules keep: every node remembered is a node of the graph, and so is
