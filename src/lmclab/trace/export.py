@@ -14,7 +14,8 @@ parameters and buffers (placeholders of the exported program) become ``get_attr`
 ``state_dict`` keys, and each ATen operation with a rule becomes the ``torch`` function of that rule
 (``aten.linear`` is ``F.linear``, ``aten.view`` a reshape, ``aten.slice`` and ``aten.unsqueeze`` an index,
 ``aten.embedding`` ``F.embedding`` with its arguments in that order, ``aten.pad``/``aten.constant_pad_nd``
-``F.pad``, ``aten.roll`` ``torch.roll``, ``aten.adaptive_avg_pool1d(x, 1)`` a mean over the last axis).
+``F.pad``, ``aten.roll`` ``torch.roll``, the 2-d poolings theirs, ``aten.adaptive_avg_pool1d(x, 1)`` a mean over the
+last axis).
 Elementwise ATen operations are in the tracer's tables (:mod:`lmclab.trace.groups`); the rest keep their
 ATen target and are refused when they touch a permuted tensor. Checks the program asserts on its own
 values (no result) are dropped.
@@ -58,6 +59,8 @@ SAME_ARGS = {
     aten.pad.default: F.pad,  # (input, pad, mode, value)
     aten.roll.default: torch.roll,  # (input, shifts, dims)
     aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,
+    aten.max_pool2d.default: F.max_pool2d,  # (input, kernel_size, stride, padding, dilation, ceil_mode)
+    aten.avg_pool2d.default: F.avg_pool2d,  # (input, kernel_size, stride, padding, ceil_mode, count_include_pad, …)
 }
 ASSERTS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default}
 
