@@ -313,6 +313,60 @@ def test_three_queue_prints_one_dvc_exp_per_point_in_a_dry_run() -> None:
     assert unknown.exit_code == 1 and "error: --points: unknown point(s) nope" in unknown.output
 
 
+def _fake_run(run: Path, width: int = 16) -> None:
+    """A finished run's params, history, pairs and alignment tables (no git: the commit reads as unknown)."""
+    tables = run / "data" / "tables"
+    tables.mkdir(parents=True)
+    (run / "params.yaml").write_text(
+        "data: {name: pydoc, context: 8, tokenizer: null}\nmodel: {gpt: {"
+        f"width: {width}, depth: 2, heads: 2, norm: layernorm, position: learned, mlp: gelu, tie_embeddings: true"
+        "}}\n"
+        "measure: {repair: repair}\ntrain: {epochs: 2, lr: 0.1, batch_size: 4, schedule: cosine, warmup_epochs: 0, "
+        "seeds: [0, 1, 2]}\n"
+    )
+    history = {"epoch": [1, 2, 2], "test_loss": [3.0, 1.0, 2.0], "test_acc": [0.1, 0.5, 0.3]}
+    pd.DataFrame(history).to_parquet(tables / "history.parquet")
+    pairs = pairs_with_repair()
+    pairs["norepair_test_loss_barrier_mid"] *= width / 16  # wider: higher barriers
+    pairs.to_parquet(tables / "pairs.parquet")
+    layers = ("embed.weight", "blocks.0.attn.q.weight", "blocks.0.fc1.weight")
+    rows = [
+        {"pair": p, "method": m, "layer": layer, "gamma": 0.3, "numerator": 1.0, "kept": 2, "R": 0.5}
+        for p in set(pairs["pair"])
+        for m in ("wm", "am")
+        for layer in layers
+    ]
+    pd.DataFrame(rows).to_parquet(tables / "alignment.parquet")
+
+
+def test_collect_builds_the_study_page_tables_and_figure_from_a_run_and_its_sweeps(tmp_path) -> None:
+    for name, width in (("run", 16), ("wide", 32), ("wider", 64)):
+        _fake_run(tmp_path / name, width)
+    out = tmp_path / "out"
+    args = ["study", "lm", "collect", "--run", str(tmp_path / "run"), "--out", str(out), "--dpi", "20"]
+    args += ["--width", f"32={tmp_path / 'wide'}", "--width", f"64={tmp_path / 'wider'}"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"{out}: 3 methods, 3 runs"
+    names = {"points", "table", "roles", "sweep_points", "sweep"}
+    assert {p.name for p in out.iterdir()} == {f"{n}.parquet" for n in names} | {
+        "explanation.json",
+        "trends.json",
+        "runs.json",
+        "lm.png",
+        "lm.md",
+    }
+    runs = pd.read_json(out / "runs.json", typ="series")
+    assert list(runs.index) == ["preset", "width 32", "width 64"]
+    assert "search_seconds" in runs["preset"] and "search_seconds" not in runs["width 32"]  # sweeps: not timed
+    sweep = pd.read_parquet(out / "sweep.parquet")
+    assert set(sweep["sweep"]) == {"width"} and len(pd.read_parquet(out / "table.parquet")) == 3
+    page = (out / "lm.md").read_text()
+    assert "GPT width 16, depth 2, 2 heads, layernorm, learned positions, gelu MLP" in page
+    assert "- width 32 (commit " in page and "- width 64 (commit " in page
+    assert "| WM (re-basin)'s R_0.3 rises as width grows |" in page
+
+
 def test_a_runs_information_is_read_from_its_params_tables_and_git_commit(tmp_path) -> None:
     import subprocess
 
