@@ -5,28 +5,20 @@ smallest model that reaches it. Each case is checked three ways:
 - the whole one-line message, node, operation, module path and reason (a reader greps for it);
 - with ``partial=True`` the trace goes through, the refused node's inputs are pinned with that reason, and
   random permutations of the spec keep the output in float64 (the partial spec is still exact);
-- the list itself: a reason in the source with no case here fails the last test, so a new refusal comes
-  with its case."""
+- the list itself: a reason in the source with no case here fails ``tests/meta/test_trace_catalogues.py``, so a
+  new refusal comes with its case."""
 
 from __future__ import annotations
 
-import ast
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 import torch
 from torch import nn
 
-import lmclab.trace
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
-
-SOURCE = Path(lmclab.trace.__file__).parent
-REASON_FUNCTIONS = ("heads_reason", "packed_reason", "unknown")  # functions returning a refusal's reason
-REFUSING = ("refuse", "refuse_packed")
 
 
 class Case(NamedTuple):
@@ -644,40 +636,3 @@ def test_under_partial_every_refusal_pins_its_inputs_with_the_reason_and_keeps_t
     if case.pins:
         assert pins and all(p.reason == case.reason and p.where == case.where for p in pins)
     _invariant(model, x, spec)
-
-
-def _template(node: ast.expr) -> str | None:
-    """A reason's text as a regular expression (an f-string's fields match anything), None for a name."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return re.escape(node.value)
-    if isinstance(node, ast.JoinedStr):
-        return "".join(re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in node.values)
-    return None
-
-
-def reasons_in_source() -> dict[str, str]:
-    """Every literal reason the tracer's rules refuse with: ``file:line`` → its regular expression."""
-    found = {}
-    for path in sorted(SOURCE.glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            texts: list[ast.expr] = []
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in REFUSING and len(node.args) > 1:
-                texts = [node.args[1]]
-            elif isinstance(node, ast.FunctionDef) and node.name in REASON_FUNCTIONS:
-                texts = [r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value is not None]
-            for text in texts:
-                if (pattern := _template(text)) is not None:
-                    found[f"{path.name}:{text.lineno}"] = pattern
-    return found
-
-
-def test_every_reason_the_tracer_refuses_with_has_a_case() -> None:
-    reasons = reasons_in_source()
-    assert len(reasons) > 40  # the walk finds the rules' reasons
-    missing = [
-        where for where, pattern in reasons.items() if not any(re.fullmatch(pattern, c.reason) for c in CASES.values())
-    ]
-    assert not missing, f"reasons with no case: {missing}"
-    stale = [key for key, c in CASES.items() if not any(re.fullmatch(p, c.reason) for p in reasons.values())]
-    assert not stale, f"cases whose reason the tracer no longer gives: {stale}"
