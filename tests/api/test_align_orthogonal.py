@@ -6,6 +6,7 @@ the alignment is saved with its matrices and kinds and read back; the refusals n
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -16,6 +17,16 @@ from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import apply_permutation, random_permutation
 
 VOCAB, CONTEXT = 23, 8
+NO_GROUP = (
+    "symmetry: the tracer proves no group of {} orthogonal (each meets a nonlinearity, BatchNorm, a gain folded into "
+    "a tied head or another operation that does not commute with rotations)"
+)
+TIED = "; 'embed.weight' and 'head.weight' are one tensor: align the untied copies lmclab.canonicalize returns"
+
+
+def _whole(message: str) -> str:
+    """A pattern matching exactly ``message``."""
+    return f"^{re.escape(message)}$"
 
 
 def _model(seed: int = 0, **options) -> torch.nn.Module:
@@ -97,7 +108,9 @@ def test_a_layernorm_copy_rotated_about_the_all_ones_vector_is_aligned_back(meth
 def test_the_refusals_name_their_argument(planted) -> None:
     model_a, model_b, _ = planted
     x = _tokens()[0]
-    with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rotation'"):
+    with pytest.raises(
+        ValueError, match=_whole("symmetry: expected one of ('permutation', 'orthogonal'), got 'rotation'")
+    ):
         lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
     with pytest.raises(
         ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry orthogonal by \('wm', 'am'\)$"
@@ -107,9 +120,10 @@ def test_the_refusals_name_their_argument(planted) -> None:
         options = {"statistic": "pearson"}
         lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=_tokens(), options=options)
     tied = _model(tie_embeddings=True)
-    with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Model") + TIED)):
         lmclab.align(tied, tied, symmetry="orthogonal", example_inputs=x)
-    with pytest.raises(TypeError, match="find_permutation\\(\\) seeks permutations: call lmclab.align"):
+    refusal = "find_permutation() seeks permutations: call lmclab.align(..., symmetry=...) for other kinds"
+    with pytest.raises(TypeError, match=_whole(refusal)):
         lmclab.find_permutation(model_a, model_b, symmetry="orthogonal", example_inputs=x)
     res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
     with pytest.raises(ValueError, match="'P_0' is a permutation group: an orthogonal map"):
@@ -124,8 +138,28 @@ def test_the_refusals_name_their_argument(planted) -> None:
 
 def test_the_refusal_of_state_dicts_names_the_class_of_their_module() -> None:
     tied, x = _model(tie_embeddings=True), _tokens()[0]
-    with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Model") + TIED)):
         lmclab.align(tied.state_dict(), tied.state_dict(), model=tied, symmetry="orthogonal", example_inputs=x)
+
+
+def test_a_model_without_tied_tensors_is_refused_without_the_untying_hint() -> None:
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Sequential"))):
+        lmclab.align(mlp, mlp.state_dict(), symmetry="orthogonal", example_inputs=torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["model_a", "model_b"])
+def test_a_zero_gain_beside_a_bias_is_refused_naming_the_model_it_belongs_to(which: int) -> None:
+    models = [_model(norm="layernorm"), _model(norm="layernorm")]
+    with torch.no_grad():
+        models[which].blocks[0].norm1.weight[0] = 0.0
+    expected = (
+        f"model_{'ab'[which]}: the gain 'blocks.0.norm1.weight' has a zero entry; its bias 'blocks.0.norm1.bias' "
+        "cannot be folded"
+    )
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.align(*models, symmetry="orthogonal", example_inputs=_tokens()[0][:2])
 
 
 def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry(planted) -> None:
