@@ -265,6 +265,29 @@ def test_a_factory_that_returns_no_module_is_refused() -> None:
     assert isinstance(build_factory("torch.nn:Identity", {}), nn.Identity)
 
 
+def test_a_factory_given_to_the_api_must_be_callable_and_return_a_module() -> None:
+    a, b = _net(0, norm=False), _net(1, norm=False)
+    with pytest.raises(TypeError, match=_whole("factory must be a callable or 'module:callable', got int")):
+        lmclab.find_permutation(a.state_dict(), b.state_dict(), factory=3, example_inputs=X)
+    with pytest.raises(ValueError, match=_whole("factory: returned Tensor, not an nn.Module")):
+        lmclab.find_permutation(a.state_dict(), b.state_dict(), factory=lambda: torch.zeros(2), example_inputs=X)
+    found = lmclab.find_permutation(
+        a.state_dict(), b.state_dict(), factory=lambda: _net(5, norm=False), example_inputs=X
+    )
+    assert sorted(len(p) for p in found.perm.values()) == [8]
+
+
+@pytest.mark.parametrize("which", ["model_a", "model_b"])
+def test_a_checkpoint_path_that_does_not_exist_is_refused_naming_the_argument(tmp_path, which: str) -> None:
+    torch.save(_state(), tmp_path / "net.pt")
+    paths = {"model_a": tmp_path / "net.pt", "model_b": tmp_path / "net.pt"} | {which: tmp_path / "gone.pt"}
+    expected = f"{which}: {tmp_path / 'gone.pt'}: no such file or folder"
+    with pytest.raises(FileNotFoundError, match=_whole(expected)):
+        lmclab.find_permutation(*paths.values(), model=_net(2, norm=False), example_inputs=X)
+    with pytest.raises(FileNotFoundError, match=_whole(expected)):
+        lmclab.merge(*paths.values())
+
+
 def test_an_alignment_file_keeps_its_spec_and_must_be_one_lmclab_wrote(tmp_path) -> None:
     spec = PermutationSpec({"w": ("P_0", (Segment("P_1", 4, 2), Segment(None, 3))), "b": ("P_0",)}, frozenset({"b"}))
     perm = {"P_0": torch.tensor([2, 0, 1]), "P_1": torch.tensor([1, 0])}

@@ -70,7 +70,9 @@ def test_the_refusal_names_partial_and_partial_permutes_only_what_is_proven(nets
         res = lmclab.find_permutation(net, b, method=method, example_inputs=x, data=(x, x[:, 0]), partial=True)
         aligned = res.apply(b)
         assert res.spec == spec and all(torch.equal(aligned[k], v) for k, v in net.state_dict().items())
-    with pytest.raises(ValueError, match="^partial: applies to a traced spec"):
+    with pytest.raises(
+        ValueError, match=r"^partial: applies to a traced spec; a spec given as spec= is used as it is$"
+    ):
         lmclab.find_permutation(net, b, spec=spec, partial=True)
 
 
