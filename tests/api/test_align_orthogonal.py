@@ -162,6 +162,28 @@ def test_a_zero_gain_beside_a_bias_is_refused_naming_the_model_it_belongs_to(whi
         lmclab.align(*models, symmetry="orthogonal", example_inputs=_tokens()[0][:2])
 
 
+@pytest.fixture(scope="module")
+def layernorm_alignment() -> lmclab.Alignment:
+    x = _tokens()[0][:2]
+    return lmclab.align(_model(norm="layernorm"), _model(1, norm="layernorm"), symmetry="orthogonal", example_inputs=x)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["model_a", "model_b"])
+def test_a_merge_by_an_orthogonal_alignment_names_the_model_whose_zero_gain_cannot_be_folded(
+    layernorm_alignment, which: int
+) -> None:
+    found = layernorm_alignment
+    models = [_model(norm="layernorm"), _model(1, norm="layernorm")]
+    with torch.no_grad():
+        models[which].blocks[0].norm1.weight[0] = 0.0
+    zero = "the gain 'blocks.0.norm1.weight' has a zero entry; its bias 'blocks.0.norm1.bias' cannot be folded"
+    expected = f"model_a: {zero}" if which == 0 else f"alignment: found for another model than model_b: {zero}"
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.merge(*models, found)
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.l2_reduction(*models, found)
+
+
 def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry(planted) -> None:
     import inspect
 

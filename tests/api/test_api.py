@@ -187,7 +187,7 @@ def test_errors_of_the_functions_below_name_the_apis_own_arguments() -> None:
 
 
 def test_lambdas_must_hold_both_endpoints_and_the_midpoint() -> None:
-    with pytest.raises(ValueError, match=r"^lambdas must lie in \[0, 1\] and hold 0, 0.5 and 1"):
+    with pytest.raises(ValueError, match=r"^lambdas must lie in \[0, 1\] and hold 0, 0\.5 and 1, got \[0\.0, 1\.0\]$"):
         lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), lambdas=[0, 1])
 
 
