@@ -128,6 +128,31 @@ def test_an_unreadable_safetensors_file_without_a_message_is_worded_by_its_excep
         load_model_file(path)
 
 
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [("x" * 200 + "\nsecond line", "x" * 120), ("short\n" + "y" * 200, "short")],
+    ids=["long", "lines"],
+)
+def test_an_unreadable_safetensors_files_reason_is_its_first_line_cut_to_120_characters(
+    tmp_path, monkeypatch, message: str, reason: str
+) -> None:
+    import safetensors.torch
+    from safetensors.torch import save_file
+
+    from lmclab.api.files import load_model_file
+
+    path = tmp_path / "m.safetensors"
+    save_file(_bn_net(0).state_dict(), path)
+
+    def load(*args, **kwargs):
+        raise OSError(message)
+
+    monkeypatch.setattr(safetensors.torch, "load_file", load)
+    expected = f"{path}: not a readable safetensors file (truncated or corrupted? {reason})"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        load_model_file(path)
+
+
 def test_a_hugging_face_folder_needs_transformers_and_a_config_object(tmp_path, monkeypatch) -> None:
     (tmp_path / "config.json").write_text(json.dumps(["not", "an", "object"]))
     with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'config.json'))}: expected a JSON object$"):
