@@ -366,6 +366,44 @@ def test_weights_data_and_flags_are_refused_naming_the_file_or_the_flag(
     assert sorted(p.name for p in odd.iterdir()) == before  # nothing written, not even a temporary file
 
 
+@pytest.fixture(scope="module")
+def rotated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two tiny GPTs with LayerNorm (a gain beside a bias) as state dicts, an orthogonal alignment of them, and
+    each with a zero in one gain (``a0.pt``, ``b0.pt``)."""
+    import lmclab as api
+    from lmclab.archs import gpt
+
+    work = tmp_path_factory.mktemp("cli_rotated")
+    shapes = dict(width=12, depth=1, heads=2, mlp_ratio=2, norm="layernorm", position="rotary", tie_embeddings=False)
+    models = []
+    for seed, name in ((0, "a"), (1, "b")):
+        torch.manual_seed(seed)
+        models.append(gpt.Model(gpt.Config(input_shape=(8,), num_classes=23, **shapes)).eval())
+        state = {k: v.clone() for k, v in models[-1].state_dict().items()}
+        torch.save(state, work / f"{name}.pt")
+        state["blocks.0.norm1.weight"][0] = 0.0
+        torch.save(state, work / f"{name}0.pt")
+    x = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(0))
+    api.align(*models, symmetry="orthogonal", example_inputs=x).save(work / "rot.pt")
+    return work
+
+
+@pytest.mark.parametrize(
+    ("pair", "message"),
+    [
+        (("a0.pt", "b.pt"), "error: a0.pt: "),
+        (("a.pt", "b0.pt"), "error: --alignment rot.pt: found for another model than b0.pt: "),
+    ],
+)
+def test_a_zero_gain_beside_a_bias_is_refused_naming_the_file_it_is_in(
+    rotated: Path, pair: tuple[str, str], message: str
+) -> None:
+    zero = "the gain 'blocks.0.norm1.weight' has a zero entry; its bias 'blocks.0.norm1.bias' cannot be folded"
+    err = lmclab(rotated, "merge", *pair, "--alignment", "rot.pt", "--out", "m.pt", ok=False, shell=False).stderr
+    assert err == f"{message}{zero}\n", err
+    lmclab(rotated, "merge", "a.pt", "b.pt", "--alignment", "rot.pt", "--out", "m.pt", shell=False)
+
+
 def test_trace_names_kwargs_that_are_not_json(work: Path) -> None:
     args = ["trace", "nets:mlp", "--input-shape", "1,28,28", "--kwargs", "{num_classes: 10}"]
     err = lmclab(work, *args, ok=False, shell=False).stderr
