@@ -404,6 +404,25 @@ def test_a_zero_gain_beside_a_bias_is_refused_naming_the_file_it_is_in(
     lmclab(rotated, "merge", "a.pt", "b.pt", "--alignment", "rot.pt", "--out", "m.pt", shell=False)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("first line\nsecond line"), TypeError("first line"), FileNotFoundError("first line")],
+    ids=["ValueError", "TypeError", "FileNotFoundError"],
+)
+def test_a_commands_bad_input_is_its_first_line_and_exit_1(capsys, error: Exception) -> None:
+    import typer
+
+    from lmclab.cli.common import one_line
+
+    @one_line
+    def command() -> None:
+        raise error
+
+    with pytest.raises(typer.Exit) as exited:
+        command()
+    assert exited.value.exit_code == 1 and capsys.readouterr().err == "error: first line\n"
+
+
 def test_trace_names_kwargs_that_are_not_json(work: Path) -> None:
     args = ["trace", "nets:mlp", "--input-shape", "1,28,28", "--kwargs", "{num_classes: 10}"]
     err = lmclab(work, *args, ok=False, shell=False).stderr
