@@ -158,8 +158,9 @@ AT_LEAST_2 = "models: expected a list of at least 2 models (nn.Modules, state di
             "models[1]: tensor '3.bias' has shape (5,), models[0]'s (16,)",
         ),
         (
-            lambda m, x: lmclab.merge_many([m, m, {"w": torch.zeros(2)}], example_inputs=x),
-            "models[2]: tensor names differ from models[0]'s (missing ['1.bias', '1.weight', '3.bias'], extra ['w'])",
+            lambda m, x: lmclab.merge_many([m, m, {k: torch.zeros(2) for k in "wxyz"}], example_inputs=x),
+            "models[2]: tensor names differ from models[0]'s (missing ['1.bias', '1.weight', '3.bias'], extra ['w', "
+            "'x', 'y'])",  # the first three of each
         ),
     ],
 )
