@@ -126,7 +126,9 @@ def test_bn_repair_recomputes_the_statistics_of_the_interpolated_model() -> None
         net, net.state_dict(), eval_data=(x, y), num_lambdas=3, repair="bn", repair_data=(x, y), device="cpu"
     )
     assert [r["loss"] for r in stale.rows] != pytest.approx([r["loss"] for r in fixed.rows])
-    with pytest.raises(ValueError, match="^repair: 'bn' does not fit this model; use repair or none"):
+    with pytest.raises(
+        ValueError, match=r"^repair: 'bn' does not fit this model; use repair or none: the model has no BatchNorm$"
+    ):
         lmclab.curve(_mlp(0), _mlp(1), eval_data=(torch.randn(4, 12), torch.zeros(4)), repair="bn", repair_data=(x, y))
 
 
@@ -183,7 +185,7 @@ def test_errors_of_the_functions_below_name_the_apis_own_arguments() -> None:
     data, bn = (torch.randn(8, 12), torch.zeros(8)), nn.Sequential(nn.Linear(12, 4), nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match=r"^num_lambdas must be at least 2 \(both endpoints\), got 1$"):
         lmclab.curve(_mlp(0), _mlp(1), eval_data=data, num_lambdas=1)
-    with pytest.raises(ValueError, match=r"^repair_samples must be a positive number"):
+    with pytest.raises(ValueError, match=r"^repair_samples must be a positive number of images or null, got 0$"):
         lmclab.curve(bn, bn.state_dict(), eval_data=data, repair="bn", repair_data=data, repair_samples=0)
 
 
@@ -280,7 +282,11 @@ def test_checkpoint_paths_are_models_with_their_factory(tmp_path, monkeypatch) -
         lmclab.find_permutation(a, b, kwargs={"width": 3}, example_inputs=x)
     with pytest.raises(ValueError, match=r"^factory: give the module as model= or its factory as factory=, not both$"):
         lmclab.find_permutation(a, b, model=a, factory=lambda: a, example_inputs=x)
-    with pytest.raises(ValueError, match=r"^model: tracing the permutation spec needs the nn.Module"):
+    needs = (
+        "model: tracing the permutation spec needs the nn.Module the state dicts belong to (pass model= or factory=, "
+        "or model_a as a module, a Hugging Face folder or an lmclab checkpoint)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(needs)}$"):
         lmclab.find_permutation(tmp_path / "a.pt", tmp_path / "b.safetensors", example_inputs=x)
 
 

@@ -59,7 +59,11 @@ def test_data_needing_methods_are_read_off_the_registry() -> None:
     assert [m for m in METHODS if needs_data(m)] == ["am", "ste", "ste_sinkhorn"]
     assert [m for m in MANY_METHODS if needs_data(m)] == ["cca", "zipit"]
     assert needs_model("am") and not needs_model("wm") and not needs_data("c2m3")
-    with pytest.raises(ValueError, match=r"^method: unknown method 'nope'"):
+    unknown = (
+        "method: unknown method 'nope'; expected one of ['identity', 'wm', 'am', 'ste', 'wm_sinkhorn', 'ste_sinkhorn', "
+        "'merge_many', 'c2m3', 'sync', 'star', 'cca', 'zipit']"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(unknown)}$"):
         needs_data("nope")
 
 
