@@ -293,6 +293,8 @@ def test_a_checkpoint_path_that_does_not_exist_is_refused_naming_the_argument(tm
         lmclab.find_permutation(*paths.values(), model=_net(2, norm=False), example_inputs=X)
     with pytest.raises(FileNotFoundError, match=_whole(expected)):
         lmclab.merge(*paths.values())
+    with pytest.raises(FileNotFoundError, match=_whole(expected)):
+        lmclab.curve(*paths.values(), model=_net(2, norm=False), eval_data=(X, Y), num_lambdas=3)
 
 
 def test_an_alignment_file_keeps_its_spec_and_must_be_one_lmclab_wrote(tmp_path) -> None:
