@@ -201,4 +201,5 @@ def test_the_study_page_is_collected_from_a_finished_run(tmp_path):
     assert "| C2M3 | " in page and (out / "many_models.png").stat().st_size > 0
     assert json.loads((out / "run.json").read_text())["seeds"] == [0, 1, 2]
     missing = CliRunner().invoke(app, ["study", "many", "collect", "--run", str(tmp_path), "--out", str(out)])
-    assert missing.exit_code != 0 and "--run: expected a run with" in str(missing.exception or missing.output)
+    tables = f"{tmp_path / 'data' / 'merge_many'}/{{evaluation,methods,pairwise}}.parquet"
+    assert missing.exit_code == 1 and missing.output == f"error: --run: expected a run with {tables}, got {tmp_path}\n"

@@ -18,6 +18,17 @@ from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import apply_permutation, random_permutation
 
 VOCAB, CONTEXT = 23, 8
+NO_GROUP = (
+    "symmetry: the tracer proves no group of {} orthogonal; P_0, the group on the most tensors, stays a permutation "
+    "group: "
+)
+TIED_GAIN = "gain 'norm.weight' is read by 'head.weight', one tensor with another entry"
+TIED = "; 'embed.weight' and 'head.weight' are one tensor: align the untied copies lmclab.canonicalize returns"
+
+
+def _whole(message: str) -> str:
+    """A pattern matching exactly ``message``."""
+    return f"^{re.escape(message)}$"
 
 
 def _model(seed: int = 0, **options) -> torch.nn.Module:
@@ -99,27 +110,32 @@ def test_a_layernorm_copy_rotated_about_the_all_ones_vector_is_aligned_back(meth
 def test_the_refusals_name_their_argument(planted) -> None:
     model_a, model_b, _ = planted
     x = _tokens()[0]
-    with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rotation'"):
+    with pytest.raises(
+        ValueError, match=_whole("symmetry: expected one of ('permutation', 'orthogonal'), got 'rotation'")
+    ):
         lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
     with pytest.raises(
         ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry orthogonal by \('wm', 'am'\)$"
     ):
         lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
-    with pytest.raises(ValueError, match=r"^statistic: 'pearson' normalises each unit, which an orthogonal map mixes"):
+    pearson = (
+        "statistic: 'pearson' normalises each unit, which an orthogonal map mixes; orthogonal groups are matched on "
+        "the cross moment E[a bᵀ] (cross_moment)"
+    )
+    with pytest.raises(ValueError, match=_whole(pearson)):
         options = {"statistic": "pearson"}
         lmclab.align(model_a, model_b, method="am", symmetry="orthogonal", data=_tokens(), options=options)
     tied = _model(tie_embeddings=True)
-    refusal = (
-        "symmetry: the tracer proves no group of Model orthogonal; P_0, the group on the most tensors, stays a "
-        "permutation group: gain 'norm.weight' is read by 'head.weight', one tensor with another entry; "
-        "'embed.weight' and 'head.weight' are one tensor: align the untied copies lmclab.canonicalize returns"
-    )
-    with pytest.raises(ValueError, match=f"^{re.escape(refusal)}$"):
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Model") + TIED_GAIN + TIED)):
         lmclab.align(tied, tied, symmetry="orthogonal", example_inputs=x)
-    with pytest.raises(TypeError, match="find_permutation\\(\\) seeks permutations: call lmclab.align"):
+    refusal = "find_permutation() seeks permutations: call lmclab.align(..., symmetry=...) for other kinds"
+    with pytest.raises(TypeError, match=_whole(refusal)):
         lmclab.find_permutation(model_a, model_b, symmetry="orthogonal", example_inputs=x)
     res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
-    with pytest.raises(ValueError, match="'P_0' is a permutation group: an orthogonal map"):
+    with pytest.raises(
+        ValueError,
+        match=_whole("group 'P_0' is a permutation group: an orthogonal map of its units changes the function"),
+    ):
         lmclab.apply_permutation(lmclab.trace_spec(model_a, x), res.perm, model_b.state_dict())
     moved = lmclab.apply_permutation(res.spec, res.perm, model_b.state_dict())  # folds θb's gains (all 1 here)
     twin = copy.deepcopy(model_a)
@@ -159,8 +175,51 @@ def test_the_refusal_of_no_orthogonal_group_says_which_node_keeps_the_widest_gro
 
 def test_the_refusal_of_state_dicts_names_the_class_of_their_module() -> None:
     tied, x = _model(tie_embeddings=True), _tokens()[0]
-    with pytest.raises(ValueError, match="^symmetry: the tracer proves no group of Model orthogonal"):
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Model") + TIED_GAIN + TIED)):
         lmclab.align(tied.state_dict(), tied.state_dict(), model=tied, symmetry="orthogonal", example_inputs=x)
+
+
+def test_a_model_without_tied_tensors_is_refused_without_the_untying_hint() -> None:
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    relu = "node '_1': ReLU does not commute with rotations of its units"
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Sequential") + relu)):
+        lmclab.align(mlp, mlp.state_dict(), symmetry="orthogonal", example_inputs=torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["model_a", "model_b"])
+def test_a_zero_gain_beside_a_bias_is_refused_naming_the_model_it_belongs_to(which: int) -> None:
+    models = [_model(norm="layernorm"), _model(norm="layernorm")]
+    with torch.no_grad():
+        models[which].blocks[0].norm1.weight[0] = 0.0
+    expected = (
+        f"model_{'ab'[which]}: the gain 'blocks.0.norm1.weight' has a zero entry; its bias 'blocks.0.norm1.bias' "
+        "cannot be folded"
+    )
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.align(*models, symmetry="orthogonal", example_inputs=_tokens()[0][:2])
+
+
+@pytest.fixture(scope="module")
+def layernorm_alignment() -> lmclab.Alignment:
+    x = _tokens()[0][:2]
+    return lmclab.align(_model(norm="layernorm"), _model(1, norm="layernorm"), symmetry="orthogonal", example_inputs=x)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["model_a", "model_b"])
+def test_a_merge_by_an_orthogonal_alignment_names_the_model_whose_zero_gain_cannot_be_folded(
+    layernorm_alignment, which: int
+) -> None:
+    found = layernorm_alignment
+    models = [_model(norm="layernorm"), _model(1, norm="layernorm")]
+    with torch.no_grad():
+        models[which].blocks[0].norm1.weight[0] = 0.0
+    zero = "the gain 'blocks.0.norm1.weight' has a zero entry; its bias 'blocks.0.norm1.bias' cannot be folded"
+    expected = f"model_a: {zero}" if which == 0 else f"alignment: found for another model than model_b: {zero}"
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.merge(*models, found)
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.l2_reduction(*models, found)
 
 
 def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_align_but_symmetry(planted) -> None:
@@ -203,7 +262,7 @@ def test_canonicalize_unties_a_head_tied_to_the_embeddings_and_keeps_the_functio
 def test_a_tied_model_is_refused_naming_the_shared_tensors_and_its_canonical_copies_are_aligned_back() -> None:
     x, y = _tokens()
     model_a = _model(tie_embeddings=True, norm="layernorm")
-    with pytest.raises(ValueError, match=r"'embed\.weight' and 'head\.weight' are one tensor: align the untied co"):
+    with pytest.raises(ValueError, match=_whole(NO_GROUP.format("Model") + TIED_GAIN + TIED)):
         lmclab.align(model_a, model_a, symmetry="orthogonal", example_inputs=x)
     canonical = lmclab.canonicalize(model_a, x)
     spec = lmclab.trace_spec(canonical, x, symmetry="orthogonal")

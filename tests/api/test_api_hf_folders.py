@@ -4,6 +4,7 @@ its state dict, and inputs to trace it on, with no other argument."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,8 @@ def test_find_permutation_and_merge_read_folders_by_path(folders: Path) -> None:
 @pytest.mark.parametrize("which", ["model_a", "model_b"])
 def test_a_path_that_is_no_folder_is_one_line_naming_the_argument(folders: Path, which: str) -> None:
     args = {"model_a": folders / "a", "model_b": folders / "b"} | {which: folders / "missing"}
-    with pytest.raises(FileNotFoundError, match=rf"^{which}: .*missing: no such file or folder"):
+    expected = f"{which}: {folders / 'missing'}: no such file or folder"
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(expected)}$"):
         lmclab.find_permutation(args["model_a"], args["model_b"])
 
 

@@ -193,6 +193,17 @@ def test_a_tensor_the_folder_lacks_is_refused_unless_the_model_ties_it(saved, tm
         lmclab.merge(saved / "a", folder, lam=0.3)
 
 
+def test_an_encoder_decoder_without_a_decoder_start_token_is_refused_when_its_inputs_are_to_be_built() -> None:
+    shapes = {"vocab_size": 50, "d_model": 16, "d_kv": 4, "d_ff": 32, "num_layers": 1, "num_heads": 4}
+    bare = transformers.T5ForConditionalGeneration(transformers.T5Config(**shapes)).eval()
+    expected = (
+        "T5ForConditionalGeneration: an encoder–decoder reads decoder_input_ids besides input_ids, and its config "
+        "sets no decoder_start_token_id to build them from (set it in config.json)"
+    )
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.find_permutation(bare, bare)
+
+
 def test_writing_onto_a_folder_that_is_not_empty_fails_and_leaves_nothing(saved, tmp_path) -> None:
     model = transformers.GPT2LMHeadModel.from_pretrained(saved / "a")
     own = {k: v.clone() for k, v in model.state_dict().items()}

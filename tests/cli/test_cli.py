@@ -285,8 +285,12 @@ def test_trace_prints_the_groups_or_the_refusal(work: Path) -> None:
 def test_validate_reads_a_params_file(work: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     assert "valid" in lmclab(work, "validate", str(root / "params.yaml")).stdout
-    (work / "bad.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1))
-    assert "train.epochs" in lmclab(work, "validate", "bad.yaml", ok=False, shell=False).stderr
+    text = (root / "params.yaml").read_text().replace("epochs: 20", "epochs: 0", 1)
+    (work / "bad.yaml").write_text(text.replace("optimizer: adam ", "optimizer: lbfgs ", 1))
+    assert lmclab(work, "validate", "bad.yaml", ok=False, shell=False).stderr == (  # one line per bad key
+        "error: train.epochs: expected an integer ≥ 1, got 0\nerror: train.optimizer: expected one of adam, sgd, "
+        "got 'lbfgs'\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["", "match", "merge", "merge-many", "barrier", "trace", "validate", "study"])

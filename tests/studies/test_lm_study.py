@@ -257,15 +257,15 @@ def test_a_sweep_run_is_split_at_its_first_equals_sign_so_its_folder_may_hold_on
 
 def test_collect_refuses_a_sweep_without_a_value_and_a_folder_that_is_no_run(tmp_path) -> None:
     bad = CliRunner().invoke(app, ["study", "lm", "collect", "--run", str(tmp_path), "--width", str(tmp_path)])
-    assert bad.exit_code == 1 and f"--width: expected VALUE=DIR of a finished run, got '{tmp_path}'" in bad.output
+    assert (
+        bad.exit_code == 1 and bad.output == f"error: --width: expected VALUE=DIR of a finished run, got '{tmp_path}'\n"
+    )
     (tmp_path / "params.yaml").write_text("data: {}\n")
     missing = CliRunner().invoke(
         app, ["study", "lm", "collect", "--run", str(tmp_path), "--out", str(tmp_path / "out")]
     )
-    assert (
-        missing.exit_code == 1
-        and "no data/tables/history.parquet (expected a finished run of the pipeline)" in missing.output
-    )
+    no_run = f"error: {tmp_path}: no data/tables/history.parquet (expected a finished run of the pipeline)\n"
+    assert missing.exit_code == 1 and missing.output == no_run
     assert not (tmp_path / "out").exists()
 
 
@@ -295,7 +295,11 @@ def test_a_sweep_study_names_a_parameter_its_experiments_lack(monkeypatch, tmp_p
 
     monkeypatch.setattr(sweeps, "experiment_runs", runs)
     result = CliRunner().invoke(app, ["study", "sweep", "--param", "train.nope", "--out", str(tmp_path)])
-    assert result.exit_code == 1 and "error: --param train.nope: not a parameter of these experiments" in result.output
+    assert (
+        result.exit_code == 1 and result.output == "error: --param train.nope: not a parameter of these experiments\n"
+    )
+    mixup = CliRunner().invoke(app, ["study", "mixup", "--out", str(tmp_path)])
+    assert mixup.exit_code == 1 and mixup.output == "error: train.mixup_alpha: not a parameter of these experiments\n"
 
 
 def test_three_queue_prints_one_dvc_exp_per_point_in_a_dry_run() -> None:
@@ -309,8 +313,12 @@ def test_three_queue_prints_one_dvc_exp_per_point_in_a_dry_run() -> None:
         "-S 'three.triples=[[0,2,4],[1,3,5],[6,7,8]]' -S 'permute.pairs=[[0,2],[1,3],[6,7]]' "
         """-S 'three.methods=["wm_sinkhorn","ste_sinkhorn","wm"]' connect"""
     )
-    unknown = CliRunner().invoke(app, ["study", "three", "queue", "--points", "nope", "--dry-run"])
-    assert unknown.exit_code == 1 and "error: --points: unknown point(s) nope" in unknown.output
+    unknown = CliRunner().invoke(app, ["study", "three", "queue", "--points", "nope,default,zz", "--dry-run"])
+    known = (
+        "default, epochs-50, epochs-100, train-1k, train-2k, width-128, width-1024, width-2048, width-1024-wm-lr10, "
+        "width-2048-wm-lr80, wm-10x100, ste-epochs-20, ste-init-wm, epochs-100-wm-10x100"
+    )
+    assert unknown.exit_code == 1 and unknown.output == f"error: --points: unknown point(s) nope, zz; known: {known}\n"
 
 
 def _fake_run(run: Path, width: int = 16) -> None:

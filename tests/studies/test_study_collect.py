@@ -47,6 +47,22 @@ def test_three_collect_tabulates_each_experiments_edges_under_their_method(tmp_p
     assert edges.loc[edges["edge"] != "a-b", "objective"].isna().all() and not edges["stalled"].any()
 
 
+def test_three_collect_refuses_when_no_experiment_has_finished_and_writes_nothing(tmp_path, monkeypatch) -> None:
+    import lmclab.pipeline.runs as runs
+
+    def experiment_files(rev: str, pattern: str) -> dict[str, str]:
+        raise RuntimeError(f"unknown revision {rev}\nmore")  # dvc: still queued, or failed
+
+    monkeypatch.setattr(runs, "experiment_files", experiment_files)
+    args = ["study", "three", "collect", "--out", str(tmp_path), "--points", "default", "--dpi", "30"]
+    result = CliRunner().invoke(app, [*args, "--params", str(ROOT / "params.yaml")])
+    assert result.exit_code == 1 and result.output == (
+        "default: left out (RuntimeError: unknown revision three-default)\n"
+        "error: no finished study experiment; run `lmclab study three queue` first\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def _transformer_run(folder, objective: str) -> str:
     """A finished run of the ViT preset (``objective`` supervised or mae) in its own git repository: two pairs
     of identity and WM, whose P_res keeps 1 and ½ of the units in place; its commit."""
@@ -88,3 +104,19 @@ def test_transformer_collect_reads_each_runs_pairs_permutations_history_and_comm
     assert (runs["vit"]["mae"], runs["vit"]["final_test_acc"], runs["mae"]["final_test_acc"]) == (None, 0.9, None)
     assert runs["mae"]["mae"]["mask_ratio"] == 0.75 and runs["vit"]["seconds_per_epoch"] == 4.0
     assert f"- **vit** (commit {runs['vit']['commit']}): ViT patch 4" in (out / "transformers.md").read_text()
+
+
+@pytest.mark.parametrize("item", ["{run}", "x={run}"], ids=["no-name", "no-run"])
+def test_transformer_collect_refuses_a_run_without_a_name_or_a_folder_without_pairs(
+    tmp_path, monkeypatch, item: str
+) -> None:
+    item = item.format(run=tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "data" / "tables").mkdir(parents=True)
+    (tmp_path / "data" / "tables" / "pairs.parquet").touch()  # the folder the command runs in looks like a run
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["study", "transformer", "collect", "--run", item, "--out", str(out)])
+    expected = f"error: --run: expected NAME=DIR of a finished run (DIR/data/tables/pairs.parquet), got {item!r}\n"
+    assert result.exit_code == 1 and result.output == expected
+    assert not out.exists()

@@ -9,6 +9,7 @@ grouped queries is the one in the spec (heads move whole; a key/value head takes
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -245,7 +246,11 @@ def test_an_encoder_decoders_inputs_are_built_from_its_decoder_start_token_or_re
     assert inputs["decoder_input_ids"][:, 0].tolist() == [3, 3]
     assert torch.equal(inputs["decoder_input_ids"][:, 1:], inputs["input_ids"][:, :-1])  # shifted right
     bare = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5))
-    with pytest.raises(ValueError, match="reads decoder_input_ids besides input_ids.*no decoder_start_token_id"):
+    expected = (
+        "T5ForConditionalGeneration: an encoder–decoder reads decoder_input_ids besides input_ids, and its config "
+        "sets no decoder_start_token_id to build them from (set it in config.json)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         example_inputs(bare, None)
 
 
