@@ -120,9 +120,15 @@ def _headed(forward: Callable[..., torch.Tensor]) -> Callable[[], tuple[nn.Modul
     return lambda: (Net(forward, q=nn.Linear(16, 16), mix=nn.Linear(4, 4)), torch.randn(2, 9, 16))
 
 
-def _convs(forward: Callable[..., torch.Tensor], **layers: nn.Module) -> Callable[[], tuple[nn.Module, Any]]:
-    """A ``Net`` with convs ``c1`` and ``c2`` (2 → 3 channels) and ``layers``, on ``(1, 2, 4, 4)`` inputs."""
-    return lambda: (Net(forward, c1=nn.Conv2d(2, 3, 1), c2=nn.Conv2d(2, 3, 1), **layers), torch.randn(1, 2, 4, 4))
+def _convs(
+    forward: Callable[..., torch.Tensor], **layers: Callable[[], nn.Module]
+) -> Callable[[], tuple[nn.Module, Any]]:
+    """A ``Net`` with convs ``c1`` and ``c2`` (2 → 3 channels) and ``layers`` (each built anew from its factory, so
+    that no case shares a module with another build), on ``(1, 2, 4, 4)`` inputs."""
+    return lambda: (
+        Net(forward, c1=nn.Conv2d(2, 3, 1), c2=nn.Conv2d(2, 3, 1), **{k: f() for k, f in layers.items()}),
+        torch.randn(1, 2, 4, 4),
+    )
 
 
 def _two_parts(m: Net, x: torch.Tensor) -> torch.Tensor:
@@ -532,7 +538,7 @@ CASES: dict[str, Case] = {
     ),
     # --- layers.py ---------------------------------------------------------------------------------------
     "grouped-conv-over-segments-that-split-its-groups": Case(
-        _convs(lambda m, x: m.g(_two_parts(m, x)), g=nn.Conv2d(6, 6, 1, groups=3)),
+        _convs(lambda m, x: m.g(_two_parts(m, x)), g=lambda: nn.Conv2d(6, 6, 1, groups=3)),
         "g",
         "Conv2d",
         "g",
@@ -546,7 +552,7 @@ CASES: dict[str, Case] = {
         "a LayerNorm or RMSNorm over more than the permuted feature axis",
     ),
     "group-norm-module-over-split-runs": Case(
-        _convs(lambda m, x: m.gn(_two_parts(m, x)), gn=nn.GroupNorm(3, 6)),
+        _convs(lambda m, x: m.gn(_two_parts(m, x)), gn=lambda: nn.GroupNorm(3, 6)),
         "gn",
         "GroupNorm",
         "gn",
