@@ -427,12 +427,12 @@ def test_an_addmm_of_the_models_unpermuted_input_writes_a_new_group():
 
 class Forms(Net):
     """:class:`Net` with the layers the call-form families read: a Linear of 12 (a flatten of two samples of 6),
-    of 96 (6 channels of 4 × 4), a LayerNorm and a BatchNorm of 6, a packed ``qkv`` (2 heads of 4) with its
-    output projection, and a MultiheadAttention of 8 on a Linear's units."""
+    of 96 (6 channels of 4 × 4), a conv of 3 channels (the kernel's input), a LayerNorm and a BatchNorm of 6, a
+    packed ``qkv`` (2 heads of 4) with its output projection, and a MultiheadAttention of 8 on a Linear's units."""
 
     def __init__(self, forward) -> None:
         super().__init__(forward)
-        self.flat, self.img = nn.Linear(12, 3), nn.Linear(96, 3)
+        self.flat, self.img, self.conv_3 = nn.Linear(12, 3), nn.Linear(96, 3), nn.Conv2d(3, 3, 1)
         self.ln, self.bn = nn.LayerNorm(6), nn.BatchNorm2d(6).eval()
         self.qkv, self.out, self.inp = nn.Linear(8, 24), nn.Linear(8, 8), nn.Linear(8, 8)
         self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
@@ -446,6 +446,10 @@ class Forms(Net):
 def swapped(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The two halves of the units, the second first."""
     return torch.cat([pieces[1], pieces[0]], -1)
+
+
+def added(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return pieces[0] + pieces[1]
 
 
 def qkv_parts(m: Forms, x: torch.Tensor) -> torch.Tensor:
@@ -522,11 +526,11 @@ FORMS = {
         ],
     ),
     "cat-of-the-samples": (
-        SEQ,
+        FLAT,
         [
             lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)]))),
             lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)], 0))),
-            lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)], dim=-3))),
+            lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)], dim=-2))),
             lambda m, x: m.head(torch.relu(torch.concatenate([m.a(x), m.a(2 * x)]))),
         ],
     ),
@@ -545,13 +549,13 @@ FORMS = {
         ],
     ),
     "split-of-the-samples": (
-        SEQ,
+        FLAT,
         [
-            lambda m, x: m.head(torch.relu(sum(torch.split(m.a(x), 1)))),
-            lambda m, x: m.head(torch.relu(sum(torch.split(m.a(x), 1, 0)))),
-            lambda m, x: m.head(torch.relu(sum(m.a(x).split(1, dim=-3)))),
-            lambda m, x: m.head(torch.relu(sum(m.a(x).chunk(2)))),
-            lambda m, x: m.head(torch.relu(sum(torch.chunk(m.a(x), 2, dim=0)))),
+            lambda m, x: m.head(torch.relu(added(torch.split(m.a(x), 1)))),
+            lambda m, x: m.head(torch.relu(added(torch.split(m.a(x), 1, 0)))),
+            lambda m, x: m.head(torch.relu(added(m.a(x).split(1, dim=-2)))),
+            lambda m, x: m.head(torch.relu(added(m.a(x).chunk(2)))),
+            lambda m, x: m.head(torch.relu(added(torch.chunk(m.a(x), 2, dim=0)))),
         ],
     ),
     "move-of-the-units": (
@@ -693,10 +697,10 @@ FORMS = {
     "conv-of-one-group": (
         image_input,
         [
-            lambda m, x: m.head(F.conv2d(x, m.kernel, m.bias).mean((2, 3))),
-            lambda m, x: m.head(F.conv2d(x, m.kernel, m.bias, groups=1).mean((2, 3))),
-            lambda m, x: m.head(F.conv2d(x, m.kernel, m.bias, 1, 0, 1, 1).mean((2, 3))),
-            lambda m, x: m.head(F.conv2d(x, m.kernel, bias=m.bias, padding=0).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, m.bias).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, m.bias, groups=1).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, m.bias, 1, 0, 1, 1).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, bias=m.bias, padding=0).mean((2, 3))),
         ],
     ),
     "roll-of-the-samples": (
@@ -804,6 +808,11 @@ REFUSED_FORMS = {
         ],
         "an unbind along an axis that is not the packed part axis",
     ),
+    "grouped-query-attention": (
+        TOKENS,
+        [lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, enable_gqa=True))],  # a keyword only
+        "grouped-query attention (keys shared by several query heads)",
+    ),
     "permuted-attention-mask": (
         TOKENS,
         [
@@ -815,18 +824,17 @@ REFUSED_FORMS = {
 }
 
 
-def traced_forms(model: nn.Module, x: torch.Tensor) -> tuple[PermutationSpec, PermutationSpec, dict[str, str]]:
-    """The spec, the spec for orthogonal maps and its kind reasons with the node names left out (a method and
-    its function may be named apart)."""
+def traced_forms(model: nn.Module, x: torch.Tensor) -> tuple[PermutationSpec, dict[str, str]]:
+    """The spec for orthogonal maps (the permutation spec's axes, with kinds and gains) and its kind reasons with
+    the node names left out (a method and its function, or the exported graph, may name them apart)."""
     ortho = trace_spec(model, x, symmetry="orthogonal")
-    reasons = {g: re.sub(r"node '\w+'", "node", r) for g, r in ortho.kind_reasons.items()}
-    return trace_spec(model, x), ortho, reasons
+    return ortho, {g: re.sub(r"node '\w+'", "node", r) for g, r in ortho.kind_reasons.items()}
 
 
 @pytest.mark.parametrize("family", sorted(FORMS))
 def test_every_call_form_of_an_operation_gives_one_spec(family):
     """Positional, keyword, method, default and negative-index forms of one call: the rules read each of
-    them alike (one spec, one spec for orthogonal maps, one kind reason per group), a spec that permutes
+    them alike (one spec for orthogonal maps, so one spec, one kind reason per group), a spec that permutes
     some group and keeps the function."""
     inputs, forms = FORMS[family]
     x = inputs()
@@ -851,3 +859,24 @@ def test_every_call_form_of_an_operation_the_rules_refuse_is_refused_for_one_rea
             trace_spec(Forms(forward), x)
         found = re.search(r"equivariant \((.*)\); pass", str(err.value))
         assert found and found.group(1) == reason and "\n" not in str(err.value), f"form {i} of {family}"
+
+
+class Exported(Forms):
+    """A branch on the input's shape that torch.fx cannot record: the tracer reads the graph of torch.export, whose
+    functional norms and convolutions carry every argument by position."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x
+        return self.f(self, x)
+
+
+@pytest.mark.parametrize("family", ["layer-norm", "rms-norm", "batch-norm", "group-norm", "grouped-conv"])
+def test_the_exported_graphs_positional_arguments_give_the_spec_of_torch_fx(family):
+    inputs, forms = FORMS[family]
+    x = inputs().double()
+    torch.manual_seed(0)
+    model = Forms(forms[0]).double()
+    exported_model = Exported(forms[0]).double()
+    exported_model.load_state_dict(model.state_dict())
+    assert traced_forms(exported_model, x) == traced_forms(model, x)
