@@ -438,8 +438,16 @@ class Forms(Net):
         self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
         self.register_buffer("mask", torch.triu(torch.full((3, 3), -1e9), 1), persistent=False)  # along no head
         with torch.no_grad():
-            for p in (self.ln.weight, self.ln.bias, self.bn.weight, self.bn.bias, self.bn.running_mean):
+            for p in (
+                self.ln.weight,
+                self.ln.bias,
+                self.bn.weight,
+                self.bn.bias,
+                self.bn.running_mean,
+                self.rms.weight,
+            ):
                 p.uniform_(0.5, 1.5)  # vectors that must move with the units
+            self.norm.weight.uniform_(0.5, 1.5), self.norm.bias.uniform_(0.5, 1.5)
             self.bn.running_var.uniform_(0.5, 1.5)
 
 
