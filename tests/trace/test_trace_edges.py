@@ -437,18 +437,17 @@ class Forms(Net):
         self.qkv, self.out, self.inp = nn.Linear(8, 24), nn.Linear(8, 8), nn.Linear(8, 8)
         self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
         self.register_buffer("mask", torch.triu(torch.full((3, 3), -1e9), 1), persistent=False)  # along no head
+        vectors = [
+            self.ln.weight,
+            self.ln.bias,
+            self.bn.weight,
+            self.bn.bias,
+            self.bn.running_mean,
+            self.bn.running_var,
+        ]
         with torch.no_grad():
-            for p in (
-                self.ln.weight,
-                self.ln.bias,
-                self.bn.weight,
-                self.bn.bias,
-                self.bn.running_mean,
-                self.rms.weight,
-            ):
-                p.uniform_(0.5, 1.5)  # vectors that must move with the units
-            self.norm.weight.uniform_(0.5, 1.5), self.norm.bias.uniform_(0.5, 1.5)
-            self.bn.running_var.uniform_(0.5, 1.5)
+            for p in [*vectors, self.rms.weight, self.norm.weight, self.norm.bias]:
+                p.uniform_(0.5, 1.5)  # vectors that must move with the units: not ones, not zeros
 
 
 def swapped(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -457,6 +456,7 @@ def swapped(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 
 def added(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The two pieces summed (``sum`` of the tuple would iterate what torch.fx records as one value)."""
     return pieces[0] + pieces[1]
 
 
@@ -878,6 +878,7 @@ def test_every_call_form_of_an_operation_gives_one_spec(family):
 
 @pytest.mark.parametrize("family", sorted(REFUSED_FORMS))
 def test_every_call_form_of_an_operation_the_rules_refuse_is_refused_for_one_reason(family):
+    """Each form runs, and is refused in one line for the family's reason."""
     inputs, forms, reason = REFUSED_FORMS[family]
     x = inputs()
     for i, forward in enumerate(forms):
@@ -900,6 +901,7 @@ class Exported(Forms):
 
 @pytest.mark.parametrize("family", ["layer-norm", "rms-norm", "grouped-conv"])
 def test_the_exported_graphs_positional_arguments_give_the_spec_of_torch_fx(family):
+    """torch.fx passes a functional norm's weight and bias by keyword; the exported graph by position."""
     inputs, forms = FORMS[family]
     x = inputs().double()
     torch.manual_seed(0)
