@@ -6,6 +6,8 @@ in float64 under random permutations of its spec, or refused in one line naming 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -421,3 +423,489 @@ def test_an_addmm_of_the_models_unpermuted_input_writes_a_new_group():
     spec = invariant(InputConv1D(), torch.randn(4, 5, generator=torch.Generator().manual_seed(0)))
     assert spec.axes["weight"] == (None, "P_0") and spec.axes["bias"] == ("P_0",)
     assert spec.axes["head.weight"] == (None, "P_0")
+
+
+class Forms(Net):
+    """:class:`Net` with the layers the call-form families read: a Linear of 12 (a flatten of two samples of 6),
+    of 96 (6 channels of 4 × 4), a conv of 3 channels (the kernel's input), a LayerNorm and a BatchNorm of 6, a
+    packed ``qkv`` (2 heads of 4) with its output projection, and a MultiheadAttention of 8 on a Linear's units."""
+
+    def __init__(self, forward) -> None:
+        super().__init__(forward)
+        self.flat, self.img, self.conv_3 = nn.Linear(12, 3), nn.Linear(96, 3), nn.Conv2d(3, 3, 1)
+        self.ln, self.bn = nn.LayerNorm(6), nn.BatchNorm2d(6).eval()
+        self.qkv, self.out, self.inp = nn.Linear(8, 24), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.register_buffer("mask", torch.triu(torch.full((3, 3), -1e9), 1), persistent=False)  # along no head
+        vectors = [
+            self.ln.weight,
+            self.ln.bias,
+            self.bn.weight,
+            self.bn.bias,
+            self.bn.running_mean,
+            self.bn.running_var,
+        ]
+        with torch.no_grad():
+            for p in [*vectors, self.rms.weight, self.norm.weight, self.norm.bias]:
+                p.uniform_(0.5, 1.5)  # vectors that must move with the units: not ones, not zeros
+
+
+def swapped(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The two halves of the units, the second first."""
+    return torch.cat([pieces[1], pieces[0]], -1)
+
+
+def added(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The two pieces summed (``sum`` of the tuple would iterate what torch.fx records as one value)."""
+    return pieces[0] + pieces[1]
+
+
+def qkv_parts(m: Forms, x: torch.Tensor) -> torch.Tensor:
+    """``(3, B, H, T, d)``: the packed projection's parts, heads and tokens."""
+    return m.qkv(x).reshape(2, 3, 3, 2, 4).permute(2, 0, 3, 1, 4)
+
+
+def merged_heads(o: torch.Tensor) -> torch.Tensor:
+    return o.transpose(1, 2).flatten(2)
+
+
+def attend(m: Forms, x: torch.Tensor, sdpa, unbind=lambda p: p.unbind(0)) -> torch.Tensor:
+    """``sdpa(q, k, v)`` of the packed parts (``unbind``), merged back and projected."""
+    q, k, v = unbind(qkv_parts(m, x))
+    return m.out(merged_heads(sdpa(q, k, v)))
+
+
+def unfused(m: Forms, x: torch.Tensor, softmax) -> torch.Tensor:
+    q, k, v = qkv_parts(m, x).unbind(0)
+    return m.out(merged_heads(softmax(q @ k.transpose(-2, -1)) @ v))
+
+
+def square_norm(m: Forms, x: torch.Tensor, square, mean) -> torch.Tensor:
+    """RMSNorm written out, without gain: ``h · rsqrt(mean(h², units) + ε)``."""
+    h = m.a(x)
+    return m.head(h * torch.rsqrt(mean(square(h)) + 1e-6))
+
+
+SDPA = F.scaled_dot_product_attention
+SEQ, FLAT, TOKENS = (lambda: torch.randn(2, 3, 5)), (lambda: torch.randn(2, 5)), (lambda: torch.randn(2, 3, 8))
+# each family: its input and the forms of one call (positional, keyword, method, default, negative dims)
+FORMS = {
+    "flatten-from-the-channels": (
+        image_input,
+        [
+            lambda m, x: m.img(torch.flatten(torch.relu(m.conv_c(x)), 1)),
+            lambda m, x: m.img(torch.flatten(torch.relu(m.conv_c(x)), start_dim=1)),
+            lambda m, x: m.img(torch.relu(m.conv_c(x)).flatten(1)),
+            lambda m, x: m.img(torch.relu(m.conv_c(x)).flatten(start_dim=-3)),
+            lambda m, x: m.img(torch.flatten(torch.relu(m.conv_c(x)), 1, -1)),
+            lambda m, x: m.img(torch.flatten(torch.relu(m.conv_c(x)), 1, end_dim=3)),
+            lambda m, x: m.img(torch.relu(m.conv_c(x)).flatten(-3, -1)),
+        ],
+    ),
+    "flatten-whole": (
+        FLAT,
+        [
+            lambda m, x: m.flat(torch.flatten(torch.relu(m.a(x)))),
+            lambda m, x: m.flat(torch.flatten(torch.relu(m.a(x)), 0)),
+            lambda m, x: m.flat(torch.relu(m.a(x)).flatten()),
+            lambda m, x: m.flat(torch.relu(m.a(x)).flatten(end_dim=-1)),
+            lambda m, x: m.flat(torch.relu(m.a(x)).flatten(-2, 1)),
+            lambda m, x: m.flat(torch.flatten(torch.relu(m.a(x)), start_dim=0, end_dim=1)),
+        ],
+    ),
+    "flatten-before-the-units": (
+        SEQ,
+        [
+            lambda m, x: m.head(torch.flatten(torch.relu(m.a(x)), 0, 1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).flatten(end_dim=1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).flatten(0, -2)),
+            lambda m, x: m.head(torch.flatten(torch.relu(m.a(x)), end_dim=-2)),
+            lambda m, x: m.head(torch.relu(m.a(x)).flatten(start_dim=-3, end_dim=-2)),
+        ],
+    ),
+    "cat-of-the-units": (
+        SEQ,
+        [
+            lambda m, x: m.head(torch.relu(torch.cat([m.c(x), m.d(x)], 2))),
+            lambda m, x: m.head(torch.relu(torch.cat([m.c(x), m.d(x)], dim=-1))),
+            lambda m, x: m.head(torch.relu(torch.concat((m.c(x), m.d(x)), -1))),
+            lambda m, x: m.head(torch.relu(torch.concatenate([m.c(x), m.d(x)], axis=2))),
+            lambda m, x: m.head(torch.relu(torch.cat([m.c(x), m.d(x)], axis=-1))),
+        ],
+    ),
+    "cat-of-the-samples": (
+        FLAT,
+        [
+            lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)]))),
+            lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)], 0))),
+            lambda m, x: m.head(torch.relu(torch.cat([m.a(x), m.a(2 * x)], dim=-2))),
+            lambda m, x: m.head(torch.relu(torch.concatenate([m.a(x), m.a(2 * x)]))),
+        ],
+    ),
+    "split-of-the-units": (
+        SEQ,
+        [
+            lambda m, x: m.head(swapped(torch.split(torch.relu(m.a(x)), 3, 2))),
+            lambda m, x: m.head(swapped(torch.split(torch.relu(m.a(x)), 3, dim=-1))),
+            lambda m, x: m.head(swapped(torch.relu(m.a(x)).split(3, -1))),
+            lambda m, x: m.head(swapped(torch.relu(m.a(x)).split([3, 3], dim=2))),
+            lambda m, x: m.head(swapped(torch.chunk(torch.relu(m.a(x)), 2, -1))),
+            lambda m, x: m.head(swapped(torch.relu(m.a(x)).chunk(2, dim=2))),
+            lambda m, x: m.head(swapped(torch.split(torch.relu(m.a(x)), split_size_or_sections=3, dim=2))),
+            lambda m, x: m.head(swapped(torch.relu(m.a(x)).split(split_size=3, dim=-1))),
+            lambda m, x: m.head(swapped(torch.relu(m.a(x)).chunk(chunks=2, dim=-1))),
+        ],
+    ),
+    "split-of-the-samples": (
+        FLAT,
+        [
+            lambda m, x: m.head(torch.relu(added(torch.split(m.a(x), 1)))),
+            lambda m, x: m.head(torch.relu(added(torch.split(m.a(x), 1, 0)))),
+            lambda m, x: m.head(torch.relu(added(m.a(x).split(1, dim=-2)))),
+            lambda m, x: m.head(torch.relu(added(m.a(x).chunk(2)))),
+            lambda m, x: m.head(torch.relu(added(torch.chunk(m.a(x), 2, dim=0)))),
+        ],
+    ),
+    "move-of-the-units": (
+        SEQ,
+        [
+            lambda m, x: m.head(torch.relu(m.a(x)).transpose(1, 2).mean(-1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).transpose(-1, -2).mean(-1)),
+            lambda m, x: m.head(torch.transpose(torch.relu(m.a(x)), dim0=2, dim1=1).mean(-1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).transpose(dim0=1, dim1=2).mean(-1)),
+            lambda m, x: m.head(torch.swapaxes(torch.relu(m.a(x)), axis0=1, axis1=-1).mean(-1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).permute(0, 2, 1).mean(-1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).permute(dims=(0, -1, 1)).mean(-1)),
+            lambda m, x: m.head(torch.permute(torch.relu(m.a(x)), dims=[0, 2, 1]).mean(-1)),
+        ],
+    ),
+    "mean-over-the-pixels": (
+        image_input,
+        [
+            lambda m, x: m.head(m.conv_c(x).mean((2, 3))),
+            lambda m, x: m.head(m.conv_c(x).mean((-1, -2))),
+            lambda m, x: m.head(m.conv_c(x).mean(dim=(2, 3))),
+            lambda m, x: m.head(torch.mean(m.conv_c(x), (2, -1))),
+            lambda m, x: m.head(torch.mean(m.conv_c(x), dim=[-2, -1])),
+            lambda m, x: m.head(torch.mean(m.conv_c(x), dim=(2, 3), keepdim=False)),
+            lambda m, x: m.head(m.conv_c(x).mean(axis=(2, 3))),
+        ],
+    ),
+    "sum-of-everything": (
+        FLAT,
+        [
+            lambda m, x: m.a(x).sum(),
+            lambda m, x: torch.sum(m.a(x)),
+            lambda m, x: m.a(x).sum((0, 1)),
+            lambda m, x: torch.sum(m.a(x), dim=(0, -1)),
+            lambda m, x: m.a(x).sum(axis=(-2, 1)),
+        ],
+    ),
+    "mean-of-a-gain-over-the-tokens": (
+        SEQ,
+        [
+            lambda m, x: m.head(m.rms(m.a(x)).mean(1)),
+            lambda m, x: m.head(m.rms(m.a(x)).mean(dim=1)),
+            lambda m, x: m.head(m.rms(m.a(x)).mean(-2)),
+            lambda m, x: m.head(torch.mean(m.rms(m.a(x)), 1)),
+            lambda m, x: m.head(torch.mean(m.rms(m.a(x)), dim=(-2,))),
+            lambda m, x: m.head(m.rms(m.a(x)).mean(axis=1)),
+        ],
+    ),
+    "mean-of-a-square": (
+        SEQ,
+        [
+            lambda m, x: square_norm(m, x, lambda h: h.pow(2), lambda s: s.mean(-1, keepdim=True)),
+            lambda m, x: square_norm(m, x, lambda h: h**2, lambda s: s.mean(2, True)),
+            lambda m, x: square_norm(m, x, lambda h: h * h, lambda s: s.mean(dim=-1, keepdim=True)),
+            lambda m, x: square_norm(m, x, lambda h: torch.pow(h, 2), lambda s: torch.mean(s, -1, keepdim=True)),
+            lambda m, x: square_norm(m, x, lambda h: h.pow(exponent=2), lambda s: torch.mean(s, (2,), True)),
+            lambda m, x: square_norm(m, x, lambda h: torch.pow(h, exponent=2), lambda s: s.mean((-1,), True)),
+        ],
+    ),
+    "functional-linear": (
+        SEQ,
+        [
+            lambda m, x: m.head(torch.relu(F.linear(x, m.a.weight, m.a.bias))),
+            lambda m, x: m.head(torch.relu(F.linear(x, m.a.weight, bias=m.a.bias))),
+            lambda m, x: m.head(torch.relu(F.linear(x, weight=m.a.weight, bias=m.a.bias))),
+            lambda m, x: m.head(torch.relu(F.linear(input=x, weight=m.a.weight, bias=m.a.bias))),
+        ],
+    ),
+    "layer-norm": (
+        SEQ,
+        [
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.ln.weight, m.ln.bias)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.ln.weight, bias=m.ln.bias)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), weight=m.ln.weight, bias=m.ln.bias)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), normalized_shape=[6], weight=m.ln.weight, bias=m.ln.bias)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.ln.weight, m.ln.bias, 1e-5)),
+        ],
+    ),
+    "layer-norm-without-bias": (
+        SEQ,
+        [
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.ln.weight)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), weight=m.ln.weight)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.ln.weight, None)),
+            lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.ln.weight, bias=None, eps=1e-5)),
+        ],
+    ),
+    "rms-norm": (
+        SEQ,
+        [
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,), m.rms.weight)),
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,), weight=m.rms.weight)),
+            lambda m, x: m.head(F.rms_norm(m.a(x), normalized_shape=[6], weight=m.rms.weight, eps=1e-6)),
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,), m.rms.weight, 1e-6)),
+        ],
+    ),
+    "rms-norm-without-gain": (
+        SEQ,
+        [
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,))),
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,), None)),
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,), weight=None)),
+            lambda m, x: m.head(F.rms_norm(m.a(x), (6,), None, 1e-6)),
+        ],
+    ),
+    "batch-norm": (
+        image_input,
+        [
+            lambda m, x: m.head(
+                F.batch_norm(m.conv_c(x), m.bn.running_mean, m.bn.running_var, m.bn.weight, m.bn.bias).mean((2, 3))
+            ),
+            lambda m, x: m.head(
+                F.batch_norm(m.conv_c(x), m.bn.running_mean, m.bn.running_var, weight=m.bn.weight, bias=m.bn.bias).mean(
+                    (2, 3)
+                )
+            ),
+            lambda m, x: m.head(
+                F.batch_norm(
+                    m.conv_c(x),
+                    running_mean=m.bn.running_mean,
+                    running_var=m.bn.running_var,
+                    weight=m.bn.weight,
+                    bias=m.bn.bias,
+                    training=False,
+                ).mean((2, 3))
+            ),
+        ],
+    ),
+    "group-norm": (
+        image_input,
+        [
+            lambda m, x: m.head(F.group_norm(m.conv_c(x), 2, m.norm.weight, m.norm.bias).mean((2, 3))),
+            lambda m, x: m.head(F.group_norm(m.conv_c(x), 2, weight=m.norm.weight, bias=m.norm.bias).mean((2, 3))),
+            lambda m, x: m.head(
+                F.group_norm(m.conv_c(x), num_groups=2, weight=m.norm.weight, bias=m.norm.bias).mean((2, 3))
+            ),
+        ],
+    ),
+    "grouped-conv": (
+        image_input,
+        [
+            lambda m, x: m.head(F.conv2d(m.conv_c(x), m.kernel, m.bias, groups=2).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_c(x), m.kernel, m.bias, 1, 0, 1, 2).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_c(x), m.kernel, bias=m.bias, stride=1, groups=2).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_c(x), weight=m.kernel, bias=m.bias, groups=2).mean((2, 3))),
+        ],
+    ),
+    "conv-of-one-group": (
+        image_input,
+        [
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, m.bias).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, m.bias, groups=1).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, m.bias, 1, 0, 1, 1).mean((2, 3))),
+            lambda m, x: m.head(F.conv2d(m.conv_3(x), m.kernel, bias=m.bias, padding=0).mean((2, 3))),
+        ],
+    ),
+    "roll-of-the-samples": (
+        SEQ,
+        [
+            lambda m, x: m.head(torch.roll(torch.relu(m.a(x)), 1, 0)),
+            lambda m, x: m.head(torch.relu(m.a(x)).roll(1, 0)),
+            lambda m, x: m.head(torch.roll(torch.relu(m.a(x)), shifts=1, dims=0)),
+            lambda m, x: m.head(torch.relu(m.a(x)).roll(1, dims=-3)),
+            lambda m, x: m.head(torch.roll(torch.relu(m.a(x)), (1, 1), (0, -2))),
+        ],
+    ),
+    "pad-of-the-pixels": (
+        image_input,
+        [
+            lambda m, x: m.head(F.pad(torch.relu(m.conv_c(x)), (1, 1)).mean((2, 3))),
+            lambda m, x: m.head(F.pad(torch.relu(m.conv_c(x)), pad=(1, 1)).mean((2, 3))),
+            lambda m, x: m.head(F.pad(torch.relu(m.conv_c(x)), [1, 1, 0, 0], "constant", 0.0).mean((2, 3))),
+            lambda m, x: m.head(F.pad(torch.relu(m.conv_c(x)), (1, 1), mode="constant").mean((2, 3))),
+        ],
+    ),
+    "unbind-of-the-parts": (
+        TOKENS,
+        [
+            lambda m, x: attend(m, x, SDPA, lambda p: p.unbind(0)),
+            lambda m, x: attend(m, x, SDPA, lambda p: p.unbind()),
+            lambda m, x: attend(m, x, SDPA, lambda p: torch.unbind(p)),
+            lambda m, x: attend(m, x, SDPA, lambda p: torch.unbind(p, dim=0)),
+            lambda m, x: attend(m, x, SDPA, lambda p: p.unbind(dim=-5)),
+            lambda m, x: attend(m, x, SDPA, lambda p: torch.unbind(p, axis=0)),
+        ],
+    ),
+    "fused-attention": (
+        TOKENS,
+        [
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, value=v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(query=q, key=k, value=v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, None, 0.0, True)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, is_causal=True)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, m.mask)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, attn_mask=m.mask, scale=0.5)),
+        ],
+    ),
+    "softmax-over-the-keys": (
+        TOKENS,
+        [
+            lambda m, x: unfused(m, x, lambda s: s.softmax(-1)),
+            lambda m, x: unfused(m, x, lambda s: s.softmax(dim=3)),
+            lambda m, x: unfused(m, x, lambda s: torch.softmax(s, -1)),
+            lambda m, x: unfused(m, x, lambda s: torch.softmax(s, dim=-1)),
+            lambda m, x: unfused(m, x, lambda s: F.softmax(s, 3)),
+            lambda m, x: unfused(m, x, lambda s: F.softmax(s, dim=-1)),
+            lambda m, x: unfused(m, x, lambda s: torch.softmax(s, axis=-1)),
+        ],
+    ),
+    "multihead-attention": (
+        TOKENS,
+        [
+            lambda m, x: m.out(torch.relu(m.mha(torch.relu(m.inp(x)), torch.relu(m.inp(x)), torch.relu(m.inp(x)))[0])),
+            lambda m, x: m.out(torch.relu(m.mha(*[torch.relu(m.inp(x))] * 2, value=torch.relu(m.inp(x)))[0])),
+            lambda m, x: m.out(torch.relu(m.mha(torch.relu(m.inp(x)), key=(h := torch.relu(m.inp(x))), value=h)[0])),
+            lambda m, x: m.out(torch.relu(m.mha(query=(h := torch.relu(m.inp(x))), key=h, value=h)[0])),
+            lambda m, x: m.out(torch.relu(m.mha(*[torch.relu(m.inp(x))] * 3, need_weights=False)[0])),
+        ],
+    ),
+}
+# each family: its input, the forms of one call the rules refuse, and the reason they give
+REFUSED_FORMS = {
+    "roll-of-the-units": (
+        SEQ,
+        [
+            lambda m, x: m.head(torch.roll(torch.relu(m.a(x)), 1, -1)),
+            lambda m, x: m.head(torch.relu(m.a(x)).roll(1, 2)),
+            lambda m, x: m.head(torch.roll(torch.relu(m.a(x)), shifts=1, dims=2)),
+            lambda m, x: m.head(torch.relu(m.a(x)).roll(1)),  # no dims: every axis, flattened
+        ],
+        "a roll along a permuted axis",
+    ),
+    "pad-of-the-channels": (
+        image_input,
+        [
+            lambda m, x: m.head(F.pad(torch.relu(m.conv_c(x)), (0, 0, 0, 0, 1, 0))[:, 1:].mean((2, 3))),
+            lambda m, x: m.head(F.pad(torch.relu(m.conv_c(x)), pad=[0, 0, 0, 0, 1, 0])[:, 1:].mean((2, 3))),
+        ],
+        "a pad along a permuted axis",
+    ),
+    "softmax-over-the-heads-of-per-head-features": (
+        TOKENS,
+        [
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q.softmax(1), k, v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q.softmax(dim=-3), k, v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(torch.softmax(q, -3), k, v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(F.softmax(q, dim=1), k, v)),
+        ],
+        "a softmax across heads whose features are permuted per head",
+    ),
+    "unbind-of-the-heads": (
+        TOKENS,
+        [
+            lambda m, x: m.out(merged_heads(torch.stack(qkv_parts(m, x).unbind(2), 2)[0])),
+            lambda m, x: m.out(merged_heads(torch.stack(qkv_parts(m, x).unbind(dim=-3), 2)[0])),
+            lambda m, x: m.out(merged_heads(torch.stack(torch.unbind(qkv_parts(m, x), 2), 2)[0])),
+            lambda m, x: m.out(merged_heads(torch.stack(torch.unbind(qkv_parts(m, x), axis=2), 2)[0])),
+        ],
+        "an unbind along an axis that is not the packed part axis",
+    ),
+    "grouped-query-attention": (
+        TOKENS,
+        [lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, enable_gqa=True))],  # a keyword only
+        "grouped-query attention (keys shared by several query heads)",
+    ),
+    "split-of-per-head-features": (
+        TOKENS,
+        [
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(torch.cat(q.split(2, -1), -1), k, v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(torch.cat(torch.split(q, 2, dim=3), -1), k, v)),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(torch.cat(q.chunk(2, dim=-1), -1), k, v)),
+        ],
+        "a split of each head's features into q, k, v packed head by head: their rows interleave per head, which no "
+        "headed group (one run of heads × features) can hold",
+    ),
+    "permuted-attention-mask": (
+        TOKENS,
+        [
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, q @ k.transpose(-2, -1))),
+            lambda m, x: attend(m, x, lambda q, k, v: SDPA(q, k, v, attn_mask=q @ k.transpose(-2, -1))),
+        ],
+        "an attention mask that is permuted",
+    ),
+}
+
+
+def traced_forms(model: nn.Module, x: torch.Tensor) -> tuple[PermutationSpec, dict[str, str]]:
+    """The spec for orthogonal maps (the permutation spec's axes, with kinds and gains) and its kind reasons with
+    the node names left out (a method and its function, or the exported graph, may name them apart)."""
+    ortho = trace_spec(model, x, symmetry="orthogonal")
+    return ortho, {g: re.sub(r"node '\w+'", "node", r) for g, r in ortho.kind_reasons.items()}
+
+
+@pytest.mark.parametrize("family", sorted(FORMS))
+def test_every_call_form_of_an_operation_gives_one_spec(family):
+    """Positional, keyword, method, default and negative-index forms of one call: the rules read each of
+    them alike (one spec for orthogonal maps, so one spec, one kind reason per group), a spec that permutes
+    some group and keeps the function."""
+    inputs, forms = FORMS[family]
+    x = inputs()
+    first = None
+    for i, forward in enumerate(forms):
+        torch.manual_seed(0)
+        model = Forms(forward).double()
+        traced = traced_forms(model, x.double())
+        if first is None:
+            first = traced
+            assert invariant(model, x).group_sizes(model.state_dict())
+        assert traced == first, f"form {i} of {family}"
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED_FORMS))
+def test_every_call_form_of_an_operation_the_rules_refuse_is_refused_for_one_reason(family):
+    """Each form runs, and is refused in one line for the family's reason."""
+    inputs, forms, reason = REFUSED_FORMS[family]
+    x = inputs()
+    for i, forward in enumerate(forms):
+        Forms(forward)(x)  # it runs
+        with pytest.raises(TraceError) as err:
+            trace_spec(Forms(forward), x)
+        found = re.search(r"equivariant \((.*)\); pass", str(err.value))
+        assert found and found.group(1) == reason and "\n" not in str(err.value), f"form {i} of {family}"
+
+
+class Exported(Forms):
+    """A branch on the input's shape that torch.fx cannot record: the tracer reads the graph of torch.export, whose
+    functional norms and convolutions carry every argument by position."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x
+        return self.f(self, x)
+
+
+@pytest.mark.parametrize("family", ["layer-norm", "rms-norm", "grouped-conv"])
+def test_the_exported_graphs_positional_arguments_give_the_spec_of_torch_fx(family):
+    """torch.fx passes a functional norm's weight and bias by keyword; the exported graph by position."""
+    inputs, forms = FORMS[family]
+    x = inputs().double()
+    torch.manual_seed(0)
+    model = Forms(forms[-1]).double()  # the last: an rms_norm's eps by position, which is no bias
+    exported_model = Exported(forms[-1]).double()
+    exported_model.load_state_dict(model.state_dict())
+    assert traced_forms(exported_model, x) == traced_forms(model, x)

@@ -44,7 +44,7 @@ from lmclab.trace.groups import (
     Within,
     loaded_carry_functions,
 )
-from lmclab.trace.state import TraceState
+from lmclab.trace.state import TraceState, dim_of
 
 # what may touch a head axis or per-head features: elementwise ops, moves, reshapes, products, softmax, x.shape
 HEADED_FUNCTIONS = MERGE_FUNCTIONS | SOFTMAX_FUNCTIONS | MATMUL_FUNCTIONS | (CARRY_FUNCTIONS - POOL_FUNCTIONS)
@@ -128,7 +128,7 @@ class AttentionRules(TraceState):
     def softmax(self, node: fx.Node, t_in: Tag, dim: int | None = None) -> None:
         """``softmax(x, dim)`` (``dim``: an ``nn.Softmax``'s; else the call's)."""
         if dim is None:
-            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            dim = dim_of(node, 1)
         heads = self.headed_axes(t_in)
         if dim is None or (
             dim % len(self.shape(node)) in heads and any(isinstance(t_in.at(a)[0], Within) for a in heads)

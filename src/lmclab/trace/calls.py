@@ -118,7 +118,7 @@ class CallRules(TraceState):
 
     def split(self, node: fx.Node, t_in: Tag | None) -> None:
         """Pieces along ``dim`` (module docstring); each ``pieces[i]`` is read by ``operator.getitem``."""
-        x, size = node.args[:2]
+        x = node.args[0]  # the size may be a keyword (split_size_or_sections, split_size, chunks)
         dim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(self.shape(x))
         pieces = node.meta.get("val") or node.meta.get("tensor_meta")  # export's values, or ShapeProp's metadata
         lengths = [v.shape[dim] for v in pieces]

@@ -51,6 +51,11 @@ OWNING = {
 }
 
 
+def exponent_of(node: fx.Node) -> object:
+    """The exponent of ``x ** c``, ``torch.pow(x, c)`` or ``x.pow(exponent=c)``."""
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+
+
 class GraphTracer(
     LayerRules,
     ShapeRules,
@@ -178,6 +183,8 @@ class GraphTracer(
         target = node.target
         if target in MERGE_FUNCTIONS or method in ("add", "add_", "mul", "mul_", "__add__", "__mul__", "div", "sub"):
             self.merge(node)
+        elif target in (torch.pow, operator.pow) and isinstance(exponent_of(node), int | float):  # as x.pow(c)
+            self.carry(node, tagged[0])
         elif target in CARRY_FUNCTIONS or target in loaded_carry_functions() or method in CARRY_METHODS:
             self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
         elif target is torch.flatten or method == "flatten":

@@ -31,7 +31,7 @@ from torch import fx
 
 from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within
 from lmclab.trace.shapes import _axis_order
-from lmclab.trace.state import TraceState
+from lmclab.trace.state import TraceState, dim_of
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 MOVES = {torch.transpose, torch.permute, torch.swapaxes}
@@ -104,7 +104,7 @@ class PackedRules(TraceState):
         elif source in self.packed and (method in ("permute", "transpose", "swapaxes") or node.target in MOVES):
             self.move_packed(node, source)
         elif source in self.packed and (method == "unbind" or node.target is torch.unbind):
-            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            dim = dim_of(node, 1, 0)
             axis, tags = self.packed[source]
             if dim % len(self.shape(source)) != axis:
                 return self.refuse_packed(node, "an unbind along an axis that is not the packed part axis")

@@ -33,7 +33,7 @@ import torch
 from torch import fx, nn
 
 from lmclab.trace.groups import FIXED, Seg
-from lmclab.trace.state import TraceState
+from lmclab.trace.state import TraceState, dim_of
 
 F = torch.nn.functional
 LINEAR_MODULES = (nn.Linear, nn.Embedding)
@@ -215,7 +215,7 @@ class RotationRules(TraceState):
             whole = all(i is not Ellipsis and i is not None for i in index)  # entries stand for the leading axes
             return whole and (len(index) <= last or index[last] == slice(None))
         if user.target in (torch.mean, torch.sum) or user.target in ("mean", "sum"):
-            dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
+            dims = dim_of(user, 1)
             dims = (dims,) if isinstance(dims, int) else dims
             return bool(dims) and last > 0 and all(isinstance(d, int) and d % (last + 1) != last for d in dims)
         return False
@@ -228,7 +228,7 @@ class RotationRules(TraceState):
     def _reduces_units(self, node: fx.Node) -> bool:
         """A mean or sum over a permuted axis of its input."""
         t_in, shape_in = self.tag(node.args[0]), self.shape(node.args[0])
-        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = dim_of(node, 1)
         dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or range(len(shape_in)))]
         return any(a in dims for a in t_in.permuted if self._live(t_in.at(a)))
 
@@ -266,7 +266,7 @@ def _is_square(node: fx.Node) -> bool:
     """``x.pow(2)``, ``x ** 2`` or ``x * x``."""
     args = node.args
     if node.target in (torch.pow, operator.pow, torch.ops.aten.pow.Tensor_Scalar) or node.target == "pow":
-        return len(args) > 1 and args[1] == 2
+        return (args[1] if len(args) > 1 else node.kwargs.get("exponent")) == 2  # x.pow(exponent=2) too
     mul = node.target in (operator.mul, torch.mul, "mul", "__mul__")
     return mul and len(args) == 2 and args[0] is args[1]
 

@@ -30,7 +30,7 @@ from lmclab.trace.groups import (
     Within,
     blocks_of,
 )
-from lmclab.trace.state import TraceState
+from lmclab.trace.state import TraceState, dim_of
 
 # the elementwise functions of one tensor and constants (a parameter's gain ``1.0 + w``, a cast)
 ELEMENTWISE_FUNCTIONS = MERGE_FUNCTIONS | (CARRY_FUNCTIONS - POOL_FUNCTIONS)
@@ -110,7 +110,7 @@ class ShapeRules(TraceState):
     def cat(self, node: fx.Node) -> None:
         tensors = list(node.args[0])
         shape = self.shape(node)
-        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(shape)
+        dim = dim_of(node, 1, 0) % len(shape)
         tags = [self.tag(a) for a in tensors]
         out: list[Layout] = []
         for axis in range(len(shape)):
@@ -208,7 +208,7 @@ class ShapeRules(TraceState):
         """A mean (or sum) over whole axes: the same for any order of their entries, so a permuted axis it
         reduces is no longer permuted (RMSNorm's mean of squares); the other axes keep their layouts."""
         shape_in, shape = self.shape(node.args[0]), self.shape(node)
-        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = dim_of(node, 1)
         dims = [d % len(shape_in) for d in ((dims,) if isinstance(dims, int) else dims or range(len(shape_in)))]
         keep = len(shape) == len(shape_in)
         self.tags[node] = Tag.of(

@@ -137,6 +137,14 @@ def _op_name(node: fx.Node, model: nn.Module) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def dim_of(node: fx.Node, index: int, default: object = None) -> object:
+    """A call's ``dim`` argument: at ``index`` when given by position, else by keyword, ``dim`` or NumPy's ``axis``
+    (which ``torch.cat``, ``torch.sum``, ``torch.softmax``, ``torch.unbind`` and their kind also take)."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get("dim", node.kwargs.get("axis", default))
+
+
 def unknown(node: fx.Node) -> str:
     """Why an op is refused; a function from outside torch that ``torch.fx`` kept whole (``torch.fx.wrap``)."""
     module = getattr(node.target, "__module__", None) or "torch"
