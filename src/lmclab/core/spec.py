@@ -118,10 +118,8 @@ class PermutationSpec:
     of the symmetry: two specs that differ only there are equal. ``kinds`` marks the groups on which every
     orthogonal map is a symmetry too (``"orthogonal"``, :mod:`lmclab.core.orthogonal`) once every per-channel
     gain on them is 1: ``gains`` maps each such gain to the weights that read it (:mod:`lmclab.core.canonical`),
-    ``gain_offsets`` the gains a model reads as ``c + w`` to ``c``. ``kind_reasons`` (a spec traced for
-    orthogonal maps) says, for each group whose kind is narrower than ``"orthogonal"``, which node keeps it so;
-    like ``pinned`` it is a report, not part of the symmetry.
-    """
+    ``gain_offsets`` the gains a model reads as ``c + w`` to ``c``; ``kind_reasons`` (a report, as ``pinned``)
+    why each other group's kind is narrower (the node that keeps it so)."""
 
     axes: Mapping[str, Axes]
     stats: frozenset[str] = field(default_factory=frozenset)

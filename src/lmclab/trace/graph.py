@@ -27,7 +27,6 @@ from lmclab.trace.groups import (
     Layout,
     Seg,
     Tag,
-    TraceError,
     Within,
     loaded_carry_functions,
 )
@@ -38,7 +37,7 @@ from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
 from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
-from lmclab.trace.state import Traced, unknown
+from lmclab.trace.state import Traced, exponent_of, unknown
 
 RULES = FUNCTIONAL_RULES | CALL_RULES | ROUTING_RULES
 CARRY_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "pow", "rsqrt", "sqrt", "neg", "exp"}
@@ -49,11 +48,6 @@ OWNING = {
     torch.nn.functional.conv2d,
     torch.ops.aten.addmm.default,
 }
-
-
-def exponent_of(node: fx.Node) -> object:
-    """The exponent of ``x ** c``, ``torch.pow(x, c)`` or ``x.pow(exponent=c)``."""
-    return node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
 
 
 class GraphTracer(
@@ -106,12 +100,6 @@ class GraphTracer(
                     self.cannot([s.gid for s in (*a, *b)], f"{name!r} is used on inputs permuted in different ways")
             return
         self.axes[name] = list(layouts)
-
-    def cannot(self, gids: list[int], reason: str) -> None:
-        """Groups no spec can follow: one-line :class:`TraceError`, or with ``partial`` pinned for ``reason``."""
-        if not self.partial:
-            raise TraceError(f"trace_spec: {reason}")
-        self.pin(gids, reason)
 
     # ---- the pass ----------------------------------------------------------------------------
     def run(self) -> None:

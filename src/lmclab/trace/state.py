@@ -112,6 +112,12 @@ class TraceState:
         point = name if axis == 1 else f"{name}@{axis - ndim}"
         self.writers.setdefault(gid, []).append((kind, point))
 
+    def cannot(self, gids: list[int], reason: str) -> None:
+        """Groups no spec can follow: one-line :class:`TraceError`, or with ``partial`` pinned for ``reason``."""
+        if not self.partial:
+            raise TraceError(f"trace_spec: {reason}")
+        self.pin(gids, reason)
+
     def refuse(self, node: fx.Node, reason: str) -> None:
         if not self.partial:
             raise TraceError(
@@ -143,6 +149,11 @@ def dim_of(node: fx.Node, index: int, default: object = None) -> object:
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get("dim", node.kwargs.get("axis", default))
+
+
+def exponent_of(node: fx.Node) -> object:
+    """The exponent of ``x ** c``, ``torch.pow(x, c)`` or ``x.pow(exponent=c)``."""
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
 
 
 def unknown(node: fx.Node) -> str:
