@@ -178,6 +178,9 @@ class Stream(nn.Module):
         elif self.how == "normed shape read":  # the gained output's shape read beside its linear reader
             h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
             s = s + self.fc(h).reshape(h.shape[0], -1)
+        elif self.how in ("gained mean over samples", "gained sample picked"):  # other axes than the units read
+            h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.fc(h.mean(0, keepdim=True) if self.how == "gained mean over samples" else h[0])
         elif self.how == "depthwise":  # a kernel per channel
             s = self.depthwise(s[:, :, None, None]).flatten(1)
         return self.head(s)
@@ -193,7 +196,7 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     + [("2 * gain", None), ("1 + gain, read by a GELU", None), ("sum of two gains", None), ("gain + alpha * 1", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
     + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)]
-    + [("gain read by a norm", None)],
+    + [("gain read by a norm", None), ("gained mean over samples", ORTH), ("gained sample picked", ORTH)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -206,7 +209,8 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     if how == "sum of two gains":  # a gain of two parameters pins the stream already as a permutation group
         assert stream is None and spec.gains == {}
         return
-    if how in ("rms", "cast gain", "layernorm", "1 + gain", "gain - 0.5", "shape read", "normed shape read"):
+    folded_gain = ("rms", "cast gain", "layernorm", "1 + gain", "gain - 0.5", "shape read", "normed shape read")
+    if how in (*folded_gain, "gained mean over samples", "gained sample picked"):
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
         offset = {"1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)
         assert spec.gain_offsets == ({} if offset is None else {"gain": offset})

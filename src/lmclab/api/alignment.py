@@ -71,10 +71,10 @@ def aligned_to(alignment: Alignment, params: Mapping[str, Tensor], what: str, so
             if group in sizes and sizes[group] != len(perm):
                 raise ValueError(f"group {group!r} has {sizes[group]} units in {what}, {len(perm)} in the alignment")
         spec_ops.check_permutation(alignment.perm, sizes, alignment.spec.heads, alignment.spec.kinds)
-        params = fold_gains(alignment.spec, params, what)
     except ValueError as exc:
         detail = str(exc).removeprefix(f"{what}: ")
         raise ValueError(f"{source}: found for another model than {what}: {detail}") from None
+    params = fold_gains(alignment.spec, params, what)  # a gain it cannot fold is the model's own: named as such
     return spec_ops.apply_permutation(alignment.spec, alignment.perm, params)
 
 

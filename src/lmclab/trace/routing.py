@@ -111,10 +111,9 @@ class RoutingRules(TraceState):
 
     def heads_reason(self, node: fx.Node) -> str:
         """Why a node touching heads or per-head features is refused: q, k, v packed head by head, or unknown."""
-        method = node.target if node.op == "call_method" else None
         t = self.tag(node.args[0]) if node.args else None
         dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-        if (node.target in SPLITS or method in SPLITS) and t is not None and isinstance(dim, int):
+        if node.target in SPLITS and t is not None and isinstance(dim, int):  # the methods' names are in SPLITS
             lay = t.at(dim % len(t.layouts))
             if lay is not None and any(isinstance(s, Within) for s in lay):
                 return f"a split of each head's features into q, k, v packed head by head: {PACKED_PER_HEAD}"
