@@ -19,6 +19,7 @@ Mutants that cannot change behaviour are listed with the reason in ``tools/mutat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -182,7 +183,27 @@ def prepare(root: Path, work: Path, tests: list[str]) -> dict[str, list[str]]:
     work.mkdir(parents=True, exist_ok=True)
     sync_worktree(root, work)
     write_config(root, work, tests)
+    fresh_stats(work)
     return generate(work)
+
+
+STATS, STATS_SOURCE = Path("mutants/mutmut-stats.json"), Path("mutants/stats-source.sha256")
+
+
+def fresh_stats(work: Path) -> None:
+    """mutmut records once which test calls which function, then runs only the tests it has not met: a function
+    added or moved since, or a test changed to call another, is missing from the record, and the mutants of such
+    a function would count as untested. The record is dropped (mutmut then records every test again) whenever
+    the library or the tests differ from the copy it was made on."""
+    files = sorted(p for top in (LIBRARY, Path("tests")) for p in (work / top).rglob("*.py"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(work).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    mark = work / STATS_SOURCE
+    if not mark.is_file() or mark.read_text() != digest.hexdigest():
+        (work / STATS).unlink(missing_ok=True)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(digest.hexdigest())
 
 
 def tested(work: Path, names: list[str], jobs: int, trust_tests: bool, **run) -> tuple[dict, dict]:

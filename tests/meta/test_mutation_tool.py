@@ -66,6 +66,24 @@ def test_the_work_copy_follows_the_tree(tmp_path: Path) -> None:
     assert not (work / "src/lmclab/b.py").exists() and (work / "mutants/keep").is_file()
 
 
+def test_mutmut_s_record_of_which_test_calls_what_is_dropped_once_the_library_or_the_tests_change(tmp_path):
+    work = _git_project(tmp_path / "w")
+    (work / "tests").mkdir(exist_ok=True)
+    (work / "tests/test_a.py").write_text("def test_a(): pass\n")
+    mutation.fresh_stats(work)  # no record yet: the mark of this copy is written
+    stats = work / mutation.STATS
+    stats.write_text("{}")
+    mutation.fresh_stats(work)
+    assert stats.is_file()  # the same copy: kept
+    for changed in ("src/lmclab/a.py", "tests/test_a.py"):
+        (work / changed).write_text((work / changed).read_text() + "# changed\n")
+        mutation.fresh_stats(work)
+        assert not stats.exists()  # dropped: mutmut records every test again
+        stats.write_text("{}")
+        mutation.fresh_stats(work)
+        assert stats.is_file()
+
+
 def test_the_draw_is_per_package_and_seeded() -> None:
     mutants = {
         "lmclab.core.a": [f"lmclab.core.a.x_f__mutmut_{i}" for i in range(30)],
