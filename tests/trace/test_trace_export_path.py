@@ -11,11 +11,12 @@ import pytest
 import torch
 from test_trace_kind_reasons import CASES as KIND_CASES
 from test_trace_refusal_catalogue import CASES as REFUSAL_CASES
+from test_trace_refusal_catalogue import _invariant
 from torch import nn
 
 import lmclab.trace
 from lmclab.archs import build_model, make_config
-from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
+from lmclab.core.spec import PermutationSpec
 from lmclab.trace import trace_spec
 
 # torch.fx keeps these whole (nn.MultiheadAttention, a function torch.fx.wrap marks): export opens them, and the
@@ -55,19 +56,6 @@ def exported(monkeypatch: pytest.MonkeyPatch):
             return trace_spec(model, x, **keywords)
 
     return traced
-
-
-def _invariant(model: nn.Module, x: torch.Tensor, spec: PermutationSpec) -> None:
-    model = model.double().eval()
-    x = x.double() if x.is_floating_point() else x
-    state = model.state_dict()
-    with torch.no_grad():
-        expected = model(x)
-        for seed in range(2):
-            perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads)
-            model.load_state_dict(apply_permutation(spec, perm, state))
-            assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
-        model.load_state_dict(state)
 
 
 @pytest.mark.parametrize("key", REFUSAL_CASES)
