@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from test_trace_refusals import overridable
 from torch import nn
 
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
@@ -90,18 +91,6 @@ def _attention(**options: Any) -> nn.MultiheadAttention:
     return nn.MultiheadAttention(6, 2, batch_first=True, **options)
 
 
-def _library_function(module: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function of ``module`` that tensors may override, as torch's own: torch.fx records a call to it whole."""
-
-    def op(x: torch.Tensor) -> torch.Tensor:
-        if torch.overrides.has_torch_function_unary(x):
-            return torch.overrides.handle_torch_function(op, (x,), x)
-        return 2 * x
-
-    op.__module__ = module
-    return op
-
-
 # --- cases for functional.py, graph.py, layers.py and shapes.py ---
 
 
@@ -144,7 +133,7 @@ CASES: dict[str, Case] = {
         lambda: (Net(_flip), torch.randn(2, 5)), "flip", "flip", "(top level)", "an operation the tracer does not know"
     ),
     "library-function-kept-whole": Case(
-        lambda: (Net(lambda m, x: m.head(_library_function("mylib.ops")(m.a(x)))), torch.randn(2, 5)),
+        lambda: (Net(lambda m, x: m.head(overridable("mylib.ops")(m.a(x)))), torch.randn(2, 5)),
         "op",
         "op",
         "(top level)",
