@@ -116,7 +116,9 @@ def test_taylor_terms_do_not_depend_on_batching():
 def test_taylor_terms_are_the_eval_mode_derivatives_along_the_line_at_each_endpoint():
     """Central finite differences of the eval-mode mean loss along Δ, at θa and at θb' separately,
     on a net with BatchNorm (running statistics held at each endpoint's own values)."""
-    model = nn.Sequential(nn.Flatten(), nn.Linear(9, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 4)).double()
+    with torch.random.fork_rng():  # the initial weights do not depend on which tests ran before
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(9, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 4)).double()
     g = torch.Generator().manual_seed(3)
 
     def noisy(params, scale):  # running variances stay positive
@@ -143,6 +145,12 @@ def test_taylor_terms_are_the_eval_mode_derivatives_along_the_line_at_each_endpo
         (params_a, terms.slope_a, terms.curvature_a),
         (params_b, terms.slope_b, terms.curvature_b),
     ):
+        signs = [  # the premise of a finite difference: no ReLU input changes sign inside the window
+            functional_call(model[:3], {k: v + t * unit.get(k, 0) for k, v in params.items() if k[0] in "12"}, split.x)
+            > 0
+            for t in (-h, h)
+        ]
+        assert torch.equal(*signs)
         plus, zero, minus = along(params, h), along(params, 0.0), along(params, -h)
         assert slope == pytest.approx((plus - minus) / (2 * h), rel=1e-6, abs=1e-9)
         assert curvature == pytest.approx((plus - 2 * zero + minus) / h**2, rel=1e-4, abs=1e-6)
