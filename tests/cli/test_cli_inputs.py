@@ -97,6 +97,7 @@ def test_options_are_yaml_values_and_a_pair_without_a_key_is_refused() -> None:
     for bad in ("lr", "=3"):
         with pytest.raises(ValueError, match=rf"^--option: expected key=value, got '{bad}'$"):
             parse_options([bad])
+    assert parse_options(["name=a=b"]) == {"name": "a=b"}  # the first = ends the key
 
 
 def test_a_plain_module_is_traced_on_a_batch_of_two_zeros_of_the_given_shape() -> None:
@@ -314,6 +315,12 @@ def test_token_ids_beyond_the_models_embedding_are_refused_naming_the_data() -> 
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_inputs(net, net.state_dict(), tokens, "text")
+
+
+def test_a_model_stored_in_two_precisions_is_checked_in_the_one_it_is_compared_in() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    state = {"1.weight": net[1].weight.detach().to(torch.bfloat16), "1.bias": net[1].bias.detach()}  # float32
+    check_inputs(net, state, Split(torch.rand(3, 1, 2, 2), torch.tensor([0, 1, 0])), "digits")
 
 
 class _Refusing(nn.Module):

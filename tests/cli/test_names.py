@@ -15,7 +15,7 @@ import typer
 
 import lmclab
 from lmclab import cli
-from lmclab.cli.names import CONCEPTS, FUNCTIONS, Concept, flag_concepts, keyword_concepts, same_name
+from lmclab.cli.names import CONCEPTS, FUNCTIONS, Concept, flag_concepts, keyword_concepts, rows, same_name
 from lmclab.pipeline.keys import key_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +87,13 @@ def test_the_names_of_a_concept_agree_unless_a_reason_says_why() -> None:
 )
 def test_same_name_reads_a_flag_and_a_key_path_as_the_keyword(concept: Concept, agree: bool) -> None:
     assert same_name(concept) is agree
+
+
+def test_the_table_rows_quote_each_name_and_show_a_dash_where_a_concept_has_none() -> None:
+    table = {row[0]: row for row in rows()}
+    assert list(table) == list(CONCEPTS)
+    assert table["device"] == ("device", "`device`", "`device`", "`--device`", "")
+    assert table["threads"][2] == "—" and table["lambdas"][1::2] == ("—", "—")  # no keyword; no key, no flag
 
 
 def test_the_docs_table_is_the_registrys() -> None:

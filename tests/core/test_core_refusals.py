@@ -31,6 +31,17 @@ def test_a_device_is_auto_cpu_or_an_available_cuda(monkeypatch) -> None:
     assert device_module.resolve_device("auto") == torch.device("cuda")  # recorded, not used: no GPU here
 
 
+def test_the_machine_is_named_by_its_cpu_model_where_linux_lists_one() -> None:
+    from pathlib import Path
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    if not names:
+        pytest.skip("no CPU model name in /proc/cpuinfo on this machine")
+    assert device_module.describe_machine()["cpu"] == names[0]
+
+
 def _net() -> tuple[nn.Module, dict, dict[str, Split]]:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))

@@ -8,7 +8,7 @@ import torch
 from download import KEYS as DOWNLOAD_KEYS
 from torchvision_files import trust_cifar10_files, write_cifar10, write_idx_dataset
 
-from lmclab.core.data import DataUnavailableError, load_meta, load_split, prepare, stratified_split
+from lmclab.core.data import DataUnavailableError, _torchvision, load_meta, load_split, prepare, stratified_split
 from lmclab.pipeline.stage import params_key
 
 
@@ -48,6 +48,36 @@ def test_cifar10_loads_through_torchvision(tmp_path, monkeypatch) -> None:
     assert (meta["n_train"], meta["n_test"], meta["input_shape"]) == (40, 10, [3, 32, 32])
     assert len(meta["mean"]) == 3
     assert load_split(tmp_path / "prep", "train").x.shape == (40, 3, 32, 32)
+
+
+class _FakeDataset:
+    """A torchvision dataset class in miniature: records how it was opened; 3 training and 2 test images of
+    2×2 pixels, ``channels`` of them in torchvision's layout (N, H, W) or (N, H, W, C)."""
+
+    opened: list[tuple] = []
+    channels: int | None = None
+
+    def __init__(self, root: str, train: bool, download: bool) -> None:
+        self.opened.append((root, train, download))
+        n = 3 if train else 2
+        shape = (n, 2, 2) if self.channels is None else (n, 2, 2, self.channels)
+        self.data = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape) + (0 if train else 100)
+        self.targets = list(range(n))
+
+
+@pytest.mark.parametrize("channels", [None, 3])
+def test_a_torchvision_data_set_is_opened_from_the_root_per_split_as_nchw_images(tmp_path, monkeypatch, channels):
+    import torchvision
+
+    fake = type("Fake", (_FakeDataset,), {"opened": [], "channels": channels})
+    monkeypatch.setattr(torchvision.datasets, "Fake", fake, raising=False)
+    x_train, y_train, x_test, y_test = _torchvision("Fake")(tmp_path)
+    assert fake.opened == [(str(tmp_path), True, False), (str(tmp_path), False, False)]  # on disk: no download
+    for x, y, n, offset in ((x_train, y_train, 3, 0), (x_test, y_test, 2, 100)):
+        raw = np.arange(n * 4 * (channels or 1), dtype=np.uint8) + offset
+        nchw = raw.reshape(n, 2, 2, 1) if channels is None else raw.reshape(n, 2, 2, channels)
+        assert x.dtype == np.uint8 and np.array_equal(x, nchw.transpose(0, 3, 1, 2))
+        assert y.dtype == np.int64 and y.tolist() == list(range(n))
 
 
 def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, monkeypatch) -> None:

@@ -16,6 +16,7 @@ from lmclab.core.orthogonal import (
     check_orthogonal,
     composed,
     inverse,
+    ones_basis,
     polar,
     polar_centred,
     random_centred,
@@ -176,6 +177,15 @@ def test_centred_maps_fix_the_all_ones_vector_and_polar_centred_is_their_procrus
     check_centred("g", as_matrix(torch.randperm(5, generator=g)), 5)  # every permutation is centred
     with pytest.raises(ValueError, match=r"'g': the matrix moves the all-ones vector \(max \|O1 − 1\|"):
         check_centred("g", random_orthogonal(5, g), 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_ones_basis_is_an_orthogonal_reflection_onto_the_all_ones_direction_in_the_dtype_asked(dtype) -> None:
+    h = ones_basis(4, dtype)
+    assert h.dtype == dtype
+    torch.testing.assert_close(h[:, 0].double(), torch.full((4,), 0.5, dtype=torch.float64), rtol=0, atol=1e-2)
+    torch.testing.assert_close((h @ h).double(), torch.eye(4, dtype=torch.float64), rtol=0, atol=2e-2)
+    assert ones_basis(1, dtype).tolist() == [[1.0]] and ones_basis(1, dtype).dtype == dtype  # n = 1: the identity
 
 
 def test_a_spec_s_gains_biases_and_offsets_survive_its_plain_data_and_older_data_reads_without_them() -> None:

@@ -75,6 +75,14 @@ def test_a_context_that_is_not_a_positive_count_is_refused(tmp_path, context, sh
     assert not (tmp_path / "prepared").exists()
 
 
+def test_a_context_of_one_token_gives_windows_of_a_token_and_its_successor(monkeypatch) -> None:
+    monkeypatch.setitem(text.TEXTS, "tiny", lambda root, column: {"train": {"a": "abcd"}, "test": {"b": "xyz"}})
+    meta, splits = text.prepare_text("tiny", context=1)
+    assert meta["input_shape"] == [1]
+    inputs, targets = splits["train"]
+    assert bytes(inputs.ravel()) == b"abc" and bytes(targets.ravel()) == b"bcd"
+
+
 def test_an_unknown_text_is_refused_in_one_line() -> None:
     with pytest.raises(OptionError, match=r"^name: unknown text 'wiki'; expected one of \['pydoc', 'text'\]$"):
         text.prepare_text("wiki", context=8)

@@ -47,6 +47,13 @@ def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
     assert declared_keys(PIPELINE, "validate", tree, {}) == [""]  # the whole file
 
 
+def test_keys_listed_under_params_yaml_are_declared_and_another_file_s_are_not() -> None:
+    params = ["device", {"params.yaml": ["train.lr", "train.${model.arch}"]}, {"other.yaml": ["x"]}]
+    dvc_yaml = {"stages": {"s": {"params": params}, "whole": {"params": [{"params.yaml": None}]}}}
+    assert declared_keys(dvc_yaml, "s", {"model": {"arch": "mlp"}}, {}) == ["device", "train.lr", "train.mlp"]
+    assert declared_keys(dvc_yaml, "whole", {}, {}) == [""]  # the whole file
+
+
 def test_an_undeclared_key_is_refused_with_one_line(tmp_path) -> None:
     read = StageParams(
         "permute",

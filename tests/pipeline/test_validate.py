@@ -10,17 +10,19 @@ import re
 
 import pytest
 from dvc_repo import ROOT
+from pydantic import TypeAdapter, ValidationError
 from test_pipeline import TINY
 
 from lmclab.archs import ARCHS, mae, vit
 from lmclab.archs.base import interface
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.text import TEXTS
-from lmclab.pipeline.block import Block
+from lmclab.pipeline.block import Block, group
 from lmclab.pipeline.keys import defaults, key_rows
 from lmclab.pipeline.schema import params_model
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
+from lmclab.pipeline.validate_model import check_objective, check_text_source
 from lmclab.search import METHODS
 from lmclab.search.many_methods import MANY_METHODS
 
@@ -101,6 +103,11 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
     ({"permute__wm_sinkhorn__tau": float("inf")}, "permute.wm_sinkhorn.tau: expected a number > 0, got inf"),
     ({"train__seeds": []}, "train.seeds: expected a non-empty list of integers ≥ 0, got []"),
     ({"three__triples": [[0, 1]]}, "three.triples: expected a non-empty list of lists of 3 integers ≥ 0, got [[0, 1]]"),
+    (
+        {"three__triples": [[0, 1, 2, 2]]},
+        "three.triples: expected a non-empty list of lists of 3 integers ≥ 0, got [[0, 1, 2, 2]]",
+    ),
+    ({"permute__pairs": [[0, 1, 2]]}, "permute.pairs: expected a non-empty list of lists of 2 integers ≥ 0, got"),
     # names not in a registry
     (
         {"data__name": "imagenet21k"},
@@ -171,6 +178,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         {"three__triples": [[0, 2, 1]]},
         "three.triples: expected each triple's first two seeds (θa, θb) to be a pair of permute.pairs [[0, 1]] "
         "(connect reuses its alignment), got [0, 2, 1]",
+    ),
+    (  # one line per key: the repeat, not also the method missing from permute.methods
+        {"three__methods": ["wm_sinkhorn", "wm_sinkhorn"]},
+        "three.methods: expected no repeated entries, got ['wm_sinkhorn', 'wm_sinkhorn']",
     ),
     (
         {"three__methods": ["wm", "wm_sinkhorn"]},
@@ -270,6 +281,14 @@ def test_a_bad_value_is_one_line_naming_key_value_and_expectation(change: dict, 
     assert err.value.lines[0].startswith(line)
 
 
+def test_a_seed_group_holds_exactly_its_number_of_seeds() -> None:
+    triples = TypeAdapter(group(3))
+    assert triples.validate_python([[0, 1, 2], [3, 4, 5]]) == [[0, 1, 2], [3, 4, 5]]
+    for bad in ([], [[0, 1]], [[0, 1, 2, 3]], [[0, 1, -2]]):
+        with pytest.raises(ValidationError):
+            triples.validate_python(bad)
+
+
 @pytest.mark.parametrize("repair", ["auto", "none", "repair"])
 @pytest.mark.parametrize("method", ["cca", "zipit"])
 def test_transform_merges_of_a_headed_net_are_refused_whatever_the_repair(method: str, repair: str) -> None:
@@ -281,6 +300,15 @@ def test_transform_merges_of_a_headed_net_are_refused_whatever_the_repair(method
         f"merge_many.methods: [{method!r}] merge through general linear maps, which would mix the attention "
         f"heads of 'vit'; expected methods among ['merge_many', 'c2m3', 'sync', 'star']"
     ]
+
+
+def test_the_checks_of_the_model_and_its_data_yield_each_line_with_its_key() -> None:
+    mae = params_model().model_validate(_params(train__objective="mae", model__arch="vit", train__augment="crop_flip"))
+    line = "train.augment: MAE pretraining does not augment: expected auto or none, got 'crop_flip'"
+    assert list(check_objective(mae)) == [("train.augment", line)]
+    lm = {"model__arch": "gpt", "train__objective": "lm", "data__tokenizer": "no/tok"}
+    text = params_model().model_validate(_params(data__name="text", data__root="no/such", **lm))
+    assert [key for key, _ in check_text_source(text)] == ["data.root", "data.tokenizer"]
 
 
 def test_a_params_file_that_is_not_a_mapping_is_one_line_showing_it() -> None:

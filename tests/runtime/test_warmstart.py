@@ -172,6 +172,21 @@ def test_help_or_a_refused_command_line_starts_no_server(tmp_path, warm_env, sta
     assert list(where.iterdir()) == [] and _servers_of(where) == []  # no socket, no lock, no server process
 
 
+@pytest.mark.parametrize(("args", "runs"), [(["--seed", "3"], True), (["--help"], False), (["--seed", "x"], False)])
+def test_a_stage_runs_warm_only_on_a_command_line_it_accepts(args, runs) -> None:
+    import typer
+
+    from lmclab.pipeline.stage import accepts
+
+    app = typer.Typer(add_completion=False)
+
+    @app.command()
+    def main(seed: int = typer.Option(...)) -> None:
+        pass
+
+    assert accepts(app, args) is runs
+
+
 STAGE = """
 import os, sys
 sys.path.insert(0, {src!r})

@@ -5,6 +5,7 @@ stds over pairs, the sweeps and their trends, and the explanation's verdict on p
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -405,3 +406,8 @@ def test_a_runs_information_is_read_from_its_params_tables_and_git_commit(tmp_pa
         "final_test_acc": pytest.approx(0.4),
         "search_seconds": {"identity": 0.0, "wm": 4.0, "am": 4.0},
     }
+    assert list(run_info(run)["search_seconds"]) == ["identity", "wm", "am"]  # in the run's order
+    for repair, measured in (("bn", True), ("false", False), ("true", True)):  # true, false: an older run
+        params = (run / "params.yaml").read_text()
+        (run / "params.yaml").write_text(re.sub(r"repair: \w+", f"repair: {repair}", params))
+        assert run_info(run)["repair"] is measured, repair
