@@ -7,6 +7,8 @@ line."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -154,6 +156,18 @@ def test_zipit_across_models_is_a_permutation_at_most_ams_optimum(seed):
     best = correlation_sums(spec, model, points, [params_a, params_b], x, am)
     assert all(ours[g] <= best[g] + 1e-12 for g in ours)
     assert sum(best.values()) - sum(ours.values()) > 0.2  # measured 0.38, 0.30, 0.32: greedy is not optimal
+
+
+def test_pearson_activation_matching_maximises_the_summed_correlation():
+    model, spec, points, params_a = mlp(0)
+    params_b, x = mlp(1)[3], data()
+    found = activation_matching(spec, params_a, params_b, model=model, points=points, data=x, statistic="pearson")
+    assert {k: found.stats[k] for k in ("statistic", "samples")} == {"statistic": "pearson", "samples": 300}
+    ours = correlation_sums(spec, model, points, [params_a, params_b], x, found.perm)
+    for g, s in feature_statistics(model, [params_a, params_b], points, x).items():
+        block = s.correlation()[:WIDTH, WIDTH:]  # corr(z_a[i], z_b[j])
+        best = max(float(block[torch.arange(WIDTH), list(p)].sum()) for p in itertools.permutations(range(WIDTH)))
+        assert ours[g] == pytest.approx(best, abs=1e-9), g
 
 
 @pytest.mark.parametrize("within_model", [False, True])
@@ -318,6 +332,25 @@ def test_repair_of_a_permutation_transform_is_repair_of_the_aligned_endpoints():
     assert max(float((ours[k] - result.merged[k]).abs().max()) for k in ours) > 1e-3  # repair did act
 
 
+@pytest.mark.parametrize("method", [cca_merge, zipit])
+def test_a_transform_merge_reads_only_the_first_max_samples_inputs(method):
+    model, spec, points, params_a = mlp(0)
+    params, x = [params_a, mlp(1)[3]], data(100)
+    kwargs = {"model": model, "points": points}
+    capped = method(spec, params, data=x, max_samples=60, batch_size=25, **kwargs)
+    first = method(spec, params, data=Split(x.x[:60], x.y[:60]), **kwargs)
+    every = method(spec, params, data=x, **kwargs)
+
+    def correlations(result):
+        return torch.tensor([c for cs in result.stats["correlation"].values() for c in torch.tensor(cs).flatten()])
+
+    assert torch.allclose(correlations(capped), correlations(first), rtol=1e-10)
+    assert all(
+        torch.allclose(c[g], f[g], atol=1e-10) for c, f in zip(capped.merges, first.merges, strict=True) for g in f
+    )
+    assert not torch.allclose(correlations(capped), correlations(every), rtol=1e-6)
+
+
 def test_bad_options_are_one_line():
     model, spec, points, params = mlp()
     kwargs = {"model": model, "points": points, "data": data(20)}
@@ -326,8 +359,14 @@ def test_bad_options_are_one_line():
         (lambda: cca_merge(spec, [params], **kwargs), r"^params must name at least 2 models, got 1$"),
         (lambda: zipit(spec, [params, params], within_model="no", **kwargs), r"^within_model must be true or false"),
         (lambda: zipit(spec, [params, params], partial_zip=0, **kwargs), r"^partial_zip must be a positive integer"),
-        (lambda: zipit(spec, [params, params], partial_zip=3, **kwargs), r"^partial_zip must be at most the spec's 2"),
-        (lambda: zipit(spec, [params, params], model=model, points={"P_0": ["acts.0"]}, data=data(20)), r"^points: "),
+        (
+            lambda: zipit(spec, [params, params], partial_zip=3, **kwargs),
+            r"^partial_zip must be at most the spec's 2 groups, got 3$",
+        ),
+        (
+            lambda: zipit(spec, [params, params], model=model, points={"P_0": ["acts.0"]}, data=data(20)),
+            r"^points: no activation points for the groups \['P_1'\]$",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message) as info:

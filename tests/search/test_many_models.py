@@ -192,3 +192,57 @@ def test_each_c2m3_start_is_what_its_name_says():
     assert all(torch.equal(bary[0][g], eye[g]) for g in sizes)
     for g, n in sizes.items():
         assert 0 < (bary[1][g] - 1 / n).abs().max() < 1e-3 and torch.equal(bary[1][g], bary[2][g])
+
+
+def _unrelated(n: int = 3):
+    """``n`` unrelated random MLPs on 4×4 inputs: 3 hidden layers of 6 units."""
+    config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=3, width=6)
+    params = [build_model("mlp", config, seed=s).state_dict() for s in range(n)]
+    return get_arch("mlp").permutation_spec(config), params
+
+
+def test_star_and_sync_run_one_capped_weight_matching_per_pair_on_the_callers_generator():
+    spec, params = _unrelated()
+    groups = len(spec.groups)
+    for method, pairs in ((star, [(0, 1), (0, 2)]), (sync, list(itertools.combinations(range(3), 2)))):
+        ours, by_hand = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+        found = method(spec, params, wm_max_iter=1, generator=ours)
+        wm = [weight_matching(spec, params[i], params[j], max_iter=1, generator=by_hand) for i, j in pairs]
+        assert torch.equal(ours.get_state(), by_hand.get_state())
+        assert all(r.stats["assignments"] == groups for r in wm)  # one sweep: every group solved once
+        rounding = 3 * groups if method is sync else 0
+        assert found.stats["assignments"] == len(pairs) * groups + rounding
+        if method is star:
+            assert all(torch.equal(p[g], r.perm[g]) for p, r in zip(found.perms[1:], wm, strict=True) for g in p)
+        else:
+            assert found.stats["pairs"] == 3
+    assert star(spec, params).stats["assignments"] > 2 * groups  # the default cap lets the descents sweep again
+
+
+def test_merge_many_passes_stop_at_max_iter_or_when_a_pass_gains_no_more_than_tol():
+    spec, params = _unrelated()
+    groups = len(spec.groups)
+    once = merge_many(spec, params, max_iter=1, wm_max_iter=1)
+    assert once.stats["iterations"] == 1 and len(once.stats["distance"]) == 2
+    assert once.stats["assignments"] == 3 * groups  # each model's descent: one sweep, every group solved once
+    settled = merge_many(spec, params, tol=0.0)
+    distance = settled.stats["distance"]
+    assert 1 < settled.stats["iterations"] < 20 and distance[-1] == distance[-2]  # a pass that gained nothing
+    assert all(b < a for a, b in zip(distance[:-2], distance[1:-1], strict=True))
+    assert merge_many(spec, params, tol=1.0).stats["iterations"] == 1  # any first pass gains at most 100 %
+
+
+def test_c2m3_iterations_stop_at_max_iter_or_a_gap_within_tol_and_count_their_assignments():
+    spec, params = _unrelated()
+    groups = len(spec.groups)
+    capped = c2m3(spec, params, max_iter=2)
+    assert capped.stats["iterations"] == 2 and len(capped.stats["gap"]) == 2
+    assert capped.stats["assignments"] == 3 * groups * (2 + 1)  # a linear step per model and iteration, the rounding
+    fraction = capped.stats["gap"][0] / abs(capped.stats["objective"][0])  # the first gap over F at the start
+    loose = c2m3(spec, params, tol=1.01 * fraction, max_iter=2)
+    assert loose.stats["iterations"] == 1 and loose.stats["step"] == [] and len(loose.stats["objective"]) == 1
+    assert c2m3(spec, params, tol=0.99 * fraction, max_iter=2).stats["iterations"] == 2
+    assert (
+        loose.stats["init"] == "sinkhorn_barycenter"
+        and c2m3(spec, params, init="identity", max_iter=1).stats["init"] == "identity"
+    )

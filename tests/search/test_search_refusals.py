@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from lmclab.core.merge import aligned_midpoint
 from lmclab.core.options import OptionError
 from lmclab.core.repair import repair_merged, unit_statistics
 from lmclab.core.spec import PermutationSpec, Segment, apply_permutation, build_spec, random_permutation
-from lmclab.core.spec_builders import dense
+from lmclab.core.spec_builders import conv, dense
 from lmclab.core.transform import TransformResult, permutation_transforms
 from lmclab.search import SearchProblem, run_search
 from lmclab.search.features import repair_transformed, transform_targets
@@ -48,6 +49,38 @@ def test_a_learning_curve_on_a_test_split_needs_the_model():
     assert all(torch.equal(found.perm[g], p) for g, p in plain.perm.items())  # the curve does not steer
     _, merged = aligned_midpoint(spec, params_a, params_b, found.perm)
     assert found.stats["curve"][-1]["test_loss"] == pytest.approx(evaluate(model, merged, test).loss, rel=1e-12)
+
+
+def test_a_learning_curve_evaluates_the_merged_midpoint_after_its_repair():
+    model, spec, _, _ = mlp(0)
+    model = model.float()
+    params_a, params_b = ({k: v.float() for k, v in mlp(seed)[3].items()} for seed in (0, 1))
+    test = Split(data(40).x.float(), torch.arange(40) % 3)
+    halved = lambda merged: {k: v / 2 for k, v in merged.items()}  # noqa: E731
+    problem = SearchProblem(spec, params_a, params_b, model=model, test=test, repair=halved)
+    found = run_search("wm_sinkhorn", problem, seed=0, options={"epochs": 2, "iterations": 3, "select": "last"})
+    _, merged = aligned_midpoint(spec, params_a, params_b, found.perm)
+    last = found.stats["curve"][-1]["test_loss"]
+    assert last == pytest.approx(evaluate(model, halved(merged), test).loss, rel=1e-12)
+    assert last != pytest.approx(evaluate(model, merged, test).loss, rel=1e-3)
+
+
+def test_the_search_time_excludes_the_learning_curve_s_which_is_reported_apart(monkeypatch):
+    model, spec, _, _ = mlp(0)
+    model = model.float()
+    params_a, params_b = ({k: v.float() for k, v in mlp(seed)[3].items()} for seed in (0, 1))
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def slow_repair(merged):  # each learning-curve row takes a second; nothing else takes any time
+        clock[0] += 1.0
+        return merged
+
+    test = Split(data(40).x.float(), torch.arange(40) % 3)
+    problem = SearchProblem(spec, params_a, params_b, model=model, test=test, repair=slow_repair)
+    found = run_search("wm_sinkhorn", problem, seed=0, options={"epochs": 2, "iterations": 3})
+    assert found.stats["monitor_seconds"] == len(found.stats["curve"]) == 3
+    assert found.stats["seconds"] == 0.0
 
 
 def test_activation_matching_needs_activation_points_of_exactly_the_spec_groups():
@@ -133,6 +166,36 @@ def test_repair_of_a_transform_merge_refuses_a_point_of_composite_output():
         theirs = repair_merged(net, aligned, x, weights=weights)
         assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 1e-10
         assert max(float((ours[k] - result.merged[k]).abs().max()) for k in ours) > 1e-3  # repair did act
+
+
+def test_repair_of_a_transform_merge_reads_a_conv_point_s_channels():
+    net = nn.Sequential(nn.Conv2d(2, 4, 1), nn.ReLU(), nn.Conv2d(4, 3, 1)).double()  # 4 channels, 5 columns
+    gen = torch.Generator().manual_seed(0)
+    params = [{k: torch.randn(v.shape, generator=gen, dtype=torch.float64) for k, v in net.state_dict().items()}]
+    params.append({k: torch.randn(v.shape, generator=gen, dtype=torch.float64) for k, v in params[0].items()})
+    x = Split(torch.randn(20, 2, 3, 5, generator=gen, dtype=torch.float64), torch.zeros(20, dtype=torch.long))
+    spec = build_spec(conv("0", "P_0", None, bias=True), conv("2", None, "P_0", bias=True))
+    result, aligned = _permutation_result(spec, params, [0.5, 0.5])
+    ours = repair_transformed(net, spec, params, result, x)
+    theirs = repair_merged(net, aligned, x)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 1e-10
+
+
+def test_repair_of_a_transform_merge_at_chosen_points_leaves_the_others_as_merged():
+    model, spec, _, params_a = mlp(0)
+    params, x = [params_a, mlp(1)[3]], data(60)
+    result, _ = _permutation_result(spec, params, [0.5, 0.5])
+    every = transform_targets(model, spec, params, result.merges, x, batch_size=7)
+    assert list(every) == ["layers.0", "layers.1"]  # the default: every hidden layer, in forward order
+    chosen = transform_targets(model, spec, params, result.merges, x, points=["layers.1"])
+    assert list(chosen) == ["layers.1"]
+    assert torch.allclose(chosen["layers.1"].mean, every["layers.1"].mean, rtol=1e-12)
+    assert torch.allclose(chosen["layers.1"].std, every["layers.1"].std, rtol=1e-12)
+    repaired = repair_transformed(model, spec, params, result, x, points=["layers.1"], batch_size=7)
+    assert torch.equal(repaired["layers.0.weight"], result.merged["layers.0.weight"])
+    assert not torch.allclose(repaired["layers.1.weight"], result.merged["layers.1.weight"])
+    reached = unit_statistics(model, repaired, x, ["layers.1"])["layers.1"]
+    assert torch.allclose(reached.mean, chosen["layers.1"].mean) and torch.allclose(reached.std, chosen["layers.1"].std)
 
 
 def test_repair_of_a_transform_merge_refuses_a_partial_zip():

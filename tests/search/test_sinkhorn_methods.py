@@ -36,6 +36,7 @@ from lmclab.search.wm_sinkhorn import (
     distance_loss,
     stalled,
     start_gradients,
+    start_scores,
     wm_sinkhorn,
 )
 
@@ -139,6 +140,58 @@ def test_distance_loss_is_the_mean_over_matched_entries() -> None:
     loss = distance_loss(spec, scores, params_a, params_b, tau=1.0, n_iter=5)
     torch.testing.assert_close(loss, by_hand)
     torch.testing.assert_close(soft_apply(spec, {"P": soft}, params_b)["l1.weight"], params_b["l1.weight"] @ soft.T)
+
+
+def test_wm_sinkhorn_s_soft_loss_is_the_mean_of_its_adam_steps_at_its_temperature() -> None:
+    spec = build_spec(dense("l0", "P", None, bias=False), dense("l1", None, "P", bias=False))
+    gen = torch.Generator().manual_seed(5)
+    params_a = {"l0.weight": torch.randn(4, 2, generator=gen), "l1.weight": torch.randn(3, 4, generator=gen)}
+    params_b = {k: torch.randn(v.shape, generator=gen) for k, v in params_a.items()}
+    sinkhorn = {"tau": 0.5, "n_iter": 3}
+    found = wm_sinkhorn(
+        spec,
+        params_a,
+        params_b,
+        generator=torch.Generator().manual_seed(0),
+        epochs=1,
+        iterations=2,
+        lr=0.3,
+        tau=0.5,
+        sinkhorn_iters=3,
+    )
+    scores = {g: s.requires_grad_() for g, s in init_scores({"P": 4}, torch.Generator().manual_seed(0)).items()}
+    adam, losses = torch.optim.Adam(scores.values(), lr=0.3), []
+    for _ in range(2):
+        loss = distance_loss(spec, scores, params_a, params_b, **sinkhorn)
+        adam.zero_grad()
+        loss.backward()
+        adam.step()
+        losses.append(loss.item())
+    assert found.stats["curve"][1]["soft_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
+    assert losses[1] != pytest.approx(losses[0], rel=1e-3)  # the first step moved the scores
+    start = init_scores({"P": 4}, torch.Generator().manual_seed(0))
+    for other in ({"tau": 1.0, "n_iter": 3}, {"tau": 0.5, "n_iter": 20}):  # the temperature and iterations matter
+        assert float(distance_loss(spec, start, params_a, params_b, **other)) != pytest.approx(losses[0], rel=1e-5)
+
+
+def test_wm_sinkhorn_s_curve_counts_the_units_each_epoch_moved_and_scores_its_permutation() -> None:
+    spec = build_spec(dense("l0", "P", None), dense("l1", "Q", "P"), dense("l2", None, "Q"))
+    gen = torch.Generator().manual_seed(5)
+    shapes = {"l0.weight": (6, 3), "l0.bias": (6,), "l1.weight": (6, 6), "l1.bias": (6,), "l2.weight": (2, 6)}
+    shapes["l2.bias"] = (2,)
+    params_a, params_b = ({k: torch.randn(n, generator=gen) for k, n in shapes.items()} for _ in range(2))
+    perms = []
+    found = wm_sinkhorn(
+        spec, params_a, params_b, generator=torch.Generator().manual_seed(0), epochs=4, iterations=3, lr=3.0,
+        patience=None, monitor=lambda perm: perms.append(perm) or {},
+    )  # fmt: skip
+    curve = found.stats["curve"]
+    assert len(perms) == len(curve) == 5 and curve[0]["changed"] is None and found.stats["epochs"] == 4
+    for row, before, after in zip(curve[1:], perms[:-1], perms[1:], strict=True):
+        assert row["changed"] == sum(int((after[g] != before[g]).sum()) for g in after)
+    assert any(row["changed"] > 0 for row in curve[1:])
+    assert [r["objective"] for r in curve] == [matching_objective(spec, p, params_a, params_b) for p in perms]
+    assert found.stats["best_epoch"] == max(curve, key=lambda r: r["objective"])["epoch"]
 
 
 @pytest.mark.slow
@@ -291,6 +344,22 @@ def test_start_gradients_scale_with_the_weights_squared_and_give_adams_first_ste
         assert moved == pytest.approx(small[g]["rms_over_eps"], rel=0.2)  # g ≪ ε: the step is ≈ g/ε
 
 
+def test_start_gradients_are_those_of_the_loss_at_their_temperature_and_iterations() -> None:
+    spec, params_a, params_b, _ = _planted(6, hidden=1, seed=3, noise=0.5)
+    found = start_gradients(spec, params_a, params_b, generator=torch.Generator().manual_seed(0), tau=0.5, n_iter=3)
+    default = start_gradients(spec, params_a, params_b, generator=torch.Generator().manual_seed(0))
+    assert default == start_gradients(
+        spec, params_a, params_b, generator=torch.Generator().manual_seed(0), tau=1.0, n_iter=20
+    )
+    scores = {g: s.requires_grad_() for g, s in init_scores({"P_0": 6}, torch.Generator().manual_seed(0)).items()}
+    distance_loss(spec, scores, params_a, spec.matched(params_b), tau=0.5, n_iter=3).backward()
+    grad = scores["P_0"].grad.double()
+    rms = float(grad.pow(2).mean().sqrt())
+    assert found["P_0"]["n"] == 6 and found["P_0"]["max_grad"] == float(grad.abs().max())
+    assert found["P_0"]["rms_grad"] == rms and found["P_0"]["rms_over_eps"] == rms / 1e-8
+    assert default["P_0"]["rms_grad"] != pytest.approx(rms, rel=1e-3)
+
+
 # ---- optimiser options: two steps of a fixed gradient g, by hand ---------------------------
 
 
@@ -414,6 +483,44 @@ def test_wm_sinkhorn_init_wm_starts_at_weight_matchings_permutation_and_never_en
     assert moved.stats["curve"][0]["objective"] == pytest.approx(target)
     assert max(r["objective"] for r in moved.stats["curve"]) >= target - 1e-9
     assert max(r["objective"] for r in plain.stats["curve"]) < target
+
+
+def test_init_wm_draws_weight_matchings_visiting_order_from_the_search_generator() -> None:
+    # the noisy identity, then WM's unit order, from one generator: STE Sinkhorn's minibatches come next
+    spec, params_a, params_b, _ = _planted(8, hidden=3, seed=8, noise=2.0)
+    ours, by_hand = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    start_scores(spec, params_a, params_b, init="wm", generator=ours, device="cpu", lap_backend="scipy")
+    init_scores(spec.group_sizes(params_a), by_hand)
+    weight_matching(spec, params_a, params_b, generator=by_hand, restarts=1)
+    assert torch.equal(ours.get_state(), by_hand.get_state())
+    only_scores = torch.Generator().manual_seed(5)
+    init_scores(spec.group_sizes(params_a), only_scores)
+    assert not torch.equal(ours.get_state(), only_scores.get_state())
+
+
+def test_ste_sinkhorn_s_first_loss_is_the_midpoint_at_its_temperature() -> None:
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    found = ste_sinkhorn_module.ste_sinkhorn(
+        spec,
+        params_a,
+        params_b,
+        model=net,
+        data=data,
+        generator=torch.Generator().manual_seed(0),
+        epochs=1,
+        batch_size=50,
+        tau=0.5,
+        sinkhorn_iters=3,
+    )
+    start = init_scores({"P": 8}, torch.Generator().manual_seed(0))
+
+    def first_loss(tau: float, n_iter: int) -> float:
+        soft = soft_permutation(start, tau=tau, n_iter=n_iter)
+        return float(midpoint_loss(net, spec, params_a, soft_apply(spec, soft, params_b), data.x, data.y))
+
+    assert found.stats["curve"][1]["train_loss"] == pytest.approx(first_loss(0.5, 3), rel=1e-7)
+    assert first_loss(1.0, 3) != pytest.approx(first_loss(0.5, 3), rel=1e-4)
+    assert first_loss(0.5, 20) != pytest.approx(first_loss(0.5, 3), rel=1e-7)
 
 
 def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:
@@ -587,7 +694,17 @@ def test_the_stall_message_gives_the_steps_the_largest_score_drift_and_the_lr() 
     scores = {"P_0": torch.tensor([[0.0, -2e-3], [0.0, 0.0]]), "P_1": torch.full((3, 3), 1.0005)}
     options = WMSinkhornOptions(iterations=7, lr=0.5)
     message = _stall_message([{"epoch": 0}, {"epoch": 3}], options, scores, start)
-    assert "in 21 Adam steps (scores moved at most 0.002)" in message and "raise lr (it was 0.5)" in message
+    assert message == (
+        "wm_sinkhorn: the hard permutation never left its start in 21 Adam steps (scores moved at most 0.002): the "
+        "mean DistL2 gradients are below Adam's ε for a model this size, so a step is ≈ lr·gradient/ε; no alignment "
+        "was found — raise lr (it was 0.5)"
+    )
+    moved = _stall_message([{"epoch": 2}], WMSinkhornOptions(iterations=7, lr=0.5, init="wm"), scores, start)
+    assert moved.endswith(
+        "in 14 Adam steps (scores moved at most 0.002): the mean DistL2 gradients are below "
+        "Adam's ε for a model this size, so a step is ≈ lr·gradient/ε; it returned weight matching's permutation "
+        "— raise lr (it was 0.5)"
+    )
 
 
 def test_by_default_the_search_stops_ten_scores_after_its_best_and_the_steps_are_the_papers() -> None:

@@ -27,6 +27,7 @@ from lmclab.search.registered import search_problem
 from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
 from lmclab.search.ste import projector, ste, ste_step
 from lmclab.search.ste_sinkhorn import ste_sinkhorn
+from lmclab.search.weight_matching import weight_matching
 from lmclab.search.wm_sinkhorn import wm_sinkhorn
 from lmclab.train.training import train
 
@@ -419,3 +420,46 @@ def test_init_scores_are_made_on_the_device_asked_for():
     sizes = spec.group_sizes(build_model("vit", config, seed=0).state_dict())
     scores = init_scores(sizes, torch.Generator().manual_seed(0), torch.device("meta"), spec.heads)
     assert scores and all(s.device.type == "meta" for s in scores.values())
+
+
+def test_ste_s_projection_is_one_weight_matching_warm_started_at_the_last_projection() -> None:
+    config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=3, width=6)
+    spec = get_arch("mlp").permutation_spec(config)
+    params_a, params_b = (build_model("mlp", config, seed=s).state_dict() for s in (2, 3))
+    tilde = spec.matched(params_a)
+    previous = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
+    sweeps = []
+    for max_iter in (1, 100):
+        ours, by_hand = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        found = projector(spec, params_b, max_iter, ours)(tilde, previous)
+        wm = weight_matching(
+            spec, params_a, params_b, max_iter=max_iter, tol=0.0, generator=by_hand, init_perm=previous
+        )
+        assert all(torch.equal(found[g], p) for g, p in wm.perm.items())
+        assert torch.equal(ours.get_state(), by_hand.get_state())
+        sweeps.append(wm)
+    assert [r.stats["sweeps"] for r in sweeps] == [1, 3]  # tol 0: on until a sweep gains nothing
+    assert any(not torch.equal(sweeps[0].perm[g], p) for g, p in sweeps[1].perm.items())  # the later sweeps moved
+    cold = weight_matching(spec, params_a, params_b, max_iter=1, generator=torch.Generator().manual_seed(3))
+    one = projector(spec, params_b, 1, torch.Generator().manual_seed(3))(tilde, previous)
+    assert any(not torch.equal(one[g], p) for g, p in cold.perm.items())  # the warm start matters here
+
+
+def test_ste_s_projections_are_capped_at_wm_max_iter_sweeps() -> None:
+    from lmclab.search.midpoint import split_holdout
+
+    config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=3, width=6)
+    spec, model = get_arch("mlp").permutation_spec(config), get_arch("mlp").Model(config)
+    params_a, params_b = (build_model("mlp", config, seed=s).state_dict() for s in (2, 3))
+    gen = torch.Generator().manual_seed(1)
+    data = Split(torch.randn(40, 1, 4, 4, generator=gen), torch.randint(0, 3, (40,), generator=gen))
+    for wm_max_iter in (1, 100):
+        seen = []
+        ste(
+            spec, params_a, params_b, model=model, data=data, generator=torch.Generator().manual_seed(0),
+            epochs=1, batch_size=36, wm_max_iter=wm_max_iter, monitor=lambda perm, seen=seen: seen.append(perm) or {},
+        )  # fmt: skip
+        by_hand = torch.Generator().manual_seed(0)
+        split_holdout(data, 0.1, by_hand)  # the held-out draw comes first
+        first = weight_matching(spec, params_a, params_b, max_iter=wm_max_iter, tol=0.0, generator=by_hand).perm
+        assert all(torch.equal(seen[0][g], p) for g, p in first.items())  # epoch 0: the projection of θ̃ = θa

@@ -265,9 +265,14 @@ def test_the_sorted_signature_start_is_the_planted_permutation_of_every_group_at
 
 def test_restarts_keep_the_highest_objective_and_warn_when_starts_disagree() -> None:
     spec, params_a, params_b = _random_mlp(hidden=3, width=32, seed=5)  # two unrelated models
-    with pytest.warns(LocalOptimaWarning, match=r"its 6 starts ended at different"):
+    with pytest.warns(LocalOptimaWarning) as warned:
         found = weight_matching(spec, params_a, params_b, restarts=6, generator=torch.Generator().manual_seed(0))
     finals = found.stats["restart_objectives"]
+    assert [str(w.message) for w in warned] == [
+        f"weight matching: its 6 starts ended at different ⟨θa, π(θb)⟩ ({min(finals):.6g} to {max(finals):.6g}); "
+        "coordinate descent stops in local optima on this pair, the highest is kept"
+    ]
+    assert warned[0].filename == __file__  # reported at the caller's line
     assert len(finals) == 6 and len(set(finals)) > 1
     assert found.stats["objective"][-1] == max(finals) == finals[found.stats["kept_start"]]
     assert matching_objective(spec, found.perm, params_a, params_b) == pytest.approx(max(finals), rel=1e-12)

@@ -12,7 +12,7 @@ from torch import nn
 
 from lmclab.archs import get_arch, make_config
 from lmclab.core.spec import PermutationSpec, random_permutation
-from lmclab.search.weight_matching import matching_objective
+from lmclab.search.weight_matching import matching_objective, weight_matching
 from lmclab.search.wm_costs import TermCache, group_cost
 from lmclab.trace import trace
 
@@ -101,6 +101,23 @@ def test_update_at_bounds_the_moved_fraction_that_is_updated_rather_than_recompu
     assert cache.counts["updated"] == 0 and cache.counts["recomputed"] == 2 * 3 - 2
 
 
+def test_by_default_up_to_half_the_units_moved_are_updated_and_every_update_is_counted() -> None:
+    spec, params_a = _mlp(0)
+    params_b = _mlp(1)[1]
+    identity = {g: torch.arange(n) for g, n in spec.group_sizes(params_a).items()}
+    cache = TermCache(spec, params_a, params_b)
+    cache.cost("P_1", identity)
+    for moved in (6, 2, 7):  # 6 of 12 units is the default update_at = ½; 7 is past it
+        p = identity["P_0"].clone()
+        p[:moved] = p[:moved].roll(1)
+        changed = {**identity, "P_0": p}
+        assert torch.allclose(cache.cost("P_1", changed), group_cost(spec, "P_1", changed, params_a, params_b))
+        cache.cost("P_1", identity)  # back: each moved unit moves again
+    # P_1's three terms computed once; layers.1.weight's then updated at 6 and 2 moved units (there and back)
+    # and recomputed at 7, while the bias and layers.2.weight are kept at every call after the first
+    assert cache.counts == {"kept": 2 * 6, "updated": 4, "recomputed": 3 + 2}
+
+
 def test_a_term_with_two_moved_axes_is_recomputed_not_updated() -> None:
     spec, params_a = _mlp(0)
     params_b = _mlp(1)[1]
@@ -164,3 +181,11 @@ def test_the_constant_terms_are_those_whose_other_axes_are_all_unpermuted() -> N
     for group in spec.groups:
         with_constants = group_cost(spec, group, perm, params_a, params_b, constants)
         assert torch.allclose(with_constants, group_cost(spec, group, perm, params_a, params_b), rtol=1e-12), group
+
+
+def test_weight_matching_reports_every_cost_term_it_asked_for_once() -> None:
+    spec, params_a = _mlp(0)
+    found = weight_matching(spec, params_a, _mlp(1)[1])
+    assert all(len(spec.groups[g]) == 3 for g in spec.groups)  # a layer's weight and bias, the next weight
+    assert sum(found.stats["products"].values()) == 3 * found.stats["assignments"]
+    assert min(found.stats["products"].values()) > 0

@@ -102,3 +102,32 @@ def test_the_constant_term_start_alone_finds_the_planted_rotation_of_the_stream(
     start = constant_start(spec, params, params_b)
     torch.testing.assert_close(start[gpt.STREAM], perm[gpt.STREAM].T, rtol=0, atol=1e-10)
     assert all(torch.equal(p, torch.arange(len(p))) for g, p in start.items() if g != gpt.STREAM)
+
+
+def test_an_orthogonal_group_with_attention_heads_is_refused():
+    model, spec = _model("learned")
+    headed = dataclasses.replace(spec, kinds={**spec.kinds, "P_qk_0": "orthogonal"})
+    params = model.state_dict()
+    message = r"^weight matching: group 'P_qk_0' is headed; orthogonal maps act on plain groups only$"
+    with pytest.raises(ValueError, match=message):
+        weight_matching(headed, params, params)
+
+
+def test_orthogonal_matching_stops_at_max_iter_or_tol_and_keeps_the_best_of_its_starts() -> None:
+    model, spec = _model("rotary")
+    params_a, params_b = model.state_dict(), _model("rotary", seed=5)[0].state_dict()
+    once = weight_matching(spec, params_a, params_b, max_iter=1)
+    assert once.stats["sweeps"] == 1 and len(once.stats["objective"]) == 2
+    assert weight_matching(spec, params_a, params_b, max_iter=2).stats["sweeps"] == 2
+    gain = once.stats["objective"][1] / once.stats["objective"][0] - 1  # the first sweep's relative gain
+    assert weight_matching(spec, params_a, params_b, tol=1.01 * gain, max_iter=2).stats["sweeps"] == 1
+    assert weight_matching(spec, params_a, params_b, tol=0.99 * gain, max_iter=2).stats["sweeps"] == 2
+    two = weight_matching(spec, params_a, params_b, restarts=2, max_iter=1, generator=torch.Generator().manual_seed(4))
+    by_hand = torch.Generator().manual_seed(4)
+    first = weight_matching(spec, params_a, params_b, max_iter=1, generator=by_hand)
+    identity = {g: torch.arange(n) for g, n in spec.group_sizes(params_a).items()}
+    second = weight_matching(spec, params_a, params_b, max_iter=1, generator=by_hand, init_perm=identity)
+    finals = two.stats["restart_objectives"]
+    assert finals == [first.stats["objective"][-1], second.stats["objective"][-1]] and finals[0] != finals[1]
+    assert two.stats["objective"][-1] == max(finals) == finals[two.stats["kept_start"]]
+    assert (first.stats["first_start"], second.stats["first_start"]) == ("constant terms", "init_perm")
