@@ -290,6 +290,18 @@ def test_checkpoint_paths_are_models_with_their_factory(tmp_path, monkeypatch) -
         lmclab.find_permutation(tmp_path / "a.pt", tmp_path / "b.safetensors", example_inputs=x)
 
 
+def test_lmclab_checkpoint_paths_are_aligned_in_their_architectures_spec_with_no_example_inputs(tmp_path) -> None:
+    from lmclab.archs import build_model, get_arch, make_config
+    from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
+
+    config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, width=8, hidden=2)
+    for seed in (0, 1):
+        state = build_model("mlp", config, seed=seed).state_dict()
+        save_checkpoint(tmp_path / f"{seed}.pt", Checkpoint("mlp", config, seed, state))
+    res = lmclab.find_permutation(tmp_path / "0.pt", tmp_path / "1.pt", device="cpu")
+    assert res.spec == get_arch("mlp").permutation_spec(config)
+
+
 def test_a_curve_repairs_every_lambda_with_repair_as_the_pipeline_does() -> None:
     """``repair="repair"`` (and ``auto`` on a net without BatchNorm) is REPAIR of each θ(λ) on ``repair_samples``
     inputs: the pipeline's ``RepairAt`` on the same fixed subset, λ by λ."""

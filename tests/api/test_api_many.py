@@ -53,6 +53,9 @@ def test_apply_permutation_takes_spec_perm_params_and_round_trips() -> None:
         lmclab.apply_permutation(spec, net.state_dict(), list(perm.values()))
     with pytest.raises(TypeError, match=refusal):  # a list of index tensors is no perm, whatever params is
         lmclab.apply_permutation(spec, list(perm.values()), net.state_dict())
+    short = {k: v for k, v in net.state_dict().items() if k != "5.bias"}
+    with pytest.raises(ValueError, match=r"^params: keys do not match the permutation spec \(missing \['5\.bias'\]"):
+        lmclab.apply_permutation(spec, perm, short)
 
 
 def test_data_needing_methods_are_read_off_the_registry() -> None:
@@ -69,6 +72,11 @@ def test_data_needing_methods_are_read_off_the_registry() -> None:
 
 def test_a_many_merge_built_with_its_defaults_shows_no_models_and_no_groups() -> None:
     assert repr(lmclab.ManyMerge("merge_many", None)) == "ManyMerge(method='merge_many', 0 models, 0 groups {})"
+
+
+def test_a_transform_merge_shows_the_units_each_group_is_merged_into() -> None:
+    zipped = lmclab.ManyMerge("zipit", None, merges=[{"P_0": torch.zeros(4, 8)}] * 2, repair="bn")
+    assert repr(zipped) == "ManyMerge(method='zipit', 2 models, 1 group {P_0: 4}, repair='bn')"
 
 
 @pytest.mark.parametrize("method", ["merge_many", "star", "c2m3"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -219,3 +220,17 @@ def test_writing_onto_a_folder_that_is_not_empty_fails_and_leaves_nothing(saved,
     written = transformers.GPT2LMHeadModel.from_pretrained(out).state_dict()
     assert all(torch.equal(written[k], v) for k, v in state.items())
     assert all(torch.equal(model.state_dict()[k], v) for k, v in own.items())  # the caller's model untouched
+
+
+def test_an_interrupt_once_the_written_folder_is_in_place_reaches_the_caller_as_it_is(saved, tmp_path, monkeypatch):
+    model, move = transformers.GPT2LMHeadModel.from_pretrained(saved / "a"), os.replace
+
+    def move_then_interrupt(src, dst) -> None:  # Ctrl-C right after the rename: nothing left to clean
+        move(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", move_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_hf_folder(model, model.state_dict(), tmp_path / "out")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and _same(tmp_path / "out", saved)

@@ -51,6 +51,10 @@ def test_a_checkpoint_whose_tensors_do_not_fit_its_spec_names_the_file_and_the_m
 def test_vgg_needs_a_channel_count_and_images_of_28_to_32_pixels():
     with pytest.raises(OptionError, match=r"^layers: expected at least one channel count, got \['M'\]$"):
         make_config("vgg", input_shape=(3, 32, 32), num_classes=10, layers=["M"])
+    with pytest.raises(
+        OptionError, match=r"^layers must be a non-empty list of a positive integer or one of \['M'\], got \(\)$"
+    ):
+        make_config("vgg", input_shape=(3, 32, 32), num_classes=10, layers=[])
     assert make_config("vgg", input_shape=(3, 32, 32), num_classes=10, layers=[8, "M"]).channels() == [8]
     refusal = r"^input_shape: vgg takes images of 28 to 32 pixels a side \(padded to 32\), got "
     for shape in ((3, 27, 28), (3, 28, 33), (1, 33, 32), (1, 32, 27)):

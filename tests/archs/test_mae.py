@@ -147,6 +147,8 @@ def test_activation_points_name_modules_and_cover_every_group():
 @pytest.mark.parametrize("position", ["learned", "sincos"])
 def test_the_encoder_loads_into_the_supervised_vit_for_a_linear_probe(position):
     config, model, spec, params = _mae(position=position)
+    learned = {n for n, _ in model.named_parameters() if n.endswith("pos_embed")}  # fixed tables are buffers
+    assert learned == ({"pos_embed", "decoder_pos_embed"} if position == "learned" else set())
     vit_config = mae.probe_config(config, num_classes=10)
     vit = build_model("vit", vit_config, seed=0).double()
     encoder = mae.encoder_params(params)

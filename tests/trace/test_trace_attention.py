@@ -14,6 +14,7 @@ from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer
 
 from lmclab.archs import build_model, get_arch, make_config
+from lmclab.archs.gpt import rotate_half
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.search.weight_matching import weight_matching
 from lmclab.trace import TraceError, trace_spec
@@ -145,6 +146,12 @@ def attend(m: Attention, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
     return m.out(merged(torch.softmax(logits, dim=-1) @ v)) + x
 
 
+def features_beside_logits(m: Attention, x: torch.Tensor) -> torch.Tensor:
+    """q's and v's features (two groups) and the logits side by side, each head's tokens then flattened in."""
+    q, k, v = heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4)
+    return torch.cat([q, v, q @ k.transpose(-2, -1)], -1).transpose(2, 3).flatten(2).sum(-1)
+
+
 REFUSED = {
     "multi-query": (  # one key/value head with no head axis: the output mixes query heads and its features
         lambda m, x: attend(m, x, heads(m.q(x), 4), heads(m.k1(x), 1), heads(m.v1(x), 1)),
@@ -199,6 +206,10 @@ REFUSED = {
         lambda m, x: m.out(torch.cat([heads(m.v(x), 4).mean(1)] * 4, dim=-1)),
         r"node 'mean': mean .*an operation over heads or per-head features",
     ),
+    "features-of-two-groups-flattened-with-tokens": (
+        features_beside_logits,
+        r"node 'flatten': flatten .*\(a flatten that does not join a head axis to the features of its heads\)",
+    ),
     "two-head-axes-side-by-side": (  # a head order pinned by the input, then twice along one axis: 8 "heads"
         lambda m, x: torch.cat([heads(m.q(x), 4) * x[:, 0, :4, None, None]] * 2, 1).transpose(1, 2).reshape(2, 9, 32),
         r"node 'reshape_1': reshape .*\(a flatten that does not join a head axis to the features of its heads\)",
@@ -233,6 +244,16 @@ def test_a_softmax_across_the_heads_of_the_attention_logits_is_traced():
 
     spec = trace_spec(Attention(forward), torch.zeros(2, 9, 16))
     assert spec.heads[spec.axes["q.weight"][0]].count == 4
+
+
+def test_an_nn_softmax_module_on_the_attention_logits_is_traced_as_the_function_is():
+    def forward(m, x):
+        return attend(m, x, heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4), m.softmax)
+
+    model = Attention(forward)
+    model.softmax = nn.Softmax(dim=-1)
+    spec = trace_spec(model, torch.zeros(2, 9, 16))
+    assert spec.heads[spec.axes["q.weight"][0]].count == 4 and not spec.pinned
 
 
 def weights_out(m: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,3 +372,36 @@ def test_a_product_of_query_and_key_with_their_heads_on_different_axes_is_refuse
     model(torch.zeros(4, 9, 16))  # it runs
     with pytest.raises(TraceError, match=r"a product over the features of heads that are not one batch axis"):
         trace_spec(model, torch.zeros(4, 9, 16))
+
+
+class SharedBias(nn.Module):
+    """``nn.MultiheadAttention`` whose input-projection bias is also added to three Linears' outputs side by
+    side: the first Linear's group is the attention's query/key group, whose heads then take a rotary
+    embedding (its features read by position: the heads move whole, d = 4 features each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.a, self.b, self.c = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.mix, self.head = nn.Linear(24, 8), nn.Linear(8, 3)
+        self.register_buffer("cos", torch.linspace(-1, 1, 20).reshape(5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, 5 tokens, 4)
+        h = self.proj(x)
+        attended, q = self.attn(h, h, h)[0], self.a(h)  # the attention first: its group is the older one
+        packed = torch.cat([q, self.b(h), self.c(h)], -1) + self.attn.in_proj_bias
+        q = q.reshape(x.shape[0], 5, 2, 4).transpose(1, 2)
+        q = q * self.cos[:5] + rotate_half(q) * self.cos[:5]
+        return self.head(attended + q.transpose(1, 2).reshape(x.shape[0], 5, 8) + self.mix(packed))
+
+
+def test_a_rotary_embedding_on_the_heads_of_multihead_attentions_group_moves_them_whole():
+    torch.manual_seed(0)
+    model, x = SharedBias().double().eval(), torch.randn(3, 5, 4, dtype=torch.float64)
+    spec = trace_spec(model, x)
+    qk = spec.axes["a.weight"][0][0].group  # in blocks of 4: heads moved whole
+    assert spec.axes["attn.in_proj_weight"][0][0].group == qk and spec.heads[qk].count == 2
+    perm = random_permutation(spec.group_sizes(model.state_dict()), torch.Generator().manual_seed(1), spec.heads)
+    moved = apply_permutation(spec, perm, model.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(torch.func.functional_call(model, moved, (x,)), model(x), atol=1e-12)

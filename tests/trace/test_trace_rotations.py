@@ -144,6 +144,14 @@ class Stream(nn.Module):
             s = s + self.fc(
                 (1.0 + self.gain.float().double()) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
             )
+        elif self.how == "cast 1 + gain":  # the offset gain cast as a whole (a method call): still c + w
+            s = s + self.fc((1.0 + self.gain).double() * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "plus zero":  # adds nothing: no shift of the units
+            s = s + 0
+        elif self.how == "True + gain":  # a bool is no number here: not read as the offset 1
+            s = s + self.fc((True + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "gain read through a copy":  # a method-call copy between the gained output and its reader
+            s = s + self.fc((self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))).contiguous())
         elif self.how == "gain - 0.5":  # another offset, on the other side
             s = s + self.fc(torch.add(self.gain, -0.5) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
         elif self.how == "sum of two gains":  # two parameters: no c + w
@@ -196,7 +204,8 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     + [("2 * gain", None), ("1 + gain, read by a GELU", None), ("sum of two gains", None), ("gain + alpha * 1", None)]
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
     + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)]
-    + [("gain read by a norm", None), ("gained mean over samples", ORTH), ("gained sample picked", ORTH)],
+    + [("gain read by a norm", None), ("gained mean over samples", ORTH), ("gained sample picked", ORTH)]
+    + [("True + gain", None), ("gain read through a copy", ORTH), ("cast 1 + gain", ORTH), ("plus zero", ORTH)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -206,14 +215,15 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     spec = trace_spec(model, x, symmetry="orthogonal")
     stream = spec.axes["embed.weight"][0]
     assert spec.kinds.get(stream) == kind
+    offset = {"1 + gain": 1.0, "cast 1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)
+    assert spec.gain_offsets == ({} if offset is None else {"gain": offset})  # none for a gain left in place
     if how == "sum of two gains":  # a gain of two parameters pins the stream already as a permutation group
         assert stream is None and spec.gains == {}
         return
     folded_gain = ("rms", "cast gain", "layernorm", "1 + gain", "gain - 0.5", "shape read", "normed shape read")
+    folded_gain += ("gain read through a copy", "cast 1 + gain")
     if how in (*folded_gain, "gained mean over samples", "gained sample picked"):
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
-        offset = {"1 + gain": 1.0, "gain - 0.5": -0.5}.get(how)
-        assert spec.gain_offsets == ({} if offset is None else {"gain": offset})
     if how == "gain read by a norm":  # no gain of a permutation group is listed, the one the norm reads neither
         assert spec.gains == {}
     with torch.no_grad():

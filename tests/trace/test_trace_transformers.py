@@ -246,6 +246,10 @@ def test_an_encoder_decoders_inputs_are_built_from_its_decoder_start_token_or_re
     assert inputs["decoder_input_ids"][:, 0].tolist() == [3, 3]
     assert torch.equal(inputs["decoder_input_ids"][:, 1:], inputs["input_ids"][:, :-1])  # shifted right
     bare = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5))
+    bare.generation_config.decoder_start_token_id = 4  # where transformers 5 keeps it
+    assert getattr(bare.config, "decoder_start_token_id", None) is None
+    assert example_inputs(bare, None)["decoder_input_ids"][:, 0].tolist() == [4, 4]
+    bare.generation_config.decoder_start_token_id = None
     expected = (
         "T5ForConditionalGeneration: an encoder–decoder reads decoder_input_ids besides input_ids, and its config "
         "sets no decoder_start_token_id to build them from (set it in config.json)"
