@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
+import lmclab
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.spec import apply_permutation, identity_permutation, invert, random_permutation
 from lmclab.search import SearchProblem, check_method, run_search
@@ -273,6 +274,9 @@ def test_restarts_keep_the_highest_objective_and_warn_when_starts_disagree() -> 
         "coordinate descent stops in local optima on this pair, the highest is kept"
     ]
     assert warned[0].filename == __file__  # reported at the caller's line
+    with pytest.warns(LocalOptimaWarning) as warned:  # many calls down in lmclab: still the caller's line
+        lmclab.find_permutation(params_a, params_b, spec=spec, options={"restarts": 6})
+    assert warned[0].filename == __file__
     assert len(finals) == 6 and len(set(finals)) > 1
     assert found.stats["objective"][-1] == max(finals) == finals[found.stats["kept_start"]]
     assert matching_objective(spec, found.perm, params_a, params_b) == pytest.approx(max(finals), rel=1e-12)

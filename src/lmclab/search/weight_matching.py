@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from lmclab.core.assignment import AssignmentOptions, solve_assignment
+from lmclab.core.callers import caller_level
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, NonNegative, option, takes
 from lmclab.core.progress import tick
@@ -190,7 +191,7 @@ def _warn_if_starts_disagree(finals: list[float], tol: float) -> None:
             f"weight matching: its {len(finals)} starts ended at different ⟨θa, π(θb)⟩ ({min(finals):.6g} to "
             f"{max(finals):.6g}); coordinate descent stops in local optima on this pair, the highest is kept",
             LocalOptimaWarning,
-            stacklevel=4,  # the caller of weight_matching (this function and its @takes wrapper between)
+            stacklevel=caller_level(),
         )
 
 

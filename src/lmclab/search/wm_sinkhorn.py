@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from lmclab.core.assignment import AssignmentOptions
+from lmclab.core.callers import caller_level
 from lmclab.core.options import Count, Positive, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
@@ -126,7 +127,8 @@ def wm_sinkhorn(
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
     stuck = stalled(track.curve)
     if stuck:
-        warnings.warn(_stall_message(track.curve, options, scores, start_scores), StalledSearchWarning, stacklevel=2)
+        message = _stall_message(track.curve, options, scores, start_scores)
+        warnings.warn(message, StalledSearchWarning, stacklevel=caller_level())
     return SearchResult(
         perm,
         {

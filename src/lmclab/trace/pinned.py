@@ -15,13 +15,12 @@ tensor axes they sit on. The model's own inputs and outputs are never permuted a
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 
 from torch import Tensor, fx
 
+from lmclab.core.callers import caller_level
 from lmclab.core.spec import PermutationSpec, Pinned
 from lmclab.trace.groups import FIXED, Seg
 from lmclab.trace.pins import Cause
@@ -109,12 +108,4 @@ def pinned_share(spec: PermutationSpec, params: Mapping[str, Tensor]) -> float:
 def warn_pinned(spec: PermutationSpec, params: Mapping[str, Tensor]) -> None:
     """:func:`pinned_message` as a :class:`PinnedWarning`, if any."""
     if (message := pinned_message(spec, params)) is not None:
-        warnings.warn(message, PinnedWarning, stacklevel=_caller_level())
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside lmclab: the warning names the caller's line."""
-    package, frame, level = str(Path(__file__).resolve().parents[1]), sys._getframe(2), 2
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
+        warnings.warn(message, PinnedWarning, stacklevel=caller_level())
