@@ -281,6 +281,21 @@ def test_a_tied_model_is_refused_naming_the_shared_tensors_and_its_canonical_cop
         assert float((naive(x) - model_a(x)).abs().max()) > 1e-2
 
 
+def test_canonicalize_unties_a_tied_head_whose_gain_reads_one_so_that_align_takes_the_copy() -> None:
+    """A freshly built model's gains are ones: folding changes no value, yet the tracer folds the final gain
+    into the head, so the canonical copy stays untied (tied again, the stream would be no orthogonal group)."""
+    x = _tokens()[0]
+    torch.manual_seed(0)
+    model = gpt.Model(
+        gpt.Config(input_shape=(CONTEXT,), num_classes=VOCAB, width=12, depth=2, heads=2, norm="rmsnorm")
+    ).double()
+    assert all(bool((p == 1).all()) for k, p in model.named_parameters() if "norm" in k)
+    folded = lmclab.canonicalize(model, x)
+    assert folded.head.weight is not folded.embed.weight and torch.equal(folded.head.weight, folded.embed.weight)
+    res = lmclab.align(folded, folded, symmetry="orthogonal", example_inputs=x)
+    assert set(res.spec.kinds.values()) == {"orthogonal"}
+
+
 class _SharedAfterANonlinearity(torch.nn.Module):
     """A gain on the stem's units read by ``first``; ``a`` and ``b`` share one weight that no gain reaches."""
 

@@ -2,16 +2,21 @@
 folded into the layers that read them) with its residual stream rotated by a random orthogonal map and its MLP
 units and heads permuted, saved by ``save_pretrained``; the match brings it back exactly and ``lmclab merge``
 writes a folder ``from_pretrained`` loads that computes A's function, while permutations alone cannot;
-``lmclab trace --symmetry orthogonal`` lists the kinds and the gains."""
+``lmclab trace --symmetry orthogonal`` lists the kinds and the gains. Folders whose head is tied to the
+embeddings are matched in their untied form, and merged into a folder whose head is tied only where the merged
+values are equal."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import lmclab as lmclab_api
 from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace_spec
@@ -72,32 +77,47 @@ def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None
     assert "gain: model.norm.weight folded into lm_head.weight" in out
 
 
-def test_match_refuses_a_tied_head_naming_the_flag_and_the_shared_tensors(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tied Llama folders: ``a`` with random gains but the final norm's (ones: its canonical head is still the
+    embedding), ``b`` its canonical form rotated and permuted (tied too), ``c`` another with every gain random."""
+    work, config = tmp_path_factory.mktemp("tied"), transformers.LlamaConfig(**(LLAMA | {"tie_word_embeddings": True}))
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(**(LLAMA | {"tie_word_embeddings": True}))).save_pretrained(
-        tmp_path / "tied"
-    )
-    args = ("match", "tied", "tied", "--symmetry", "orthogonal", "--out", "rot.pt")
-    err = lmclab(tmp_path, *args, ok=False, shell=False).stderr
-    assert err == (
-        "error: --symmetry: the tracer proves no group of LlamaForCausalLM orthogonal; P_0, the group on the most "
-        "tensors, stays a permutation group: gain 'model.norm.weight' is read by 'lm_head.weight', one tensor with "
-        "another entry; 'model.embed_tokens.weight' and 'lm_head.weight' are one tensor: "
-        "align the untied copies lmclab.canonicalize returns\n"
-    )
-    err = lmclab(
-        tmp_path,
-        "match",
-        "tied",
-        "tied",
-        "--symmetry",
-        "orthogonal",
-        "--method",
-        "wm_sinkhorn",
-        "--out",
-        "r.pt",
-        ok=False,
-        shell=False,
-    ).stderr
+    model, other = (transformers.LlamaForCausalLM(config).eval() for _ in range(2))
+    with torch.no_grad():
+        for (key, p), q in zip(model.named_parameters(), other.parameters(), strict=True):
+            if "norm" in key:
+                q.uniform_(0.5, 1.5)
+                p.uniform_(0.5, 1.5) if key != "model.norm.weight" else None
+    canonical = lmclab_api.canonicalize(model, X)
+    spec = trace_spec(canonical, X, symmetry="orthogonal")
+    state = canonical.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, spec.kinds)
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(apply_permutation(spec, perm, state))  # the head's values equal the embedding's
+    for name, m in (("a", model), ("b", twin), ("c", other)):
+        m.save_pretrained(work / name)
+    return work
+
+
+def test_match_aligns_tied_folders_untied_and_merge_writes_the_head_as_its_values_say(tied: Path) -> None:
+    out = lmclab(tied, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt").stdout
+    assert "(1 orthogonal); model.embed_tokens.weight and lm_head.weight matched untied, " in out
+    assert "L2 reduction 100.00 %" in out
+    lmclab(tied, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged")
+    torch.testing.assert_close(_logits(tied / "merged"), _logits(tied / "a"), rtol=1e-4, atol=1e-4)
+    assert json.loads((tied / "merged" / "config.json").read_text())["tie_word_embeddings"]  # equal: tied still
+    lmclab(tied, "match", "a", "c", "--symmetry", "orthogonal", "--out", "rot_c.pt")
+    lmclab(tied, "merge", "a", "c", "--alignment", "rot_c.pt", "--out", "merged_c")
+    assert not json.loads((tied / "merged_c" / "config.json").read_text())["tie_word_embeddings"]
+    written = load_file(tied / "merged_c" / "model.safetensors")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tied / "merged_c").state_dict()
+    assert not torch.equal(written["lm_head.weight"], written["model.embed_tokens.weight"])
+    assert all(torch.equal(loaded[k], v) for k, v in written.items())  # the head kept, not the embedding twice
+
+
+def test_match_refuses_a_method_without_orthogonal_steps_on_a_tied_folder(tied: Path) -> None:
+    args = ("match", "a", "c", "--symmetry", "orthogonal", "--method", "wm_sinkhorn", "--out", "r.pt")
+    err = lmclab(tied, *args, ok=False, shell=False).stderr
     assert err == "error: --method: 'wm_sinkhorn' seeks permutations only; --symmetry orthogonal by ('wm', 'am')\n"
-    assert not (tmp_path / "rot.pt").exists()
+    assert not (tied / "r.pt").exists()

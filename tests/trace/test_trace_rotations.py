@@ -118,6 +118,13 @@ class Stream(nn.Module):
         self.depthwise = nn.Conv2d(4, 4, 1, groups=4)
         self.mix = nn.Linear(5, 5)
         self.norm = nn.LayerNorm(4)
+        self.c1d, self.c1d_bias = nn.Parameter(torch.randn(4, 6)), nn.Parameter(torch.randn(6))  # (in, out)
+        self.per_unit = nn.Linear(1, 3)
+        self.square, self.square_bias, self.back = (
+            nn.Parameter(torch.randn(4, 4)),
+            nn.Parameter(torch.randn(4)),
+            nn.Linear(6, 4),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.embed(x)
@@ -150,6 +157,15 @@ class Stream(nn.Module):
             s = s + 0
         elif self.how == "True + gain":  # a bool is no number here: not read as the offset 1
             s = s + self.fc((True + self.gain) * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6)))
+        elif self.how == "conv1d reader":  # GPT-2's Conv1D: bias + x @ W with W (in, out), through a reshape
+            h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.back(torch.relu(torch.addmm(self.c1d_bias, h.reshape(-1, 4), self.c1d)))
+        elif self.how == "square conv1d reader":  # (4, 4): no telling its input axis from its shape
+            h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            s = s + torch.addmm(self.square_bias, h, self.square)
+        elif self.how == "gain moved off the last axis":  # a reshape that moves the units off the last axis
+            h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.per_unit(h.reshape(5, 4, 1)).sum(-1)
         elif self.how == "gain read through a copy":  # a method-call copy between the gained output and its reader
             s = s + self.fc((self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))).contiguous())
         elif self.how == "gain - 0.5":  # another offset, on the other side
@@ -205,7 +221,8 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     + [("shift", CENT), ("token shift", CENT), ("bias", ORTH), ("reciprocal", None), ("gain read across samples", None)]
     + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)]
     + [("gain read by a norm", None), ("gained mean over samples", ORTH), ("gained sample picked", ORTH)]
-    + [("True + gain", None), ("gain read through a copy", ORTH), ("cast 1 + gain", ORTH), ("plus zero", ORTH)],
+    + [("True + gain", None), ("gain read through a copy", ORTH), ("cast 1 + gain", ORTH), ("plus zero", ORTH)]
+    + [("conv1d reader", ORTH), ("square conv1d reader", None), ("gain moved off the last axis", None)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -224,6 +241,8 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     folded_gain += ("gain read through a copy", "cast 1 + gain")
     if how in (*folded_gain, "gained mean over samples", "gained sample picked"):
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
+    if how in ("conv1d reader", "square conv1d reader"):
+        assert spec.gains == ({"gain": ("c1d",)} if kind else {})
     if how == "gain read by a norm":  # no gain of a permutation group is listed, the one the norm reads neither
         assert spec.gains == {}
     with torch.no_grad():

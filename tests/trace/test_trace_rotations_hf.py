@@ -1,8 +1,10 @@
 """The tracer's proof of kinds on Hugging Face models (lmclab.trace.rotations): Llama's residual stream (RMSNorm,
 rotary positions, SwiGLU, grouped-query attention 4/2, untied head) and Gemma's (its gains read as ``1 + w``) are
 orthogonal once their gains are folded, and random orthogonal maps of it with permutations of every other group
-keep the logits in float64 (≤ 1e-10 relative), while the same maps with the gains in place change them; LayerNorm
-(GPT-2) and a tied head keep every group a permutation group, and the canonical copy of a tied model unties it."""
+keep the logits in float64 (≤ 1e-10 relative), while the same maps with the gains in place change them; GPT-2's
+stream (LayerNorm, its ``Conv1D`` readers an ``addmm`` of an (in, out) weight) is centred once its gains are
+folded into the readers' rows; a tied head keeps every group a permutation group, and the canonical copy of a
+tied model unties it."""
 
 from __future__ import annotations
 
@@ -82,11 +84,52 @@ def test_llama_s_stream_is_orthogonal_once_its_gains_are_folded(monkeypatch) -> 
         assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
 
 
-@pytest.mark.parametrize("name", ["gpt2", "tied llama", "tied gemma"])
-def test_layernorm_and_a_tied_head_keep_permutation_groups(name: str) -> None:
-    if name == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16)
-        model = transformers.GPT2LMHeadModel(config)
+def _gpt2(tie: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    shape = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 50, "n_positions": 16}
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape, tie_word_embeddings=tie))
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if ".ln_" in key:
+                p.uniform_(0.5, 1.5) if key.endswith("weight") else p.normal_(0, 0.3)
+    return model.double().eval()
+
+
+def test_gpt2_s_stream_is_centred_once_its_gains_are_folded_into_its_conv1d_readers_rows() -> None:
+    import lmclab
+
+    model = _gpt2()
+    spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
+    ((stream, kind),) = spec.kinds.items()
+    assert kind == "centred" and spec.axes["transformer.wte.weight"] == (None, stream)
+    assert spec.gains["transformer.h.1.ln_2.weight"] == ("transformer.h.1.mlp.c_fc.weight",)
+    assert len(spec.gains) == len(spec.gain_biases) == 5 and spec.gains["transformer.ln_f.weight"] == (
+        "lm_head.weight",
+    )
+    with torch.no_grad():
+        reference = model(X).logits
+    folded = fold_gains(spec, state)
+    assert _change(model, folded, reference) <= 1e-12
+    general = {stream: "orthogonal"}  # not fixing the all-ones vector: LayerNorm's centring tells it apart
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+        assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
+        other = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, general)
+        assert _change(model, apply_permutation(spec, other, folded), reference) > 1e-3
+    tied = _gpt2(tie=True)
+    canonical = lmclab.canonicalize(tied, X)
+    assert canonical.lm_head.weight is not canonical.transformer.wte.weight
+    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"centred"}
+    with torch.no_grad():
+        reference = tied(X).logits
+        assert float((canonical(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["tied gpt2", "tied llama", "tied gemma"])
+def test_a_tied_head_keeps_permutation_groups(name: str) -> None:
+    if name == "tied gpt2":
+        model = _gpt2(tie=True)
     elif name == "tied gemma":
         model = _gemma(tie=True)
     else:

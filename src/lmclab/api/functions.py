@@ -220,21 +220,32 @@ def canonicalize(model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapp
     it and set to 1 (:func:`lmclab.core.canonical.fold_gains`); a weight shared with a layer that takes a gain
     (a head tied to the embeddings) untied, the reader getting its own copy (a Hugging Face config then says
     ``tie_word_embeddings: false``); ``model`` itself is left as it is."""
+    twin, spec = untied_copy(model, example_inputs)
+    twin.load_state_dict(fold_gains(spec, twin.state_dict(), "model"))
+    return twin
+
+
+def untied_copy(
+    model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapping[str, Any]
+) -> tuple[nn.Module, PermutationSpec]:
+    """A copy of ``model`` with each weight it shares with a layer that reads a gain untied (whatever the gain's
+    values: a gain of ones is still one the tracer folds) and its config marked untied, the same function, and
+    the spec traced with every shared weight untied (``symmetry="orthogonal"``): the module an orthogonal
+    alignment of a tied model's files runs in. Weights no gain reaches stay shared."""
     from lmclab.trace import trace_spec
 
     twin = copy.deepcopy(model)
     shared = shared_parameters(twin)
     for names in shared:  # traced untied: a gain may then fold into one of them
         untie(twin, names)
-    folded = fold_gains(trace_spec(twin, example_inputs, symmetry="orthogonal"), twin.state_dict(), "model")
-    kept = [names for names in shared if not all(torch.equal(folded[n], folded[names[0]]) for n in names)]
+    spec = trace_spec(twin, example_inputs, symmetry="orthogonal")
+    readers = {name for read in spec.gains.values() for name in read}
     for names in shared:
-        if names not in kept:  # still equal once folded: tied again, as the caller had them
+        if not readers.intersection(names):  # no gain folds into them: tied again, as the caller had them
             tie(twin, names)
-    if kept:
+    if any(readers.intersection(names) for names in shared):
         untie_config(twin)
-    twin.load_state_dict(folded)
-    return twin
+    return twin, spec
 
 
 def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *, lam: float = 0.5) -> Params:

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.canonical import shared_parameters, untie, untie_config
+
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -158,9 +160,21 @@ def example_inputs(model: nn.Module, shape: tuple[int, ...] | None) -> Tensor | 
 
 
 def save_hf_folder(model: nn.Module, state: dict[str, Tensor], out: Path) -> None:
-    """``state`` in ``model`` written by ``save_pretrained`` to the folder ``out`` (new, or empty)."""
+    """``state`` in ``model`` written by ``save_pretrained`` to the folder ``out`` (new, or empty). A weight
+    ``model`` ties (a head tied to the embeddings) whose names hold different values in ``state`` (a merge of
+    models aligned in their untied form) is written untied, with ``tie_word_embeddings: false``; loading it
+    into the tied module would keep one of the two."""
     out = Path(out)
     twin = copy.deepcopy(model)
+    apart = [
+        names
+        for names in shared_parameters(twin)
+        if not all(torch.equal(state[n], state[names[0]]) for n in names[1:] if n in state and names[0] in state)
+    ]
+    for names in apart:
+        untie(twin, names)
+    if apart:
+        untie_config(twin)
     twin.load_state_dict(state)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -67,6 +67,8 @@ def match(  # size: a typer command's signature lists each of its options
     """Find the permutation of B's hidden units (or, --symmetry orthogonal, orthogonal maps of its streams) that
     aligns B to A; write it to --out."""
     from lmclab.api import align, l2_reduction
+    from lmclab.api.functions import untied_copy
+    from lmclab.core.canonical import shared_parameters
     from lmclab.search import check_method, needs_data
 
     options = checked_options(check_method, method, option)
@@ -80,7 +82,11 @@ def match(  # size: a typer command's signature lists each of its options
     if train is not None and net is not None:
         check_inputs(net, params_a, train, data)
     traced = symmetry != "permutation"  # the kinds are the tracer's: a checkpoint's own spec has none
+    inputs, untied = trace_inputs(net, shape), []
     with flagged():
+        if traced and net is not None and inputs is not None and shared_parameters(net):
+            twin = untied_copy(net, inputs)[0]  # a tied head: matched untied, as lmclab.canonicalize leaves it
+            untied, net = [names for names in shared_parameters(net) if names not in shared_parameters(twin)], twin
         res = align(
             params_a,
             params_b,
@@ -90,7 +96,7 @@ def match(  # size: a typer command's signature lists each of its options
             model=net,
             points=None if traced else points,
             data=train,
-            example_inputs=trace_inputs(net, shape),
+            example_inputs=inputs,
             seed=seed,
             device=device,
             options=options,
@@ -99,8 +105,9 @@ def match(  # size: a typer command's signature lists each of its options
         )
     res.save(out)
     rotated = f" ({len(res.spec.kinds)} orthogonal)" if res.spec.kinds else ""
+    note = "".join(f"; {' and '.join(names)} matched untied" for names in untied)
     typer.echo(
-        f"{method}: {len(res.perm)} groups{rotated}, {res.stats.get('seconds', 0.0):.2f} s; "
+        f"{method}: {len(res.perm)} groups{rotated}{note}, {res.stats.get('seconds', 0.0):.2f} s; "
         f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
     )
 

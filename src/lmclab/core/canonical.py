@@ -25,9 +25,11 @@ from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = "params") -> Params:
     """``params`` with every gain of ``spec.gains`` folded into the weights that read it (``W ← W diag(g)``,
-    ``g ← 1``; for a gain read as ``c + w``, ``g = c + w`` and ``w ← 1 − c``; a LayerNorm's bias ``b ← b / g``,
-    so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's tensors untouched. One-line error naming
-    ``what`` when a reader's input axis is not as long as its gain, or when a gain with a bias has a zero entry."""
+    ``g ← 1``; a weight stored as (in, out), GPT-2's ``Conv1D``, ``W ← diag(g) W``: the tracer records such a
+    reader only when it is not square; for a gain read as ``c + w``, ``g = c + w`` and ``w ← 1 − c``; a
+    LayerNorm's bias ``b ← b / g``, so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's tensors
+    untouched. One-line error naming ``what`` when no axis of a reader is as long as its gain, or when a gain
+    with a bias has a zero entry."""
     out = dict(params)
     for gain, readers in spec.gains.items():
         offset = spec.gain_offsets.get(gain, 0.0)  # Gemma's 1 + w: the gain read is offset + w
@@ -38,11 +40,12 @@ def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = 
             out[bias] = (params[bias] / g.to(params[bias].dtype)).to(params[bias].dtype)
         for reader in readers:
             w = out[reader]
-            if w.dim() != 2 or w.shape[1] != g.numel():
+            if w.dim() != 2 or g.numel() not in w.shape:
                 raise ValueError(
                     f"{what}: {reader!r} of shape {tuple(w.shape)} reads the gain {gain!r} of {g.numel()} entries"
                 )
-            out[reader] = (w * g.to(w.dtype)).to(w.dtype)
+            along = g if w.shape[1] == g.numel() else g[:, None]  # (out, in) as nn.Linear; else (in, out): addmm's
+            out[reader] = (w * along.to(w.dtype)).to(w.dtype)
         out[gain] = torch.full_like(params[gain], 1.0 - offset)
     return with_metadata(out, params)
 

@@ -27,7 +27,7 @@ aten = torch.ops.aten
 F = torch.nn.functional
 SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, torch.split, torch.chunk}
 SPLITS |= {"split", "chunk"}  # the methods, as torch.fx records them
-CALL_RULES = {F.embedding: "embedding", aten.addmm.default: "addmm", F.conv2d: "functional_conv"}
+CALL_RULES = {F.embedding: "embedding", aten.addmm.default: "addmm", torch.addmm: "addmm", F.conv2d: "functional_conv"}
 CALL_RULES |= {aten.expand.default: "expand", **dict.fromkeys(SPLITS, "split")}
 
 
@@ -74,7 +74,8 @@ class CallRules(TraceState):
         self.tags[node] = Tag.of((None,) * (len(shape) - 1) + (out,))
 
     def addmm(self, node: fx.Node, t_in: Tag | None) -> None:
-        bias, x, weight = node.args[:3]
+        args = dict(zip(("input", "mat1", "mat2"), node.args, strict=False)) | node.kwargs
+        bias, x, weight = args["input"], args["mat1"], args["mat2"]  # beta and alpha scale it: still linear
         if self.tag(x) is not t_in or any(self.parameter(p) is not p for p in (bias, weight)):
             return self.refuse(node, "a product whose weight or bias is not a parameter of the model")
         g, shape = self.groups.new(), self.shape(node)

@@ -47,6 +47,7 @@ OWNING = {
     torch.nn.functional.embedding,
     torch.nn.functional.conv2d,
     torch.ops.aten.addmm.default,
+    torch.addmm,
 }
 
 

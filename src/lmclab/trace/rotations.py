@@ -15,7 +15,9 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 - ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
 - a norm whose gain is a per-channel vector ``g`` read only by linear layers (RMSNorm: ``g ⊙ x/rms(x)``):
   not with ``g`` in place (``diag(g) O ≠ O diag(g)``), but once ``g`` is folded into the layers that read
-  it (``W ← W diag(g)``, ``g ← 1``; :func:`lmclab.core.canonical.fold_gains`). The tracer records such gains
+  it (``W ← W diag(g)``, ``g ← 1``; an ``addmm``'s ``(in, out)`` weight, GPT-2's ``Conv1D``, not square:
+  ``W ← diag(g) W``; :func:`lmclab.core.canonical.fold_gains`), read directly or through copies and reshapes
+  that keep the units on the last axis. The tracer records such gains
   and their readers in :attr:`lmclab.core.spec.PermutationSpec.gains`; a gain read as ``c + w`` (Gemma's
   ``1 + w``) is folded as ``c + w``, leaving ``w = 1 − c``.
 
@@ -38,7 +40,7 @@ from lmclab.trace.state import TraceState, dim_of
 F = torch.nn.functional
 LINEAR_MODULES = (nn.Linear, nn.Embedding)
 MOVING_MODULES = (nn.Dropout, nn.Identity, nn.Flatten)
-LINEAR_FUNCTIONS = {F.linear, F.embedding, torch.ops.aten.addmm.default}
+LINEAR_FUNCTIONS = {F.linear, F.embedding, torch.ops.aten.addmm.default, torch.addmm}
 ADDITIVE = {operator.add, torch.add, operator.iadd, operator.sub, torch.sub, operator.neg, torch.neg}
 ADDITIVE |= {torch.ops.aten.neg.default}
 SCALING = {operator.mul, torch.mul, operator.imul, operator.truediv, torch.div}
@@ -50,6 +52,7 @@ MOVING |= {A.dropout.default, A.clone.default, A.alias.default, A.detach.default
 MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default, A.expand.default}
 COPYING = {F.dropout, A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 COPYING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default}
+ADDMM = {torch.addmm, A.addmm.default}  # bias + x @ W: a linear read of x along W's rows
 COPYING_METHODS = {"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"}
 METADATA = ("shape", "dtype", "device", "ndim")  # attributes of a tensor that read none of its values
 CENTRED = "centred: "  # the reason of a node that commutes with the centred maps only (O1 = 1)
@@ -193,6 +196,11 @@ class RotationRules(TraceState):
                 if not (isinstance(w, fx.Node) and w.op == "get_attr"):
                     return None
                 readers.append(str(w.target))
+            elif user.target in ADDMM and user.args[1] is node and len(user.args) == 3 and not user.kwargs:
+                w = user.args[2]  # GPT-2's Conv1D: x @ W + b, W of shape (in, out), read along its rows
+                if not (isinstance(w, fx.Node) and w.op == "get_attr") or len(set(self.shape(w) or ())) < 2:
+                    return None  # a square W would leave the folding no way to tell its input axis
+                readers.append(str(w.target))
             elif (
                 user.target in COPYING
                 or (user.op == "call_method" and user.target in COPYING_METHODS)
@@ -214,6 +222,9 @@ class RotationRules(TraceState):
             index = user.args[1] if isinstance(user.args[1], tuple) else (user.args[1],)
             whole = all(i is not Ellipsis and i is not None for i in index)  # entries stand for the leading axes
             return whole and (len(index) <= last or index[last] == slice(None))
+        if user.target is torch.reshape or user.target in ("view", "reshape"):
+            shape_out = self.shape(user) or ()  # row-major: the same last length keeps the last axis whole
+            return last > 0 and len(shape_out) > 0 and shape_out[-1] == self.shape(node)[-1]
         if user.target in (torch.mean, torch.sum) or user.target in ("mean", "sum"):
             dims = dim_of(user, 1)
             dims = (dims,) if isinstance(dims, int) else dims
