@@ -125,10 +125,8 @@ def wm_sinkhorn(
         if patience is not None and track.stale >= patience:
             break
     best, perm = (track.best, track.best_perm) if options.select == "best" else (track.curve[-1], track.last_perm)
-    stuck = stalled(track.curve)
-    if stuck:
-        message = _stall_message(track.curve, options, scores, start_scores)
-        warnings.warn(message, StalledSearchWarning, stacklevel=caller_level())
+    if stuck := stalled(track.curve):
+        _warn_stalled(_stall_message(track.curve, options, scores, start_scores))
     return SearchResult(
         perm,
         {
@@ -223,6 +221,10 @@ def start_scores(
         return scores
     found = weight_matching(spec, params_a, params_b, generator=generator, lap_backend=lap_backend, restarts=1)
     return scores_at(scores, found.perm, spec.heads)
+
+
+def _warn_stalled(message: str) -> None:
+    warnings.warn(message, StalledSearchWarning, stacklevel=caller_level())
 
 
 def _stall_message(curve: list[dict], options: WMSinkhornOptions, scores: Mapping, start: Mapping) -> str:
