@@ -273,10 +273,11 @@ def test_restarts_keep_the_highest_objective_and_warn_when_starts_disagree() -> 
         f"weight matching: its 6 starts ended at different ⟨θa, π(θb)⟩ ({min(finals):.6g} to {max(finals):.6g}); "
         "coordinate descent stops in local optima on this pair, the highest is kept"
     ]
-    assert warned[0].filename == __file__  # reported at the caller's line
+    caller = (__file__, "mutmut/mutation/trampoline.py")  # (mutmut's trampoline is the caller of a mutated function)
+    assert warned[0].filename.endswith(caller)  # reported at the caller's line
     with pytest.warns(LocalOptimaWarning) as warned:  # many calls down in lmclab: still the caller's line
         lmclab.find_permutation(params_a, params_b, spec=spec, options={"restarts": 6})
-    assert warned[0].filename == __file__
+    assert warned[0].filename.endswith(caller)
     assert len(finals) == 6 and len(set(finals)) > 1
     assert found.stats["objective"][-1] == max(finals) == finals[found.stats["kept_start"]]
     assert matching_objective(spec, found.perm, params_a, params_b) == pytest.approx(max(finals), rel=1e-12)
