@@ -10,7 +10,8 @@ rows, each naming its run), ``benchmarks/results/contention.json`` (``benchmarks
 ``benchmarks/results/sinkhorn_time_to_target.json`` (``benchmarks/bench_sinkhorn_reference.py``),
 ``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``),
 ``benchmarks/results/lm_epoch.json`` (``benchmarks/bench_lm_epoch.py``),
-``benchmarks/results/lm_run.json`` (``benchmarks/bench_default_run.py --preset pydoc_gpt``) and
+``benchmarks/results/lm_run.json`` (``benchmarks/bench_default_run.py --preset pydoc_gpt``),
+``benchmarks/results/orthogonal.json`` (``benchmarks/bench_orthogonal.py``) and
 ``benchmarks/results/default_run.json`` (``benchmarks/bench_default_run.py --versus``).
 """
 
@@ -266,6 +267,29 @@ def default_run(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def orthogonal(record: dict) -> str:
+    """Per model and width: weight matching with permutations and in the orthogonal group of the stream, on a
+    planted and an independent pair: median seconds, sweeps and the L2 reduction."""
+    (run,) = record["runs"]
+    out = [
+        f'Measured by {_by(run)}; `lmclab.align(…, method="wm", symmetry=…)` (tracing included), median of '
+        f"{run['repeats']} runs alternating the two symmetries; depth {run['depth']}, {run['heads']} heads, "
+        f"context {run['context']}, random weights. The planted θb is θa's canonical form moved by a random "
+        "element of every group; the L2 reduction is measured in each alignment's own form (the orthogonal one "
+        "on the folded gains).",
+        "",
+        "| model | width | parameters | pair | symmetry (kinds of the stream) | seconds | sweeps | L2 reduction |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        kinds = f" ({', '.join(row['kinds'])})" if row["kinds"] else ""
+        out.append(
+            f"| {row['model']} | {row['width']} | {row['parameters'] / 1e6:.2f} M | {row['pair']} "
+            f"| {row['symmetry']}{kinds} | {_seconds(row['seconds'])} | {row['sweeps']} | {row['l2_reduction']:.2f} % |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def generated(
     results: Path = RESULTS / "contention.json",
     sizes: Path = RESULTS / "wm_sizes.json",
@@ -274,6 +298,7 @@ def generated(
     soft_sizes: Path = RESULTS / "sinkhorn_sizes.json",
     lm: Path = RESULTS / "lm_epoch.json",
     lm_run: Path = RESULTS / "lm_run.json",
+    rotations: Path = RESULTS / "orthogonal.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
@@ -285,6 +310,7 @@ def generated(
         f"### Sinkhorn WM at real sizes\n\n{sinkhorn_sizes(json.loads(soft_sizes.read_text()))}"
         f"\n### Training the language-model preset\n\n{lm_epoch(json.loads(lm.read_text()))}"
         f"\n### The language-model preset's whole run\n\n{preset_run(json.loads(lm_run.read_text()))}"
+        f"\n### Weight matching in the orthogonal group\n\n{orthogonal(json.loads(rotations.read_text()))}"
         + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 

@@ -5,7 +5,10 @@ mode): traced or refused (the refusal's reason), the number of groups (headed on
 change of the outputs under a random permutation of every group of the traced spec relative to their
 largest magnitude (float64 rounding only if the spec is right), and whether weight matching
 (``lmclab.find_permutation(a, b, method="wm")``, default options) brings a permuted copy θb = π(θa)
-back to θa exactly, with the seconds of the trace and of WM.
+back to θa exactly, with the seconds of the trace and of WM. Then the kinds of its canonical copy
+(``lmclab.canonicalize``, traced with ``symmetry="orthogonal"``): the groups an orthogonal (or centred) map
+may act on, the outputs' largest change under a random element of each (float64 rounding only if the proof is
+right), and otherwise why the widest group stays a permutation group.
 
     python tools/trace_coverage.py [--models timm:resnet18,torchvision:vgg11_bn] [--out reports/coverage.json]
     python tools/trace_coverage.py --docs   # the coverage table of docs/architectures.md, from that JSON
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmclab import find_permutation
+from lmclab import canonicalize, find_permutation
 from lmclab.core.spec import PermutationSpec, apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
 from lmclab.trace.pinned import pinned_share
@@ -246,7 +249,30 @@ def measure(name: str) -> dict:
     start = time.perf_counter()
     row["wm_exact"] = recovered(model, twin, spec, x)
     row["wm_s"] = round(time.perf_counter() - start, 2)
-    return row
+    return row | kinds(model, x)
+
+
+def kinds(model: nn.Module, x: torch.Tensor | dict[str, torch.Tensor]) -> dict:
+    """The kinds of the canonical copy (``lmclab.canonicalize``, then ``trace_spec(…, symmetry="orthogonal")``):
+    how many groups of each kind, why the widest group (a residual stream) is no wider kind, and the outputs'
+    largest change under a random element of every group of its kind (orthogonal maps where proved)."""
+    canonical = canonicalize(model, x)
+    spec = trace_spec(canonical, x, symmetry="orthogonal")
+    found = {kind: sum(k == kind for k in spec.kinds.values()) for kind in sorted(set(spec.kinds.values()))}
+    widest = max(spec.groups, key=lambda g: len(spec.groups[g]))
+    out: dict = {"kinds": found, "widest_kind": spec.kinds.get(widest, "permutation")}
+    if widest not in spec.kinds:
+        out["widest_reason"] = spec.kind_reasons.get(widest, "")
+    if spec.kinds:
+        state = canonical.state_dict()
+        gen = torch.Generator().manual_seed(2)
+        twin = copy.deepcopy(canonical)
+        twin.load_state_dict(
+            apply_permutation(spec, random_permutation(spec.group_sizes(state), gen, spec.heads, spec.kinds), state)
+        )
+        y, y_twin = logits(model, x), logits(twin, x)
+        out["kind_invariance"] = float((y - y_twin).abs().max() / y.abs().max())
+    return out
 
 
 def provenance(argv: list[str]) -> dict:
@@ -271,13 +297,24 @@ def reason(text: str) -> str:
 def row_line(r: dict) -> str:
     name = r["model"].replace(":", " `") + "`"
     if r["result"] == "refused":
-        return f"| {name} | {r['input']} | refused: {reason(r['reason'])} | — | — | — | — | {r['trace_s']:.2f} |"
+        return f"| {name} | {r['input']} | refused: {reason(r['reason'])} | — | — | — | — | — | {r['trace_s']:.2f} |"
     groups = f"{r['groups']} ({r['headed']} headed)" if r["headed"] else str(r["groups"])
     exact = "yes" if r["wm_exact"] else "no"
     return (
         f"| {name} | {r['input']} | traced | {groups} | {left_unpermuted(r)} | {r['invariance']:.0e} | {exact} "
-        f"({r['wm_s']:.1f} s) | {r['trace_s']:.2f} |"
+        f"({r['wm_s']:.1f} s) | {kinds_cell(r)} | {r['trace_s']:.2f} |"
     )
+
+
+def kinds_cell(r: dict) -> str:
+    """The groups of the canonical copy wider than permutation groups, with the outputs' change under random
+    elements of them; and why the widest group (a residual stream) is no wider, where it is not."""
+    why = r.get("widest_reason", "").replace("|", "\\|")
+    if not r["kinds"]:
+        return f"none: {why}"
+    found = ", ".join(f"{n} {kind}" for kind, n in r["kinds"].items())
+    found += f", not the widest group ({why})" if r["widest_kind"] == "permutation" else ""
+    return f"{found}; {r['kind_invariance']:.0e}"
 
 
 def left_unpermuted(r: dict) -> str:
@@ -298,8 +335,9 @@ def table(data: dict) -> str:
         f"{v['torch']}, torchvision {v['torchvision']}, timm {v['timm']}, transformers {v['transformers']}):",
         "",
         "| model | input | result | groups | left unpermuted | outputs under a random permutation (max rel. change) "
-        "| WM recovers θb = π(θa) exactly | trace s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| WM recovers θb = π(θa) exactly | orthogonal and centred groups of the canonical copy; outputs under random "
+        "elements of them | trace s |",
+        "|---|---|---|---|---|---|---|---|---|",
         *map(row_line, data["models"]),
         END,
     ]

@@ -42,6 +42,8 @@ def test_a_traced_row_is_invariant_and_recovered(coverage, name, library):
     assert row["result"] == "traced" and row["groups"] == 27
     assert row["invariance"] <= 1e-10 < 1e-3 < row["spread"] and row["wm_exact"]
     assert row["pinned_units"] == row["pinned_streams"] == row["pinned_share"] == 0  # every channel permuted
+    assert row["kinds"] == {} and row["widest_kind"] == "permutation" and "kind_invariance" not in row
+    assert "does not commute with rotations" in row["widest_reason"]  # BatchNorm and the activations
     assert coverage.row_line(row).startswith(f"| {name.split(':')[0]} `{name.split(':')[1]}` | 3×32×32 | traced |")
 
 
@@ -61,3 +63,21 @@ def test_a_refused_row_has_its_one_line_reason(coverage):
     assert row["result"] == "refused" and "\n" not in row["reason"]
     assert row["reason"].startswith("trace_spec: node 'select'") and "packed head by head" in row["reason"]
     assert "refused: node " in coverage.row_line(row)
+
+
+def test_the_kinds_column_says_the_wider_groups_their_invariance_or_why_the_widest_is_none(coverage):
+    row = {"kinds": {}, "widest_kind": "permutation", "widest_reason": "node 'gelu': GELU | a"}
+    assert coverage.kinds_cell(row) == "none: node 'gelu': GELU \\| a"
+    row = {"kinds": {"centred": 1}, "widest_kind": "centred", "kind_invariance": 3.2e-16}
+    assert coverage.kinds_cell(row) == "1 centred; 3e-16"
+    row = {"kinds": {"centred": 2, "orthogonal": 1}, "widest_kind": "permutation", "widest_reason": "node 'x': y"}
+    row["kind_invariance"] = 1.1e-15
+    assert coverage.kinds_cell(row) == "2 centred, 1 orthogonal, not the widest group (node 'x': y); 1e-15"
+
+
+@pytest.mark.extras
+def test_a_vit_row_has_a_centred_stream_that_keeps_the_outputs(coverage):
+    pytest.importorskip("transformers")
+    row = coverage.measure("transformers:ViTForImageClassification")
+    assert row["kinds"] == {"centred": 1} and row["widest_kind"] == "centred" and row["kind_invariance"] <= 1e-10
+    assert coverage.row_line(row).endswith(f"| 1 centred; {row['kind_invariance']:.0e} | {row['trace_s']:.2f} |")

@@ -178,3 +178,70 @@ def test_gemma_s_stream_is_orthogonal_once_its_1_plus_w_gains_are_folded(monkeyp
     with torch.no_grad():
         reference = tied(X).logits
         assert float((canonical(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12
+
+
+def _vit(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "timm vit_tiny":
+        timm = pytest.importorskip("timm")
+        model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10)
+    else:
+        shape = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+        config = transformers.ViTConfig(**shape, image_size=32, patch_size=8, num_labels=10)
+        model = transformers.ViTForImageClassification(config)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "norm" in key:
+                p.uniform_(0.5, 1.5) if key.endswith("weight") else p.normal_(0, 0.3)
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("name", ["timm vit_tiny", "hf vit"])
+def test_a_vit_s_stream_is_centred_once_its_gains_are_folded(name: str) -> None:
+    """The class token's path to the head (timm: an index, ``fc_norm`` and ``head_drop``, identities) reads the
+    final norm linearly: its gain folds into the head, and the stream takes centred maps but no others."""
+    model, images = (
+        _vit(name),
+        torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)),
+    )
+    spec, state = trace_spec(model, images, symmetry="orthogonal"), model.state_dict()
+    ((stream, kind),) = spec.kinds.items()
+    head = "head.weight" if name.startswith("timm") else "classifier.weight"
+    assert kind == "centred" and spec.gains["norm.weight" if name.startswith("timm") else "vit.layernorm.weight"] == (
+        head,
+    )
+
+    def change(state: dict) -> float:
+        twin = copy.deepcopy(model)
+        twin.load_state_dict(state)
+        with torch.no_grad():
+            out, reference = twin(images), model(images)
+            out, reference = getattr(out, "logits", out), getattr(reference, "logits", reference)
+            return float((out - reference).abs().max() / reference.abs().max())
+
+    folded = fold_gains(spec, state)
+    assert change(folded) <= 1e-12
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, spec.kinds)
+    assert change(apply_permutation(spec, perm, folded)) <= 1e-10
+    assert change(apply_permutation(spec, perm, state)) > 1e-3  # the gains in place
+    general = random_permutation(
+        spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, {stream: "orthogonal"}
+    )
+    assert change(apply_permutation(spec, general, folded)) > 1e-3  # LayerNorm's centring tells it apart
+
+
+@pytest.mark.parametrize("name", ["timm vit_tiny", "hf vit"])
+def test_a_rotated_vit_is_aligned_back_by_orthogonal_weight_matching(name: str) -> None:
+    import lmclab
+
+    model, images = (
+        _vit(name),
+        torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)),
+    )
+    canonical = lmclab.canonicalize(model, images)
+    spec, state = trace_spec(canonical, images, symmetry="orthogonal"), canonical.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, spec.kinds)
+    rotated = copy.deepcopy(canonical)
+    rotated.load_state_dict(apply_permutation(spec, perm, state))
+    res = lmclab.align(model, rotated, symmetry="orthogonal", example_inputs=images)
+    assert lmclab.l2_reduction(model, rotated, res) == pytest.approx(100.0, abs=1e-6)

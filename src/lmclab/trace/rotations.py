@@ -40,6 +40,7 @@ from lmclab.trace.state import TraceState, dim_of
 F = torch.nn.functional
 LINEAR_MODULES = (nn.Linear, nn.Embedding)
 MOVING_MODULES = (nn.Dropout, nn.Identity, nn.Flatten)
+COPYING_MODULES = (nn.Dropout, nn.Identity)  # identities in eval mode: timm's fc_norm and head_drop
 LINEAR_FUNCTIONS = {F.linear, F.embedding, torch.ops.aten.addmm.default, torch.addmm}
 ADDITIVE = {operator.add, torch.add, operator.iadd, operator.sub, torch.sub, operator.neg, torch.neg}
 ADDITIVE |= {torch.ops.aten.neg.default}
@@ -204,6 +205,7 @@ class RotationRules(TraceState):
             elif (
                 user.target in COPYING
                 or (user.op == "call_method" and user.target in COPYING_METHODS)
+                or (user.op == "call_module" and isinstance(self.gm.get_submodule(str(user.target)), COPYING_MODULES))
                 or (self._keeps_last_axis(node, user))
             ):
                 found = self._linear_readers(user)
