@@ -1,6 +1,7 @@
 """Details of the hand-written architectures a wrong line would change without breaking invariance:
 images padded to the VGG's 32 × 32 from their centre, ResNet20's downsampling stages, a traced model
-repeating grey inputs into its colour channels, and the one-line refusals of patches and checkpoints."""
+repeating grey inputs into its colour channels, ResNet50's stream names, checkpoints written on a GPU
+loading onto the CPU, and the one-line refusals of patches and checkpoints."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from lmclab.archs import build_model, make_config
+from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.base import check_patches_tile
-from lmclab.archs.checkpoint import CheckpointError, load_checkpoint
+from lmclab.archs.checkpoint import FORMAT, CheckpointError, atomic_save, load_checkpoint
 from lmclab.archs.masking import patchify
 from lmclab.core.options import OptionError
 
@@ -64,3 +65,22 @@ def test_an_unreadable_checkpoint_is_worded_from_its_exception(tmp_path, monkeyp
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(path)
     assert str(err.value).endswith("boom at byte 1)") and "\n" not in str(err.value)
+
+
+def test_a_checkpoint_written_on_a_gpu_loads_onto_the_cpu(tmp_path, monkeypatch):
+    config = make_config("mlp", input_shape=[1, 4, 4], num_classes=3, hidden=1, width=2)
+    state = build_model("mlp", config, seed=0).state_dict()
+    blob = {"format": FORMAT, "arch": "mlp", "config": config.model_dump(), "seed": 0, "state_dict": state}
+    with monkeypatch.context() as patch:  # tag every storage as torch.save does for CUDA tensors
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        atomic_save(blob, tmp_path / "gpu.pt")
+    loaded = load_checkpoint(tmp_path / "gpu.pt").state_dict
+    assert all(v.device.type == "cpu" and torch.equal(v, state[k]) for k, v in loaded.items())
+
+
+def test_resnet50_names_its_streams_after_the_stem_and_the_four_stages():
+    spec = get_arch("resnet50").permutation_spec(make_config("resnet50", input_shape=(3, 32, 32), num_classes=10))
+    streams = {group for group in spec.groups if "_block" not in group}
+    assert streams == {"P_stem", "P_stage1", "P_stage2", "P_stage3", "P_stage4"}
+    assert spec.axes["net.layer1.0.conv1.weight"][:2] == ("P_stage1_block0_1", "P_stem")
+    assert spec.axes["net.fc.weight"] == (None, "P_stage4")

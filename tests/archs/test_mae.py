@@ -160,6 +160,12 @@ def test_the_encoder_loads_into_the_supervised_vit_for_a_linear_probe(position):
     assert all(vit_spec.axes[k] == spec.axes[k] for k in encoder)
 
 
+def test_learned_position_tables_start_small_like_the_vits():
+    _, model, _, _ = _mae(position="learned")
+    for table in (model.pos_embed.detach(), model.decoder_pos_embed.detach()):
+        assert 0.015 < float(table.std()) < 0.025 and float(table.abs().max()) < 0.1  # 0.02 · N(0, 1)
+
+
 def test_fixed_masks_are_reproducible_and_the_masked_error_is_the_mae_loss():
     _, model, _, params = _mae(seed=0)
     x = _images(10)

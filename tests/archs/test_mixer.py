@@ -42,6 +42,19 @@ def test_the_stream_is_shared_and_the_token_axis_is_never_permuted():
     assert spec.axes["embed.weight"][0] == spec.axes["head.weight"][1] == spec.axes["norm.weight"][0] == "P_stream"
 
 
+def test_a_block_adds_the_token_mlp_then_the_channel_mlp_to_its_input():
+    block = build_model("mixer", CONFIG, seed=0).blocks[0]
+    x = torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(0))  # (batch, tokens, hidden)
+
+    def mlp(fc1, fc2, v):
+        return fc2.bias + torch.nn.functional.gelu(v @ fc1.weight.T + fc1.bias) @ fc2.weight.T
+
+    with torch.no_grad():
+        u = x + mlp(block.token_fc1, block.token_fc2, block.norm1(x).transpose(1, 2)).transpose(1, 2)
+        expected = u + mlp(block.channel_fc1, block.channel_fc2, block.norm2(u))
+        assert torch.allclose(block(x), expected, atol=1e-6)
+
+
 def test_weight_matching_recovers_a_permuted_mixer():
     _, spec, params, permuted = permuted_pair()
     back = apply_permutation(spec, weight_matching(spec, params, permuted).perm, permuted)
