@@ -3,6 +3,8 @@ without it nothing is written."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -26,6 +28,17 @@ def test_the_curve_and_an_iterative_search_show_bars_only_when_asked(capfd) -> N
     err = capfd.readouterr().err
     assert "ste:" in err and "epoch/s" in err
     assert not err.endswith("\n") and err.rstrip(" ").endswith("\r")  # the search's bar is cleared when it ends
+
+
+def test_a_search_s_bar_redraws_at_tqdm_s_pace_not_at_every_epoch(capfd, monkeypatch) -> None:
+    # an epoch's l2 waits for the next redraw tqdm has due: cheap epochs write no line each to a log of stderr
+    import lmclab.search as search
+
+    monkeypatch.setattr(search, "tqdm", partial(search.tqdm, mininterval=1e9))  # no redraw is due in the run
+    a, b, data = _mlp(0), _mlp(1), (torch.randn(32, 12), torch.randint(0, 3, (32,)))
+    lmclab.find_permutation(a, b, method="ste", data=data, options={"epochs": 2, "batch_size": 8}, progress=True)
+    err = capfd.readouterr().err
+    assert err.count("ste:") == 1 and "l2=" not in err  # drawn when it opens, then only cleared
 
 
 def test_weight_matching_activation_matching_and_merge_many_tick_their_own_steps(capfd, monkeypatch) -> None:

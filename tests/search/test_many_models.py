@@ -155,6 +155,29 @@ def test_frank_wolfe_iterates_stay_doubly_stochastic_and_never_lower_the_objecti
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(trace, trace[1:], strict=False))
 
 
+def test_the_relaxed_objective_is_the_sum_of_the_models_pairwise_inner_products():
+    spec, params, _ = planted(4, 3, noise=1.0)
+    matched = [{k: v.double() for k, v in spec.matched(p).items()} for p in params]
+    soft = _start(spec, params, spec.group_sizes(params[0]), "identity", torch.Generator().manual_seed(0))
+    pairs = sum(sum((p[k] * q[k]).sum() for k in p) for p, q in itertools.combinations(matched, 2))
+    assert float(relaxed_objective(spec, soft, matched)) == pytest.approx(float(pairs), rel=1e-12)
+    assert c2m3(spec, params, init="identity", max_iter=1).stats["objective"][0] == pytest.approx(float(pairs))
+
+
+def test_a_frank_wolfe_step_keeps_the_iterates_dtype_whatever_torch_s_default():
+    spec, params, _ = planted(4, 3, noise=1.0)
+    matched = [{k: v.float() for k, v in spec.matched(p).items()} for p in params]
+    soft = _start(spec, params, spec.group_sizes(params[0]), "identity", torch.Generator().manual_seed(0))
+    soft = [{g: m.float() for g, m in s.items()} for s in soft]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _, _, direction, _ = frank_wolfe_step(spec, soft, matched, degree=4)
+    finally:
+        torch.set_default_dtype(default)
+    assert {m.dtype for d in direction for m in d.values()} == {torch.float32}
+
+
 def test_the_line_search_finds_the_maximum_of_a_polynomial():
     def line_search(objective, degree):  # as frank_wolfe_step searches along its segment
         return _maximum(_fit(objective, degree))[0]

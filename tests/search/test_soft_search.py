@@ -445,6 +445,25 @@ def test_ste_s_projection_is_one_weight_matching_warm_started_at_the_last_projec
     assert any(not torch.equal(one[g], p) for g, p in cold.perm.items())  # the warm start matters here
 
 
+def test_ste_s_projection_sweeps_on_after_a_gain_below_wm_s_default_tolerance() -> None:
+    config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=3, width=6)
+    spec = get_arch("mlp").permutation_spec(config)
+    params_b = build_model("mlp", config, seed=2).state_dict()
+    params_b["layers.0.weight"][1] = params_b["layers.0.weight"][0] + 1e-4  # hidden units 0 and 1 nearly equal
+    params_b["layers.0.bias"][1] = params_b["layers.0.bias"][0]
+    params_b["layers.1.weight"][:, 1] = params_b["layers.1.weight"][:, 0]
+    swapped = {g: torch.arange(n) for g, n in spec.group_sizes(params_b).items()} | {
+        "P_0": torch.tensor([1, 0, 2, 3, 4, 5])
+    }
+    ours, by_hand = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    found = projector(spec, params_b, 100, ours)(spec.matched(params_b), swapped)  # θ̃ = θb, warm-started
+    wm = weight_matching(spec, params_b, params_b, max_iter=100, tol=0.0, generator=by_hand, init_perm=swapped)
+    before, after, again = wm.stats["objective"]
+    assert 0 < after - before <= 1e-7 * before and again == after  # WM's default tol would stop after one sweep
+    assert all(torch.equal(found[g], p) for g, p in wm.perm.items())
+    assert torch.equal(ours.get_state(), by_hand.get_state())  # the generator STE draws its minibatches from
+
+
 def test_ste_s_projections_are_capped_at_wm_max_iter_sweeps() -> None:
     from lmclab.search.midpoint import split_holdout
 
