@@ -297,16 +297,17 @@ def test_canonicalize_unties_a_tied_head_whose_gain_reads_one_so_that_align_take
 
 
 class _SharedAfterANonlinearity(torch.nn.Module):
-    """A gain on the stem's units read by ``first``; ``a`` and ``b`` share one weight that no gain reaches."""
+    """A gain on the stem's units read by ``first``; the two layers of ``pair`` (nested names, ``pair.0.weight``)
+    share one weight that no gain reaches."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem, self.norm, self.first = torch.nn.Linear(6, 6), torch.nn.RMSNorm(6), torch.nn.Linear(6, 6)
-        self.a, self.b = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)
-        self.b.weight = self.a.weight
+        self.pair = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU(), torch.nn.Linear(6, 6))
+        self.pair[2].weight = self.pair[0].weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(torch.relu(self.first(self.norm(self.stem(x)))))))
+        return self.pair(torch.relu(self.first(self.norm(self.stem(x)))))
 
 
 def test_canonicalize_keeps_a_shared_weight_that_no_gain_reads_tied() -> None:
@@ -315,6 +316,6 @@ def test_canonicalize_keeps_a_shared_weight_that_no_gain_reads_tied() -> None:
     with torch.no_grad():
         model.norm.weight.uniform_(0.5, 1.5)
     folded = lmclab.canonicalize(model, x)
-    assert folded.b.weight is folded.a.weight and bool((folded.norm.weight == 1).all())
+    assert folded.pair[2].weight is folded.pair[0].weight and bool((folded.norm.weight == 1).all())
     with torch.no_grad():
         torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)

@@ -42,6 +42,15 @@ def test_the_machine_is_named_by_its_cpu_model_where_linux_lists_one() -> None:
     assert device_module.describe_machine()["cpu"] == names[0]
 
 
+def test_the_machine_names_its_gpu_under_gpu_or_says_none(monkeypatch) -> None:
+    keys = {"cpu", "cores", "gpu", "torch", "torch_threads", "python", "os"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert set(device_module.describe_machine()) == keys and device_module.describe_machine()["gpu"] == "none"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"Test GPU {index}")
+    assert device_module.describe_machine()["gpu"] == "Test GPU 0"
+
+
 def _net() -> tuple[nn.Module, dict, dict[str, Split]]:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))

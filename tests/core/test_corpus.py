@@ -144,9 +144,12 @@ def test_a_saved_dataset_is_refused_without_train_split_text_column_or_text(tmp_
         corpus.read_corpus(numbers)
 
 
-def test_prepare_reads_a_saved_dataset_from_its_text_column_by_default(tmp_path) -> None:
+def test_prepare_reads_a_saved_dataset_from_its_text_column_by_default_or_the_one_named(tmp_path) -> None:
     meta = prepare("text", saved(tmp_path, [document(i, 200) for i in range(8)]), tmp_path / "prepared", context=32)
     assert sum(meta["documents"].values()) == 8
+    body = saved(tmp_path / "body", [document(i, 200) for i in range(6)], column="body")
+    meta = prepare("text", body, tmp_path / "prepared_body", context=32, text_column="body")
+    assert sum(meta["documents"].values()) == 6
 
 
 def test_a_saved_dataset_without_the_datasets_package_is_refused(tmp_path, monkeypatch) -> None:

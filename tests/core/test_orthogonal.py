@@ -175,6 +175,7 @@ def test_centred_maps_fix_the_all_ones_vector_and_polar_centred_is_their_procrus
     assert value > max(float((o * cost).sum()) for o in draws)
     assert value < float((polar(cost) * cost).sum())  # the unconstrained optimum moves the all-ones vector
     check_centred("g", as_matrix(torch.randperm(5, generator=g)), 5)  # every permutation is centred
+    check_centred("g", torch.eye(5), 5, atol=0.0)  # an error equal to atol is within it (‖O1 − 1‖ ≤ atol)
     with pytest.raises(ValueError, match=r"'g': the matrix moves the all-ones vector \(max \|O1 − 1\|"):
         check_centred("g", random_orthogonal(5, g), 5)
 
