@@ -18,6 +18,7 @@ from lmclab.archs import gpt
 from lmclab.core.canonical import fold_gains, is_canonical
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace_spec
+from lmclab.trace.kinds import RUNS
 
 VOCAB, CONTEXT = 31, 8
 
@@ -307,3 +308,26 @@ def test_the_vit_s_stream_is_centred_once_its_layernorm_gains_are_folded(pool: s
 
     assert change(CENT, folded) <= 1e-10
     assert change(ORTH, folded) > 1e-3 and change(CENT, state) > 1e-3
+
+
+class _WholeAttention(nn.Module):
+    """An ``nn.MultiheadAttention`` module, traced whole: its heads are headed groups of the spec."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.attn, self.head = (
+            nn.Linear(3, 8),
+            nn.MultiheadAttention(8, 2, batch_first=True),
+            nn.Linear(8, 2),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.embed(x)
+        return self.head(s + self.attn(s, s, s, need_weights=False)[0]).mean(1)
+
+
+def test_the_heads_of_a_whole_multihead_attention_module_stay_permutation_groups() -> None:
+    x = torch.randn(2, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    spec = trace_spec(_WholeAttention().double().eval(), x, symmetry="orthogonal")
+    assert spec.heads and not set(spec.heads) & set(spec.kinds)
+    assert {spec.kind_reasons[g] for g in spec.heads} == {RUNS}

@@ -37,6 +37,7 @@ class KindRules(RotationRules):
         find = self.groups.find
         bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
         bent |= {find(c) for c, _ in self.groups.coarse.values()}  # heads: bent by attention's products
+        bent |= {find(g) for g in self.groups.heads}  # headed groups (a whole nn.MultiheadAttention's too)
         centred = {find(g) for g in self.centred}
         kinds = {
             name: "centred" if root in centred else "orthogonal"
