@@ -909,3 +909,29 @@ def test_the_exported_graphs_positional_arguments_give_the_spec_of_torch_fx(fami
     exported_model = Exported(forms[-1]).double()
     exported_model.load_state_dict(model.state_dict())
     assert traced_forms(exported_model, x) == traced_forms(model, x)
+
+
+class _CastScale(nn.Module):
+    """A stored scale cast to its activation's dtype (``g.type_as(h)``) before it multiplies the activation."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.a, self.head, self.g = nn.Linear(4, 6), nn.Linear(6, 3), nn.Parameter(torch.rand(shape) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.head(h * self.g.type_as(h))
+
+
+@pytest.mark.parametrize("shape", [(6,), (1, 6)])
+def test_a_scale_cast_to_a_permuted_activation_s_dtype_is_the_scale_and_moves_with_the_units(shape) -> None:
+    """``g.type_as(h)`` holds ``g``'s values (``h`` gives only the dtype): ``g`` is recorded on ``h``'s group, and
+    a random permutation keeps the outputs (as a vector or a (1, C) row)."""
+    model, x = _CastScale(shape).double(), torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator())
+    spec, state = trace_spec(model, x), model.state_dict()
+    group = spec.axes["a.weight"][0]
+    assert spec.axes["g"] == (group,) if len(shape) == 1 else spec.axes["g"] == (None, group)
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(0), spec.heads)
+    with torch.no_grad():
+        moved = torch.func.functional_call(model, apply_permutation(spec, perm, state), (x,))
+        torch.testing.assert_close(moved, model(x), rtol=1e-12, atol=1e-12)

@@ -67,6 +67,19 @@ class WholeAttention(nn.Module):
         return self.head(s + self.attn(s, s, s, need_weights=False)[0])
 
 
+class RowGain(nn.Module):
+    """An RMSNorm by hand whose gain is stored as a (1, C) row, read by a Linear: no vector to fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.fc, self.head = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.g = nn.Parameter(torch.rand(1, 6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.head(h + self.fc(self.g * (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6))))
+
+
 def _rotary_gpt() -> nn.Module:
     shapes = dict(width=8, depth=1, heads=2, position="rotary", norm="rmsnorm", tie_embeddings=False)
     return gpt.Model(gpt.Config(input_shape=(4,), num_classes=11, **shapes))
@@ -187,6 +200,12 @@ CASES: dict[str, Case] = {
         "permutation",
         RUNS,
         control=False,  # a headed group: random_permutation keeps its heads whole
+    ),
+    "gain-stored-as-a-row": Case(
+        lambda: (RowGain(), _vector()),
+        "P_0",
+        "permutation",
+        "gain 'g' stays in place: only a vector of the units folds",
     ),
     "heads-of-a-whole-multihead-attention": Case(
         lambda: (WholeAttention(), torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0))),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from lmclab.core.spec import entry_groups
 from lmclab.trace.rotations import RotationRules
 
 RUNS = "it permutes runs of units (whole heads, or a grouped convolution's groups)"
@@ -46,11 +47,15 @@ class KindRules(RotationRules):
             for root, name in self.names.items()
             if root not in bent
         }
-        gains = {
-            gain: tuple(readers)
-            for gain, readers in self.gains.items()
-            if axes.get(gain) and all(e in kinds for e in axes[gain]) and all(r in axes for r in readers)
-        }
+        gains, root_of = {}, {name: root for root, name in self.names.items()}
+        for gain, readers in self.gains.items():
+            entries = axes.get(gain) or ()
+            if len(entries) == 1 and entries[0] in kinds and all(r in axes for r in readers):
+                gains[gain] = tuple(readers)
+                continue
+            for name in {g for e in entries for g in entry_groups(e)} & set(kinds):  # a gain left in place
+                self.bent.setdefault(root_of[name], f"gain {gain!r} stays in place: only a vector of the units folds")
+                kinds.pop(name)
         return kinds, gains
 
     def whole_heads(self) -> set[int]:
