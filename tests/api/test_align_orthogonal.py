@@ -200,6 +200,19 @@ def test_a_model_without_tied_tensors_is_refused_without_the_untying_hint() -> N
         lmclab.align(mlp, mlp.state_dict(), symmetry="orthogonal", example_inputs=torch.randn(2, 4))
 
 
+def test_the_refusal_of_a_given_spec_names_the_class_of_model_a_not_of_model_b() -> None:
+    """With a spec given, weight matching runs no module: the refusal names model_a's class, a module here,
+    though model_b is a state dict."""
+    x = torch.randn(2, 4)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    given = (
+        "symmetry: the tracer proves no group of Sequential orthogonal (the spec marks none: "
+        "trace_spec(..., symmetry='orthogonal') marks those it proves)"
+    )
+    with pytest.raises(ValueError, match=_whole(given)):
+        lmclab.align(mlp, mlp.state_dict(), symmetry="orthogonal", spec=lmclab.trace_spec(mlp, x))
+
+
 @pytest.mark.parametrize("which", [0, 1], ids=["model_a", "model_b"])
 def test_a_zero_gain_beside_a_bias_is_refused_naming_the_model_it_belongs_to(which: int) -> None:
     models = [_model(norm="layernorm"), _model(norm="layernorm")]
