@@ -173,6 +173,34 @@ def test_a_batch_axis_pairing_permuted_units_with_an_unpermuted_operand_pins_the
     assert spec.axes["a.weight"] == (None, None)
 
 
+def test_a_product_of_permuted_units_with_a_matrix_not_of_the_model_pins_them():
+    """``relu(a(x)) @ ones(6, 4)`` sums a's units with weights that never move with them: their group is pinned
+    (traced, not refused), and the product's columns are the constant's, unpermuted."""
+    spec = invariant(Net(lambda m, x: torch.relu(m.a(x)) @ torch.ones(6, 4, dtype=x.dtype)), torch.randn(2, 3, 5))
+    assert spec.axes["a.weight"] == (None, None) and spec.groups == {}
+
+
+def test_a_product_keeps_the_rows_of_its_first_operand_permuted():
+    """``(hᵀ @ M)ᵀ`` mixes the tokens of ``h`` by an unpermuted ``M`` (the input's own attention weights): each row of
+    ``hᵀ`` is one of a's units, and stays that unit in the product, which ``head`` then reads."""
+
+    def mixed(m, x):
+        weights = torch.softmax(x @ x.transpose(-1, -2), -1)  # (2, 3, 3): of the input alone
+        return m.head((torch.relu(m.a(x)).transpose(-1, -2) @ weights).transpose(-1, -2))
+
+    spec = invariant(Net(mixed), torch.randn(2, 3, 5))
+    group = spec.axes["a.weight"][0]
+    assert group is not None and spec.axes["head.weight"] == (None, group)
+
+
+def test_a_class_token_of_fewer_axes_expanded_before_a_concatenation_moves_with_the_units():
+    """``bias`` (6,) expanded to (2, 1, 6) and put before a's tokens: its one axis is the concatenation's last."""
+    model = Net(lambda m, x: m.head(torch.relu(torch.cat([m.bias.expand(x.shape[0], 1, 6), m.a(x)], 1))))
+    spec = invariant(model, torch.randn(2, 3, 5))
+    group = spec.axes["a.weight"][0]
+    assert group is not None and spec.axes["bias"] == (group,) and spec.axes["head.weight"] == (None, group)
+
+
 class GroupedQuery(nn.Module):
     """Attention with 4 query heads and 2 key/value heads of 4 features (each shared by 2 query heads, as
     ``repeat_kv``), learned positions and no rotary embedding."""
