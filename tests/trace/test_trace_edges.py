@@ -139,7 +139,7 @@ def test_an_rms_norm_over_the_last_axis_takes_its_groups_layout_and_is_its_activ
     assert trace(Net(lambda m, x: m.head(torch.relu(m.rms(m.a(x))))), torch.randn(2, 3, 5)).points[group] == ["rms@-1"]
 
 
-@pytest.mark.parametrize("method", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("method", ["add", "sub", "mul", "div", "add_", "mul_"])
 def test_a_method_combining_two_tensors_of_the_same_units_keeps_their_group(method):
     """``h.div(g)`` and the like, as torch.fx records a method of a tensor: unit by unit, so one group."""
     model = Net(lambda m, x: m.head(getattr(torch.relu(m.a(x)), method)(torch.sigmoid(m.a(x)) + 1)))
