@@ -254,11 +254,13 @@ def measure(name: str) -> dict:
 
 def kinds(model: nn.Module, x: torch.Tensor | dict[str, torch.Tensor]) -> dict:
     """The kinds of the canonical copy (``lmclab.canonicalize``, then ``trace_spec(…, symmetry="orthogonal")``):
-    how many groups of each kind, why the widest group (a residual stream) is no wider kind, and the outputs'
-    largest change under a random element of every group of its kind (orthogonal maps where proved)."""
+    how many groups of each kind (headed ones apart: orthogonal inside each head), why the widest group (a residual
+    stream) is no wider kind, and the outputs' largest change under a random element of every group of its kind
+    (orthogonal maps where proved)."""
     canonical = canonicalize(model, x)
     spec = trace_spec(canonical, x, symmetry="orthogonal")
-    found = {kind: sum(k == kind for k in spec.kinds.values()) for kind in sorted(set(spec.kinds.values()))}
+    named = [f"{k} inside heads" if g in spec.heads else k for g, k in spec.kinds.items()]
+    found = {kind: named.count(kind) for kind in sorted(set(named))}
     widest = max(spec.groups, key=lambda g: len(spec.groups[g]))
     out: dict = {"kinds": found, "widest_kind": spec.kinds.get(widest, "permutation")}
     if widest not in spec.kinds:

@@ -5,6 +5,7 @@ report's objective traces, headline metrics and table."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pandas as pd
 import pytest
@@ -191,6 +192,10 @@ def test_the_study_page_is_collected_from_a_finished_run(tmp_path):
     tree = {"model": {"arch": "mlp", "mlp": {"hidden": 2, "width": 6}}, "train": {"epochs": 1}}
     tree["merge_many"] = {"seeds": [0, 1, 2], "repair": "none", "methods": list(METHODS), **METHODS}
     (tmp_path / "run" / "params.yaml").write_text(yaml.safe_dump(tree))
+    git = ["git", "-C", str(tmp_path / "run"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "run"]):
+        subprocess.run([*git, *command], capture_output=True, check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     out = tmp_path / "out"
     result = CliRunner().invoke(
         app, ["study", "many", "collect", "--run", str(tmp_path / "run"), "--out", str(out), "--dpi", "30"]
@@ -199,7 +204,9 @@ def test_the_study_page_is_collected_from_a_finished_run(tmp_path):
     page = (out / "many_models.md").read_text()
     assert page.count("\n| ") == 1 + 1 + len(METHODS) + 3  # header, pairwise WM, the methods, three references
     assert "| C2M3 | " in page and (out / "many_models.png").stat().st_size > 0
-    assert json.loads((out / "run.json").read_text())["seeds"] == [0, 1, 2]
+    run = json.loads((out / "run.json").read_text())
+    assert run["seeds"] == [0, 1, 2]
+    assert 4 <= len(run["commit"]) < len(head) and head.startswith(run["commit"])  # the run's own, --short
     missing = CliRunner().invoke(app, ["study", "many", "collect", "--run", str(tmp_path), "--out", str(out)])
     tables = f"{tmp_path / 'data' / 'merge_many'}/{{evaluation,methods,pairwise}}.parquet"
     assert missing.exit_code == 1 and missing.output == f"error: --run: expected a run with {tables}, got {tmp_path}\n"

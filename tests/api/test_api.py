@@ -227,6 +227,16 @@ def test_the_docstring_examples_run(module: str) -> None:
     assert result.failed == 0
 
 
+def test_create_model_is_initialised_from_its_seed_alone() -> None:
+    config = dict(input_shape=(1, 4, 4), num_classes=3, hidden=1, width=8)
+    torch.manual_seed(1)
+    first = lmclab.create_model("mlp", seed=5, **config).state_dict()
+    torch.manual_seed(2)  # another state of the global generator: the same model
+    again = lmclab.create_model("mlp", seed=5, **config).state_dict()
+    other = lmclab.create_model("mlp", seed=6, **config).state_dict()
+    assert _same(first, again) and not any(torch.equal(first[k], other[k]) for k in first)
+
+
 def test_merge_weighs_model_a_by_lam_off_the_midpoint() -> None:
     """``merge(a, b, alignment, lam=0.3)`` is 0.3·θa + 0.7·π(θb) on a pair that is no permuted copy."""
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from lmclab.core.repair import repair_interpolated, repair_points, unit_statisti
 from lmclab.core.spec import random_permutation
 from lmclab.search import METHODS, needs_data, needs_model
 from lmclab.search.many_methods import MANY_METHODS
-from lmclab.trace import trace_spec
+from lmclab.trace import trace, trace_spec
 
 
 def _mlp(seed: int) -> nn.Module:
@@ -103,6 +103,16 @@ def test_merge_many_with_a_transform_method_reads_data_and_repairs() -> None:
     assert torch.allclose(functional_call(net, res.merged, (x,)), net(x), atol=1e-4)  # copies zip to the net
     fixed = lmclab.merge_many(copies, method="cca", model=net, data=data, repair="auto", device="cpu")
     assert fixed.repair == "repair" and torch.allclose(functional_call(net, fixed.merged, (x,)), net(x), atol=1e-3)
+
+
+def test_merge_many_with_a_given_spec_still_runs_the_module_for_a_transform_method_and_for_a_repair() -> None:
+    net, x = _mlp(0), torch.randn(256, 12)
+    copies, traced = _copies(net, x[:2]), trace(net, x[:2])
+    spec, points, data = traced.spec, traced.points, (x, torch.randint(0, 3, (256,)))
+    zipped = lmclab.merge_many(copies, method="zipit", spec=spec, points=points, model=net, data=data, device="cpu")
+    assert torch.allclose(functional_call(net, zipped.merged, (x,)), net(x), atol=1e-4)  # copies zip to the net
+    fixed = lmclab.merge_many(copies, spec=spec, model=net, data=data, repair="repair", device="cpu")
+    assert fixed.repair == "repair" and torch.allclose(functional_call(net, fixed.merged, (x,)), net(x), atol=1e-4)
 
 
 def test_the_repair_of_a_merge_reads_the_aligned_models() -> None:

@@ -35,6 +35,13 @@ def test_a_model_that_is_neither_module_state_dict_nor_folder_is_named(which) ->
         lmclab.find_permutation(models["model_a"], models["model_b"], method="wm", model=_bn_net(2))
 
 
+def test_an_alignment_applied_to_what_is_no_model_names_params_b() -> None:
+    found = lmclab.find_permutation(_bn_net(0), _bn_net(1), example_inputs=DATA[0])
+    expected = "params_b must be an nn.Module, a state dict of tensors or a checkpoint path, got int"
+    with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+        found.apply(42)
+
+
 def test_a_given_spec_that_does_not_fit_the_models_names_model_a() -> None:
     torch.manual_seed(2)
     without_bn = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))

@@ -153,7 +153,7 @@ def test_a_search_refuses_empty_eval_data_by_name() -> None:
         lmclab.find_permutation(_net(0), _net(1), data=(X, Y), eval_data=[])
 
 
-@pytest.mark.parametrize("empty", [[], _Samples(0)], ids=["list", "dataset"])
+@pytest.mark.parametrize("empty", [[], (), _Samples(0)], ids=["list", "tuple", "dataset"])
 def test_tracing_the_spec_on_empty_data_is_refused(empty) -> None:
     with pytest.raises(ValueError, match=r"^data is empty$"):
         lmclab.find_permutation(_net(0), _net(1), data=empty)

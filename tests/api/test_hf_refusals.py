@@ -6,8 +6,10 @@ folder written by ``save_hf_folder`` onto one that is not empty. Tiny random GPT
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import locale
 import os
 import re
 import shutil
@@ -128,6 +130,22 @@ def test_a_corrupt_safetensors_file_of_a_folder_is_refused(saved, tmp_path, layo
     assert _same(saved / layout, saved)
 
 
+def test_an_unreadable_safetensors_file_of_a_folder_without_a_message_is_worded_by_its_exceptions_type(
+    saved, tmp_path, monkeypatch
+) -> None:
+    import safetensors
+
+    folder = _copy(saved, tmp_path)
+
+    def unreadable(*args, **kwargs):
+        raise OSError()  # a failed read that says nothing (as some network file systems do)
+
+    monkeypatch.setattr(safetensors, "safe_open", unreadable)
+    expected = f"{folder / 'model.safetensors'}: not a readable safetensors file (truncated or corrupted? OSError)"
+    with pytest.raises(ValueError, match=_whole(expected)):
+        load_model_file(folder)
+
+
 def test_a_corrupt_pytorch_model_bin_of_a_folder_is_refused(saved, tmp_path) -> None:
     folder = _copy(saved, tmp_path)
     (folder / "model.safetensors").unlink()
@@ -171,6 +189,27 @@ def test_an_index_without_a_weight_map_is_refused(saved, tmp_path, index: str | 
     path.write_bytes(index if isinstance(index, bytes) else index.encode())
     with pytest.raises(ValueError, match=_whole(f"{path}: not a weight index with a 'weight_map' ({reason})")):
         load_model_file(folder)
+
+
+@contextlib.contextmanager
+def _ascii_locale():
+    """The process's text encoding is ASCII (the C locale) for a while, as on a machine set up without UTF-8."""
+    previous = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, previous)
+
+
+def test_an_index_is_read_as_utf8_whatever_the_locales_encoding(saved, tmp_path) -> None:
+    folder = _copy(saved, tmp_path, "shards")
+    path = folder / "model.safetensors.index.json"
+    index = json.loads(path.read_text(encoding="utf-8"))
+    index["metadata"]["note"] = "modèle réduit"  # not ASCII: UTF-8, as transformers writes its indexes
+    path.write_text(json.dumps(index, ensure_ascii=False), encoding="utf-8")
+    with _ascii_locale():
+        assert _same(folder, saved)
 
 
 def test_a_tensor_of_another_shape_than_the_config_gives_is_refused(saved, tmp_path) -> None:
@@ -220,6 +259,28 @@ def test_writing_onto_a_folder_that_is_not_empty_fails_and_leaves_nothing(saved,
     written = transformers.GPT2LMHeadModel.from_pretrained(out).state_dict()
     assert all(torch.equal(written[k], v) for k, v in state.items())
     assert all(torch.equal(model.state_dict()[k], v) for k, v in own.items())  # the caller's model untouched
+
+
+def test_a_folder_is_written_beside_its_place_then_renamed_into_it_not_in_the_system_temporary_folder(
+    saved, tmp_path, monkeypatch
+) -> None:
+    """The rename that puts the written folder in place stays on one file system: the system's temporary
+    folder (here one that does not exist) is not used."""
+    import tempfile
+
+    model, move, moved = transformers.GPT2LMHeadModel.from_pretrained(saved / "a"), os.replace, []
+
+    def recorded(src, dst) -> None:
+        moved.append((Path(src), Path(dst)))
+        move(src, dst)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
+    monkeypatch.setattr(os, "replace", recorded)
+    save_hf_folder(model, model.state_dict(), tmp_path / "out")
+    [(src, dst)] = moved
+    assert src.parent == tmp_path and src.name.startswith(".out.") and dst == tmp_path / "out"
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and _same(tmp_path / "out", saved)
 
 
 def test_an_interrupt_once_the_written_folder_is_in_place_reaches_the_caller_as_it_is(saved, tmp_path, monkeypatch):

@@ -99,6 +99,14 @@ def test_merge_many_and_repair_return_each_model_in_its_own_dtype(dtype_a: str, 
     assert all(v.dtype == DTYPES[dtype_a] for v in fixed.values())
 
 
+@pytest.mark.parametrize(("dtype_a", "dtype_b"), [("fp32", "f64"), ("f64", "bf16")])
+def test_a_partial_zip_returns_each_models_network_in_its_own_dtype(dtype_a: str, dtype_b: str) -> None:
+    a, b = _pair(dtype_a, dtype_b)
+    zipped = lmclab.merge_many([a, b], method="zipit", model=NET, data=(X, Y), options={"partial_zip": 1}, device="cpu")
+    assert zipped.merged is None and [set(h) for h in zipped.heads] == [set(a), set(a)]
+    assert [{v.dtype for v in h.values()} for h in zipped.heads] == [{DTYPES[dtype_a]}, {DTYPES[dtype_b]}]
+
+
 def test_a_bn_repair_of_a_state_dict_cast_whole_to_half_returns_its_floats_in_half_and_the_counter_whole() -> None:
     """``{k: v.half() …}`` casts the BatchNorm counter too: the repaired counter is the module's int64 again."""
     torch.manual_seed(0)

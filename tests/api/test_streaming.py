@@ -98,3 +98,18 @@ def test_ste_and_repair_hold_a_loader_in_memory_and_give_the_held_result() -> No
     assert loader.passes == 2 and all(
         torch.allclose(repaired.merged[k], again.merged[k], atol=1e-6) for k in again.merged
     )
+
+
+def test_the_data_a_method_holds_is_moved_to_the_search_s_device_and_a_streamed_loader_is_left_as_it_is() -> None:
+    """The meta device stands in for a GPU: STE's data lands there whole, AM's loader is passed on untouched."""
+    from lmclab.api.functions import training_data
+    from lmclab.core.data import Split
+
+    (x, y), meta = _data(8), torch.device("meta")
+    held = training_data("ste", Counted(x, y, 4), meta)
+    assert isinstance(held, Split) and held.x.is_meta and held.y.is_meta and held.x.shape == (8, 12)
+    pair = training_data("ste", (x, y), meta)
+    assert pair.x.is_meta and pair.y.is_meta and not x.is_meta  # the caller's tensors stay where they were
+    loader = Counted(x, y, 4)
+    assert training_data("am", loader, meta) is loader and loader.passes == 0
+    assert training_data("ste", None, meta) is None

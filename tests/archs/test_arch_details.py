@@ -1,7 +1,8 @@
 """Details of the hand-written architectures a wrong line would change without breaking invariance:
 images padded to the VGG's 32 × 32 from their centre, ResNet20's downsampling stages, a traced model
 repeating grey inputs into its colour channels, ResNet50's stream names, checkpoints written on a GPU
-loading onto the CPU, and the one-line refusals of patches and checkpoints."""
+loading onto the CPU, ResNet50 as torchvision's with its one-channel stem, and the one-line refusals of
+patches and checkpoints."""
 
 from __future__ import annotations
 
@@ -84,3 +85,27 @@ def test_resnet50_names_its_streams_after_the_stem_and_the_four_stages():
     assert streams == {"P_stem", "P_stage1", "P_stage2", "P_stage3", "P_stage4"}
     assert spec.axes["net.layer1.0.conv1.weight"][:2] == ("P_stage1_block0_1", "P_stem")
     assert spec.axes["net.fc.weight"] == (None, "P_stage4")
+
+
+def test_resnet50_is_torchvisions_and_reads_one_channel_through_a_stem_of_the_same_stride_and_padding():
+    """Three channels: torchvision's resnet50 itself, drawn from one seed weight by weight. One channel: the stem
+    conv alone is new (7 × 7, stride 2, padding 3), so the grey net gives the logits of a colour net whose stem
+    reads the first channel and ignores the other two."""
+    from torchvision.models import resnet50
+
+    colour_config = make_config("resnet50", input_shape=(3, 32, 32), num_classes=10, width_multiplier=0.25)
+    colour = build_model("resnet50", colour_config, seed=0).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        reference = resnet50(weights=None, num_classes=10, width_per_group=16).state_dict()
+    assert list(colour.net.state_dict()) == list(reference)
+    assert all(torch.equal(v, reference[k]) for k, v in colour.net.state_dict().items())
+    grey_config = make_config("resnet50", input_shape=(1, 32, 32), num_classes=10, width_multiplier=0.25)
+    grey = build_model("resnet50", grey_config, seed=1).eval()
+    state = grey.state_dict()
+    stem = state["net.conv1.weight"]  # (64, 1, 7, 7)
+    colour.load_state_dict(state | {"net.conv1.weight": torch.cat([stem, torch.zeros(64, 2, 7, 7)], 1)})
+    x = torch.randn(2, 1, 32, 32, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(2, 2, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(grey(x), colour(torch.cat([x, noise], 1)), rtol=1e-5, atol=1e-6)

@@ -184,3 +184,16 @@ def test_the_output_at_a_position_reads_the_tokens_up_to_it_and_none_after(posit
         moved = (model(changed) - model(ids)).abs().amax(dim=-1)[0]  # (tokens,)
     assert torch.all(moved[:s] == 0), moved
     assert torch.all(moved[s:] > 1e-6), moved
+
+
+@pytest.mark.parametrize("position", gpt.POSITIONS)
+def test_the_causal_mask_and_rotary_tables_are_buffers_never_saved(position) -> None:
+    """Each block's attention holds its mask, then (rotary) the cos and sin tables, as buffers computed at
+    construction: none is in the state dict, so a checkpoint holds the parameters alone."""
+    model = gpt.Model(config(position=position))
+    tables = ("mask", "cos", "sin") if position == "rotary" else ("mask",)
+    assert [n for n, _ in model.named_buffers()] == [f"blocks.{k}.attn.{t}" for k in range(2) for t in tables]
+    assert set(model.state_dict()) == {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    if position == "rotary":
+        cos, sin = gpt.rotary_tables(CONTEXT, 6)
+        assert torch.equal(model.blocks[1].attn.cos, cos) and torch.equal(model.blocks[1].attn.sin, sin)

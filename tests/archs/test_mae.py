@@ -174,3 +174,10 @@ def test_fixed_masks_are_reproducible_and_the_masked_error_is_the_mae_loss():
     errors = masked_visible_error(model, params, x, masks, batch_size=3)  # batches weighted by their patches
     assert abs(errors["masked"] - float(_loss(model, params, x, masks))) < 1e-12
     assert errors["visible"] > 0
+
+
+def test_the_mask_token_starts_small_like_the_position_tables():
+    _, model, _, _ = _mae(decoder_width=64)
+    token = model.mask_token.detach()
+    assert token.shape == (1, 1, 64)
+    assert 0.015 < float(token.std()) < 0.025 and float(token.abs().max()) < 0.1  # 0.02 · N(0, 1)

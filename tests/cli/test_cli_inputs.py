@@ -22,6 +22,8 @@ from lmclab.cli.inputs import (
     traced_only,
 )
 from lmclab.core.data import Split, load_split, prepare
+from lmclab.core.spec import apply_permutation
+from lmclab.trace import trace_spec
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +164,11 @@ def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_
     expected = f"--input-shape: {tmp_path / 'p.pt'} carries no spec (an earlier lmclab): needed with --factory"
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         aligned_pair(a, b, tmp_path / "p.pt", "input_nets:mlp", "{}", None)
+    perm = {"P_0": torch.tensor([2, 0, 3, 1])}
+    torch.save(specless | {"perm": perm}, tmp_path / "p.pt")
+    params_a, params_b, net = aligned_pair(a, b, tmp_path / "p.pt", "input_nets:mlp", "{}", "3")  # traced on 2 × 3
+    expected = apply_permutation(trace_spec(net, torch.zeros(2, 3)), perm, torch.load(b))
+    assert params_b.keys() == expected.keys() and all(torch.equal(params_b[k], v) for k, v in expected.items())
     params_a, params_b, net = aligned_pair(a, b, None, "input_nets:mlp", "{}", None)  # no --alignment: nothing to trace
     assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3
     params_a, params_b, net = aligned_pair(a, b, None, None, "{}", None, module=False)  # a merge: no module needed

@@ -5,6 +5,7 @@ force, and planted recovery by WM and AM."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 
 import pytest
@@ -13,7 +14,8 @@ from torch.func import functional_call
 
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.data import Split
-from lmclab.core.heads import Heads, headed_permutation, solve_tied, split_headed, tie_sets
+from lmclab.core.heads import Heads, headed_matrix, headed_permutation, solve_tied, split_headed, tie_sets
+from lmclab.core.orthogonal import as_matrix, random_orthogonal
 from lmclab.core.spec import (
     apply_permutation,
     build_spec,
@@ -149,6 +151,84 @@ def test_solve_tied_equals_brute_force_over_every_headed_permutation(seed):
     solved = solve_tied(costs, heads, solve_assignment)
     assert all(torch.equal(solved[g], best[g]) for g in costs)
     assert tie_sets(["B", "C", "A"], heads) == [("A", "B"), ("C",)]
+
+
+def _inside_heads(spec):
+    """``spec`` with every headed group orthogonal inside its heads (the ViT's stream stays a permutation group)."""
+    return dataclasses.replace(spec, kinds=dict.fromkeys(spec.heads, "orthogonal"))
+
+
+def test_orthogonal_maps_inside_heads_keep_vit_logits_and_check_permutation_names_what_breaks_them():
+    """``R_h`` per head, shared by a head's queries and keys (``qᵀRᵀRk = qᵀk``), another for its values (``W_O Rᵀ R
+    W_V``), heads reordered by one σ per layer: the logits are kept in float64; a map across heads, another head
+    order for V/O than for Q/K, or the queries rotated alone change them, and the first two are refused."""
+    _, model, spec, params = _vit(position="learned")
+    spec, sizes, gen = _inside_heads(spec), spec.group_sizes(params), torch.Generator().manual_seed(3)
+    perm = random_permutation(sizes, gen, spec.heads, spec.kinds)
+    check_permutation(perm, sizes, spec.heads, spec.kinds)
+    assert all(perm[g].shape == (16, 16) for g in spec.heads) and perm["P_res"].dim() == 1
+    x = torch.randn(4, 1, 28, 28, dtype=torch.float64, generator=gen)
+    assert _relative_change(model, params, apply_permutation(spec, perm, params), x) < 1e-12
+    sigma, rotations = split_headed(perm["P_vo_0"], 4)
+    torch.testing.assert_close(headed_matrix(sigma, rotations), perm["P_vo_0"], rtol=0, atol=0)
+    assert torch.equal(sigma, split_headed(perm["P_qk_0"], 4)[0])
+    wrong = {
+        "crosses heads": random_orthogonal(16, gen),
+        "order the heads differently": headed_matrix(sigma[torch.tensor([1, 0, 2, 3])], rotations),
+    }
+    for refusal, element in wrong.items():
+        with pytest.raises(ValueError, match=refusal):
+            check_permutation({**perm, "P_vo_0": element}, sizes, spec.heads, spec.kinds)
+        assert _relative_change(model, params, apply_permutation(spec, {**perm, "P_vo_0": element}, params), x) > 1e-3
+    axes = {**spec.axes, "blocks.0.attn.q.weight": ("Q", "P_res"), "blocks.0.attn.q.bias": ("Q",)}
+    alone = dataclasses.replace(spec, axes=axes, kinds={**spec.kinds, "Q": "orthogonal"})
+    other = headed_matrix(split_headed(perm["P_qk_0"], 4)[0], torch.stack([random_orthogonal(4, gen) for _ in "abcd"]))
+    moved = apply_permutation(alone, {**perm, "Q": other}, params)  # W_Q's heads by other maps than W_K's
+    assert _relative_change(model, params, moved, x) > 1e-3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_solve_tied_with_a_group_orthogonal_inside_heads_equals_brute_force_over_head_orders(seed):
+    """A tie of a permutation group ``A`` (3 heads × 2) and an orthogonal one ``B`` (3 heads × 3): for each σ the
+    best maps inside heads are the assignments and the polar factors of the blocks σ picks, worth the nuclear
+    norms; the solve equals the best σ over all 3! and beats every random element of the tie."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, kinds = {"A": Heads(3, "S"), "B": Heads(3, "S")}, {"B": "orthogonal"}
+    costs = {"A": torch.randn(6, 6, generator=gen), "B": 3 * torch.randn(9, 9, generator=gen, dtype=torch.float64)}
+    solved = solve_tied(costs, heads, solve_assignment, kinds)
+    check_permutation(solved, {"A": 6, "B": 9}, heads, kinds)
+
+    def value(perm) -> float:
+        return sum(float((as_matrix(p) * costs[g].double()).sum()) for g, p in perm.items())
+
+    def blocks(g, d):
+        return costs[g].double().reshape(3, d, 3, d).transpose(1, 2)
+
+    brute = max(
+        sum(float(torch.linalg.svdvals(blocks("B", 3)[h, k]).sum()) for h, k in enumerate(sigma))
+        + sum(max(float(blocks("A", 2)[h, k][torch.arange(2), list(t)].sum()) for t in ((0, 1), (1, 0)))
+              for h, k in enumerate(sigma))
+        for sigma in itertools.permutations(range(3))
+    )  # fmt: skip
+    assert value(solved) == pytest.approx(brute, rel=1e-12)
+    assert all(value(random_permutation({"A": 6, "B": 9}, gen, heads, kinds)) < value(solved) for _ in range(200))
+
+
+@pytest.mark.parametrize("method", ["wm", "am"])
+def test_wm_and_am_recover_a_planted_element_orthogonal_inside_heads(method):
+    """A ViT whose heads are rotated inside and reordered (its stream permuted): recovered to 1e-9."""
+    problem, _ = _planted_problem(0.0)
+    spec = _inside_heads(problem.spec)
+    planted = random_permutation(
+        spec.group_sizes(problem.params_a), torch.Generator().manual_seed(8), spec.heads, spec.kinds
+    )
+    problem = SearchProblem(
+        **{**problem.__dict__, "spec": spec, "params_b": apply_permutation(spec, planted, problem.params_a)}
+    )
+    found = run_search(method, problem, seed=0).perm
+    check_permutation(found, spec.group_sizes(problem.params_a), spec.heads, spec.kinds)
+    for g, p in invert(planted).items():
+        torch.testing.assert_close(as_matrix(found[g]), as_matrix(p), rtol=0, atol=1e-9, msg=g)
 
 
 def _planted_problem(noise: float):

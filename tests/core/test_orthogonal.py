@@ -4,6 +4,7 @@ orthogonal maps of a group whose operations are linear keep the function, invers
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -178,6 +179,24 @@ def test_centred_maps_fix_the_all_ones_vector_and_polar_centred_is_their_procrus
     check_centred("g", torch.eye(5), 5, atol=0.0)  # an error equal to atol is within it (‖O1 − 1‖ ≤ atol)
     with pytest.raises(ValueError, match=r"'g': the matrix moves the all-ones vector \(max \|O1 − 1\|"):
         check_centred("g", random_orthogonal(5, g), 5)
+
+
+def test_a_centred_map_is_checked_to_the_tolerance_asked_by_default_one_in_a_million() -> None:
+    """A rotation by 0.1 in one plane moves the all-ones vector by 0.105: refused; a centred map off orthogonal by
+    1e-5 passes a tolerance of 1e-3 asked for, which both of its checks take."""
+    turn = torch.eye(4, dtype=torch.float64)
+    turn[:2, :2] = torch.tensor([[math.cos(0.1), -math.sin(0.1)], [math.sin(0.1), math.cos(0.1)]])
+    check_orthogonal("g", turn, 4)
+    with pytest.raises(
+        ValueError, match=r"^group 'g': the matrix moves the all-ones vector \(max \|O1 − 1\| = 0\.1 > 1e-06\)$"
+    ):
+        check_centred("g", turn, 4)
+    loose = (1 + 1e-5) * torch.eye(4, dtype=torch.float64)
+    check_centred("g", loose, 4, atol=1e-3)
+    with pytest.raises(
+        ValueError, match=r"^group 'g': the matrix is not orthogonal \(max \|OᵀO − I\| = 2e-05 > 1e-06\)$"
+    ):
+        check_centred("g", loose, 4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

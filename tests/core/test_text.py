@@ -68,6 +68,12 @@ def test_pydoc_is_prepared_as_byte_windows_and_read_back_as_token_ids(tmp_path) 
     assert held_out not in joined and held_out in bytes(test.x.flatten().to(torch.uint8).tolist())
 
 
+def test_pydoc_is_prepared_by_default_as_windows_of_64_bytes(tmp_path) -> None:
+    meta = prepare("pydoc", tmp_path, tmp_path / "prepared", max_train=5, max_test=3)
+    assert (meta["tokenizer"], meta["input_shape"], meta["n_train"], meta["n_test"]) == ("bytes", [64], 5, 3)
+    assert load_split(tmp_path / "prepared", "test").x.shape == (3, 64)
+
+
 @pytest.mark.parametrize(("context", "shown"), [(0, "0"), (True, "True"), ("64", "'64'")])
 def test_a_context_that_is_not_a_positive_count_is_refused(tmp_path, context, shown) -> None:
     with pytest.raises(OptionError, match=rf"^context must be a positive number of tokens, got {shown}$"):

@@ -302,6 +302,18 @@ def test_a_sweep_gathers_the_experiments_that_differ_only_in_swept_keys(dvc_api,
     ]
 
 
+def test_an_experiment_of_the_sweep_left_out_of_exps_is_said_to_be_not_named(dvc_api, capsys) -> None:
+    """With ``--exps`` an experiment of the sweep not named there differs in no other key: "not named" says why."""
+    dvc_api["rows"] = _exp_show(
+        [{"Experiment": "lr-small", "train.lr": 0.01}, {"Experiment": "lr-large", "train.lr": 0.5}]
+    )
+    found = runs.experiment_runs(
+        lambda r: r["train.lr"], ("curves",), swept=lambda k: k == "train.lr", exps="lr-small", workspace=True
+    )
+    assert sorted(found) == [0.01, 0.1]
+    assert "lr-large: left out (differs in not named)" in capsys.readouterr().out.splitlines()
+
+
 def test_a_sweep_refuses_two_runs_of_one_value_and_fewer_than_two(dvc_api) -> None:
     dvc_api["rows"] = _exp_show([{"Experiment": "a", "train.lr": 0.5}, {"Experiment": "b", "train.lr": 0.5}])
     with pytest.raises(ValueError, match=r"^two runs have the value 0\.5; pick experiments with --exps$"):

@@ -157,6 +157,22 @@ def test_applying_a_preset_whose_corpus_is_not_there_yet_notes_it_and_writes(tmp
     assert "data.root" not in refused.output and params.read_text() == (ROOT / "params.yaml").read_text()
 
 
+def test_a_preset_with_two_bad_values_is_refused_with_one_line_for_each(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "presets").mkdir()
+    bad = (PRESETS / "mnist_mlp.yaml").read_text().replace("lr: 0.001", "lr: -1.0").replace("width: 512", "width: 0")
+    (tmp_path / "presets" / "bad.yaml").write_text(bad)
+    refused = CliRunner().invoke(
+        app, ["preset", "bad", "--params", str(params), "--presets", str(tmp_path / "presets")]
+    )
+    assert refused.exit_code == 1 and refused.output.splitlines() == [
+        "error: preset bad: model.mlp.width: expected an integer ≥ 1, got 0",
+        "error: preset bad: train.lr: expected a number > 0, got -1.0",
+    ]
+    assert params.read_text() == (ROOT / "params.yaml").read_text()
+
+
 def test_the_command_lists_the_presets_and_prints_dvc_flags_without_writing(tmp_path, monkeypatch):
     """``--list`` names every preset of ``--presets``; ``--set-params`` prints the `dvc exp run -S` flags and
     leaves params.yaml as it was; the help lists ./presets when the command runs in a pipeline checkout."""
@@ -175,7 +191,9 @@ def test_the_command_lists_the_presets_and_prints_dvc_flags_without_writing(tmp_
     assert missing.exit_code == 1 and missing.output == no_file
     import lmclab.cli.preset as command
 
+    first = "Apply a named paper preset (presets/NAME.yaml) to params.yaml, in a checkout of the pipeline "
+    first += "(not a DVC stage)."  # the docstring's first paragraph, its line break a space
     monkeypatch.chdir(ROOT)
-    assert "Presets in presets/: cifar10_mae, cifar10_resnet20," in command._help()
+    assert command._help().startswith(first + "\n\nPresets in presets/: cifar10_mae, cifar10_resnet20,")
     monkeypatch.chdir(tmp_path)
-    assert "Presets in" not in command._help()
+    assert command._help() == first  # the docstring's first paragraph on one line, without a list of presets

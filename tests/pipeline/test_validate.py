@@ -10,12 +10,13 @@ import re
 
 import pytest
 from dvc_repo import ROOT
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError, model_validator
 from test_pipeline import TINY
 
 from lmclab.archs import ARCHS, mae, vit
 from lmclab.archs.base import interface
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
+from lmclab.core.options import OptionError, got
 from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import Block, group
 from lmclab.pipeline.keys import defaults, key_rows
@@ -302,6 +303,30 @@ def test_transform_merges_of_a_headed_net_are_refused_whatever_the_repair(method
     ]
 
 
+def test_an_image_architecture_is_built_for_colour_images_too_beside_grey_data(monkeypatch) -> None:
+    """``mlp`` declares it builds for any images (its ``SHAPES``): validation builds it for grey digits and for
+    3×32×32 colour images whatever the data; a variant that takes grey images only is refused beside MNIST,
+    naming the colour shape."""
+    from lmclab.archs import mlp
+
+    class GreyOnly(mlp.Config):
+        @model_validator(mode="after")
+        def _grey(self) -> GreyOnly:
+            if self.input_shape[0] != 1:
+                raise OptionError(f"{{input_shape}}: grey images only, got {got(self.input_shape)}")
+            return self
+
+    monkeypatch.setattr(mlp, "Config", GreyOnly)
+    with pytest.raises(ParamsError) as err:
+        check_params(_params())
+    assert err.value.lines == ["model.mlp.input_shape: grey images only, got (3, 32, 32)"]
+
+
+def test_a_tokenizer_set_for_image_data_is_not_read() -> None:
+    """``data.tokenizer`` is for texts only: beside MNIST a folder that does not exist is no error."""
+    check_params(_params(data__tokenizer="no/tok"))
+
+
 def test_the_checks_of_the_model_and_its_data_yield_each_line_with_its_key() -> None:
     mae = params_model().model_validate(_params(train__objective="mae", model__arch="vit", train__augment="crop_flip"))
     line = "train.augment: MAE pretraining does not augment: expected auto or none, got 'crop_flip'"
@@ -368,6 +393,15 @@ def test_each_architecture_block_lists_exactly_its_config_fields(arch: str) -> N
 
 def test_every_key_has_a_meaning() -> None:
     assert all(meaning for _, _, _, meaning in key_rows())
+
+
+def test_a_key_declared_without_a_meaning_has_an_empty_one_in_the_table() -> None:
+    """What the test above catches in params.yaml's schema, in a block of its own: no text is made up."""
+
+    class Bare(Block):
+        count: int = 2
+
+    assert [(key, default, meaning) for key, default, _, meaning in key_rows(Bare, "x.")] == [("x.count", 2, "")]
 
 
 def test_the_docs_parameter_table_is_the_schemas() -> None:

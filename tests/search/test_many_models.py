@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 import torch
 
 from lmclab.archs import build_model, get_arch, make_config
+from lmclab.core.options import Options, takes
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.search.c2m3 import INITS, _fit, _maximum, _moved, _start, c2m3, frank_wolfe_step, relaxed_objective
+from lmclab.search.many_methods import MANY_METHODS, run_many
 from lmclab.search.merge_many import merge_many
 from lmclab.search.star import star
 from lmclab.search.sync import sync, synchronise
-from lmclab.search.universe import cycle_error, pairwise_maps, shared_objective, summed_distance
+from lmclab.search.universe import cycle_error, pairwise_maps, shared_objective, summed_distance, universe_result
 from lmclab.search.weight_matching import weight_matching
 
 METHODS = {
@@ -164,6 +167,33 @@ def test_the_relaxed_objective_is_the_sum_of_the_models_pairwise_inner_products(
     assert c2m3(spec, params, init="identity", max_iter=1).stats["objective"][0] == pytest.approx(float(pairs))
 
 
+class _Untimed(Options):
+    """No options."""
+
+
+@takes(_Untimed)
+def _untimed(spec, params, *, options):
+    """Every model left where it is, with no ``seconds`` in its stats."""
+    return universe_result(spec, [{g: torch.arange(n) for g, n in spec.group_sizes(params[0]).items()}] * 2, params, {})
+
+
+def test_run_many_times_a_registered_method_that_reports_no_seconds_of_its_own(monkeypatch):
+    spec, params, _ = planted(4, 2)
+    ticks = []
+    monkeypatch.setattr(time, "perf_counter", lambda: ticks.append(None) or 2.5 * len(ticks))
+    monkeypatch.setitem(MANY_METHODS, "untimed", _untimed)
+    result = run_many("untimed", spec, params, seed=0)
+    assert result.stats["seconds"] == 2.5 and len(ticks) == 2  # read before and after the method, once each
+
+
+def test_the_relaxed_objective_of_one_model_is_zero():
+    """``F = Σ_{i<j} ⟨P_i(θ_i), P_j(θ_j)⟩`` has no pair to sum with one model."""
+    spec, params, _ = planted(4, 1)
+    matched = [{k: v.double() for k, v in spec.matched(p).items()} for p in params]
+    soft = _start(spec, params, spec.group_sizes(params[0]), "identity", torch.Generator().manual_seed(0))
+    assert float(relaxed_objective(spec, soft, matched)) == 0.0
+
+
 def test_a_frank_wolfe_step_keeps_the_iterates_dtype_whatever_torch_s_default():
     spec, params, _ = planted(4, 3, noise=1.0)
     matched = [{k: v.float() for k, v in spec.matched(p).items()} for p in params]
@@ -188,6 +218,13 @@ def test_the_line_search_finds_the_maximum_of_a_polynomial():
         abs=1e-4,
     )
     assert line_search(lambda t: t**4, 4) == 1.0 and line_search(lambda t: -t, 4) == 0.0
+
+
+def test_the_line_search_of_a_line_or_a_constant_takes_an_end():
+    """Degree 1 or 0: no critical point inside [0, 1]; the higher end, or t = 0 when both ends are equal."""
+    assert _maximum(_fit(lambda t: 3.0 - 2.0 * t, 1)) == (0.0, pytest.approx(3.0))
+    assert _maximum(_fit(lambda t: 0.5 + t, 1)) == (1.0, pytest.approx(1.5))
+    assert _maximum(_fit(lambda t: 2.0, 0)) == (0.0, pytest.approx(2.0))
 
 
 def test_synchronisation_of_consistent_maps_returns_them():

@@ -82,6 +82,20 @@ def _random_mlp(hidden: int, width: int, seed: int) -> tuple:
     return spec, draw(), draw()
 
 
+def test_a_permuted_copy_with_biases_at_zero_is_a_relabelling() -> None:
+    """Zero-initialised biases: their norm and sum are 0 in both models, which no tolerance can exceed."""
+    from lmclab.search.weight_matching import is_relabelling
+
+    spec, params_a, _ = _random_mlp(hidden=2, width=16, seed=0)
+    params_a = {k: torch.zeros_like(v) if k.endswith("bias") else v for k, v in params_a.items()}
+    perm = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
+    params_b = apply_permutation(spec, perm, params_a)
+    assert is_relabelling(spec, params_a, params_b)
+    found = weight_matching(spec, params_a, params_b)
+    assert found.stats["first_start"] == "sorted signatures"
+    assert all(torch.equal(found.perm[g], p) for g, p in invert(perm).items())
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_wm_equals_brute_force_for_one_group(seed: int) -> None:
     spec, params_a, params_b = _random_mlp(hidden=1, width=5, seed=seed)

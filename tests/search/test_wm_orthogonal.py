@@ -12,19 +12,24 @@ import torch
 from torch.func import functional_call
 
 from lmclab.archs import gpt
-from lmclab.core.spec import PermutationSpec, apply_permutation, compose, random_permutation
+from lmclab.core.assignment import solve_assignment
+from lmclab.core.orthogonal import as_matrix
+from lmclab.core.spec import PermutationSpec, apply_permutation, compose, invert, random_permutation
 from lmclab.search.weight_matching import matching_objective, weight_matching
 from lmclab.search.wm_orthogonal import constant_start
+from lmclab.trace import trace_spec
 
 VOCAB, CONTEXT = 29, 8
 
 
-def _model(position: str, gains: bool = False, seed: int = 0) -> tuple[torch.nn.Module, PermutationSpec]:
+def _model(
+    position: str, gains: bool = False, seed: int = 0, kv_heads: int | None = None
+) -> tuple[torch.nn.Module, PermutationSpec]:
     """gpt with RMSNorm and an untied head in float64; unit norm gains (the canonical form) unless ``gains``.
     Its spec with the stream ``P_res`` orthogonal: the norms' gains are left out of the group (held at 1)."""
     cfg = gpt.Config(
         input_shape=(CONTEXT,), num_classes=VOCAB, width=12, depth=2, heads=2, mlp_ratio=2,
-        norm="rmsnorm", position=position, tie_embeddings=False,
+        norm="rmsnorm", position=position, tie_embeddings=False, kv_heads=kv_heads,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = gpt.Model(cfg).double().eval()
@@ -37,8 +42,12 @@ def _model(position: str, gains: bool = False, seed: int = 0) -> tuple[torch.nn.
     return model, dataclasses.replace(spec, axes=axes, kinds={gpt.STREAM: "orthogonal"})
 
 
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (3, CONTEXT), generator=torch.Generator().manual_seed(1))
+
+
 def _logits(model: torch.nn.Module, params: dict) -> torch.Tensor:
-    x = torch.randint(0, VOCAB, (3, CONTEXT), generator=torch.Generator().manual_seed(1))
+    x = _tokens()
     with torch.no_grad():
         return functional_call(model, params, (x,))
 
@@ -96,21 +105,28 @@ def test_the_objective_never_decreases_from_any_start_on_an_independent_pair() -
         assert best > naive
 
 
-def test_the_constant_term_start_alone_finds_the_planted_rotation_of_the_stream() -> None:
-    model, spec = _model("learned")
+@pytest.mark.parametrize("kv_heads", [None, 1])
+@pytest.mark.parametrize("position", gpt.POSITIONS)
+def test_the_data_free_start_is_the_planted_element(position: str, kv_heads: int | None) -> None:
+    """The stream solved on its constant terms (the embedding and the head, of full rank), then every other group
+    once on its cost, exact once the stream is: the start is the planted element before any sweep. With one
+    key/value head the values are a plain orthogonal group whose only constant term is its bias (rank 1): solved
+    on it alone, it would be wrong."""
+    model, _ = _model(position, kv_heads=kv_heads)
+    spec = trace_spec(model, _tokens(), symmetry="orthogonal")  # gains of 1: already canonical
+    assert len(spec.kinds) == (3 if kv_heads or position == "rotary" else 5)
     params, perm, params_b = _planted(model, spec)
-    start = constant_start(spec, params, params_b)
-    torch.testing.assert_close(start[gpt.STREAM], perm[gpt.STREAM].T, rtol=0, atol=1e-10)
-    assert all(torch.equal(p, torch.arange(len(p))) for g, p in start.items() if g != gpt.STREAM)
+    start = constant_start(spec, params, params_b, solve_assignment)
+    for g, p in invert(perm).items():
+        torch.testing.assert_close(as_matrix(start[g]), as_matrix(p), rtol=0, atol=1e-10, msg=g)
 
 
-def test_an_orthogonal_group_with_attention_heads_is_refused():
+def test_with_no_constant_terms_of_full_rank_the_start_is_the_identity() -> None:
     model, spec = _model("learned")
-    headed = dataclasses.replace(spec, kinds={**spec.kinds, "P_qk_0": "orthogonal"})
-    params = model.state_dict()
-    message = r"^weight matching: group 'P_qk_0' is headed; orthogonal maps act on plain groups only$"
-    with pytest.raises(ValueError, match=message):
-        weight_matching(headed, params, params)
+    heads_only = dataclasses.replace(spec, kinds=dict.fromkeys(spec.heads, "orthogonal"))
+    params, _, params_b = _planted(model, heads_only)
+    start = constant_start(heads_only, params, params_b, solve_assignment)
+    assert all(torch.equal(as_matrix(p), torch.eye(len(p), dtype=torch.float64)) for p in start.values())
 
 
 def test_orthogonal_matching_stops_at_max_iter_or_tol_and_keeps_the_best_of_its_starts() -> None:

@@ -322,6 +322,26 @@ def test_three_queue_prints_one_dvc_exp_per_point_in_a_dry_run() -> None:
     assert unknown.exit_code == 1 and unknown.output == f"error: --points: unknown point(s) nope, zz; known: {known}\n"
 
 
+def test_three_queue_without_points_queues_every_point_but_the_costly_widths() -> None:
+    result = CliRunner().invoke(app, ["study", "three", "queue", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    names = [line.split(" -n three-")[1].split()[0] for line in result.output.splitlines()]
+    assert names == [
+        "default",
+        "epochs-50",
+        "epochs-100",
+        "train-1k",
+        "train-2k",
+        "width-128",
+        "width-1024",
+        "width-1024-wm-lr10",
+        "wm-10x100",
+        "ste-epochs-20",
+        "ste-init-wm",
+        "epochs-100-wm-10x100",
+    ]  # width-2048 and width-2048-wm-lr80 only when named
+
+
 def _fake_run(run: Path, width: int = 16) -> None:
     """A finished run's params, history, pairs and alignment tables (no git: the commit reads as unknown)."""
     tables = run / "data" / "tables"

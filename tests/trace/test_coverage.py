@@ -79,5 +79,8 @@ def test_the_kinds_column_says_the_wider_groups_their_invariance_or_why_the_wide
 def test_a_vit_row_has_a_centred_stream_that_keeps_the_outputs(coverage):
     pytest.importorskip("transformers")
     row = coverage.measure("transformers:ViTForImageClassification")
-    assert row["kinds"] == {"centred": 1} and row["widest_kind"] == "centred" and row["kind_invariance"] <= 1e-10
-    assert coverage.row_line(row).endswith(f"| 1 centred; {row['kind_invariance']:.0e} | {row['trace_s']:.2f} |")
+    heads = row["kinds"].get("orthogonal inside heads", 0)
+    assert row["kinds"] == {"centred": 1, "orthogonal inside heads": heads} and heads >= 2  # q/k and v/o per layer
+    assert row["widest_kind"] == "centred" and row["kind_invariance"] <= 1e-10
+    cell = f"| 1 centred, {heads} orthogonal inside heads; {row['kind_invariance']:.0e} | {row['trace_s']:.2f} |"
+    assert coverage.row_line(row).endswith(cell)

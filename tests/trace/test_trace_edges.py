@@ -139,7 +139,7 @@ def test_an_rms_norm_over_the_last_axis_takes_its_groups_layout_and_is_its_activ
     assert trace(Net(lambda m, x: m.head(torch.relu(m.rms(m.a(x))))), torch.randn(2, 3, 5)).points[group] == ["rms@-1"]
 
 
-@pytest.mark.parametrize("method", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("method", ["add", "sub", "mul", "div", "add_", "mul_"])
 def test_a_method_combining_two_tensors_of_the_same_units_keeps_their_group(method):
     """``h.div(g)`` and the like, as torch.fx records a method of a tensor: unit by unit, so one group."""
     model = Net(lambda m, x: m.head(getattr(torch.relu(m.a(x)), method)(torch.sigmoid(m.a(x)) + 1)))
@@ -171,6 +171,34 @@ def test_a_batch_axis_pairing_permuted_units_with_an_unpermuted_operand_pins_the
     model = Net(paired)
     spec = invariant(model, torch.randn(6, 3, 5))
     assert spec.axes["a.weight"] == (None, None)
+
+
+def test_a_product_of_permuted_units_with_a_matrix_not_of_the_model_pins_them():
+    """``relu(a(x)) @ ones(6, 4)`` sums a's units with weights that never move with them: their group is pinned
+    (traced, not refused), and the product's columns are the constant's, unpermuted."""
+    spec = invariant(Net(lambda m, x: torch.relu(m.a(x)) @ torch.ones(6, 4, dtype=x.dtype)), torch.randn(2, 3, 5))
+    assert spec.axes["a.weight"] == (None, None) and spec.groups == {}
+
+
+def test_a_product_keeps_the_rows_of_its_first_operand_permuted():
+    """``(hᵀ @ M)ᵀ`` mixes the tokens of ``h`` by an unpermuted ``M`` (the input's own attention weights): each row of
+    ``hᵀ`` is one of a's units, and stays that unit in the product, which ``head`` then reads."""
+
+    def mixed(m, x):
+        weights = torch.softmax(x @ x.transpose(-1, -2), -1)  # (2, 3, 3): of the input alone
+        return m.head((torch.relu(m.a(x)).transpose(-1, -2) @ weights).transpose(-1, -2))
+
+    spec = invariant(Net(mixed), torch.randn(2, 3, 5))
+    group = spec.axes["a.weight"][0]
+    assert group is not None and spec.axes["head.weight"] == (None, group)
+
+
+def test_a_class_token_of_fewer_axes_expanded_before_a_concatenation_moves_with_the_units():
+    """``bias`` (6,) expanded to (2, 1, 6) and put before a's tokens: its one axis is the concatenation's last."""
+    model = Net(lambda m, x: m.head(torch.relu(torch.cat([m.bias.expand(x.shape[0], 1, 6), m.a(x)], 1))))
+    spec = invariant(model, torch.randn(2, 3, 5))
+    group = spec.axes["a.weight"][0]
+    assert group is not None and spec.axes["bias"] == (group,) and spec.axes["head.weight"] == (None, group)
 
 
 class GroupedQuery(nn.Module):
@@ -909,3 +937,29 @@ def test_the_exported_graphs_positional_arguments_give_the_spec_of_torch_fx(fami
     exported_model = Exported(forms[-1]).double()
     exported_model.load_state_dict(model.state_dict())
     assert traced_forms(exported_model, x) == traced_forms(model, x)
+
+
+class _CastScale(nn.Module):
+    """A stored scale cast to its activation's dtype (``g.type_as(h)``) before it multiplies the activation."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.a, self.head, self.g = nn.Linear(4, 6), nn.Linear(6, 3), nn.Parameter(torch.rand(shape) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.head(h * self.g.type_as(h))
+
+
+@pytest.mark.parametrize("shape", [(6,), (1, 6)])
+def test_a_scale_cast_to_a_permuted_activation_s_dtype_is_the_scale_and_moves_with_the_units(shape) -> None:
+    """``g.type_as(h)`` holds ``g``'s values (``h`` gives only the dtype): ``g`` is recorded on ``h``'s group, and
+    a random permutation keeps the outputs (as a vector or a (1, C) row)."""
+    model, x = _CastScale(shape).double(), torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator())
+    spec, state = trace_spec(model, x), model.state_dict()
+    group = spec.axes["a.weight"][0]
+    assert spec.axes["g"] == (group,) if len(shape) == 1 else spec.axes["g"] == (None, group)
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(0), spec.heads)
+    with torch.no_grad():
+        moved = torch.func.functional_call(model, apply_permutation(spec, perm, state), (x,))
+        torch.testing.assert_close(moved, model(x), rtol=1e-12, atol=1e-12)

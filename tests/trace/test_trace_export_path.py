@@ -69,7 +69,10 @@ def test_a_partial_spec_is_the_same_through_torch_export(key: str, exported) -> 
         assert through_export == through_fx
 
 
-@pytest.mark.parametrize("key", KIND_CASES)
+WHOLE_MODULES = ("heads-of-a-whole-multihead-attention",)  # torch.export decomposes it: no module is whole there
+
+
+@pytest.mark.parametrize("key", [key for key in KIND_CASES if key not in WHOLE_MODULES])
 def test_kinds_gains_and_reasons_are_the_same_through_torch_export(key: str, exported) -> None:
     model, x = KIND_CASES[key].build()
     through_fx, through_export = (f(model, x, symmetry="orthogonal") for f in (trace_spec, exported))

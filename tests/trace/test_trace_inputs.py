@@ -5,6 +5,8 @@ traced or refused, every submodule's attributes, parameters, buffers and trainin
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -65,6 +67,17 @@ def test_a_missing_unknown_or_unnamed_input_is_one_line_naming_example_inputs(in
     with pytest.raises(TypeError, match=f"^example_inputs: .*{message}") as err:
         trace_spec(TwoInputs(), inputs)
     assert "\n" not in str(err.value)
+
+
+def test_find_permutation_and_merge_many_refuse_a_string_of_inputs_as_trace_spec_does():
+    """A str is a sequence (of characters), yet no inputs: it is refused whole, not read as one input per letter."""
+    expected = (
+        "example_inputs: expected a tensor, a sequence of inputs or a mapping of keyword inputs for TwoInputs, got str"
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+        lmclab.find_permutation(TwoInputs(), TwoInputs(), method="wm", example_inputs="xm")
+    with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+        lmclab.merge_many([TwoInputs(), TwoInputs()], example_inputs="xm")
 
 
 class Cached(nn.Module):

@@ -22,7 +22,7 @@ from lmclab.archs import gpt
 from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
-from lmclab.trace.kinds import RUNS
+from lmclab.trace.kinds import RUNS, WHOLE
 
 
 class Net(nn.Module):
@@ -53,6 +53,31 @@ class Tied(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(self.embed(ids)))
+
+
+class WholeAttention(nn.Module):
+    """An ``nn.MultiheadAttention`` (6 features in 2 heads) that ``torch.fx`` keeps whole, between two Linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.attn, self.head = nn.Linear(4, 6), nn.MultiheadAttention(6, 2, batch_first=True), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.a(x)
+        return self.head(s + self.attn(s, s, s, need_weights=False)[0])
+
+
+class RowGain(nn.Module):
+    """An RMSNorm by hand whose gain is stored as a (1, C) row, read by a Linear: no vector to fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.fc, self.head = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.g = nn.Parameter(torch.rand(1, 6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.head(h + self.fc(self.g * (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6))))
 
 
 def _rotary_gpt() -> nn.Module:
@@ -175,6 +200,19 @@ CASES: dict[str, Case] = {
         "permutation",
         RUNS,
         control=False,  # a headed group: random_permutation keeps its heads whole
+    ),
+    "gain-stored-as-a-row": Case(
+        lambda: (RowGain(), _vector()),
+        "P_0",
+        "permutation",
+        "gain 'g' stays in place: only a vector of the units folds",
+    ),
+    "heads-of-a-whole-multihead-attention": Case(
+        lambda: (WholeAttention(), torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0))),
+        "P_1",
+        "permutation",
+        WHOLE,
+        control=False,  # inside its heads an orthogonal map is a symmetry: the trace only cannot see it
     ),
 }
 

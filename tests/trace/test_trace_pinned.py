@@ -46,6 +46,30 @@ def test_each_pin_names_its_node_module_reason_and_the_axes_it_leaves_alone():
     assert set(spec.groups) == {"P_0"}  # c's hidden units alone
 
 
+class FlippedThenShuffled(nn.Module):
+    """``a``'s units pinned by a flip, then two units of 2 channels shuffled (``view``, ``transpose``, ``view``) and
+    chunked: the chunk splits the shuffled group into halves of whole blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = nn.Linear(4, 8), nn.Linear(8, 4), nn.Linear(4, 2), nn.Linear(4, 2)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.b(self.a(x).flip(-1))
+        t = torch.cat([self.c(x), self.d(x)], -1).view(-1, 2, 2).transpose(1, 2).reshape(-1, 4)
+        first, second = t.chunk(2, dim=-1)
+        return self.head(torch.cat([p, first, second], -1))
+
+
+def test_a_pin_made_before_a_shuffled_group_is_split_is_still_listed():
+    spec = trace_spec(FlippedThenShuffled(), torch.zeros(2, 4), partial=True)
+    (flip,) = spec.pinned
+    assert (flip.node, flip.units, flip.stream) == ("flip", 8, False)
+    assert set(flip.places) == {("a.weight", 0), ("a.bias", 0)} and spec.axes["a.weight"] == (None, None)
+    assert len(spec.groups) == 3  # b's units and the two halves of the shuffled channels
+
+
 class Shared(nn.Module):
     """One Linear ``shared`` used twice: on ``a``'s units and on the model's input, which is never permuted."""
 
@@ -137,6 +161,19 @@ class LayerScaled(nn.Module):
         return self.head(h.mean((2, 3)))
 
 
+class CastLayerScaled(LayerScaled):
+    """The same layer scale stored as (1, C) and cast to the input's dtype (``type_as``) before its reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.rand(1, 6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        h = h + torch.relu(self.conv(h)).mul(self.gamma.type_as(x).reshape(1, -1, 1, 1))
+        return self.head(h.mean((2, 3)))
+
+
 class Gained(nn.Module):
     """A token stream with Gemma's RMSNorm gain ``(1.0 + w)`` (cast first, as Gemma does)."""
 
@@ -184,6 +221,11 @@ class Looked(Embedded):
 
 CASES = {
     "layer scale": (LayerScaled, lambda g: torch.randn(3, 3, 6, 6, generator=g, dtype=torch.float64), "gamma"),
+    "cast layer scale of (1, C)": (
+        CastLayerScaled,
+        lambda g: torch.randn(3, 3, 6, 6, generator=g, dtype=torch.float64),
+        "gamma",
+    ),
     "gain 1 + w": (Gained, lambda g: torch.randint(0, 20, (3, 6), generator=g), "weight"),
     "nn.Embedding": (Embedded, lambda g: torch.randint(0, 20, (3, 6), generator=g), "embed.weight"),
     "F.embedding": (Looked, lambda g: torch.randint(0, 20, (3, 6), generator=g), "table"),

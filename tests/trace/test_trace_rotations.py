@@ -16,9 +16,10 @@ from torch.func import functional_call
 
 from lmclab.archs import gpt
 from lmclab.core.canonical import fold_gains, is_canonical
+from lmclab.core.orthogonal import random_orthogonal
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace_spec
-from lmclab.trace.kinds import RUNS
+from lmclab.trace.kinds import WHOLE
 
 VOCAB, CONTEXT = 31, 8
 
@@ -51,9 +52,13 @@ OPTIONS = [dict(position=p, mlp=m, kv_heads=k) for p in gpt.POSITIONS for m in g
 def test_the_stream_of_rmsnorm_gpt_is_orthogonal_once_its_gains_are_folded(options: dict) -> None:
     model = _gpt(**options)
     spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
-    assert list(spec.kinds.values()) == ["orthogonal"] and len(spec.gains) == 5
-    stream = next(iter(spec.kinds))
-    assert spec.axes["embed.weight"] == (None, stream) and spec.axes["norm.weight"] == (None,)
+    stream = spec.axes["embed.weight"][1]
+    assert spec.axes["norm.weight"] == (None,) and len(spec.gains) == 5
+    assert set(spec.kinds.values()) == {"orthogonal"} and stream in spec.kinds
+    # inside heads, per layer: q/k and v/o; rotary positions move q/k in whole heads; one key/value head: no heads
+    headed = {g for g in spec.kinds if g in spec.heads}
+    assert len(headed) == (0 if options["kv_heads"] else 2 if options["position"] == "rotary" else 4)
+    assert len(spec.kinds) == 1 + (2 if options["kv_heads"] else len(headed))  # MQA: each layer's values plain
     with torch.no_grad():
         reference = model(_x())
     folded = fold_gains(spec, state)
@@ -70,14 +75,49 @@ def test_the_stream_of_rmsnorm_gpt_is_orthogonal_once_its_gains_are_folded(optio
     assert _change(model, apply_permutation(forced, perm, folded), reference) > 1e-3
 
 
+def _inside_heads(state: dict, names: tuple[str, ...], seed: int) -> dict:
+    """``state`` with the rows of ``names`` (a layer's q and k, each 2 heads of 6) rotated by one Haar-random
+    orthogonal map per head, the same for every name."""
+    g = torch.Generator().manual_seed(seed)
+    block = torch.block_diag(*(random_orthogonal(6, g) for _ in range(2)))
+    return {k: block @ v if k.rsplit(".", 1)[0] in names else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("position", gpt.POSITIONS)
+def test_queries_and_keys_rotated_alike_inside_each_head_keep_the_logits_without_rotary_positions(position) -> None:
+    """``qᵀk = (Rq)ᵀ(Rk)``: one orthogonal map per head shared by a layer's queries and keys keeps the logits with
+    learned positions, and the tracer marks those groups orthogonal; rotary positions rotate each plane of q and k
+    by the token's angle, which a map mixing planes does not commute with: the logits change, and the tracer keeps
+    the heads whole. An orthogonal map of a layer's values across heads changes the logits too."""
+    model = _gpt(position=position)
+    spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
+    with torch.no_grad():
+        reference = model(_x())
+    qk = spec.axes["blocks.0.attn.q.weight"][0]
+    qk = qk[0].group if isinstance(qk, tuple) else qk
+    rotated = _inside_heads(state, ("blocks.0.attn.q", "blocks.0.attn.k"), seed=4)
+    if position == "learned":
+        assert spec.kinds[qk] == "orthogonal" and _change(model, rotated, reference) <= 1e-10
+    else:
+        assert qk not in spec.kinds and _change(model, rotated, reference) > 1e-3
+    vo = spec.axes["blocks.0.attn.v.weight"][0]
+    assert spec.kinds[vo] == "orthogonal" and spec.heads[vo].count == 2
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(5), spec.heads, spec.kinds)
+    folded = fold_gains(spec, state)
+    assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    across = {**perm, vo: random_orthogonal(12, torch.Generator().manual_seed(6))}
+    assert _change(model, apply_permutation(spec, across, folded), reference) > 1e-3
+
+
 @pytest.mark.parametrize("position", gpt.POSITIONS)
 def test_the_stream_of_layernorm_gpt_is_centred_once_its_gains_are_folded(position: str) -> None:
     """LayerNorm's centring commutes with the orthogonal maps that fix the all-ones vector; its bias is rotated
     with the stream, its gain folded; a general orthogonal map changes the logits."""
     model = _gpt(norm="layernorm", position=position)
     spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
-    (stream,) = spec.kinds
+    stream = spec.axes["embed.weight"][1]
     assert spec.kinds[stream] == "centred" and len(spec.gains) == 5
+    assert {k for g, k in spec.kinds.items() if g != stream} == {"orthogonal"}  # inside the heads
     assert spec.axes["blocks.0.norm1.bias"] == (stream,) and spec.axes["blocks.0.norm1.weight"] == (None,)
     with torch.no_grad():
         reference = model(_x())
@@ -87,7 +127,7 @@ def test_the_stream_of_layernorm_gpt_is_centred_once_its_gains_are_folded(positi
     for seed in (1, 2):
         perm = random_permutation(sizes, torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
         assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
-    general = dataclasses.replace(spec, kinds={stream: "orthogonal"})
+    general = dataclasses.replace(spec, kinds={**spec.kinds, stream: "orthogonal"})
     perm = random_permutation(sizes, torch.Generator().manual_seed(3), spec.heads, general.kinds)
     assert _change(model, apply_permutation(general, perm, folded), reference) > 1e-3
 
@@ -105,8 +145,8 @@ def test_the_default_spec_has_no_kinds_and_keeps_the_gains_in_the_stream() -> No
 def test_a_gain_folded_into_a_tied_head_keeps_the_stream_a_permutation_group(norm: str) -> None:
     model = _gpt(norm=norm, tie_embeddings=True)
     spec = trace_spec(model, _x(), symmetry="orthogonal")
-    assert spec.kinds == {} and spec.gains == {}
-    assert spec == trace_spec(model, _x())
+    assert set(spec.kinds) == set(spec.heads) and spec.gains == {}  # only inside the heads
+    assert dataclasses.replace(spec, kinds={}) == trace_spec(model, _x())
 
 
 class Stream(nn.Module):
@@ -206,6 +246,10 @@ class Stream(nn.Module):
         elif self.how in ("gained mean over samples", "gained sample picked"):  # other axes than the units read
             h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
             s = s + self.fc(h.mean(0, keepdim=True) if self.how == "gained mean over samples" else h[0])
+        elif self.how == "gram":  # (s sᵀ) s: a product over the units of one group on both sides keeps sᵀ's O away
+            s = s + (s @ s.transpose(0, 1)) @ s
+        elif self.how == "gram over samples":  # (sᵀ s): the units on both axes of the product, read by a ReLU
+            s = s + torch.relu(s.transpose(0, 1) @ s).sum(0)
         elif self.how == "depthwise":  # a kernel per channel
             s = self.depthwise(s[:, :, None, None]).flatten(1)
         return self.head(s)
@@ -223,7 +267,8 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     + [("layernorm", CENT), ("cast gain", ORTH), ("shape read", ORTH), ("normed shape read", ORTH)]
     + [("gain read by a norm", None), ("gained mean over samples", ORTH), ("gained sample picked", ORTH)]
     + [("True + gain", None), ("gain read through a copy", ORTH), ("cast 1 + gain", ORTH), ("plus zero", ORTH)]
-    + [("conv1d reader", ORTH), ("square conv1d reader", None), ("gain moved off the last axis", None)],
+    + [("conv1d reader", ORTH), ("square conv1d reader", None), ("gain moved off the last axis", None)]
+    + [("gram", ORTH), ("gram over samples", None)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     """The kind the proof gives, and that the maps of that kind keep the function while the next larger ones
@@ -294,15 +339,16 @@ def test_the_vit_s_stream_is_centred_once_its_layernorm_gains_are_folded(pool: s
             p.copy_(torch.rand_like(p) + 0.5) if "norm" in key and key.endswith("weight") else p.normal_(0, 0.3)
     x = torch.randn(4, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     spec, state = trace_spec(model, x, symmetry="orthogonal"), model.state_dict()
-    (stream,) = spec.kinds
+    (stream,) = set(spec.kinds) - set(spec.heads)
     assert spec.kinds[stream] == CENT and spec.gains["norm.weight"] == ("head.weight",) and len(spec.gains) == 5
     with torch.no_grad():
         reference = model(x)
     folded = fold_gains(spec, state)
 
     def change(kind: str, params: dict) -> float:
-        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, {stream: kind})
-        moved = apply_permutation(dataclasses.replace(spec, kinds={stream: kind}), perm, params)
+        kinds = {**spec.kinds, stream: kind}
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, kinds)
+        moved = apply_permutation(dataclasses.replace(spec, kinds=kinds), perm, params)
         with torch.no_grad():
             return float((functional_call(model, moved, (x,)) - reference).abs().max() / reference.abs().max())
 
@@ -330,4 +376,4 @@ def test_the_heads_of_a_whole_multihead_attention_module_stay_permutation_groups
     x = torch.randn(2, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     spec = trace_spec(_WholeAttention().double().eval(), x, symmetry="orthogonal")
     assert spec.heads and not set(spec.heads) & set(spec.kinds)
-    assert {spec.kind_reasons[g] for g in spec.heads} == {RUNS}
+    assert {spec.kind_reasons[g] for g in spec.heads} == {WHOLE}

@@ -100,8 +100,10 @@ def test_gpt2_s_stream_is_centred_once_its_gains_are_folded_into_its_conv1d_read
 
     model = _gpt2()
     spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
-    ((stream, kind),) = spec.kinds.items()
+    ((stream, kind),) = ((g, k) for g, k in spec.kinds.items() if g not in spec.heads)
     assert kind == "centred" and spec.axes["transformer.wte.weight"] == (None, stream)
+    # q/k and v/o of each layer, split out of the packed c_attn: orthogonal inside each head
+    assert len(spec.kinds) == 5 and {spec.kinds[g] for g in spec.heads} == {"orthogonal"}
     assert spec.gains["transformer.h.1.ln_2.weight"] == ("transformer.h.1.mlp.c_fc.weight",)
     assert len(spec.gains) == len(spec.gain_biases) == 5 and spec.gains["transformer.ln_f.weight"] == (
         "lm_head.weight",
@@ -110,7 +112,7 @@ def test_gpt2_s_stream_is_centred_once_its_gains_are_folded_into_its_conv1d_read
         reference = model(X).logits
     folded = fold_gains(spec, state)
     assert _change(model, folded, reference) <= 1e-12
-    general = {stream: "orthogonal"}  # not fixing the all-ones vector: LayerNorm's centring tells it apart
+    general = {**spec.kinds, stream: "orthogonal"}  # not fixing the all-ones vector: LayerNorm's centring does
     for seed in (1, 2):
         perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
         assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
@@ -120,14 +122,18 @@ def test_gpt2_s_stream_is_centred_once_its_gains_are_folded_into_its_conv1d_read
     tied = _gpt2(tie=True)
     canonical = lmclab.canonicalize(tied, X)
     assert canonical.lm_head.weight is not canonical.transformer.wte.weight
-    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"centred"}
+    assert trace_spec(canonical, X, symmetry="orthogonal").kinds[stream] == "centred"
     with torch.no_grad():
         reference = tied(X).logits
         assert float((canonical(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12
+    rotated = copy.deepcopy(model)  # centred stream, heads rotated inside and reordered: weight matching undoes it
+    rotated.load_state_dict(apply_permutation(spec, perm, folded))
+    res = lmclab.align(model, rotated, symmetry="orthogonal", example_inputs=X)
+    assert lmclab.l2_reduction(model, rotated, res) == pytest.approx(100.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("name", ["tied gpt2", "tied llama", "tied gemma"])
-def test_a_tied_head_keeps_permutation_groups(name: str) -> None:
+def test_a_tied_head_keeps_the_stream_a_permutation_group(name: str) -> None:
     if name == "tied gpt2":
         model = _gpt2(tie=True)
     elif name == "tied gemma":
@@ -135,7 +141,7 @@ def test_a_tied_head_keeps_permutation_groups(name: str) -> None:
     else:
         model = _llama(tie=True)
     spec = trace_spec(model.eval(), X, symmetry="orthogonal")
-    assert spec.kinds == {} and spec.gains == {}
+    assert set(spec.kinds) <= set(spec.heads) and spec.gains == {}  # at most inside heads (GPT-2's; Llama's move whole)
 
 
 def test_a_tied_llama_s_canonical_copy_is_untied_saved_untied_and_orthogonal(monkeypatch, tmp_path) -> None:
@@ -199,13 +205,15 @@ def _vit(name: str) -> torch.nn.Module:
 @pytest.mark.parametrize("name", ["timm vit_tiny", "hf vit"])
 def test_a_vit_s_stream_is_centred_once_its_gains_are_folded(name: str) -> None:
     """The class token's path to the head (timm: an index, ``fc_norm`` and ``head_drop``, identities) reads the
-    final norm linearly: its gain folds into the head, and the stream takes centred maps but no others."""
+    final norm linearly: its gain folds into the head, and the stream takes centred maps but no others; the heads
+    (timm's packed ``qkv`` and fused attention, Hugging Face's separate projections) take orthogonal maps inside."""
     model, images = (
         _vit(name),
         torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)),
     )
     spec, state = trace_spec(model, images, symmetry="orthogonal"), model.state_dict()
-    ((stream, kind),) = spec.kinds.items()
+    ((stream, kind),) = ((g, k) for g, k in spec.kinds.items() if g not in spec.heads)
+    assert {spec.kinds.get(g) for g in spec.heads} == {"orthogonal"}  # q/k and v/o: orthogonal inside each head
     head = "head.weight" if name.startswith("timm") else "classifier.weight"
     assert kind == "centred" and spec.gains["norm.weight" if name.startswith("timm") else "vit.layernorm.weight"] == (
         head,
@@ -225,7 +233,7 @@ def test_a_vit_s_stream_is_centred_once_its_gains_are_folded(name: str) -> None:
     assert change(apply_permutation(spec, perm, folded)) <= 1e-10
     assert change(apply_permutation(spec, perm, state)) > 1e-3  # the gains in place
     general = random_permutation(
-        spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, {stream: "orthogonal"}
+        spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, {**spec.kinds, stream: "orthogonal"}
     )
     assert change(apply_permutation(spec, general, folded)) > 1e-3  # LayerNorm's centring tells it apart
 

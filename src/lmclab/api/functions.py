@@ -177,27 +177,37 @@ def check_symmetry(symmetry: str, method: str) -> None:
 
 def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
     """``problem`` with its spec's kinds for ``symmetry``: none for ``"permutation"`` (the gains a spec folds stay
-    folded); for ``"orthogonal"``, one line naming ``symmetry`` when no group may take an orthogonal map."""
+    folded); for ``"orthogonal"``, one line naming ``symmetry`` when no group may take an orthogonal map, or when
+    the group on the most tensors (the stream) may not because two entries are one tensor (a tied head: the
+    copies :func:`lmclab.canonicalize` returns are untied)."""
     if symmetry == "permutation":
         return problem._replace(spec=dataclasses.replace(problem.spec, kinds={}))
-    if not problem.spec.kinds:
-        shared = shared_parameters(problem.model) if problem.model is not None else []
+    kinds = problem.spec.kinds
+    shared = shared_parameters(problem.model) if problem.model is not None else []
+    if not kinds or (shared and _widest(problem.spec) not in kinds):
         names = " and ".join(map(repr, shared[0])) if shared else ""
         tied = f"; {names} are one tensor: align the untied copies lmclab.canonicalize returns" if shared else ""
-        why = _why_not(problem.spec)
-        raise OptionError(f"{{symmetry}}: the tracer proves no group of {what} orthogonal{why}{tied}")
+        proved = f"no group of {what} orthogonal" if not kinds else f"{len(kinds)} groups of {what} orthogonal, but"
+        raise OptionError(f"{{symmetry}}: the tracer proves {proved}{_why_not(problem.spec, bool(kinds))}{tied}")
     return problem
 
 
-def _why_not(spec: PermutationSpec) -> str:
-    """Why the group on the most tensors (a residual stream) is no orthogonal group, as the trace recorded it."""
+def _widest(spec: PermutationSpec) -> str | None:
+    """The group on the most tensors (a residual stream)."""
     groups = spec.groups
-    if not groups:
+    return max(groups, key=lambda g: len(groups[g])) if groups else None
+
+
+def _why_not(spec: PermutationSpec, some: bool = False) -> str:
+    """Why the group on the most tensors (a residual stream) is no orthogonal group, as the trace recorded it
+    (``some``: other groups are)."""
+    widest = _widest(spec)
+    if widest is None:
         return ": it has no group of units"
-    widest = max(groups, key=lambda g: len(groups[g]))
     if widest not in spec.kind_reasons:  # a spec given, or traced for permutations only
         return " (the spec marks none: trace_spec(..., symmetry='orthogonal') marks those it proves)"
-    return f"; {widest}, the group on the most tensors, stays a permutation group: {spec.kind_reasons[widest]}"
+    lead = " " if some else "; "
+    return f"{lead}{widest}, the group on the most tensors, stays a permutation group: {spec.kind_reasons[widest]}"
 
 
 def find_permutation(model_a: Model, model_b: Model, **keywords: Any) -> Alignment:

@@ -11,6 +11,13 @@ A :class:`Heads` marks a group of a :class:`~lmclab.core.spec.PermutationSpec` a
 permutations are restricted to ``perm[h·d + j] = σ[h]·d + τ_h[j]``, and every group with the same
 ``tie`` shares σ. A headed permutation is still a plain index tensor over the ``E`` units, so applying,
 inverting and composing it need nothing new (headed permutations are closed under both).
+
+Inside a head the symmetry is larger (Theus et al. 2025, Section 3): ``q·k = qᵀRᵀRk`` for any orthogonal ``R``
+shared by a head's queries and keys, and ``W_O W_V = (W_O Rᵀ)(R W_V)`` for any orthogonal ``R`` of a head's
+values. A headed group the spec marks ``"orthogonal"`` takes such an element: the matrix whose block
+``(h, σ[h])`` is an orthogonal ``R_h`` (``d × d``) and every other block zero — the matrix of a headed
+permutation when each ``R_h`` is ``τ_h``'s. These matrices are closed under products and transposes, so they
+too are applied, inverted and composed as any orthogonal matrix is (:mod:`lmclab.core.orthogonal`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from lmclab.core.orthogonal import POLAR, is_matrix, random_orthogonal
 
 
 class Heads(NamedTuple):
@@ -42,9 +51,26 @@ def headed_permutation(sigma: Tensor, taus: Tensor) -> Tensor:
     return (sigma[:, None] * d + taus).reshape(-1)
 
 
-def split_headed(perm: Tensor, count: int) -> tuple[Tensor, Tensor] | None:
-    """``(σ, taus)`` of a headed ``perm`` of ``count`` heads; ``None`` when ``perm`` moves a unit to another
-    head than the rest of its head (a permutation that crosses heads)."""
+def headed_matrix(sigma: Tensor, rotations: Tensor) -> Tensor:
+    """The matrix whose block ``(h, σ[h])`` is ``rotations[h]`` (``(H, d, d)``), every other block zero."""
+    count, d = rotations.shape[:2]
+    out = rotations.new_zeros(count, d, count, d)
+    out[torch.arange(count), :, sigma, :] = rotations
+    return out.reshape(count * d, count * d)
+
+
+def split_headed(perm: Tensor, count: int, atol: float = 1e-6) -> tuple[Tensor, Tensor] | None:
+    """``(σ, taus)`` of a headed ``perm`` of ``count`` heads, or ``(σ, R)`` (``R``: the ``(H, d, d)`` blocks
+    ``(h, σ[h])``) of a headed matrix; ``None`` when ``perm`` moves a unit to another head than the rest of
+    its head (a permutation that crosses heads; a matrix with a block off ``σ`` above ``atol``)."""
+    if is_matrix(perm):
+        blocks = perm.reshape(count, perm.shape[0] // count, count, -1).transpose(1, 2)  # (h, h', d, d)
+        size = blocks.abs().amax(dim=(2, 3))
+        sigma = size.argmax(1)
+        off = size.index_put((torch.arange(count), sigma), size.new_zeros(count))
+        if float(off.max()) > atol or not torch.equal(torch.sort(sigma).values, torch.arange(count)):
+            return None
+        return sigma, blocks[torch.arange(count), sigma]
     blocks = perm.reshape(count, -1)
     d = blocks.shape[1]
     sigma = blocks[:, 0] // d
@@ -63,15 +89,22 @@ def tie_sets(groups: Iterable[str], heads: Mapping[str, Heads]) -> list[tuple[st
 
 
 def random_headed(
-    sizes: Mapping[str, int], heads: Mapping[str, Heads], generator: torch.Generator
+    sizes: Mapping[str, int],
+    heads: Mapping[str, Heads],
+    generator: torch.Generator,
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, Tensor]:
-    """A uniformly random headed permutation of every headed group: one σ per tie, one τ per head and group."""
+    """A uniformly random headed element of every headed group: one σ per tie, and per head and group a
+    random τ, or a Haar-random ``R`` for a group ``kinds`` marks ``"orthogonal"`` (module docstring)."""
     out: dict[str, Tensor] = {}
     for members in tie_sets(heads, heads):
         count = heads[members[0]].count
         sigma = torch.randperm(count, generator=generator)
         for g in members:
             d = head_size(g, sizes[g], heads[g])
+            if (kinds or {}).get(g) == "orthogonal":
+                out[g] = headed_matrix(sigma, torch.stack([random_orthogonal(d, generator) for _ in range(count)]))
+                continue
             taus = torch.stack([torch.randperm(d, generator=generator) for _ in range(count)])
             out[g] = headed_permutation(sigma, taus)
     return out
@@ -84,7 +117,8 @@ def check_headed(perm: Mapping[str, Tensor], sizes: Mapping[str, int], heads: Ma
         head_size(g, sizes[g], heads[g])
         split = split_headed(perm[g].cpu(), heads[g].count)
         if split is None:
-            raise ValueError(f"permutation of group {g!r} crosses heads (it must map each head onto one head)")
+            what = "orthogonal map" if is_matrix(perm[g]) else "permutation"
+            raise ValueError(f"{what} of group {g!r} crosses heads (it must map each head onto one head)")
         first = sigmas.setdefault(heads[g].tie, (g, split[0]))
         if not torch.equal(first[1], split[0]):
             raise ValueError(
@@ -94,29 +128,42 @@ def check_headed(perm: Mapping[str, Tensor], sizes: Mapping[str, int], heads: Ma
 
 
 def solve_tied(
-    costs: Mapping[str, Tensor], heads: Mapping[str, Heads], solve: Callable[[Tensor], Tensor]
+    costs: Mapping[str, Tensor],
+    heads: Mapping[str, Heads],
+    solve: Callable[[Tensor], Tensor],
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, Tensor]:
-    """The permutations maximising ``Σ_g Σ_i costs[g][i, perm_g[i]]`` over one tie set, exactly.
+    """The elements maximising ``Σ_g ⟨M_g, costs[g]⟩`` over one tie set, exactly (``M_g``: the matrix of the
+    permutation ``perm_g``, so that ``⟨M_g, C_g⟩ = Σ_i C_g[i, perm_g[i]]``; ``kinds``: the groups whose elements
+    are orthogonal maps instead, :mod:`lmclab.core.orthogonal`).
 
-    A plain group is one assignment ``solve(cost)``. For the headed groups of one tie, the cost
-    decomposes: for heads ``(h, h')`` and group ``g``, the best τ is the assignment on the block
-    ``C_g[h·d:(h+1)·d, h'·d:(h'+1)·d]`` with value ``v_g(h, h')``; σ is the assignment on ``Σ_g v_g``,
-    and each group takes the τ of the head pairs σ chose (``H²`` assignments of size ``d`` per group
-    and one of size ``H``)."""
+    A plain group is one assignment ``solve(cost)``, or for an orthogonal (centred) group the polar factor of
+    its cost. For the headed groups of one tie, the cost decomposes: for heads ``(h, h')`` and group ``g``, the
+    best τ is the assignment on the block ``C_g[h·d:(h+1)·d, h'·d:(h'+1)·d]`` with value ``v_g(h, h')``, or for a
+    group ``kinds`` marks orthogonal the polar factor of the block, whose value is the block's nuclear norm
+    (``max_R ⟨R, B⟩ = Σ singular values of B``); σ is the assignment on ``Σ_g v_g``, and each group takes the
+    blocks of the head pairs σ chose (``H²`` assignments or SVDs of size ``d`` per group and one of size ``H``)."""
+    kinds = kinds or {}
     if len(costs) == 1 and next(iter(costs)) not in heads:
         ((g, cost),) = costs.items()
-        return {g: solve(cost)}
+        return {g: POLAR[kinds[g]](cost) if kinds.get(g) in POLAR else solve(cost)}
     count = heads[next(iter(costs))].count
     within, value = {}, torch.zeros(count, count, dtype=torch.float64)
     for g, cost in costs.items():
         d = head_size(g, cost.shape[0], heads[g])
         blocks = cost.detach().cpu().double().reshape(count, d, count, d).transpose(1, 2)  # (h, h', d, d)
+        if kinds.get(g) == "orthogonal":
+            u, singular, vh = torch.linalg.svd(blocks)  # every head pair at once
+            within[g], value = u @ vh, value + singular.sum(-1)
+            continue
         within[g] = [[solve(blocks[h, k]) for k in range(count)] for h in range(count)]
         for h in range(count):
             for k in range(count):
                 value[h, k] += blocks[h, k][torch.arange(d), within[g][h][k]].sum()
-    sigma = solve(value)
+    sigma, rows = solve(value), torch.arange(count)
     return {
-        g: headed_permutation(sigma, torch.stack([taus[h][int(sigma[h])] for h in range(count)]))
-        for g, taus in within.items()
+        g: headed_matrix(sigma, best[rows, sigma])
+        if kinds.get(g) == "orthogonal"
+        else headed_permutation(sigma, torch.stack([best[h][int(sigma[h])] for h in range(count)]))
+        for g, best in within.items()
     }

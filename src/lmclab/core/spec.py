@@ -268,14 +268,14 @@ def random_permutation(
 ) -> Permutation:
     """A uniformly random permutation of every group, drawn from ``generator`` (headed groups: uniform
     over the permutations that keep their heads whole, one σ per tie); a group that ``kinds`` marks
-    ``"orthogonal"`` or ``"centred"`` gets a Haar-random matrix of its kind instead (:mod:`lmclab.core.orthogonal`)."""
+    ``"orthogonal"`` or ``"centred"`` gets a Haar-random matrix of its kind instead (a headed one, one per head)."""
     heads, kinds = heads or {}, kinds or {}
     perm = {
         g: RANDOM[kinds[g]](n, generator) if kinds.get(g) in RANDOM else torch.randperm(n, generator=generator)
         for g, n in sorted(sizes.items())
         if g not in heads
     }
-    return {**perm, **random_headed(sizes, heads, generator)} if heads else perm
+    return {**perm, **random_headed(sizes, heads, generator, kinds)} if heads else perm
 
 
 def check_permutation(

@@ -16,7 +16,8 @@ A group with several points (a residual stream) sums their statistics. The heade
 (queries/keys and values, tied by one head order) sum their costs in one structured assignment that is
 exact for this objective (:func:`lmclab.core.heads.solve_tied`). A group the spec marks orthogonal
 (:mod:`lmclab.core.orthogonal`) takes ``argmin_O E‖z^a − O z^b‖² = argmax_O ⟨O, E[z^a z^bᵀ]⟩``, the polar factor of
-its cross moment (orthogonal Procrustes) — exact too, on the cross moment only.
+its cross moment (orthogonal Procrustes) — exact too, on the cross moment only; a headed group marked orthogonal,
+one head order σ shared with its tie and the polar factor of each head pair's block.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.batches import Batches, input_batches
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, one_of, option, takes
-from lmclab.core.orthogonal import POLAR
 from lmclab.core.progress import tick
 from lmclab.core.spec import PermutationSpec
 from lmclab.search.result import SearchResult
@@ -155,12 +155,9 @@ def activation_matching(
 
 
 def _solve(spec: PermutationSpec, similarity: Mapping[str, Tensor], lap_backend: str) -> dict[str, Tensor]:
-    """Each group's best element on its similarity: an assignment (headed groups of one tie: one structured
-    assignment), or for an orthogonal group the polar factor."""
+    """Each group's best element on its similarity: an assignment or, for an orthogonal group, the polar factor
+    (headed groups of one tie: one structured solve of either kind, :func:`lmclab.core.heads.solve_tied`)."""
     perm, solve = {}, partial(solve_assignment, backend=lap_backend)
     for unit in tie_sets(similarity, spec.heads):
-        if any(g in spec.kinds for g in unit):
-            perm.update({g: POLAR[spec.kinds[g]](similarity[g]) for g in unit})
-        else:
-            perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve))
+        perm.update(solve_tied({g: similarity[g] for g in unit}, spec.heads, solve, spec.kinds))
     return perm

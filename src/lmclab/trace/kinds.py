@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from lmclab.core.spec import entry_groups
 from lmclab.trace.rotations import RotationRules
 
 RUNS = "it permutes runs of units (whole heads, or a grouped convolution's groups)"
+WHOLE = "its heads are a whole nn.MultiheadAttention's, whose products the trace does not see"  # a leaf of torch.fx
 
 
 class KindRules(RotationRules):
@@ -32,24 +34,37 @@ class KindRules(RotationRules):
         return axes, kinds, gains, biases, offsets, reasons
 
     def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
-        """``"orthogonal"`` for every named group no node bent, that is neither headed nor read in runs (a
-        grouped convolution's); and the gains on those groups with the weights that read them."""
+        """``"orthogonal"`` for every named group no node bent and not read in runs (whole heads, a grouped
+        convolution's groups): a headed one inside each head; and the gains on those groups with their readers."""
         find = self.groups.find
         bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
         bent |= {find(c) for c, _ in self.groups.coarse.values()}  # heads: bent by attention's products
-        bent |= {find(g) for g in self.groups.heads}  # headed groups (a whole nn.MultiheadAttention's too)
         centred = {find(g) for g in self.centred}
+        bent |= {find(g) for g in self.groups.heads if find(g) in centred}  # no centred kind inside heads
+        bent |= self.whole_heads()
         kinds = {
             name: "centred" if root in centred else "orthogonal"
             for root, name in self.names.items()
             if root not in bent
         }
-        gains = {
-            gain: tuple(readers)
-            for gain, readers in self.gains.items()
-            if axes.get(gain) and all(e in kinds for e in axes[gain]) and all(r in axes for r in readers)
-        }
+        gains, root_of = {}, {name: root for root, name in self.names.items()}
+        for gain, readers in self.gains.items():
+            entries = axes.get(gain) or ()
+            if len(entries) == 1 and entries[0] in kinds and all(r in axes for r in readers):
+                gains[gain] = tuple(readers)
+                continue
+            for name in {g for e in entries for g in entry_groups(e)} & set(kinds):  # a gain left in place
+                self.bent.setdefault(root_of[name], f"gain {gain!r} stays in place: only a vector of the units folds")
+                kinds.pop(name)
         return kinds, gains
+
+    def whole_heads(self) -> set[int]:
+        """The headed groups of every ``nn.MultiheadAttention`` traced whole, bent (:data:`WHOLE`)."""
+        find, ties = self.groups.find, {self.groups.find(tie) for tie, _, _ in self.attention_heads.values()}
+        whole = {find(g) for g in self.groups.heads if self.groups.tie_of(g) in ties}
+        for gid in whole:
+            self.bent.setdefault(gid, WHOLE)
+        return whole
 
     def reasons(self, kinds: dict[str, str]) -> dict[str, str]:
         """For each named group that ``kinds`` leaves a permutation group or centres, the first node that keeps

@@ -10,8 +10,12 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 - sums and differences of tensors of the group (a residual add; a bias add of a parameter along the units,
   rotated with them: ``O(x + b) = Ox + Ob``), not of a constant (``O(x + c·1) ≠ Ox + c·1``);
 - a product or quotient by a tensor constant along the group's axis (a per-token scale ``x · rsqrt(ms)``);
-- moving and copying: reshapes, transposes, concatenation, indexing other axes, casts, dropout; reading
+- moving and copying: reshapes, transposes, concatenation, splits (GPT-2's packed ``c_attn``), indexing other
+  axes, casts, dropout; reading
   ``x.shape`` or ``x.dtype``;
+- a matrix product (``@``, ``F.scaled_dot_product_attention``): it is linear in each operand, and an axis it
+  contracts holds one group on both operands (the permutation rules see to it), ``(A Oᵀ)(O B) = AB``: the
+  features of a head's queries and keys, rotated alike, keep ``qᵀk``; its values, rotated, rotate the output;
 - ``‖x‖²``: a square (``x.pow(2)``, ``x * x``) summed or averaged over the group's axis, which ``O`` keeps;
 - a norm whose gain is a per-channel vector ``g`` read only by linear layers (RMSNorm: ``g ⊙ x/rms(x)``):
   not with ``g`` in place (``diag(g) O ≠ O diag(g)``), but once ``g`` is folded into the layers that read
@@ -22,9 +26,10 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
   ``1 + w``) is folded as ``c + w``, leaving ``w = 1 − c``.
 
 Anything else bends the groups it touches: an elementwise nonlinearity, a product of two tensors of the
-group, LayerNorm's centring, BatchNorm, softmax, attention's products, a pooling by maximum, a gain read by
-anything but a linear layer, a gain computed from a parameter otherwise than ``c + w``. Headed groups
-(attention's heads) stay permutation groups here.
+group, LayerNorm's centring, BatchNorm, softmax, a pooling by maximum, a gain read by anything but a linear
+layer, a gain computed from a parameter otherwise than ``c + w``. A headed group left unbent is orthogonal inside
+each head (:mod:`lmclab.core.heads`); heads that move whole (rotary positions, grouped queries) and the heads
+of an ``nn.MultiheadAttention`` kept whole, whose products are not traced, stay permutation groups.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import operator
 import torch
 from torch import fx, nn
 
+from lmclab.trace.calls import SPLITS
 from lmclab.trace.groups import FIXED, Seg
 from lmclab.trace.state import TraceState, dim_of
 
@@ -49,10 +55,12 @@ SCALING |= {torch.ops.aten.mul.Scalar, torch.ops.aten.div.Scalar}
 MOVING = {torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.swapaxes, operator.getitem}
 MOVING |= {torch.cat, torch.concat, torch.concatenate, F.dropout, torch.unsqueeze, torch.squeeze}
 A = torch.ops.aten
+MOVING |= {t for t in SPLITS if not isinstance(t, str)} | {torch.unbind, A.unbind.int}  # parts of their own groups
 MOVING |= {A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 MOVING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default, A.expand.default}
 COPYING = {F.dropout, A.dropout.default, A.clone.default, A.alias.default, A.detach.default, A.contiguous.default}
 COPYING |= {A.to.dtype, A.to.dtype_layout, A.to.device, A._to_copy.default, A.type_as.default}
+PRODUCTS = {operator.matmul, torch.matmul, F.scaled_dot_product_attention}  # bilinear: module docstring
 ADDMM = {torch.addmm, A.addmm.default}  # bias + x @ W: a linear read of x along W's rows
 COPYING_METHODS = {"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"}
 METADATA = ("shape", "dtype", "device", "ndim")  # attributes of a tensor that read none of its values
@@ -62,6 +70,7 @@ METHODS |= {"div": "*"} | dict.fromkeys(("mean", "sum"), "reduce")
 METHODS |= dict.fromkeys(("view", "reshape", "view_as", "reshape_as", "flatten", "transpose", "permute"), "move")
 METHODS |= dict.fromkeys(("swapaxes", "contiguous", "clone", "to", "float", "double", "type_as", "expand"), "move")
 METHODS |= dict.fromkeys(("unsqueeze", "squeeze", "size", "dim", "half", "bfloat16"), "move")
+METHODS |= dict.fromkeys(("split", "chunk", "unbind"), "move")
 
 
 class RotationRules(TraceState):
@@ -96,7 +105,7 @@ class RotationRules(TraceState):
         kind = METHODS.get(target) if node.op == "call_method" else None
         if target in ADDITIVE or kind == "+":
             return self._shift_breaks(node, tagged)
-        if target in LINEAR_FUNCTIONS or target in MOVING or kind == "move":
+        if target in LINEAR_FUNCTIONS or target in MOVING or target in PRODUCTS or kind == "move":
             return None
         if target is getattr and len(node.args) > 1 and node.args[1] in METADATA:  # x.shape: no value is read
             return None
