@@ -5,8 +5,9 @@ its LayerNorm variant (a centred stream) at several widths.
     python benchmarks/bench_orthogonal.py --widths 64,128,256,512 --repeats 3
 
 Each width: θa with random weights and random norm gains; two θb — *planted*, the canonical form of θa
-(``lmclab.canonicalize``) with its stream rotated by a random orthogonal (or centred) map and its MLP units
-and heads permuted, and *independent*, another random initialisation. Each pair is matched by
+(``lmclab.canonicalize``) with its stream rotated by a random orthogonal (or centred) map, its MLP units
+permuted, its heads reordered and their values rotated inside each head (rotary positions keep queries and
+keys whole), and *independent*, another random initialisation. Each pair is matched by
 ``lmclab.align(…, method="wm", symmetry=…)`` with ``permutation`` and with ``orthogonal``, alternating, and
 each row keeps the median seconds over ``--repeats`` runs, the sweeps of the last, and the L2 reduction
 (``lmclab.l2_reduction``: 100 % is θb brought onto θa). No training: the rows measure the search, not the

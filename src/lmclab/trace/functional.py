@@ -41,7 +41,10 @@ class FunctionalRules(TraceState):
     ``record`` and ``grouped_output``."""
 
     def carry(self, node: fx.Node, t_in: Tag | None, pool: bool = False) -> None:
-        """An elementwise or identity-like op (``pool``: a window over the last two axes): the input's layout."""
+        """An elementwise or identity-like op (``pool``: a window over the last two axes): the input's layout (a
+        cast's, ``x.type_as(y)`` or ``x.to(y)``, is ``x``'s: ``y`` gives only the dtype)."""
+        if node.target in ("to", "type_as", torch.ops.aten.type_as.default) and isinstance(node.args[0], fx.Node):
+            t_in = self.tag(node.args[0])
         shape_in = self.shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
         shape = self.shape(node)
         if t_in is None:

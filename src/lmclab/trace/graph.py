@@ -175,8 +175,7 @@ class GraphTracer(
         elif target in (torch.pow, operator.pow) and isinstance(exponent_of(node), int | float):  # as x.pow(c)
             self.carry(node, tagged[0])
         elif target in CARRY_FUNCTIONS or target in loaded_carry_functions() or method in CARRY_METHODS:
-            cast = method in ("to", "type_as") or target is torch.ops.aten.type_as.default  # x.type_as(y): x's values
-            self.carry(node, self.tag(node.args[0]) if cast else tagged[0], pool=target in POOL_FUNCTIONS)
+            self.carry(node, tagged[0], pool=target in POOL_FUNCTIONS)
         elif target is torch.flatten or method == "flatten":
             start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
             end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
