@@ -38,7 +38,7 @@ class KindRules(RotationRules):
         convolution's groups): a headed one inside each head; and the gains on those groups with their readers."""
         find = self.groups.find
         bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
-        bent |= {find(c) for c, _ in self.groups.coarse.values()}  # heads: bent by attention's products
+        bent |= {find(c) for c, _ in self.groups.coarse.values()}  # whole heads (rotary, grouped queries), conv runs
         centred = {find(g) for g in self.centred}
         bent |= {find(g) for g in self.groups.heads if find(g) in centred}  # no centred kind inside heads
         bent |= self.whole_heads()
