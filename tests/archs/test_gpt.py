@@ -2,7 +2,8 @@
 every combination of norm, positions, MLP, attention and tied head; random permutations of every group keep
 the logits in float64; permutations that break a symmetry the spec does not claim change them; and a
 permuted copy with grouped-query attention and rotary positions is brought back exactly through
-``lmclab.find_permutation``."""
+``lmclab.find_permutation``, by weight matching and by activation matching (whole heads matched on their
+features in place)."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def test_features_moved_inside_a_rotary_head_or_query_heads_moved_across_key_hea
     assert change(model, with_state(model, state | moved), tokens()) > 1e-3
 
 
-def test_find_permutation_brings_back_a_permuted_copy_with_grouped_queries_and_rotary_positions() -> None:
+def test_wm_and_am_bring_back_a_permuted_copy_with_grouped_queries_and_rotary_positions() -> None:
     cfg = config(norm="rmsnorm", position="rotary", mlp="swiglu", kv_heads=2, tie_embeddings=False)
     model_a, x = built(cfg), tokens()
     spec, state = gpt.permutation_spec(cfg), model_a.state_dict()
@@ -153,10 +154,12 @@ def test_find_permutation_brings_back_a_permuted_copy_with_grouped_queries_and_r
     assert change(model_a, model_b, x) < 1e-12  # the same function, other weights
     assert any(not torch.equal(model_b.state_dict()[k], v) for k, v in state.items())
     assert any(not torch.equal(planted[f"P_k_{k}"], torch.arange(2)) for k in range(SHAPES["depth"]))  # σ moved
-    for given in ({"example_inputs": x}, {"spec": spec}):  # the traced spec, and the hand-written one
-        found = lmclab.find_permutation(model_a, model_b, method="wm", device="cpu", **given)
+    hand = {"spec": spec, "points": gpt.activation_points(cfg)}
+    for method, given in itertools.product(("wm", "am"), ({"example_inputs": x}, hand)):  # traced, hand-written
+        data = {"data": [(x, x)], "model": model_a} if method == "am" else {}  # AM: whole heads in runs
+        found = lmclab.find_permutation(model_a, model_b, method=method, device="cpu", **given, **data)
         back = found.apply(model_b)
-        assert all(torch.equal(back[k], v) for k, v in state.items())
+        assert all(torch.equal(back[k], v) for k, v in state.items()), (method, list(given))
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,24 @@ def test_am_recovers_planted_permutation_of_trained_mlp(trained, splits, statist
     )
 
 
+@pytest.mark.parametrize(("point", "part"), [("lin@-1:3", slice(None)), ("lin@-1[1/2]:2", slice(6, 12))])
+def test_units_in_runs_sum_each_run_s_features_in_place(point: str, part: slice) -> None:
+    """``:r``: one unit per run of r features (a whole head), the cross moment S[h, h'] = Σ_j E[a_hj b_h'j]
+    summed over the features j in place, every feature of a run another sample; after a part ``[i/n]``."""
+    from lmclab.search.activation_matching import _Moments, _units
+
+    a, b = torch.randn(5, 7, 12, dtype=torch.float64), torch.randn(5, 7, 12, dtype=torch.float64)
+    run = int(point.split(":")[1])
+    ua, ub = _units(a, point), _units(b, point)
+    units = len(range(12)[part]) // run
+    assert ua.shape == (35 * run, units)
+    moments = _Moments()
+    moments.add(ua, ub)
+    ra, rb = (z[..., part].reshape(35, units, run) for z in (a, b))
+    by_hand = torch.einsum("nhj,ngj->hg", ra, rb) / (35 * run)
+    torch.testing.assert_close(moments.similarity("cross_moment"), by_hand, rtol=1e-12, atol=1e-12)
+
+
 def _all_objectives(spec, params_a, params_b, sizes):
     groups = sorted(sizes)
     for choice in itertools.product(*(itertools.permutations(range(sizes[g])) for g in groups)):

@@ -196,10 +196,20 @@ def test_moving_features_inside_a_rotary_head_changes_the_logits():
     assert change(y, logits(twin, x)) > 1e-6
 
 
-def test_activation_matching_reads_hooks_on_the_modules_of_an_exported_graph():
-    model, x = build("gpt2")
+@pytest.mark.parametrize(
+    ("name", "bias", "point"),
+    [
+        ("gpt2", "transformer.h.0.mlp.c_fc.bias", "transformer.h.0.mlp.c_fc@-1"),
+        ("llama", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj@-1:16"),  # 2 heads/run
+    ],
+)
+def test_activation_matching_reads_hooks_on_the_modules_of_an_exported_graph(name, bias, point):
+    """GPT-2's units one by one; Llama's rotary heads whole, in runs of their features (a key/value head's
+    query heads: a run of 2 × 8), matched on the features in place."""
+    model, x = build(name)
     traced = trace(model, x)
-    assert traced.points[traced.spec.axes["transformer.h.0.mlp.c_fc.bias"][0]] == ["transformer.h.0.mlp.c_fc@-1"]
+    axis = traced.spec.axes[bias][0]
+    assert traced.points[axis if isinstance(axis, str) else axis[0].group] == [point]
     spec = traced.spec
     twin = permuted(model, spec, seed=2)
     found = lmclab.find_permutation(model, twin, method="am", data=[(x, x)])

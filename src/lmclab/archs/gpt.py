@@ -247,14 +247,16 @@ def permutation_spec(config: Config) -> PermutationSpec:
 
 def activation_points(config: Config) -> dict[str, list[str]]:
     """Units on the last axis (``@-1``): the stream at every norm's output; queries and keys for ``P_qk_k``
-    and values for ``P_vo_k`` while their heads' features are free (whole heads have no units to match
-    one by one); the MLP's hidden units at ``fc1`` (and SwiGLU's ``gate``) for ``P_mlp_k``."""
+    (or ``P_q_k`` and ``P_k_k``) and values for ``P_vo_k``, whole heads in runs of their features (``:run``,
+    one unit per key/value head: :func:`_rows`); the MLP's hidden units at ``fc1`` (and SwiGLU's ``gate``)."""
     names = [f"blocks.{k}" for k in range(config.depth)]
     points = {STREAM: [f"{b}.norm{i}@-1" for b in names for i in (1, 2)] + ["norm@-1"]}
     for k, b in enumerate(names):
-        if not rigid_qk(config):
-            points[f"P_qk_{k}"] = [f"{b}.attn.q@-1", f"{b}.attn.k@-1"]
-        if not grouped(config):
-            points[f"P_vo_{k}"] = [f"{b}.attn.v@-1"]
+        q, key, vo = attention_groups(config, k)
+        qk = [(q, "q", config.heads), (key, "k", config.groups)]
+        for group, part, count in qk + [(vo, "v", config.groups)]:
+            rows = _rows(config, group, count, rigid_qk(config) if part != "v" else grouped(config))
+            run = "" if isinstance(rows, str) else f":{rows[0].block}"
+            points.setdefault(group, []).append(f"{b}.attn.{part}@-1{run}")
         points[f"P_mlp_{k}"] = ([f"{b}.gate@-1"] if config.mlp == "swiglu" else []) + [f"{b}.fc1@-1"]
     return points

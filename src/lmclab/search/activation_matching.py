@@ -11,7 +11,10 @@ similarity of the units' activations over the training data:
 Activations are read with forward hooks on the modules the architecture lists in
 ``activation_points`` (units on axis 1, or on the axis named after ``@`` — ``blocks.0.act@-1`` for
 token-major tensors such as a Mixer's; every other position of a feature map counts as a sample; ``[i/n]``
-after it: part ``i`` of ``n`` equal parts of that axis, as in a packed ``qkv`` projection).
+after it: part ``i`` of ``n`` equal parts of that axis, as in a packed ``qkv`` projection; ``:r`` last: the
+units are runs of ``r`` consecutive features that move whole, such as heads whose features a rotary embedding
+keeps in place, and each feature of a run counts as a sample, so a unit pair's statistic sums its features'
+in place: ``S[h, h'] = Σ_j E[z^a_{h,j} z^b_{h',j}]``).
 A group with several points (a residual stream) sums their statistics. The headed groups of attention
 (queries/keys and values, tied by one head order) sum their costs in one structured assignment that is
 exact for this objective (:func:`lmclab.core.heads.solve_tied`). A group the spec marks orthogonal
@@ -73,19 +76,24 @@ def _as_samples(z: Tensor, axis: int = 1) -> Tensor:
 
 def _point(name: str) -> tuple[str, int]:
     """An activation point ``module`` (units on axis 1) or ``module@axis`` (e.g. ``@-1``: the last axis),
-    optionally of one part ``[i/n]`` of that axis."""
-    module, _, axis = name.split("[")[0].partition("@")
+    optionally of one part ``[i/n]`` of that axis, optionally in runs ``:r``."""
+    module, _, axis = name.split(":")[0].split("[")[0].partition("@")
     return module, int(axis) if axis else 1
 
 
 def _units(z: Tensor, name: str) -> Tensor:
     """The samples × units of point ``name`` in ``z``: part ``i`` of ``n`` equal parts of the unit axis
-    with ``[i/n]`` (timm's packed ``qkv``: ``blocks.0.attn.qkv@-1[2/3]`` holds the values)."""
+    with ``[i/n]`` (timm's packed ``qkv``: ``blocks.0.attn.qkv@-1[2/3]`` holds the values); with ``:r``, one
+    unit per run of ``r`` features, each feature of a run another sample (module docstring)."""
+    name, _, run = name.partition(":")
     z = _as_samples(z, _point(name)[1])
-    if "[" not in name:
+    if "[" in name:
+        i, n = map(int, name.split("[")[1].rstrip("]").split("/"))
+        z = z.chunk(n, dim=1)[i]
+    if not run:
         return z
-    i, n = map(int, name.split("[")[1].rstrip("]").split("/"))
-    return z.chunk(n, dim=1)[i]
+    r = int(run)
+    return z.reshape(len(z), z.shape[1] // r, r).transpose(1, 2).reshape(-1, z.shape[1] // r)
 
 
 @torch.no_grad()

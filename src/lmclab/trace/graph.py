@@ -289,10 +289,10 @@ class GraphTracer(
             if root in self.names
         }
         found: dict[str, dict[str, list[str]]] = {}
-        for gid, points in self.writers.items():  # a group coarsened to blocks (heads that move whole): none
-            if (seg := self.groups.resolve(Seg(gid, 1))).block == 1 and (name := self.name_of(seg.gid)) is not None:
+        for gid, points in self.writers.items():  # a group coarsened to runs (heads that move whole): ``:run``
+            if (name := self.name_of((seg := self.groups.resolve(Seg(gid, 1))).gid)) is not None:
                 for kind, point in points:
-                    found.setdefault(name, {}).setdefault(kind, []).append(point)
+                    found.setdefault(name, {}).setdefault(kind, []).append(point + f":{seg.block}" * (seg.block > 1))
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
         axes, *kinded = self.kinded(axes, state)  # kinds, gains, biases, offsets, reasons (.kinds)
         spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), *kinded)
