@@ -346,3 +346,35 @@ def test_canonicalize_keeps_a_shared_weight_that_no_gain_reads_tied() -> None:
     assert folded.pair[2].weight is folded.pair[0].weight and bool((folded.norm.weight == 1).all())
     with torch.no_grad():
         torch.testing.assert_close(folded(x), model(x), rtol=1e-12, atol=1e-12)
+
+
+class _SharedMLPOnTheStream(torch.nn.Module):
+    """One MLP applied twice to a residual stream under two names (ALBERT's shared layers): its tensors are
+    shared, none of them is the stream's alone, so the stream stays orthogonal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = torch.nn.Linear(5, 8), torch.nn.Linear(8, 3)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 8))
+        self.again = self.mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        h = h + self.mlp(h)
+        return self.head(h + self.again(h))
+
+
+def test_a_model_sharing_tensors_off_its_orthogonal_stream_is_aligned_back() -> None:
+    """Shared tensors refuse the orthogonal symmetry only when they keep the widest group a permutation group."""
+    torch.manual_seed(0)
+    model_a, x = _SharedMLPOnTheStream().double().eval(), torch.randn(7, 5, dtype=torch.float64)
+    spec = lmclab.trace_spec(model_a, x, symmetry="orthogonal")
+    assert _stream(spec) == spec.axes["embed.weight"][0] and spec.axes["again.0.weight"] == spec.axes["mlp.0.weight"]
+    perm = random_permutation(spec.group_sizes(model_a.state_dict()), torch.Generator().manual_seed(4), {}, spec.kinds)
+    model_b = copy.deepcopy(model_a)
+    model_b.load_state_dict(apply_permutation(spec, perm, model_a.state_dict()))
+    assert model_b.again[0].weight is model_b.mlp[0].weight
+    res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
+    back = res.apply(model_b)
+    for key, value in model_a.state_dict().items():
+        torch.testing.assert_close(back[key], value, rtol=1e-10, atol=1e-10)

@@ -310,6 +310,9 @@ def test_lmclab_checkpoint_paths_are_aligned_in_their_architectures_spec_with_no
         save_checkpoint(tmp_path / f"{seed}.pt", Checkpoint("mlp", config, seed, state))
     res = lmclab.find_permutation(tmp_path / "0.pt", tmp_path / "1.pt", device="cpu")
     assert res.spec == get_arch("mlp").permutation_spec(config)
+    data = (torch.randn(20, 1, 4, 4, generator=torch.Generator().manual_seed(0)), torch.arange(20) % 3)
+    am = lmclab.find_permutation(tmp_path / "0.pt", tmp_path / "1.pt", method="am", data=data, device="cpu")
+    assert am.spec == res.spec and set(am.perm) == set(res.perm)  # at the architecture's own activation points
 
 
 def test_a_curve_repairs_every_lambda_with_repair_as_the_pipeline_does() -> None:

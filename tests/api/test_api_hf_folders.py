@@ -85,3 +85,19 @@ def test_reading_and_writing_a_folder_restores_the_callers_transformers_verbosit
     finally:
         logging.set_verbosity(before[0])
         (logging.enable_progress_bar if before[1] else logging.disable_progress_bar)()
+
+
+def test_a_tensor_tied_to_three_others_is_written_untied_when_one_of_them_differs(tmp_path) -> None:
+    """T5 ties its shared embeddings, both stacks' embeddings and the head: a state whose head alone differs
+    (a merge of untied copies) is written untied, every name keeping its own value; read back the same."""
+    from lmclab.api.hf import load_hf_folder, save_hf_folder
+
+    config = transformers.T5Config(
+        vocab_size=20, d_model=8, d_kv=4, d_ff=12, num_layers=1, num_heads=2, decoder_start_token_id=0
+    )
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["lm_head.weight"] = state["lm_head.weight"] + 1  # the shared weight, then the three names it ties
+    save_hf_folder(model, state, tmp_path / "out")
+    back, _ = load_hf_folder(tmp_path / "out")
+    assert all(torch.equal(back[k], v) for k, v in state.items())

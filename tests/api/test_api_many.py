@@ -4,6 +4,7 @@ read off the registry."""
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -146,6 +147,7 @@ AT_LEAST_2 = "models: expected a list of at least 2 models (nn.Modules, state di
     [
         (lambda m, x: lmclab.merge_many([m], example_inputs=x), AT_LEAST_2),
         (lambda m, x: lmclab.merge_many(m, example_inputs=x), AT_LEAST_2),
+        (lambda m, x: lmclab.merge_many({m, copy.deepcopy(m)}, example_inputs=x), AT_LEAST_2),  # no order
         (
             lambda m, x: lmclab.merge_many([m, m], method="wm", example_inputs=x),
             "method: unknown n-model method 'wm'; expected one of ['merge_many', 'c2m3', 'sync', 'star', 'cca', "
@@ -310,3 +312,32 @@ def test_a_dataloader_is_streamed_batch_by_batch_with_the_numbers_of_the_whole_s
         assert r["loss"] == pytest.approx(s["loss"], rel=1e-5) and r["acc"] == pytest.approx(s["acc"])
     with pytest.raises(ValueError, match="^eval_data: a DataLoader yielded no batches$"):
         lmclab.curve(a, b, eval_data=DataLoader(TensorDataset(x[:0], y[:0])), num_lambdas=3, device="cpu")
+
+
+def test_merge_many_builds_the_module_of_state_dicts_by_its_factory_with_its_kwargs() -> None:
+    """``factory(**kwargs)`` is the module the state dicts run in: with the width they were saved at, the merge
+    of permuted copies is the function they share; with another, the first state dict is refused by shape."""
+
+    def build(width: int) -> nn.Module:
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(12, width), nn.ReLU(), nn.Linear(width, 16), nn.ReLU(), nn.Linear(16, 3)
+        )
+
+    net, x = _mlp(0), torch.randn(8, 12)
+    merged = lmclab.merge_many(_copies(net, x), factory=build, kwargs={"width": 16}, example_inputs=x, device="cpu")
+    torch.testing.assert_close(functional_call(net, merged.merged, (x,)), net(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^models\[0\]: tensor '1\.weight' has shape \(16, 12\), the module "):
+        lmclab.merge_many(_copies(net, x), factory=build, kwargs={"width": 8}, example_inputs=x)
+
+
+def test_the_data_a_repair_holds_is_moved_to_the_search_s_device(monkeypatch) -> None:
+    """With a repair the data is held as one Split, moved to the search's device (a GPU's, when there is one)."""
+    from lmclab.core.data import Split
+
+    moved, to = [], Split.to
+    monkeypatch.setattr(Split, "to", lambda self, device: moved.append(device) or to(self, device))
+    net, x = _mlp(0), torch.randn(8, 12)
+    lmclab.merge_many(
+        _copies(net, x, 2), model=net, example_inputs=x, repair="repair", data=(x, torch.zeros(8)), device="cpu"
+    )
+    assert moved and all(torch.device(d) == torch.device("cpu") for d in moved)

@@ -276,3 +276,4 @@ def test_the_example_token_ids_are_the_same_each_time_span_the_vocabulary_and_le
     ids = example_inputs(model, None)
     assert torch.equal(torch.random.get_rng_state(), state) and torch.equal(example_inputs(model, None), ids)
     assert ids.shape == (2, 8) and set(ids.flatten().tolist()) == {0, 1}  # token 0 drawn too
+    assert torch.equal(ids, torch.randint(0, 2, (2, 8), generator=torch.Generator().manual_seed(0)))  # seed 0

@@ -136,7 +136,8 @@ def load_hf_folder(path: Path) -> tuple[dict[str, Tensor], nn.Module]:
 
 
 def example_inputs(model: nn.Module, shape: tuple[int, ...] | None) -> Tensor | dict[str, Tensor] | None:
-    """Inputs to trace a transformers model on: token ids (``shape``: the sequence length, 8 by default) —
+    """Inputs to trace a transformers model on: token ids (``shape``: the sequence length, 8 by default; drawn
+    by a generator of seed 0, the same ids in every run and version, the global generator untouched) —
     with an encoder–decoder's ``decoder_input_ids`` beside them, as its ``_shift_right`` builds them from
     ``decoder_start_token_id`` — or images of its config's size; None for any other module."""
     config, name = getattr(model, "config", None), getattr(model, "main_input_name", None)
