@@ -72,6 +72,11 @@ def test_state_dicts_need_their_module_and_then_match_like_modules() -> None:
     )
     with pytest.raises(ValueError, match=f"^{re.escape(needs)}$"):
         lmclab.find_permutation(a.state_dict(), b, example_inputs=x)
+    spec = lmclab.trace_spec(a, x)  # no trace, but a method that runs the module
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(needs.replace('tracing the permutation spec', 'this method'))}$"
+    ):
+        lmclab.find_permutation(a.state_dict(), b, spec=spec, method="am", data=(x, torch.zeros(8)))
     res = lmclab.find_permutation(a.state_dict(), b, model=_mlp(3), example_inputs=x, device="cpu")
     assert _same(res.apply(b), a.state_dict())
 

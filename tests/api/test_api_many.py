@@ -341,3 +341,32 @@ def test_the_data_a_repair_holds_is_moved_to_the_search_s_device(monkeypatch) ->
         _copies(net, x, 2), model=net, example_inputs=x, repair="repair", data=(x, torch.zeros(8)), device="cpu"
     )
     assert moved and all(torch.device(d) == torch.device("cpu") for d in moved)
+
+
+def test_merge_many_traces_the_spec_on_its_data_when_no_example_inputs_are_given() -> None:
+    net, x = _mlp(0), torch.randn(8, 12)
+    data = (x, torch.zeros(8))
+    merged = lmclab.merge_many(_copies(net, x), model=net, data=data, repair="repair", device="cpu")
+    torch.testing.assert_close(functional_call(net, merged.merged, (x,)), net(x), rtol=1e-4, atol=1e-4)
+
+
+def test_repair_without_a_module_names_model_and_what_needs_it() -> None:
+    net = _mlp(0)
+    expected = (
+        "model: repair needs the nn.Module the state dicts belong to (pass model= or factory=, or model_a as a "
+        "module, a Hugging Face folder or an lmclab checkpoint)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        lmclab.repair(None, net.state_dict(), [net.state_dict()], data=(torch.randn(8, 12), torch.zeros(8)))
+
+
+def test_a_curves_evaluation_data_in_memory_is_moved_to_its_device(monkeypatch) -> None:
+    """Each split held in memory lands on the curve's device (a GPU's, when there is one)."""
+    from lmclab.core.data import Split
+
+    moved, to = [], Split.to
+    monkeypatch.setattr(Split, "to", lambda self, device: moved.append(device) or to(self, device))
+    net, x = _mlp(0), torch.randn(8, 12)
+    y = torch.zeros(8, dtype=torch.long)
+    lmclab.curve(net, _mlp(1), eval_data={"a": (x, y), "b": (x, y + 1)}, num_lambdas=3, device="cpu")
+    assert len(moved) == 2 and all(torch.device(d) == torch.device("cpu") for d in moved)

@@ -101,6 +101,16 @@ def test_a_config_transformers_refuses_is_one_line_naming_the_folder(saved, tmp_
     assert _same(folder, saved)
 
 
+@pytest.mark.parametrize(("message", "reason"), [("z" * 300, "z" * 200), ("one\n  two   three", "one two three")])
+def test_what_transformers_says_is_one_line_of_at_most_200_characters(saved, monkeypatch, message, reason) -> None:
+    def refuse(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", refuse)
+    with pytest.raises(ValueError, match=_whole(f"{saved / 'a'}: transformers cannot load it ({reason})")):
+        load_model_file(saved / "a")
+
+
 def test_a_folder_with_config_json_alone_is_refused(saved, tmp_path) -> None:
     folder = _copy(saved, tmp_path)
     (folder / "model.safetensors").unlink()
