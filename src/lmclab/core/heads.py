@@ -18,10 +18,19 @@ values. A headed group the spec marks ``"orthogonal"`` takes such an element: th
 ``(h, σ[h])`` is an orthogonal ``R_h`` (``d × d``) and every other block zero — the matrix of a headed
 permutation when each ``R_h`` is ``τ_h``'s. These matrices are closed under products and transposes, so they
 too are applied, inverted and composed as any orthogonal matrix is (:mod:`lmclab.core.orthogonal`).
+
+Rotary positions (RoPE, ``q' = q·cos + rotate_half(q)·sin``) turn each plane ``(j, j + d/2)`` of a head's
+queries and keys by an angle ``θ_j·t`` of its own, so only maps that commute with every such turn keep
+``q'·k'``: one 2 × 2 rotation per plane, ``R = ⊕_j R(φ_j)`` (reflections reverse the turn, and a map mixing
+two planes mixes two frequencies). A headed group the spec marks ``"rotary"`` takes such an ``R_h`` per head
+(:func:`plane_rotations`). Its best element on a block ``B`` is closed form: plane ``j`` contributes
+``(B_jj + B_j'j')·cos φ + (B_j'j − B_jj')·sin φ`` (``j' = j + d/2``), largest at ``φ = atan2(B_j'j − B_jj',
+B_jj + B_j'j')`` with value ``√((B_jj + B_j'j')² + (B_j'j − B_jj')²)`` (:func:`best_planes`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
@@ -57,6 +66,29 @@ def headed_matrix(sigma: Tensor, rotations: Tensor) -> Tensor:
     out = rotations.new_zeros(count, d, count, d)
     out[torch.arange(count), :, sigma, :] = rotations
     return out.reshape(count * d, count * d)
+
+
+def plane_rotations(angles: Tensor) -> Tensor:
+    """``(H, d, d)``: per head the rotation of each plane ``(j, j + d/2)`` by ``angles[h, j]`` (``(H, d/2)``)."""
+    count, half = angles.shape
+    out = angles.new_zeros(count, 2 * half, 2 * half)
+    j = torch.arange(half)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    out[:, j, j], out[:, j + half, j + half] = cos, cos
+    out[:, j, j + half], out[:, j + half, j] = -sin, sin
+    return out
+
+
+def best_planes(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """Per block ``B`` (``(…, d, d)``) the plane rotation maximising ``⟨R, B⟩`` and that maximum (module
+    docstring): ``(rotations (…, d, d), values (…))``."""
+    half = blocks.shape[-1] // 2
+    j = torch.arange(half)
+    even = blocks[..., j, j] + blocks[..., j + half, j + half]
+    odd = blocks[..., j + half, j] - blocks[..., j, j + half]
+    angles = torch.atan2(odd, even)
+    rotations = plane_rotations(angles.reshape(-1, half)).reshape(*blocks.shape)
+    return rotations, torch.sqrt(even**2 + odd**2).sum(-1)
 
 
 def split_headed(perm: Tensor, count: int, atol: float = 1e-6) -> tuple[Tensor, Tensor] | None:
@@ -95,7 +127,8 @@ def random_headed(
     kinds: Mapping[str, str] | None = None,
 ) -> dict[str, Tensor]:
     """A uniformly random headed element of every headed group: one σ per tie, and per head and group a
-    random τ, or a Haar-random ``R`` for a group ``kinds`` marks ``"orthogonal"`` (module docstring)."""
+    random τ, a Haar-random ``R`` for a group ``kinds`` marks ``"orthogonal"``, or uniform angles of its
+    planes for a ``"rotary"`` one (module docstring)."""
     out: dict[str, Tensor] = {}
     for members in tie_sets(heads, heads):
         count = heads[members[0]].count
@@ -105,26 +138,45 @@ def random_headed(
             if (kinds or {}).get(g) == "orthogonal":
                 out[g] = headed_matrix(sigma, torch.stack([random_orthogonal(d, generator) for _ in range(count)]))
                 continue
+            if (kinds or {}).get(g) == "rotary":
+                angles = torch.rand(count, d // 2, generator=generator, dtype=torch.float64) * (2 * math.pi)
+                out[g] = headed_matrix(sigma, plane_rotations(angles))
+                continue
             taus = torch.stack([torch.randperm(d, generator=generator) for _ in range(count)])
             out[g] = headed_permutation(sigma, taus)
     return out
 
 
-def check_headed(perm: Mapping[str, Tensor], sizes: Mapping[str, int], heads: Mapping[str, Heads]) -> None:
-    """One-line error unless every headed group keeps its heads whole and tied groups share σ."""
+def check_headed(
+    perm: Mapping[str, Tensor],
+    sizes: Mapping[str, int],
+    heads: Mapping[str, Heads],
+    kinds: Mapping[str, str] | None = None,
+    atol: float = 1e-6,
+) -> None:
+    """One-line error unless every headed group keeps its heads whole and tied groups share σ (and a group
+    ``kinds`` marks ``"rotary"`` turns each head's planes alone)."""
     sigmas: dict[str, tuple[str, Tensor]] = {}
     for g in sorted(heads):
-        head_size(g, sizes[g], heads[g])
+        d = head_size(g, sizes[g], heads[g])
         split = split_headed(perm[g].cpu(), heads[g].count)
         if split is None:
             what = "orthogonal map" if is_matrix(perm[g]) else "permutation"
             raise ValueError(f"{what} of group {g!r} crosses heads (it must map each head onto one head)")
+        if (kinds or {}).get(g) == "rotary" and (d % 2 or not _planar(split[1].double(), atol)):
+            raise ValueError(f"group {g!r} is rotary: each head's map must turn its planes (j, j + {d // 2}) alone")
         first = sigmas.setdefault(heads[g].tie, (g, split[0]))
         if not torch.equal(first[1], split[0]):
             raise ValueError(
                 f"permutations of groups {first[0]!r} and {g!r} order the heads differently; "
                 f"they share the head permutation {heads[g].tie!r}"
             )
+
+
+def _planar(rotations: Tensor, atol: float) -> bool:
+    """Whether every ``(d, d)`` block is a rotation of each plane ``(j, j + d/2)`` alone."""
+    closest, _ = best_planes(rotations)
+    return float((closest - rotations).abs().max()) <= atol if rotations.numel() else True
 
 
 def solve_tied(
@@ -141,7 +193,8 @@ def solve_tied(
     its cost. For the headed groups of one tie, the cost decomposes: for heads ``(h, h')`` and group ``g``, the
     best τ is the assignment on the block ``C_g[h·d:(h+1)·d, h'·d:(h'+1)·d]`` with value ``v_g(h, h')``, or for a
     group ``kinds`` marks orthogonal the polar factor of the block, whose value is the block's nuclear norm
-    (``max_R ⟨R, B⟩ = Σ singular values of B``); σ is the assignment on ``Σ_g v_g``, and each group takes the
+    (``max_R ⟨R, B⟩ = Σ singular values of B``), or for a rotary one its best plane rotations
+    (:func:`best_planes`); σ is the assignment on ``Σ_g v_g``, and each group takes the
     blocks of the head pairs σ chose (``H²`` assignments or SVDs of size ``d`` per group and one of size ``H``)."""
     kinds = kinds or {}
     if len(costs) == 1 and next(iter(costs)) not in heads:
@@ -156,6 +209,10 @@ def solve_tied(
             u, singular, vh = torch.linalg.svd(blocks)  # every head pair at once
             within[g], value = u @ vh, value + singular.sum(-1)
             continue
+        if kinds.get(g) == "rotary":
+            within[g], best = best_planes(blocks)
+            value = value + best
+            continue
         within[g] = [[solve(blocks[h, k]) for k in range(count)] for h in range(count)]
         for h in range(count):
             for k in range(count):
@@ -163,7 +220,7 @@ def solve_tied(
     sigma, rows = solve(value), torch.arange(count)
     return {
         g: headed_matrix(sigma, best[rows, sigma])
-        if kinds.get(g) == "orthogonal"
+        if kinds.get(g) in ("orthogonal", "rotary")
         else headed_permutation(sigma, torch.stack([best[h][int(sigma[h])] for h in range(count)]))
         for g, best in within.items()
     }

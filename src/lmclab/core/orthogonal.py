@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KINDS = ("permutation", "centred", "orthogonal")  # each a subgroup of the next
-MATRIX_KINDS = ("centred", "orthogonal")
+KINDS = ("permutation", "centred", "orthogonal", "rotary")  # each of the first three a subgroup of the next
+MATRIX_KINDS = ("centred", "orthogonal", "rotary")  # rotary: of headed groups only (lmclab.core.heads)
 SYMMETRIES = ("permutation", "orthogonal")  # what a search seeks: permutations, or the largest kind proved
 
 

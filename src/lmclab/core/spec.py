@@ -162,8 +162,7 @@ class PermutationSpec:
 
     def check(self, params: Mapping[str, Tensor], what: str = "state_dict") -> None:
         """One-line error unless ``params`` has exactly the spec's keys and consistent shapes."""
-        missing = sorted(set(self.axes) - set(params))
-        extra = sorted(set(params) - set(self.axes))
+        missing, extra = sorted(set(self.axes) - set(params)), sorted(set(params) - set(self.axes))
         if missing or extra:
             raise ValueError(
                 f"{what}: keys do not match the permutation spec (missing {missing[:3]}, unexpected {extra[:3]})"
@@ -180,8 +179,10 @@ class PermutationSpec:
                     )
         sizes, counts = self.group_sizes(params), {}
         for group, kind in self.kinds.items():
-            if group not in sizes or kind not in KINDS:
-                raise ValueError(f"{what}: kind {kind!r} of {group!r}: expected one of {KINDS} for a group of the spec")
+            if group not in sizes or kind not in KINDS or (kind == "rotary" and group not in self.heads):
+                raise ValueError(
+                    f"{what}: kind {kind!r} of {group!r}: expected one of {KINDS} for a spec group (rotary: headed)"
+                )
         for group, heads in self.heads.items():
             if group not in sizes:
                 raise ValueError(f"{what}: headed group {group!r} acts on no axis of the spec")
@@ -296,4 +297,4 @@ def check_permutation(
             check_matrix(g, p, n, (kinds or {}).get(g, "permutation"))
         elif p.shape != (n,) or not torch.equal(torch.sort(p).values, torch.arange(n)):
             raise ValueError(f"permutation of group {g!r} is not a bijection of {n} units")
-    check_headed(perm, sizes, heads or {})
+    check_headed(perm, sizes, heads or {}, kinds)
