@@ -269,7 +269,7 @@ def random_permutation(
 ) -> Permutation:
     """A uniformly random permutation of every group, drawn from ``generator`` (headed groups: uniform
     over the permutations that keep their heads whole, one σ per tie); a group that ``kinds`` marks
-    ``"orthogonal"`` or ``"centred"`` gets a Haar-random matrix of its kind instead (a headed one, one per head)."""
+    ``"orthogonal"``/``"centred"`` gets a Haar-random matrix of its kind (headed: per head; ``"rotary"``: per plane)."""
     heads, kinds = heads or {}, kinds or {}
     perm = {
         g: RANDOM[kinds[g]](n, generator) if kinds.get(g) in RANDOM else torch.randperm(n, generator=generator)
@@ -288,7 +288,7 @@ def check_permutation(
     """One-line error unless ``perm`` is a bijection of the right size for every group and keeps the
     ``heads`` of every headed group whole (tied groups with one head order); a matrix is accepted for a
     group that ``kinds`` marks ``"orthogonal"`` (``"centred"``) when it is an orthogonal matrix of the group's
-    size (that fixes the all-ones vector)."""
+    size (that fixes the all-ones vector; ``"rotary"``: that turns each head's planes alone)."""
     if set(perm) != set(sizes):
         raise ValueError(f"permutation groups {sorted(perm)} do not match the spec's {sorted(sizes)}")
     for g, n in sizes.items():

@@ -43,7 +43,7 @@ from lmclab.search.wm_costs import constant_terms, group_cost, matching_objectiv
 
 
 def orthogonal_groups(spec: PermutationSpec) -> list[str]:
-    """The groups ``spec`` marks ``"orthogonal"`` or ``"centred"`` (their elements are matrices), sorted."""
+    """The groups ``spec`` marks ``"orthogonal"``, ``"centred"`` or ``"rotary"`` (elements are matrices), sorted."""
     return sorted(g for g, kind in spec.kinds.items() if kind in MATRIX_KINDS)
 
 
