@@ -63,8 +63,9 @@ def test_a_curve_takes_one_repair_and_a_grid_with_both_ends_and_the_midpoint() -
     spec = PermutationSpec({k: (None,) * v.dim() for k, v in params.items()})
     with pytest.raises(ValueError, match=r"^repair, repair_at: expected at most one of them$"):
         interpolation_curve(net, params, params, [0.0, 1.0], splits, repair=lambda p: p, repair_at=lambda lam: params)
-    with pytest.raises(ValueError, match=r"^the λ grid must contain 0, ½ and 1$"):
-        measure_pair(spec, net, params, params, params, [0.0, 0.25, 1.0], splits)
+    for lams in ([0.0, 0.25, 1.0], [0.25, 0.5, 1.0], [0.0, 0.5, 0.75]):  # each of the three missing in turn
+        with pytest.raises(ValueError, match=r"^the λ grid must contain 0, ½ and 1$"):
+            measure_pair(spec, net, params, params, params, lams, splits)
     curve, _ = measure_pair(spec, net, params, params, params, [0.0, 0.5, 1.0], splits)
     assert sorted({row["lam"] for row in curve}) == [0.0, 0.5, 1.0]
 

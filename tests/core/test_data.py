@@ -94,6 +94,21 @@ def test_missing_torchvision_data_without_network_is_a_one_line_error(tmp_path, 
     assert not (tmp_path / "prep").exists()
 
 
+class _Offline(_FakeDataset):
+    """Absent from disk, and its download fails with an exception that carries no message."""
+
+    def __init__(self, root: str, train: bool, download: bool) -> None:
+        raise ConnectionResetError() if download else RuntimeError("Dataset not found.")
+
+
+def test_a_download_error_without_a_message_is_named_by_its_type(tmp_path, monkeypatch) -> None:
+    import torchvision
+
+    monkeypatch.setattr(torchvision.datasets, "Offline", _Offline, raising=False)
+    with pytest.raises(DataUnavailableError, match=r"could not be downloaded \(no network\? ConnectionResetError\)$"):
+        _torchvision("Offline")(tmp_path)
+
+
 def test_bad_data_parameters(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"^name: unknown data set 'svhn'"):
         prepare("svhn", tmp_path, tmp_path / "prep")

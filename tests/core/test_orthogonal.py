@@ -82,6 +82,14 @@ def test_a_permutation_as_its_matrix_acts_as_its_index_on_any_axis_and_block(axi
     assert not torch.equal(act(value, axis, perm, block), value)
 
 
+def test_an_index_acts_on_the_value_s_own_device() -> None:
+    """The meta device stands in for a GPU: the index of a permutation of blocks is built where the value is."""
+    value, perm = torch.zeros(6, 3, device="meta"), torch.tensor([2, 0, 1])
+    for element in (perm, as_matrix(perm)):
+        moved = act(value, 0, element, 2)
+        assert moved.device.type == "meta" and moved.shape == (6, 3)
+
+
 def test_composite_axes_with_a_matrix_act_segment_by_segment() -> None:
     """A flatten of 2 channels × 3 positions between 2 and 1 untouched features, read by a Linear (block 3)."""
     entry = (Segment(None, 2), Segment("C", 6, 3), Segment(None, 1))

@@ -165,6 +165,28 @@ def test_repair_at_is_repair_at_every_lambda_and_for_each_new_pair_of_endpoints(
         repair_at(params_a, params_b, 1.5)
 
 
+def test_the_points_and_batch_size_asked_are_the_ones_repaired_and_read():
+    """Off the defaults: only ``layers.1`` repaired (``layers.0`` stays the plain merge, λ = 0.3, weights 0.3/0.7),
+    the data read in batches of 20 by the measure's RepairAt and by repair_merged alike."""
+    model, _, params_a, params_b, data = _setup("mlp")
+    plain = lerp_params(params_a, params_b, 0.3)
+    sizes = []
+    hook = model.register_forward_pre_hook(lambda _m, args: sizes.append(len(args[0])))
+    try:
+        at = RepairAt(model, data, points=["layers.1"], batch_size=20)(params_a, params_b, 0.3)
+        assert max(sizes) == 20 and 8 in sizes  # 48 samples: 20, 20 and 8 in every pass (and 1 to find the points)
+        sizes.clear()
+        merged = repair_merged(model, [params_a, params_b], data, weights=[0.3, 0.7], points=["layers.1"])
+        assert max(sizes) == 48  # the default batch of 500
+    finally:
+        hook.remove()
+    want = repair_interpolated(model, params_a, params_b, 0.3, data, points=["layers.1"])
+    for repaired in (at, merged):
+        assert all(torch.equal(repaired[k], plain[k]) for k in plain if k.startswith("layers.0."))
+        assert max((repaired[k] - want[k]).abs().max().item() for k in want) <= TOL
+    assert not torch.equal(at["layers.1.weight"], plain["layers.1.weight"])
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_repair_merged_of_two_endpoints_is_repair_at_their_weights(arch):
     model, _, params_a, params_b, data = _setup(arch)

@@ -78,3 +78,15 @@ def test_a_cuda_world_wraps_the_model_on_its_own_device_with_synchronised_batch_
     monkeypatch.setattr(nn.parallel, "DistributedDataParallel", lambda model, **kwargs: made.append(kwargs) or model)
     wrapped = World(1, 2, torch.device("cuda", 1)).wrap(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
     assert made == [{"device_ids": [1]}] and isinstance(wrapped[1], nn.SyncBatchNorm)
+
+
+def test_a_reduce_leaves_the_tensor_it_was_given(monkeypatch):
+    """The other rank adds 10 to every entry (recorded instead of sent): the sum comes back as a new tensor,
+    and the caller's tensor (BN repair's count, reused after the call) keeps its value."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "all_reduce", lambda total: total.add_(10))
+    count = torch.tensor([1.0, 2.0])
+    total = World(0, 2).reduce(count)
+    assert total.tolist() == [11.0, 12.0] and count.tolist() == [1.0, 2.0]
+    assert World().reduce(count) is count  # alone: itself
