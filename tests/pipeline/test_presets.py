@@ -86,6 +86,13 @@ def test_only_quotes_hide_a_comment_and_any_other_letter_leaves_it_a_comment():
     assert set_values(text, {"a.tag": "z"}).splitlines()[2] == "  tag: z        # quoted"
 
 
+def test_a_hash_glued_to_the_word_before_it_is_part_of_the_value():
+    """YAML starts a comment only at a ``#`` after a space: ``C#`` and ``a# b`` are values, replaced whole."""
+    text = "a:\n  lang: C#  # the language\n  tag: a# b\n"
+    new = set_values(text, {"a.lang": "go", "a.tag": "z"})
+    assert new.splitlines()[1:] == ["  lang: go  # the language", "  tag: z"]
+
+
 def test_unknown_preset_is_one_line_error():
     with pytest.raises(FileNotFoundError, match="known"):
         apply_preset("cifar100_wrn", Path(ROOT / "params.yaml").read_text(), PRESETS)
