@@ -11,7 +11,7 @@ from dvc_repo import ROOT
 from typer.testing import CliRunner
 
 from lmclab.cli import app
-from lmclab.pipeline.preset import apply_preset, flatten, set_values
+from lmclab.pipeline.preset import apply_preset, flatten, flow, set_values
 from lmclab.pipeline.stage import parse_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 
@@ -91,6 +91,11 @@ def test_a_hash_glued_to_the_word_before_it_is_part_of_the_value():
     text = "a:\n  lang: C#  # the language\n  tag: a# b\n"
     new = set_values(text, {"a.lang": "go", "a.tag": "z"})
     assert new.splitlines()[1:] == ["  lang: go  # the language", "  tag: z"]
+
+
+def test_a_value_is_written_on_one_line_however_long():
+    """Past a million characters too, where PyYAML would otherwise wrap it onto a second line."""
+    assert flow(["x" * 1_800_000, 1]) == f"[{'x' * 1_800_000}, 1]"
 
 
 def test_unknown_preset_is_one_line_error():
