@@ -77,6 +77,12 @@ def test_a_derived_block_replaces_only_the_types_it_names() -> None:
     assert derived.model_fields["methods"].annotation == list[int]
     assert derived.model_fields["seeds"].annotation == list[int]
     assert defaults(derived) == {"methods": ["wm"], "seeds": [0, 1]}
+    extended = schema._derived(Base, last={"seed": (int, key(0, "the seed"))})  # no types: every one kept
+    assert {n: f.annotation for n, f in extended.model_fields.items()} == {
+        "methods": list[str],
+        "seeds": list[int],
+        "seed": int,
+    }
 
 
 @pytest.mark.parametrize("block", ["merge_many", "measure"])
@@ -281,11 +287,14 @@ def test_a_sweep_gathers_the_experiments_that_differ_only_in_swept_keys(dvc_api,
             {"Experiment": "lr-small", "train.lr": 0.01},
             {"Experiment": "lr-large", "train.lr": 0.5},
             {"Experiment": "longer", "train.lr": 0.3, "train.epochs": 4},  # another sweep's
+            {"Experiment": "vgg", "train.epochs": 4, "model.arch": "vgg"},  # a third's, in two keys
         ]
     )
     found = runs.experiment_runs(lambda r: r["train.lr"], ("curves",), swept=lambda k: k == "train.lr")
     assert found == {0.01: {"curves": ("curves", "lr-small")}, 0.5: {"curves": ("curves", "lr-large")}}
-    assert "longer: left out (differs in train.epochs)" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert "longer: left out (differs in train.epochs)" in out
+    assert "vgg: left out (differs in train.epochs, model.arch)" in out
     named = runs.experiment_runs(
         lambda r: r["train.lr"], ("curves", "pairs"), swept=lambda k: False, exps="longer,lr-small", workspace=True
     )
@@ -299,6 +308,7 @@ def test_a_sweep_gathers_the_experiments_that_differ_only_in_swept_keys(dvc_api,
         "0.01: lr-small",
         "lr-large: left out (differs in train.lr)",
         "0.3: longer",
+        "vgg: left out (differs in train.epochs, model.arch)",
     ]
 
 
