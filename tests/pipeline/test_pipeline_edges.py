@@ -264,6 +264,29 @@ def test_a_stage_runs_in_a_warm_worker_or_here(monkeypatch, warm: bool, accepted
     assert (("worker", "stages/x.py", ["--seed", "1"]) in calls) == (warm and accepted)
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "warm"), [(["--seed", "1"], 4, True), (["--help"], 0, False), (["--seed", "x"], 2, False)]
+)
+def test_a_stage_asks_a_worker_only_for_a_command_line_it_accepts(monkeypatch, args, code: int, warm: bool) -> None:
+    """The stage's own command line decides: ``--help`` and a refused one are answered here by the app."""
+    import typer
+
+    app = typer.Typer(add_completion=False)
+
+    @app.command()
+    def main(seed: int = typer.Option(...)) -> None:
+        pytest.fail("ran here")
+
+    asked = []
+    monkeypatch.setattr(stage, "die_with_parent", lambda pid: None)
+    monkeypatch.setattr(stage, "enabled", lambda: True)
+    monkeypatch.setattr(stage, "run_script", lambda script, argv: asked.append(argv) or 4)
+    monkeypatch.setattr(sys, "argv", ["stages/x.py", *args])
+    with pytest.raises(SystemExit) as done:
+        stage.run_warm(app)
+    assert done.value.code == code and asked == ([args] if warm else [])
+
+
 def _exp_show(rows: list[dict]) -> list[dict]:
     base = {"rev": "workspace", "Experiment": None, "train.lr": 0.1, "train.epochs": 2, "model.arch": "mlp"}
     return [base, *({**base, "rev": f"r{i}", **row} for i, row in enumerate(rows))]
