@@ -1,6 +1,7 @@
 """Relative imports in lmclab.pipeline.closure, at every depth: ``from . import``, ``from .. import`` and
 ``from ...pkg import`` in a package three levels deep, named and followed into the closure, each resolved
-against the package Python itself gives the file; and a file that does not parse is named in the error."""
+against the package Python itself gives the file (none given: the top level); and a file that does not
+parse is named in the error."""
 
 from __future__ import annotations
 
@@ -68,3 +69,11 @@ def test_a_file_that_does_not_parse_is_named_in_the_error(tmp_path: Path) -> Non
         list(imported_modules(broken))
     assert raised.value.filename == str(broken)
     assert raised.value.lineno == 2
+
+
+def test_relative_imports_with_no_package_given_resolve_at_the_top_level(tmp_path: Path) -> None:
+    """``package`` left out (a file outside any root): ``from .sib import x`` names ``sib``, as at a root."""
+    script = tmp_path / "script.py"
+    script.write_text("from .sib import x\nfrom ..near import y\n")
+    assert list(imported_modules(script)) == ["sib", "sib.x", "near", "near.y"]
+    assert list(imported_modules(script)) == list(imported_modules(script, ""))

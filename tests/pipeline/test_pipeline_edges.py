@@ -77,6 +77,12 @@ def test_a_derived_block_replaces_only_the_types_it_names() -> None:
     assert derived.model_fields["methods"].annotation == list[int]
     assert derived.model_fields["seeds"].annotation == list[int]
     assert defaults(derived) == {"methods": ["wm"], "seeds": [0, 1]}
+    extended = schema._derived(Base, last={"seed": (int, key(0, "the seed"))})  # no types: every one kept
+    assert {n: f.annotation for n, f in extended.model_fields.items()} == {
+        "methods": list[str],
+        "seeds": list[int],
+        "seed": int,
+    }
 
 
 @pytest.mark.parametrize("block", ["merge_many", "measure"])
@@ -258,6 +264,29 @@ def test_a_stage_runs_in_a_warm_worker_or_here(monkeypatch, warm: bool, accepted
     assert (("worker", "stages/x.py", ["--seed", "1"]) in calls) == (warm and accepted)
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "warm"), [(["--seed", "1"], 4, True), (["--help"], 0, False), (["--seed", "x"], 2, False)]
+)
+def test_a_stage_asks_a_worker_only_for_a_command_line_it_accepts(monkeypatch, args, code: int, warm: bool) -> None:
+    """The stage's own command line decides: ``--help`` and a refused one are answered here by the app."""
+    import typer
+
+    app = typer.Typer(add_completion=False)
+
+    @app.command()
+    def main(seed: int = typer.Option(...)) -> None:
+        pytest.fail("ran here")
+
+    asked = []
+    monkeypatch.setattr(stage, "die_with_parent", lambda pid: None)
+    monkeypatch.setattr(stage, "enabled", lambda: True)
+    monkeypatch.setattr(stage, "run_script", lambda script, argv: asked.append(argv) or 4)
+    monkeypatch.setattr(sys, "argv", ["stages/x.py", *args])
+    with pytest.raises(SystemExit) as done:
+        stage.run_warm(app)
+    assert done.value.code == code and asked == ([args] if warm else [])
+
+
 def _exp_show(rows: list[dict]) -> list[dict]:
     base = {"rev": "workspace", "Experiment": None, "train.lr": 0.1, "train.epochs": 2, "model.arch": "mlp"}
     return [base, *({**base, "rev": f"r{i}", **row} for i, row in enumerate(rows))]
@@ -281,11 +310,14 @@ def test_a_sweep_gathers_the_experiments_that_differ_only_in_swept_keys(dvc_api,
             {"Experiment": "lr-small", "train.lr": 0.01},
             {"Experiment": "lr-large", "train.lr": 0.5},
             {"Experiment": "longer", "train.lr": 0.3, "train.epochs": 4},  # another sweep's
+            {"Experiment": "vgg", "train.epochs": 4, "model.arch": "vgg"},  # a third's, in two keys
         ]
     )
     found = runs.experiment_runs(lambda r: r["train.lr"], ("curves",), swept=lambda k: k == "train.lr")
     assert found == {0.01: {"curves": ("curves", "lr-small")}, 0.5: {"curves": ("curves", "lr-large")}}
-    assert "longer: left out (differs in train.epochs)" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert "longer: left out (differs in train.epochs)" in out
+    assert "vgg: left out (differs in train.epochs, model.arch)" in out
     named = runs.experiment_runs(
         lambda r: r["train.lr"], ("curves", "pairs"), swept=lambda k: False, exps="longer,lr-small", workspace=True
     )
@@ -299,6 +331,7 @@ def test_a_sweep_gathers_the_experiments_that_differ_only_in_swept_keys(dvc_api,
         "0.01: lr-small",
         "lr-large: left out (differs in train.lr)",
         "0.3: longer",
+        "vgg: left out (differs in train.epochs, model.arch)",
     ]
 
 

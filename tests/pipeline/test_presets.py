@@ -11,7 +11,7 @@ from dvc_repo import ROOT
 from typer.testing import CliRunner
 
 from lmclab.cli import app
-from lmclab.pipeline.preset import apply_preset, flatten, set_values
+from lmclab.pipeline.preset import apply_preset, flatten, flow, set_values
 from lmclab.pipeline.stage import parse_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
 
@@ -84,6 +84,18 @@ def test_only_quotes_hide_a_comment_and_any_other_letter_leaves_it_a_comment():
     text = "a:\n  arch: XLNet  # the model\n  tag: 'x # y'  # quoted\n"
     assert set_values(text, {"a.arch": "vit"}).splitlines()[1] == "  arch: vit    # the model"
     assert set_values(text, {"a.tag": "z"}).splitlines()[2] == "  tag: z        # quoted"
+
+
+def test_a_hash_glued_to_the_word_before_it_is_part_of_the_value():
+    """YAML starts a comment only at a ``#`` after a space: ``C#`` and ``a# b`` are values, replaced whole."""
+    text = "a:\n  lang: C#  # the language\n  tag: a# b\n"
+    new = set_values(text, {"a.lang": "go", "a.tag": "z"})
+    assert new.splitlines()[1:] == ["  lang: go  # the language", "  tag: z"]
+
+
+def test_a_value_is_written_on_one_line_however_long():
+    """Past a million characters too, where PyYAML would otherwise wrap it onto a second line."""
+    assert flow(["x" * 1_800_000, 1]) == f"[{'x' * 1_800_000}, 1]"
 
 
 def test_unknown_preset_is_one_line_error():

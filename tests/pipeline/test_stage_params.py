@@ -109,6 +109,8 @@ def test_a_stage_and_placeholders_dvc_yaml_does_not_have_are_one_line() -> None:
         declared_keys(PIPELINE, "permute", {}, {})
     with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: stage train: cannot resolve \$\{model\.arch\}$"):
         declared_keys(PIPELINE, "train", {"model": {}}, {})
+    with pytest.raises(SystemExit, match=r"^error: dvc\.yaml: stage train: cannot resolve \$\{model\.arch\}$"):
+        declared_keys(PIPELINE, "train", {"model": None}, {})  # `model:` written with nothing under it
     assert declared_keys(PIPELINE, "train", {"model": {"arch": "mlp"}}, {})[:2] == ["model.arch", "model.mlp"]
 
 

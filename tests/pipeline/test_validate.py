@@ -198,6 +198,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "merge_many.seeds: expected seeds of train.seeds [0, 1, 2], got [0, 5] ([5] not trained)",
     ),
     ({"merge_many__seeds": [0]}, "merge_many.seeds: expected a list of at least 2 integers ≥ 0, got [0]"),
+    (
+        {"merge_many__seeds": [0, 1, 0]},
+        "merge_many.seeds: expected no repeated entries, got [0, 1, 0] (0 more than once)",
+    ),
     ({"train__warmup_epochs": 5}, "train.warmup_epochs must be between 0 and train.epochs (1), got 5"),
     (  # a check of the method's own options model, under the block's keys
         {"permute__ste__select": "holdout", "permute__ste__holdout": 0.0},
@@ -285,6 +289,7 @@ def test_a_bad_value_is_one_line_naming_key_value_and_expectation(change: dict, 
 def test_a_seed_group_holds_exactly_its_number_of_seeds() -> None:
     triples = TypeAdapter(group(3))
     assert triples.validate_python([[0, 1, 2], [3, 4, 5]]) == [[0, 1, 2], [3, 4, 5]]
+    assert triples.validate_python([[0, 1, 2]]) == [[0, 1, 2]]  # one group is enough
     for bad in ([], [[0, 1]], [[0, 1, 2, 3]], [[0, 1, -2]]):
         with pytest.raises(ValidationError):
             triples.validate_python(bad)

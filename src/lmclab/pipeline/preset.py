@@ -4,6 +4,7 @@ and each preset key must already exist in params.yaml (a typo is an error, not a
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,10 +29,10 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def flow(value: Any) -> str:
-    """A value as one line of YAML flow style."""
+    """A value as one line of YAML flow style, however long (an infinite width never wraps)."""
     import yaml
 
-    return yaml.safe_dump([value], default_flow_style=True, width=10**6, allow_unicode=True).strip()[1:-1]
+    return yaml.safe_dump([value], default_flow_style=True, width=math.inf, allow_unicode=True).strip()[1:-1]
 
 
 def _split_comment(rest: str) -> tuple[str, str]:
