@@ -75,6 +75,11 @@ def test_a_many_merge_built_with_its_defaults_shows_no_models_and_no_groups() ->
     assert repr(lmclab.ManyMerge("merge_many", None)) == "ManyMerge(method='merge_many', 0 models, 0 groups {})"
 
 
+def test_a_many_merge_built_with_one_permutation_shows_its_groups() -> None:
+    built = lmclab.ManyMerge("merge_many", None, perms=[{"P_0": torch.tensor([2, 0, 1])}])
+    assert repr(built).endswith(", 1 group {P_0: 3})")
+
+
 def test_a_transform_merge_shows_the_units_each_group_is_merged_into() -> None:
     zipped = lmclab.ManyMerge("zipit", None, merges=[{"P_0": torch.zeros(4, 8)}] * 2, repair="bn")
     assert repr(zipped) == "ManyMerge(method='zipit', 2 models, 1 group {P_0: 4}, repair='bn')"
