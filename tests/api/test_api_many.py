@@ -75,6 +75,11 @@ def test_a_many_merge_built_with_its_defaults_shows_no_models_and_no_groups() ->
     assert repr(lmclab.ManyMerge("merge_many", None)) == "ManyMerge(method='merge_many', 0 models, 0 groups {})"
 
 
+def test_a_many_merge_built_with_one_permutation_shows_its_groups() -> None:
+    built = lmclab.ManyMerge("merge_many", None, perms=[{"P_0": torch.tensor([2, 0, 1])}])
+    assert repr(built).endswith(", 1 group {P_0: 3})")
+
+
 def test_a_transform_merge_shows_the_units_each_group_is_merged_into() -> None:
     zipped = lmclab.ManyMerge("zipit", None, merges=[{"P_0": torch.zeros(4, 8)}] * 2, repair="bn")
     assert repr(zipped) == "ManyMerge(method='zipit', 2 models, 1 group {P_0: 4}, repair='bn')"
@@ -283,6 +288,8 @@ def test_alignment_and_curve_have_short_reprs_and_the_curve_a_frame() -> None:
     frame = curve.to_frame()
     assert list(frame.columns) == ["lam", "split", "loss", "acc"] and len(frame) == 3
     assert frame["loss"].tolist() == [r["loss"] for r in curve.rows]
+    rows = [{"split": "test", "acc": 0.5, "loss": 1.0, "lam": 0.0, "seconds": 2.0}]  # rows of one's own, more keys
+    assert list(lmclab.Curve(rows).to_frame().columns) == ["lam", "split", "loss", "acc"]
 
 
 def test_as_split_keeps_integer_token_inputs_integers() -> None:
@@ -341,6 +348,28 @@ def test_the_data_a_repair_holds_is_moved_to_the_search_s_device(monkeypatch) ->
         _copies(net, x, 2), model=net, example_inputs=x, repair="repair", data=(x, torch.zeros(8)), device="cpu"
     )
     assert moved and all(torch.device(d) == torch.device("cpu") for d in moved)
+
+
+def test_the_data_a_transform_method_reads_in_memory_is_moved_to_the_search_s_device(monkeypatch) -> None:
+    """Without a repair, tensors given as data are held as one Split on the search's device (a GPU's, when there
+    is one), as a repair's are."""
+    from lmclab.core.data import Split
+
+    moved, to = [], Split.to
+    monkeypatch.setattr(Split, "to", lambda self, device: moved.append(device) or to(self, device))
+    net, x = _mlp(0), torch.randn(8, 12)
+    lmclab.merge_many(_copies(net, x, 2), method="zipit", model=net, data=(x, torch.zeros(8)), device="cpu")
+    assert moved and all(torch.device(d) == torch.device("cpu") for d in moved)
+
+
+def test_merge_many_s_default_seed_is_the_commands_0() -> None:
+    """``lmclab merge-many`` seeds with 0 unless --seed says otherwise; the call without ``seed`` merges alike."""
+    nets, x = [_mlp(s) for s in range(3)], torch.randn(8, 12)
+    default, zero, one = (
+        lmclab.merge_many(nets, example_inputs=x, device="cpu", **seed) for seed in ({}, {"seed": 0}, {"seed": 1})
+    )
+    assert _close(default.merged, zero.merged, atol=0)
+    assert not _close(default.merged, one.merged)  # the seed orders the models' alignments: it matters here
 
 
 def test_merge_many_traces_the_spec_on_its_data_when_no_example_inputs_are_given() -> None:

@@ -313,6 +313,9 @@ def test_an_alignment_file_keeps_its_spec_and_must_be_one_lmclab_wrote(tmp_path)
     with pytest.raises(ValueError, match=_whole(specless)):
         load_alignment(tmp_path / "old.pt")
     assert load_alignment(tmp_path / "old.pt", spec=spec).spec == spec
+    torch.save({"format": SPECLESS, "perm": perm}, tmp_path / "bare.pt")  # a permutation alone, written by hand
+    bare = load_alignment(tmp_path / "bare.pt", spec=spec)
+    assert (bare.method, bare.stats) == ("", {}) and all(torch.equal(bare.perm[g], p) for g, p in perm.items())
     wrong = PermutationSpec({"w": ("P_0", "P_2")})
     with pytest.raises(
         ValueError, match=_whole(f"{tmp_path / 'old.pt'}: its permutation's groups ['P_0', 'P_1'] are not the spec's")

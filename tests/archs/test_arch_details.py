@@ -1,8 +1,8 @@
 """Details of the hand-written architectures a wrong line would change without breaking invariance:
 images padded to the VGG's 32 × 32 from their centre, ResNet20's downsampling stages, a traced model
-repeating grey inputs into its colour channels, ResNet50's stream names, checkpoints written on a GPU
-loading onto the CPU, ResNet50 as torchvision's with its one-channel stem, and the one-line refusals of
-patches and checkpoints."""
+repeating grey inputs into its colour channels and keeping the num_classes its kwargs set, ResNet50's
+stream names, checkpoints written on a GPU loading onto the CPU, ResNet50 as torchvision's with its
+one-channel stem, and the one-line refusals of patches and checkpoints."""
 
 from __future__ import annotations
 
@@ -44,6 +44,18 @@ def test_a_traced_colour_model_reads_grey_images_as_repeated_channels():
     model = build_model("traced", config).eval()
     x = torch.randn(2, 1, 28, 28)
     assert torch.equal(model(x), model.net(x.repeat(1, 3, 1, 1))) and model(x).shape == (2, 10)
+
+
+def linear_head(num_classes: int = 7) -> nn.Module:  # a traced factory taking num_classes
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, num_classes))
+
+
+def test_a_traced_factory_s_own_num_classes_in_its_kwargs_is_kept():
+    """``num_classes`` is added to a factory's kwargs only where they do not set it: the head they ask for stays."""
+    fields = {"input_shape": (3, 4, 4), "num_classes": 10, "factory": "test_arch_details:linear_head"}
+    given = build_model("traced", make_config("traced", **fields, kwargs={"num_classes": 4}))
+    added = build_model("traced", make_config("traced", **fields))
+    assert (given(torch.zeros(2, 3, 4, 4)).shape, added(torch.zeros(2, 3, 4, 4)).shape) == ((2, 4), (2, 10))
 
 
 def test_patches_that_do_not_tile_the_image_are_refused_on_either_side():

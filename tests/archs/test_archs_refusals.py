@@ -75,13 +75,16 @@ def test_a_vit_needs_heads_dividing_its_width_and_a_multiple_of_4_for_sin_cos_po
     assert make_config("vit", **digits, width=20, heads=4, position="sincos").width == 20
 
 
-def test_a_sin_cos_table_needs_a_width_of_a_multiple_of_4():
+def test_a_sin_cos_table_has_maes_frequencies_and_needs_a_width_of_a_multiple_of_4():
     with pytest.raises(OptionError, match=r"^width: a sin-cos position embedding needs a multiple of 4, got 18$"):
         vit.sincos_table(18, (2, 3), cls=True)
     table = vit.sincos_table(8, (2, 3), cls=True)
     rows, cols = torch.tensor([0.0, 0, 0, 1, 1, 1]), torch.tensor([0.0, 1, 2, 0, 1, 2])  # the 2 × 3 grid, row-major
     assert table.shape == (1, 7, 8) and not table[0, 0].any()  # the class token's row is zero
     assert torch.allclose(table[0, 1:, 0], rows.sin()) and torch.allclose(table[0, 1:, 4], cols.sin())
+    slow = 1 / 10000 ** (1 / 2)  # MAE's second frequency of width/4 = 2: 10000^(−1/2)
+    for column, wave in ((1, (rows * slow).sin()), (3, (rows * slow).cos()), (7, (cols * slow).cos())):
+        torch.testing.assert_close(table[0, 1:, column], wave, rtol=0, atol=1e-7)
 
 
 def test_an_mae_decoder_with_sin_cos_positions_needs_a_width_of_a_multiple_of_4():

@@ -189,6 +189,28 @@ def test_the_output_at_a_position_reads_the_tokens_up_to_it_and_none_after(posit
     assert torch.all(moved[s:] > 1e-6), moved
 
 
+def test_rotary_attention_turns_features_j_and_j_plus_half_of_queries_and_keys_by_theta_j_t() -> None:
+    """Su et al.'s rotation written as complex numbers: feature pair (j, j + d/2) of a head at position t is
+    ``x_j + i·x_{j+d/2}`` times ``exp(i·θ_j·t)``, ``θ_j = 10000^(−2j/d)``, in queries and keys alike."""
+    attn, (b, t, heads, d) = built(config(position="rotary")).blocks[0].attn, (2, CONTEXT, 4, 6)
+    x = torch.randn(b, t, SHAPES["width"], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    angles = torch.arange(t, dtype=torch.float64)[:, None] * 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    turn = torch.polar(torch.ones_like(angles), angles)  # (t, d/2)
+
+    def heads_of(layer: torch.nn.Linear, rotary: bool) -> torch.Tensor:  # (b, heads, t, d)
+        z = layer(x).reshape(b, t, heads, d)
+        if rotary:
+            z = torch.view_as_complex(torch.stack([z[..., : d // 2], z[..., d // 2 :]], -1)) * turn[:, None]
+            z = torch.cat([z.real, z.imag], dim=-1)
+        return z.transpose(1, 2)
+
+    q, k, v = heads_of(attn.q, True), heads_of(attn.k, True), heads_of(attn.v, False)
+    logits = (q @ k.transpose(-2, -1) / d**0.5).masked_fill(torch.ones(t, t).triu(1).bool(), -torch.inf)
+    expected = attn.out((logits.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), expected, rtol=1e-5, atol=1e-6)  # the tables are float32's
+
+
 @pytest.mark.parametrize("position", gpt.POSITIONS)
 def test_the_causal_mask_and_rotary_tables_are_buffers_never_saved(position) -> None:
     """Each block's attention holds its mask, then (rotary) the cos and sin tables, as buffers computed at

@@ -173,6 +173,9 @@ def test_a_permutation_of_a_factory_model_needs_the_input_shape_to_trace_it(tmp_
     assert torch.equal(params_b["0.weight"], torch.load(b)["0.weight"]) and net[0].in_features == 3
     params_a, params_b, net = aligned_pair(a, b, None, None, "{}", None, module=False)  # a merge: no module needed
     assert net is None and torch.equal(params_a["0.weight"], torch.load(a)["0.weight"])
+    plain = f"{a}: a plain state dict needs --factory module:callable to build its module"
+    with pytest.raises(ValueError, match=f"^{re.escape(plain)}$"):  # a barrier runs the module, alignment or none
+        aligned_pair(a, b, None, None, "{}", None)
 
 
 def test_the_output_of_a_hugging_face_merge_is_a_new_or_empty_folder_in_an_existing_one(tmp_path) -> None:
@@ -328,6 +331,14 @@ def test_a_model_stored_in_two_precisions_is_checked_in_the_one_it_is_compared_i
     net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
     state = {"1.weight": net[1].weight.detach().to(torch.bfloat16), "1.bias": net[1].bias.detach()}  # float32
     check_inputs(net, state, Split(torch.rand(3, 1, 2, 2), torch.tensor([0, 1, 0])), "digits")
+
+
+def test_checking_the_data_leaves_the_module_in_its_mode_and_its_statistics_alone() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Dropout(0.5), nn.Linear(3, 2))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    check_inputs(net, net.state_dict(), Split(torch.rand(3, 1, 2, 2), torch.tensor([0, 1, 0])), "digits")
+    assert all(m.training for m in net.modules())  # run in eval mode for the check, then back in train mode
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
 
 
 class _Refusing(nn.Module):

@@ -15,7 +15,16 @@ import typer
 
 import lmclab
 from lmclab import cli
-from lmclab.cli.names import CONCEPTS, FUNCTIONS, Concept, flag_concepts, keyword_concepts, rows, same_name
+from lmclab.cli.names import (
+    CONCEPTS,
+    FUNCTIONS,
+    Concept,
+    flag_concepts,
+    flag_of,
+    keyword_concepts,
+    rows,
+    same_name,
+)
 from lmclab.pipeline.keys import key_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +96,12 @@ def test_the_names_of_a_concept_agree_unless_a_reason_says_why() -> None:
 )
 def test_same_name_reads_a_flag_and_a_key_path_as_the_keyword(concept: Concept, agree: bool) -> None:
     assert same_name(concept) is agree
+
+
+def test_an_error_names_the_commands_option_or_the_keyword_where_the_command_has_none() -> None:
+    assert flag_of("num_lambdas") == "--num-lambdas" and flag_of("repair_samples") == "--repair-samples"
+    assert flag_of("lambdas") == "lambdas"  # a keyword of the API the command has no option for
+    assert flag_of("max_iter") == "max_iter"  # a method's own option: no concept of the registry
 
 
 def test_the_table_rows_quote_each_name_and_show_a_dash_where_a_concept_has_none() -> None:

@@ -445,6 +445,21 @@ def test_ste_s_projection_is_one_weight_matching_warm_started_at_the_last_projec
     assert any(not torch.equal(one[g], p) for g, p in cold.perm.items())  # the warm start matters here
 
 
+def test_an_ste_step_projects_warm_started_from_the_permutation_it_is_given() -> None:
+    config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=3, width=6)
+    spec, model = get_arch("mlp").permutation_spec(config), build_model("mlp", config, seed=2)
+    params_a, params_b = (build_model("mlp", config, seed=s).state_dict() for s in (2, 3))
+    tilde = {k: v.clone().requires_grad_() for k, v in spec.matched(params_a).items()}
+    previous = random_permutation(spec.group_sizes(params_a), torch.Generator().manual_seed(1))
+    warm, cold = (projector(spec, params_b, 1, torch.Generator().manual_seed(3))(tilde, p) for p in (previous, None))
+    assert any(not torch.equal(warm[g], p) for g, p in cold.items())  # one sweep: the start shows
+    x, y = torch.randn(8, 1, 4, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, dtype=torch.long)
+    project = projector(spec, params_b, 1, torch.Generator().manual_seed(3))
+    common = {"model": model, "spec": spec, "params_a": params_a, "params_b": params_b, "x": x, "y": y}
+    step_perm, _ = ste_step(torch.optim.SGD(tilde.values(), lr=0.1), tilde, project, previous, **common)
+    assert all(torch.equal(step_perm[g], p) for g, p in warm.items())
+
+
 def test_ste_s_projection_sweeps_on_after_a_gain_below_wm_s_default_tolerance() -> None:
     config = make_config("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=3, width=6)
     spec = get_arch("mlp").permutation_spec(config)

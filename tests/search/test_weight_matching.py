@@ -217,6 +217,18 @@ def test_wm_stops_at_the_first_sweep_that_improves_nothing() -> None:
         weight_matching(spec, params_a, params_b, tol=-1e-3)
 
 
+def test_wm_s_tolerance_is_relative_so_scaling_both_models_changes_nothing() -> None:
+    """The stop (a sweep gaining ≤ tol of the objective) reads no unit: θa and θb scaled by 10³ or 10⁻³ take the
+    same sweeps to the same permutation."""
+    spec, params_a, params_b = _random_mlp(hidden=2, width=16, seed=0)
+    found = []
+    for scale in (1.0, 1e-3, 1e3):
+        scaled = ({k: scale * v for k, v in p.items()} for p in (params_a, params_b))
+        found.append(weight_matching(spec, *scaled, generator=torch.Generator().manual_seed(0)))
+    assert [r.stats["sweeps"] for r in found] == [4, 4, 4]
+    assert all(torch.equal(r.perm[g], p) for r in found[1:] for g, p in found[0].perm.items())
+
+
 def test_run_search_dispatch_and_option_errors(trained, splits) -> None:
     a, b = trained(0), trained(1)
     problem = search_problem(
@@ -441,6 +453,24 @@ def test_the_sorted_signature_start_recovers_a_planted_copy_from_subsampled_sign
     assert all(torch.equal(start[g], p) for g, p in invert(perm).items())
 
 
+def _other_values(params: dict, keep: str) -> dict:
+    """``params`` in float64 with ``layers.1.weight``'s values changed, its largest kept: two inner values moved
+    apart by as much (``spread``: the sum kept, not the norm), or its smallest raised and two inner values moved
+    to keep both its sum and its norm (``least``)."""
+    out = {k: v.double() for k, v in params.items()}
+    w = out["layers.1.weight"].view(-1)
+    order = w.argsort()
+    low, u, v = order[0], order[len(w) // 2], order[len(w) // 2 + 1]
+    if keep == "spread":
+        w[u], w[v] = w[u] - 0.01, w[v] + 0.01
+        return out
+    m = w[low] + 0.01 * (w[order[1]] - w[low])  # still the smallest value, but another one
+    total, squares = w[low] + w[u] + w[v] - m, w[low] ** 2 + w[u] ** 2 + w[v] ** 2 - m**2
+    half = ((squares - total**2 / 2) / 2).sqrt()
+    w[low], w[u], w[v] = m, total / 2 - half, total / 2 + half
+    return out
+
+
 def test_a_relabelling_is_told_from_a_copy_changed_in_one_value() -> None:
     from lmclab.search.weight_matching import is_relabelling
 
@@ -458,6 +488,8 @@ def test_a_relabelling_is_told_from_a_copy_changed_in_one_value() -> None:
     swapped["layers.1.bias"][0] = params_b["layers.1.bias"].max() + 1  # a new largest value
     assert not is_relabelling(spec, params_a, swapped)
     assert not is_relabelling(spec, params_a, _random_mlp(hidden=2, width=16, seed=1)[1])
+    assert not is_relabelling(spec, params_a, _other_values(params_b, "spread"))  # same sum, another norm
+    assert not is_relabelling(spec, params_a, _other_values(params_b, "least"))  # same sums, another smallest value
     found = weight_matching(spec, params_a, params_b)
     assert found.stats["first_start"] == "sorted signatures"
     assert all(torch.equal(found.perm[g], p) for g, p in invert(perm).items())

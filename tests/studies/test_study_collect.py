@@ -80,7 +80,9 @@ def _transformer_run(folder, objective: str) -> str:
             rows.append({"pair": pair, "method": method, "norepair_test_loss_barrier_mid": barrier})
     pd.DataFrame(rows).to_parquet(folder / "data" / "tables" / "pairs.parquet")
     acc = [0.5, 0.9] if objective == "supervised" else [float("nan")] * 2
-    history = {"epoch": [1, 2], "test_loss": [2.0, 1.0], "test_acc": acc, "seconds": [3.0, 5.0]}
+    history = {"epoch": [1, 2], "test_loss": [2.0, 1.0], "test_acc": acc}
+    if objective == "mae":  # only MAE pretraining times its epochs; supervised training records no seconds
+        history["seconds"] = [3.0, 5.0]
     pd.DataFrame(history).to_parquet(folder / "data" / "history" / "seed0.parquet")
     git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t"]
     for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "run"], ["rev-parse", "HEAD"]):
@@ -102,7 +104,8 @@ def test_transformer_collect_reads_each_runs_pairs_permutations_history_and_comm
     for name, head in heads.items():
         assert 4 <= len(runs[name]["commit"]) < len(head) and head.startswith(runs[name]["commit"])  # --short
     assert (runs["vit"]["mae"], runs["vit"]["final_test_acc"], runs["mae"]["final_test_acc"]) == (None, 0.9, None)
-    assert runs["mae"]["mae"]["mask_ratio"] == 0.75 and runs["vit"]["seconds_per_epoch"] == 4.0
+    assert runs["mae"]["mae"]["mask_ratio"] == 0.75 and runs["mae"]["seconds_per_epoch"] == 4.0
+    assert runs["vit"]["seconds_per_epoch"] is None  # a history without times gives none, not a made-up one
     assert f"- **vit** (commit {runs['vit']['commit']}): ViT patch 4" in (out / "transformers.md").read_text()
 
 
