@@ -20,8 +20,8 @@ from lmclab.trace.groups import FIXED, Groups
 
 
 class Net(nn.Module):
-    """Linears ``a`` (5 → 6), ``c`` (5 → 2), ``d`` (5 → 4), conv kernels as parameters, a ``forward`` given
-    as a function."""
+    """Linears ``a`` (5 → 6), ``c`` (5 → 2), ``d`` (5 → 4), conv kernels as parameters, a tensor ``scale`` that is
+    neither parameter nor buffer, a ``forward`` given as a function."""
 
     def __init__(self, forward) -> None:
         super().__init__()
@@ -31,6 +31,7 @@ class Net(nn.Module):
         self.bias = nn.Parameter(torch.randn(6))
         self.norm = nn.GroupNorm(2, 6)
         self.rms, self.rms_2d = nn.RMSNorm(6), nn.RMSNorm((3, 6))
+        self.scale = torch.linspace(0.5, 1.5, 6)  # a plain tensor attribute: no entry of the state_dict
         self.f = forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,6 +79,10 @@ REFUSED = {
     "layer-norm-over-two-axes": (
         lambda m, x: m.head(F.layer_norm(m.a(x), (3, 6)).mean(1)),
         r"node 'layer_norm'.*\(a LayerNorm or RMSNorm over more than the permuted feature axis\)",
+    ),
+    "layer-norm-of-a-plain-tensor-attribute": (  # torch.fx makes it a buffer of its graph module, not of the model
+        lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.scale)),
+        r"node 'layer_norm'.*\(a norm whose weight is not a parameter or buffer of the model\)",
     ),
     "rms-norm-over-two-axes": (
         lambda m, x: m.head(F.rms_norm(m.a(x), (3, 6)).mean(1)),
