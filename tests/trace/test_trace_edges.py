@@ -157,6 +157,19 @@ def test_a_split_into_one_piece_keeps_the_group():
     assert spec.axes["a.weight"][0] is not None and spec.axes["head.weight"] == (None, spec.axes["a.weight"][0])
 
 
+def test_a_chunk_cutting_the_runs_of_a_group_norm_leaves_their_group_unpermuted():
+    """``group_norm`` without affine parameters in 3 runs of 2 of conv_c's 6 channels (a coarse group held on no
+    axis of its own), then ``chunk(2)``: a run straddles the halves, so the group is left unpermuted there."""
+
+    def cut(m, x):
+        a, b = F.group_norm(m.conv_c(x), 3).chunk(2, 1)
+        return m.head(torch.cat([b, a], 1).mean((2, 3)))
+
+    spec = invariant(Net(cut), image_input())
+    assert spec.axes["conv_c.weight"][0] is None and spec.axes["head.weight"] == (None, None)
+    assert [p.node for p in spec.pinned] == ["chunk"]
+
+
 @pytest.mark.parametrize("flatten", [lambda h: torch.flatten(h), lambda h: h.flatten()], ids=["function", "method"])
 def test_a_flatten_from_the_first_axis_keeps_the_permuted_last_one(flatten):
     """One sample ``(1, 6)`` flattened whole (``start_dim`` left at 0) is its 6 units in their order."""
