@@ -152,6 +152,12 @@ def features_beside_logits(m: Attention, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([q, v, q @ k.transpose(-2, -1)], -1).transpose(2, 3).flatten(2).sum(-1)
 
 
+def features_beside_logits_into_a_linear(m: Attention, x: torch.Tensor) -> torch.Tensor:
+    """q's and v's features (two groups) and 8 of the logits' tokens on one axis of 16, read by a Linear."""
+    q, k, v = heads(m.q(x), 4), heads(m.k(x), 4), heads(m.v(x), 4)
+    return m.out(torch.cat([q, v, (q @ k.transpose(-2, -1))[..., :8]], -1))
+
+
 REFUSED = {
     "multi-query": (  # one key/value head with no head axis: the output mixes query heads and its features
         lambda m, x: attend(m, x, heads(m.q(x), 4), heads(m.k1(x), 1), heads(m.v1(x), 1)),
@@ -209,6 +215,10 @@ REFUSED = {
     "features-of-two-groups-flattened-with-tokens": (
         features_beside_logits,
         r"node 'flatten': flatten .*\(a flatten that does not join a head axis to the features of its heads\)",
+    ),
+    "linear-over-features-beside-logits": (  # an axis of per-head features and unpermuted logits is still headed
+        features_beside_logits_into_a_linear,
+        r"node 'out': Linear in out .*an operation over heads or per-head features it does not know",
     ),
     "two-head-axes-side-by-side": (  # a head order pinned by the input, then twice along one axis: 8 "heads"
         lambda m, x: torch.cat([heads(m.q(x), 4) * x[:, 0, :4, None, None]] * 2, 1).transpose(1, 2).reshape(2, 9, 32),

@@ -20,8 +20,8 @@ from lmclab.trace.groups import FIXED, Groups
 
 
 class Net(nn.Module):
-    """Linears ``a`` (5 → 6), ``c`` (5 → 2), ``d`` (5 → 4), conv kernels as parameters, a ``forward`` given
-    as a function."""
+    """Linears ``a`` (5 → 6), ``c`` (5 → 2), ``d`` (5 → 4), conv kernels as parameters, a tensor ``scale`` that is
+    neither parameter nor buffer, a ``forward`` given as a function."""
 
     def __init__(self, forward) -> None:
         super().__init__()
@@ -31,6 +31,7 @@ class Net(nn.Module):
         self.bias = nn.Parameter(torch.randn(6))
         self.norm = nn.GroupNorm(2, 6)
         self.rms, self.rms_2d = nn.RMSNorm(6), nn.RMSNorm((3, 6))
+        self.scale = torch.linspace(0.5, 1.5, 6)  # a plain tensor attribute: no entry of the state_dict
         self.f = forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,6 +79,10 @@ REFUSED = {
     "layer-norm-over-two-axes": (
         lambda m, x: m.head(F.layer_norm(m.a(x), (3, 6)).mean(1)),
         r"node 'layer_norm'.*\(a LayerNorm or RMSNorm over more than the permuted feature axis\)",
+    ),
+    "layer-norm-of-a-plain-tensor-attribute": (  # torch.fx makes it a buffer of its graph module, not of the model
+        lambda m, x: m.head(F.layer_norm(m.a(x), (6,), m.scale)),
+        r"node 'layer_norm'.*\(a norm whose weight is not a parameter or buffer of the model\)",
     ),
     "rms-norm-over-two-axes": (
         lambda m, x: m.head(F.rms_norm(m.a(x), (3, 6)).mean(1)),
@@ -150,6 +155,19 @@ def test_a_method_combining_two_tensors_of_the_same_units_keeps_their_group(meth
 def test_a_split_into_one_piece_keeps_the_group():
     spec = invariant(Net(lambda m, x: m.head(torch.relu(torch.chunk(m.a(x), 1, dim=-1)[0]))), torch.randn(2, 3, 5))
     assert spec.axes["a.weight"][0] is not None and spec.axes["head.weight"] == (None, spec.axes["a.weight"][0])
+
+
+def test_a_chunk_cutting_the_runs_of_a_group_norm_leaves_their_group_unpermuted():
+    """``group_norm`` without affine parameters in 3 runs of 2 of conv_c's 6 channels (a coarse group held on no
+    axis of its own), then ``chunk(2)``: a run straddles the halves, so the group is left unpermuted there."""
+
+    def cut(m, x):
+        a, b = F.group_norm(m.conv_c(x), 3).chunk(2, 1)
+        return m.head(torch.cat([b, a], 1).mean((2, 3)))
+
+    spec = invariant(Net(cut), image_input())
+    assert spec.axes["conv_c.weight"][0] is None and spec.axes["head.weight"] == (None, None)
+    assert [p.node for p in spec.pinned] == ["chunk"]
 
 
 @pytest.mark.parametrize("flatten", [lambda h: torch.flatten(h), lambda h: h.flatten()], ids=["function", "method"])

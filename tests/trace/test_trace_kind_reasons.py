@@ -93,6 +93,11 @@ def _image() -> torch.Tensor:
     return torch.randn(2, 3, 2, 2, generator=torch.Generator().manual_seed(0))
 
 
+def _over_itself(h: torch.Tensor) -> torch.Tensor:
+    """``h / h``: one node as both operands of a quotient (not the square ``h * h``)."""
+    return h / h
+
+
 def _net(forward: Callable[..., torch.Tensor], x: Callable[[], torch.Tensor] = _vector):
     return lambda: (Net(forward), x())
 
@@ -156,6 +161,13 @@ CASES: dict[str, Case] = {
         "P_0",
         "permutation",
         "node 'div': a quotient by the units",
+    ),
+    "quotient-of-the-units-by-themselves": Case(
+        _net(lambda m, x: m.head(_over_itself(m.a(x)))),
+        "P_0",
+        "permutation",
+        "node 'truediv': a quotient by the units",
+        control=False,  # h / h is 1 whatever the map: the proof reads the operation, named as it is, not values
     ),
     "computed-per-channel-gain": Case(
         _net(lambda m, x: m.head(m.a(x) * (2 * m.g))),

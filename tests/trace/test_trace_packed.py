@@ -346,12 +346,13 @@ def channels_first(m: Packed, x: torch.Tensor) -> torch.Tensor:
         (parts, lambda p: (p[0], p[1], p[2])),
         (parts, lambda p: p.unbind(0)),
         (channels_first, lambda p: p.unbind(0)),
+        (parts, lambda p: p.swapaxes(0, 1).unbind(1)),
     ],
-    ids=["indexed-parts", "unbound-parts", "channels-first"],
+    ids=["indexed-parts", "unbound-parts", "channels-first", "swapped-axes"],
 )
 def test_parts_picked_by_index_are_the_parts_unbind_gives(pack, pick):
-    """``qkv[0], qkv[1], qkv[2]`` (older timm), ``qkv.unbind(0)`` and the parts split with the tokens last: the
-    same spec, and it keeps the logits."""
+    """``qkv[0], qkv[1], qkv[2]`` (older timm), ``qkv.unbind(0)``, the parts split with the tokens last and the part
+    axis moved by the ``swapaxes`` method: the same spec, and it keeps the logits."""
 
     def attend(m, x):
         q, k, v = pick(pack(m, x))
@@ -369,3 +370,77 @@ def test_parts_picked_by_index_are_the_parts_unbind_gives(pack, pick):
         perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads)
         model.load_state_dict(apply_permutation(spec, perm, state))
         assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
+
+
+class Projections(Packed):
+    """:class:`Packed` with separate ``q``, ``k``, ``v`` Linears (16 → 16) and a ``gate`` (16 → 16)."""
+
+    def __init__(self, forward) -> None:
+        super().__init__(forward)
+        self.q, self.k, self.v, self.gate = (nn.Linear(16, 16) for _ in range(4))
+
+
+def concatenated(m: Projections, x: torch.Tensor) -> torch.Tensor:
+    """Three Linears side by side, then split into parts as one packed projection: ``(B, N, 3, H, d)``."""
+    h = torch.cat([m.q(x), m.k(x), m.v(x)], -1).reshape(x.shape[0], x.shape[1], 3, 4, 4)
+    q, k, v = h.permute(2, 0, 3, 1, 4).unbind(0)
+    return m.out(merged(F.scaled_dot_product_attention(q, k, v)))
+
+
+def gated(m: Projections, x: torch.Tensor) -> torch.Tensor:
+    """The gate's units chunked in two (its group refined) after the packed parts are made, before they are read."""
+    p = parts(m, x)
+    g1, g2 = m.gate(x).chunk(2, -1)
+    q, k, v = p.unbind(0)
+    return m.out(merged(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v)) * (g1 * g2).sum(-1, keepdim=True)
+
+
+def invariant(model: nn.Module, x: torch.Tensor) -> PermutationSpec:
+    """The traced spec, after checking in float64 that a random permutation of it keeps the output."""
+    model, x = model.double(), x.double()
+    spec, state = trace_spec(model, x), model.state_dict()
+    with torch.no_grad():
+        expected = model(x)
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(3), spec.heads)
+        model.load_state_dict(apply_permutation(spec, perm, state))
+        assert (model(x) - expected).abs().max() <= 1e-12 * expected.abs().max()
+    return spec
+
+
+def test_three_projections_concatenated_then_split_into_parts_are_their_own_three_groups():
+    torch.manual_seed(0)
+    spec = invariant(Projections(concatenated), torch.randn(2, 9, 16))
+    (qk, stream), (vo, _) = spec.axes["q.weight"], spec.axes["v.weight"]
+    assert spec.axes["k.weight"] == (qk, stream) and qk != vo and spec.axes["out.weight"] == (None, vo)
+    assert spec.heads[qk].count == spec.heads[vo].count == 4 and spec.heads[qk].tie == spec.heads[vo].tie
+
+
+def test_a_group_refined_while_packed_parts_wait_to_be_read_leaves_the_parts_as_they_were():
+    torch.manual_seed(0)
+    spec = invariant(Projections(gated), torch.randn(2, 9, 16))
+    rows = spec.axes["qkv.weight"][0]
+    assert [s.length for s in rows] == [16, 16, 16] and rows[0].group == rows[1].group != rows[2].group
+    halves = spec.axes["gate.weight"][0]
+    assert [s.length for s in halves] == [8, 8] and halves[0].group == halves[1].group is not None
+
+
+def keys_of_the_input(m: Packed, x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0], x.shape[1], 4, 4).transpose(1, 2)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_queries_against_keys_of_the_input_are_read_in_place_fused_or_not(fused):
+    """Keys never permuted: the queries' features are read in place and their head order is fixed by the keys'
+    heads, so the query and value parts are left unpermuted alike by the fused and the unfused attention."""
+
+    def forward(m, x):
+        q, _, v = parts(m, x).unbind(0)
+        k = keys_of_the_input(m, x)
+        if fused:
+            return m.out(merged(F.scaled_dot_product_attention(q, k, v)))
+        return m.out(merged(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v))
+
+    spec = invariant(Packed(forward), torch.randn(2, 9, 16))
+    q, k, v = spec.axes["qkv.weight"][0]
+    assert q.group is None and v.group is None and k.group is not None and spec.axes["out.weight"] == (None, None)
+    assert [p.node for p in spec.pinned] == ["scaled_dot_product_attention" if fused else "matmul"]

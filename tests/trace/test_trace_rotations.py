@@ -18,7 +18,7 @@ from lmclab.archs import gpt
 from lmclab.core.canonical import fold_gains, is_canonical
 from lmclab.core.orthogonal import random_orthogonal
 from lmclab.core.spec import apply_permutation, random_permutation
-from lmclab.trace import trace_spec
+from lmclab.trace import TraceError, trace_spec
 from lmclab.trace.kinds import WHOLE
 
 VOCAB, CONTEXT = 31, 8
@@ -201,6 +201,9 @@ class Stream(nn.Module):
         elif self.how == "conv1d reader":  # GPT-2's Conv1D: bias + x @ W with W (in, out), through a reshape
             h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
             s = s + self.back(torch.relu(torch.addmm(self.c1d_bias, h.reshape(-1, 4), self.c1d)))
+        elif self.how == "scaled conv1d reader":  # addmm's beta and alpha scale its bias and its product: still linear
+            h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
+            s = s + self.back(torch.relu(torch.addmm(self.c1d_bias, h.reshape(-1, 4), self.c1d, beta=0.5, alpha=2.0)))
         elif self.how == "square conv1d reader":  # (4, 4): no telling its input axis from its shape
             h = self.gain * (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6))
             s = s + torch.addmm(self.square_bias, h, self.square)
@@ -268,6 +271,7 @@ ORTH, CENT = "orthogonal", "centred"  # the kinds the proof may give; None: a pe
     + [("gain read by a norm", None), ("gained mean over samples", ORTH), ("gained sample picked", ORTH)]
     + [("True + gain", None), ("gain read through a copy", ORTH), ("cast 1 + gain", ORTH), ("plus zero", ORTH)]
     + [("conv1d reader", ORTH), ("square conv1d reader", None), ("gain moved off the last axis", None)]
+    + [("scaled conv1d reader", ORTH)]
     + [("gram", ORTH), ("gram over samples", None)],
 )
 def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
@@ -287,7 +291,7 @@ def test_each_rule_of_the_proof(how: str, kind: str | None) -> None:
     folded_gain += ("gain read through a copy", "cast 1 + gain")
     if how in (*folded_gain, "gained mean over samples", "gained sample picked"):
         assert spec.gains == {"norm.weight" if how == "layernorm" else "gain": ("fc.weight",)}
-    if how in ("conv1d reader", "square conv1d reader"):
+    if how in ("conv1d reader", "scaled conv1d reader", "square conv1d reader"):
         assert spec.gains == ({"gain": ("c1d",)} if kind else {})
     if how == "gain read by a norm":  # no gain of a permutation group is listed, the one the norm reads neither
         assert spec.gains == {}
@@ -377,3 +381,22 @@ def test_the_heads_of_a_whole_multihead_attention_module_stay_permutation_groups
     spec = trace_spec(_WholeAttention().double().eval(), x, symmetry="orthogonal")
     assert spec.heads and not set(spec.heads) & set(spec.kinds)
     assert {spec.kind_reasons[g] for g in spec.heads} == {WHOLE}
+
+
+class _OneUnit(nn.Module):
+    """One sample's single unit through an RMSNorm with its gain, returned as a 0-d tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.norm = nn.Linear(3, 1), nn.RMSNorm(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.a(x)).reshape(())
+
+
+def test_a_gained_output_reshaped_into_a_scalar_is_refused_at_the_reshape_for_rotations_too() -> None:
+    """The proof looks at the norm's readers before the reshape's own rule runs: a reshape to ``()`` is no linear
+    read (no last axis), and the reshape is then refused in one line as it is for permutations."""
+    for symmetry in ("permutation", "orthogonal"):
+        with pytest.raises(TraceError, match=r"node 'reshape': .*a reshape \(1, 1\) -> \(\) it cannot follow"):
+            trace_spec(_OneUnit(), torch.randn(1, 3), symmetry=symmetry)

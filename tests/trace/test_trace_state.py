@@ -76,8 +76,17 @@ def _tracer() -> GraphTracer:
         lambda t: t.writers.__setitem__(99, [("layer", "0")]),  # a group the union-find never made
         lambda t: t.tags.__setitem__(next(iter(t.tags)), Tag.of([(Seg(98, 4),)])),
         lambda t: t.names.update({t.groups.new(): "P_0", t.groups.new(): "P_0"}),  # one name, two groups
+        lambda t: t.names.update({t.groups.union(t.groups.new(), t.groups.new()) + 1: "P_9"}),  # the joined child
     ],
-    ids=["foreign-node", "short-layout", "missing-axis", "unknown-writer", "unknown-group", "one-name-twice"],
+    ids=[
+        "foreign-node",
+        "short-layout",
+        "missing-axis",
+        "unknown-writer",
+        "unknown-group",
+        "one-name-twice",
+        "name-of-a-non-root",
+    ],
 )
 def test_check_fails_on_a_state_that_breaks_an_invariant(breaks) -> None:
     tracer = _tracer()

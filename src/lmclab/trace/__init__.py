@@ -122,7 +122,7 @@ def trace(model: nn.Module, example_inputs: Inputs, *, partial: bool = False, sy
         gm = _exported(model, args, kwargs, exc)  # with the shapes it ran on
     else:
         _propagate(gm, model, inputs)
-    tracer = GraphTracer(gm, partial, symmetry)
+    tracer = GraphTracer(gm, partial, symmetry, state_keys=set(model.state_dict()))
     tracer.run()
     return tracer.result(model)
 

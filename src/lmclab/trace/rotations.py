@@ -206,7 +206,7 @@ class RotationRules(TraceState):
                 if not (isinstance(w, fx.Node) and w.op == "get_attr"):
                     return None
                 readers.append(str(w.target))
-            elif user.target in ADDMM and user.args[1] is node and len(user.args) == 3 and not user.kwargs:
+            elif user.target in ADDMM and user.args[1] is node and len(user.args) == 3:  # beta, alpha: still linear
                 w = user.args[2]  # GPT-2's Conv1D: x @ W + b, W of shape (in, out), read along its rows
                 if not (isinstance(w, fx.Node) and w.op == "get_attr") or len(set(self.shape(w) or ())) < 2:
                     return None  # a square W would leave the folding no way to tell its input axis

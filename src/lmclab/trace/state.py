@@ -34,7 +34,7 @@ class TraceState:
     tags: dict[fx.Node, Tag | None] = field(default_factory=dict)  # each node met: its output's layouts
     axes: dict[str, list[Layout]] = field(default_factory=dict)  # parameter or buffer -> its axes' layouts
     writers: dict[int, list[tuple[str, str]]] = field(default_factory=dict)  # group -> (norm | layer, point)
-    state_keys: set[str] = field(init=False)  # the graph module's state_dict keys, its copied constants left out
+    state_keys: set[str] | None = None  # the model's state_dict keys (None: the graph module's, constants left out)
     names: dict[int, str] = field(default_factory=dict)  # union-find root -> P_k, filled by result()
     attention_heads: dict[fx.Node, tuple[int, int, int]] = field(default_factory=dict)  # MHA -> (tie, H, ndim)
     packed: dict[fx.Node, tuple[int, list[Tag | None]]] = field(default_factory=dict)  # (part axis, parts' tags)
@@ -47,7 +47,8 @@ class TraceState:
     gain_offsets: dict[str, float] = field(default_factory=dict)  # a gain read as c + w -> c
 
     def __post_init__(self) -> None:
-        self.state_keys = {k for k in self.gm.state_dict() if not CONSTANT.fullmatch(k)}
+        if self.state_keys is None:
+            self.state_keys = {k for k in self.gm.state_dict() if not CONSTANT.fullmatch(k)}
         self.groups.partial = self.partial
 
     def check(self) -> None:
