@@ -108,6 +108,30 @@ def test_activation_matching_finds_the_rotation_by_procrustes_on_the_cross_momen
     assert lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100.0, abs=1e-6)
 
 
+def test_ste_trains_latent_maps_projected_to_the_mixed_group_from_weight_matching_s_start(planted) -> None:
+    """STE over orthogonal groups (Theus et al. 2025, Algorithm 1): each projection is an element of the mixed
+    group (an orthogonal matrix on the stream, orthogonal maps inside heads, index permutations of the MLP
+    units). On the planted copy the first projection, weight matching's data-free start, is the planted element
+    (kept: a small step only raises the held-out loss); on an independent pair one epoch of training lowers
+    the held-out midpoint loss below that start's."""
+    model_a, model_b, spec = planted
+    x, y = _tokens(64)
+    options = {"epochs": 1, "batch_size": 16, "lr": 0.01}
+    res = lmclab.align(model_a, model_b, method="ste", symmetry="orthogonal", data=(x, y), options=options)
+    assert res.stats["best_epoch"] == 0 and lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100, abs=1e-6)
+    other = _model(seed=1)
+    res = lmclab.align(model_a, other, method="ste", symmetry="orthogonal", data=(x, y), options=options | {"lr": 0.05})
+    start, trained = (row["heldout_loss"] for row in res.stats["curve"])
+    assert res.stats["best_epoch"] == 1 and trained < start - 0.05
+    sizes = spec.group_sizes(fold_gains(spec, other.state_dict()))
+    lmclab.core.spec.check_permutation(res.perm, sizes, spec.heads, spec.kinds)
+    stream = _stream(spec)
+    assert res.perm[stream].shape == (12, 12) and not torch.equal(
+        res.perm[stream].abs().round(), res.perm[stream].abs()
+    )
+    assert all(res.perm[g].dim() == 1 for g in set(res.perm) - set(spec.kinds))  # the MLP units: permutations
+
+
 @pytest.mark.parametrize("method", ["wm", "am"])
 def test_a_layernorm_copy_rotated_about_the_all_ones_vector_is_aligned_back(method: str) -> None:
     model_a, model_b, spec = _planted(norm="layernorm", position="learned")
@@ -128,7 +152,8 @@ def test_the_refusals_name_their_argument(planted) -> None:
     ):
         lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
     with pytest.raises(
-        ValueError, match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry orthogonal by \('wm', 'am'\)$"
+        ValueError,
+        match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry orthogonal by \('wm', 'am', 'ste'\)$",
     ):
         lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
     pearson = (

@@ -119,5 +119,7 @@ def test_match_aligns_tied_folders_untied_and_merge_writes_the_head_as_its_value
 def test_match_refuses_a_method_without_orthogonal_steps_on_a_tied_folder(tied: Path) -> None:
     args = ("match", "a", "c", "--symmetry", "orthogonal", "--method", "wm_sinkhorn", "--out", "r.pt")
     err = lmclab(tied, *args, ok=False, shell=False).stderr
-    assert err == "error: --method: 'wm_sinkhorn' seeks permutations only; --symmetry orthogonal by ('wm', 'am')\n"
+    assert (
+        err == "error: --method: 'wm_sinkhorn' seeks permutations only; --symmetry orthogonal by ('wm', 'am', 'ste')\n"
+    )
     assert not (tied / "r.pt").exists()

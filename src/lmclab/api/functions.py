@@ -162,7 +162,8 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
     )
 
 
-ORTHOGONAL_METHODS = ("wm", "am")  # the methods that seek orthogonal maps (Procrustes steps; lmclab.core.orthogonal)
+# the methods that seek orthogonal maps (Procrustes steps, lmclab.core.orthogonal; STE's projections are WM's)
+ORTHOGONAL_METHODS = ("wm", "am", "ste")
 
 
 def check_symmetry(symmetry: str, method: str) -> None:

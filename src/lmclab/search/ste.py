@@ -14,6 +14,13 @@ SGD lr 0.01, momentum 0.9). Which permutation is returned (``select``):
   (epoch 0 is the first projection, i.e. plain WM from θa), which is less noisy than one minibatch.
 
 Only matched entries are trained; running statistics follow π.
+
+**Orthogonal groups** (a spec with kinds, ``symmetry="orthogonal"``): the projection is weight matching over
+the mixed group (:mod:`lmclab.search.wm_orthogonal`), so each orthogonal group of θ̃ is projected to the
+polar factor of its cost (orthogonal Procrustes) beside the assignments of the permutation groups, and the
+first projection is that search's data-free start from θa — Theus et al. (2025), Algorithm 1: a latent
+matrix per group, projected to the group, trained on the task loss of the merge from weight matching's
+solution. (Their loss is drawn at λ ∈ U(0.4, 0.6); this one is the midpoint's, as Ainsworth et al.'s.)
 """
 
 from __future__ import annotations
