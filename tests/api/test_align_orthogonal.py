@@ -132,6 +132,36 @@ def test_ste_trains_latent_maps_projected_to_the_mixed_group_from_weight_matchin
     assert all(res.perm[g].dim() == 1 for g in set(res.perm) - set(spec.kinds))  # the MLP units: permutations
 
 
+def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_models_closer_than_permutations(
+    planted,
+) -> None:
+    """MergeMany over orthogonal groups (each model's step is weight matching over the mixed group): three copies
+    of one model, two rotated and permuted by other elements, merge back to its function; three independent
+    models end closer to their mean, Σ‖π_i(θ_i) − θ̄‖², than permutations bring their canonical copies; a
+    method without orthogonal steps is refused in one line."""
+    model_a, _, spec = planted
+    x = _tokens()[0]
+    folded, copies = fold_gains(spec, model_a.state_dict()), [model_a]
+    for seed in (4, 5):
+        perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        copies.append(apply_permutation(spec, perm, folded))
+    res = lmclab.merge_many(copies, symmetry="orthogonal", model=model_a, example_inputs=x)
+    assert res.stats["distance"][-1] < 1e-20 and res.perms[1][_stream(spec)].shape == (12, 12)
+    twin = copy.deepcopy(model_a)
+    twin.load_state_dict(res.merged)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model_a(x), rtol=1e-9, atol=1e-9)
+    models = [model_a, _model(seed=1), _model(seed=2)]
+    rotated = lmclab.merge_many(models, symmetry="orthogonal", example_inputs=x).stats["distance"]
+    canonical = [lmclab.canonicalize(m, x) for m in models]
+    permuted = lmclab.merge_many(canonical, example_inputs=x).stats["distance"]
+    assert rotated[0] == pytest.approx(permuted[0], rel=1e-12) and rotated[-1] < 0.9 * permuted[-1]
+    with pytest.raises(
+        ValueError, match=_whole("method: 'c2m3' seeks permutations only; symmetry orthogonal by ('merge_many',)")
+    ):
+        lmclab.merge_many(models, method="c2m3", symmetry="orthogonal", example_inputs=x)
+
+
 @pytest.mark.parametrize("method", ["wm", "am"])
 def test_a_layernorm_copy_rotated_about_the_all_ones_vector_is_aligned_back(method: str) -> None:
     model_a, model_b, spec = _planted(norm="layernorm", position="learned")
