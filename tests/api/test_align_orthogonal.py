@@ -84,6 +84,8 @@ def test_a_rotated_and_permuted_copy_is_aligned_back_with_no_barrier(planted, tm
     assert res.spec.kinds == spec.kinds and res.perm[next(iter(spec.kinds))].shape == (12, 12)
     curve = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=5)
     assert abs(curve.barrier()) <= 1e-6
+    repaired = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), repair="repair", repair_data=(x, y))
+    assert abs(repaired.barrier()) <= 1e-6  # REPAIR on the aligned pair, in the canonical form
     merged = lmclab.merge(model_a, model_b, res, lam=0.3)
     twin = copy.deepcopy(model_a)
     twin.load_state_dict(merged)  # the input's own architecture, in canonical form (gains 1)
