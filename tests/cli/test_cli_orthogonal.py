@@ -73,7 +73,8 @@ def test_merge_many_merges_a_rotated_copy_back_into_a_folder_of_a_s_function(wor
     args = ("merge-many", "a", "b", "--method", "c2m3", "--symmetry", "orthogonal", "--out", "x")
     refused = lmclab(work, *args, ok=False, shell=False)
     assert (
-        refused.stderr == "error: --method: 'c2m3' seeks permutations only; --symmetry orthogonal by ('merge_many',)\n"
+        refused.stderr
+        == "error: --method: 'c2m3' seeks permutations only; --symmetry orthogonal by ('merge_many', 'star')\n"
     )
     assert not (work / "x").exists()
 
