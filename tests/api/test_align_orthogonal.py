@@ -84,6 +84,8 @@ def test_a_rotated_and_permuted_copy_is_aligned_back_with_no_barrier(planted, tm
     assert res.spec.kinds == spec.kinds and res.perm[next(iter(spec.kinds))].shape == (12, 12)
     curve = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=5)
     assert abs(curve.barrier()) <= 1e-6
+    repaired = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), repair="repair", repair_data=(x, y))
+    assert abs(repaired.barrier()) <= 1e-6  # REPAIR on the aligned pair, in the canonical form
     merged = lmclab.merge(model_a, model_b, res, lam=0.3)
     twin = copy.deepcopy(model_a)
     twin.load_state_dict(merged)  # the input's own architecture, in canonical form (gains 1)
@@ -130,6 +132,39 @@ def test_ste_trains_latent_maps_projected_to_the_mixed_group_from_weight_matchin
         res.perm[stream].abs().round(), res.perm[stream].abs()
     )
     assert all(res.perm[g].dim() == 1 for g in set(res.perm) - set(spec.kinds))  # the MLP units: permutations
+
+
+def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_models_closer_than_permutations(
+    planted,
+) -> None:
+    """MergeMany over orthogonal groups (each model's step is weight matching over the mixed group): three copies
+    of one model, two rotated and permuted by other elements, merge back to its function; three independent
+    models end closer to their mean, Σ‖π_i(θ_i) − θ̄‖², than permutations bring their canonical copies; a
+    method without orthogonal steps is refused in one line."""
+    model_a, _, spec = planted
+    x = _tokens()[0]
+    folded, copies = fold_gains(spec, model_a.state_dict()), [model_a]
+    for seed in (4, 5):
+        perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        copies.append(apply_permutation(spec, perm, folded))
+    res = lmclab.merge_many(copies, symmetry="orthogonal", model=model_a, example_inputs=x)
+    assert res.stats["distance"][-1] < 1e-20 and res.perms[1][_stream(spec)].shape == (12, 12)
+    star = lmclab.merge_many(copies, method="star", symmetry="orthogonal", model=model_a, example_inputs=x)
+    torch.testing.assert_close(star.merged, folded, rtol=0, atol=1e-9)  # each copy matched to the first's frame
+    twin = copy.deepcopy(model_a)
+    twin.load_state_dict(res.merged)  # MergeMany's frame: one of the group's, the function the same
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model_a(x), rtol=1e-9, atol=1e-9)
+    models = [model_a, _model(seed=1), _model(seed=2)]
+    rotated = lmclab.merge_many(models, symmetry="orthogonal", example_inputs=x).stats["distance"]
+    canonical = [lmclab.canonicalize(m, x) for m in models]
+    permuted = lmclab.merge_many(canonical, example_inputs=x).stats["distance"]
+    assert rotated[0] == pytest.approx(permuted[0], rel=1e-12) and rotated[-1] < 0.9 * permuted[-1]
+    with pytest.raises(
+        ValueError,
+        match=_whole("method: 'c2m3' seeks permutations only; symmetry orthogonal by ('merge_many', 'star')"),
+    ):
+        lmclab.merge_many(models, method="c2m3", symmetry="orthogonal", example_inputs=x)
 
 
 @pytest.mark.parametrize("method", ["wm", "am"])

@@ -66,6 +66,19 @@ def test_match_undoes_a_rotated_stream_and_merge_writes_a_folder_of_a_s_function
     assert (_logits(work / "permuted") - reference).abs().max() > 1e-2
 
 
+def test_merge_many_merges_a_rotated_copy_back_into_a_folder_of_a_s_function(work: Path) -> None:
+    out = lmclab(work, "merge-many", "a", "b", "--symmetry", "orthogonal", "--out", "many").stdout
+    assert out.startswith("merge_many: 2 models (1 orthogonal), ")
+    torch.testing.assert_close(_logits(work / "many"), _logits(work / "a"), rtol=1e-4, atol=1e-4)
+    args = ("merge-many", "a", "b", "--method", "c2m3", "--symmetry", "orthogonal", "--out", "x")
+    refused = lmclab(work, *args, ok=False, shell=False)
+    assert (
+        refused.stderr
+        == "error: --method: 'c2m3' seeks permutations only; --symmetry orthogonal by ('merge_many', 'star')\n"
+    )
+    assert not (work / "x").exists()
+
+
 def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None:
     (tmp_path / "llama_factory.py").write_text(
         "import transformers\n"

@@ -13,6 +13,7 @@ from torch.func import functional_call
 
 from lmclab.archs import gpt
 from lmclab.core.assignment import solve_assignment
+from lmclab.core.heads import tie_sets
 from lmclab.core.orthogonal import as_matrix
 from lmclab.core.spec import PermutationSpec, apply_permutation, compose, invert, random_permutation
 from lmclab.search.weight_matching import matching_objective, weight_matching
@@ -147,3 +148,5 @@ def test_orthogonal_matching_stops_at_max_iter_or_tol_and_keeps_the_best_of_its_
     assert finals == [first.stats["objective"][-1], second.stats["objective"][-1]] and finals[0] != finals[1]
     assert two.stats["objective"][-1] == max(finals) == finals[two.stats["kept_start"]]
     assert (first.stats["first_start"], second.stats["first_start"]) == ("constant terms", "init_perm")
+    units = len(tie_sets(spec.group_sizes(params_a), spec.heads))  # each solved once a sweep (each has a cost)
+    assert (once.stats["assignments"], two.stats["assignments"]) == (units, 2 * units)

@@ -166,14 +166,13 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
 ORTHOGONAL_METHODS = ("wm", "am", "ste")
 
 
-def check_symmetry(symmetry: str, method: str) -> None:
-    """One line naming ``symmetry`` or ``method`` unless ``method`` seeks elements of that kind."""
+def check_symmetry(symmetry: str, method: str, seekers: tuple[str, ...] = ORTHOGONAL_METHODS) -> None:
+    """One line naming ``symmetry`` or ``method`` unless ``method`` (one of ``seekers`` for orthogonal maps) seeks
+    elements of that kind."""
     if symmetry not in SYMMETRIES:
         raise OptionError(f"{{symmetry}}: expected one of {SYMMETRIES}, got {got(symmetry)}")
-    if symmetry == "orthogonal" and method not in ORTHOGONAL_METHODS:
-        raise OptionError(
-            f"{{method}}: {got(method)} seeks permutations only; {{symmetry}} orthogonal by {ORTHOGONAL_METHODS}"
-        )
+    if symmetry == "orthogonal" and method not in seekers:
+        raise OptionError(f"{{method}}: {got(method)} seeks permutations only; {{symmetry}} orthogonal by {seekers}")
 
 
 def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:

@@ -34,9 +34,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from lmclab.api.alignment import short_groups, short_stats
-from lmclab.api.functions import checked_options, training_data
+from lmclab.api.functions import check_symmetry, checked_options, in_symmetry, training_data
 from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, read_weights, resolve, skeleton
 from lmclab.core.bn_repair import repair_bn, repair_subset
+from lmclab.core.canonical import fold_gains
 from lmclab.core.device import resolve_device
 from lmclab.core.options import keyed_errors
 from lmclab.core.repair import merged_targets, repair_to
@@ -75,10 +76,14 @@ class ManyMerge:
         )
 
 
-def _check_call(models: Sequence[Model], method: str, options, data, repair) -> dict[str, Any]:
+ORTHOGONAL_MANY = ("merge_many", "star")  # the n-model methods whose steps are weight matching's: orthogonal too
+
+
+def _check_call(models: Sequence[Model], method: str, options, data, repair, symmetry) -> dict[str, Any]:
     if isinstance(models, Mapping | nn.Module) or not isinstance(models, Sequence) or len(models) < 2:
         raise ValueError("models: expected a list of at least 2 models (nn.Modules, state dicts or checkpoint paths)")
     options = checked_options(method, options, check=check_many)
+    check_symmetry(symmetry, method, ORTHOGONAL_MANY)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} reads the models' activations and needs training data")
     if repair not in REPAIRS:
@@ -92,6 +97,7 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
     models: Sequence[Model],
     *,
     method: str = "merge_many",
+    symmetry: str = "permutation",
     spec: PermutationSpec | None = None,
     example_inputs: Tensor | Sequence[Any] | Mapping[str, Any] | None = None,
     data: Data | None = None,
@@ -120,24 +126,28 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
     statistics, ``repair`` rescales units to the endpoints' mean statistics (REPAIR,
     :func:`lmclab.core.repair.repair_merged`), ``auto`` the one that fits the model
     (:mod:`lmclab.core.repairs`); ``progress``: a tqdm bar over the method's steps on stderr. Returns a
-    :class:`ManyMerge` (tensors on the CPU)."""
-    options = _check_call(models, method, options, data, repair)
+    :class:`ManyMerge` (tensors on the CPU). ``symmetry="orthogonal"`` (``method`` ``"merge_many"`` or ``"star"``): each
+    model's step is weight matching over the groups the tracer proves orthogonal (:func:`lmclab.align`'s), and the
+    models, their merge and its repair are in the canonical form, their gains folded."""
+    options = _check_call(models, method, options, data, repair, symmetry)
     names = [f"models[{i}]" for i in range(len(models))]
     opened = open_models(models, names, model=model, factory=factory, kwargs=kwargs)
     problem = resolve(
         opened.models[0],
-        spec=spec if spec is not None else opened.spec,
+        spec=spec if spec is not None else opened.spec if symmetry == "permutation" else None,  # kinds: traced
         model=opened.model,
         example_inputs=example_inputs,
         data=data,
         device=device,
         needs_forward=needs_model(method) or repair != "none",
         partial=partial,
+        symmetry=symmetry,
     )
+    problem = in_symmetry(problem, symmetry, type(problem.model or opened.model or opened.models[0]).__name__)
     weights = read_weights(opened.models, names, problem.device)  # in one dtype, each one's own kept
-    params = weights.params
-    for p, name in zip(params, names, strict=True):
+    for p, name in zip(weights.params, names, strict=True):
         problem.spec.check(p, name)
+    params = [fold_gains(problem.spec, p, name) for p, name in zip(weights.params, names, strict=True)]
     points = points if points is not None else opened.points if opened.spec is not None else problem.points
     # REPAIR and the BatchNorm reset revisit a fixed subset: with a repair the data is held in memory
     held = repair != "none"
@@ -154,7 +164,7 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
         data=train,
         progress=progress,
     )
-    return _collected(method, problem, weights, result, fix, fix and fix[2])
+    return _collected(method, problem, weights, params, result, fix)
 
 
 def _repair_of(repair: str, net: nn.Module | None, train: Any) -> tuple[str, Any, Any] | None:
@@ -169,14 +179,14 @@ def _repair_of(repair: str, net: nn.Module | None, train: Any) -> tuple[str, Any
         return kind, repaired_merge(kind, net, train), train
 
 
-def _collected(method, problem, weights, result, fix, train) -> ManyMerge:
-    """The :class:`ManyMerge` of ``result``, its merge repaired by ``fix`` (the pipeline's repairs of
-    :mod:`lmclab.analysis.many_models`), every tensor on the CPU; each model in its input's own dtype (the
-    merged one in ``models[0]``'s)."""
+def _collected(method, problem, weights, params, result, fix) -> ManyMerge:
+    """The :class:`ManyMerge` of ``result`` on ``params`` (the models as searched, gains folded), its merge
+    repaired by ``fix`` (the pipeline's repairs of :mod:`lmclab.analysis.many_models`, and its data), every
+    tensor on the CPU; each model in its input's own dtype (the merged one in ``models[0]``'s)."""
     from lmclab.search.features import repair_transformed
     from lmclab.search.universe import aligned_models
 
-    params = weights.params
+    train = fix and fix[2]
 
     def cpu(p, index=0):
         return {k: v.cpu() for k, v in weights.own(index, p).items()}

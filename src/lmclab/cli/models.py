@@ -143,6 +143,7 @@ def merge_many(  # size: a typer command's signature lists each of its options
         ..., help="the models to merge (state dicts, Hugging Face folders or lmclab checkpoints), 2 or more"
     ),
     method: str = typer.Option("merge_many", help=f"one of {', '.join(MANY_METHODS)}"),
+    symmetry: str = SYMMETRY,
     out: Path = OUT_MERGED,
     factory: str = FACTORY,
     kwargs: str = KWARGS,
@@ -158,8 +159,12 @@ def merge_many(  # size: a typer command's signature lists each of its options
     partial: bool = PARTIAL,
     progress: bool = PROGRESS,
 ) -> None:
-    """Merge N models into one by an n-model method; write the merged state dict to --out."""
+    """Merge N models into one by an n-model method (MergeMany: --symmetry orthogonal too); write the merged state
+    dict to --out."""
     from lmclab.api import merge_many as merge_models
+    from lmclab.api.functions import check_symmetry, untied_copy
+    from lmclab.api.many import ORTHOGONAL_MANY
+    from lmclab.core.canonical import shared_parameters
     from lmclab.core.repairs import check_repair, resolved_repair
     from lmclab.search import needs_data
     from lmclab.search.many_methods import check_many
@@ -172,6 +177,7 @@ def merge_many(  # size: a typer command's signature lists each of its options
     output_for(out, models[0], "--out")
     with flagged():
         check_repair(repair)  # the name only: whether it fits the model is checked once the model is read
+        check_symmetry(symmetry, method, ORTHOGONAL_MANY)
     if (needs_data(method) or repair != "none") and data is None:
         why = f"method {method!r} reads activations" if needs_data(method) else f"--repair {repair} measures statistics"
         raise ValueError(f"--data: {why}; give a data set name or prepared folder")
@@ -185,13 +191,17 @@ def merge_many(  # size: a typer command's signature lists each of its options
         check_inputs(net, params[0], train, data)
     with flagged():
         resolved_repair(repair, net)
+    traced, inputs, searched = symmetry != "permutation", trace_inputs(net, shape), net  # kinds: the tracer's
+    if traced and net is not None and inputs is not None and shared_parameters(net):
+        searched = untied_copy(net, inputs)[0]  # a tied head: merged untied, written tied where the merge allows
     res = merge_models(
         params,
         method=method,
-        spec=spec,
-        model=net,
-        points=points,
-        example_inputs=trace_inputs(net, shape),
+        symmetry=symmetry,
+        spec=None if traced else spec,
+        model=searched,
+        points=None if traced else points,
+        example_inputs=inputs,
         data=train,
         repair=repair,
         repair_samples=parse_samples(repair_samples),
@@ -203,7 +213,9 @@ def merge_many(  # size: a typer command's signature lists each of its options
     )
     write_merged(out, models[0], net, res.merged)
     repaired = f", repaired ({res.repair})" if res.repair else ""
-    typer.echo(f"{method}: {len(models)} models, {res.stats.get('seconds', 0.0):.2f} s{repaired}; wrote {out}")
+    rotated = f" ({sum(p.dim() == 2 for p in res.perms[0].values())} orthogonal)" if traced else ""
+    seconds = res.stats.get("seconds", 0.0)
+    typer.echo(f"{method}: {len(models)} models{rotated}, {seconds:.2f} s{repaired}; wrote {out}")
 
 
 @one_line

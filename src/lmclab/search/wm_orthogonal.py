@@ -80,7 +80,7 @@ def orthogonal_matching(
     constant-term start (or ``init_perm``), the identity, then random elements — the highest ⟨θa, π(θb)⟩
     kept (module docstring; ``options``: :class:`lmclab.search.weight_matching.WMOptions`)."""
     start, sizes = time.perf_counter(), spec.group_sizes(params_a)
-    best, finals = None, []
+    best, finals, solves = None, [], 0
     for k in range(options.restarts):
         if k == 0:
             init = dict(init_perm) if init_perm is not None else constant_start(spec, params_a, params_b, solve)
@@ -88,12 +88,14 @@ def orthogonal_matching(
             init = identity_permutation(sizes)
         else:
             init = random_permutation(sizes, generator, spec.heads, spec.kinds)
-        perm, objective = _descend(spec, params_a, params_b, init, options, solve, generator)
+        perm, objective, count = _descend(spec, params_a, params_b, init, options, solve, generator)
         finals.append(objective[-1])
+        solves += count
         if best is None or objective[-1] > best[1][-1]:
             best = (perm, objective, k)
     perm, objective, kept = best
     stats = {"objective": objective, "sweeps": len(objective) - 1, "restart_objectives": finals, "kept_start": kept}
+    stats["assignments"] = solves  # the steps solved: assignments, and Procrustes steps of orthogonal groups
     stats["first_start"] = "init_perm" if init_perm is not None else "constant terms"
     return SearchResult(perm, {**stats, "lap_backend": options.lap_backend, "seconds": time.perf_counter() - start})
 
@@ -106,9 +108,10 @@ def _descend(
     options: Any,
     solve: Any,
     generator: torch.Generator,
-) -> tuple[Permutation, list[float]]:
-    """Coordinate descent from ``perm`` to a sweep that gains no more than ``options.tol``."""
-    perm = dict(perm)
+) -> tuple[Permutation, list[float], int]:
+    """Coordinate descent from ``perm`` to a sweep that gains no more than ``options.tol``: the element, the
+    objective after each sweep, the steps solved."""
+    perm, solves = dict(perm), 0
     units = tie_sets(spec.group_sizes(params_a), spec.heads)
     objective = [matching_objective(spec, perm, params_a, params_b)]
     for _ in range(options.max_iter):
@@ -117,8 +120,9 @@ def _descend(
             if any(c is None for c in costs.values()):
                 continue  # a group acting on running statistics only: no cost
             perm.update(solve_tied(costs, spec.heads, solve, spec.kinds))
+            solves += 1
         objective.append(matching_objective(spec, perm, params_a, params_b))
         tick(objective=f"{objective[-1]:.4g}")
         if objective[-1] - objective[-2] <= options.tol * abs(objective[-2]):
             break
-    return perm, objective
+    return perm, objective, solves
