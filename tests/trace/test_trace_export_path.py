@@ -87,3 +87,14 @@ def test_the_project_s_architectures_trace_alike_through_torch_export(case: str,
     x = torch.randint(0, 5, (2, *shape)) if arch == "gpt" else torch.randn(2, *shape)
     for symmetry in ("permutation", "orthogonal"):
         assert exported(model, x, symmetry=symmetry) == trace_spec(model, x, symmetry=symmetry)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_packed_q_k_v_unbound_into_its_parts_traces_alike_through_torch_export(fused: bool, exported) -> None:
+    """timm's attention (``qkv.unbind(0)``): torch.export records ``aten.unbind.int``, read as ``torch.unbind``."""
+    from test_trace_packed import Attention
+
+    torch.manual_seed(0)
+    model, x = Attention(16, 4, fused=fused).eval(), torch.randn(2, 5, 16)
+    for symmetry in ("permutation", "orthogonal"):
+        assert exported(model, x, symmetry=symmetry) == trace_spec(model, x, symmetry=symmetry)

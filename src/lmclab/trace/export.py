@@ -46,6 +46,7 @@ SAME_ARGS = {
     aten._unsafe_view.default: torch.reshape,
     aten.flatten.using_ints: torch.flatten,
     aten.cat.default: torch.cat,
+    aten.unbind.int: torch.unbind,  # (input, dim): packed q/k/v unbound into its parts
     aten.mean.dim: torch.mean,
     aten.sum.dim_IntList: torch.mean,  # a sum over axes: the same rule as a mean
     aten.softmax.int: torch.softmax,
