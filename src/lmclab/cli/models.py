@@ -6,6 +6,7 @@ Definition 2.1). Each is the API's function of the same name on files (:mod:`lmc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -67,8 +68,6 @@ def match(  # size: a typer command's signature lists each of its options
     """Find the permutation of B's hidden units (or, --symmetry orthogonal, orthogonal maps of its streams) that
     aligns B to A; write it to --out."""
     from lmclab.api import align, l2_reduction
-    from lmclab.api.functions import untied_copy
-    from lmclab.core.canonical import shared_parameters
     from lmclab.search import check_method, needs_data
 
     options = checked_options(check_method, method, option)
@@ -82,11 +81,9 @@ def match(  # size: a typer command's signature lists each of its options
     if train is not None and net is not None:
         check_inputs(net, params_a, train, data)
     traced = symmetry != "permutation"  # the kinds are the tracer's: a checkpoint's own spec has none
-    inputs, untied = trace_inputs(net, shape), []
+    inputs = trace_inputs(net, shape)
     with flagged():
-        if traced and net is not None and inputs is not None and shared_parameters(net):
-            twin = untied_copy(net, inputs)[0]  # a tied head: matched untied, as lmclab.canonicalize leaves it
-            untied, net = [names for names in shared_parameters(net) if names not in shared_parameters(twin)], twin
+        net, untied = _untied(net, inputs) if traced else (net, [])  # a tied head: matched untied
         res = align(
             params_a,
             params_b,
@@ -110,6 +107,18 @@ def match(  # size: a typer command's signature lists each of its options
         f"{method}: {len(res.perm)} groups{rotated}{note}, {res.stats.get('seconds', 0.0):.2f} s; "
         f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
     )
+
+
+def _untied(net, inputs) -> tuple[Any, list[tuple[str, ...]]]:
+    """The module an orthogonal search traces: ``net`` with each tensor it shares off a norm's gain untied (a head
+    tied to the embeddings, as :func:`lmclab.canonicalize` leaves it), and the names of the tensors untied."""
+    from lmclab.api.functions import untied_copy
+    from lmclab.core.canonical import shared_parameters
+
+    if net is None or inputs is None or not shared_parameters(net):
+        return net, []
+    twin = untied_copy(net, inputs)[0]
+    return twin, [names for names in shared_parameters(net) if names not in shared_parameters(twin)]
 
 
 @one_line
@@ -162,9 +171,8 @@ def merge_many(  # size: a typer command's signature lists each of its options
     """Merge N models into one by an n-model method (MergeMany, star: --symmetry orthogonal too); write the merged
     state dict to --out."""
     from lmclab.api import merge_many as merge_models
-    from lmclab.api.functions import check_symmetry, untied_copy
+    from lmclab.api.functions import check_symmetry
     from lmclab.api.many import ORTHOGONAL_MANY
-    from lmclab.core.canonical import shared_parameters
     from lmclab.core.repairs import check_repair, resolved_repair
     from lmclab.search import needs_data
     from lmclab.search.many_methods import check_many
@@ -191,9 +199,8 @@ def merge_many(  # size: a typer command's signature lists each of its options
         check_inputs(net, params[0], train, data)
     with flagged():
         resolved_repair(repair, net)
-    traced, inputs, searched = symmetry != "permutation", trace_inputs(net, shape), net  # kinds: the tracer's
-    if traced and net is not None and inputs is not None and shared_parameters(net):
-        searched = untied_copy(net, inputs)[0]  # a tied head: merged untied, written tied where the merge allows
+    traced, inputs = symmetry != "permutation", trace_inputs(net, shape)  # kinds: the tracer's
+    searched = _untied(net, inputs)[0] if traced else net  # a tied head: merged untied, written tied where equal
     res = merge_models(
         params,
         method=method,
