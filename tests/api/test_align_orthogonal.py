@@ -149,8 +149,9 @@ def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_m
         copies.append(apply_permutation(spec, perm, folded))
     res = lmclab.merge_many(copies, symmetry="orthogonal", model=model_a, example_inputs=x)
     assert res.stats["distance"][-1] < 1e-20 and res.perms[1][_stream(spec)].shape == (12, 12)
-    star = lmclab.merge_many(copies, method="star", symmetry="orthogonal", model=model_a, example_inputs=x)
-    torch.testing.assert_close(star.merged, folded, rtol=0, atol=1e-9)  # each copy matched to the first's frame
+    for method in ("star", "sync"):  # each copy matched to the first's frame; sync: every pair, synchronised
+        found = lmclab.merge_many(copies, method=method, symmetry="orthogonal", model=model_a, example_inputs=x)
+        torch.testing.assert_close(found.merged, folded, rtol=0, atol=1e-9)
     twin = copy.deepcopy(model_a)
     twin.load_state_dict(res.merged)  # MergeMany's frame: one of the group's, the function the same
     with torch.no_grad():
@@ -162,7 +163,7 @@ def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_m
     assert rotated[0] == pytest.approx(permuted[0], rel=1e-12) and rotated[-1] < 0.9 * permuted[-1]
     with pytest.raises(
         ValueError,
-        match=_whole("method: 'c2m3' seeks permutations only; symmetry orthogonal by ('merge_many', 'star')"),
+        match=_whole("method: 'c2m3' seeks permutations only; symmetry orthogonal by ('merge_many', 'star', 'sync')"),
     ):
         lmclab.merge_many(models, method="c2m3", symmetry="orthogonal", example_inputs=x)
 

@@ -74,7 +74,7 @@ def test_merge_many_merges_a_rotated_copy_back_into_a_folder_of_a_s_function(wor
     refused = lmclab(work, *args, ok=False, shell=False)
     assert (
         refused.stderr
-        == "error: --method: 'c2m3' seeks permutations only; --symmetry orthogonal by ('merge_many', 'star')\n"
+        == "error: --method: 'c2m3' seeks permutations only; --symmetry orthogonal by ('merge_many', 'star', 'sync')\n"
     )
     assert not (work / "x").exists()
 

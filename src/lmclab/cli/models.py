@@ -168,7 +168,7 @@ def merge_many(  # size: a typer command's signature lists each of its options
     partial: bool = PARTIAL,
     progress: bool = PROGRESS,
 ) -> None:
-    """Merge N models into one by an n-model method (MergeMany, star: --symmetry orthogonal too); write the merged
+    """Merge N models into one by an n-model method (MergeMany, star, sync: --symmetry orthogonal too); write the merged
     state dict to --out."""
     from lmclab.api import merge_many as merge_models
     from lmclab.api.functions import check_symmetry

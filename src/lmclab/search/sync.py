@@ -9,6 +9,11 @@ eigenvectors ``V`` of Q (any basis of that space: V R) give each model's map up 
 fixed by model 0: ``U_i ≈ V_0 V_iᵀ`` (up to the factor N), rounded to the permutation maximising
 ``⟨U_i, ·⟩`` (headed groups of one tie: the structured assignment). Model 0's frame is the universe.
 The result is cycle-consistent by construction; on consistent input it returns the pairwise maps.
+
+A group of orthogonal kind (``symmetry="orthogonal"``) is synchronised alike: its pairwise maps are orthogonal
+matrices ``O_ij``, ``Q = [O_ij]`` is again ``V Vᵀ`` on consistent input (the spectral synchronisation of
+rotations, Singer 2011), and ``V_0 V_iᵀ`` is rounded to the nearest orthogonal map, its polar factor (inside
+heads and for the other kinds, :func:`lmclab.core.heads.solve_tied`'s exact step).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from torch import Tensor
 from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, OptionError, option, takes
+from lmclab.core.orthogonal import as_matrix
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.universe import UniverseResult, universe_result
 from lmclab.search.weight_matching import weight_matching
@@ -37,7 +43,7 @@ def synchronise(pairwise: Mapping[tuple[int, int], Tensor], n_models: int, size:
     for i in range(n_models):
         q[i * size : (i + 1) * size, i * size : (i + 1) * size] = eye
     for (i, j), perm in pairwise.items():
-        block = eye[perm]  # M_ij: row q has its 1 at column π_ij[q]
+        block = as_matrix(perm)  # M_ij: row q has its 1 at column π_ij[q]; an orthogonal map as it is
         q[i * size : (i + 1) * size, j * size : (j + 1) * size] = block
         q[j * size : (j + 1) * size, i * size : (i + 1) * size] = block.T
     _, vectors = torch.linalg.eigh(q)  # ascending: the top n are the last n columns
@@ -74,7 +80,7 @@ def sync(
     for i in range(len(params)):
         perm: Permutation = {}
         for unit in tie_sets(sizes, spec.heads):
-            perm |= solve_tied({g: scores[g][i] for g in unit}, spec.heads, solve)
+            perm |= solve_tied({g: scores[g][i] for g in unit}, spec.heads, solve, spec.kinds)
         perms.append(perm)
     solves = sum(r.stats["assignments"] for r in found.values()) + len(params) * len(tie_sets(sizes, spec.heads))
     return universe_result(
