@@ -30,7 +30,6 @@ True
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +41,7 @@ from torch import Tensor, nn
 from lmclab.api.alignment import Alignment, aligned_pair
 from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
 from lmclab.core.batches import Batches, streamed
-from lmclab.core.canonical import fold_gains, shared_parameters, tie, untie, untie_config
+from lmclab.core.canonical import fold_gains, shared_parameters
 from lmclab.core.merge import check_lam, lerp_params
 from lmclab.core.metrics import l2_distance, reduction_rate
 from lmclab.core.objective import custom_loss
@@ -50,6 +49,7 @@ from lmclab.core.options import OptionError, Options, got, keyed_errors
 from lmclab.core.orthogonal import SYMMETRIES
 from lmclab.core.spec import Params, PermutationSpec
 from lmclab.search import SearchProblem, check_method, needs_data, needs_model, run_search, streams_data
+from lmclab.trace.untie import untied_copy
 
 
 def checked_options(method: str, options: Mapping[str, Any] | None, check: Any = check_method) -> Options:
@@ -233,29 +233,6 @@ def canonicalize(model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapp
     twin, spec = untied_copy(model, example_inputs)
     twin.load_state_dict(fold_gains(spec, twin.state_dict(), "model"))
     return twin
-
-
-def untied_copy(
-    model: nn.Module, example_inputs: Tensor | Sequence[Any] | Mapping[str, Any]
-) -> tuple[nn.Module, PermutationSpec]:
-    """A copy of ``model`` with each weight it shares with a layer that reads a gain untied (whatever the gain's
-    values: a gain of ones is still one the tracer folds) and its config marked untied, the same function, and
-    the spec traced with every shared weight untied (``symmetry="orthogonal"``): the module an orthogonal
-    alignment of a tied model's files runs in. Weights no gain reaches stay shared."""
-    from lmclab.trace import trace_spec
-
-    twin = copy.deepcopy(model)
-    shared = shared_parameters(twin)
-    for names in shared:  # traced untied: a gain may then fold into one of them
-        untie(twin, names)
-    spec = trace_spec(twin, example_inputs, symmetry="orthogonal")
-    readers = {name for read in spec.gains.values() for name in read}
-    for names in shared:
-        if not readers.intersection(names):  # no gain folds into them: tied again, as the caller had them
-            tie(twin, names)
-    if any(readers.intersection(names) for names in shared):
-        untie_config(twin)
-    return twin, spec
 
 
 def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *, lam: float = 0.5) -> Params:

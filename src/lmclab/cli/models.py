@@ -112,8 +112,8 @@ def match(  # size: a typer command's signature lists each of its options
 def _untied(net, inputs) -> tuple[Any, list[tuple[str, ...]]]:
     """The module an orthogonal search traces: ``net`` with each tensor it shares off a norm's gain untied (a head
     tied to the embeddings, as :func:`lmclab.canonicalize` leaves it), and the names of the tensors untied."""
-    from lmclab.api.functions import untied_copy
     from lmclab.core.canonical import shared_parameters
+    from lmclab.trace.untie import untied_copy
 
     if net is None or inputs is None or not shared_parameters(net):
         return net, []
