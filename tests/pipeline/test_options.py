@@ -21,8 +21,9 @@ from lmclab.archs.base import DATA_FIELDS, interface
 from lmclab.core.options import OptionError
 from lmclab.core.spec import build_spec
 from lmclab.core.spec_builders import dense
+from lmclab.pipeline.defaults import PIPELINE_DEFAULTS
 from lmclab.pipeline.keys import key_rows
-from lmclab.pipeline.schema import PIPELINE_DEFAULTS, params_model
+from lmclab.pipeline.schema import params_model
 from lmclab.pipeline.stage import search_errors
 from lmclab.search import METHODS, check_method
 from lmclab.search.many_methods import MANY_METHODS

@@ -9,7 +9,8 @@ from pydantic.fields import FieldInfo
 
 from lmclab.core.options import in_words
 from lmclab.pipeline.block import Block
-from lmclab.pipeline.schema import PIPELINE_DEFAULTS, params_model
+from lmclab.pipeline.defaults import PIPELINE_DEFAULTS
+from lmclab.pipeline.schema import params_model
 
 
 def field_expected(field: FieldInfo) -> str:
