@@ -1,4 +1,5 @@
-"""Stage connect (one instance per triple and method): align θb and θc to θa separately, then
+"""Stage connect (one instance per triple and method): align θb and θc to θa separately (with
+``permute.symmetry: orthogonal``, their canonical forms, ``lmclab.archs.canonical``), then
 barriers between every pair of {θa, π_b(θb), π_c(θc)} and the landscape on their plane (test split);
 with ``measure.repair`` (``bn``: BatchNorm statistics; ``repair``: REPAIR, nets without BatchNorm) each
 edge is measured without and with the repair, as in the measure stage.
@@ -47,6 +48,7 @@ def main(
     params: Path = Path("params.yaml"),
 ) -> None:
     from lmclab.analysis.three_models import connect_triple
+    from lmclab.archs.canonical import symmetric_forms
     from lmclab.core.data import load_split
     from lmclab.core.device import resolve_device
     from lmclab.core.distributed import leave_world
@@ -62,7 +64,11 @@ def main(
     relaunch_under_torchrun(__file__, argv, run_id=f"lmclab-connect-{seeds}-{method}", nproc_per_node=nproc)
     world = join_torchrun(resolve_device(read("device")))
     ckpts, train, test = load_triple(models, seeds), load_split(data, "train"), load_split(data, "test")
-    settings = triple_settings(read, ckpts, train, world)
+    forms, spec, points = symmetric_forms(
+        *ckpts.values(), symmetry=read("permute.symmetry"), example_inputs=train.x[:2]
+    )
+    ckpts = dict(zip(ckpts, forms, strict=True))  # as permute aligned them: canonical forms for orthogonal maps
+    settings = triple_settings(read, ckpts, train, world) | {"spec": spec, "points": points}
     aligned = {"b": load_alignment(aligned_b, method)} if aligned_b else {}
     with params_errors(KEYS, method_key("permute", method)):  # its own arguments first, then the search's options
         result = connect_triple(method, ckpts, train, test, options=options, aligned=aligned, **settings)

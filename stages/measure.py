@@ -1,5 +1,6 @@
 """Stage measure (one instance per pair, every method of ``permute.methods``): everything measured
-on θa and each π(θb). Loss/accuracy along θ(λ) on train and test (BatchNorm nets: with stale and
+on θa and each π(θb) (with ``permute.symmetry: orthogonal``, on both canonical forms:
+``lmclab.archs.canonical``). Loss/accuracy along θ(λ) on train and test (BatchNorm nets: with stale and
 with repaired statistics at every λ), barriers, L2 distances; the Taylor-approximated barrier
 (Thm 3.1) on ``measure.taylor_splits``, R_γ (Thm 4.1) and the Theorem 4.2 bound; with ``measure.repair``, the
 curves of nets without BatchNorm also with REPAIR (``lmclab.core.repair``). Writes
@@ -42,6 +43,7 @@ def main(
     from tqdm import tqdm
 
     from lmclab.analysis.pair import MeasureSettings, measure_method, prepare_pair
+    from lmclab.archs.canonical import symmetric_forms
     from lmclab.archs.checkpoint import load_checkpoint
     from lmclab.core.atomic import write_json, write_table
     from lmclab.core.data import load_split
@@ -59,7 +61,9 @@ def main(
     settings = MeasureSettings.of(opts)
     world = join_torchrun(resolve_device(read("device")))
     splits = {"train": load_split(data, "train"), "test": load_split(data, "test")}
-    pair = prepare_pair(load_checkpoint(model_a), load_checkpoint(model_b), splits, settings, world=world)
+    ends = (load_checkpoint(model_a), load_checkpoint(model_b))
+    forms, _, _ = symmetric_forms(*ends, symmetry=read("permute.symmetry"), example_inputs=splits["train"].x[:2])
+    pair = prepare_pair(*forms, splits, settings, world=world)  # θa's form, as merge wrote π(θb)
     name = f"seed{seed_a}-seed{seed_b}"
     bar = dict(desc=f"measure {name}", unit="method", disable=not show_progress(), leave=False)
     for method in tqdm(read("permute.methods"), **bar):

@@ -1,4 +1,5 @@
-"""Stage merge (one instance per pair, every method of ``permute.methods``): apply each π to θb and
+"""Stage merge (one instance per pair, every method of ``permute.methods``): apply each π to θb (with
+``permute.symmetry: orthogonal``, to θb's canonical form, ``lmclab.archs.canonical``) and
 write ``<method>/permuted_b.pt`` (π(θb)) and ``<method>/midpoint.pt`` ((θa + π(θb))/2), both
 ordinary checkpoints. With ``measure.repair`` (``lmclab.core.repairs``) the midpoint is repaired on
 ``measure.repair_samples`` training images: ``bn``, its BatchNorm running statistics recomputed; ``repair``,
@@ -33,7 +34,8 @@ def main(
 ) -> None:
     import torch
 
-    from lmclab.archs import build_model, get_arch
+    from lmclab.archs import build_model
+    from lmclab.archs.canonical import symmetric_forms
     from lmclab.archs.checkpoint import Checkpoint, check_same_architecture, load_checkpoint, save_checkpoint
     from lmclab.core.data import load_split
     from lmclab.core.merge import aligned_midpoint
@@ -43,20 +45,19 @@ def main(
     read = stage_params("merge", params, dvc_yaml=DVC_YAML)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
-    spec = get_arch(a.arch).permutation_spec(a.config)
+    train, kind = load_split(data, "train"), read("measure.repair")
+    (a, b), spec, _ = symmetric_forms(a, b, symmetry=read("permute.symmetry"), example_inputs=train.x[:2])
     model = build_model(a.arch, a.config)
-    kind = read("measure.repair")
-    train = load_split(data, "train") if kind != "none" else None
     repair, repair_at = curve_repairs(kind, model, train, repair_samples=read("measure.repair_samples"))
     for method in read("permute.methods"):
         pi = torch.load(perms / method / "perm.pt", weights_only=True)
-        check_permutation(pi, spec.group_sizes(b.state_dict), spec.heads)
+        check_permutation(pi, spec.group_sizes(b.state_dict), spec.heads, spec.kinds)
         permuted_b, midpoint = aligned_midpoint(spec, a.state_dict, b.state_dict, pi)
         if repair is not None:
             midpoint = repair(midpoint)
         elif repair_at is not None:  # REPAIR's θ(½) = (θa + π(θb))/2 with its units' statistics repaired
             midpoint = repair_at(a.state_dict, permuted_b, 0.5)
-        save_checkpoint(out / method / "permuted_b.pt", Checkpoint(a.arch, a.config, b.seed, permuted_b))
+        save_checkpoint(out / method / "permuted_b.pt", Checkpoint(a.arch, a.config, b.seed, permuted_b))  # a's form
         save_checkpoint(out / method / "midpoint.pt", Checkpoint(a.arch, a.config, None, midpoint))
 
 

@@ -1,5 +1,7 @@
-"""Stage permute (one instance per pair and method): find π aligning θb to θa; writes
-``perm.pt`` (group -> index tensor) and ``stats.json`` (time, sweeps, objective per sweep; for
+"""Stage permute (one instance per pair and method): find π aligning θb to θa in the symmetry group
+``permute.symmetry`` names (permutations, or orthogonal maps where the tracer proves them, acting on both
+models' canonical forms: ``lmclab.archs.canonical``); writes ``perm.pt`` (group -> index tensor, or orthogonal
+matrix) and ``stats.json`` (time, sweeps, objective per sweep; for
 iterative methods a per-epoch ``curve`` of L2 distance and merged test loss/accuracy).
 Default MLP: identity/WM/AM well under a second each after ~4 s of imports; ste, wm_sinkhorn,
 ste_sinkhorn take the seconds given in params.yaml."""
@@ -11,7 +13,16 @@ from pathlib import Path
 import typer
 from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 
-from lmclab.pipeline.stage import one_line_errors, run_warm, search_errors, show_progress, stage_params
+from lmclab.pipeline.stage import (
+    method_key,
+    one_line_errors,
+    params_errors,
+    run_warm,
+    search_errors,
+    show_progress,
+    stage_params,
+    under,
+)
 
 app = typer.Typer(add_completion=False)
 
@@ -26,8 +37,9 @@ def main(
     out: Path = typer.Option(...),
     params: Path = Path("params.yaml"),
 ) -> None:
-    from lmclab.api import find_permutation
-    from lmclab.archs import build_model, get_arch
+    from lmclab.api import align
+    from lmclab.archs import build_model
+    from lmclab.archs.canonical import symmetric_forms
     from lmclab.archs.checkpoint import atomic_save, check_same_architecture, load_checkpoint
     from lmclab.core.atomic import write_json
     from lmclab.core.data import load_split
@@ -39,16 +51,19 @@ def main(
         options = check_method(method, options)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
-    arch = get_arch(a.arch)  # the registry's spec and activation points: nothing to trace
-    with search_errors(method):
-        result = find_permutation(
+    train, symmetry = load_split(data, "train"), read("permute.symmetry")
+    # the checkpoints and the registry's spec, or their canonical forms and the tracer's spec with its kinds
+    (a, b), spec, points = symmetric_forms(a, b, symmetry=symmetry, example_inputs=train.x[:2])
+    with params_errors(under("permute", "symmetry"), method_key("permute", method)):
+        result = align(
             a.state_dict,
             b.state_dict,
             method=method,
-            spec=arch.permutation_spec(a.config),
+            symmetry=symmetry,
+            spec=spec,
             model=build_model(a.arch, a.config),
-            points=arch.activation_points(a.config),
-            data=load_split(data, "train"),
+            points=points,
+            data=train,
             eval_data=load_split(data, "test"),
             seed=read("permute.seed"),
             device=read("device"),

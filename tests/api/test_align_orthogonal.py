@@ -189,7 +189,8 @@ def test_the_refusals_name_their_argument(planted) -> None:
         lmclab.align(model_a, model_b, symmetry="rotation", example_inputs=x)
     with pytest.raises(
         ValueError,
-        match=r"^method: 'wm_sinkhorn' seeks permutations only; symmetry orthogonal by \('wm', 'am', 'ste'\)$",
+        match=r"^method: 'wm_sinkhorn' seeks permutations only; "
+        r"symmetry orthogonal by \('identity', 'wm', 'am', 'ste'\)$",
     ):
         lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
     pearson = (

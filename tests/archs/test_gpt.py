@@ -15,7 +15,9 @@ import torch
 from conftest import headed, partition
 
 import lmclab
-from lmclab.archs import gpt
+from lmclab.archs import gpt, mlp
+from lmclab.archs.canonical import symmetric_forms, untied_config
+from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.options import OptionError
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace
@@ -222,3 +224,27 @@ def test_the_causal_mask_and_rotary_tables_are_buffers_never_saved(position) -> 
     if position == "rotary":
         cos, sin = gpt.rotary_tables(CONTEXT, 6)
         assert torch.equal(model.blocks[1].attn.cos, cos) and torch.equal(model.blocks[1].attn.sin, sin)
+
+
+@pytest.mark.parametrize(("norm", "kind"), [("layernorm", "centred"), ("rmsnorm", "orthogonal")])
+def test_the_pipelines_orthogonal_forms_are_untied_copies_of_the_same_function_with_gains_folded(norm, kind):
+    cfg, x = config(norm=norm, tie_embeddings=True), tokens()
+    a, b = (Checkpoint("gpt", cfg, s, built(cfg, s).state_dict()) for s in (0, 1))
+    before = {k: v.clone() for k, v in b.state_dict.items()}
+    (ca, cb), spec, points = symmetric_forms(a, b, symmetry="orthogonal", example_inputs=x)
+    assert ca.config == cfg.model_copy(update={"tie_embeddings": False}) == cb.config
+    widest = max(spec.group_sizes(ca.state_dict), key=lambda g: sum(g in axes for axes in spec.axes.values()))
+    assert spec.kinds[widest] == kind and set(points) <= set(spec.group_sizes(ca.state_dict))
+    for ckpt, canon in ((a, ca), (b, cb)):
+        original = with_state(built(ckpt.config), ckpt.state_dict)
+        assert change(original, with_state(gpt.Model(canon.config).double().eval(), canon.state_dict), x) < 1e-10
+        gains = [v for k, v in canon.state_dict.items() if "norm" in k and k.endswith("weight")]
+        assert gains and all(torch.equal(g, torch.ones_like(g)) for g in gains)
+        assert canon.state_dict["head.weight"].dtype == torch.float64
+    assert all(torch.equal(before[k], b.state_dict[k]) for k in before)  # the caller's checkpoint untouched
+    forms, own, _ = symmetric_forms(a, b, symmetry="permutation", example_inputs=x)
+    assert forms[0] is a and forms[1] is b and not own.kinds and own.group_sizes(a.state_dict)
+    with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rot'$"):
+        symmetric_forms(a, b, symmetry="rot", example_inputs=x)
+    with pytest.raises(ValueError, match=r"^mlp: embed.weight and head.weight are one tensor a gain folds into; "):
+        untied_config("mlp", mlp.Config(input_shape=(1, 28, 28), num_classes=10), ("embed.weight", "head.weight"))

@@ -133,6 +133,7 @@ def test_match_refuses_a_method_without_orthogonal_steps_on_a_tied_folder(tied: 
     args = ("match", "a", "c", "--symmetry", "orthogonal", "--method", "wm_sinkhorn", "--out", "r.pt")
     err = lmclab(tied, *args, ok=False, shell=False).stderr
     assert (
-        err == "error: --method: 'wm_sinkhorn' seeks permutations only; --symmetry orthogonal by ('wm', 'am', 'ste')\n"
+        err == "error: --method: 'wm_sinkhorn' seeks permutations only; "
+        "--symmetry orthogonal by ('identity', 'wm', 'am', 'ste')\n"
     )
     assert not (tied / "r.pt").exists()

@@ -86,6 +86,63 @@ def lm_the_report_has_the_perplexity_table_and_the_tables_the_layer_shares(repo:
     assert (repo / "reports" / "detail" / "merge_many.json").is_file()
 
 
+# ------------------------------------ the same language model aligned by orthogonal maps (permute.symmetry): its
+# LayerNorm stream takes the maps that fix the all-ones vector (centred), the heads orthogonal maps inside
+
+ORTHOGONAL_METHODS = ["identity", "wm", "am", "ste"]
+LM_ORTHOGONAL = {
+    **LM,
+    "permute": {
+        "methods": ORTHOGONAL_METHODS,
+        "symmetry": "orthogonal",
+        "am": {"max_samples": 64},
+        "ste": {"epochs": 1, "batch_size": 64},
+    },
+}
+
+
+def orthogonal_maps_rotate_the_stream_and_permute_the_mlp_units(repo: Path, env: dict) -> None:
+    perms = repo / "data" / "perms" / "seed0-seed1"
+    for method in ORTHOGONAL_METHODS:
+        perm = torch.load(perms / method / "perm.pt", weights_only=True)
+        matrices = {g for g, p in perm.items() if p.ndim == 2}
+        mlp = [g for g, p in perm.items() if p.ndim == 1 and not torch.equal(p, torch.arange(len(p)))]
+        if method == "identity":  # the identity of every group: index tensors in order
+            assert not matrices and not mlp, method
+            continue
+        assert matrices and mlp, method  # the stream (and heads) rotated, the GELU MLP's units permuted
+        eye = torch.eye(16, dtype=torch.float64)
+        stream = next(p for p in perm.values() if p.ndim == 2 and p.shape == (16, 16))
+        assert torch.allclose(stream.double() @ stream.double().T, eye, atol=1e-5), method
+        assert not torch.allclose(stream.double().abs(), stream.double().abs().round(), atol=1e-3)  # no permutation
+
+
+def orthogonal_merge_writes_canonical_forms_of_the_same_function(repo: Path, env: dict) -> None:
+    from lmclab.archs import build_model
+    from lmclab.core.data import load_split
+
+    x = load_split(repo / "data" / "prepared", "test").x[:4]
+    b = load_checkpoint(repo / "data" / "models" / "seed1.pt")
+    aligned = load_checkpoint(repo / "data" / "merged" / "seed0-seed1" / "wm" / "permuted_b.pt")
+    assert b.config.tie_embeddings and not aligned.config.tie_embeddings  # the tied head untied, then folded
+    logits = []
+    for ckpt in (b, aligned):
+        net = build_model(ckpt.arch, ckpt.config).eval()
+        net.load_state_dict(ckpt.state_dict)
+        logits.append(net(x).detach())
+    assert torch.allclose(logits[0], logits[1], atol=1e-4)  # π(θb) computes θb's function
+    gains = [v for k, v in aligned.state_dict.items() if "norm" in k and k.endswith(".weight")]
+    assert gains and all(torch.equal(g, torch.ones_like(g)) for g in gains)  # folded into their readers
+    rows = {
+        m: json.loads((repo / "data" / "measure" / "seed0-seed1" / m / "summary.json").read_text())
+        for m in ORTHOGONAL_METHODS
+    }
+    assert rows["identity"]["l2_reduction_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert rows["wm"]["l2_reduction_pct"] > 0 and math.isfinite(rows["ste"]["test_loss_barrier_mid"])
+    edges = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())
+    assert all(math.isfinite(e["test_loss_barrier_max"]) for e in edges["edges"])
+
+
 # ---------------------------------------------------------------- ResNet20 ×¼ on CIFAR-10 files: BatchNorm repair
 
 CONV = {
@@ -151,6 +208,14 @@ DATA_CASES = {  # name: architecture-data kind
             lm_every_method_aligns_the_stream_heads_and_mlp_units,
             lm_measure_writes_perplexity_barriers_with_and_without_repair_and_layer_shares,
             lm_the_report_has_the_perplexity_table_and_the_tables_the_layer_shares,
+        ),
+        lm_corpus,
+    ),
+    "gpt-text-orthogonal": Case(
+        LM_ORTHOGONAL,
+        (
+            orthogonal_maps_rotate_the_stream_and_permute_the_mlp_units,
+            orthogonal_merge_writes_canonical_forms_of_the_same_function,
         ),
         lm_corpus,
     ),

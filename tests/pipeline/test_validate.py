@@ -67,6 +67,15 @@ def test_a_language_model_reads_a_folder_of_text_files(tmp_path) -> None:
     check_params(_params(data__root=str(tmp_path / "unread")))  # a root is only a corpus for data.name text
 
 
+def test_orthogonal_maps_are_sought_by_the_methods_that_seek_them() -> None:
+    methods = ["identity", "wm", "am", "ste"]
+    check_params(
+        _params(
+            permute__symmetry="orthogonal", permute__methods=methods, three__methods=["wm"], permute__ste__batch_size=64
+        )
+    )
+
+
 def test_a_headed_architecture_takes_the_sinkhorn_methods() -> None:
     """The Sinkhorn methods search headed groups (soft headed permutations) like the others."""
     methods = ["identity", "wm", "wm_sinkhorn", "ste_sinkhorn"]
@@ -266,6 +275,15 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         "model.gpt.kv_heads: 3 key/value heads do not divide the 4 heads",
     ),
     ({"data__context": 0}, "data.context: expected an integer ≥ 1, got 0"),
+    (
+        {"permute__symmetry": "rotation"},
+        "permute.symmetry: expected one of permutation, orthogonal, got 'rotation'",
+    ),
+    (  # the paper's WM and STE are Sinkhorn searches of soft permutations: refused before any stage runs
+        {"permute__symmetry": "orthogonal", "permute__methods": ["identity", "wm", "wm_sinkhorn"]},
+        "permute.methods: ['wm_sinkhorn'] seek permutations only; permute.symmetry orthogonal by "
+        "('identity', 'wm', 'am', 'ste')",
+    ),
     # a researcher's corpus and tokenizer, checked before the download stage reads them
     (
         {"data__name": "text", "model__arch": "gpt", "train__objective": "lm", "data__root": "no/such"},

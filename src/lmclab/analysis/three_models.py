@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -81,7 +81,7 @@ def three_model_barriers(
 
 def _check_aligned(key: str, perm: Permutation, spec: PermutationSpec, params: Mapping[str, Tensor]) -> None:
     try:
-        check_permutation({g: p.cpu() for g, p in perm.items()}, spec.group_sizes(params), spec.heads)
+        check_permutation({g: p.cpu() for g, p in perm.items()}, spec.group_sizes(params), spec.heads, spec.kinds)
     except ValueError as err:
         raise ValueError(f"aligned[{key!r}]: {err}") from None
 
@@ -107,6 +107,7 @@ def _align_to_a(
     seed: int,
     device: torch.device,
     aligned: dict[str, SearchResult],
+    symmetry: Mapping[str, Any],
 ) -> tuple[SearchProblem, dict[str, Params], dict[str, Permutation], dict[str, dict]]:
     """θb and θc aligned to θa by ``method`` (or as ``aligned`` gives them, checked): the search problem
     of the last, the three endpoints on ``device`` (π_b(θb), π_c(θc)), the permutations and search stats."""
@@ -116,7 +117,7 @@ def _align_to_a(
     on = {k: {n: v.to(device) for n, v in c.state_dict.items()} for k, c in ckpts.items()}
     models, perms, search = {"a": on["a"]}, {}, {}
     for k in "bc":
-        problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train)
+        problem = search_problem(a.arch, a.config, on["a"], on[k], device=device, train=train, **symmetry)
         if k in aligned:
             _check_aligned(k, aligned[k].perm, problem.spec, on[k])
         result = aligned.get(k) or run_search(method, problem, seed=seed, options=options)
@@ -143,6 +144,8 @@ def connect_triple(
     world: World = ALONE,
     aligned: Mapping[str, SearchResult] | None = None,
     train_samples: int | None = None,
+    spec: PermutationSpec | None = None,
+    points: Mapping[str, Any] | None = None,
 ) -> TripleResult:
     """Align θb and θc to θa with ``method``; barriers on all edges (with BN ``repair`` or REPAIR
     ``repair_at`` too, :func:`three_model_barriers`); the plane's landscape (BN-repaired with ``repair``;
@@ -153,9 +156,13 @@ def connect_triple(
     permute stage's θb → θa, found by the same method, options and seed: the search it replaces is
     deterministic, so the triple is the same); those are checked against the spec, not searched again.
     ``train_samples``: the edges' train curves on a fixed random subset of that many samples (None: all; the
-    search reads all of ``train``)."""
+    search reads all of ``train``). ``spec`` and ``points`` replace the architecture's (the tracer's, with the
+    kinds of orthogonal groups, for canonical forms: :func:`lmclab.archs.canonical.symmetric_forms`)."""
     grid, curve_train = plane_grid(resolution, margin), _curves_train(train, train_samples)  # before any search
-    problem, models, perms, search = _align_to_a(method, ckpts, train, options, seed, device, dict(aligned or {}))
+    symmetry = {"spec": spec, "points": points}
+    problem, models, perms, search = _align_to_a(
+        method, ckpts, train, options, seed, device, dict(aligned or {}), symmetry
+    )
     spec, model, measured = problem.spec, problem.model, {"repair": repair, "world": world}
     splits = {"train": curve_train, "test": test}
     curves, edges = three_model_barriers(

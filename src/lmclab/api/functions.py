@@ -98,8 +98,9 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     permutation of every group; ``"orthogonal"`` an orthogonal map of every group the tracer proves it may act
     on (:mod:`lmclab.trace.rotations`: a transformer's residual stream once its norm gains are folded into the
     layers that read them, :mod:`lmclab.core.canonical`; one that fixes the all-ones vector behind LayerNorm)
-    and a permutation of the others, by weight or activation matching (``method="wm"`` or ``"am"``); the
-    alignment then acts on the canonical form of both models (gains folded), as :func:`merge` and :func:`curve` do.
+    and a permutation of the others, by weight or activation matching or learned matching (``method="wm"``,
+    ``"am"``, ``"ste"``; ``"identity"``, the naive baseline, is the group's identity); the alignment then acts on
+    the canonical form of both models (gains folded), as :func:`merge` and :func:`curve` do.
 
     ``model_a`` and ``model_b`` are modules, state dicts or checkpoint paths (:func:`lmclab.api.inputs.open_models`:
     ``.pt``/``.pth``/``.safetensors`` state dicts, Hugging Face folders, lmclab checkpoints). ``spec`` defaults
@@ -162,8 +163,9 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
     )
 
 
-# the methods that seek orthogonal maps (Procrustes steps, lmclab.core.orthogonal; STE's projections are WM's)
-ORTHOGONAL_METHODS = ("wm", "am", "ste")
+# the methods that seek orthogonal maps (Procrustes steps, lmclab.core.orthogonal; STE's projections are WM's), and
+# the identity, an element of every group (the naive baseline in the canonical form)
+ORTHOGONAL_METHODS = ("identity", "wm", "am", "ste")
 
 
 def check_symmetry(symmetry: str, method: str, seekers: tuple[str, ...] = ORTHOGONAL_METHODS) -> None:

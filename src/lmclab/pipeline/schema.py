@@ -26,6 +26,7 @@ from lmclab.archs import ARCHS
 from lmclab.archs.base import DATA_FIELDS, interface
 from lmclab.core.data import FOLDER_LOADERS, LOADERS
 from lmclab.core.options import Count, NonNegative, one_of
+from lmclab.core.orthogonal import SYMMETRIES
 from lmclab.core.repairs import REPAIRS
 from lmclab.core.text import TEXTS
 from lmclab.pipeline.block import Block, Seed, Seeds, group, key
@@ -120,6 +121,11 @@ class Permute(Block):
         "wm_sinkhorn and ste_sinkhorn",
     )
     seed: Seed = key(0, "seeds the randomness of the searches (WM's group order)")
+    symmetry: one_of(SYMMETRIES) = key(
+        "permutation",
+        "the paper's | orthogonal = orthogonal maps of the groups the tracer proves, the others permuted, on both "
+        "models' canonical forms (norm gains folded; docs/symmetries.md); methods identity, wm, am, ste",
+    )
 
 
 class Measure(Block):

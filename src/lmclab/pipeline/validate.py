@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from lmclab.api.functions import ORTHOGONAL_METHODS
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
@@ -54,6 +55,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         _repeats,
         _trained_seeds,
         _reused_alignments,
+        _symmetry,
         _library_checks,
         check_data_kind,
         check_text_source,
@@ -186,6 +188,17 @@ def _reused_alignments(p: Params) -> Problems:
             "three.methods",
             f"three.methods: expected methods of permute.methods {list(p.permute.methods)} "
             f"(connect reuses their θb → θa alignments), got {missing} not among them",
+        )
+
+
+def _symmetry(p: Params) -> Problems:
+    """``permute.symmetry: orthogonal`` asks every method of ``permute.methods`` for orthogonal maps: each must
+    seek them (:func:`lmclab.align`'s refusal, before any stage runs)."""
+    refused = [m for m in p.permute.methods if m not in ORTHOGONAL_METHODS]
+    if p.permute.symmetry == "orthogonal" and refused:
+        yield (
+            "permute.methods",
+            f"permute.methods: {refused} seek permutations only; permute.symmetry orthogonal by {ORTHOGONAL_METHODS}",
         )
 
 
