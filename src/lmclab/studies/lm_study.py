@@ -128,3 +128,45 @@ def explanation(points: pd.DataFrame, methods: Sequence[str]) -> dict:
         "lowest_barrier": str(means["B_mid"].idxmin()),
         "holds": bool(test.statistic < 0 and test.pvalue < 0.05),
     }
+
+
+ORTHOGONAL = "@orthogonal"  # the suffix of a method measured in a run with permute.symmetry: orthogonal
+# Theus et al. 2025 (Generalized Linear Mode Connectivity for Transformers), Table 2: test-loss barriers at λ = ½
+# (nats per BPE token on a 6-layer GPT-2 on TinyShakespeare; per image on a ViT on CIFAR-10), naive and after
+# three alignments, and the method of this study each corresponds to
+THEUS = {
+    "naive": ("identity", {"GPT-2": 2.02, "ViT": 1.69}),
+    "weight matching, data-free: an orthogonal map of the stream, permutations of MLP units and heads": (
+        f"wm{ORTHOGONAL}",
+        {"GPT-2": 0.34, "ViT": 0.36},
+    ),
+    "learned on the task loss, permutations only": ("ste_sinkhorn", {"GPT-2": 0.63, "ViT": 0.45}),
+    "learned on the task loss, with the orthogonal map": (f"ste{ORTHOGONAL}", {"GPT-2": 0.02, "ViT": 0.00}),
+}
+
+
+def orthogonal_points(pairs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`study_points` of a run aligned by orthogonal maps, each method named ``<method>@orthogonal``."""
+    points = study_points(pairs)
+    return points.assign(method=points["method"] + ORTHOGONAL)
+
+
+def relative_reductions(table: pd.DataFrame, naive: str = "identity") -> pd.DataFrame:
+    """Each method's plain test B½ of :func:`method_table` as a reduction of ``naive``'s, ``100 (1 − B/B_naive)``
+    %, beside Theus et al.'s reduction of their counterpart (:data:`THEUS`; their units differ, their ratios
+    compare)."""
+    base = float(table.set_index("method").loc[naive, "B_mid"])
+    theirs = {ours: (name, values) for name, (ours, values) in THEUS.items()}
+    rows = []
+    for _, r in table.iterrows():
+        name, values = theirs.get(r["method"], ("", {}))
+        rows.append(
+            {"method": r["method"], "B_mid": r["B_mid"], "reduction_pct": 100 * (1 - r["B_mid"] / base), "theirs": name}
+            | {f"{model}_reduction_pct": _reduction(values, model) for model in ("GPT-2", "ViT")}
+        )
+    return pd.DataFrame(rows)
+
+
+def _reduction(values: Mapping[str, float], model: str) -> float:
+    """Theus et al.'s reduction of ``model``'s naive barrier by the alignment of barrier ``values[model]``."""
+    return 100 * (1 - values[model] / THEUS["naive"][1][model]) if model in values else float("nan")

@@ -6,10 +6,11 @@ stage: its inputs are finished runs of the pipeline.
     git clone . ../run-lm && cd ../run-lm && lmclab preset pydoc_gpt && dvc repro
     # each sweep run: the same clone procedure with the preset and the -S overrides of docs/language-models.md
     lmclab study lm collect --run ../run-lm --width 32=../run-w32 --width 128=../run-w128 \\
-        --epochs 2=../run-e2 --epochs 10=../run-e10
+        --epochs 2=../run-e2 --epochs 10=../run-e10 --orthogonal ../run-lm-orthogonal
 
 The preset's run is also the sweeps' point at its own width and epochs; a sweep compares the methods every one
-of its runs has. ``collect`` reads each run's
+of its runs has; the orthogonal run (the preset's models aligned with ``permute.symmetry: orthogonal``) adds its
+methods as ``<method>@orthogonal``. ``collect`` reads each run's
 ``data/tables/{pairs,alignment,history}.parquet``, its params.yaml and commit, and writes ``reports/lm/``:
 ``points.parquet`` (the preset run's pairs, :func:`lmclab.studies.lm_study.study_points`), ``table.parquet``
 (per method), ``roles.parquet`` (R_0.3 per residual stream, attention, MLP), ``sweep_points.parquet`` and
@@ -73,21 +74,36 @@ def collect(
     run: Path = typer.Option(..., help="the preset's finished run (every method, REPAIR)"),
     width: list[str] = typer.Option([], help="VALUE=DIR of a run at another width (repeat)"),
     epochs: list[str] = typer.Option([], help="VALUE=DIR of a run trained for other epochs (repeat)"),
+    orthogonal: Path = typer.Option(None, help="the preset's run with permute.symmetry: orthogonal (same models)"),
     out: Path = typer.Option(Path("reports/lm")),
     dpi: int = typer.Option(120),
 ) -> None:
     """Build reports/lm/ from finished runs."""
-    from lmclab.cli.studies.lm_page import ALIGNING, markdown, run_info, run_table
+    import pandas as pd
+
+    from lmclab.cli.studies.lm_page import ALIGNING, markdown, run_info, run_table, same_models
     from lmclab.core.atomic import write_json, write_table, write_text
     from lmclab.report.plots_lm import plot_lm_study
-    from lmclab.studies.lm_study import explanation, method_table, role_table, study_points
+    from lmclab.studies.lm_study import (
+        ORTHOGONAL,
+        explanation,
+        method_table,
+        orthogonal_points,
+        role_table,
+        study_points,
+    )
 
     dirs = {"preset": run} | _sweep_runs(width, "width") | _sweep_runs(epochs, "epochs")
     runs = {name: run_info(d) for name, d in dirs.items()}
     for name in runs.keys() - {"preset"}:  # the sweeps are compared by their barriers, not timed
         del runs[name]["search_seconds"]
-    points = study_points(run_table(run, "pairs"))
-    table, roles = method_table(points), role_table(run_table(run, "alignment"))
+    points, alignment = study_points(run_table(run, "pairs")), run_table(run, "alignment")
+    if orthogonal is not None:  # the same models aligned by orthogonal maps: its methods beside the preset's
+        runs["orthogonal"] = same_models(run_info(orthogonal), runs["preset"], orthogonal)
+        points = pd.concat([points, orthogonal_points(run_table(orthogonal, "pairs"))], ignore_index=True)
+        renamed = run_table(orthogonal, "alignment").assign(method=lambda t: t["method"] + ORTHOGONAL)
+        alignment = pd.concat([alignment, renamed], ignore_index=True)
+    table, roles = method_table(points), role_table(alignment)
     sweep_points_all, sweep_table, verdicts = _sweeps(dirs, runs)
     found = explanation(points, [m for m in ALIGNING if m in set(points["method"])])
     for name, frame in (("points", points), ("table", table), ("roles", roles)):
