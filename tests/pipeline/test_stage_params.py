@@ -40,6 +40,7 @@ def test_matrix_and_templated_declarations_resolve_to_the_actual_keys() -> None:
     assert declared_keys(PIPELINE, "permute", tree, {"method": "wm"}) == [
         "permute.wm",
         "permute.seed",
+        "permute.symmetry",
         "device",
         "threads",
     ]

@@ -68,6 +68,20 @@ def _sweeps(dirs: dict[str, Path], runs: dict[str, dict]) -> tuple[Any, Any, lis
     return sweep_points_all, sweep_table, verdicts
 
 
+def _with_orthogonal(points: Any, alignment: Any, runs: dict, orthogonal: Path) -> tuple[Any, Any]:
+    """The study's points and per-layer shares with those of the orthogonal run (its methods named
+    ``<method>@orthogonal``), whose information joins ``runs``; one line unless it trained the preset's models."""
+    import pandas as pd
+
+    from lmclab.cli.studies.lm_page import run_info, run_table, same_models
+    from lmclab.studies.lm_study import ORTHOGONAL, orthogonal_points
+
+    runs["orthogonal"] = same_models(run_info(orthogonal), runs["preset"], orthogonal)
+    points = pd.concat([points, orthogonal_points(run_table(orthogonal, "pairs"))], ignore_index=True)
+    renamed = run_table(orthogonal, "alignment").assign(method=lambda t: t["method"] + ORTHOGONAL)
+    return points, pd.concat([alignment, renamed], ignore_index=True)
+
+
 @app.command()
 @one_line_errors
 def collect(
@@ -79,19 +93,10 @@ def collect(
     dpi: int = typer.Option(120),
 ) -> None:
     """Build reports/lm/ from finished runs."""
-    import pandas as pd
-
-    from lmclab.cli.studies.lm_page import ALIGNING, markdown, run_info, run_table, same_models
+    from lmclab.cli.studies.lm_page import ALIGNING, markdown, run_info, run_table
     from lmclab.core.atomic import write_json, write_table, write_text
     from lmclab.report.plots_lm import plot_lm_study
-    from lmclab.studies.lm_study import (
-        ORTHOGONAL,
-        explanation,
-        method_table,
-        orthogonal_points,
-        role_table,
-        study_points,
-    )
+    from lmclab.studies.lm_study import explanation, method_table, role_table, study_points
 
     dirs = {"preset": run} | _sweep_runs(width, "width") | _sweep_runs(epochs, "epochs")
     runs = {name: run_info(d) for name, d in dirs.items()}
@@ -99,10 +104,7 @@ def collect(
         del runs[name]["search_seconds"]
     points, alignment = study_points(run_table(run, "pairs")), run_table(run, "alignment")
     if orthogonal is not None:  # the same models aligned by orthogonal maps: its methods beside the preset's
-        runs["orthogonal"] = same_models(run_info(orthogonal), runs["preset"], orthogonal)
-        points = pd.concat([points, orthogonal_points(run_table(orthogonal, "pairs"))], ignore_index=True)
-        renamed = run_table(orthogonal, "alignment").assign(method=lambda t: t["method"] + ORTHOGONAL)
-        alignment = pd.concat([alignment, renamed], ignore_index=True)
+        points, alignment = _with_orthogonal(points, alignment, runs, orthogonal)
     table, roles = method_table(points), role_table(alignment)
     sweep_points_all, sweep_table, verdicts = _sweeps(dirs, runs)
     found = explanation(points, [m for m in ALIGNING if m in set(points["method"])])
