@@ -26,6 +26,7 @@ from lmclab.analysis.pair import MeasureSettings, measure_method, prepare_pair
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
 from lmclab.core.data import load_split, prepare
+from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.options import OptionError
@@ -161,6 +162,58 @@ def test_measure_method_is_measure_and_analyze_with_the_endpoints_svds_shared(pr
     assert all(tables[t] == found[t] for t in ("curve", "taylor", "theorem42", "alignment"))
     timing = {"analysis_seconds"}
     assert {k: v for k, v in summary.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
+
+
+def test_a_calibrated_temperature_recovers_the_scale_the_labels_were_drawn_at() -> None:
+    from lmclab.analysis.temperature import calibrated_temperature
+
+    g = torch.Generator().manual_seed(0)
+    z = 2 * torch.randn(20000, 5, generator=g)
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)  # labels drawn from softmax(z)
+    for scale in (0.25, 3.0):  # logits scale · z: the likeliest temperature is the scale
+        assert calibrated_temperature(scale * z, y) == pytest.approx(scale, rel=0.03)
+
+
+def test_the_calibrated_barrier_of_one_function_at_three_scales_is_zero_and_the_plain_one_is_not(prepared):
+    """θb = 3θa (a bias-free linear classifier) predicts as θa with logits 3 times larger and θ(½) = 2θa twice:
+    each model's temperature absorbs its scale (T_b = 3 T_a, T_mid = 2 T_a), so the calibrated losses are equal
+    and the barrier is 0, while the plain losses differ; the caller's train mode is kept."""
+    from lmclab.analysis.temperature import calibrated_barrier, calibrated_loss
+
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10, bias=False)).train()
+    train = splits["train"]
+    means = torch.stack([train.x[train.y == c].flatten(1).mean(0) for c in range(10)])
+    a = {"1.weight": means / means.norm()}  # class templates: informative logits of a moderate scale
+    b = {"1.weight": 3 * a["1.weight"]}
+    found = calibrated_barrier(model, a, b, train, splits["test"])
+    assert 0.01 < found["temperature_a"] < 100
+    assert found["temperature_b"] == pytest.approx(3 * found["temperature_a"], rel=1e-3)
+    assert found["temperature_mid"] == pytest.approx(2 * found["temperature_a"], rel=1e-3)
+    assert found["test_loss_barrier_mid_calibrated"] == pytest.approx(0.0, abs=1e-4)  # float32 logits
+    plain = [evaluate(model, p, splits["test"]).loss for p in (a, b)]
+    assert abs(plain[0] - plain[1]) > 0.1 and model.training  # uncalibrated, the scales differ; mode kept
+    mid = calibrated_loss(model, {"1.weight": 2 * a["1.weight"]}, splits["train"], splits["test"])
+    assert mid[0] == pytest.approx(found["temperature_mid"], rel=1e-6)
+
+
+def test_measure_method_adds_the_calibrated_barrier_when_asked(prepared):
+    (config, params_a), params_b = tiny(0), tiny(1)[1]
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    ckpts = (Checkpoint("mlp", config, 0, params_a), Checkpoint("mlp", config, 1, params_b))
+    midpoint = {k: (params_a[k] + params_b[k]) / 2 for k in params_a}
+    summaries = [
+        measure_method(
+            prepare_pair(*ckpts, splits, MeasureSettings(num_lambdas=3, calibrate_temperature=t)),
+            ckpts[1],
+            Checkpoint("mlp", config, None, midpoint),
+        )[1]
+        for t in (False, True)
+    ]
+    assert "test_loss_barrier_mid_calibrated" not in summaries[0]
+    calibrated = summaries[1]["test_loss_barrier_mid_calibrated"]
+    assert math.isfinite(calibrated) and calibrated != summaries[1]["test_loss_barrier_mid"]
+    assert all(summaries[1][f"temperature_{k}"] > 0 for k in ("a", "b", "mid"))
 
 
 @pytest.mark.parametrize("arch", ["resnet20", "mlp"])

@@ -28,9 +28,11 @@ from lmclab.analysis.alignment import (
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, product_layers, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
+from lmclab.analysis.temperature import calibrated_barrier
 from lmclab.core.data import Split
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair, RepairAt, measure_pair_with_repair
+from lmclab.core.objective import is_reconstruction
 from lmclab.core.spec import PermutationSpec
 
 
@@ -138,7 +140,9 @@ def alignment_summary(
 class Analysis:
     """How an aligned pair is analysed: the λ ``lams`` of the Taylor curve, the γ of R_γ, the spectrum
     ``mode`` of conv kernels with the model's ``input_shape`` (the FFT spectrum needs it), the splits of the
-    Taylor barrier (None: every split) and the split of the Theorem 4.2 bound."""
+    Taylor barrier (None: every split) and the split of the Theorem 4.2 bound; with ``calibrate_temperature``, the
+    barrier at ½ with each model's softmax temperature calibrated on the train split too
+    (:mod:`lmclab.analysis.temperature`)."""
 
     lams: Sequence[float]
     gammas: Sequence[float]
@@ -146,6 +150,7 @@ class Analysis:
     mode: str = "reshape"
     taylor_splits: Sequence[str] | None = None
     energy_split: str = "test"
+    calibrate_temperature: bool = False
 
     def factors(self, pair: Endpoints, params: Mapping[str, Tensor]) -> dict[str, Factors]:
         """:func:`endpoint_factors` of ``params`` (a model of ``pair``) in this analysis' ``mode``."""
@@ -229,4 +234,6 @@ def measure_and_analyze(
     analysis, tables = analyze_pair(pair, permuted_b, midpoint, how)
     models = {"a": params_a, "b": params_b, "pi_b": permuted_b, "mid": midpoint}
     cka = cka_rows(spec, model, models, pair.splits["test"])
+    if how.calibrate_temperature and not is_reconstruction(model):
+        summary |= calibrated_barrier(model, params_a, permuted_b, pair.splits["train"], pair.splits["test"])
     return {**summary, **analysis, **cka_means(cka)}, {"curve": curve, **tables, "cka": cka}

@@ -31,7 +31,9 @@ class MeasureSettings:
     """How each pair is measured (the measure stage's parameters): ``num_lambdas`` λ of the curves,
     the ``gammas`` of R_γ, the ``taylor_splits``, the ``conv_spectrum`` of conv kernels, the ``repair`` of every
     λ (:mod:`lmclab.core.repairs`: none, bn, repair or auto) on ``repair_samples`` training images (None: all);
-    the train split's curves on a fixed random subset of ``train_samples`` (None: all)."""
+    the train split's curves on a fixed random subset of ``train_samples`` (None: all); with
+    ``calibrate_temperature``, the barrier at ½ with softmax temperatures calibrated on that subset
+    (:mod:`lmclab.analysis.temperature`)."""
 
     num_lambdas: int = 11
     gammas: Sequence[float] = (0.0, 0.3)
@@ -40,6 +42,7 @@ class MeasureSettings:
     repair: str = "none"
     repair_samples: int | None = 500
     train_samples: int | None = None
+    calibrate_temperature: bool = False
 
     @classmethod
     def of(cls, block: Mapping) -> MeasureSettings:
@@ -79,6 +82,7 @@ def prepare_pair(
         input_shape=a.config.input_shape,
         mode=settings.conv_spectrum,
         taylor_splits=settings.taylor_splits,
+        calibrate_temperature=settings.calibrate_temperature,
     )
     bare = Endpoints(spec, model, params_a, params_b, splits)
     endpoints = Endpoints(  # the endpoints' SVDs, shared by every method

@@ -155,6 +155,11 @@ class Measure(Block):
     nproc_per_node: Count = key(
         1, "data-parallel processes sharding the evaluation of measure and connect and the BN repair (torchrun)"
     )
+    calibrate_temperature: bool = key(
+        False,
+        "also the test loss barrier at λ = ½ with each model's softmax temperature calibrated on the train "
+        "curves' samples (Ito et al. 2025: the control without permutations)",
+    )
 
 
 class Three(Block):

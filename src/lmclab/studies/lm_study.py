@@ -22,6 +22,11 @@ from lmclab.studies.sweep import trends
 COLUMNS: dict[str, tuple[str, bool, str]] = {
     "B_mid": ("test_loss_barrier_mid", False, "test loss barrier at λ = ½ (nats per token)"),
     "B_mid_repair": ("test_loss_barrier_mid", True, "the same with REPAIR"),
+    "B_mid_T": (
+        "test_loss_barrier_mid_calibrated",
+        False,
+        "the same with each model's softmax temperature calibrated (measure.calibrate_temperature; Ito et al. 2025)",
+    ),
     "B_max": ("test_loss_barrier_max", False, "test loss barrier, max over λ"),
     "B_max_repair": ("test_loss_barrier_max", True, "the same with REPAIR"),
     "ppl_mid": ("test_ppl_barrier_mid", False, "test perplexity barrier at λ = ½"),

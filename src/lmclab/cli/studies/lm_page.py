@@ -23,6 +23,7 @@ ALIGNING = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")
 HEADERS = {  # the table's column titles
     "B_mid": "B½",
     "B_mid_repair": "B½ REPAIR",
+    "B_mid_T": "B½ T-calibrated",
     "B_max": "B max",
     "B_max_repair": "B max REPAIR",
     "ppl_mid": "ppl B½",
