@@ -396,31 +396,32 @@ def test_collect_builds_the_study_page_tables_and_figure_from_a_run_and_its_swee
     assert "| WM (re-basin)'s R_0.3 rises as width grows |" in page
 
 
-def test_collect_adds_the_orthogonal_runs_methods_beside_theus_et_al_reductions(tmp_path) -> None:
+def test_the_orthogonal_page_sets_the_orthogonal_runs_methods_beside_the_presets_and_theus_et_al(tmp_path) -> None:
     for name in ("run", "orthogonal", "other"):
         _fake_run(tmp_path / name, 32 if name == "other" else 16)
-    pairs = pd.read_parquet(tmp_path / "orthogonal" / "data" / "tables" / "pairs.parquet")
+    tables = tmp_path / "orthogonal" / "data" / "tables"
+    pairs = pd.read_parquet(tables / "pairs.parquet")
     aligned = pairs["method"] != "identity"  # the orthogonal maps halve the aligned barriers; naive unchanged
     pairs.loc[aligned, "norepair_test_loss_barrier_mid"] *= 0.5
-    pairs.to_parquet(tmp_path / "orthogonal" / "data" / "tables" / "pairs.parquet")
-    out, args = tmp_path / "out", ["study", "lm", "collect", "--run", str(tmp_path / "run"), "--dpi", "20"]
+    pairs.assign(test_loss_barrier_mid_calibrated=0.25).to_parquet(tables / "pairs.parquet")
+    out, args = tmp_path / "out", ["study", "lm", "orthogonal", "--run", str(tmp_path / "run")]
     done = CliRunner().invoke(app, [*args, "--out", str(out), "--orthogonal", str(tmp_path / "orthogonal")])
     assert done.exit_code == 0, done.output
-    table = pd.read_parquet(out / "table.parquet").set_index("method")
+    table = pd.read_parquet(out / "orthogonal.parquet").set_index("method")
     assert list(table.index) == ["identity", "wm", "am", "identity@orthogonal", "wm@orthogonal", "am@orthogonal"]
     assert table.loc["wm@orthogonal", "B_mid"] == pytest.approx(0.155)  # (0.30 + 0.31 + 0.32) / 2 / 3
+    assert table.loc["wm@orthogonal", "B_mid_T"] == 0.25 and math.isnan(table.loc["wm", "B_mid_T"])
     assert table.loc["wm@orthogonal", "search_s"] == pytest.approx(4.0)
-    roles = pd.read_parquet(out / "roles.parquet")
+    roles = pd.read_parquet(out / "orthogonal_roles.parquet")
     assert set(roles["method"]) == {"wm", "am", "wm@orthogonal", "am@orthogonal"}
-    page = (out / "lm.md").read_text()
-    assert "## Orthogonal maps beside Theus et al. (2025)" in page
+    page = (out / "orthogonal.md").read_text()
     wm = next(line for line in page.splitlines() if line.startswith("| WM (re-basin), orthogonal | 0.155 |"))
     reduction = 100 * (1 - 0.155 / 2.01)  # of the preset's naive B½, (2.00 + 2.01 + 2.02) / 3
     assert wm.split(" | ")[2] == f"{reduction:.1f}" and wm.endswith(" | 83.2 | 78.7 |")  # 1 − 0.34/2.02, 1 − 0.36/1.69
     assert "| naive, canonical forms | 2.010 | 0.0 | — | — | — |" in page
     assert "| naive (w/o) | 2.010 | 0.0 | naive | 0.0 | 0.0 |" in page
-    assert "runs.json" in {p.name for p in out.iterdir()}
-    assert set(pd.read_json(out / "runs.json", typ="series").index) == {"preset", "orthogonal"}
+    assert "| WM (re-basin), orthogonal | 0.155 ± 0.005 | " in page and " | 0.250 ± 0.000 | " in page
+    assert set(pd.read_json(out / "orthogonal_runs.json", typ="series").index) == {"preset", "orthogonal"}
     refused = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o2"), "--orthogonal", str(tmp_path / "other")])
     assert refused.exit_code != 0
     assert f"--orthogonal: {tmp_path / 'other'} trained other models than --run" in refused.output

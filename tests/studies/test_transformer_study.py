@@ -3,6 +3,8 @@ fraction, means and sample stds over pairs, a column a run lacks shown as a dash
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import torch
@@ -14,6 +16,8 @@ def test_identity_fraction_counts_the_units_left_in_place():
     assert identity_fraction({"P_res": torch.arange(6)}, "P_res") == 1.0
     assert identity_fraction({"P_res": torch.tensor([1, 0, 2, 3])}, "P_res") == 0.5
     assert identity_fraction({"P_res": torch.tensor([1, 2, 0])}, "P_res") == 0.0
+    rotated = {"P_0": torch.eye(3)}  # a run aligned by orthogonal maps: its stream is no permutation
+    assert math.isnan(identity_fraction(rotated, "P_res")) and math.isnan(identity_fraction(rotated, "P_0"))
 
 
 def test_study_table_is_the_mean_and_sample_std_over_pairs_per_run_and_method():

@@ -22,11 +22,6 @@ from lmclab.studies.sweep import trends
 COLUMNS: dict[str, tuple[str, bool, str]] = {
     "B_mid": ("test_loss_barrier_mid", False, "test loss barrier at λ = ½ (nats per token)"),
     "B_mid_repair": ("test_loss_barrier_mid", True, "the same with REPAIR"),
-    "B_mid_T": (
-        "test_loss_barrier_mid_calibrated",
-        False,
-        "the same with each model's softmax temperature calibrated (measure.calibrate_temperature; Ito et al. 2025)",
-    ),
     "B_max": ("test_loss_barrier_max", False, "test loss barrier, max over λ"),
     "B_max_repair": ("test_loss_barrier_max", True, "the same with REPAIR"),
     "ppl_mid": ("test_ppl_barrier_mid", False, "test perplexity barrier at λ = ½"),
@@ -37,6 +32,13 @@ COLUMNS: dict[str, tuple[str, bool, str]] = {
     "search_s": ("search_seconds", False, "seconds of the search"),
 }
 ROLE_GAMMA = 0.3
+CALIBRATED: dict[str, tuple[str, bool, str]] = {  # a run with measure.calibrate_temperature also has
+    "B_mid_T": (
+        "test_loss_barrier_mid_calibrated",
+        False,
+        "test loss barrier at λ = ½ with each model's softmax temperature calibrated (Ito et al. 2025)",
+    ),
+}
 
 
 def _measured_with_repair(pairs: pd.DataFrame) -> bool:
@@ -56,16 +58,16 @@ def repaired(pairs: pd.DataFrame, column: str) -> pd.Series:
     return pd.Series(float("nan"), index=pairs.index)
 
 
-def study_points(pairs: pd.DataFrame) -> pd.DataFrame:
-    """One row per pair and method with every :data:`COLUMNS` entry."""
-    columns = {name: (repaired if rep else plain)(pairs, source) for name, (source, rep, _) in COLUMNS.items()}
+def study_points(pairs: pd.DataFrame, columns: Mapping[str, tuple[str, bool, str]] = COLUMNS) -> pd.DataFrame:
+    """One row per pair and method with every entry of ``columns`` (default :data:`COLUMNS`)."""
+    columns = {name: (repaired if rep else plain)(pairs, source) for name, (source, rep, _) in columns.items()}
     return pd.DataFrame({"method": pairs["method"], "pair": pairs["pair"], **columns})
 
 
 def method_table(points: pd.DataFrame) -> pd.DataFrame:
     """Per method of :func:`study_points` (in their order): ``<column>`` and ``<column>_std`` (sample std over
-    pairs) and ``pairs``."""
-    grouped = points.groupby("method", sort=False)[list(COLUMNS)]
+    pairs) of each of its columns, and ``pairs``."""
+    grouped = points.groupby("method", sort=False)[[c for c in points if c not in ("method", "pair")]]
     table = grouped.mean().join(grouped.std(ddof=1).add_suffix("_std"))
     return table.assign(pairs=points.groupby("method", sort=False).size()).reset_index()
 
@@ -151,8 +153,9 @@ THEUS = {
 
 
 def orthogonal_points(pairs: pd.DataFrame) -> pd.DataFrame:
-    """:func:`study_points` of a run aligned by orthogonal maps, each method named ``<method>@orthogonal``."""
-    points = study_points(pairs)
+    """:func:`study_points` (with :data:`CALIBRATED`) of a run aligned by orthogonal maps, each method named
+    ``<method>@orthogonal``."""
+    points = study_points(pairs, COLUMNS | CALIBRATED)
     return points.assign(method=points["method"] + ORTHOGONAL)
 
 

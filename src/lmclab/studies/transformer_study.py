@@ -18,6 +18,10 @@ from torch import Tensor
 # column of the table -> (pairs column, meaning); REPAIR's barriers are the summary's, plain ones norepair_*
 COLUMNS: dict[str, tuple[str, str]] = {
     "B_mid": ("norepair_test_loss_barrier_mid", "test loss barrier at λ = ½"),
+    "B_mid_T": (
+        "test_loss_barrier_mid_calibrated",
+        "test loss barrier at λ = ½, each model's softmax temperature calibrated (Ito et al. 2025; supervised)",
+    ),
     "B_max": ("norepair_test_loss_barrier_max", "test loss barrier, max over λ"),
     "B_mid_repair": ("test_loss_barrier_mid", "the same with REPAIR"),
     "B_max_repair": ("test_loss_barrier_max", "the same with REPAIR"),
@@ -31,8 +35,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 
 def identity_fraction(perm: Mapping[str, Tensor], group: str) -> float:
-    """The fraction of ``group``'s units that ``perm`` leaves in place (1 for the identity)."""
-    p = perm[group]
+    """The fraction of ``group``'s units that ``perm`` leaves in place (1 for the identity); NaN when ``perm``
+    has no such group or maps it by an orthogonal matrix (a run with ``permute.symmetry: orthogonal``)."""
+    p = perm.get(group)
+    if p is None or p.ndim != 1:
+        return float("nan")
     return float((p == p.new_tensor(range(len(p)))).double().mean())
 
 
@@ -57,33 +64,33 @@ def _cell(row: pd.Series, name: str, digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if pd.notna(std) else f"{mean:.{digits}f}"
 
 
+# the table's columns: (name, title, digits); an OPTIONAL one only when some run measured it
+SHOWN = (
+    ("B_mid", "B½", 3),
+    ("B_mid_repair", "B½ REPAIR", 3),
+    ("B_mid_T", "B½ T-calibrated", 3),
+    ("B_max", "B max", 3),
+    ("B_max_repair", "B max REPAIR", 3),
+    ("acc_mid", "acc B½", 1),
+    ("probe_mid", "probe B½", 1),
+    ("knn_mid", "kNN B½", 1),
+    ("l2_reduction", "L2 −%", 1),
+    ("p_res_identity", "P_res id", 2),
+    ("search_s", "search s", 1),
+)
+OPTIONAL = {"B_mid_T"}  # measure.calibrate_temperature
+
+
+def shown_columns(table: pd.DataFrame) -> list[str]:
+    """The names of :data:`SHOWN` the page shows for ``table``: every one but an optional one no run measured."""
+    return [n for n, _, _ in SHOWN if n not in OPTIONAL or (n in table and table[n].notna().any())]
+
+
 def markdown_table(table: pd.DataFrame, label: Callable[[str], str]) -> str:
     """The table in markdown, methods named by ``label(method)``."""
-    names = (
-        "B½",
-        "B½ REPAIR",
-        "B max",
-        "B max REPAIR",
-        "acc B½",
-        "probe B½",
-        "kNN B½",
-        "L2 −%",
-        "P_res id",
-        "search s",
-    )
-    lines = ["| run | method | " + " | ".join(names) + " |", "|" + "---|" * (2 + len(names))]
+    shown = [(n, title, digits) for n, title, digits in SHOWN if n in shown_columns(table)]
+    lines = ["| run | method | " + " | ".join(t for _, t, _ in shown) + " |", "|" + "---|" * (2 + len(shown))]
     for _, r in table.iterrows():
-        cells = [
-            _cell(r, "B_mid", 3),
-            _cell(r, "B_mid_repair", 3),
-            _cell(r, "B_max", 3),
-            _cell(r, "B_max_repair", 3),
-            _cell(r, "acc_mid", 1),
-            _cell(r, "probe_mid", 1),
-            _cell(r, "knn_mid", 1),
-            _cell(r, "l2_reduction", 1),
-            _cell(r, "p_res_identity", 2),
-            _cell(r, "search_s", 1),
-        ]
+        cells = [_cell(r, name, digits) for name, _, digits in shown]
         lines.append(f"| {r['run']} | {label(r['method'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -6,11 +6,10 @@ stage: its inputs are finished runs of the pipeline.
     git clone . ../run-lm && cd ../run-lm && lmclab preset pydoc_gpt && dvc repro
     # each sweep run: the same clone procedure with the preset and the -S overrides of docs/language-models.md
     lmclab study lm collect --run ../run-lm --width 32=../run-w32 --width 128=../run-w128 \\
-        --epochs 2=../run-e2 --epochs 10=../run-e10 --orthogonal ../run-lm-orthogonal
+        --epochs 2=../run-e2 --epochs 10=../run-e10
 
 The preset's run is also the sweeps' point at its own width and epochs; a sweep compares the methods every one
-of its runs has; the orthogonal run (the preset's models aligned with ``permute.symmetry: orthogonal``) adds its
-methods as ``<method>@orthogonal``. ``collect`` reads each run's
+of its runs has. ``collect`` reads each run's
 ``data/tables/{pairs,alignment,history}.parquet``, its params.yaml and commit, and writes ``reports/lm/``:
 ``points.parquet`` (the preset run's pairs, :func:`lmclab.studies.lm_study.study_points`), ``table.parquet``
 (per method), ``roles.parquet`` (R_0.3 per residual stream, attention, MLP), ``sweep_points.parquet`` and
@@ -68,27 +67,12 @@ def _sweeps(dirs: dict[str, Path], runs: dict[str, dict]) -> tuple[Any, Any, lis
     return sweep_points_all, sweep_table, verdicts
 
 
-def _with_orthogonal(points: Any, alignment: Any, runs: dict, orthogonal: Path) -> tuple[Any, Any]:
-    """The study's points and per-layer shares with those of the orthogonal run (its methods named
-    ``<method>@orthogonal``), whose information joins ``runs``; one line unless it trained the preset's models."""
-    import pandas as pd
-
-    from lmclab.cli.studies.lm_page import run_info, run_table, same_models
-    from lmclab.studies.lm_study import ORTHOGONAL, orthogonal_points
-
-    runs["orthogonal"] = same_models(run_info(orthogonal), runs["preset"], orthogonal)
-    points = pd.concat([points, orthogonal_points(run_table(orthogonal, "pairs"))], ignore_index=True)
-    renamed = run_table(orthogonal, "alignment").assign(method=lambda t: t["method"] + ORTHOGONAL)
-    return points, pd.concat([alignment, renamed], ignore_index=True)
-
-
 @app.command()
 @one_line_errors
 def collect(
     run: Path = typer.Option(..., help="the preset's finished run (every method, REPAIR)"),
     width: list[str] = typer.Option([], help="VALUE=DIR of a run at another width (repeat)"),
     epochs: list[str] = typer.Option([], help="VALUE=DIR of a run trained for other epochs (repeat)"),
-    orthogonal: Path = typer.Option(None, help="the preset's run with permute.symmetry: orthogonal (same models)"),
     out: Path = typer.Option(Path("reports/lm")),
     dpi: int = typer.Option(120),
 ) -> None:
@@ -102,10 +86,8 @@ def collect(
     runs = {name: run_info(d) for name, d in dirs.items()}
     for name in runs.keys() - {"preset"}:  # the sweeps are compared by their barriers, not timed
         del runs[name]["search_seconds"]
-    points, alignment = study_points(run_table(run, "pairs")), run_table(run, "alignment")
-    if orthogonal is not None:  # the same models aligned by orthogonal maps: its methods beside the preset's
-        points, alignment = _with_orthogonal(points, alignment, runs, orthogonal)
-    table, roles = method_table(points), role_table(alignment)
+    points = study_points(run_table(run, "pairs"))
+    table, roles = method_table(points), role_table(run_table(run, "alignment"))
     sweep_points_all, sweep_table, verdicts = _sweeps(dirs, runs)
     found = explanation(points, [m for m in ALIGNING if m in set(points["method"])])
     for name, frame in (("points", points), ("table", table), ("roles", roles)):
@@ -118,3 +100,16 @@ def collect(
     plot_lm_study(sweep_table, points, out / "lm.png", dpi=dpi)
     write_text(out / "lm.md", markdown(table, roles, sweep_table, verdicts, found, runs))
     typer.echo(f"{out}: {len(table)} methods, {len(runs)} runs")
+
+
+@app.command("orthogonal")
+@one_line_errors
+def orthogonal(
+    run: Path = typer.Option(..., help="the preset's finished run"),
+    orthogonal: Path = typer.Option(..., help="a copy of it rerun with permute.symmetry: orthogonal"),
+    out: Path = typer.Option(Path("reports/lm")),
+) -> None:
+    """Build reports/lm/orthogonal.md from the preset's run and its copy aligned by orthogonal maps."""
+    from lmclab.cli.studies.lm_orthogonal import build
+
+    build(run, orthogonal, out)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from lmclab.pipeline.stage import parse_yaml
 from lmclab.report.plots import label
-from lmclab.studies.lm_study import COLUMNS, ORTHOGONAL, relative_reductions
+from lmclab.studies.lm_study import COLUMNS
 
 REBUILD = (
     "Rebuilt by running the pipeline with `lmclab preset pydoc_gpt` (and the sweep runs of "
@@ -23,7 +23,6 @@ ALIGNING = ("wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")
 HEADERS = {  # the table's column titles
     "B_mid": "B½",
     "B_mid_repair": "B½ REPAIR",
-    "B_mid_T": "B½ T-calibrated",
     "B_max": "B max",
     "B_max_repair": "B max REPAIR",
     "ppl_mid": "ppl B½",
@@ -41,22 +40,6 @@ def run_table(run: Path, name: str) -> pd.DataFrame:
     if not path.is_file():
         raise ValueError(f"{run}: no {path.relative_to(run)} (expected a finished run of the pipeline)")
     return pd.read_parquet(path)
-
-
-def same_models(info: dict, preset: dict, folder: Path) -> dict:
-    """``info`` of the orthogonal run in ``folder``, unless it trained other models than the preset's run."""
-    keys = ("commit", "search_seconds")
-    if {k: v for k, v in info.items() if k not in keys} != {k: v for k, v in preset.items() if k not in keys}:
-        raise ValueError(f"--orthogonal: {folder} trained other models than --run (expected the preset's run)")
-    return info
-
-
-def study_label(method: str) -> str:
-    """A method's name on the page: the report's, ``, orthogonal`` for a method of the orthogonal run."""
-    base, _, kind = method.partition("@")
-    if kind and base == "identity":
-        return "naive, canonical forms"
-    return f"{label(base)}, {kind}" if kind else label(base)
 
 
 def run_info(run: Path) -> dict:
@@ -98,7 +81,7 @@ def method_markdown(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for _, r in table.iterrows():
         cells = [_cell(r[c], r[f"{c}_std"], digits.get(c, 3)) for c in COLUMNS]
-        lines.append(f"| {study_label(r['method'])} | " + " | ".join(cells) + f" | {int(r['pairs'])} |")
+        lines.append(f"| {label(r['method'])} | " + " | ".join(cells) + f" | {int(r['pairs'])} |")
     return "\n".join(lines)
 
 
@@ -108,9 +91,7 @@ def role_markdown(roles: pd.DataFrame) -> str:
     for method, sub in roles.groupby("method", sort=False):
         by = sub.set_index("part")
         lines.append(
-            f"| {study_label(method)} | "
-            + " | ".join(_cell(by.loc[p, "mean"], by.loc[p, "std"], 3) for p in parts)
-            + " |"
+            f"| {label(method)} | " + " | ".join(_cell(by.loc[p, "mean"], by.loc[p, "std"], 3) for p in parts) + " |"
         )
     return "\n".join(lines)
 
@@ -175,33 +156,4 @@ def markdown(table, roles, sweeps, verdicts, found, runs) -> str:
     lines += ["", "## R_0.3 by part of the model", "", role_markdown(roles), ""]
     lines += ["## Does the better-aligned method have the lower barrier?", "", explanation_markdown(found), ""]
     lines += ["## Width and training length", "", sweep_markdown(sweeps, verdicts), ""]
-    if any(m.endswith(ORTHOGONAL) for m in table["method"]):
-        lines += ["## Orthogonal maps beside Theus et al. (2025)", "", orthogonal_markdown(table, runs), ""]
-    return "\n".join(lines)
-
-
-def orthogonal_markdown(table: pd.DataFrame, runs: dict) -> str:
-    """The orthogonal run's reductions of the naive barrier beside Theus et al.'s Table 2."""
-    found = relative_reductions(table)
-    lines = [
-        f"The same models aligned with `permute.symmetry: orthogonal` (commit {runs['orthogonal']['commit']}): "
-        "both endpoints in their canonical form (the tied head untied, the LayerNorm gains folded into the layers "
-        "that read them), the stream by an orthogonal map that fixes the all-ones vector (centred, as LayerNorm "
-        "allows), the heads by orthogonal maps inside them, the MLP units permuted. Reduction of the naive "
-        "(w/o) test B½; Theus et al.'s are of their Table 2 (nats per BPE token on a 6-layer GPT-2, per image "
-        "on a ViT), so ratios compare, not barriers.",
-        "",
-        "| method | test B½ | reduction % | their counterpart | GPT-2 reduction % | ViT reduction % |",
-        "|---|---|---|---|---|---|",
-    ]
-    for _, r in found.iterrows():
-        theirs = [
-            f"{r[f'{m}_reduction_pct']:.1f}" if not math.isnan(r[f"{m}_reduction_pct"]) else "—"
-            for m in ("GPT-2", "ViT")
-        ]
-        lines.append(
-            f"| {study_label(r['method'])} | {r['B_mid']:.3f} | {r['reduction_pct']:.1f} | {r['theirs'] or '—'} | "
-            + " | ".join(theirs)
-            + " |"
-        )
     return "\n".join(lines)

@@ -34,6 +34,15 @@ REBUILD = (
 )
 
 
+TITLE = "# Transformer study: supervised and MAE-pretrained ViTs"
+TITLE_ORTHOGONAL = "# Transformer study: a supervised ViT aligned by permutations and by orthogonal maps"
+REBUILD_ORTHOGONAL = (
+    "Rebuilt by running the pipeline with `lmclab preset vit` (`dvc repro`), rerunning a copy of that run with "
+    "`permute.symmetry: orthogonal` (docs/transformers.md), then `lmclab study transformer collect --run "
+    "supervised=<vit clone> --run orthogonal=<its copy> --out reports/transformers/orthogonal`."
+)
+
+
 def _pairs(run: Path) -> pd.DataFrame:
     import pandas as pd
     import torch
@@ -65,14 +74,16 @@ def _run_info(run: Path) -> dict:
         "final_test_loss": float(last["test_loss"].mean()),
         "final_test_acc": float(last["test_acc"].mean()) if last["test_acc"].notna().any() else None,
         "seconds_per_epoch": float(history["seconds"].mean()) if "seconds" in history else None,
+        "symmetry": params["permute"].get("symmetry", "permutation"),  # a run before the key: permutations
     }
 
 
 def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
     from lmclab.report.plots import label
-    from lmclab.studies.transformer_study import COLUMNS, markdown_table
+    from lmclab.studies.transformer_study import COLUMNS, markdown_table, shown_columns
 
-    lines = ["# Transformer study: supervised and MAE-pretrained ViTs", "", REBUILD, ""]
+    rotated = any(info.get("symmetry", "permutation") != "permutation" for info in runs.values())
+    lines = [TITLE_ORTHOGONAL if rotated else TITLE, "", REBUILD_ORTHOGONAL if rotated else REBUILD, ""]
     for name, info in runs.items():
         vit = info["vit"]
         model = f"patch {vit['patch_size']}, width {vit['width']}, depth {vit['depth']}, {vit['heads']} heads"
@@ -85,7 +96,7 @@ def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
         acc = f", test accuracy {100 * info['final_test_acc']:.1f} %" if info["final_test_acc"] is not None else ""
         lines.append(
             f"- **{name}** (commit {info['commit']}): ViT {model}, {what}, {info['epochs']} epochs, "
-            f"{info['seeds']} seeds; final test loss {info['final_test_loss']:.4f}{acc}."
+            f"{info['seeds']} seeds; final test loss {info['final_test_loss']:.4f}{acc}{_aligned(info)}."
         )
     lines += [
         "",
@@ -94,7 +105,7 @@ def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
         markdown_table(table, label),
         "",
     ]
-    lines += [f"- **{k}**: {meaning}" for k, (_, meaning) in COLUMNS.items()]
+    lines += [f"- **{k}**: {meaning}" for k, (_, meaning) in COLUMNS.items() if k in shown_columns(table)]
     lines += [
         "",
         "B is the test cross-entropy barrier of the supervised run and the test reconstruction-loss barrier "
@@ -104,6 +115,17 @@ def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _aligned(info: dict) -> str:
+    """How a run aligned: nothing for permutations; for orthogonal maps, the forms and groups they act on."""
+    if info.get("symmetry", "permutation") == "permutation":
+        return ""
+    return (
+        "; aligned with `permute.symmetry: orthogonal` (both endpoints' canonical forms, LayerNorm gains folded: "
+        "the stream by centred orthogonal maps, the heads by orthogonal maps inside them, the MLP units permuted; "
+        "`identity` is the naive interpolation of the canonical forms)"
+    )
 
 
 @app.command()

@@ -1,0 +1,158 @@
+"""The language-model study's page on orthogonal maps (docs "Language models"): the preset's models aligned
+once by permutations (the preset's run) and once with ``permute.symmetry: orthogonal`` (a copy of that run,
+its trained models reused), every method's barriers side by side, R_0.3 by part of the model, and each method's
+reduction of the naive barrier beside Theus et al.'s Table 2 (2025).
+
+    cp -a ../run-lm ../run-lm-orthogonal && cd ../run-lm-orthogonal && dvc exp run \\
+        -S permute.symmetry=orthogonal -S 'permute.methods=[identity,wm,am,ste]' -S 'three.methods=[wm]' \\
+        -S measure.calibrate_temperature=true
+    lmclab study lm orthogonal --run ../run-lm --orthogonal ../run-lm-orthogonal
+
+writes ``orthogonal.parquet`` (per method), ``orthogonal_roles.parquet``, ``orthogonal_runs.json`` and
+``orthogonal.md`` beside the study's page.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import typer
+
+from lmclab.cli.studies.lm_page import HEADERS, _cell, run_info, run_table
+from lmclab.report.plots import label
+from lmclab.studies.lm_study import (
+    CALIBRATED,
+    COLUMNS,
+    ORTHOGONAL,
+    method_table,
+    orthogonal_points,
+    relative_reductions,
+    role_table,
+    study_points,
+)
+
+SHOWN = ["B_mid", "B_mid_repair", "B_mid_T", "B_max", "ppl_mid", "acc_mid", "l2_reduction", "R_0.3", "search_s"]
+TITLES = HEADERS | {"B_mid_T": "B½ T-calibrated"}
+MEANINGS = {k: meaning for k, (_, _, meaning) in (COLUMNS | CALIBRATED).items()}
+FORMS = (
+    "The orthogonal run aligns both endpoints' canonical forms (the tied head untied, the LayerNorm gains folded "
+    "into the layers that read them): the stream by an orthogonal map that fixes the all-ones vector (centred, as "
+    "LayerNorm allows), the heads by orthogonal maps inside them, the MLP units by permutations; its naive row "
+    "interpolates the canonical forms, which compute the checkpoints' functions. Its STE is learned matching "
+    "whose projections are weight matching over the mixed group (Theus et al. 2025, Algorithm 1)."
+)
+
+
+def study_label(method: str) -> str:
+    """A method's name on the page: the report's, followed by ``, orthogonal`` for the orthogonal run's."""
+    base, _, kind = method.partition("@")
+    if kind and base == "identity":
+        return "naive, canonical forms"
+    return f"{label(base)}, {kind}" if kind else label(base)
+
+
+def same_models(info: dict, preset: dict, folder: Path) -> dict:
+    """``info`` of the orthogonal run in ``folder``, unless it trained other models than the preset's run."""
+    keys = ("commit", "search_seconds")
+    if {k: v for k, v in info.items() if k not in keys} != {k: v for k, v in preset.items() if k not in keys}:
+        raise ValueError(f"--orthogonal: {folder} trained other models than --run (expected the preset's run)")
+    return info
+
+
+def build(run: Path, orthogonal: Path, out: Path) -> None:
+    """The orthogonal page in ``out`` from the preset's finished ``run`` and its ``orthogonal`` copy."""
+    from lmclab.core.atomic import write_json, write_table, write_text
+
+    runs = {"preset": run_info(run)}
+    runs["orthogonal"] = same_models(run_info(orthogonal), runs["preset"], orthogonal)
+    points = pd.concat(
+        [
+            study_points(run_table(run, "pairs"), COLUMNS | CALIBRATED),
+            orthogonal_points(run_table(orthogonal, "pairs")),
+        ],
+        ignore_index=True,
+    )
+    renamed = run_table(orthogonal, "alignment").assign(method=lambda t: t["method"] + ORTHOGONAL)
+    table, roles = method_table(points), role_table(pd.concat([run_table(run, "alignment"), renamed]))
+    write_table(out / "orthogonal.parquet", table)
+    write_table(out / "orthogonal_roles.parquet", roles)
+    write_json(out / "orthogonal_runs.json", runs)
+    write_text(out / "orthogonal.md", markdown(table, roles, runs))
+    typer.echo(f"{out / 'orthogonal.md'}: {len(table)} methods")
+
+
+def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict) -> str:
+    """The page: the runs, the barriers per method, R_0.3 by part, the reductions beside Theus et al.'s."""
+    preset, other = runs["preset"], runs["orthogonal"]
+    gpt, train = preset["gpt"], preset["train"]
+    lines = [
+        "# Language-model study: orthogonal maps of the stream and the heads",
+        "",
+        "Rebuilt by `lmclab study lm orthogonal` (docs/language-models.md) from the preset's run and its copy "
+        "rerun with `permute.symmetry: orthogonal` (the same trained models).",
+        "",
+        f"- **preset** (commit {preset['commit']}) and **orthogonal** (commit {other['commit']}): GPT width "
+        f"{gpt['width']}, depth {gpt['depth']}, {gpt['heads']} heads, {gpt['norm']}, tied embeddings "
+        f"{gpt['tie_embeddings']}; {train['epochs']} epochs, {preset['seeds']} seeds; endpoints' final test loss "
+        f"{preset['final_test_loss']:.4f} nats per token.",
+        "",
+        FORMS,
+        "",
+        "## Barriers per method",
+        "",
+        "Mean ± std over pairs (θ(λ) = λ·θa + (1−λ)·π(θb); test split):",
+        "",
+        _method_markdown(table),
+        "",
+        *(f"- **{TITLES[k]}**: {MEANINGS[k]}" for k in SHOWN),
+        "",
+        "## R_0.3 by part of the model",
+        "",
+        _role_markdown(roles),
+        "",
+        "## Beside Theus et al. (2025)",
+        "",
+        _theus_markdown(table),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _method_markdown(table: pd.DataFrame) -> str:
+    digits = {"acc_mid": 1, "l2_reduction": 1, "search_s": 1}
+    lines = ["| method | " + " | ".join(TITLES[c] for c in SHOWN) + " | pairs |", "|" + "---|" * (len(SHOWN) + 2)]
+    for _, r in table.iterrows():
+        cells = [_cell(r[c], r[f"{c}_std"], digits.get(c, 3)) for c in SHOWN]
+        lines.append(f"| {study_label(r['method'])} | " + " | ".join(cells) + f" | {int(r['pairs'])} |")
+    return "\n".join(lines)
+
+
+def _role_markdown(roles: pd.DataFrame) -> str:
+    parts = list(dict.fromkeys(roles["part"]))
+    lines = ["| method | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 1)]
+    for method, sub in roles.groupby("method", sort=False):
+        by = sub.set_index("part")
+        cells = [_cell(by.loc[p, "mean"], by.loc[p, "std"], 3) if p in by.index else "—" for p in parts]
+        lines.append(f"| {study_label(method)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _theus_markdown(table: pd.DataFrame) -> str:
+    found = relative_reductions(table)
+    lines = [
+        "Each method's reduction of the naive (w/o) test B½, `100 (1 − B/B_naive)` %, beside Theus et al.'s "
+        "reductions of their Table 2 (nats per BPE token on a 6-layer GPT-2 on TinyShakespeare; a ViT on CIFAR-10): "
+        "their units and models differ, so the ratios compare, not the barriers.",
+        "",
+        "| method | test B½ | reduction % | their counterpart | GPT-2 reduction % | ViT reduction % |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, r in found.iterrows():
+        theirs = [
+            "—" if math.isnan(r[f"{m}_reduction_pct"]) else f"{r[f'{m}_reduction_pct']:.1f}" for m in ("GPT-2", "ViT")
+        ]
+        row = [study_label(r["method"]), f"{r['B_mid']:.3f}", f"{r['reduction_pct']:.1f}", r["theirs"] or "—"]
+        lines.append("| " + " | ".join(row + theirs) + " |")
+    return "\n".join(lines)
