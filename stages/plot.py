@@ -12,6 +12,8 @@ from _repo_src import DVC_YAML  # first: this repository's src/ on sys.path
 from lmclab.pipeline.stage import one_line_errors, run_warm, stage_params
 
 app = typer.Typer(add_completion=False)
+# a run with permute.symmetry: orthogonal says so in the report's title (its methods act on canonical forms)
+ORTHOGONAL_TITLE = ", aligned by orthogonal maps where the tracer proves them (permute.symmetry: orthogonal)"
 
 
 @app.command()
@@ -31,8 +33,9 @@ def main(
 
     read = stage_params("plot", params, dvc_yaml=DVC_YAML)
     opts = read("plot")
+    title = opts["title"] + ORTHOGONAL_TITLE * (read("permute.symmetry") == "orthogonal")  # which group aligned
     settings = PlotSettings(
-        dpi=opts["dpi"], band=opts["band"], title=opts["title"], data=read("data.name"), arch=read("model.arch")
+        dpi=opts["dpi"], band=opts["band"], title=title, data=read("data.name"), arch=read("model.arch")
     )
     tables = {path.stem: pd.read_parquet(path) for path in sorted(tables_dir.glob("*.parquet"))}
     render_run(tables, json.loads(findings.read_text()), out, curves, settings)

@@ -141,6 +141,8 @@ def orthogonal_merge_writes_canonical_forms_of_the_same_function(repo: Path, env
     assert rows["wm"]["l2_reduction_pct"] > 0 and math.isfinite(rows["ste"]["test_loss_barrier_mid"])
     edges = json.loads((repo / "data" / "connect" / "seed0-seed1-seed2" / "wm" / "edges.json").read_text())
     assert all(math.isfinite(e["test_loss_barrier_max"]) for e in edges["edges"])
+    title = (repo / "reports" / "report.md").read_text().splitlines()[0]
+    assert title.endswith(", aligned by orthogonal maps where the tracer proves them (permute.symmetry: orthogonal)")
 
 
 # ---------------------------------------------------------------- ResNet20 ×¼ on CIFAR-10 files: BatchNorm repair
