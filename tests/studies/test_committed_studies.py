@@ -61,6 +61,25 @@ def test_the_transformer_study_page_is_its_table_and_runs() -> None:
     assert transformer_study.markdown(table, runs) == (folder / "transformers.md").read_text()
 
 
+def test_the_transformer_studys_orthogonal_page_is_its_table_and_runs() -> None:
+    from lmclab.cli.studies import transformer as transformer_study
+
+    folder = REPORTS / "transformers" / "orthogonal"
+    table, runs = pd.read_parquet(folder / "table.parquet"), json.loads((folder / "runs.json").read_text())
+    assert {info["symmetry"] for info in runs.values()} == {"permutation", "orthogonal"}
+    assert transformer_study.markdown(table, runs) == (folder / "transformers.md").read_text()
+
+
+def test_the_language_model_studys_orthogonal_page_is_its_tables_and_runs() -> None:
+    from lmclab.cli.studies.lm_orthogonal import markdown
+
+    folder = REPORTS / "lm"
+    table, roles = (pd.read_parquet(folder / f"{name}.parquet") for name in ("orthogonal", "orthogonal_roles"))
+    runs = json.loads((folder / "orthogonal_runs.json").read_text())
+    assert set(table["method"]) >= {"identity", "wm@orthogonal", "ste@orthogonal"}
+    assert markdown(table, roles, runs) == (folder / "orthogonal.md").read_text()
+
+
 def test_the_many_models_page_is_its_tables_and_run() -> None:
     from lmclab.cli.studies import many
 

@@ -44,6 +44,13 @@ FORMS = (
     "whose projections are weight matching over the mixed group (Theus et al. 2025, Algorithm 1)."
 )
 
+ROLES_NOTE = (
+    "R_γ keeps the singular triplets of a layer with s ≥ γ × the model's largest singular value (Theorem 4.1), "
+    "and a part with none kept in a pair has no R_γ there (—, or fewer pairs). In the canonical forms the folded "
+    "gains enlarge the largest singular values (the final gain folded into the untied head), so fewer layers keep "
+    "a triplet, and R_γ of those rows rests on them alone."
+)
+
 
 def study_label(method: str) -> str:
     """A method's name on the page: the report's, followed by ``, orthogonal`` for the orthogonal run's."""
@@ -111,6 +118,8 @@ def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict) -> str:
         "## R_0.3 by part of the model",
         "",
         _role_markdown(roles),
+        "",
+        ROLES_NOTE,
         "",
         "## Beside Theus et al. (2025)",
         "",
