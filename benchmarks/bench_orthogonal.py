@@ -6,8 +6,9 @@ its LayerNorm variant (a centred stream) at several widths.
 
 Each width: θa with random weights and random norm gains; two θb — *planted*, the canonical form of θa
 (``lmclab.canonicalize``) with its stream rotated by a random orthogonal (or centred) map, its MLP units
-permuted, its heads reordered and their values rotated inside each head (rotary positions keep queries and
-keys whole), and *independent*, another random initialisation. Each pair is matched by
+permuted, its heads reordered and rotated inside each head (values freely; queries and keys per rotary plane
+since the tracer marks them rotary: the committed results predate that, when they moved whole), and
+*independent*, another random initialisation. Each pair is matched by
 ``lmclab.align(…, method="wm", symmetry=…)`` with ``permutation`` and with ``orthogonal``, alternating, and
 each row keeps the median seconds over ``--repeats`` runs, the sweeps of the last, and the L2 reduction
 (``lmclab.l2_reduction``: 100 % is θb brought onto θa). No training: the rows measure the search, not the

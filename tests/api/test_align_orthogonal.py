@@ -1,11 +1,13 @@
 """``lmclab.align(…, symmetry="orthogonal")`` on the project's ``gpt`` with RMSNorm: a copy whose residual stream
-is rotated by a random orthogonal map and whose MLP units and heads are permuted, built as a model of the
-original class, is aligned back with no barrier along ``lmclab.curve``, while permutations alone leave one;
+is rotated by a random orthogonal map, whose MLP units and heads are permuted and whose heads are turned inside
+(queries and keys per rotary plane, values freely), built as a model of the original class, is aligned back
+with no barrier along ``lmclab.curve``, while permutations alone leave one;
 the alignment is saved with its matrices and kinds and read back; the refusals name their argument."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 
 import pytest
@@ -26,16 +28,18 @@ TIED_GAIN = "gain 'norm.weight' is read by 'head.weight', one tensor with anothe
 TIED = "; 'embed.weight' and 'head.weight' are one tensor: align the untied copies lmclab.canonicalize returns"
 
 
-TIED_HEADS = (
-    "symmetry: the tracer proves 2 groups of {} orthogonal, but P_0, the group on the most tensors, stays a "
+TIED_HEADS = (  # q/k turned per rotary plane and v/o inside the heads of 2 layers
+    "symmetry: the tracer proves 4 groups of {} orthogonal, but P_0, the group on the most tensors, stays a "
     "permutation group: "
 )
 
 
 def _stream(spec) -> str:
-    """The one group outside heads that ``spec`` marks (the residual stream); each headed group is orthogonal."""
+    """The one group outside heads that ``spec`` marks (the residual stream); each headed group is orthogonal, or
+    rotary (queries and keys under rotary positions, one per layer)."""
     (stream,) = (g for g in spec.kinds if g not in spec.heads)
-    assert all(spec.kinds[g] == "orthogonal" for g in spec.kinds if g in spec.heads)
+    inside = [spec.kinds[g] for g in spec.kinds if g in spec.heads]
+    assert set(inside) <= {"orthogonal", "rotary"} and 2 * inside.count("rotary") in (0, len(inside))
     return stream
 
 
@@ -82,6 +86,7 @@ def test_a_rotated_and_permuted_copy_is_aligned_back_with_no_barrier(planted, tm
     x, y = _tokens()
     res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
     assert res.spec.kinds == spec.kinds and res.perm[next(iter(spec.kinds))].shape == (12, 12)
+    assert sorted(spec.kinds.values()).count("rotary") == 2  # each layer's queries and keys, turned per plane
     curve = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=5)
     assert abs(curve.barrier()) <= 1e-6
     repaired = lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), repair="repair", repair_data=(x, y))
@@ -211,7 +216,7 @@ def test_the_refusals_name_their_argument(planted) -> None:
         ValueError,
         match=_whole("group 'P_0' is a permutation group: an orthogonal map of its units changes the function"),
     ):
-        lmclab.apply_permutation(lmclab.trace_spec(model_a, x), res.perm, model_b.state_dict())
+        lmclab.apply_permutation(dataclasses.replace(res.spec, kinds={}), res.perm, model_b.state_dict())
     moved = lmclab.apply_permutation(res.spec, res.perm, model_b.state_dict())  # folds θb's gains (all 1 here)
     twin = copy.deepcopy(model_a)
     twin.load_state_dict(lmclab.apply_permutation(res.spec, res.perm, model_a.state_dict()))  # θa's are not
@@ -318,10 +323,14 @@ def test_find_permutation_keeps_the_default_path_and_lists_every_keyword_of_alig
     model = _model()
     res = lmclab.find_permutation(model, model, example_inputs=_tokens()[0])
     assert res.spec.kinds == {} and all(p.dim() == 1 for p in res.perm.values())
-    model_a, model_b, rotatable = planted  # a spec given with its orthogonal kinds: permutations all the same
+    model_a, model_b, rotatable = _planted(position="learned")  # a spec given with its kinds: permutations all the same
     given = lmclab.find_permutation(model_a, model_b, spec=rotatable, options={"max_iter": 1})
     assert rotatable.kinds and given.spec.kinds == {} and all(p.dim() == 1 for p in given.perm.values())
     assert given.spec.gains == rotatable.gains  # the gains it folds stay folded
+    model_a, model_b, rotary = planted  # but not with queries and keys turned per rotary plane
+    refusal = f"spec: group {min(g for g, k in rotary.kinds.items() if k == 'rotary')!r} is rotary, which no "
+    with pytest.raises(ValueError, match=_whole(refusal + "permutation inside its heads keeps")):
+        lmclab.find_permutation(model_a, model_b, spec=rotary)
 
 
 def test_canonicalize_folds_the_gains_into_a_copy_with_the_same_function() -> None:

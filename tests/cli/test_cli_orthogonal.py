@@ -82,12 +82,16 @@ def test_merge_many_merges_a_rotated_copy_back_into_a_folder_of_a_s_function(wor
 def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None:
     (tmp_path / "llama_factory.py").write_text(
         "import transformers\n"
-        f"def build():\n    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{LLAMA!r}))\n"
+        f"def build(**kw):\n    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**({LLAMA!r} | kw)))\n"
     )
     out = lmclab(tmp_path, "trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal").stdout
-    assert "units, orthogonal)" in out
+    assert "units, orthogonal)" in out and "rotary" not in out  # grouped queries: whole heads
     assert "kind: P_4 stays a permutation group: node 'silu': an operation that does not commute with rotations" in out
     assert "gain: model.norm.weight folded into lm_head.weight" in out
+    args = ("trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal")
+    out = lmclab(tmp_path, *args, "--kwargs", '{"num_key_value_heads": 4}', shell=False).stdout  # no grouped queries
+    assert "P_1 (32 units, rotary; 4 heads, head order P_heads_0): model.layers.0.self_attn.q_proj.weight[0]" in out
+    assert "kind: P_1 is rotary: node 'mul_5': rotary positions turn each plane (j, j + d/2) by its own angle" in out
 
 
 @pytest.fixture(scope="module")

@@ -62,11 +62,11 @@ def refusal_reasons() -> dict[str, str]:
 
 
 def kind_reasons() -> dict[str, str]:
-    """The reasons of the proof of kinds (``rotations.py``, ``kinds.py``) as regular expressions: strings of
-    two words or more that a function returns, that follow ``CENTRED +``, that ``bend`` or ``setdefault``
-    take, or that are assigned to a name (but the prefix ``CENTRED``) or an entry."""
+    """The reasons of the proof of kinds (``rotations.py``, ``kinds.py``, ``planes.py``) as regular expressions:
+    strings of two words or more that a function returns, that follow ``CENTRED +``, that ``bend`` or
+    ``setdefault`` take, or that are assigned to a name (but the prefix ``CENTRED``) or an entry."""
     found = {}
-    for path in (SOURCE / "rotations.py", SOURCE / "kinds.py"):
+    for path in (SOURCE / "rotations.py", SOURCE / "kinds.py", SOURCE / "planes.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             texts: list[ast.expr] = []
             if isinstance(node, ast.Return) and node.value is not None:

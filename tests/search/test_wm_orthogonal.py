@@ -115,7 +115,8 @@ def test_the_data_free_start_is_the_planted_element(position: str, kv_heads: int
     on it alone, it would be wrong."""
     model, _ = _model(position, kv_heads=kv_heads)
     spec = trace_spec(model, _tokens(), symmetry="orthogonal")  # gains of 1: already canonical
-    assert len(spec.kinds) == (3 if kv_heads or position == "rotary" else 5)
+    assert len(spec.kinds) == (3 if kv_heads else 5)  # rotary positions: q/k turned per plane, v/o orthogonal
+    assert sorted(spec.kinds.values()).count("rotary") == (2 if position == "rotary" and not kv_heads else 0)
     params, perm, params_b = _planted(model, spec)
     start = constant_start(spec, params, params_b, solve_assignment)
     for g, p in invert(perm).items():

@@ -23,6 +23,7 @@ from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
 from lmclab.trace.kinds import RUNS, WHOLE
+from lmclab.trace.planes import PLANE
 
 
 class Net(nn.Module):
@@ -80,9 +81,10 @@ class RowGain(nn.Module):
         return self.head(h + self.fc(self.g * (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6))))
 
 
-def _rotary_gpt() -> nn.Module:
-    shapes = dict(width=8, depth=1, heads=2, position="rotary", norm="rmsnorm", tie_embeddings=False)
-    return gpt.Model(gpt.Config(input_shape=(4,), num_classes=11, **shapes))
+def _rotary_gpt(**options) -> tuple[nn.Module, torch.Tensor]:
+    shapes = dict(width=8, depth=1, heads=2, position="rotary", norm="rmsnorm", tie_embeddings=False) | options
+    model = gpt.Model(gpt.Config(input_shape=(4,), num_classes=11, **shapes))
+    return model, torch.randint(0, 11, (2, 4), generator=torch.Generator().manual_seed(0))
 
 
 def _vector() -> torch.Tensor:
@@ -107,7 +109,7 @@ class Case(NamedTuple):
 
     build: Callable[[], tuple[nn.Module, torch.Tensor]]
     group: str
-    kind: str  # "permutation" or "centred"
+    kind: str  # "permutation", "centred" or "rotary"
     reason: str
     control: bool = True  # an orthogonal map of the group changes the output (not for a tied head's gain)
 
@@ -206,8 +208,9 @@ CASES: dict[str, Case] = {
         "gain 'norm.weight' is read by 'head.weight', one tensor with another entry",
         control=False,  # untied by lmclab.canonicalize, the stream is orthogonal
     ),
-    "heads-under-rotary-positions": Case(
-        lambda: (_rotary_gpt(), torch.randint(0, 11, (2, 4), generator=torch.Generator().manual_seed(0))),
+    "planes-under-rotary-positions": Case(_rotary_gpt, "P_1", "rotary", f"node 'mul': {PLANE}"),
+    "heads-under-rotary-positions-and-grouped-queries": Case(
+        lambda: _rotary_gpt(heads=4, kv_heads=2),
         "P_1",
         "permutation",
         RUNS,

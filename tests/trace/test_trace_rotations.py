@@ -16,10 +16,12 @@ from torch.func import functional_call
 
 from lmclab.archs import gpt
 from lmclab.core.canonical import fold_gains, is_canonical
+from lmclab.core.heads import plane_rotations
 from lmclab.core.orthogonal import random_orthogonal
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import TraceError, trace_spec
 from lmclab.trace.kinds import WHOLE
+from lmclab.trace.planes import PLANE
 
 VOCAB, CONTEXT = 31, 8
 
@@ -53,12 +55,13 @@ def test_the_stream_of_rmsnorm_gpt_is_orthogonal_once_its_gains_are_folded(optio
     model = _gpt(**options)
     spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
     stream = spec.axes["embed.weight"][1]
-    assert spec.axes["norm.weight"] == (None,) and len(spec.gains) == 5
-    assert set(spec.kinds.values()) == {"orthogonal"} and stream in spec.kinds
-    # inside heads, per layer: q/k and v/o; rotary positions move q/k in whole heads; one key/value head: no heads
+    assert spec.axes["norm.weight"] == (None,) and len(spec.gains) == 5 and spec.kinds[stream] == "orthogonal"
+    # inside heads, per layer: q/k (rotary positions: turned per plane) and v/o; one key/value head: no heads
     headed = {g for g in spec.kinds if g in spec.heads}
-    assert len(headed) == (0 if options["kv_heads"] else 2 if options["position"] == "rotary" else 4)
+    assert len(headed) == (0 if options["kv_heads"] else 4)
     assert len(spec.kinds) == 1 + (2 if options["kv_heads"] else len(headed))  # MQA: each layer's values plain
+    rotary = options["position"] == "rotary" and not options["kv_heads"]
+    assert set(spec.kinds.values()) == ({"orthogonal", "rotary"} if rotary else {"orthogonal"})
     with torch.no_grad():
         reference = model(_x())
     folded = fold_gains(spec, state)
@@ -75,31 +78,42 @@ def test_the_stream_of_rmsnorm_gpt_is_orthogonal_once_its_gains_are_folded(optio
     assert _change(model, apply_permutation(forced, perm, folded), reference) > 1e-3
 
 
-def _inside_heads(state: dict, names: tuple[str, ...], seed: int) -> dict:
-    """``state`` with the rows of ``names`` (a layer's q and k, each 2 heads of 6) rotated by one Haar-random
-    orthogonal map per head, the same for every name."""
-    g = torch.Generator().manual_seed(seed)
-    block = torch.block_diag(*(random_orthogonal(6, g) for _ in range(2)))
+def _inside_heads(state: dict, names: tuple[str, ...], blocks: torch.Tensor) -> dict:
+    """``state`` with the rows of ``names`` (a layer's q and k, each 2 heads of 6) multiplied by ``blocks`` (one map
+    per head, ``(2, 6, 6)``), the same for every name."""
+    block = torch.block_diag(*blocks)
     return {k: block @ v if k.rsplit(".", 1)[0] in names else v for k, v in state.items()}
 
 
+QK = ("blocks.0.attn.q", "blocks.0.attn.k")
+
+
 @pytest.mark.parametrize("position", gpt.POSITIONS)
-def test_queries_and_keys_rotated_alike_inside_each_head_keep_the_logits_without_rotary_positions(position) -> None:
+def test_queries_and_keys_rotated_alike_inside_each_head_keep_the_logits_and_under_rotary_positions_per_plane(
+    position,
+) -> None:
     """``qᵀk = (Rq)ᵀ(Rk)``: one orthogonal map per head shared by a layer's queries and keys keeps the logits with
-    learned positions, and the tracer marks those groups orthogonal; rotary positions rotate each plane of q and k
-    by the token's angle, which a map mixing planes does not commute with: the logits change, and the tracer keeps
-    the heads whole. An orthogonal map of a layer's values across heads changes the logits too."""
+    learned positions, and the tracer marks that group orthogonal. Rotary positions turn each plane (j, j + d/2) of
+    q and k by the token's angle: the tracer marks the group rotary (one group of q and k, not whole heads), a
+    rotation of each plane shared by q and k keeps the logits, while a map mixing planes, or the planes of the
+    queries turned without the keys', change them. An orthogonal map of a layer's values across heads changes the
+    logits too."""
     model = _gpt(position=position)
     spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
     with torch.no_grad():
         reference = model(_x())
     qk = spec.axes["blocks.0.attn.q.weight"][0]
-    qk = qk[0].group if isinstance(qk, tuple) else qk
-    rotated = _inside_heads(state, ("blocks.0.attn.q", "blocks.0.attn.k"), seed=4)
+    assert spec.axes["blocks.0.attn.k.weight"][0] == qk and spec.heads[qk].count == 2
+    g = torch.Generator().manual_seed(4)
+    general = torch.stack([random_orthogonal(6, g) for _ in range(2)])
+    planes = plane_rotations(torch.rand(2, 3, generator=g, dtype=torch.float64) * 6.28)
     if position == "learned":
-        assert spec.kinds[qk] == "orthogonal" and _change(model, rotated, reference) <= 1e-10
+        assert spec.kinds[qk] == "orthogonal" and _change(model, _inside_heads(state, QK, general), reference) <= 1e-10
     else:
-        assert qk not in spec.kinds and _change(model, rotated, reference) > 1e-3
+        assert spec.kinds[qk] == "rotary" and spec.kind_reasons[qk] == f"node 'mul': {PLANE}"
+        assert _change(model, _inside_heads(state, QK, planes), reference) <= 1e-10
+        assert _change(model, _inside_heads(state, QK, general), reference) > 1e-3  # planes mixed
+        assert _change(model, _inside_heads(state, QK[:1], planes), reference) > 1e-3  # the queries alone
     vo = spec.axes["blocks.0.attn.v.weight"][0]
     assert spec.kinds[vo] == "orthogonal" and spec.heads[vo].count == 2
     perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(5), spec.heads, spec.kinds)
@@ -117,7 +131,8 @@ def test_the_stream_of_layernorm_gpt_is_centred_once_its_gains_are_folded(positi
     spec, state = trace_spec(model, _x(), symmetry="orthogonal"), model.state_dict()
     stream = spec.axes["embed.weight"][1]
     assert spec.kinds[stream] == "centred" and len(spec.gains) == 5
-    assert {k for g, k in spec.kinds.items() if g != stream} == {"orthogonal"}  # inside the heads
+    inside = {"orthogonal", "rotary"} if position == "rotary" else {"orthogonal"}  # q/k turned per plane, v/o
+    assert {k for g, k in spec.kinds.items() if g != stream} == inside
     assert spec.axes["blocks.0.norm1.bias"] == (stream,) and spec.axes["blocks.0.norm1.weight"] == (None,)
     with torch.no_grad():
         reference = model(_x())
@@ -381,6 +396,121 @@ def test_the_heads_of_a_whole_multihead_attention_module_stay_permutation_groups
     spec = trace_spec(_WholeAttention().double().eval(), x, symmetry="orthogonal")
     assert spec.heads and not set(spec.heads) & set(spec.kinds)
     assert {spec.kind_reasons[g] for g in spec.heads} == {WHOLE}
+
+
+class Rope(nn.Module):
+    """Self-attention of 2 heads of 4 features over 5 tokens with rotary positions (``q·cos + rotate_half(q)·sin``),
+    traced by ``torch.fx``, with its tables and ``rotate_half`` written as ``how`` says."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.embed, self.out = how, nn.Linear(3, 8), nn.Linear(8, 2)
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.register_buffer("inv_freq", torch.tensor([1.0, 0.01]), persistent=False)
+        angles = torch.arange(5.0)[:, None] * self.inv_freq
+        angles = torch.cat((angles, 2 * angles if how == "unpaired buffer" else angles), -1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        wide = torch.arange(5.0)[:, None] * torch.tensor([1.0, 0.3, 0.1, 0.01])
+        self.register_buffer("wide", torch.cat((wide, wide), -1).cos(), persistent=False)  # paired on 8 features
+
+    def tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored (``cos``, ``sin`` buffers), or computed in the graph as Llama does (``cat((f, f))``, cos, casts)."""
+        if self.how in ("buffer", "unpaired buffer"):
+            return self.cos, self.sin
+        if self.how == "sliced table":  # 4 of a paired table's 8 features: not paired
+            return self.wide[: x.shape[1], :4], self.sin
+        freqs = torch.arange(x.shape[1], dtype=x.dtype)[:, None] * self.inv_freq
+        emb = torch.cat((freqs, 2 * freqs if self.how == "unpaired table" else freqs), dim=-1)
+        return emb.cos().to(x.dtype)[None, None], emb.sin().type_as(x).unsqueeze(0).unsqueeze(0)
+
+    def turn(self, z: torch.Tensor) -> torch.Tensor:
+        x1, x2 = z[..., : z.shape[-1] // 2], z[..., z.shape[-1] // 2 :]
+        if self.how == "swapped halves":
+            return torch.cat((x2, x1), dim=-1)
+        if self.how == "reflected halves":
+            return torch.cat((x1, -x2), dim=-1)
+        if self.how == "turned the other way":  # -J: a rotation of each plane too
+            return torch.cat((x2, -x1), dim=-1)
+        if self.how == "half read alone":
+            return torch.cat((-x2, x1), dim=-1) + torch.cat((x1, x1), dim=-1)
+        if self.how == "halves of two tensors":
+            return torch.cat((-(2 * z)[..., 2:], x1), dim=-1)
+        if self.how == "strided halves":
+            return torch.cat((-z[..., 1::2], z[..., ::2]), dim=-1)
+        if self.how == "uneven halves":
+            return torch.cat((-z[..., 1:], z[..., :1]), dim=-1)
+        if self.how == "middle half":
+            return torch.cat((-z[..., 1:3], x1), dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (f(self.embed(x)).view(b, t, 2, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+        cos, sin, bias = *self.tables(x), 0.0
+        if self.how == "table alone":  # q·cos and k·cos: a scale of each plane
+            q, k = q * cos, k * cos
+        elif self.how == "turn alone":  # q + rotate_half(q)/2 and k: a scaled turn of each plane of q
+            q = q + self.turn(q) * 0.5
+        elif self.how == "negated half read alone":  # the Gram matrix of -q[2:] beside rotate_half: no turn keeps it
+            n2 = -q[..., 2:]
+            q, k, bias = (
+                q * cos + torch.cat((n2, q[..., :2]), -1) * sin,
+                k * cos + self.turn(k) * sin,
+                n2 @ n2.transpose(-2, -1),
+            )
+        else:
+            q, k = q * cos + self.turn(q) * sin, k * cos + self.turn(k) * sin
+        if self.how == "table added":
+            q = q + cos
+        if self.how == "bent after":
+            q = torch.relu(q)
+        weights = torch.softmax(q @ k.transpose(-2, -1) * 0.5 + bias, dim=-1)
+        return self.out((weights @ v).transpose(1, 2).reshape(b, t, 8))
+
+
+ROTARY = (
+    "computed",
+    "buffer",
+    "turned the other way",
+    "table alone",
+    "turn alone",
+)  # proved rotary from the graph; the others are not
+WHOLE_HEADS = ("unpaired table", "unpaired buffer", "sliced table", "table added", "bent after", "swapped halves")
+WHOLE_HEADS += ("reflected halves", "half read alone", "negated half read alone", "halves of two tensors")
+WHOLE_HEADS += ("strided halves", "uneven halves", "middle half")
+
+
+@pytest.mark.parametrize("how", ROTARY + WHOLE_HEADS)
+def test_rotary_planes_are_proved_from_the_graph(how: str) -> None:
+    """On the ``torch.fx`` path: a product by a table constant on each plane (a buffer by value, ``cat((f, f))``
+    computed in the graph by its structure) and ``rotate_half`` (±J) of the halves of one tensor commute with a
+    rotation of each plane: the queries and keys are one rotary group, whose random elements keep the output
+    while a map mixing planes changes it. A table whose halves differ, other concatenations of the halves, a half
+    read otherwise, a table added, or a nonlinearity after it keep the heads whole, as under permutations; the
+    rotary element of the proved model then changes their output."""
+    torch.manual_seed(0)
+    model = Rope(how).double().eval()
+    x = torch.randn(2, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    spec, state = trace_spec(model, x, symmetry="orthogonal"), model.state_dict()
+    assert isinstance(trace_spec(model, x).axes["q.weight"][0], tuple)  # permutations: whole heads, always
+    with torch.no_grad():
+        reference = model(x)
+
+    def change(spec, kinds: dict) -> float:
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, kinds)
+        with torch.no_grad():
+            return float((functional_call(model, apply_permutation(spec, perm, state), (x,)) - reference).abs().max())
+
+    qk = spec.axes["q.weight"][0]
+    if how in ROTARY:
+        assert spec.axes["k.weight"][0] == qk and spec.kinds[qk] == "rotary"
+        assert change(spec, spec.kinds) <= 1e-12 and change(spec, {**spec.kinds, qk: "orthogonal"}) > 1e-3
+        return
+    assert isinstance(qk, tuple) and qk[0].block == 4 and qk[0].group not in spec.kinds  # whole heads
+    assert change(spec, spec.kinds) <= 1e-12  # a head order: the heads' features stay in place
+    proved = trace_spec(Rope("computed").double(), x, symmetry="orthogonal")
+    assert change(proved, proved.kinds) > 1e-3
 
 
 class _OneUnit(nn.Module):

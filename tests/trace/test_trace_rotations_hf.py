@@ -1,7 +1,9 @@
 """The tracer's proof of kinds on Hugging Face models (lmclab.trace.rotations): Llama's residual stream (RMSNorm,
 rotary positions, SwiGLU, grouped-query attention 4/2, untied head) and Gemma's (its gains read as ``1 + w``) are
 orthogonal once their gains are folded, and random orthogonal maps of it with permutations of every other group
-keep the logits in float64 (≤ 1e-10 relative), while the same maps with the gains in place change them; GPT-2's
+keep the logits in float64 (≤ 1e-10 relative), while the same maps with the gains in place change them; without
+grouped queries, Llama's queries and keys turn per rotary plane (lmclab.trace.planes: its cos and sin proved
+constant on each plane from the graph torch.export records), and a rotated copy is aligned back; GPT-2's
 stream (LayerNorm, its ``Conv1D`` readers an ``addmm`` of an (in, out) weight) is centred once its gains are
 folded into the readers' rows; a tied head keeps every group a permutation group, and the canonical copy of a
 tied model unties it."""
@@ -9,13 +11,16 @@ tied model unties it."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 
 from lmclab.core.canonical import fold_gains
+from lmclab.core.heads import plane_rotations
 from lmclab.core.spec import apply_permutation, random_permutation
 from lmclab.trace import trace_spec
+from lmclab.trace.planes import PLANE
 
 pytestmark = pytest.mark.extras  # the models extra: not in `make test-fast`
 transformers = pytest.importorskip("transformers")
@@ -32,9 +37,9 @@ def float64_rms_norm(self, hidden: torch.Tensor) -> torch.Tensor:
     return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
-def _llama(tie: bool = False) -> torch.nn.Module:
+def _llama(tie: bool = False, kv_heads: int = 2) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**SMALL, **ROPE, tie_word_embeddings=tie)
+    config = transformers.LlamaConfig(**SMALL, **(ROPE | {"num_key_value_heads": kv_heads}), tie_word_embeddings=tie)
     model = transformers.LlamaForCausalLM(config).double().eval()
     with torch.no_grad():
         for key, p in model.named_parameters():
@@ -82,6 +87,58 @@ def test_llama_s_stream_is_orthogonal_once_its_gains_are_folded(monkeypatch) -> 
         perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
         assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
         assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
+
+
+def _planes(state: dict, names: tuple[str, ...], seed: int) -> dict:
+    """``state`` with the rows of ``names`` (layer 0's projections, 4 heads of 8) turned by one random rotation of
+    each plane (j, j + 4) per head, the same for every name."""
+    angles = torch.rand(4, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 6.28
+    block = torch.block_diag(*plane_rotations(angles))
+    return {k: block @ v if k.rsplit(".", 1)[0] in names else v for k, v in state.items()}
+
+
+def test_llama_s_queries_and_keys_turn_per_rotary_plane_without_grouped_queries(monkeypatch) -> None:
+    """Without grouped queries each layer's queries and keys are one rotary group (its cos and sin computed in the
+    graph from ``cat((freqs, freqs))``), its values orthogonal: random elements keep the logits in float64, while a
+    map mixing a head's planes, or the planes of the queries turned without the keys', change them."""
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    model = _llama(kv_heads=4)
+    spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
+    qk, vo = (spec.axes[f"model.layers.0.self_attn.{p}_proj.weight"][0] for p in ("q", "v"))
+    assert spec.axes["model.layers.0.self_attn.k_proj.weight"][0] == qk and spec.heads[qk].count == 4
+    assert sorted(spec.kinds.values()) == ["orthogonal"] * 3 + ["rotary"] * 2 and spec.kinds[vo] == "orthogonal"
+    assert spec.kinds[qk] == "rotary" and re.fullmatch(f"node 'mul_[0-9]+': {re.escape(PLANE)}", spec.kind_reasons[qk])
+    with torch.no_grad():
+        reference = model(X).logits
+    folded = fold_gains(spec, state)
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    general = random_permutation(
+        spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, {**spec.kinds, qk: "orthogonal"}
+    )
+    assert _change(model, apply_permutation(spec, general, folded), reference) > 1e-3  # planes mixed
+    attention = "model.layers.0.self_attn"
+    assert _change(model, _planes(state, (f"{attention}.q_proj", f"{attention}.k_proj"), 3), reference) <= 1e-10
+    assert _change(model, _planes(state, (f"{attention}.q_proj",), 3), reference) > 1e-3  # the queries alone
+
+
+def test_a_rotated_llama_is_aligned_back_by_orthogonal_weight_matching(monkeypatch) -> None:
+    """Llama without grouped queries in canonical form, its stream rotated, its MLP units permuted, its heads
+    reordered and turned inside (queries and keys per rotary plane, values freely): aligned back exactly."""
+    import lmclab
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    canonical = lmclab.canonicalize(_llama(kv_heads=4), X)
+    spec, state = trace_spec(canonical, X, symmetry="orthogonal"), canonical.state_dict()
+    perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, spec.kinds)
+    rotated = copy.deepcopy(canonical)
+    rotated.load_state_dict(apply_permutation(spec, perm, state))
+    res = lmclab.align(canonical, rotated, symmetry="orthogonal", example_inputs=X)
+    assert {res.spec.kinds[g] for g in res.spec.heads} == {"orthogonal", "rotary"}
+    back = res.apply(rotated)
+    assert max(float((back[k] - v).abs().max()) for k, v in state.items()) <= 1e-9
+    assert lmclab.l2_reduction(canonical, rotated, res) == pytest.approx(100.0, abs=1e-6)
 
 
 def _gpt2(tie: bool = False) -> torch.nn.Module:

@@ -181,8 +181,11 @@ def in_symmetry(problem: Problem, symmetry: str, what: str) -> Problem:
     """``problem`` with its spec's kinds for ``symmetry``: none for ``"permutation"`` (the gains a spec folds stay
     folded); for ``"orthogonal"``, one line naming ``symmetry`` when no group may take an orthogonal map, or when
     the group on the most tensors (the stream) may not because two entries are one tensor (a tied head: the
-    copies :func:`lmclab.canonicalize` returns are untied)."""
+    copies :func:`lmclab.canonicalize` returns are untied); and for ``"permutation"`` a spec with a rotary group (no
+    permutation inside its heads keeps the function: such heads move whole in the spec traced for permutations)."""
     if symmetry == "permutation":
+        if rotary := sorted(g for g, kind in problem.spec.kinds.items() if kind == "rotary"):
+            raise OptionError(f"{{spec}}: group {rotary[0]!r} is rotary, which no permutation inside its heads keeps")
         return problem._replace(spec=dataclasses.replace(problem.spec, kinds={}))
     kinds = problem.spec.kinds
     shared = shared_parameters(problem.model) if problem.model is not None else []

@@ -78,8 +78,10 @@ def trace(
         where = ", ".join(f"{name}[{axis}]" for name, axis in pin.places[:4]) + ", …" * (len(pin.places) > 4)
         stream = ", a residual stream" if pin.stream else ""
         typer.echo(f"pinned: {pin.units} units{stream} by node {pin.node!r} in {pin.where} ({pin.reason}): {where}")
-    for group, reason in traced.spec.kind_reasons.items():  # why a group takes no orthogonal map (or only centred)
-        narrower = "is centred" if traced.spec.kinds.get(group) == "centred" else "stays a permutation group"
+    for group, reason in traced.spec.kind_reasons.items():  # why a group takes no orthogonal map (or a narrower one)
+        narrower = {"centred": "is centred", "rotary": "is rotary"}.get(
+            traced.spec.kinds.get(group), "stays a permutation group"
+        )
         typer.echo(f"kind: {group} {narrower}: {reason}")
     for gain, readers in traced.spec.gains.items():  # folded before an orthogonal map (lmclab.core.canonical)
         typer.echo(f"gain: {gain} folded into {', '.join(readers)}")

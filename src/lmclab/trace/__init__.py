@@ -103,7 +103,8 @@ def trace_spec(
     """The :class:`PermutationSpec` of ``model`` (module docstring); ``example_inputs`` (a tensor, a sequence
     of positional inputs or a mapping of keyword inputs, :mod:`lmclab.trace.inputs`) give the shapes.
     One-line :class:`TraceError` for a graph it cannot follow, unless ``partial``. ``symmetry="orthogonal"``:
-    the groups on which orthogonal maps are symmetries too get that kind (:mod:`lmclab.trace.rotations`)."""
+    the groups on which orthogonal maps are symmetries too get that kind (:mod:`lmclab.trace.rotations`; the
+    queries and keys of rotary heads, turned per plane: ``rotary``, :mod:`lmclab.trace.planes`)."""
     return trace(model, example_inputs, partial=partial, symmetry=symmetry).spec
 
 

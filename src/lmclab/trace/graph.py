@@ -221,21 +221,14 @@ class GraphTracer(
                 return self.refuse(node, "its operands are permuted in blocks or segments that differ")
             out.append(here[0] if here else None)
         for a in tensors:
-            s, offset = self.shape(a), len(shape) - len(self.shape(a))
+            offset = len(shape) - len(self.shape(a))
             if self.tag(a) is None and (found := self.per_channel(a)) is not None:  # a layer scale, a gain 1 + w
                 param, at = found
                 if any(k is not None and out[k + offset] and any(map(self.is_headed, out[k + offset])) for k in at):
                     return self.refuse(node, "a parameter varying along heads or per-head features")
                 self.record(str(param.target), [None if k is None else out[k + offset] for k in at])
                 continue
-            self.fix(  # rotary cos/sin along per-head features: the heads move whole
-                [
-                    seg
-                    for k, n in enumerate(s)
-                    if n != 1 and self.broadcast(a, k + offset, len(shape)) is None
-                    for seg in out[k + offset] or ()
-                ]
-            )
+            self.fix(self.varied(node, a, out))  # rotary cos/sin: whole heads, or turned per plane (planes)
         self.tags[node] = Tag.of(out)
 
     def broadcast(self, arg: fx.Node, axis: int, ndim: int) -> Layout:

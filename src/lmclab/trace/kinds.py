@@ -1,5 +1,6 @@
 """The kinds of a traced spec's groups, once the pass is over: each group no node bent is ``orthogonal`` (or
-``centred``), with the gains to fold on it (:mod:`lmclab.trace.rotations` has the proof's rules)."""
+``centred``, or ``rotary`` for heads that rotary positions turn per plane), with the gains to fold on it
+(:mod:`lmclab.trace.rotations` and :mod:`lmclab.trace.planes` have the proof's rules)."""
 
 from __future__ import annotations
 
@@ -35,15 +36,17 @@ class KindRules(RotationRules):
 
     def kinds(self, axes: dict) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
         """``"orthogonal"`` for every named group no node bent and not read in runs (whole heads, a grouped
-        convolution's groups): a headed one inside each head; and the gains on those groups with their readers."""
+        convolution's groups): a headed one inside each head (``"rotary"``: per plane, :attr:`planes`); and the
+        gains on those groups with their readers."""
         find = self.groups.find
         bent = {find(g) for g in self.bent} | {find(g) for g in self.groups.coarse}
         bent |= {find(c) for c, _ in self.groups.coarse.values()}  # whole heads (rotary, grouped queries), conv runs
         centred = {find(g) for g in self.centred}
         bent |= {find(g) for g in self.groups.heads if find(g) in centred}  # no centred kind inside heads
         bent |= self.whole_heads()
+        planes = {find(g) for g in self.planes}  # turned per plane by rotary positions (lmclab.trace.planes)
         kinds = {
-            name: "centred" if root in centred else "orthogonal"
+            name: "centred" if root in centred else "rotary" if root in planes else "orthogonal"
             for root, name in self.names.items()
             if root not in bent
         }
@@ -70,7 +73,7 @@ class KindRules(RotationRules):
         """For each named group that ``kinds`` leaves a permutation group or centres, the first node that keeps
         it so (the proof's order), or else the runs it permutes (heads, a grouped convolution's groups)."""
         find, first = self.groups.find, {}
-        for gid, reason in [*self.bent.items(), *self.centred.items()]:
+        for gid, reason in [*self.bent.items(), *self.centred.items(), *self.planes.items()]:
             first.setdefault(find(gid), reason)
         return {name: first.get(root, RUNS) for root, name in self.names.items() if kinds.get(name) != "orthogonal"}
 

@@ -9,7 +9,9 @@ permutations of a head's query and key features that keep the function are the i
 as whole blocks (σ), their features stay in place. The tracer derives this from the graph: a per-head
 feature axis multiplied by a tensor varying along it (``cos``, ``sin``), sliced (``x[..., :d/2]``) or read
 by position makes its group *rigid* (:meth:`lmclab.trace.groups.Groups.make_rigid`): coarsened to runs of
-one head, one unit per head, ordered by the heads' tie. Values are not rotated: their τ stay free.
+one head, one unit per head, ordered by the heads' tie. Values are not rotated: their τ stay free. Under
+``symmetry="orthogonal"`` :mod:`lmclab.trace.planes` (the base of these rules) proves from the same graph the
+larger symmetry inside such heads, one rotation per plane, and leaves the group free where it can.
 
 **Grouped-query attention.** ``H`` query heads share ``K < H`` key/value heads, query head ``h`` reading
 key/value head ``h // (H/K)``: ``repeat_kv`` expands ``(B, K, T, d)`` to ``(B, K, H/K, T, d)`` and flattens
@@ -29,10 +31,10 @@ import math
 from torch import fx
 
 from lmclab.trace.groups import FIXED, Layout, Seg, Tag, Within
-from lmclab.trace.state import TraceState
+from lmclab.trace.planes import PlaneRules
 
 
-class RotaryRules(TraceState):
+class RotaryRules(PlaneRules):
     """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`) alone."""
 
     def is_rigid(self, seg: Seg | Within) -> bool:
@@ -90,7 +92,8 @@ class RotaryRules(TraceState):
 
     def settle_rigid(self) -> None:
         """A rigid group (one unit per head) whose heads' order was coarsened to blocks (grouped queries)
-        is coarsened alike: one unit per block, ordered by the coarse order."""
+        is coarsened alike: one unit per block, ordered by the coarse order (after :meth:`settle_planes`)."""
+        self.settle_planes()
         for root, (count, tie) in list(self.groups.heads.items()):
             order = self.groups.resolve(Seg(tie, count))
             if self.groups.find(root) != root or order.block == 1 or order.gid == FIXED:

@@ -28,8 +28,8 @@ What commutes with ``O`` (``Ox`` in, ``Ox`` out, or the units read away):
 Anything else bends the groups it touches: an elementwise nonlinearity, a product of two tensors of the
 group, LayerNorm's centring, BatchNorm, softmax, a pooling by maximum, a gain read by anything but a linear
 layer, a gain computed from a parameter otherwise than ``c + w``. A headed group left unbent is orthogonal inside
-each head (:mod:`lmclab.core.heads`); heads that move whole (rotary positions, grouped queries) and the heads
-of an ``nn.MultiheadAttention`` kept whole, whose products are not traced, stay permutation groups.
+each head (:mod:`lmclab.core.heads`), or rotary where rotary positions turn its planes (:mod:`lmclab.trace.planes`);
+heads that move whole (grouped queries) and those of an ``nn.MultiheadAttention`` kept whole stay permutation groups.
 """
 
 from __future__ import annotations

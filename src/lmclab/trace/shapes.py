@@ -52,7 +52,7 @@ def _axis_order(node: fx.Node, ndim: int) -> list[int]:
 
 class ShapeRules(TraceState):
     """Reads and writes the tracer's state (:class:`~lmclab.trace.state.TraceState`); also calls the tracer's
-    ``unite`` and ``record``."""
+    ``unite`` and ``record``, and the planes' ``halved`` and ``turned_halves`` (:mod:`lmclab.trace.planes`)."""
 
     def flatten(self, node: fx.Node, t_in: Tag | None, start: int, end: int) -> None:
         if t_in is None:
@@ -117,7 +117,7 @@ class ShapeRules(TraceState):
             lays = [t.at(axis) if t is not None else None for t in tags]
             present = [lay for lay in lays if lay is not None]
             if axis == dim or not present:
-                out.append(self.joined(tensors, lays, dim) if axis == dim else None)
+                out.append(self.joined(node, lays, dim) if axis == dim else None)
             elif any(
                 lay is None and self.parameter(a) is None for a, lay in zip(tensors, lays, strict=True)
             ) or not all(self.unite(present[0], lay) for lay in present[1:]):
@@ -158,14 +158,17 @@ class ShapeRules(TraceState):
         elementwise = arg.target in ELEMENTWISE_FUNCTIONS or method in ELEMENTWISE_METHODS
         return (param, at) if elementwise and self.shape(arg) == self.shape(source) else None
 
-    def joined(self, tensors: list[fx.Node], lays: list[Layout], dim: int) -> Layout:
-        """The segments of a concatenation's axis: each operand's own, a pinned one for an unpermuted operand;
-        features of one group's heads in pieces (a rotary ``rotate_half``): its heads move whole."""
+    def joined(self, node: fx.Node, lays: list[Layout], dim: int) -> Layout:
+        """The segments of concatenation ``node``'s axis: each operand's own, a pinned one for an unpermuted
+        operand; features of one group's heads in pieces (a rotary ``rotate_half``): its heads move whole, unless
+        the pieces are the halves of one tensor rebuilt as ``±x`` or ``±J x`` (:mod:`lmclab.trace.planes`)."""
+        tensors = list(node.args[0])
         if all(lay is None for lay in lays):
             return None
         within = [lay[0] for lay in lays if lay is not None and isinstance(lay[0], Within)]
         if within and len({self.groups.find(s.gid) for s in within}) == 1:
-            self.fix(tuple(within))
+            if not self.turned_halves(node, within[0]):
+                self.fix(tuple(within))
             return (Within(within[0].gid, sum(self.shape(a)[dim] for a in tensors)),)
         return tuple(
             seg
@@ -196,7 +199,8 @@ class ShapeRules(TraceState):
             if axis in live and i != slice(None) and not isinstance(lay[0], Within):
                 return self.refuse(node, "an index that picks units of a permuted axis")
             if axis in live and i != slice(None):  # features of heads read by position: the heads move whole
-                self.fix(lay)
+                if not self.halved(node, lay[0]):  # (but the halves of rotate_half: lmclab.trace.planes)
+                    self.fix(lay)
                 if isinstance(i, slice):
                     out.append((Within(lay[0].gid, self.shape(node)[len(out)]),))
             elif isinstance(i, slice):

@@ -45,6 +45,7 @@ class TraceState:
     gains: dict[str, list[str]] = field(default_factory=dict)  # per-channel gain -> the linear weights reading it
     gain_biases: dict[str, str] = field(default_factory=dict)  # a LayerNorm's gain -> its bias
     gain_offsets: dict[str, float] = field(default_factory=dict)  # a gain read as c + w -> c
+    planes: dict[int, str] = field(default_factory=dict)  # group -> why only rotations of each plane keep it
 
     def __post_init__(self) -> None:
         if self.state_keys is None:
