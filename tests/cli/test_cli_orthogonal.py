@@ -30,11 +30,17 @@ LLAMA |= {"intermediate_size": 64, "vocab_size": 50, "max_position_embeddings": 
 X = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+# grouped queries (heads whole; the stream orthogonal) and as many key/value heads as query heads (inside each head
+# too: Q/K turned per rotary plane, V/O rotated): the number of groups the tracer proves of a kind
+KV_HEADS = {"grouped": (2, 1), "rotary-heads": (4, 5)}
+
+
+@pytest.fixture(scope="module", params=list(KV_HEADS))
+def work(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("rotated")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    config = LLAMA | {"num_key_value_heads": KV_HEADS[request.param][0]}
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
     with torch.no_grad():
         for key, p in model.named_parameters():
             if "norm" in key:
@@ -46,6 +52,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     twin.load_state_dict(apply_permutation(spec, perm, folded))
     model.save_pretrained(work / "a")
     twin.save_pretrained(work / "b")
+    (work / "kinds").write_text(str(KV_HEADS[request.param][1]))
     return work
 
 
@@ -56,7 +63,7 @@ def _logits(folder: Path) -> torch.Tensor:
 
 def test_match_undoes_a_rotated_stream_and_merge_writes_a_folder_of_a_s_function(work: Path) -> None:
     out = lmclab(work, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt").stdout
-    assert "(1 orthogonal)" in out and "L2 reduction 100.00 %" in out
+    assert f"({(work / 'kinds').read_text()} orthogonal)" in out and "L2 reduction 100.00 %" in out
     lmclab(work, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged")
     reference = _logits(work / "a")
     torch.testing.assert_close(_logits(work / "merged"), reference, rtol=1e-4, atol=1e-4)
@@ -68,7 +75,7 @@ def test_match_undoes_a_rotated_stream_and_merge_writes_a_folder_of_a_s_function
 
 def test_merge_many_merges_a_rotated_copy_back_into_a_folder_of_a_s_function(work: Path) -> None:
     out = lmclab(work, "merge-many", "a", "b", "--symmetry", "orthogonal", "--out", "many").stdout
-    assert out.startswith("merge_many: 2 models (1 orthogonal), ")
+    assert out.startswith(f"merge_many: 2 models ({(work / 'kinds').read_text()} orthogonal), ")
     torch.testing.assert_close(_logits(work / "many"), _logits(work / "a"), rtol=1e-4, atol=1e-4)
     args = ("merge-many", "a", "b", "--method", "c2m3", "--symmetry", "orthogonal", "--out", "x")
     refused = lmclab(work, *args, ok=False, shell=False)
