@@ -321,7 +321,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                 "device": "cpu",
                 "threads": 1,
                 "train": {"seeds": [0, 1]},
-                "permute": {"methods": ["wm"]},
+                "permute": {"methods": ["wm"], "symmetry": "permutation"},
                 "measure": {
                     "taylor_splits": ["train", "test"],
                     "num_lambdas": 3,
@@ -331,6 +331,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                     "repair_samples": 500,
                     "train_samples": None,
                     "nproc_per_node": 1,
+                    "calibrate_temperature": False,
                 },
             }
         )

@@ -17,6 +17,7 @@ import lmclab.core.distributed as distributed
 from lmclab.pipeline import runs, schema, stage, torchrun
 from lmclab.pipeline.block import Block, key
 from lmclab.pipeline.closure import code_closure, stage_script
+from lmclab.pipeline.defaults import Override
 from lmclab.pipeline.keys import defaults
 from lmclab.pipeline.stage import load_yaml
 from lmclab.pipeline.validate import ParamsError, check_params
@@ -53,7 +54,7 @@ def test_an_options_block_keeps_the_fields_own_schema_extras_beside_the_library_
         epochs: int = key(3, "passes", ge=1, json_schema_extra={"unit": "epoch"})
         shape: tuple[int, ...] = key((2, 3), "a shape")
 
-    overridden = schema.Override(7, "a test")
+    overridden = Override(7, "a test")
     saved = dict(schema.PIPELINE_DEFAULTS)
     schema.PIPELINE_DEFAULTS["test.block.epochs"] = overridden
     try:
