@@ -45,8 +45,10 @@ def main(
     read = stage_params("merge", params, dvc_yaml=DVC_YAML)
     a, b = load_checkpoint(model_a), load_checkpoint(model_b)
     check_same_architecture(a, b, model_a, model_b)
-    train, kind = load_split(data, "train"), read("measure.repair")
-    (a, b), spec, _ = symmetric_forms(a, b, symmetry=read("permute.symmetry"), example_inputs=train.x[:2])
+    symmetry, kind = read("permute.symmetry"), read("measure.repair")
+    train = load_split(data, "train") if kind != "none" or symmetry != "permutation" else None  # read if used
+    inputs = train.x[:2] if train is not None else None
+    (a, b), spec, _ = symmetric_forms(a, b, symmetry=symmetry, example_inputs=inputs)
     model = build_model(a.arch, a.config)
     repair, repair_at = curve_repairs(kind, model, train, repair_samples=read("measure.repair_samples"))
     for method in read("permute.methods"):

@@ -242,9 +242,11 @@ def test_the_pipelines_orthogonal_forms_are_untied_copies_of_the_same_function_w
         assert gains and all(torch.equal(g, torch.ones_like(g)) for g in gains)
         assert canon.state_dict["head.weight"].dtype == torch.float64
     assert all(torch.equal(before[k], b.state_dict[k]) for k in before)  # the caller's checkpoint untouched
-    forms, own, _ = symmetric_forms(a, b, symmetry="permutation", example_inputs=x)
+    forms, own, _ = symmetric_forms(a, b, symmetry="permutation", example_inputs=None)  # nothing to trace
     assert forms[0] is a and forms[1] is b and not own.kinds and own.group_sizes(a.state_dict)
     with pytest.raises(ValueError, match=r"^symmetry: expected one of \('permutation', 'orthogonal'\), got 'rot'$"):
         symmetric_forms(a, b, symmetry="rot", example_inputs=x)
+    with pytest.raises(ValueError, match=r"^example_inputs: needed to trace the orthogonal form of the checkpoints$"):
+        symmetric_forms(a, b, symmetry="orthogonal", example_inputs=None)
     with pytest.raises(ValueError, match=r"^mlp: embed.weight and head.weight are one tensor a gain folds into; "):
         untied_config("mlp", mlp.Config(input_shape=(1, 28, 28), num_classes=10), ("embed.weight", "head.weight"))

@@ -22,37 +22,53 @@ from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.canonical import fold_gains, shared_parameters
 from lmclab.core.orthogonal import SYMMETRIES
 from lmclab.core.spec import PermutationSpec
-from lmclab.trace import Traced, trace
-from lmclab.trace.untie import untied_copy
+from lmclab.trace import Traced
+from lmclab.trace.untie import untied_trace
 
 
 def symmetric_forms(
-    *ckpts: Checkpoint, symmetry: str, example_inputs: Tensor
+    *ckpts: Checkpoint, symmetry: str, example_inputs: Tensor | None
 ) -> tuple[tuple[Checkpoint, ...], PermutationSpec, dict[str, Any]]:
     """``(forms, spec, points)``: the checkpoints (of one architecture) as a search of ``symmetry`` sees them (the
     module docstring), the spec it acts by and the activation points of its groups; ``example_inputs`` (a batch
-    of the model's inputs) to trace the orthogonal form on."""
+    of the model's inputs; unused for ``"permutation"``) to trace the orthogonal form on, once: the others take
+    the first's untying and spec."""
     if symmetry not in SYMMETRIES:
         raise ValueError(f"symmetry: expected one of {SYMMETRIES}, got {symmetry!r}")
     if symmetry == "permutation":
         arch = get_arch(ckpts[0].arch)
         return ckpts, arch.permutation_spec(ckpts[0].config), arch.activation_points(ckpts[0].config)
-    forms = [canonical_checkpoint(c, example_inputs) for c in ckpts]
-    return tuple(c for c, _ in forms), forms[0][1].spec, dict(forms[0][1].points)
+    if example_inputs is None:
+        raise ValueError("example_inputs: needed to trace the orthogonal form of the checkpoints")
+    first, traced = canonical_checkpoint(ckpts[0], example_inputs)
+    rest = (_folded(c, traced.spec, first.config) for c in ckpts[1:])
+    return (first, *rest), traced.spec, dict(traced.points)
 
 
 def canonical_checkpoint(ckpt: Checkpoint, example_inputs: Tensor) -> tuple[Checkpoint, Traced]:
     """``ckpt`` in its canonical form (the module docstring) and the trace of that form with
     ``symmetry="orthogonal"`` (spec with kinds, activation points); the checkpoint given is left as it was."""
-    floats = {v.dtype for v in ckpt.state_dict.values() if v.is_floating_point()}
-    net = build_model(ckpt.arch, ckpt.config).to(floats.pop() if len(floats) == 1 else None)  # in its own dtype
-    net.load_state_dict(ckpt.state_dict)
-    twin, _ = untied_copy(net, example_inputs)
+    net = _built(ckpt)
+    twin, traced = untied_trace(net, example_inputs)
     untied = [names for names in shared_parameters(net) if names not in shared_parameters(twin)]
     config = untied_config(ckpt.arch, ckpt.config, untied[0]) if untied else ckpt.config
-    traced = trace(twin, example_inputs, symmetry="orthogonal")
     state = fold_gains(traced.spec, twin.state_dict(), ckpt.arch)
     return Checkpoint(ckpt.arch, config, ckpt.seed, state), traced
+
+
+def _folded(ckpt: Checkpoint, spec: PermutationSpec, config: Any) -> Checkpoint:
+    """``ckpt`` in the canonical form of another checkpoint of its architecture: the gains of ``spec`` folded into
+    its state dict (where tied weights are separate entries, so the head takes the gain alone), with that form's
+    ``config``."""
+    return Checkpoint(ckpt.arch, config, ckpt.seed, fold_gains(spec, _built(ckpt).state_dict(), ckpt.arch))
+
+
+def _built(ckpt: Checkpoint) -> Any:
+    """The module of ``ckpt`` with its weights, in their own dtype."""
+    floats = {v.dtype for v in ckpt.state_dict.values() if v.is_floating_point()}
+    net = build_model(ckpt.arch, ckpt.config).to(floats.pop() if len(floats) == 1 else None)
+    net.load_state_dict(ckpt.state_dict)
+    return net
 
 
 def untied_config(arch: str, config: Any, names: tuple[str, ...]) -> Any:
