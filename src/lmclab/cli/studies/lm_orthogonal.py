@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import typer
 
-from lmclab.cli.studies.lm_page import HEADERS, _cell, run_info, run_table
+from lmclab.cli.studies.lm_page import HEADERS, method_markdown, role_markdown, run_info, run_table
 from lmclab.report.plots import label
 from lmclab.studies.lm_study import (
     CALIBRATED,
@@ -111,13 +111,13 @@ def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict) -> str:
         "",
         "Mean ± std over pairs (θ(λ) = λ·θa + (1−λ)·π(θb); test split):",
         "",
-        _method_markdown(table),
+        method_markdown(table, SHOWN, TITLES, study_label),
         "",
         *(f"- **{TITLES[k]}**: {MEANINGS[k]}" for k in SHOWN),
         "",
         "## R_0.3 by part of the model",
         "",
-        _role_markdown(roles),
+        role_markdown(roles, study_label),
         "",
         ROLES_NOTE,
         "",
@@ -126,25 +126,6 @@ def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict) -> str:
         _theus_markdown(table),
         "",
     ]
-    return "\n".join(lines)
-
-
-def _method_markdown(table: pd.DataFrame) -> str:
-    digits = {"acc_mid": 1, "l2_reduction": 1, "search_s": 1}
-    lines = ["| method | " + " | ".join(TITLES[c] for c in SHOWN) + " | pairs |", "|" + "---|" * (len(SHOWN) + 2)]
-    for _, r in table.iterrows():
-        cells = [_cell(r[c], r[f"{c}_std"], digits.get(c, 3)) for c in SHOWN]
-        lines.append(f"| {study_label(r['method'])} | " + " | ".join(cells) + f" | {int(r['pairs'])} |")
-    return "\n".join(lines)
-
-
-def _role_markdown(roles: pd.DataFrame) -> str:
-    parts = list(dict.fromkeys(roles["part"]))
-    lines = ["| method | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 1)]
-    for method, sub in roles.groupby("method", sort=False):
-        by = sub.set_index("part")
-        cells = [_cell(by.loc[p, "mean"], by.loc[p, "std"], 3) if p in by.index else "—" for p in parts]
-        lines.append(f"| {study_label(method)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -75,24 +75,25 @@ def _cell(mean: float, std: float, digits: int) -> str:
     return f"{mean:.{digits}f} ± {0.0 if pd.isna(std) else std:.{digits}f}"
 
 
-def method_markdown(table: pd.DataFrame) -> str:
+def method_markdown(table: pd.DataFrame, columns=tuple(COLUMNS), titles=HEADERS, name=label) -> str:
+    """The per-method table of ``columns`` (their ``titles``), each method called ``name(method)``."""
     digits = {"acc_mid": 1, "l2_reduction": 1, "search_s": 1}
-    names = ["method", *(HEADERS[c] for c in COLUMNS), "pairs"]
+    names = ["method", *(titles[c] for c in columns), "pairs"]
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for _, r in table.iterrows():
-        cells = [_cell(r[c], r[f"{c}_std"], digits.get(c, 3)) for c in COLUMNS]
-        lines.append(f"| {label(r['method'])} | " + " | ".join(cells) + f" | {int(r['pairs'])} |")
+        cells = [_cell(r[c], r[f"{c}_std"], digits.get(c, 3)) for c in columns]
+        lines.append(f"| {name(r['method'])} | " + " | ".join(cells) + f" | {int(r['pairs'])} |")
     return "\n".join(lines)
 
 
-def role_markdown(roles: pd.DataFrame) -> str:
+def role_markdown(roles: pd.DataFrame, name=label) -> str:
+    """R_0.3 per method and part, each method called ``name(method)``; a part a method lacks is a dash."""
     parts = list(dict.fromkeys(roles["part"]))
     lines = ["| method | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 1)]
     for method, sub in roles.groupby("method", sort=False):
         by = sub.set_index("part")
-        lines.append(
-            f"| {label(method)} | " + " | ".join(_cell(by.loc[p, "mean"], by.loc[p, "std"], 3) for p in parts) + " |"
-        )
+        cells = [_cell(by.loc[p, "mean"], by.loc[p, "std"], 3) if p in by.index else "—" for p in parts]
+        lines.append(f"| {name(method)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
