@@ -22,7 +22,7 @@ from lmclab.core.spec_builders import dense, norm
 from lmclab.pipeline.stage import search_errors
 from lmclab.pipeline.validate import check_params
 from lmclab.search import SearchProblem, check_method, run_search
-from lmclab.search.midpoint import heldout_loss, midpoint_loss, minibatches
+from lmclab.search.midpoint import drawn_lam, heldout_loss, midpoint_loss, minibatches
 from lmclab.search.registered import search_problem
 from lmclab.search.sinkhorn import INIT_NOISE, hard_permutation, init_scores, log_sinkhorn, soft_apply
 from lmclab.search.ste import projector, ste, ste_step
@@ -149,6 +149,20 @@ def test_midpoint_loss_and_its_held_out_average_by_hand() -> None:
     assert float(midpoint_loss(model, spec, params_a, params_b, x, y)) == pytest.approx(expected, rel=1e-12)
     # chunks of 4, 4, 2 samples: the mean over samples, not over chunks
     assert heldout_loss(model, spec, params_a, params_b, Split(x, y), 4) == pytest.approx(expected, rel=1e-12)
+    off_centre = {k: 0.3 * params_a[k] + 0.7 * params_b[k] for k in params_a}  # Eq. 1 at λ = 0.3, θa's weight
+    expected = float(nn.functional.cross_entropy(functional_call(model, off_centre, (x,)), y))
+    assert float(midpoint_loss(model, spec, params_a, params_b, x, y, lam=0.3)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_drawn_lam_is_uniform_on_its_range_and_draws_nothing_at_spread_zero() -> None:
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert drawn_lam(0.0, gen) == 0.5 and torch.equal(gen.get_state(), state)  # the default path unchanged
+    lams = torch.tensor([drawn_lam(0.1, gen) for _ in range(2000)])
+    assert 0.4 <= float(lams.min()) < 0.405 and 0.595 < float(lams.max()) <= 0.6
+    assert float(lams.mean()) == pytest.approx(0.5, abs=0.005)
+    assert float(((lams > 0.45) & (lams < 0.55)).float().mean()) == pytest.approx(0.5, abs=0.05)  # uniform
+    assert 0 <= min(drawn_lam(0.5, gen) for _ in range(200)) < 0.05
 
 
 def test_minibatches_drop_a_short_last_batch_unless_it_is_the_only_one() -> None:
@@ -159,10 +173,12 @@ def test_minibatches_drop_a_short_last_batch_unless_it_is_the_only_one() -> None
     assert [sorted(b.tolist()) for b in minibatches(3, 4, gen)] == [[0, 1, 2]]
 
 
-def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> None:
+@pytest.mark.parametrize("lam", [None, 0.3])
+def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection(lam: float | None) -> None:
     """Algorithm 3: the step projects θ̃ (θ̂ = π(θb), π the WM projection of the current θ̃), and the
     gradient of the midpoint loss at θ̂ reaches θ̃ unchanged, so one SGD step moves θ̃ by exactly
-    −lr · ∇_θ̂ L((θa + θ̂) / 2)."""
+    −lr · ∇_θ̂ L((θa + θ̂) / 2); at a drawn weight λ (Theus et al.), by −lr · ∇_θ̂ L(λ θa + (1 − λ) θ̂)."""
+    weight = {} if lam is None else {"lam": lambda: lam}
     spec, model, params_a, params_b = _tiny_double_pair()
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(16, 1, 2, 3, generator=gen, dtype=torch.float64), torch.randint(0, 3, (16,), generator=gen)
@@ -170,7 +186,8 @@ def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> No
     perm = projector(spec, params_b, 100, torch.Generator().manual_seed(0))(tilde, None)  # of θ̃ = θa
     assert any(not torch.equal(p, torch.arange(len(p))) for p in perm.values())
     permuted_b = apply_permutation(spec, perm, params_b)
-    at_hat = grad(lambda hat: midpoint_loss(model, spec, params_a, {**permuted_b, **hat}, x, y))(
+    at = {"lam": 0.5 if lam is None else lam}
+    at_hat = grad(lambda hat: midpoint_loss(model, spec, params_a, {**permuted_b, **hat}, x, y, **at))(
         spec.matched(permuted_b)
     )
     before, lr = {k: v.detach().clone() for k, v in tilde.items()}, 0.5
@@ -186,9 +203,10 @@ def test_ste_step_moves_tilde_by_the_midpoint_gradient_at_the_projection() -> No
         params_b=params_b,
         x=x,
         y=y,
+        **weight,
     )
     assert all(torch.equal(step_perm[g], p) for g, p in perm.items())
-    assert loss == pytest.approx(float(midpoint_loss(model, spec, params_a, permuted_b, x, y)), rel=1e-12)
+    assert loss == pytest.approx(float(midpoint_loss(model, spec, params_a, permuted_b, x, y, **at)), rel=1e-12)
     moved = sum(float((tilde[k].detach() - before[k]).norm()) for k in tilde)
     assert moved > 1e-3
     for k in tilde:
@@ -221,6 +239,12 @@ def test_ste_returns_the_permutation_of_its_best_held_out_epoch() -> None:
     best = losses.index(min(losses))
     assert result.stats["best_epoch"] == best
     assert all(torch.equal(result.perm[g], p) for g, p in seen[best].items())
+    spread = ste(
+        spec, params_a, params_b, model=model, data=Split(x, y), generator=torch.Generator().manual_seed(1),
+        lr=0.05, epochs=6, batch_size=32, lam_spread=0.5,
+    )  # fmt: skip
+    trained = [row["train_loss"] for row in result.stats["curve"][1:]]
+    assert [row["train_loss"] for row in spread.stats["curve"][1:]] != pytest.approx(trained, rel=1e-3)
 
 
 # ---- wm_sinkhorn ---------------------------------------------------------------------------
@@ -336,6 +360,8 @@ def test_midpoint_methods_run_on_batchnorm_nets(mnist: tuple[Split, Split], meth
         ("ste", {"holdout": 1.5}, "permute.ste.holdout must be a number in \\[0, 1\\)"),
         ("ste", {"optimizer": "lbfgs"}, "permute.ste.optimizer must be one of"),
         ("ste", {"epochs": 0}, "permute.ste.epochs must be a positive integer"),
+        ("ste", {"lam_spread": 0.6}, "permute.ste.lam_spread must be a number in \\[0, 0.5\\]"),
+        ("ste", {"lam_spread": -0.1}, "permute.ste.lam_spread must be a number in \\[0, 0.5\\]"),
     ],
 )
 def test_bad_options_fail_up_front(method: str, options: dict, message: str) -> None:

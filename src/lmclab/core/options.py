@@ -26,6 +26,7 @@ Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1)]  # in [0, 1): a momentum, a fraction that may be 0
 Factor = Annotated[float, Field(gt=0, le=1)]  # in (0, 1]: a shrinking factor that may be 1, never 0
+HalfWidth = Annotated[float, Field(ge=0, le=0.5)]  # in [0, ½]: the half-width of a range of λ centred on ½
 
 
 def one_of(names: Any) -> Any:

@@ -30,10 +30,12 @@ def midpoint_loss(
     permuted_b: Mapping[str, Tensor],
     x: Tensor,
     y: Tensor,
+    *,
+    lam: float = 0.5,
 ) -> Tensor:
-    """Mean loss of the merged model ``(θa + π(θb)) / 2`` on ``(x, y)``, training mode (classifiers:
-    cross-entropy; :mod:`lmclab.core.objective`)."""
-    merged = lerp_params(params_a, permuted_b, 0.5)
+    """Mean loss of the merged model ``λ θa + (1 − λ) π(θb)`` (Eq. 1; the midpoint by default) on ``(x, y)``,
+    training mode (classifiers: cross-entropy; :mod:`lmclab.core.objective`)."""
+    merged = lerp_params(params_a, permuted_b, lam)
     merged = {k: v.detach().clone() if k in spec.stats else v for k, v in merged.items()}
     model.train()
     return batch_loss(model, merged, x, y)
@@ -54,6 +56,14 @@ def heldout_loss(
         x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
         total += float(midpoint_loss(model, spec, params_a, permuted_b, x, y)) * len(y)
     return total / len(data)
+
+
+def drawn_lam(spread: float, generator: torch.Generator) -> float:
+    """The merge weight of one step's loss: λ ~ U(½ − ``spread``, ½ + ``spread``) (Theus et al. 2025: spread
+    0.1); exactly ½ for spread 0, drawing nothing from ``generator`` (the original midpoint objective)."""
+    if spread == 0:
+        return 0.5
+    return 0.5 + spread * (2 * torch.rand((), generator=generator, dtype=torch.float64).item() - 1)
 
 
 def n_heldout(n: int, fraction: float) -> int:

@@ -20,7 +20,8 @@ the mixed group (:mod:`lmclab.search.wm_orthogonal`), so each orthogonal group o
 polar factor of its cost (orthogonal Procrustes) beside the assignments of the permutation groups, and the
 first projection is that search's data-free start from θa — Theus et al. (2025), Algorithm 1: a latent
 matrix per group, projected to the group, trained on the task loss of the merge from weight matching's
-solution. (Their loss is drawn at λ ∈ U(0.4, 0.6); this one is the midpoint's, as Ainsworth et al.'s.)
+solution. Their loss is the merge's at λ drawn from U(0.4, 0.6) each step (``lam_spread: 0.1``); the default is
+the midpoint's, as Ainsworth et al.'s (``lam_spread: 0``). The held-out score is always the midpoint's.
 """
 
 from __future__ import annotations
@@ -35,9 +36,17 @@ from torch import Tensor, nn
 
 from lmclab.core.assignment import AssignmentOptions
 from lmclab.core.data import Split
-from lmclab.core.options import Count, Fraction, OptionError, Positive, one_of, option, takes
+from lmclab.core.options import Count, Fraction, HalfWidth, OptionError, Positive, one_of, option, takes
 from lmclab.core.spec import Params, Permutation, PermutationSpec, apply_permutation
-from lmclab.search.midpoint import Monitor, check_batch, heldout_loss, midpoint_loss, minibatches, split_holdout
+from lmclab.search.midpoint import (
+    Monitor,
+    check_batch,
+    drawn_lam,
+    heldout_loss,
+    midpoint_loss,
+    minibatches,
+    split_holdout,
+)
 from lmclab.search.result import SearchResult
 from lmclab.search.weight_matching import weight_matching
 
@@ -57,6 +66,9 @@ class STEOptions(AssignmentOptions):
     holdout: Fraction = option(0.1, "STE: fraction of the training split held out (select: holdout)", held_out=True)
     select: one_of(SELECTIONS) = option("holdout", "STE: best epoch on held-out data, or best_batch (original)")
     wm_max_iter: Count = option(100, "STE: WM sweeps at most per projection")
+    lam_spread: HalfWidth = option(
+        0.0, "STE: each step's loss is the merge's at λ ~ U(½ − s, ½ + s) (0: the midpoint; Theus et al.: 0.1)"
+    )
 
     @model_validator(mode="after")
     def _selection_has_heldout_data(self) -> STEOptions:
@@ -93,7 +105,7 @@ def ste(
     project = projector(spec, params_b, options.wm_max_iter, generator, lap_backend=options.lap_backend)
     common = {"model": model, "spec": spec, "params_a": params_a, "params_b": params_b}
     score = partial(_score, **common, held=held, batch_size=batch_size, monitor=monitor)
-    step = partial(ste_step, opt, tilde, project, **common)
+    step = partial(ste_step, opt, tilde, project, **common, lam=partial(drawn_lam, options.lam_spread, generator))
     epoch_perms = [project(tilde, None)]
     curve, batch_best = [score(0, epoch_perms[0], None)], (float("inf"), epoch_perms[0], 0)
     for epoch in range(1, epochs + 1):
@@ -155,13 +167,14 @@ def ste_step(
     params_b: Mapping[str, Tensor],
     x: Tensor,
     y: Tensor,
+    lam: Callable[[], float] = lambda: 0.5,
 ) -> tuple[Permutation, float]:
     """One minibatch of Algorithm 3: project ``θ̃`` (warm-started from ``previous``), evaluate the
-    midpoint loss at ``θ̂``, back-propagate to ``θ̃`` and take one optimiser step on it.
-    Returns the projection and the loss."""
+    merge's loss at ``θ̂`` (at the weight ``lam()``: the midpoint by default), back-propagate to ``θ̃`` and
+    take one optimiser step on it. Returns the projection and the loss."""
     perm = project(tilde, previous)
     hat = straight_through(tilde, apply_permutation(spec, perm, params_b))
-    loss = midpoint_loss(model, spec, params_a, hat, x, y)
+    loss = midpoint_loss(model, spec, params_a, hat, x, y, lam=lam())
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
