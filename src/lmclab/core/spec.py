@@ -30,17 +30,19 @@ from torch import Tensor
 
 from lmclab.core.heads import Heads, check_headed, head_size, random_headed
 from lmclab.core.orthogonal import KINDS, RANDOM, act, check_matrix, composed, inverse, is_matrix
+from lmclab.core.segments import (  # noqa: F401 (the spec's vocabulary, imported from here by its users)
+    Axes,
+    Entry,
+    Segment,
+    axis_index,
+    entry_groups,
+    group_slices,
+    segments,
+    unit_rows,
+)
 
 Params = dict[str, Tensor]
 Permutation = dict[str, Tensor]
-
-
-class Segment(NamedTuple):
-    """``length`` consecutive entries of an axis, permuted by ``group`` in blocks of ``block``."""
-
-    group: str | None
-    length: int
-    block: int = 1
 
 
 class Pinned(NamedTuple):
@@ -54,56 +56,6 @@ class Pinned(NamedTuple):
     places: tuple[tuple[str, int], ...]
     units: int
     stream: bool
-
-
-Entry = str | None | tuple[Segment, ...]
-Axes = tuple[Entry, ...]
-
-
-def segments(entry: Entry, size: int) -> tuple[Segment, ...]:
-    """The composite form of any axis entry of an axis of ``size`` entries."""
-    if entry is None or isinstance(entry, str):
-        return (Segment(entry, size),)
-    return tuple(entry)
-
-
-def entry_groups(entry: Entry) -> list[str]:
-    """The groups acting on an axis, each once, in order."""
-    if entry is None or isinstance(entry, str):
-        return [] if entry is None else [entry]
-    return list(dict.fromkeys(s.group for s in entry if s.group is not None))
-
-
-def group_slices(entry: Entry, group: str, size: int) -> list[tuple[int, int, int]]:
-    """``(offset, length, block)`` of every stretch of the axis that ``group`` permutes."""
-    out, offset = [], 0
-    for seg in segments(entry, size):
-        if seg.group == group:
-            out.append((offset, seg.length, seg.block))
-        offset += seg.length
-    return out
-
-
-def unit_rows(value: Tensor, axis: int, offset: int, length: int, block: int) -> Tensor:
-    """The stretch ``offset : offset + length`` of ``axis`` as a matrix with one row per unit
-    (a unit's ``block`` entries and all other axes flattened into its row)."""
-    moved = value.narrow(axis, offset, length).movedim(axis, 0)
-    return moved.reshape(length // block, -1)
-
-
-def axis_index(entry: Entry, perm: Mapping[str, Tensor], size: int) -> Tensor:
-    """The index along an axis that applies ``perm`` to it (``value.index_select(axis, ·)``)."""
-    if isinstance(entry, str):
-        return perm[entry]
-    parts, offset = [], 0
-    for seg in segments(entry, size):
-        if seg.group is None:
-            parts.append(torch.arange(offset, offset + seg.length))
-        else:
-            p = perm[seg.group].cpu()
-            parts.append(offset + (p[:, None] * seg.block + torch.arange(seg.block)).reshape(-1))
-        offset += seg.length
-    return torch.cat(parts)
 
 
 @dataclass(frozen=True)
