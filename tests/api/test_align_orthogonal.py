@@ -105,6 +105,25 @@ def test_a_rotated_and_permuted_copy_is_aligned_back_with_no_barrier(planted, tm
     torch.testing.assert_close(lmclab.merge(model_a, model_b, back, lam=0.3), merged, rtol=0, atol=0)
 
 
+def test_grouped_queries_turned_with_their_key_heads_are_aligned_back_with_no_barrier() -> None:
+    """4 query heads over 2 key/value heads: the query rows and W_O's columns are the key and value heads' features
+    in 2 copies, turned and rotated alike; the planted copy comes back exactly, permutations alone do not."""
+    model_a, model_b, spec = _planted(width=16, heads=4, kv_heads=2)
+    read = (spec.axes["blocks.0.attn.q.weight"][0], spec.axes["blocks.0.attn.out.weight"][1])  # q rows, W_O columns
+    assert [(e[0].copies, e[0].run) for e in read] == [(2, 4), (2, 4)]
+    assert sorted(spec.kinds.values()).count("rotary") == 2
+    x, y = _tokens()
+    res = lmclab.align(model_a, model_b, symmetry="orthogonal", example_inputs=x)
+    assert lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100.0, abs=1e-6)
+    assert abs(lmclab.curve(model_a, model_b, alignment=res, eval_data=(x, y), num_lambdas=3).barrier()) <= 1e-6
+    twin = copy.deepcopy(model_a)
+    twin.load_state_dict(lmclab.merge(model_a, model_b, res, lam=0.3))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model_a(x), rtol=1e-9, atol=1e-9)
+    only = lmclab.find_permutation(model_a, model_b, example_inputs=x)
+    assert lmclab.l2_reduction(model_a, model_b, only) < 50
+
+
 def test_activation_matching_finds_the_rotation_by_procrustes_on_the_cross_moment() -> None:
     model_a, model_b, spec = _planted(position="learned")  # every group with activation points
     x, y = _tokens(64)

@@ -30,9 +30,9 @@ LLAMA |= {"intermediate_size": 64, "vocab_size": 50, "max_position_embeddings": 
 X = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
 
 
-# grouped queries (heads whole; the stream orthogonal) and as many key/value heads as query heads (inside each head
-# too: Q/K turned per rotary plane, V/O rotated): the number of groups the tracer proves of a kind
-KV_HEADS = {"grouped": (2, 1), "rotary-heads": (4, 5)}
+# grouped queries and as many key/value heads as query heads: the stream orthogonal, inside each (key/value) head Q/K
+# turned per rotary plane and V/O rotated, with grouped queries on every query head of a key/value head alike
+KV_HEADS = {"grouped": (2, 5), "rotary-heads": (4, 5)}
 
 
 @pytest.fixture(scope="module", params=list(KV_HEADS))
@@ -92,8 +92,10 @@ def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None
         f"def build(**kw):\n    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**({LLAMA!r} | kw)))\n"
     )
     out = lmclab(tmp_path, "trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal").stdout
-    assert "units, orthogonal)" in out and "rotary" not in out  # grouped queries: whole heads
-    assert "kind: P_4 stays a permutation group: node 'silu': an operation that does not commute with rotations" in out
+    query = "model.layers.0.self_attn.q_proj.weight[0] (2 copies), model.layers.0.self_attn.k_proj.weight[0]"
+    assert f"P_1 (16 units, rotary; 2 heads, head order P_heads_0): {query}" in out  # grouped queries: 2 per key head
+    assert "model.layers.0.self_attn.v_proj.weight[0], model.layers.0.self_attn.o_proj.weight[1] (2 copies)" in out
+    assert "kind: P_3 stays a permutation group: node 'silu': an operation that does not commute with rotations" in out
     assert "gain: model.norm.weight folded into lm_head.weight" in out
     args = ("trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal")
     out = lmclab(tmp_path, *args, "--kwargs", '{"num_key_value_heads": 4}', shell=False).stdout  # no grouped queries
@@ -126,7 +128,7 @@ def tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_match_aligns_tied_folders_untied_and_merge_writes_the_head_as_its_values_say(tied: Path) -> None:
     out = lmclab(tied, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt").stdout
-    assert "(1 orthogonal); model.embed_tokens.weight and lm_head.weight matched untied, " in out
+    assert "(5 orthogonal); model.embed_tokens.weight and lm_head.weight matched untied, " in out
     assert "L2 reduction 100.00 %" in out
     lmclab(tied, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged")
     torch.testing.assert_close(_logits(tied / "merged"), _logits(tied / "a"), rtol=1e-4, atol=1e-4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -236,3 +237,27 @@ def test_a_spec_s_gains_biases_and_offsets_survive_its_plain_data_and_older_data
     older = {k: v for k, v in spec_to_data(spec).items() if k not in ("gain_offsets", "kind_reasons")}
     assert spec_from_data(older).gain_offsets == {} and spec_from_data(older).gains == spec.gains
     assert spec_from_data(older).kind_reasons == {}
+
+
+def test_a_segment_in_copies_survives_the_spec_s_plain_data_and_its_sizes_are_checked() -> None:
+    """A query projection's rows as 2 copies of 2 key heads of 3 features (grouped queries): its plain data keeps
+    the copies, a segment of another length is refused in one line, and rows that do not hold whole copies are
+    named with the group's size."""
+    from lmclab.core.spec_data import spec_from_data, spec_to_data
+
+    rows = (Segment("K", 12, 1, 2, 3),)
+    spec = PermutationSpec({"q": (rows, None), "k": ("K", None)}, kinds={"K": "orthogonal"})
+    data = spec_to_data(spec)
+    assert data["axes"]["q"][0] == [["K", 12, 1, 2, 3]] and spec_from_data(data) == spec
+    assert spec.group_sizes({"q": torch.zeros(12, 2), "k": torch.zeros(6, 2)}) == {"K": 6}
+    data["axes"]["q"][0] = [["K", 12, 1, 2]]
+    with pytest.raises(ValueError, match=r"^spec: not a permutation spec .*\(and copies, run\), got \['K', 12, 1, 2\]"):
+        spec_from_data(data)
+    bad = PermutationSpec({"q": ((Segment("K", 10, 1, 2, 3),), None), "k": ("K", None)})
+    expected = "group 'K': axis 0 of 'q' has 10 entries, not whole units of 1 (2 copies in runs of 3 units)"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        bad.group_sizes({"q": torch.zeros(10, 2), "k": torch.zeros(6, 2)})
+    other = PermutationSpec({"q": (rows, None), "k": ("K", None)})
+    expected = "group 'K': axis 0 of 'k' has 4 entries in blocks of 1, expected 6 units"  # q's 12 are 6 units
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        other.group_sizes({"q": torch.zeros(12, 2), "k": torch.zeros(4, 2)})

@@ -68,6 +68,20 @@ class WholeAttention(nn.Module):
         return self.head(s + self.attn(s, s, s, need_weights=False)[0])
 
 
+class SlicedHeads(nn.Module):
+    """Attention (6 features in 2 heads of 3) whose logits weigh the first two features of each head twice: the
+    heads' features are read in place (sliced), so the heads move whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.head = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (f(x).view(2, 5, 2, 3).transpose(1, 2) for f in (self.q, self.k, self.v))
+        logits = 2 * q[..., :2] @ k[..., :2].transpose(-1, -2) + q[..., 2:] @ k[..., 2:].transpose(-1, -2)
+        return self.head((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 6))
+
+
 class RowGain(nn.Module):
     """An RMSNorm by hand whose gain is stored as a (1, C) row, read by a Linear: no vector to fold."""
 
@@ -209,8 +223,11 @@ CASES: dict[str, Case] = {
         control=False,  # untied by lmclab.canonicalize, the stream is orthogonal
     ),
     "planes-under-rotary-positions": Case(_rotary_gpt, "P_1", "rotary", f"node 'mul': {PLANE}"),
-    "heads-under-rotary-positions-and-grouped-queries": Case(
-        lambda: _rotary_gpt(heads=4, kv_heads=2),
+    "planes-under-rotary-positions-and-grouped-queries": Case(
+        lambda: _rotary_gpt(heads=4, kv_heads=2), "P_1", "rotary", f"node 'mul_2': {PLANE}"
+    ),
+    "heads-read-in-place": Case(
+        lambda: (SlicedHeads(), torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0))),
         "P_1",
         "permutation",
         RUNS,

@@ -18,7 +18,7 @@ import torch
 
 from lmclab.core.canonical import fold_gains
 from lmclab.core.heads import plane_rotations
-from lmclab.core.spec import apply_permutation, random_permutation
+from lmclab.core.spec import Segment, apply_permutation, random_permutation
 from lmclab.trace import trace_spec
 from lmclab.trace.planes import PLANE
 
@@ -76,8 +76,8 @@ def test_llama_s_stream_is_orthogonal_once_its_gains_are_folded(monkeypatch) -> 
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
     model = _llama()
     spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
-    (stream,) = spec.kinds
-    assert spec.axes["model.embed_tokens.weight"] == (None, stream) and len(spec.gains) == 5
+    stream = spec.axes["model.embed_tokens.weight"][1]
+    assert spec.kinds[stream] == "orthogonal" and len(spec.gains) == 5
     assert spec.gains["model.norm.weight"] == ("lm_head.weight",)
     with torch.no_grad():
         reference = model(X).logits
@@ -123,13 +123,55 @@ def test_llama_s_queries_and_keys_turn_per_rotary_plane_without_grouped_queries(
     assert _change(model, _planes(state, (f"{attention}.q_proj",), 3), reference) > 1e-3  # the queries alone
 
 
-def test_a_rotated_llama_is_aligned_back_by_orthogonal_weight_matching(monkeypatch) -> None:
-    """Llama without grouped queries in canonical form, its stream rotated, its MLP units permuted, its heads
-    reordered and turned inside (queries and keys per rotary plane, values freely): aligned back exactly."""
+def test_grouped_queries_turn_with_their_key_head_per_rotary_plane_and_read_its_values_in_copies(monkeypatch) -> None:
+    """Grouped queries (4 query heads over 2 key/value heads): one rotation per plane of key head g turns the planes
+    of its 2 query heads alike, and one orthogonal map of value head g acts on W_O's columns of both query heads
+    (Segments in 2 copies of one head); random elements keep the logits in float64, while the same planes turned in
+    one query head of a group and not the other, or the values' map on one copy of W_O's columns alone, change them."""
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
+    model = _llama(kv_heads=2)
+    spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
+    attention = "model.layers.0.self_attn"
+    qk, vo = (spec.axes[f"{attention}.{p}_proj.weight"][0] for p in ("k", "v"))
+    assert spec.axes[f"{attention}.q_proj.weight"][0] == (Segment(qk, 32, 1, 2, 8),)
+    assert spec.axes[f"{attention}.o_proj.weight"][1] == (Segment(vo, 32, 1, 2, 8),)
+    assert spec.heads[qk].count == spec.heads[vo].count == 2 and (spec.kinds[qk], spec.kinds[vo]) == (
+        "rotary",
+        "orthogonal",
+    )
+    with torch.no_grad():
+        reference = model(X).logits
+    folded = fold_gains(spec, state)
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    angles = torch.rand(2, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 6.28
+    turn = plane_rotations(angles)  # per key head
+    q, k = state[f"{attention}.q_proj.weight"].clone(), state[f"{attention}.k_proj.weight"]
+    both = {f"{attention}.k_proj.weight": torch.block_diag(*turn) @ k}
+    alike = torch.block_diag(turn[0], turn[0], turn[1], turn[1]) @ q
+    assert _change(model, {**state, **both, f"{attention}.q_proj.weight": alike}, reference) <= 1e-10
+    q[8:16] = turn[0] @ q[8:16]  # the second query head of key head 0 alone
+    assert _change(model, {**state, **both, f"{attention}.q_proj.weight": q}, reference) > 1e-3
+    values = torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64))[0]
+    v, o = state[f"{attention}.v_proj.weight"].clone(), state[f"{attention}.o_proj.weight"].clone()
+    v[:8] = values @ v[:8]
+    o[:, :8] = o[:, :8] @ values.T  # the first query head's copy of value head 0; the second's left
+    assert _change(model, {**state, f"{attention}.v_proj.weight": v, f"{attention}.o_proj.weight": o}, reference) > 1e-3
+    o[:, 8:16] = o[:, 8:16] @ values.T
+    assert (
+        _change(model, {**state, f"{attention}.v_proj.weight": v, f"{attention}.o_proj.weight": o}, reference) <= 1e-10
+    )
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_a_rotated_llama_is_aligned_back_by_orthogonal_weight_matching(monkeypatch, kv_heads: int) -> None:
+    """Llama (with and without grouped queries) in canonical form, its stream rotated, its MLP units permuted, its
+    heads reordered and turned inside (queries and keys per rotary plane, values freely): aligned back exactly."""
     import lmclab
 
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
-    canonical = lmclab.canonicalize(_llama(kv_heads=4), X)
+    canonical = lmclab.canonicalize(_llama(kv_heads=kv_heads), X)
     spec, state = trace_spec(canonical, X, symmetry="orthogonal"), canonical.state_dict()
     perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads, spec.kinds)
     rotated = copy.deepcopy(canonical)
@@ -209,7 +251,7 @@ def test_a_tied_llama_s_canonical_copy_is_untied_saved_untied_and_orthogonal(mon
     canonical = lmclab.canonicalize(model, X)
     assert canonical.config.tie_word_embeddings is False and model.config.tie_word_embeddings is True
     assert canonical.lm_head.weight is not canonical.model.embed_tokens.weight
-    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}
+    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal", "rotary"}
     canonical.save_pretrained(tmp_path)
     loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
     with torch.no_grad():
@@ -220,7 +262,7 @@ def test_a_tied_llama_s_canonical_copy_is_untied_saved_untied_and_orthogonal(mon
 def test_gemma_s_stream_is_orthogonal_once_its_1_plus_w_gains_are_folded(monkeypatch) -> None:
     import lmclab
 
-    assert set(trace_spec(_gemma().float(), X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}  # as shipped
+    assert set(trace_spec(_gemma().float(), X, symmetry="orthogonal").kinds.values()) == {"orthogonal", "rotary"}
     monkeypatch.setattr(modeling_gemma.GemmaRMSNorm, "forward", float64_gemma_norm)
     model = _gemma()
     spec, state = trace_spec(model, X, symmetry="orthogonal"), model.state_dict()
@@ -237,7 +279,7 @@ def test_gemma_s_stream_is_orthogonal_once_its_1_plus_w_gains_are_folded(monkeyp
     assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
     tied = _gemma(tie=True)
     canonical = lmclab.canonicalize(tied, X)
-    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal"}
+    assert set(trace_spec(canonical, X, symmetry="orthogonal").kinds.values()) == {"orthogonal", "rotary"}
     with torch.no_grad():
         reference = tied(X).logits
         assert float((canonical(X).logits - reference).abs().max() / reference.abs().max()) <= 1e-12

@@ -69,7 +69,7 @@ def trace(
     traced = trace_model(net, inputs, partial=partial, symmetry=symmetry)
     sizes = traced.spec.group_sizes(net.state_dict())
     for group, places in traced.spec.groups.items():
-        where = ", ".join(f"{name}[{axis}]" for name, axis in places)
+        where = ", ".join(f"{name}[{axis}]{_copies(traced.spec.axes[name][axis], group)}" for name, axis in places)
         heads = traced.spec.heads.get(group)
         headed = f"; {heads.count} heads, head order {heads.tie}" if heads else ""
         kind = f", {traced.spec.kinds[group]}" if group in traced.spec.kinds else ""
@@ -113,3 +113,9 @@ app.command("preset")(preset.preset)  # lmclab preset NAME: a paper preset into 
 
 def main() -> None:
     app()
+
+
+def _copies(entry: object, group: str) -> str:
+    """`` (2 copies)`` where an axis holds ``group``'s units more than once (grouped queries' W_Q rows)."""
+    counts = [s.copies for s in entry if s.group == group] if isinstance(entry, tuple) else [1]
+    return f" ({max(counts)} copies)" if max(counts) > 1 else ""

@@ -38,6 +38,7 @@ from lmclab.core.segments import (  # noqa: F401 (the spec's vocabulary, importe
     entry_groups,
     group_slices,
     segments,
+    unit_places,
     unit_rows,
 )
 
@@ -99,13 +100,13 @@ class PermutationSpec:
         for group, places in self.groups.items():
             for name, axis in places:
                 size = params[name].shape[axis]
-                for _, length, block in group_slices(self.axes[name][axis], group, size):
-                    n = length // block
-                    if length % block or sizes.setdefault(group, n) != n:
-                        raise ValueError(
-                            f"group {group!r}: axis {axis} of {name!r} has {length} entries "
-                            f"in blocks of {block}, expected {sizes[group]} units"
-                        )
+                for _, length, block, copies, run in group_slices(self.axes[name][axis], group, size):
+                    n, where = length // (block * copies), f"group {group!r}: axis {axis} of {name!r} has {length}"
+                    copied = f" ({copies} copies in runs of {run} units)" * (copies > 1)
+                    if length % (block * copies * run):
+                        raise ValueError(f"{where} entries, not whole units of {block}{copied}")
+                    if sizes.setdefault(group, n) != n:
+                        raise ValueError(f"{where} entries in blocks of {block}{copied}, expected {sizes[group]} units")
         return sizes
 
     def matched(self, params: Mapping[str, Tensor]) -> Params:
@@ -182,9 +183,20 @@ def act_on_axis(value: Tensor, axis: int, entry: Entry, perm: Mapping[str, Tenso
     parts, offset = [], 0
     for seg in segments(entry, value.shape[axis]):
         part = value.narrow(axis, offset, seg.length)
-        parts.append(part if seg.group is None else act(part, axis, perm[seg.group], seg.block))
+        parts.append(part if seg.group is None else act_on_copies(part, axis, perm[seg.group], seg))
         offset += seg.length
     return torch.cat(parts, axis)
+
+
+def act_on_copies(part: Tensor, axis: int, element: Tensor, seg: Segment) -> Tensor:
+    """``element`` applied to the units of the stretch ``part`` of ``seg`` along ``axis``: to each copy alike
+    (:func:`lmclab.core.segments.unit_places`)."""
+    if seg.copies == 1:
+        return act(part, axis, element, seg.block)
+    order = unit_places(seg.length, seg.block, seg.copies, seg.run).transpose(0, 1).reshape(-1).to(part.device)
+    copies = part.index_select(axis, order).chunk(seg.copies, axis)  # copy by copy, each unit by unit
+    mixed = torch.cat([act(c, axis, element, seg.block) for c in copies], axis)
+    return torch.empty_like(part).index_copy_(axis, order, mixed)
 
 
 def with_metadata(out: Params, like: Mapping[str, Tensor]) -> Params:

@@ -36,7 +36,10 @@ def spec_to_data(spec: PermutationSpec) -> dict[str, Any]:
 
 
 def _entry_data(entry: Entry) -> Any:
-    return [[s.group, s.length, s.block] for s in entry] if isinstance(entry, tuple) else entry
+    """A segment as ``[group, length, block]``, with ``copies, run`` after them when it holds copies."""
+    if not isinstance(entry, tuple):
+        return entry
+    return [[s.group, s.length, s.block] + ([s.copies, s.run] if s.copies > 1 else []) for s in entry]
 
 
 def spec_from_data(data: Any, what: str = "spec") -> PermutationSpec:
@@ -67,4 +70,10 @@ def _entry(data: Any) -> Entry:
         return data
     if not isinstance(data, list):
         raise TypeError(f"an axis entry must be a group name, null or a list of segments, got {data!r}")
-    return tuple(Segment(None if g is None else str(g), int(n), int(b)) for g, n, b in data)
+    return tuple(Segment(None if g is None else str(g), *map(int, sizes)) for g, *sizes in map(_segment_data, data))
+
+
+def _segment_data(data: Any) -> list:
+    if not isinstance(data, list) or len(data) not in (3, 5):
+        raise TypeError(f"a segment must be [group, length, block] (and copies, run), got {data!r}")
+    return data

@@ -74,6 +74,8 @@ def _map_axis(value: Tensor, axis: int, entry: Entry, mats: Mapping[str, Tensor]
     ungrouped stretches multiplied by ``weight`` (``None``: kept)."""
     parts, offset = [], 0
     for seg in segments(entry, value.shape[axis]):
+        if seg.group is not None and seg.group in mats and seg.copies > 1:
+            raise ValueError(f"group {seg.group!r} is read in copies (grouped queries): its units cannot be merged")
         if seg.group is not None and seg.group in mats:
             parts.append(_map_units(value, axis, offset, seg.length, seg.block, mats[seg.group]))
         else:

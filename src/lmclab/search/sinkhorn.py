@@ -43,7 +43,7 @@ from torch import Tensor
 
 from lmclab.core.assignment import solve_assignment
 from lmclab.core.heads import Heads, head_size, solve_tied, split_headed, tie_sets
-from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, entry_groups
+from lmclab.core.spec import Params, Permutation, PermutationSpec, Segment, act_on_copies, entry_groups
 
 INIT_NOISE = 0.1  # std of the Gaussian added to the identity initial scores (authors' code)
 NO_HEADS: Mapping[str, Heads] = MappingProxyType({})
@@ -232,7 +232,9 @@ def _apply_on_segments(value: Tensor, entry: tuple[Segment, ...], soft: Mapping[
     parts, offset = [], 0
     for seg in entry:
         part = value.narrow(axis, offset, seg.length)
-        if seg.group is not None:
+        if seg.group is not None and seg.copies > 1:  # a key/value head's features read once per query head
+            part = act_on_copies(part, axis, soft[seg.group], seg)
+        elif seg.group is not None:
             moved = part.movedim(axis, 0)
             rows = moved.reshape(seg.length // seg.block, -1)
             part = (soft[seg.group] @ rows).reshape(moved.shape).movedim(0, axis)

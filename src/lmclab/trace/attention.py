@@ -172,11 +172,19 @@ class AttentionRules(TraceState):
         tie, ndim = self.groups.tie_of(gid), len(self.shape(node))
         if tie in (None, FIXED):
             return True
+        ties = {tie} | {self.groups.tie_of(g) for g in self.copied_with(gid)}  # query heads over key heads
         at = [
-            {k + ndim - len(t.layouts) for k in self.live(t) if self.groups.find(t.at(k)[0].gid) == tie}
+            {k + ndim - len(t.layouts) for k in self.live(t) if self.groups.find(t.at(k)[0].gid) in ties}
             for t in (self.tag(a), self.tag(b))
         ]
         return at[0] == at[1] and len(at[0]) == 1 and min(at[0]) < ndim - 2
+
+    def copied_with(self, gid: int) -> list[int]:
+        """The groups read as copies of ``gid``'s group, or that it is read as copies of (grouped queries)."""
+        root, copies = self.groups.find(gid), self.groups.copies
+        return [base for r, (base, _, _) in copies.items() if r == root] + [
+            r for r, (base, _, _) in copies.items() if self.groups.find(base) == root
+        ]
 
     def size(self, arg: fx.Node, axis: int, shape: tuple[int, ...]) -> int:
         """The length of ``arg`` on batch ``axis`` of a product of shape ``shape`` (1 if broadcast)."""

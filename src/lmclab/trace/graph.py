@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import astuple
 
 import torch
 from torch import fx, nn
@@ -260,10 +261,10 @@ class GraphTracer(
         """A layout as a spec axis: a group name when plain, segments when composite, None if all pinned."""
         if layout is None:
             return None
-        named = [Segment(self.name_of(r.gid), r.length, r.block) for r in map(self.groups.resolve, layout)]
+        named = [Segment(self.name_of(r.gid), *astuple(r)[1:]) for r in map(self.groups.resolve, layout)]
         if all(s.group is None for s in named):
             return None
-        return named[0].group if len(named) == 1 and named[0].block == 1 else tuple(named)
+        return named[0].group if len(named) == 1 and named[0][2:] == (1, 1, 1) else tuple(named)
 
     def result(self, model: nn.Module) -> Traced:
         """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
@@ -283,7 +284,7 @@ class GraphTracer(
         }
         found: dict[str, dict[str, list[str]]] = {}
         for gid, points in self.writers.items():  # a group coarsened to runs (heads that move whole): ``:run``
-            if (name := self.name_of((seg := self.groups.resolve(Seg(gid, 1))).gid)) is not None:
+            if (name := self.name_of((seg := self.groups.resolve(Seg(gid, 1))).gid)) and seg.copies == 1:
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point + f":{seg.block}" * (seg.block > 1))
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}

@@ -93,12 +93,14 @@ MATMUL_FUNCTIONS = {operator.matmul, torch.matmul}
 
 @dataclass(frozen=True)
 class Seg:
-    """``length`` consecutive entries of an axis permuted by union-find element ``gid`` in blocks of
-    ``block`` (the tracer's form of :class:`lmclab.core.spec.Segment`)."""
+    """``length`` consecutive entries of an axis permuted by union-find element ``gid`` in blocks of ``block`` (the
+    tracer's :class:`lmclab.core.spec.Segment`; ``copies``, ``run`` once resolved, :attr:`Groups.copies`)."""
 
     gid: int
     length: int
     block: int = 1
+    copies: int = 1
+    run: int = 1
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ class Groups(PinLog):
         self.ties: set[int] = set()  # elements that are head orders σ (a head axis), never spec groups
         self.head_sizes: dict[int, int] = {}  # root of a headed group -> features per head
         self.rigid: set[int] = set()  # roots of headed groups whose heads move whole (features in place)
+        self.copies: dict[int, tuple[int, int, int]] = {}  # root -> (base, copies, run): base's units, per query head
         self.partial = False  # set by the tracer: pin what cannot be followed instead of refusing
 
     def new(self) -> int:
@@ -274,6 +277,9 @@ class Groups(PinLog):
                 self.union(self.heads[root][1], headed[1])
             else:
                 self.heads[root] = headed
+        copied = self.copies.pop(child, None)  # queries pinned pin their keys; two copies of one base
+        if copied and (root == FIXED or self.copies.setdefault(root, copied) != copied):
+            self.union(copied[0], FIXED if root == FIXED else self.copies[root][0])
         moved = self.coarse.pop(child, None)
         if root == FIXED and moved:
             self.union(moved[0], FIXED)
@@ -281,10 +287,13 @@ class Groups(PinLog):
             self.union(self.coarsen(root, moved[1]), moved[0])
         return self.find(root)
 
-    def resolve(self, seg: Seg) -> Seg:
-        """``seg`` with coarsening applied: the coarse group, in blocks ``factor`` times longer."""
-        root = self.find(seg.gid)
+    def resolve(self, seg: Seg | Within) -> Seg:
+        """``seg`` resolved: to the base group, in copies; to the coarse group, in blocks ``factor`` times longer."""
+        root, block, copies, run = self.find(seg.gid), seg.block, 1, 1
+        if root in self.copies:
+            base, copies, run = self.copies[root]
+            root = self.find(base)
         while root in self.coarse:
             coarse, factor = self.coarse[root]
-            seg, root = Seg(coarse, seg.length, seg.block * factor), self.find(coarse)
-        return Seg(root, seg.length, seg.block)
+            block, run, root = block * factor, max(run // factor, 1), self.find(coarse)
+        return Seg(root, seg.length, block, copies, run)

@@ -67,6 +67,8 @@ class PackedRules(TraceState):
     def refine(self, gid: int, parts: int) -> list[int]:
         """Replace the group of ``gid`` by ``parts`` new groups side by side on every axis that holds it."""
         root, new = self.groups.find(gid), [self.groups.new() for _ in range(parts)]
+        if root in self.groups.copies:  # a key/value head's features read per query head: no pieces of their own
+            root = self.groups.refused(root, "a split of features read once per query head (grouped queries)")
         if root == FIXED:
             for g in new:
                 self.groups.union(g, FIXED)

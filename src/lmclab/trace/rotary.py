@@ -22,6 +22,15 @@ order; the features of a query head and of the key head it reads are contracted 
 output projection reads the value heads' features repeated per query head, which only whole heads can
 keep: the value group is made rigid too. Permuting query heads inside a group, or value features inside
 a head, are further symmetries no :class:`~lmclab.core.heads.Heads` can say; they are left alone.
+
+Under ``symmetry="orthogonal"`` the heads' insides are kept instead (Theus et al. 2025, Section 3): ``q_h·k_g``
+(``g = h // n``, ``n = H/K``) is kept by one map ``R_g`` of key head ``g``'s features applied to the features of
+each of its ``n`` query heads too, and ``W_O`` reads value head ``g`` once per query head, so one ``R_g`` of its
+values acts on those ``n`` copies of W_O's columns alike. The query group and the joined output are then no groups
+of their own: their units are the key (value) group's, in ``n`` copies of one head each
+(:attr:`lmclab.trace.groups.Groups.copies`; :class:`lmclab.core.segments.Segment`'s ``copies``). This holds when
+query head ``h`` reads key head ``h // n``, which the heads' orders prove at the end (the query heads' order is the
+key heads' in blocks of ``n``, :meth:`settle_copies`); whatever bends or pins the queries bends or pins the keys.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ class RotaryRules(PlaneRules):
         counts = {
             self.groups.heads[self.groups.find(g)][0] for g in (ga, gb) if self.groups.find(g) in self.groups.heads
         }
+        if len(counts) > 1 and self.copied(a[0], b[0]):
+            return True
         if len(counts) > 1 or self.is_rigid(a[0]) or self.is_rigid(b[0]):
             self.fix(a + b)
             return True
@@ -86,17 +97,58 @@ class RotaryRules(PlaneRules):
         tie = self.groups.tie_of(within.gid)
         if tie in (None, FIXED) or order.gid != tie or order.block == 1:
             return None
+        if self.symmetry == "orthogonal" and not self.is_rigid(within):  # each value head's features, n times
+            joined = self.groups.new()
+            self.groups.copies[joined] = (within.gid, order.block, within.length)
+            return (Seg(joined, head.length * within.length),)
         self.groups.make_rigid(within.gid)
         coarse = self.groups.coarse[self.groups.find(within.gid)][0]
         return (Seg(coarse, head.length * within.length, order.block * within.length),)
 
+    def copied(self, a: Within, b: Within) -> bool:
+        """Under ``symmetry="orthogonal"``, the per-head features of ``H`` query heads contracted with those of
+        ``K`` key heads (``K`` divides ``H``): the query group's units are the key group's, once per query head
+        (module docstring); False when they are not two free headed groups of such counts."""
+        roots = [self.groups.find(x.gid) for x in (a, b)]
+        if self.symmetry != "orthogonal" or FIXED in roots or self.is_rigid(a) or self.is_rigid(b):
+            return False
+        if any(r not in self.groups.heads or r in self.groups.copies for r in roots):
+            return False
+        (many, h_many), (few, h_few) = sorted(((r, self.groups.heads[r][0]) for r in roots), key=lambda p: -p[1])
+        if h_many % h_few:
+            return False
+        self.groups.copies[many] = (few, h_many // h_few, a.length)
+        return True
+
+    def settle_copies(self) -> None:
+        """Each group read as copies of another (module docstring) holds if its heads' order is the other's in
+        blocks of ``n`` — else both are read in place, as under ``symmetry="permutation"`` — and carries what
+        bends it or turns it per plane to the other."""
+        find, bent = self.groups.find, {self.groups.find(g): why for g, why in self.bent.items()}
+        planes = {find(g): why for g, why in self.planes.items()}
+        for root, (base, copies, _) in list(self.groups.copies.items()):
+            if root not in self.groups.heads:  # a joined output (its order: the value heads' by construction)
+                continue
+            count, tie = self.groups.heads[root]
+            order, base_tie = self.groups.resolve(Seg(tie, count)), self.groups.tie_of(base)
+            if order.gid != base_tie or order.block != copies:
+                del self.groups.copies[root]
+                self.fix((Within(root, 1), Within(base, 1)))
+                continue
+            if root in self.groups.rigid:
+                self.groups.make_rigid(base)
+            for found, into in ((bent, self.bent), (planes, self.planes)):
+                if root in found:
+                    into.setdefault(find(base), found[root])
+
     def settle_rigid(self) -> None:
         """A rigid group (one unit per head) whose heads' order was coarsened to blocks (grouped queries)
         is coarsened alike: one unit per block, ordered by the coarse order (after :meth:`settle_planes`)."""
+        self.settle_copies()
         self.settle_planes()
         for root, (count, tie) in list(self.groups.heads.items()):
             order = self.groups.resolve(Seg(tie, count))
-            if self.groups.find(root) != root or order.block == 1 or order.gid == FIXED:
+            if self.groups.find(root) != root or order.block == 1 or order.gid == FIXED or root in self.groups.copies:
                 continue
             if root in self.groups.rigid:  # the fine group: its coarse one carries the heads
                 continue
