@@ -332,6 +332,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                     "train_samples": None,
                     "nproc_per_node": 1,
                     "calibrate_temperature": False,
+                    "circuits": False,
                 },
             }
         )

@@ -169,7 +169,7 @@ def test_wm_and_am_bring_back_a_permuted_copy_with_grouped_queries_and_rotary_po
     [
         ({"heads": 5}, r"^heads: 5 heads do not divide the width 24$"),
         ({"kv_heads": 3}, r"^kv_heads: 3 key/value heads do not divide the 4 heads$"),
-        ({"width": 20, "position": "rotary"}, r"^position: rotary heads need an even size, got width/heads = 5$"),
+        ({"width": 20, "position": "rotary"}, r"^position: rotary heads need an even size, got 5 features$"),
     ],
 )
 def test_shapes_that_do_not_fit_are_refused_in_one_line(options, message) -> None:

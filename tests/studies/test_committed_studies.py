@@ -74,10 +74,11 @@ def test_the_language_model_studys_orthogonal_page_is_its_tables_and_runs() -> N
     from lmclab.cli.studies.lm_orthogonal import markdown
 
     folder = REPORTS / "lm"
-    table, roles = (pd.read_parquet(folder / f"{name}.parquet") for name in ("orthogonal", "orthogonal_roles"))
+    names = ("orthogonal", "orthogonal_roles", "orthogonal_widths")
+    table, roles, widths = (pd.read_parquet(folder / f"{name}.parquet") for name in names)
     runs = json.loads((folder / "orthogonal_runs.json").read_text())
     assert set(table["method"]) >= {"identity", "wm@orthogonal", "ste@orthogonal"}
-    assert markdown(table, roles, runs) == (folder / "orthogonal.md").read_text()
+    assert markdown(table, roles, runs, widths) == (folder / "orthogonal.md").read_text()
 
 
 def test_the_many_models_page_is_its_tables_and_run() -> None:

@@ -427,6 +427,36 @@ def test_the_orthogonal_page_sets_the_orthogonal_runs_methods_beside_the_presets
     assert f"--orthogonal: {tmp_path / 'other'} trained other models than --run" in refused.output
 
 
+def test_the_orthogonal_page_sets_the_width_sweeps_orthogonal_runs_beside_the_studys_permutation_sweep(
+    tmp_path,
+) -> None:
+    for name, width in (("run", 16), ("orthogonal", 16), ("ow32", 32)):
+        _fake_run(tmp_path / name, width)
+    out = tmp_path / "out"
+    out.mkdir()
+    sweep = [  # the study's sweep at width 32: its runs ended at test loss 1.5, as the fake runs do
+        {"sweep": "width", "value": 32.0, "method": m, "B_half": b, "B_half_std": 0.01, "final_test_loss": 1.5}
+        for m, b in (("identity", 2.5), ("wm", 1.5), ("am", 1.4), ("wm_sinkhorn", 1.2))
+    ]
+    pd.DataFrame(sweep).to_parquet(out / "sweep.parquet")
+    args = ["study", "lm", "orthogonal", "--run", str(tmp_path / "run"), "--orthogonal", str(tmp_path / "orthogonal")]
+    done = CliRunner().invoke(app, [*args, "--out", str(out), "--width", f"32={tmp_path / 'ow32'}"])
+    assert done.exit_code == 0, done.output
+    widths = pd.read_parquet(out / "orthogonal_widths.parquet")
+    at32 = widths[widths["width"] == 32].set_index("method")
+    orthogonal = ["identity@orthogonal", "wm@orthogonal", "am@orthogonal"]
+    assert list(at32.index) == ["identity", "wm", "am", "wm_sinkhorn", *orthogonal]
+    assert at32.loc["wm_sinkhorn", "B_mid"] == 1.2 and at32.loc["wm@orthogonal", "B_mid"] == pytest.approx(0.62)
+    assert set(widths["width"]) == {16, 32}  # the preset's width from the page's own runs
+    page = (out / "orthogonal.md").read_text()
+    assert "## Width" in page and "| 32 | 2.500 ± 0.010 | 1.500 ± 0.010 | 1.400 ± 0.010 | 1.200 ± 0.010 | " in page
+    pd.DataFrame(sweep).assign(final_test_loss=1.6).to_parquet(out / "sweep.parquet")
+    refused = CliRunner().invoke(app, [*args, "--out", str(out), "--width", f"32={tmp_path / 'ow32'}"])
+    assert f"--width 32: {tmp_path / 'ow32'} trained other models than the study's width-32 run" in refused.output
+    refused = CliRunner().invoke(app, [*args, "--out", str(out), "--width", "wide"])
+    assert "--width: expected WIDTH=FOLDER, got 'wide'" in refused.output
+
+
 def test_a_runs_information_is_read_from_its_params_tables_and_git_commit(tmp_path) -> None:
     import subprocess
 

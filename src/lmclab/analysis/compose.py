@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import Tensor, nn
 
@@ -25,6 +26,7 @@ from lmclab.analysis.alignment import (
     output_layer,
     singular_values,
 )
+from lmclab.analysis.circuits import circuit_barrier
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, product_layers, theorem42
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
@@ -136,13 +138,22 @@ def alignment_summary(
     return alignment_rs(fa, fb, fp, fm, gammas)
 
 
+class Circuits(NamedTuple):
+    """The circuit space of a pair (:mod:`lmclab.analysis.circuits`): the model of heads twice as wide, and the
+    spec with each head's features as units."""
+
+    wide_model: nn.Module
+    spec: PermutationSpec
+
+
 @dataclass(frozen=True)
 class Analysis:
     """How an aligned pair is analysed: the λ ``lams`` of the Taylor curve, the γ of R_γ, the spectrum
     ``mode`` of conv kernels with the model's ``input_shape`` (the FFT spectrum needs it), the splits of the
     Taylor barrier (None: every split) and the split of the Theorem 4.2 bound; with ``calibrate_temperature``, the
     barrier at ½ with each model's softmax temperature calibrated on the train split too
-    (:mod:`lmclab.analysis.temperature`)."""
+    (:mod:`lmclab.analysis.temperature`); with ``circuits``, the test barrier at ½ in circuit space
+    (:mod:`lmclab.analysis.circuits`)."""
 
     lams: Sequence[float]
     gammas: Sequence[float]
@@ -151,6 +162,7 @@ class Analysis:
     taylor_splits: Sequence[str] | None = None
     energy_split: str = "test"
     calibrate_temperature: bool = False
+    circuits: Circuits | None = None
 
     def factors(self, pair: Endpoints, params: Mapping[str, Tensor]) -> dict[str, Factors]:
         """:func:`endpoint_factors` of ``params`` (a model of ``pair``) in this analysis' ``mode``."""
@@ -236,4 +248,7 @@ def measure_and_analyze(
     cka = cka_rows(spec, model, models, pair.splits["test"])
     if how.calibrate_temperature and not is_reconstruction(model):
         summary |= calibrated_barrier(model, params_a, permuted_b, pair.splits["train"], pair.splits["test"])
+    if how.circuits is not None:
+        wide, heads = how.circuits
+        summary |= circuit_barrier(heads, wide, params_a, permuted_b, pair.splits["test"])
     return {**summary, **analysis, **cka_means(cka)}, {"curve": curve, **tables, "cka": cka}

@@ -12,18 +12,19 @@ from dataclasses import dataclass, fields
 from torch import Tensor, nn
 
 from lmclab.analysis.alignment import check_gammas, check_mode
-from lmclab.analysis.compose import Analysis, Endpoints, measure_and_analyze
+from lmclab.analysis.compose import Analysis, Circuits, Endpoints, measure_and_analyze
 from lmclab.analysis.mae_pair import mae_pair
-from lmclab.archs import build_model, get_arch
+from lmclab.archs import build_model, circuit_model, get_arch
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.bn_repair import repair_subset
-from lmclab.core.data import Split
+from lmclab.core.data import Split, inputs_like
 from lmclab.core.distributed import ALONE, World
 from lmclab.core.interpolation import Repair
 from lmclab.core.metrics import lambda_grid
 from lmclab.core.objective import is_reconstruction
 from lmclab.core.repair import RepairAt
 from lmclab.core.repairs import curve_repairs
+from lmclab.trace import trace_spec
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class MeasureSettings:
     λ (:mod:`lmclab.core.repairs`: none, bn, repair or auto) on ``repair_samples`` training images (None: all);
     the train split's curves on a fixed random subset of ``train_samples`` (None: all); with
     ``calibrate_temperature``, the barrier at ½ with softmax temperatures calibrated on that subset
-    (:mod:`lmclab.analysis.temperature`)."""
+    (:mod:`lmclab.analysis.temperature`); with ``circuits``, the test barrier at ½ in circuit space (each head's
+    QKᵀ and OV circuits interpolated, :mod:`lmclab.analysis.circuits`)."""
 
     num_lambdas: int = 11
     gammas: Sequence[float] = (0.0, 0.3)
@@ -43,6 +45,7 @@ class MeasureSettings:
     repair_samples: int | None = 500
     train_samples: int | None = None
     calibrate_temperature: bool = False
+    circuits: bool = False
 
     @classmethod
     def of(cls, block: Mapping) -> MeasureSettings:
@@ -83,12 +86,20 @@ def prepare_pair(
         mode=settings.conv_spectrum,
         taylor_splits=settings.taylor_splits,
         calibrate_temperature=settings.calibrate_temperature,
+        circuits=circuits_of(a, model, splits["train"], device) if settings.circuits else None,
     )
     bare = Endpoints(spec, model, params_a, params_b, splits)
     endpoints = Endpoints(  # the endpoints' SVDs, shared by every method
         spec, model, params_a, params_b, splits, how.factors(bare, params_a), how.factors(bare, params_b)
     )
     return Pair(endpoints, how, repair, repair_at, world)
+
+
+def circuits_of(a: Checkpoint, model: nn.Module, train: Split, device) -> Circuits:
+    """The circuit space of ``a``'s architecture: its model of heads twice as wide, and ``model``'s spec traced
+    with each head's features as units (:func:`lmclab.analysis.circuits.circuit_params`)."""
+    spec = trace_spec(model, inputs_like(train.x[:2], dict(model.state_dict())), symmetry="orthogonal")
+    return Circuits(circuit_model(a.arch, a.config).to(device), spec)
 
 
 def build_repairs(

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lmclab.archs import gpt, mae, mixer, mlp, resnet20, resnet50, traced, vgg, vit
-from lmclab.archs.base import DATA_FIELDS
+from lmclab.archs.base import DATA_FIELDS, interface
 from lmclab.core.options import OptionError, got
 
 ARCHS: dict[str, ModuleType] = {
@@ -59,6 +59,15 @@ def build_model(arch: str, config: Any, seed: int | None = None) -> nn.Module:
     """The ``nn.Module``; with ``seed``, its initialisation is drawn from that seed only."""
     module = get_arch(arch)
     return module.Model(config) if seed is None else seeded_model(module.Model, config, seed)
+
+
+def circuit_model(arch: str, config: Any) -> nn.Module:
+    """``arch``'s model of heads twice as wide, the circuit space's (:mod:`lmclab.analysis.circuits`); a
+    one-line :class:`OptionError` naming ``circuits`` for an architecture that has none."""
+    widen = interface(get_arch(arch)).circuit_config
+    if widen is None:
+        raise OptionError(f"{{circuits}}: {arch} has no model of heads twice as wide (gpt has, with learned positions)")
+    return get_arch(arch).Model(widen(config))
 
 
 def seeded_model(model_cls: Callable[[Any], nn.Module], config: Any, seed: int) -> nn.Module:

@@ -5,6 +5,7 @@ the two the data gives, ``input_shape`` and ``num_classes`` (:data:`DATA_FIELDS`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType, UnionType
 from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin, get_type_hints
 
@@ -50,6 +51,7 @@ class Interface(NamedTuple):
     PRETRAINING_KEYS: tuple[str, ...] = ()  # the train.<objective> block's keys among its Config's fields
     SHAPES: Literal["images", "data"] = "images"  # images: builds on 1×28×28 and 3×32×32 alike; data: the data's only
     TRACED: bool = False  # its spec comes from tracing the module: validation traces it (the check)
+    circuit_config: Callable | None = None  # the config of its model of heads twice as wide (circuit space)
 
 
 REQUIRED = ("Config", "Model", "permutation_spec", "activation_points")

@@ -53,13 +53,15 @@ EPS = 1e-5  # the norms' ε (LayerNorm's default; Llama's RMSNorm uses 1e-5 or 1
 
 class Config(ArchConfig):
     """``input_shape = (context,)``: tokens per window; ``num_classes``: the vocabulary; ``width`` a multiple
-    of ``heads``, ``heads`` of ``kv_heads``; rotary heads have an even number of features."""
+    of ``heads`` (unless ``head_dim`` sets the features per head), ``heads`` of ``kv_heads``; rotary heads have an
+    even number of features."""
 
     input_shape: Annotated[tuple[Count], BeforeValidator(as_tuple)] = option(..., "(context,): tokens per window")
     width: Count = option(128, "channels of the residual stream (a multiple of heads)")
     depth: Count = option(4, "transformer blocks")
     heads: Count = option(4, "query heads per block")
     kv_heads: Count | None = option(None, "key/value heads per block (fewer: grouped-query attention; null: heads)")
+    head_dim: Count | None = option(None, "features per head of q, k and v (null: width/heads; Llama's head_dim)")
     mlp_ratio: Count = option(4, "hidden units of each MLP per channel of the stream")
     norm: one_of(NORMS) = option("layernorm", "layernorm (GPT-2) or rmsnorm (Llama)")
     position: one_of(POSITIONS) = option("learned", "learned (a table of context rows, GPT-2) or rotary (Llama)")
@@ -68,12 +70,12 @@ class Config(ArchConfig):
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> Config:
-        if self.width % self.heads:
+        if self.head_dim is None and self.width % self.heads:
             raise OptionError(f"{{heads}}: {self.heads} heads do not divide the width {self.width}")
         if self.heads % self.groups:
             raise OptionError(f"{{kv_heads}}: {self.groups} key/value heads do not divide the {self.heads} heads")
         if self.position == "rotary" and self.head_size % 2:
-            raise OptionError(f"{{position}}: rotary heads need an even size, got width/heads = {self.head_size}")
+            raise OptionError(f"{{position}}: rotary heads need an even size, got {self.head_size} features")
         return self
 
     @property
@@ -83,7 +85,19 @@ class Config(ArchConfig):
 
     @property
     def head_size(self) -> int:
-        return self.width // self.heads
+        return self.head_dim or self.width // self.heads
+
+
+def circuit_config(config: Config) -> Config:
+    """The model of the circuit space (:mod:`lmclab.analysis.circuits`): heads of twice the features, to hold a
+    pair's heads side by side. Learned positions only: a rotary head of ``2d`` features turns its planes by other
+    angles than two heads of ``d``."""
+    if config.position == "rotary":
+        raise OptionError(
+            "{circuits}: rotary heads have no circuit-space model (a head of twice the features turns its planes"
+            " by other angles); use learned positions"
+        )
+    return config.model_copy(update={"head_dim": 2 * config.head_size})
 
 
 def make_norm(config: Config) -> nn.Module:
@@ -110,7 +124,7 @@ class Attention(nn.Module):
         super().__init__()
         d, context = config.head_size, config.input_shape[0]
         self.heads, self.groups, self.rotary = config.heads, config.groups, config.position == "rotary"
-        self.q, self.out = nn.Linear(config.width, config.width), nn.Linear(config.width, config.width)
+        self.q, self.out = nn.Linear(config.width, config.heads * d), nn.Linear(config.heads * d, config.width)
         self.k, self.v = nn.Linear(config.width, self.groups * d), nn.Linear(config.width, self.groups * d)
         self.register_buffer("mask", torch.full((context, context), -math.inf).triu(1), persistent=False)
         if self.rotary:
@@ -119,7 +133,7 @@ class Attention(nn.Module):
             self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:  # x: (batch, tokens, width)
-        b, t, e = x.shape
+        b, t, _ = x.shape
         q = self.q(x).reshape(b, t, self.heads, -1).transpose(1, 2)
         k, v = (f(x).reshape(b, t, self.groups, -1).transpose(1, 2) for f in (self.k, self.v))
         if self.rotary:
@@ -128,7 +142,7 @@ class Attention(nn.Module):
         if self.groups != self.heads:  # each key/value head repeated for its query heads (Llama's repeat_kv)
             k, v = (self._repeat(z) for z in (k, v))
         logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + self.mask[:t, :t]
-        return self.out((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(b, t, e))
+        return self.out((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(b, t, -1))
 
     def _repeat(self, z: Tensor) -> Tensor:
         b, g, t, d = z.shape

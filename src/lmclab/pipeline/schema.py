@@ -160,6 +160,11 @@ class Measure(Block):
         "also the test loss barrier at λ = ½ with each model's softmax temperature calibrated on the train "
         "curves' samples (Ito et al. 2025: the control without permutations)",
     )
+    circuits: bool = key(
+        False,
+        "also the test loss barrier at λ = ½ in circuit space: each head's QKᵀ and OV circuits interpolated instead of "
+        "its factors (Theus et al. 2025); model.arch gpt with learned positions",
+    )
 
 
 class Three(Block):

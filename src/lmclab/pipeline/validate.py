@@ -25,6 +25,7 @@ from lmclab.pipeline.keys import defaults, field_expected
 from lmclab.pipeline.schema import Params, params_model
 from lmclab.pipeline.validate_model import (
     check_architecture,
+    check_circuits,
     check_data_kind,
     check_objective,
     check_text_source,
@@ -60,6 +61,7 @@ def check_params(tree: Mapping[str, Any]) -> Params:
         check_data_kind,
         check_text_source,
         check_architecture,
+        check_circuits,
         check_objective,
         _search_batches,
         _merge_many,

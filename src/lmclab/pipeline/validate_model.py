@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from lmclab.archs import get_arch, make_config
+from lmclab.archs import circuit_model, get_arch, make_config
 from lmclab.archs.base import interface
 from lmclab.archs.mae import from_vit
 from lmclab.core.corpus import load_tokenizer, source_kind
@@ -114,3 +114,15 @@ def check_architecture(p: Params) -> Problems:
         except ValueError as exc:  # the line names the key (a tracer's refusal does not itself)
             yield f"model.{arch}", f"model.{arch}: {exc}"
             return
+
+
+def check_circuits(p: Params) -> Problems:
+    """``measure.circuits`` needs the architecture's model of heads twice as wide
+    (:func:`lmclab.archs.circuit_model`), built from the chosen config before any stage runs."""
+    if not p.measure.circuits:
+        return
+    arch, options = p.model.arch, getattr(p.model, p.model.arch).model_dump()
+    try:
+        circuit_model(arch, make_config(arch, input_shape=input_shape_of(p), num_classes=10, **options))
+    except OptionError as err:
+        yield "measure.circuits", err.keyed(lambda name: f"measure.{name}")

@@ -32,11 +32,17 @@ COLUMNS: dict[str, tuple[str, bool, str]] = {
     "search_s": ("search_seconds", False, "seconds of the search"),
 }
 ROLE_GAMMA = 0.3
-CALIBRATED: dict[str, tuple[str, bool, str]] = {  # a run with measure.calibrate_temperature also has
+CALIBRATED: dict[str, tuple[str, bool, str]] = {  # a run with measure.calibrate_temperature (circuits) also has
     "B_mid_T": (
         "test_loss_barrier_mid_calibrated",
         False,
         "test loss barrier at λ = ½ with each model's softmax temperature calibrated (Ito et al. 2025)",
+    ),
+    "B_mid_C": (
+        "test_loss_barrier_mid_circuits",
+        False,
+        "test loss barrier at λ = ½ in circuit space: each head's QKᵀ and OV circuits interpolated instead of its "
+        "factors, as Theus et al. (2025) measure",
     ),
 }
 

@@ -5,7 +5,7 @@ reduction of the naive barrier beside Theus et al.'s Table 2 (2025).
 
     cp -a ../run-lm ../run-lm-orthogonal && cd ../run-lm-orthogonal && dvc exp run \\
         -S permute.symmetry=orthogonal -S 'permute.methods=[identity,wm,am,ste]' -S 'three.methods=[wm]' \\
-        -S measure.calibrate_temperature=true
+        -S measure.calibrate_temperature=true -S measure.circuits=true
     lmclab study lm orthogonal --run ../run-lm --orthogonal ../run-lm-orthogonal
 
 writes ``orthogonal.parquet`` (per method), ``orthogonal_roles.parquet``, ``orthogonal_runs.json`` and
@@ -21,6 +21,7 @@ import pandas as pd
 import typer
 
 from lmclab.cli.studies.lm_page import HEADERS, method_markdown, role_markdown, run_info, run_table
+from lmclab.cli.studies.lm_widths import width_markdown, width_table
 from lmclab.report.plots import label
 from lmclab.studies.lm_study import (
     CALIBRATED,
@@ -33,8 +34,9 @@ from lmclab.studies.lm_study import (
     study_points,
 )
 
-SHOWN = ["B_mid", "B_mid_repair", "B_mid_T", "B_max", "ppl_mid", "acc_mid", "l2_reduction", "R_0.3", "search_s"]
-TITLES = HEADERS | {"B_mid_T": "B½ T-calibrated"}
+SHOWN = ["B_mid", "B_mid_repair", "B_mid_T", "B_mid_C", "B_max", "ppl_mid", "acc_mid", "l2_reduction", "R_0.3"]
+SHOWN += ["search_s"]
+TITLES = HEADERS | {"B_mid_T": "B½ T-calibrated", "B_mid_C": "B½ circuits"}
 MEANINGS = {k: meaning for k, (_, _, meaning) in (COLUMNS | CALIBRATED).items()}
 FORMS = (
     "The orthogonal run aligns both endpoints' canonical forms (the tied head untied, the LayerNorm gains folded "
@@ -49,6 +51,14 @@ ROLES_NOTE = (
     "and a part with none kept in a pair has no R_γ there (—, or fewer pairs). In the canonical forms the folded "
     "gains enlarge the largest singular values (the final gain folded into the untied head), so fewer layers keep "
     "a triplet, and R_γ of those rows rests on them alone."
+)
+
+
+WIDTHS_NOTE = (
+    "Test B½ per width (mean ± std over pairs; in brackets, in circuit space where measured): the permutation "
+    "methods from the study's width sweep (its runs of 4 seeds, 2 pairs, no REPAIR; the preset's 6 seeds at its "
+    "width), the orthogonal ones from those runs' models aligned with `permute.symmetry: orthogonal` (each run "
+    "checked to end at the sweep's final test loss: the same models)."
 )
 
 
@@ -68,8 +78,9 @@ def same_models(info: dict, preset: dict, folder: Path) -> dict:
     return info
 
 
-def build(run: Path, orthogonal: Path, out: Path) -> None:
-    """The orthogonal page in ``out`` from the preset's finished ``run`` and its ``orthogonal`` copy."""
+def build(run: Path, orthogonal: Path, out: Path, widths: dict[int, Path] | None = None) -> None:
+    """The orthogonal page in ``out`` from the preset's finished ``run`` and its ``orthogonal`` copy (and the width
+    sweep's ``widths`` runs aligned so, :mod:`lmclab.cli.studies.lm_widths`)."""
     from lmclab.core.atomic import write_json, write_table, write_text
 
     runs = {"preset": run_info(run)}
@@ -83,15 +94,19 @@ def build(run: Path, orthogonal: Path, out: Path) -> None:
     )
     renamed = run_table(orthogonal, "alignment").assign(method=lambda t: t["method"] + ORTHOGONAL)
     table, roles = method_table(points), role_table(pd.concat([run_table(run, "alignment"), renamed]))
+    sweep = pd.read_parquet(out / "sweep.parquet") if (out / "sweep.parquet").is_file() else None
+    swept = width_table(sweep, table, runs["preset"]["gpt"]["width"], widths or {})
     write_table(out / "orthogonal.parquet", table)
     write_table(out / "orthogonal_roles.parquet", roles)
+    write_table(out / "orthogonal_widths.parquet", swept)
     write_json(out / "orthogonal_runs.json", runs)
-    write_text(out / "orthogonal.md", markdown(table, roles, runs))
+    write_text(out / "orthogonal.md", markdown(table, roles, runs, swept))
     typer.echo(f"{out / 'orthogonal.md'}: {len(table)} methods")
 
 
-def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict) -> str:
-    """The page: the runs, the barriers per method, R_0.3 by part, the reductions beside Theus et al.'s."""
+def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict, widths: pd.DataFrame) -> str:
+    """The page: the runs, the barriers per method, R_0.3 by part, the width sweep, the reductions beside Theus
+    et al.'s."""
     preset, other = runs["preset"], runs["orthogonal"]
     gpt, train = preset["gpt"], preset["train"]
     lines = [
@@ -120,6 +135,8 @@ def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict) -> str:
         role_markdown(roles, study_label),
         "",
         ROLES_NOTE,
+        "",
+        f"## Width\n\n{WIDTHS_NOTE}\n\n{width_markdown(widths, study_label)}",
         "",
         "## Beside Theus et al. (2025)",
         "",
