@@ -28,7 +28,11 @@ VARIANTS = [  # every option of the family once against each other (norm, positi
     dict(zip(("norm", "position", "mlp", "kv_heads", "tie_embeddings"), values, strict=True))
     for values in itertools.product(gpt.NORMS, gpt.POSITIONS, gpt.MLPS, (None, 2), (True, False))
     if values[0] == "layernorm" or values[4]  # rmsnorm only with a tied head: 24 cases
-]
+] + [  # heads of other sizes than width/heads (head_dim; 5 heads of 4 over a width of 24)
+    {"norm": "layernorm", "position": "learned", "mlp": "gelu", "kv_heads": None, "tie_embeddings": True, "heads": 5,
+     "head_dim": 4},
+    {"norm": "rmsnorm", "position": "rotary", "mlp": "swiglu", "kv_heads": 2, "tie_embeddings": False, "head_dim": 10},
+]  # fmt: skip
 IDS = ["-".join(str(v) for v in c.values()) for c in VARIANTS]
 
 
@@ -170,6 +174,7 @@ def test_wm_and_am_bring_back_a_permuted_copy_with_grouped_queries_and_rotary_po
         ({"heads": 5}, r"^heads: 5 heads do not divide the width 24$"),
         ({"kv_heads": 3}, r"^kv_heads: 3 key/value heads do not divide the 4 heads$"),
         ({"width": 20, "position": "rotary"}, r"^position: rotary heads need an even size, got 5 features$"),
+        ({"head_dim": 5, "position": "rotary"}, r"^position: rotary heads need an even size, got 5 features$"),
     ],
 )
 def test_shapes_that_do_not_fit_are_refused_in_one_line(options, message) -> None:
