@@ -448,6 +448,7 @@ def test_the_orthogonal_page_sets_the_width_sweeps_orthogonal_runs_beside_the_st
     assert list(at32.index) == ["identity", "wm", "am", "wm_sinkhorn", *orthogonal]
     assert at32.loc["wm_sinkhorn", "B_mid"] == 1.2 and at32.loc["wm@orthogonal", "B_mid"] == pytest.approx(0.62)
     assert set(widths["width"]) == {16, 32}  # the preset's width from the page's own runs
+    assert (out / "orthogonal_widths.png").stat().st_size > 1000
     page = (out / "orthogonal.md").read_text()
     assert "## Width" in page and "| 32 | 2.500 ± 0.010 | 1.500 ± 0.010 | 1.400 ± 0.010 | 1.200 ± 0.010 | " in page
     pd.DataFrame(sweep).assign(final_test_loss=1.6).to_parquet(out / "sweep.parquet")

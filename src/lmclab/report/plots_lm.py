@@ -50,3 +50,22 @@ def plot_lm_study(sweeps: pd.DataFrame, points: pd.DataFrame, path: Path, *, dpi
     ax.legend(fontsize=7)
     fig.suptitle("Language models: barriers after alignment")
     return _save(fig, path, dpi)
+
+
+def plot_widths(widths: pd.DataFrame, path: Path, name=label, *, dpi: int = 120) -> Path:
+    """The orthogonal page's figure: test B½ against the width per method (``widths``:
+    :func:`lmclab.cli.studies.lm_widths.width_table` rows), solid for permutations, dashed for orthogonal maps."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (method, sub) in enumerate(widths.groupby("method", sort=False)):
+        sub = sub.sort_values("width")
+        style = "--" if "@" in method else "-"
+        ax.errorbar(sub["width"], sub["B_mid"], yerr=sub["B_mid_std"], marker="o", capsize=3, linestyle=style,
+                    label=name(method), color=f"C{i}")  # fmt: skip
+    ax.set(xscale="log", xlabel="width of the residual stream", ylabel="test B½ (nats per token)")
+    ax.set_xticks(sorted(widths["width"].unique()))
+    ax.get_xaxis().set_major_formatter(ScalarFormatter())
+    ax.get_xaxis().set_minor_formatter(NullFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("Language models: barriers against width, permutations and orthogonal maps")
+    return _save(fig, path, dpi)

@@ -23,6 +23,7 @@ import typer
 from lmclab.cli.studies.lm_page import HEADERS, method_markdown, role_markdown, run_info, run_table
 from lmclab.cli.studies.lm_widths import width_markdown, width_table
 from lmclab.report.plots import label
+from lmclab.report.plots_lm import plot_widths
 from lmclab.studies.lm_study import (
     CALIBRATED,
     COLUMNS,
@@ -54,6 +55,7 @@ ROLES_NOTE = (
 )
 
 
+WIDTHS_FIGURE = "![test B½ against width, permutations (solid) and orthogonal maps (dashed)](orthogonal_widths.png)"
 WIDTHS_NOTE = (
     "Test B½ per width (mean ± std over pairs; in brackets, in circuit space where measured): the permutation "
     "methods from the study's width sweep (its runs of 4 seeds, 2 pairs, no REPAIR; the preset's 6 seeds at its "
@@ -99,6 +101,7 @@ def build(run: Path, orthogonal: Path, out: Path, widths: dict[int, Path] | None
     write_table(out / "orthogonal.parquet", table)
     write_table(out / "orthogonal_roles.parquet", roles)
     write_table(out / "orthogonal_widths.parquet", swept)
+    plot_widths(swept, out / "orthogonal_widths.png", study_label)
     write_json(out / "orthogonal_runs.json", runs)
     write_text(out / "orthogonal.md", markdown(table, roles, runs, swept))
     typer.echo(f"{out / 'orthogonal.md'}: {len(table)} methods")
@@ -136,7 +139,7 @@ def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict, widths: pd.Da
         "",
         ROLES_NOTE,
         "",
-        f"## Width\n\n{WIDTHS_NOTE}\n\n{width_markdown(widths, study_label)}",
+        f"## Width\n\n{WIDTHS_NOTE}\n\n{width_markdown(widths, study_label)}\n\n{WIDTHS_FIGURE}",
         "",
         "## Beside Theus et al. (2025)",
         "",
