@@ -25,6 +25,7 @@ from lmclab.studies.lm_study import ORTHOGONAL, method_table, orthogonal_points
 
 PERMUTATION = ("identity", "wm", "am", "wm_sinkhorn")  # the study's sweep methods
 ORTHOGONAL_METHODS = ("identity", "wm", "am", "ste")
+ORDER = (*PERMUTATION, *(m + ORTHOGONAL for m in ORTHOGONAL_METHODS))
 SAME_LOSS = 1e-9  # relative: the same trained models end at the same final test loss
 VALUES = ("B_mid", "B_mid_std", "B_mid_C", "B_mid_C_std", "pairs")
 SWEPT = ("method", "B_half", "B_half_std", "final_test_loss")  # the columns of the study's sweep read here
@@ -60,7 +61,8 @@ def width_table(
                 found = pd.concat([found, _orthogonal(runs[width], widths, width)], ignore_index=True)
         for _, r in found.iterrows():
             rows.append({"width": width, "method": r["method"], **{k: r.get(k, math.nan) for k in VALUES}})
-    return pd.DataFrame(rows)
+    rank = {m: i for i, m in enumerate(ORDER)}  # the permutation methods, then the orthogonal ones
+    return pd.DataFrame(rows).sort_values(["method", "width"], key=lambda c: c.map(rank) if c.name == "method" else c)
 
 
 def _permutation(at: pd.DataFrame) -> pd.DataFrame:
@@ -82,8 +84,7 @@ def _orthogonal(run: Path, widths: pd.DataFrame, width: int) -> pd.DataFrame:
 
 def width_markdown(widths: pd.DataFrame, name) -> str:
     """Rows: widths; columns: every method's test B½ (mean ± std; circuit space in brackets where measured)."""
-    order = [*PERMUTATION, *(m + ORTHOGONAL for m in ORTHOGONAL_METHODS)]
-    methods = [m for m in order if m in set(widths["method"])]
+    methods = [m for m in ORDER if m in set(widths["method"])]
     lines = ["| width | " + " | ".join(name(m) for m in methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for width, at in widths.groupby("width", sort=True):
         cells = []
