@@ -89,6 +89,18 @@ def test_llama_s_stream_is_orthogonal_once_its_gains_are_folded(monkeypatch) -> 
         assert _change(model, apply_permutation(spec, perm, state), reference) > 1e-3  # the gains in place
 
 
+def _kept_by_random_elements(model: torch.nn.Module, spec, state: dict) -> tuple[dict, torch.Tensor]:
+    """``state`` with its gains folded and ``model``'s logits, after two random elements of every group of ``spec``
+    are checked to keep them on the folded state (float64, ≤ 1e-10 relative)."""
+    with torch.no_grad():
+        reference = model(X).logits
+    folded = fold_gains(spec, state)
+    for seed in (1, 2):
+        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    return folded, reference
+
+
 def _planes(state: dict, names: tuple[str, ...], seed: int) -> dict:
     """``state`` with the rows of ``names`` (layer 0's projections, 4 heads of 8) turned by one random rotation of
     each plane (j, j + 4) per head, the same for every name."""
@@ -108,12 +120,7 @@ def test_llama_s_queries_and_keys_turn_per_rotary_plane_without_grouped_queries(
     assert spec.axes["model.layers.0.self_attn.k_proj.weight"][0] == qk and spec.heads[qk].count == 4
     assert sorted(spec.kinds.values()) == ["orthogonal"] * 3 + ["rotary"] * 2 and spec.kinds[vo] == "orthogonal"
     assert spec.kinds[qk] == "rotary" and re.fullmatch(f"node 'mul_[0-9]+': {re.escape(PLANE)}", spec.kind_reasons[qk])
-    with torch.no_grad():
-        reference = model(X).logits
-    folded = fold_gains(spec, state)
-    for seed in (1, 2):
-        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
-        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    folded, reference = _kept_by_random_elements(model, spec, state)
     general = random_permutation(
         spec.group_sizes(state), torch.Generator().manual_seed(1), spec.heads, {**spec.kinds, qk: "orthogonal"}
     )
@@ -139,12 +146,7 @@ def test_grouped_queries_turn_with_their_key_head_per_rotary_plane_and_read_its_
         "rotary",
         "orthogonal",
     )
-    with torch.no_grad():
-        reference = model(X).logits
-    folded = fold_gains(spec, state)
-    for seed in (1, 2):
-        perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
-        assert _change(model, apply_permutation(spec, perm, folded), reference) <= 1e-10
+    _, reference = _kept_by_random_elements(model, spec, state)
     angles = torch.rand(2, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 6.28
     turn = plane_rotations(angles)  # per key head
     q, k = state[f"{attention}.q_proj.weight"].clone(), state[f"{attention}.k_proj.weight"]
