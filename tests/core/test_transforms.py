@@ -202,3 +202,15 @@ def test_a_floating_scalar_parameter_is_averaged_with_the_weights(weights):
     assert float(merged["s"]) == pytest.approx(w[0] * 1.0 + w[1] * 5.0)
     assert torch.allclose(merged["t"], w[0] * params[0]["t"] + w[1] * params[1]["t"])
     assert torch.allclose(merged["w"], params[0]["w"] + params[1]["w"])  # grouped: M θ U, not weighted
+
+
+def test_a_segment_in_copies_is_refused_by_general_linear_maps_in_one_line() -> None:
+    """Grouped queries' rows (2 copies of a key group) have no units of their own that a merge could map."""
+    from lmclab.core.spec import Segment
+
+    spec = PermutationSpec({"q": ((Segment("K", 4, 1, 2, 1),), None), "k": ("K", None)})
+    params = {"q": torch.ones(4, 1), "k": torch.ones(2, 1)}
+    with pytest.raises(
+        ValueError, match=r"^group 'K' is read in copies \(grouped queries\): its units cannot be merged$"
+    ):
+        transformed(spec, params, {"K": torch.eye(2)}, {"K": torch.eye(2)})

@@ -116,6 +116,20 @@ def test_one_hot_soft_apply_equals_apply_permutation(arch: str) -> None:
         torch.testing.assert_close(value, expected[name], msg=name)
 
 
+def test_one_hot_soft_apply_equals_apply_permutation_on_a_segment_in_copies() -> None:
+    """Grouped queries' rows: 2 copies of 2 key heads of 3 features; the key heads' group acts on both copies."""
+    from lmclab.core.spec import PermutationSpec, Segment
+
+    spec = PermutationSpec({"q": ((Segment("K", 12, 1, 2, 3),), None), "k": ("K", None)})
+    gen = torch.Generator().manual_seed(2)
+    params = {"q": torch.randn(12, 2, generator=gen, dtype=torch.float64), "k": torch.randn(6, 2, dtype=torch.float64)}
+    perm = {"K": torch.tensor([4, 0, 5, 3, 1, 2])}
+    soft = {g: s.double() for g, s in _one_hot(perm).items()}
+    expected = apply_permutation(spec, perm, params)
+    torch.testing.assert_close(soft_apply(spec, soft, params)["q"], expected["q"])
+    assert not torch.equal(expected["q"], params["q"])
+
+
 def test_soft_apply_covers_batchnorm_running_stats() -> None:
     spec = build_spec(dense("l0", "P0", None), norm("bn0", "P0"), dense("l1", None, "P0"))
     gen = torch.Generator().manual_seed(0)

@@ -48,7 +48,7 @@ def circuit_params(
         first = places[0][0].rsplit(".", 1)[0]
         for name, axis in places:
             scaled = axis == 1 if read else name.rsplit(".", 1)[0] == first
-            gain = (1.0 if read else math.sqrt(2)) if scaled else None
+            gain = 1.0 if read else math.sqrt(2)  # the √2 keeps the softmax's 1/√d
             weights = (gain * lam, gain * (1 - lam)) if scaled else (1.0, 1.0)
             out[name] = side_by_side(params_a[name] * weights[0], params_b[name] * weights[1], axis, d)
     return out
