@@ -3,9 +3,9 @@ per pair, method, layer and γ the numerator ``Σ_{i,j} (u^a_i·u^b_j)(v^a_i·v^
 n^b_ℓ)`` kept under the model-wide threshold) pooled over a set of layers: ``R = Σ numerators / Σ counts``,
 which over every layer is the model's R_γ.
 
-Layers are pooled by *family* (:func:`layer_family`: the name with its block indices replaced by ``*``, so
-``blocks.*.attn.q.weight`` is the queries of every block) or by any other grouping, e.g. a language model's
-:func:`gpt_role` (residual stream, attention, MLP).
+Layers are pooled by *family* (:func:`lmclab.analysis.families.layer_family`: the name with its block indices
+replaced by ``*``, so ``blocks.*.attn.q.weight`` is the queries of every block) or by any other grouping, e.g. a
+language model's :func:`gpt_role` (residual stream, attention, MLP).
 """
 
 from __future__ import annotations
@@ -15,17 +15,13 @@ from collections.abc import Callable
 
 import pandas as pd
 
-INDEX = re.compile(r"(?<![^.])\d+(?=\.)")  # a whole dotted component of digits, not the last one
+from lmclab.analysis.families import layer_family
+
 ROLES = (  # a decoder's layers by what they read and write (archs.gpt's names); the first match wins
     ("attention", re.compile(r"\.attn\.")),
     ("MLP", re.compile(r"\.(fc1|fc2|gate)\.")),
     ("stream", re.compile(r"")),  # embeddings and the head: the residual stream's own matrices
 )
-
-
-def layer_family(layer: str) -> str:
-    """``layer`` with every block index replaced by ``*`` (``blocks.3.fc1.weight`` → ``blocks.*.fc1.weight``)."""
-    return INDEX.sub("*", layer)
 
 
 def gpt_role(layer: str) -> str:
