@@ -23,7 +23,7 @@ from lmclab.pipeline.torchrun import join_torchrun, relaunch_under_torchrun
 app = typer.Typer(add_completion=False)
 # the params.yaml key of each name the library's errors use: MeasureSettings' fields, and the arguments they feed
 SETTINGS = ("num_lambdas", "conv_spectrum", "repair", "repair_data", "repair_samples", "train_samples", "gammas")
-SETTINGS += ("calibrate_temperature", "circuits")
+SETTINGS += ("calibrate_temperature", "circuits", "family_barriers")
 KEYS = under("measure", *SETTINGS)
 
 

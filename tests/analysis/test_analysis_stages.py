@@ -22,10 +22,11 @@ from lmclab.analysis.compose import (
     r_key,
 )
 from lmclab.analysis.energy import theorem42
+from lmclab.analysis.families import family_barriers, parameter_families
 from lmclab.analysis.pair import MeasureSettings, measure_method, prepare_pair
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
-from lmclab.core.data import load_split, prepare
+from lmclab.core.data import Split, load_split, prepare
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import aligned_midpoint
 from lmclab.core.metrics import lambda_grid
@@ -333,6 +334,7 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
                     "nproc_per_node": 1,
                     "calibrate_temperature": False,
                     "circuits": False,
+                    "family_barriers": True,
                 },
             }
         )
@@ -380,6 +382,9 @@ def test_spectra_and_measure_stages_write_their_outputs(prepared, tmp_path):
     assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "taylor.parquet")) == 2 * 3
     assert {"test_loss_barrier_mid", "l2_reduction_pct"} <= set(summary)
     assert len(pd.read_parquet(tmp_path / "analysis" / "wm" / "curve.parquet")) == 2 * 3
+    families = pd.read_parquet(tmp_path / "analysis" / "wm" / "families.parquet")
+    assert families["family"].tolist() == ["(all)", "layers.0", "layers.1", "out"]
+    assert families["alone"][0] == pytest.approx(summary["test_loss_barrier_mid"], abs=1e-6)
     params.write_text(params.read_text().replace("reshape", "exact"))
     res = runner.invoke(measure.app, args)
     assert res.exit_code == 1 and "measure.conv_spectrum" in res.output
@@ -467,3 +472,99 @@ def test_every_summary_over_pairs_reports_the_sample_std():
     }
     alignment = width_tables(runs, methods=["wm"])["alignment"].iloc[0]
     assert (alignment["R_0.3_mean"], alignment["R_0.3_std"]) == (2.0, 1.0)
+
+
+def moved(params, families, seed):
+    """``params`` with the entries of ``families`` (module names) redrawn from another seed's model."""
+    other = tiny(seed)[1]
+    return {k: other[k] if k.rsplit(".", 1)[0] in families else v for k, v in params.items()}
+
+
+def test_a_family_that_moves_alone_carries_the_whole_barrier_and_the_rest_none(prepared):
+    (config, a), test = tiny(0), load_split(prepared, "test")
+    b = moved(a, {"layers.1"}, seed=1)
+    rows = {r["family"]: r for r in family_barriers(build_model("mlp", config), a, b, test, lam=0.3)}
+    assert list(rows) == ["(all)", "layers.1"]  # the others are θa's in θb: they move nowhere
+    model = build_model("mlp", config)
+    losses = [evaluate(model, p, test).loss for p in (a, b, {k: 0.3 * a[k] + 0.7 * b[k] for k in a})]
+    whole = losses[2] - (0.3 * losses[0] + 0.7 * losses[1])
+    assert abs(whole) > 1e-3
+    assert rows["(all)"]["alone"] == rows["(all)"]["all_but"] == pytest.approx(whole, abs=1e-6)
+    assert rows["layers.1"]["alone"] == pytest.approx(whole, abs=1e-6)  # the path itself
+    assert rows["layers.1"]["all_but"] == pytest.approx(0.0, abs=1e-6)  # held: θa all the way
+
+
+def test_family_barriers_hold_the_other_families_at_theta_a_or_move_them_on_the_path(prepared):
+    """Two families move, at λ = 0.3: each row against the losses of the paths built by hand."""
+    (config, a), test = tiny(0), load_split(prepared, "test")
+    b, model = moved(a, {"layers.0", "out"}, seed=2), build_model("mlp", config)
+    rows = {r["family"]: r for r in family_barriers(model, a, b, test, lam=0.3)}
+    assert list(rows) == ["(all)", "layers.0", "out"]
+
+    def barrier(names):  # the path moving the entries of ``names`` only
+        mid = {k: 0.3 * a[k] + 0.7 * b[k] if k.rsplit(".", 1)[0] in names else a[k] for k in a}
+        end = {k: b[k] if k.rsplit(".", 1)[0] in names else a[k] for k in a}
+        loss = [evaluate(model, p, test).loss for p in (a, end, mid)]
+        return loss[2] - (0.3 * loss[0] + 0.7 * loss[1])
+
+    for family, other in (("layers.0", "out"), ("out", "layers.0")):
+        assert rows[family]["alone"] == pytest.approx(barrier({family}), abs=1e-6)
+        assert rows[family]["all_but"] == pytest.approx(barrier({other}), abs=1e-6)
+    assert rows["layers.0"]["alone"] != pytest.approx(rows["out"]["alone"], abs=1e-4)
+
+
+def test_parameter_families_join_blocks_and_tied_names():
+    params = {
+        "embed.weight": torch.zeros(4, 2),
+        "blocks.0.fc1.weight": torch.zeros(2, 2),
+        "blocks.0.fc1.bias": torch.zeros(2),
+        "blocks.1.fc1.weight": torch.zeros(2, 2),
+        "blocks.0.attn.q.weight": torch.zeros(2, 2),
+        "head.weight": torch.zeros(4, 2),
+        "steps": torch.zeros((), dtype=torch.long),  # not floating: moves nowhere
+    }
+    assert parameter_families(params) == {
+        "embed": ["embed.weight"],
+        "blocks.*.fc1": ["blocks.0.fc1.weight", "blocks.0.fc1.bias", "blocks.1.fc1.weight"],
+        "blocks.*.attn.q": ["blocks.0.attn.q.weight"],
+        "head": ["head.weight"],
+    }
+    tied = parameter_families(params, [("embed.weight", "head.weight")])
+    assert tied["embed + head"] == ["embed.weight", "head.weight"] and "head" not in tied
+
+
+def test_family_barriers_of_a_tied_gpt_move_the_embeddings_and_head_together():
+    config = make_config("gpt", input_shape=(8,), num_classes=16, width=8, depth=1, heads=2)
+    model = build_model("gpt", config, seed=0)
+    a, b = (dict(build_model("gpt", config, seed=s).state_dict()) for s in (0, 1))
+    x = torch.randint(0, 16, (6, 8))
+    split = Split(x, torch.roll(x, -1, dims=1))
+    rows = family_barriers(model, a, b, split)  # tied values differ on a path that moved one name alone
+    assert {r["family"] for r in rows} >= {"embed + head", "blocks.*.fc1"} and "head" not in {r["family"] for r in rows}
+    assert all(math.isfinite(r["alone"]) and math.isfinite(r["all_but"]) for r in rows)
+
+
+@pytest.mark.parametrize(("lam", "line"), [(0.0, "lam: expected"), (1.0, "lam: expected")])
+def test_family_barriers_refuse_the_path_ends(prepared, lam, line):
+    (config, a), test = tiny(0), load_split(prepared, "test")
+    with pytest.raises(ValueError, match=line):
+        family_barriers(build_model("mlp", config), a, a, test, lam=lam)
+    with pytest.raises(ValueError, match="permuted_b: expected the entries of params_a"):
+        family_barriers(build_model("mlp", config), a, {k: v for k, v in a.items() if k != "out.bias"}, test)
+
+
+def test_measure_method_adds_the_family_table_when_asked(prepared):
+    (config, params_a), params_b = tiny(0), tiny(1)[1]
+    splits = {s: load_split(prepared, s) for s in ("train", "test")}
+    ckpts = (Checkpoint("mlp", config, 0, params_a), Checkpoint("mlp", config, 1, params_b))
+    midpoint = Checkpoint("mlp", config, None, {k: (params_a[k] + params_b[k]) / 2 for k in params_a})
+    plain, asked = (
+        measure_method(
+            prepare_pair(*ckpts, splits, MeasureSettings(num_lambdas=3, family_barriers=f)), ckpts[1], midpoint
+        )
+        for f in (False, True)
+    )
+    assert "families" not in plain[0]
+    rows = asked[0]["families"]
+    assert [r["family"] for r in rows] == ["(all)", "layers.0", "layers.1", "out"]
+    assert rows[0]["alone"] == pytest.approx(asked[1]["test_loss_barrier_mid"], abs=1e-6)

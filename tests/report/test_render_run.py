@@ -144,3 +144,30 @@ def test_a_run_without_findings_has_the_report_without_their_section(tmp_path) -
     committed = (ROOT / "reports" / "report.md").read_text()
     assert findings_section(findings) in committed
     assert (tmp_path / "report.md").read_text() == committed.replace(findings_section(findings), "")
+
+
+def test_a_run_with_barriers_by_family_has_their_section(tmp_path) -> None:
+    from report_fixture import settings
+
+    from lmclab.report.render import render_run
+
+    tables = run_tables()
+    methods = list(dict.fromkeys(tables["pairs"]["method"]))
+    rows = [  # two pairs; the second method has no row for `fc1` (it moves nowhere there)
+        {"pair": p, "method": m, "family": f, "alone": a, "all_but": b}
+        for p, shift in (("seed0-seed1", 0.0), ("seed2-seed3", 0.2))
+        for m, f, a, b in (
+            (methods[0], "(all)", 1.0 + shift, 1.0 + shift),
+            (methods[0], "fc1", 0.2 + shift, 0.5),
+            (methods[1], "(all)", 0.4, 0.4),
+        )
+    ]
+    render_run({**tables, "families": pd.DataFrame(rows)}, {}, tmp_path, tmp_path / "curves", settings())
+    report = (tmp_path / "report.md").read_text()
+    section = report[report.index("## Where the barrier is: by family of layers") :]
+    lines = [line for line in section.splitlines() if line.startswith("| `")]
+    assert lines == [
+        "| `(all)` | 1.100 ± 0.141 / 1.100 ± 0.141 | 0.400 ± 0.000 / 0.400 ± 0.000 |",
+        "| `fc1` | 0.300 ± 0.141 / 0.500 ± 0.000 | — |",
+    ]
+    assert "## Where the barrier is" not in (ROOT / "reports" / "report.md").read_text()  # not asked there

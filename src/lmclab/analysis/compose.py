@@ -29,6 +29,7 @@ from lmclab.analysis.alignment import (
 from lmclab.analysis.circuits import circuit_barrier
 from lmclab.analysis.cka import cka_means, cka_rows
 from lmclab.analysis.energy import input_energy, input_sizes, product_layers, theorem42
+from lmclab.analysis.families import family_barriers
 from lmclab.analysis.taylor import taylor_barrier, taylor_curve, taylor_terms
 from lmclab.analysis.temperature import calibrated_barrier
 from lmclab.core.data import Split
@@ -153,7 +154,8 @@ class Analysis:
     Taylor barrier (None: every split) and the split of the Theorem 4.2 bound; with ``calibrate_temperature``, the
     barrier at ½ with each model's softmax temperature calibrated on the train split too
     (:mod:`lmclab.analysis.temperature`); with ``circuits``, the test barrier at ½ in circuit space
-    (:mod:`lmclab.analysis.circuits`)."""
+    (:mod:`lmclab.analysis.circuits`); with ``family_barriers``, the test barriers at ½ of the paths that move
+    one family of layers alone and every family but one (:mod:`lmclab.analysis.families`)."""
 
     lams: Sequence[float]
     gammas: Sequence[float]
@@ -163,6 +165,7 @@ class Analysis:
     energy_split: str = "test"
     calibrate_temperature: bool = False
     circuits: Circuits | None = None
+    family_barriers: bool = False
 
     def factors(self, pair: Endpoints, params: Mapping[str, Tensor]) -> dict[str, Factors]:
         """:func:`endpoint_factors` of ``params`` (a model of ``pair``) in this analysis' ``mode``."""
@@ -229,7 +232,8 @@ def measure_and_analyze(
     repair or REPAIR when given; sharded over ``world``'s processes), L2 distances, the analyses of
     :func:`analyze_pair` (every process computes them whole) and the CKA of the hidden layers on the
     test split (:mod:`lmclab.analysis.cka`; the summary gets their means over layers).
-    Returns ``(summary, tables)``: the tables of :func:`analyze_pair` with ``curve`` and ``cka`` (rows)."""
+    Returns ``(summary, tables)``: the tables of :func:`analyze_pair` with ``curve`` and ``cka`` (rows), and
+    ``families`` with ``how.family_barriers``."""
     spec, model, params_a, params_b = pair.spec, pair.model, pair.params_a, pair.params_b
     curve, summary = measure_pair_with_repair(
         spec,
@@ -251,4 +255,6 @@ def measure_and_analyze(
     if how.circuits is not None:
         wide, heads = how.circuits
         summary |= circuit_barrier(heads, wide, params_a, permuted_b, pair.splits["test"])
+    if how.family_barriers:
+        tables["families"] = family_barriers(model, params_a, permuted_b, pair.splits["test"])
     return {**summary, **analysis, **cka_means(cka)}, {"curve": curve, **tables, "cka": cka}

@@ -35,7 +35,9 @@ class MeasureSettings:
     the train split's curves on a fixed random subset of ``train_samples`` (None: all); with
     ``calibrate_temperature``, the barrier at ½ with softmax temperatures calibrated on that subset
     (:mod:`lmclab.analysis.temperature`); with ``circuits``, the test barrier at ½ in circuit space (each head's
-    QKᵀ and OV circuits interpolated, :mod:`lmclab.analysis.circuits`)."""
+    QKᵀ and OV circuits interpolated, :mod:`lmclab.analysis.circuits`); with ``family_barriers``, the test
+    barriers at ½ of the paths that move one family of layers alone and all but one
+    (:mod:`lmclab.analysis.families`)."""
 
     num_lambdas: int = 11
     gammas: Sequence[float] = (0.0, 0.3)
@@ -46,6 +48,7 @@ class MeasureSettings:
     train_samples: int | None = None
     calibrate_temperature: bool = False
     circuits: bool = False
+    family_barriers: bool = False
 
     @classmethod
     def of(cls, block: Mapping) -> MeasureSettings:
@@ -87,6 +90,7 @@ def prepare_pair(
         taylor_splits=settings.taylor_splits,
         calibrate_temperature=settings.calibrate_temperature,
         circuits=circuits_of(a, model, splits["train"], device) if settings.circuits else None,
+        family_barriers=settings.family_barriers,
     )
     bare = Endpoints(spec, model, params_a, params_b, splits)
     endpoints = Endpoints(  # the endpoints' SVDs, shared by every method

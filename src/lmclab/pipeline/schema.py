@@ -165,6 +165,11 @@ class Measure(Block):
         "also the test loss barrier at λ = ½ in circuit space: each head's QKᵀ and OV circuits interpolated instead of "
         "its factors (Theus et al. 2025); model.arch gpt with learned positions",
     )
+    family_barriers: bool = key(
+        False,
+        "also the test loss barriers at λ = ½ of the paths that move one family of layers alone (Adilova et al. "
+        "2024) and every family but one: where the barrier is",
+    )
 
 
 class Three(Block):

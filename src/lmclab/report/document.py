@@ -10,6 +10,7 @@ import pandas as pd
 
 from lmclab.core.atomic import write_text
 from lmclab.report.cka import cka_section
+from lmclab.report.families import barrier_section
 from lmclab.report.language import family_section, is_language_model, perplexity_section
 from lmclab.report.many_models import many_section
 from lmclab.report.paper_numbers import paper_row
@@ -205,17 +206,19 @@ def write_report(
     t1: pd.DataFrame | None = None,
     bounds: pd.DataFrame | None = None,
     layers: pd.DataFrame | None = None,
+    families: pd.DataFrame | None = None,
     data: str = "",
     arch: str = "",
     findings: dict | None = None,
 ) -> Path:
     """Write ``report.md``; figure paths are made relative to the report's folder. ``data`` and
-    ``arch`` select the paper's rows (:mod:`lmclab.report.paper_numbers`); ``findings`` is ``findings.json``."""
+    ``arch`` select the paper's rows (:mod:`lmclab.report.paper_numbers`); ``findings`` is ``findings.json``;
+    ``families``: the barriers by family of layers (:mod:`lmclab.report.families`)."""
     path = Path(path)
     rel = {k: Path(v).relative_to(path.parent).as_posix() for k, v in figures.items()}
     row = paper_row(data, arch)
     text = run_section(title, rel, pairs, history, methods, findings, t1, row, paper_note(data, arch))
-    text += analysis_section(rel, pairs, methods, bounds, layers)
+    text += analysis_section(rel, pairs, methods, bounds, layers) + barrier_section(families, methods)
     if edges is not None:
         text += three_section(edges, rel, row) + many_section(evaluation, many_methods, rel["merge_many"])
     if "cka" in rel:

@@ -49,8 +49,8 @@ def render_run(
     tables: Mapping[str, pd.DataFrame], findings: dict, out: Path, curves: Path, settings: PlotSettings
 ) -> dict[str, Path]:
     """Draw the figures into ``out/figures``, write ``out/report.md`` and the plot data into ``curves``;
-    ``tables``: the summarize stage's tables by name (``cka`` and ``alignment`` optional). Returns the figures
-    by name."""
+    ``tables``: the summarize stage's tables by name (``cka``, ``alignment`` and ``families`` optional). Returns
+    the figures by name."""
     missing = sorted(set(NEEDED) - set(tables))
     if missing:
         raise ValueError(f"tables: missing {', '.join(missing)}")
@@ -68,6 +68,7 @@ def render_run(
         t1=tables["table1"],
         bounds=tables["theorem42"],
         layers=tables.get("alignment"),
+        families=tables.get("families"),
         edges=tables["three_edges"],
         evaluation=tables["merge_many"],
         many_methods=tables["merge_many_methods"],

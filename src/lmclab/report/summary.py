@@ -43,8 +43,8 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
     per pair and method with every scalar), ``search_curves`` (long: one row per pair, method and
     search epoch of the iterative searches), ``search_objective`` (WM's ⟨θa, π(θb)⟩ after each
     sweep, sweep 0 = before the first) and, when the records carry them, ``taylor``, ``theorem42``, ``alignment``
-    (each layer's share of R_γ) and ``cka``."""
-    curves, pairs, taylor, bounds, layers, cka = [], [], [], [], [], []
+    (each layer's share of R_γ), ``cka`` and ``families`` (the barriers by family of layers)."""
+    curves, pairs, taylor, bounds, layers, cka, families = [], [], [], [], [], [], []
     for rec in records:
         key = {
             "pair": pair_name(rec["seed_a"], rec["seed_b"]),
@@ -65,6 +65,7 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
         bounds += [{**key, **row} for row in rec.get("theorem42", [])]
         layers += [{**key, **row} for row in rec.get("alignment", [])]
         cka += [{**key, **row} for row in rec.get("cka", [])]
+        families += [{**key, **row} for row in rec.get("families", [])]
     out = {
         "curves": pd.DataFrame(curves),
         "pairs": pd.DataFrame(pairs),
@@ -77,6 +78,8 @@ def tables(records: Sequence[dict]) -> dict[str, pd.DataFrame]:
         out["alignment"] = pd.DataFrame(layers)
     if cka:  # the measure stage's CKA rows (layer × pair of models)
         out["cka"] = pd.DataFrame(cka)
+    if families:  # the measure stage's barriers by family (measure.family_barriers)
+        out["families"] = pd.DataFrame(families)
     return out
 
 
@@ -239,7 +242,8 @@ def collect_pairs(
                     "search": json.loads((perms_dir / where / "stats.json").read_text()),
                     **{
                         name: pd.read_parquet(measure_dir / where / f"{name}.parquet").to_dict("records")
-                        for name in ("taylor", "theorem42", "alignment", "cka")
+                        for name in ("taylor", "theorem42", "alignment", "cka", "families")
+                        if name != "families" or (measure_dir / where / f"{name}.parquet").exists()  # when asked
                     },
                 }
             )

@@ -1,0 +1,43 @@
+"""The report's barriers by family of layers (``measure.family_barriers``: :mod:`lmclab.analysis.families`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from lmclab.report.paper_tables import mean_pm
+from lmclab.report.plots import label
+
+NOTE = (
+    "Test loss barrier at λ = ½ of the path that moves one family of layers alone, θa elsewhere (Adilova et al. "
+    "2024), and of the path that moves every family but that one, θa's there; mean ± std over pairs. `(all)` is "
+    "the whole path's (no repair); the whole minus *all but* is the family's share in the company of the others."
+)
+
+
+def family_markdown(families: pd.DataFrame, methods: Sequence[str], name: Callable[[str], str] = label) -> str:
+    """One row per family (in order of first appearance), one column per method of ``methods`` that has rows:
+    ``alone / all but``, each mean ± std over pairs (``—``: the family moves nowhere under that method)."""
+    shown = [m for m in methods if m in set(families["method"])]
+    lines = ["| family | " + " | ".join(name(m) for m in shown) + " |", "|---|" + "---|" * len(shown)]
+    for family in dict.fromkeys(families["family"]):
+        cells = []
+        for m in shown:
+            rows = families[(families["method"] == m) & (families["family"] == family)]
+            cells.append("—" if rows.empty else f"{mean_pm(rows['alone'])} / {mean_pm(rows['all_but'])}")
+        lines.append(f"| `{family}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def barrier_section(families: pd.DataFrame | None, methods: Sequence[str]) -> str:
+    """The report's section (empty when the run did not measure the barriers by family)."""
+    if families is None or families.empty:
+        return ""
+    return f"""
+## Where the barrier is: by family of layers
+
+{NOTE} Each cell: alone / all but.
+
+{family_markdown(families, methods)}
+"""
