@@ -77,8 +77,12 @@ def test_the_language_model_studys_orthogonal_page_is_its_tables_and_runs() -> N
     names = ("orthogonal", "orthogonal_roles", "orthogonal_widths")
     table, roles, widths = (pd.read_parquet(folder / f"{name}.parquet") for name in names)
     runs = json.loads((folder / "orthogonal_runs.json").read_text())
+    learned, families = (
+        pd.read_parquet(path) if (path := folder / f"orthogonal_{name}.parquet").is_file() else None
+        for name in ("learned", "families")
+    )
     assert set(table["method"]) >= {"identity", "wm@orthogonal", "ste@orthogonal"}
-    assert markdown(table, roles, runs, widths) == (folder / "orthogonal.md").read_text()
+    assert markdown(table, roles, runs, widths, learned, families) == (folder / "orthogonal.md").read_text()
 
 
 def test_the_many_models_page_is_its_tables_and_run() -> None:

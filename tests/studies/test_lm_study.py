@@ -493,3 +493,65 @@ def test_a_runs_information_is_read_from_its_params_tables_and_git_commit(tmp_pa
         params = (run / "params.yaml").read_text()
         (run / "params.yaml").write_text(re.sub(r"repair: \w+", f"repair: {repair}", params))
         assert run_info(run)["repair"] is measured, repair
+
+
+def _learned_run(folder: Path, epochs: int, spread: float | None, scale: float) -> None:
+    """A copy of the orthogonal run that learned its alignment (``ste``, the fake runs' ``am`` renamed) at
+    ``permute.ste`` settings ``epochs`` and ``spread`` (None: a run before the option), its barriers × ``scale``."""
+    ste = f"{{epochs: {epochs}}}" if spread is None else f"{{epochs: {epochs}, lam_spread: {spread}}}"
+    (folder / "params.yaml").write_text((folder / "params.yaml").read_text() + f"permute: {{ste: {ste}}}\n")
+    tables = folder / "data" / "tables"
+    pairs = pd.read_parquet(tables / "pairs.parquet").replace({"method": {"am": "ste"}})
+    pairs.loc[pairs["method"] == "ste", "norepair_test_loss_barrier_mid"] *= scale
+    pairs.to_parquet(tables / "pairs.parquet")
+
+
+def _families(folder: Path, methods: dict[str, float]) -> None:
+    rows = [
+        {"pair": p, "method": m, "family": f, "alone": a * share, "all_but": a * (1 - share) + i * 0.01}
+        for i, p in enumerate(("seed0-seed2", "seed1-seed3", "seed4-seed5"))
+        for m, a in methods.items()
+        for f, share in (("(all)", 1.0), ("blocks.*.fc1", 0.75), ("blocks.*.attn.q", 0.25))
+    ]
+    pd.DataFrame(rows).to_parquet(folder / "data" / "tables" / "families.parquet")
+
+
+def test_the_orthogonal_page_sets_the_learned_runs_and_the_barriers_by_family(tmp_path) -> None:
+    for name in ("run", "orthogonal", "ste15", "ste5", "other"):
+        _fake_run(tmp_path / name)
+    for name, epochs, spread, scale in (("orthogonal", 5, None, 1.0), ("ste15", 15, 0.0, 0.5), ("ste5", 5, 0.1, 0.8)):
+        _learned_run(tmp_path / name, epochs, spread, scale)
+    _families(tmp_path / "run", {"wm": 0.4})
+    _families(tmp_path / "orthogonal", {"wm": 0.2, "ste": 0.1})
+    _families(tmp_path / "ste15", {"wm": 0.2, "ste": 0.08})  # its wm is the orthogonal run's: left out
+    out, args = tmp_path / "out", ["study", "lm", "orthogonal", "--run", str(tmp_path / "run")]
+    args += ["--orthogonal", str(tmp_path / "orthogonal"), "--out", str(out)]
+    done = CliRunner().invoke(app, [*args, "--learned", str(tmp_path / "ste15"), "--learned", str(tmp_path / "ste5")])
+    assert done.exit_code == 0, done.output
+    learned = pd.read_parquet(out / "orthogonal_learned.parquet")
+    assert learned[["epochs", "lam_spread"]].values.tolist() == [[5, 0.0], [5, 0.1], [15, 0.0]]
+    assert learned["B_mid"].tolist() == pytest.approx([0.21, 0.168, 0.105])  # (0.20 + 0.21 + 0.22) / 3 × scale
+    page = (out / "orthogonal.md").read_text()
+    assert "| 5 | U(0.4, 0.6) | 0.168 ± 0.008 | — | — | 4 | 3 |" in page and "| 15 | ½ | 0.105 ± 0.005 |" in page
+    families = pd.read_parquet(out / "orthogonal_families.parquet")
+    assert list(dict.fromkeys(families["method"])) == [
+        "wm",
+        "wm@orthogonal",
+        "ste@orthogonal",
+        "ste@orthogonal, 15 epochs, λ ± 0",
+    ]
+    section = page[page.index("## Where the barrier is") : page.index("## Beside Theus")]
+    head = "| family | WM (re-basin) | WM (re-basin), orthogonal | STE (re-basin), orthogonal | "
+    assert section.count(head + "STE (re-basin), orthogonal, 15 epochs, λ ± 0 |") == 2  # alone, all but
+    assert "| `blocks.*.fc1` | 0.300 ± 0.000 | 0.150 ± 0.000 | 0.075 ± 0.000 | 0.060 ± 0.000 |" in section
+    assert "| `blocks.*.fc1` | 0.110 ± 0.010 | 0.060 ± 0.010 | 0.035 ± 0.010 | 0.030 ± 0.010 |" in section
+    history = pd.read_parquet(tmp_path / "other" / "data" / "tables" / "history.parquet")
+    history.assign(test_loss=history["test_loss"] + 0.5).to_parquet(
+        tmp_path / "other" / "data" / "tables" / "history.parquet"
+    )
+    for folder, line in (
+        ("other", "trained other models than --run (expected a copy of --orthogonal)"),
+        ("run", "has no learned orthogonal alignment (permute.methods without ste)"),
+    ):
+        refused = CliRunner().invoke(app, [*args, "--learned", str(tmp_path / folder)])
+        assert refused.exit_code != 0 and f"--learned: {tmp_path / folder} {line}" in refused.output

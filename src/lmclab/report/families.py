@@ -16,16 +16,22 @@ NOTE = (
 )
 
 
-def family_markdown(families: pd.DataFrame, methods: Sequence[str], name: Callable[[str], str] = label) -> str:
+def family_markdown(
+    families: pd.DataFrame,
+    methods: Sequence[str],
+    name: Callable[[str], str] = label,
+    columns: Sequence[str] = ("alone", "all_but"),
+) -> str:
     """One row per family (in order of first appearance), one column per method of ``methods`` that has rows:
-    ``alone / all but``, each mean ± std over pairs (``—``: the family moves nowhere under that method)."""
+    its ``columns`` joined by `` / ``, each mean ± std over pairs (``—``: the family moves nowhere under that
+    method)."""
     shown = [m for m in methods if m in set(families["method"])]
     lines = ["| family | " + " | ".join(name(m) for m in shown) + " |", "|---|" + "---|" * len(shown)]
     for family in dict.fromkeys(families["family"]):
         cells = []
         for m in shown:
             rows = families[(families["method"] == m) & (families["family"] == family)]
-            cells.append("—" if rows.empty else f"{mean_pm(rows['alone'])} / {mean_pm(rows['all_but'])}")
+            cells.append("—" if rows.empty else " / ".join(mean_pm(rows[c]) for c in columns))
         lines.append(f"| `{family}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

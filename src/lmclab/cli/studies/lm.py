@@ -108,11 +108,13 @@ def orthogonal(
     run: Path = typer.Option(..., help="the preset's finished run"),
     orthogonal: Path = typer.Option(..., help="a copy of it rerun with permute.symmetry: orthogonal"),
     width: list[str] = typer.Option([], help="WIDTH=FOLDER: the study's sweep run at that width, orthogonal"),
+    learned: list[Path] = typer.Option([], help="a copy of --orthogonal rerun with other permute.ste settings"),
     out: Path = typer.Option(Path("reports/lm")),
 ) -> None:
     """Build reports/lm/orthogonal.md from the preset's run and its copy aligned by orthogonal maps (and the width
-    sweep's runs aligned so, beside the study's permutation sweep)."""
+    sweep's runs aligned so, beside the study's permutation sweep; the copies training learned matching longer or
+    at a range of λ; the barriers by family of layers where the runs measured them)."""
     from lmclab.cli.studies.lm_orthogonal import build
     from lmclab.cli.studies.lm_widths import width_runs
 
-    build(run, orthogonal, out, width_runs(width))
+    build(run, orthogonal, out, width_runs(width), learned)

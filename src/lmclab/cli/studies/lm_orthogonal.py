@@ -15,11 +15,19 @@ writes ``orthogonal.parquet`` (per method), ``orthogonal_roles.parquet``, ``orth
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 import typer
 
+from lmclab.cli.studies.lm_learned import (
+    LEARNED_NOTE,
+    families_markdown,
+    family_table,
+    learned_markdown,
+    learned_table,
+)
 from lmclab.cli.studies.lm_page import HEADERS, method_markdown, role_markdown, run_info, run_table
 from lmclab.cli.studies.lm_widths import width_markdown, width_table
 from lmclab.report.plots import label
@@ -72,6 +80,12 @@ def study_label(method: str) -> str:
     return f"{label(base)}, {kind}" if kind else label(base)
 
 
+def family_label(method: str) -> str:
+    """:func:`study_label`, keeping a learned run's settings (``ste@orthogonal, 15 epochs, λ ± 0.1``)."""
+    base, sep, settings = method.partition(", ")
+    return study_label(base) + sep + settings
+
+
 def same_models(info: dict, preset: dict, folder: Path) -> dict:
     """``info`` of the orthogonal run in ``folder``, unless it trained other models than the preset's run."""
     keys = ("commit", "search_seconds")
@@ -80,9 +94,12 @@ def same_models(info: dict, preset: dict, folder: Path) -> dict:
     return info
 
 
-def build(run: Path, orthogonal: Path, out: Path, widths: dict[int, Path] | None = None) -> None:
+def build(
+    run: Path, orthogonal: Path, out: Path, widths: dict[int, Path] | None = None, learned: Sequence[Path] = ()
+) -> None:
     """The orthogonal page in ``out`` from the preset's finished ``run`` and its ``orthogonal`` copy (and the width
-    sweep's ``widths`` runs aligned so, :mod:`lmclab.cli.studies.lm_widths`)."""
+    sweep's ``widths`` runs aligned so, :mod:`lmclab.cli.studies.lm_widths`; the ``learned`` copies of
+    ``orthogonal`` with other settings of learned matching, :mod:`lmclab.cli.studies.lm_learned`)."""
     from lmclab.core.atomic import write_json, write_table, write_text
 
     runs = {"preset": run_info(run)}
@@ -102,14 +119,26 @@ def build(run: Path, orthogonal: Path, out: Path, widths: dict[int, Path] | None
     write_table(out / "orthogonal_roles.parquet", roles)
     write_table(out / "orthogonal_widths.parquet", swept)
     plot_widths(swept, out / "orthogonal_widths.png", study_label)
+    settings = learned_table(orthogonal, learned, runs["preset"]) if learned else None
+    families = family_table(run, orthogonal, learned)
+    for name, frame in (("orthogonal_learned", settings), ("orthogonal_families", families)):
+        if frame is not None:
+            write_table(out / f"{name}.parquet", frame)
     write_json(out / "orthogonal_runs.json", runs)
-    write_text(out / "orthogonal.md", markdown(table, roles, runs, swept))
+    write_text(out / "orthogonal.md", markdown(table, roles, runs, swept, settings, families))
     typer.echo(f"{out / 'orthogonal.md'}: {len(table)} methods")
 
 
-def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict, widths: pd.DataFrame) -> str:
-    """The page: the runs, the barriers per method, R_0.3 by part, the width sweep, the reductions beside Theus
-    et al.'s."""
+def markdown(
+    table: pd.DataFrame,
+    roles: pd.DataFrame,
+    runs: dict,
+    widths: pd.DataFrame,
+    learned: pd.DataFrame | None = None,
+    families: pd.DataFrame | None = None,
+) -> str:
+    """The page: the runs, the barriers per method, R_0.3 by part, the width sweep, the training of learned
+    matching and the barriers by family (when given), the reductions beside Theus et al.'s."""
     preset, other = runs["preset"], runs["orthogonal"]
     gpt, train = preset["gpt"], preset["train"]
     lines = [
@@ -141,12 +170,23 @@ def markdown(table: pd.DataFrame, roles: pd.DataFrame, runs: dict, widths: pd.Da
         "",
         f"## Width\n\n{WIDTHS_NOTE}\n\n{width_markdown(widths, study_label)}\n\n{WIDTHS_FIGURE}",
         "",
+        *optional_sections(learned, families),
         "## Beside Theus et al. (2025)",
         "",
         _theus_markdown(table),
         "",
     ]
     return "\n".join(lines)
+
+
+def optional_sections(learned: pd.DataFrame | None, families: pd.DataFrame | None) -> list[str]:
+    """The sections of the learned runs and of the barriers by family, for those given."""
+    sections = []
+    if learned is not None:
+        sections += [f"## Training the learned alignment\n\n{LEARNED_NOTE}\n\n{learned_markdown(learned)}", ""]
+    if families is not None:
+        sections += [f"## Where the barrier is\n\n{families_markdown(families, family_label)}", ""]
+    return sections
 
 
 def _theus_markdown(table: pd.DataFrame) -> str:
