@@ -13,7 +13,7 @@ from torch.func import functional_call
 
 from lmclab.analysis.circuits import circuit_barrier, circuit_params
 from lmclab.analysis.pair import MeasureSettings, measure_method, prepare_pair
-from lmclab.archs import circuit_model, gpt, make_config
+from lmclab.archs import circuit_model, gpt, make_config, vit
 from lmclab.archs.checkpoint import Checkpoint
 from lmclab.core.data import Split
 from lmclab.core.heads import headed_matrix
@@ -115,7 +115,7 @@ def test_measure_method_adds_the_circuit_barrier_when_asked() -> None:
 
 def test_a_model_without_heads_twice_as_wide_is_refused_in_one_line() -> None:
     mlp = make_config("mlp", input_shape=(1, 2, 2), num_classes=3, hidden=1, width=4)
-    with pytest.raises(ValueError, match=r"^circuits: mlp has no model of heads twice as wide \(gpt has, "):
+    with pytest.raises(ValueError, match=r"^circuits: mlp has no model of heads twice as wide \(gpt with "):
         circuit_model("mlp", mlp)
     rotary = gpt.Config(input_shape=(CONTEXT,), num_classes=VOCAB, width=16, heads=4, position="rotary")
     with pytest.raises(ValueError, match=r"^circuits: rotary heads have no circuit-space model .*; use learned"):
@@ -125,5 +125,37 @@ def test_a_model_without_heads_twice_as_wide_is_refused_in_one_line() -> None:
     with pytest.raises(ParamsError) as err:
         check_params(params)
     assert [line for line in err.value.lines if "circuits" in line] == [
-        "measure.circuits: mlp has no model of heads twice as wide (gpt has, with learned positions)"
+        "measure.circuits: mlp has no model of heads twice as wide (gpt with learned positions and vit have)"
     ]
+
+
+@pytest.mark.parametrize("head_dim", [None, 5], ids=["width-over-heads", "head-dim"])
+def test_the_wide_vit_computes_the_ends_and_is_blind_to_maps_inside_its_heads(head_dim) -> None:
+    """The project's ViT (LayerNorm, class token, heads of width/heads or of ``head_dim`` features): the wide
+    model is θa and θb at λ = 1 and 0, and a θb that differs from θa by maps inside its heads has a circuit-space
+    midpoint of θa's function while its parameter-space midpoint is another."""
+    config = vit.Config(input_shape=(1, 8, 8), num_classes=5, patch_size=4, width=12, depth=2, heads=3)
+    config = config.model_copy(update={"head_dim": head_dim})
+    images = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    a, b = ({k: v.double() for k, v in vit.Model(config).state_dict().items()} for _ in range(2))
+    a = {
+        k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(5), dtype=v.dtype)
+        for k, v in a.items()
+    }
+
+    def logits(params, wide=False):
+        model = (circuit_model("vit", config) if wide else vit.Model(config)).double().eval()
+        with torch.no_grad():
+            return functional_call(model, params, (images,))
+
+    spec = trace_spec(vit.Model(config), images[:2].float(), symmetry="orthogonal")
+    for lam, end in ((1.0, a), (0.0, b)):
+        torch.testing.assert_close(logits(circuit_params(spec, a, b, lam), wide=True), logits(end))
+    element, gen = identity_permutation(spec.group_sizes(a)), torch.Generator().manual_seed(4)
+    for group, heads in spec.heads.items():
+        turns = torch.stack([random_orthogonal(config.head_size, gen) for _ in range(heads.count)])
+        element[group] = headed_matrix(torch.arange(heads.count), turns)
+    turned = apply_permutation(spec, element, a)
+    torch.testing.assert_close(logits(turned), logits(a))  # a symmetry
+    assert float((logits(lerp_params(a, turned, 0.5)) - logits(a)).abs().max()) > 1e-2
+    torch.testing.assert_close(logits(circuit_params(spec, a, turned, 0.5), wide=True), logits(a))

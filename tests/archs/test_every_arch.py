@@ -31,8 +31,10 @@ CASES = {
     "mixer": {"patch_size": 4, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2},  # LayerNorm, no BN
     "vit": {"patch_size": 4, "width": 16, "heads": 4, "depth": 2},  # headed groups (attention)
     "vit-mean-sincos": {"patch_size": 4, "width": 16, "heads": 2, "depth": 1, "pool": "mean", "position": "sincos"},
+    "vit-head_dim": {"patch_size": 4, "width": 16, "heads": 3, "head_dim": 5, "depth": 1},  # 3 heads of 5 over 16
     # a masked autoencoder: forward(x) is its reconstruction loss on fixed masks (lmclab.core.objective)
     "mae": {"patch_size": 4, "width": 16, "heads": 2, "depth": 1, "decoder_width": 8, "decoder_heads": 2},
+    "mae-head_dim": {"patch_size": 4, "width": 16, "heads": 3, "head_dim": 6, "depth": 1, "decoder_width": 8},
     # a language model: windows of 12 token ids (of 10) in, next-token logits (batch, 12, 10) out
     "gpt": {"width": 16, "depth": 2, "heads": 2, "mlp_ratio": 2},
 }

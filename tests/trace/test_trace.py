@@ -26,8 +26,9 @@ HAND = [
     ("mixer", {"patch_size": 7, "hidden": 16, "token_mlp": 8, "channel_mlp": 24, "depth": 2}, (1, 28, 28)),
     ("vit", {"patch_size": 7, "width": 16, "depth": 2, "heads": 4}, (1, 28, 28)),
     ("vit", {"patch_size": 7, "width": 32, "depth": 2, "heads": 2, "pool": "mean", "position": "sincos"}, (1, 28, 28)),
+    ("vit", {"patch_size": 7, "width": 16, "depth": 1, "heads": 3, "head_dim": 5}, (1, 28, 28)),
 ]
-HAND_IDS = ["mlp", "vgg", "resnet20", "resnet50", "mixer", "vit-cls-learned", "vit-mean-sincos"]
+HAND_IDS = ["mlp", "vgg", "resnet20", "resnet50", "mixer", "vit-cls-learned", "vit-mean-sincos", "vit-head_dim"]
 SUPPORTED = [
     "resnet18",
     "resnet50",

@@ -84,13 +84,15 @@ class Config(vit.Config):
     @property
     def encoder(self) -> vit.Config:
         """The encoder as a supervised ViT's config (class token; its head unused)."""
-        keys = ("input_shape", "num_classes", "patch_size", "width", "depth", "heads", "mlp_ratio", "position")
+        keys = ("input_shape", "num_classes", "patch_size", "width", "depth", "heads", "head_dim", "mlp_ratio")
+        keys += ("position",)
         return vit.Config(**{k: getattr(self, k) for k in keys}, pool="cls")
 
     @property
     def decoder(self) -> vit.Config:
         """The decoder's blocks as a ViT's config of the decoder width, depth and heads."""
         update = {"width": self.decoder_width, "depth": self.decoder_depth, "heads": self.decoder_heads}
+        update |= {"head_dim": None}  # decoder_width / decoder_heads features per head
         return vit.Config(**{**self.encoder.model_dump(), **update})
 
     @property
@@ -99,7 +101,7 @@ class Config(vit.Config):
         return grid[0] * grid[1]
 
 
-ENCODER_KEYS = ("patch_size", "width", "depth", "heads", "mlp_ratio", "position")  # the ViT's options it takes
+ENCODER_KEYS = ("patch_size", "width", "depth", "heads", "head_dim", "mlp_ratio", "position")  # the ViT's options it takes
 PRETRAINING_KEYS = tuple(k for k in Config.model_fields if k not in (*DATA_FIELDS, *ENCODER_KEYS, "pool"))
 
 

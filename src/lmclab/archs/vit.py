@@ -37,7 +37,8 @@ POSITIONS = ("learned", "sincos")
 
 
 class Config(ArchConfig):
-    """``input_shape`` (C, H, W) with H and W multiples of ``patch_size``; ``width`` a multiple of ``heads``."""
+    """``input_shape`` (C, H, W) with H and W multiples of ``patch_size``; ``width`` a multiple of ``heads``
+    (unless ``head_dim`` sets the features per head)."""
 
     patch_size: Count = option(
         4, "side of the square patches (must divide the image: 4 → 49 tokens of a 28-pixel digit)"
@@ -45,6 +46,7 @@ class Config(ArchConfig):
     width: Count = option(64, "channels of the residual stream (a multiple of heads; of 4 with sincos)")
     depth: Count = option(4, "transformer blocks")
     heads: Count = option(4, "attention heads per block")
+    head_dim: Count | None = option(None, "features per head of q, k and v (null: width/heads)")
     mlp_ratio: Count = option(2, "hidden units of each MLP per channel of the stream")
     pool: one_of(POOLS) = option("cls", "cls (a learned class token) or mean (the mean over tokens)")
     position: one_of(POSITIONS) = option(
@@ -53,12 +55,16 @@ class Config(ArchConfig):
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> Config:
-        if self.width % self.heads:
+        if self.head_dim is None and self.width % self.heads:
             raise OptionError(f"{{heads}}: {self.heads} heads do not divide the width {self.width}")
         if self.position == "sincos" and self.width % 4:
             raise OptionError(f"{{width}}: a sin-cos position embedding needs a multiple of 4, got {self.width}")
         check_patches_tile(self.input_shape, self.patch_size)
         return self
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.width // self.heads
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -85,25 +91,27 @@ def sincos_table(width: int, grid: tuple[int, int], cls: bool) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with separate ``q``, ``k``, ``v`` and ``out`` Linears."""
+    """Multi-head self-attention with separate ``q``, ``k``, ``v`` (``heads`` heads of ``head_dim`` features
+    each; None: ``width/heads``) and ``out`` Linears."""
 
-    def __init__(self, width: int, heads: int) -> None:
+    def __init__(self, width: int, heads: int, head_dim: int | None = None) -> None:
         super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v, self.out = (nn.Linear(width, width) for _ in range(4))
+        self.heads, inner = heads, heads * (head_dim or width // heads)
+        self.q, self.k, self.v = (nn.Linear(width, inner) for _ in range(3))
+        self.out = nn.Linear(inner, width)
 
     def forward(self, x: Tensor) -> Tensor:  # x: (batch, tokens, width)
-        b, t, e = x.shape
+        b, t, _ = x.shape
         q, k, v = (f(x).reshape(b, t, self.heads, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
         weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-        return self.out((weights @ v).transpose(1, 2).reshape(b, t, e))
+        return self.out((weights @ v).transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(config.width), nn.LayerNorm(config.width)
-        self.attn = Attention(config.width, config.heads)
+        self.attn = Attention(config.width, config.heads, config.head_size)
         self.fc1 = nn.Linear(config.width, config.mlp_ratio * config.width)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(config.mlp_ratio * config.width, config.width)
@@ -141,6 +149,12 @@ class Model(nn.Module):
             x = block(x)
         x = self.norm(x)
         return self.head(x[:, 0] if self.pool == "cls" else x.mean(1))
+
+
+def circuit_config(config: Config) -> Config:
+    """The model of the circuit space (:mod:`lmclab.analysis.circuits`): heads of twice the features, to hold a
+    pair's heads side by side."""
+    return config.model_copy(update={"head_dim": 2 * config.head_size})
 
 
 def block_spec(name: str, k: int, stream: str = STREAM, prefix: str = "P") -> dict:

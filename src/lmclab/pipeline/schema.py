@@ -163,7 +163,7 @@ class Measure(Block):
     circuits: bool = key(
         False,
         "also the test loss barrier at λ = ½ in circuit space: each head's QKᵀ and OV circuits interpolated instead of "
-        "its factors (Theus et al. 2025); model.arch gpt with learned positions",
+        "its factors (Theus et al. 2025); model.arch gpt with learned positions or vit",
     )
     family_barriers: bool = key(
         False,
