@@ -491,7 +491,8 @@ def test_a_family_that_moves_alone_carries_the_whole_barrier_and_the_rest_none(p
     assert abs(whole) > 1e-3
     assert rows["(all)"]["alone"] == rows["(all)"]["all_but"] == pytest.approx(whole, abs=1e-6)
     assert rows["layers.1"]["alone"] == pytest.approx(whole, abs=1e-6)  # the path itself
-    assert rows["layers.1"]["all_but"] == pytest.approx(0.0, abs=1e-6)  # held: θa all the way
+    held = losses[0] - (0.3 * losses[0] + 0.7 * losses[1])  # held: θa all the way, against the pair's ends
+    assert rows["layers.1"]["all_but"] == pytest.approx(held, abs=1e-6)
 
 
 def test_family_barriers_hold_the_other_families_at_theta_a_or_move_them_on_the_path(prepared):
@@ -501,15 +502,16 @@ def test_family_barriers_hold_the_other_families_at_theta_a_or_move_them_on_the_
     rows = {r["family"]: r for r in family_barriers(model, a, b, test, lam=0.3)}
     assert list(rows) == ["(all)", "layers.0", "out"]
 
-    def barrier(names):  # the path moving the entries of ``names`` only
+    def barrier(names, against_b=False):  # the path moving the entries of ``names`` only
         mid = {k: 0.3 * a[k] + 0.7 * b[k] if k.rsplit(".", 1)[0] in names else a[k] for k in a}
-        end = {k: b[k] if k.rsplit(".", 1)[0] in names else a[k] for k in a}
+        end = b if against_b else {k: b[k] if k.rsplit(".", 1)[0] in names else a[k] for k in a}
         loss = [evaluate(model, p, test).loss for p in (a, end, mid)]
         return loss[2] - (0.3 * loss[0] + 0.7 * loss[1])
 
     for family, other in (("layers.0", "out"), ("out", "layers.0")):
         assert rows[family]["alone"] == pytest.approx(barrier({family}), abs=1e-6)
-        assert rows[family]["all_but"] == pytest.approx(barrier({other}), abs=1e-6)
+        assert rows[family]["all_but"] == pytest.approx(barrier({other}, against_b=True), abs=1e-6)
+        assert rows[family]["all_but"] != pytest.approx(barrier({other}), abs=1e-4)  # not the hybrid's own end
     assert rows["layers.0"]["alone"] != pytest.approx(rows["out"]["alone"], abs=1e-4)
 
 

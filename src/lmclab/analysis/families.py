@@ -9,9 +9,10 @@ parameters by their module's family (weight and bias together). For a family ``F
 - *alone*: ``θ_F(λ)`` is θa outside ``F`` and ``θ(λ)`` inside (Adilova et al. 2024, *Layer-wise Linear Mode
   Connectivity*); its barrier ``L(θ_F(λ)) − [λ L(θa) + (1 − λ) L(θ_F(0))]`` is the part of the loss the family's
   own interpolation raises, other layers held;
-- *all but*: ``θ_¬F(λ)`` is ``θ(λ)`` outside ``F`` and θa inside; its barrier ``L(θ_¬F(λ)) − [λ L(θa) + (1 − λ)
-  L(θ_¬F(0))]`` is what is left of the whole barrier once ``F`` stops moving, so the whole barrier minus it is
-  the family's share in the company of the others.
+- *all but*: ``θ_¬F(λ)`` is ``θ(λ)`` outside ``F`` and θa inside; ``L(θ_¬F(λ)) − [λ L(θa) + (1 − λ) L(π(θb))]``,
+  measured against the pair's own ends (the path's other end, π(θb) with θa's ``F``, may be no model at all), is
+  what is left of the whole barrier once ``F`` stops moving, so the whole barrier minus it is the family's share
+  in the company of the others.
 
 A family whose entries θa and π(θb) share (norm gains folded to 1, buffers) moves nowhere and has no row.
 """
@@ -68,19 +69,15 @@ def family_barriers(
         raise ValueError(f"lam: expected a merge weight strictly between 0 and 1, got {lam}")
     if params_a.keys() != permuted_b.keys():
         raise ValueError("permuted_b: expected the entries of params_a")
-    mid = lerp_params(params_a, permuted_b, lam)
-
-    def barrier(path_mid: Mapping[str, Tensor], path_end: Mapping[str, Tensor]) -> float:
-        end = evaluate(model, path_end, split).loss
-        return evaluate(model, path_mid, split).loss - (lam * loss_a + (1 - lam) * end)
-
-    loss_a = evaluate(model, params_a, split).loss
-    whole = barrier(mid, permuted_b)
+    mid, loss = lerp_params(params_a, permuted_b, lam), lambda params: evaluate(model, params, split).loss
+    loss_a, loss_b = loss(params_a), loss(permuted_b)
+    whole = loss(mid) - (lam * loss_a + (1 - lam) * loss_b)
     rows = [{"family": "(all)", "alone": whole, "all_but": whole}]
     for family, names in parameter_families(params_a, shared_parameters(model)).items():
         if all(torch.equal(params_a[n], permuted_b[n]) for n in names):
             continue  # moves nowhere
-        held = {n: params_a[n] for n in names}
-        alone = barrier({**params_a, **{n: mid[n] for n in names}}, {**params_a, **{n: permuted_b[n] for n in names}})
-        rows.append({"family": family, "alone": alone, "all_but": barrier({**mid, **held}, {**permuted_b, **held})})
+        end = loss({**params_a, **{n: permuted_b[n] for n in names}})  # θa with π(θb)'s F
+        alone = loss({**params_a, **{n: mid[n] for n in names}}) - (lam * loss_a + (1 - lam) * end)
+        all_but = loss({**mid, **{n: params_a[n] for n in names}}) - (lam * loss_a + (1 - lam) * loss_b)
+        rows.append({"family": family, "alone": alone, "all_but": all_but})
     return rows

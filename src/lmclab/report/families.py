@@ -11,8 +11,9 @@ from lmclab.report.plots import label
 
 NOTE = (
     "Test loss barrier at λ = ½ of the path that moves one family of layers alone, θa elsewhere (Adilova et al. "
-    "2024), and of the path that moves every family but that one, θa's there; mean ± std over pairs. `(all)` is "
-    "the whole path's (no repair); the whole minus *all but* is the family's share in the company of the others."
+    "2024), and the barrier left when every family but that one moves, θa's there (against the pair's own ends); "
+    "mean ± std over pairs. `(all)` is the whole path's (no repair); the whole minus *all but* is the family's "
+    "share in the company of the others."
 )
 
 

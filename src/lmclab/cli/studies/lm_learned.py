@@ -33,10 +33,9 @@ LEARNED_NOTE = (
 )
 FAMILIES_NOTE = (
     "The test loss barrier at λ = ½ of the path that moves one family of layers alone, θa elsewhere (Adilova et "
-    "al. 2024), and of the path that moves every family but that one, θa's there (`measure.family_barriers`); "
-    "mean ± std over pairs; `(all)`: the whole path's, no repair; —: the family moves nowhere (the folded gains). "
-    "A family that carries the barrier has a large *alone* barrier, and the *all but* barrier drops when it stops "
-    "moving."
+    "al. 2024), and the barrier left when every family but that one moves, θa's there, against the pair's own "
+    "ends (`measure.family_barriers`); mean ± std over pairs; `(all)`: the whole path's, no repair; —: the "
+    "family moves nowhere. The *all but* barrier drops by the family's share when it stops moving."
 )
 
 
