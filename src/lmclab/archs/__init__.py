@@ -66,7 +66,9 @@ def circuit_model(arch: str, config: Any) -> nn.Module:
     one-line :class:`OptionError` naming ``circuits`` for an architecture that has none."""
     widen = interface(get_arch(arch)).circuit_config
     if widen is None:
-        raise OptionError(f"{{circuits}}: {arch} has no model of heads twice as wide (gpt with learned positions and vit have)")
+        raise OptionError(
+            f"{{circuits}}: {arch} has no model of heads twice as wide (gpt with learned positions and vit have)"
+        )
     return get_arch(arch).Model(widen(config))
 
 

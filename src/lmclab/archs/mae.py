@@ -101,7 +101,8 @@ class Config(vit.Config):
         return grid[0] * grid[1]
 
 
-ENCODER_KEYS = ("patch_size", "width", "depth", "heads", "head_dim", "mlp_ratio", "position")  # the ViT's options it takes
+# the ViT's options it takes
+ENCODER_KEYS = ("patch_size", "width", "depth", "heads", "head_dim", "mlp_ratio", "position")
 PRETRAINING_KEYS = tuple(k for k in Config.model_fields if k not in (*DATA_FIELDS, *ENCODER_KEYS, "pool"))
 
 
