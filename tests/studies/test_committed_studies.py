@@ -66,8 +66,12 @@ def test_the_transformer_studys_orthogonal_page_is_its_table_and_runs() -> None:
 
     folder = REPORTS / "transformers" / "orthogonal"
     table, runs = pd.read_parquet(folder / "table.parquet"), json.loads((folder / "runs.json").read_text())
+    widths, families = (
+        pd.read_parquet(path) if (path := folder / f"{name}.parquet").is_file() else None
+        for name in ("widths", "families")
+    )
     assert {info["symmetry"] for info in runs.values()} == {"permutation", "orthogonal"}
-    assert transformer_study.markdown(table, runs) == (folder / "transformers.md").read_text()
+    assert transformer_study.markdown(table, runs, widths, families) == (folder / "transformers.md").read_text()
 
 
 def test_the_language_model_studys_orthogonal_page_is_its_tables_and_runs() -> None:

@@ -123,3 +123,74 @@ def test_transformer_collect_refuses_a_run_without_a_name_or_a_folder_without_pa
     expected = f"error: --run: expected NAME=DIR of a finished run (DIR/data/tables/pairs.parquet), got {item!r}\n"
     assert result.exit_code == 1 and result.output == expected
     assert not out.exists()
+
+
+def _vit_run(folder, width: int, symmetry: str, scale: float, families: bool = False) -> None:
+    """A finished supervised ViT run of ``width`` aligned by ``symmetry``: the pairs of :func:`_transformer_run`
+    with their barriers × ``scale``, each circuit-space barrier 0.9 of it (and the barriers by family)."""
+    _transformer_run(folder, "supervised")
+    params = yaml.safe_load((folder / "params.yaml").read_text())
+    params["model"]["vit"]["width"], params["permute"]["symmetry"] = width, symmetry
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    tables = folder / "data" / "tables"
+    pairs = pd.read_parquet(tables / "pairs.parquet")
+    pairs["norepair_test_loss_barrier_mid"] *= scale
+    pairs.assign(test_loss_barrier_mid_circuits=0.9 * pairs["norepair_test_loss_barrier_mid"]).to_parquet(
+        tables / "pairs.parquet"
+    )
+    if families:
+        rows = [
+            {"pair": p, "method": m, "family": f, "alone": -0.1 * scale, "all_but": b * scale}
+            for p in ("seed0-seed1", "seed2-seed3")
+            for m in ("identity", "wm")
+            for f, b in (("(all)", 1.0), ("blocks.*.fc1", 0.4))
+        ]
+        pd.DataFrame(rows).to_parquet(tables / "families.parquet")
+
+
+def test_transformer_collect_sets_the_widths_the_families_and_theus_et_al_beside_the_table(tmp_path) -> None:
+    for name, width, symmetry, scale in (
+        ("vit", 48, "permutation", 1.0),
+        ("vit-orthogonal", 48, "orthogonal", 0.5),
+        ("w24", 24, "permutation", 0.8),
+        ("w24-orthogonal", 24, "orthogonal", 0.2),
+        ("w96", 96, "permutation", 1.2),
+    ):
+        _vit_run(tmp_path / name, width, symmetry, scale, families=width == 48)
+    out = tmp_path / "out"
+    args = ["study", "transformer", "collect", "--run", f"supervised={tmp_path / 'vit'}", "--out", str(out)]
+    args += ["--run", f"orthogonal={tmp_path / 'vit-orthogonal'}"]
+    for name in ("w24", "w24-orthogonal", "w96"):
+        args += ["--width", str(tmp_path / name)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert set(pd.read_parquet(out / "table.parquet")["run"]) == {"supervised", "orthogonal"}  # the others: widths
+    widths = pd.read_parquet(out / "widths.parquet")
+    wm = widths[widths["method"] == "wm@orthogonal"]
+    assert wm["width"].tolist() == [24, 48] and wm["B_mid"].tolist() == pytest.approx([0.03, 0.075])
+    page = (out / "transformers.md").read_text()
+    assert (
+        "| 24 | 0.840 ± 0.057 (0.756) | 0.120 ± 0.057 (0.108) | 0.210 ± 0.014 (0.189) | 0.030 ± 0.014 (0.027) |" in page
+    )
+    assert "| 96 | 1.260 ± 0.085 (1.134) | 0.180 ± 0.085 (0.162) | — | — |" in page
+    assert (out / "widths.png").stat().st_size > 1000
+    assert set(json.loads((out / "runs.json").read_text())) == {
+        "supervised",
+        "orthogonal",
+        "supervised, width 24",
+        "orthogonal, width 24",
+        "supervised, width 96",
+    }
+    assert "| `blocks.*.fc1` | -0.100 ± 0.000 / 0.400 ± 0.000 | -0.100 ± 0.000 / 0.400 ± 0.000 | " in page
+    assert "| WM (re-basin), orthogonal | -0.050 ± 0.000 / 0.200 ± 0.000 |" not in page  # methods are columns
+    assert "| family | naive (w/o) | WM (re-basin) | naive, canonical forms | WM (re-basin), orthogonal |" in page
+    reduction = 100 * (1 - 0.075 / 1.05)  # of the supervised run's naive B½ (1.0 + 1.1) / 2
+    assert f"| WM (re-basin), orthogonal | 0.075 | {reduction:.1f} | weight matching, data-free" in page
+    assert page.rstrip().endswith("| 78.7 |")  # Theus et al.'s ViT: 1 − 0.36 / 1.69
+    assert "| run | method | B½ | B½ REPAIR | B½ circuits |" in page
+    refused = CliRunner().invoke(app, [*args, "--width", str(tmp_path / "none")])
+    assert refused.exit_code == 1
+    assert (
+        refused.output
+        == f"error: --width: expected a finished run (DIR/data/tables/pairs.parquet), got {str(tmp_path / 'none')!r}\n"
+    )

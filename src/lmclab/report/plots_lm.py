@@ -52,8 +52,8 @@ def plot_lm_study(sweeps: pd.DataFrame, points: pd.DataFrame, path: Path, *, dpi
     return _save(fig, path, dpi)
 
 
-def plot_widths(widths: pd.DataFrame, path: Path, name=label, *, dpi: int = 120) -> Path:
-    """The orthogonal page's figure: test B½ against the width per method (``widths``:
+def plot_widths(widths: pd.DataFrame, path: Path, name=label, *, dpi: int = 120, unit: str = "nats per token") -> Path:
+    """The orthogonal pages' figure: test B½ (in ``unit``) against the width per method (``widths``:
     :func:`lmclab.cli.studies.lm_widths.width_table` rows), solid for permutations, dashed for orthogonal maps."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (method, sub) in enumerate(widths.groupby("method", sort=False)):
@@ -61,7 +61,7 @@ def plot_widths(widths: pd.DataFrame, path: Path, name=label, *, dpi: int = 120)
         style = "--" if "@" in method else "-"
         ax.errorbar(sub["width"], sub["B_mid"], yerr=sub["B_mid_std"], marker="o", capsize=3, linestyle=style,
                     label=name(method), color=f"C{i}")  # fmt: skip
-    ax.set(xscale="log", xlabel="width of the residual stream", ylabel="test B½ (nats per token)")
+    ax.set(xscale="log", xlabel="width of the residual stream", ylabel=f"test B½ ({unit})")
     ax.set_xticks(sorted(widths["width"].unique()))
     ax.get_xaxis().set_major_formatter(ScalarFormatter())
     ax.get_xaxis().set_minor_formatter(NullFormatter())

@@ -22,6 +22,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "test_loss_barrier_mid_calibrated",
         "test loss barrier at λ = ½, each model's softmax temperature calibrated (Ito et al. 2025; supervised)",
     ),
+    "B_mid_C": (
+        "test_loss_barrier_mid_circuits",
+        "test loss barrier at λ = ½ in circuit space: each head's QKᵀ and OV circuits interpolated (Theus et al. 2025)",
+    ),
     "B_max": ("norepair_test_loss_barrier_max", "test loss barrier, max over λ"),
     "B_mid_repair": ("test_loss_barrier_mid", "the same with REPAIR"),
     "B_max_repair": ("test_loss_barrier_max", "the same with REPAIR"),
@@ -69,6 +73,7 @@ SHOWN = (
     ("B_mid", "B½", 3),
     ("B_mid_repair", "B½ REPAIR", 3),
     ("B_mid_T", "B½ T-calibrated", 3),
+    ("B_mid_C", "B½ circuits", 3),
     ("B_max", "B max", 3),
     ("B_max_repair", "B max REPAIR", 3),
     ("acc_mid", "acc B½", 1),
@@ -78,7 +83,7 @@ SHOWN = (
     ("p_res_identity", "P_res id", 2),
     ("search_s", "search s", 1),
 )
-OPTIONAL = {"B_mid_T"}  # measure.calibrate_temperature
+OPTIONAL = {"B_mid_T", "B_mid_C"}  # measure.calibrate_temperature, measure.circuits
 
 
 def shown_columns(table: pd.DataFrame) -> list[str]:

@@ -137,20 +137,15 @@ def markdown(
     learned: pd.DataFrame | None = None,
     families: pd.DataFrame | None = None,
 ) -> str:
-    """The page: the runs, the barriers per method, R_0.3 by part, the width sweep, the training of learned
-    matching and the barriers by family (when given), the reductions beside Theus et al.'s."""
-    preset, other = runs["preset"], runs["orthogonal"]
-    gpt, train = preset["gpt"], preset["train"]
+    """The page: the runs, the barriers per method, R_0.3 by part, the width sweep, learned matching's training
+    and the barriers by family (when given), the reductions beside Theus et al.'s."""
     lines = [
         "# Language-model study: orthogonal maps of the stream and the heads",
         "",
         "Rebuilt by `lmclab study lm orthogonal` (docs/language-models.md) from the preset's run and its copy "
         "rerun with `permute.symmetry: orthogonal` (the same trained models).",
         "",
-        f"- **preset** (commit {preset['commit']}) and **orthogonal** (commit {other['commit']}): GPT width "
-        f"{gpt['width']}, depth {gpt['depth']}, {gpt['heads']} heads, {gpt['norm']}, tied embeddings "
-        f"{gpt['tie_embeddings']}; {train['epochs']} epochs, {preset['seeds']} seeds; endpoints' final test loss "
-        f"{preset['final_test_loss']:.4f} nats per token.",
+        _runs_line(runs["preset"], runs["orthogonal"]),
         "",
         FORMS,
         "",
@@ -162,11 +157,7 @@ def markdown(
         "",
         *(f"- **{TITLES[k]}**: {MEANINGS[k]}" for k in SHOWN),
         "",
-        "## R_0.3 by part of the model",
-        "",
-        role_markdown(roles, study_label),
-        "",
-        ROLES_NOTE,
+        f"## R_0.3 by part of the model\n\n{role_markdown(roles, study_label)}\n\n{ROLES_NOTE}",
         "",
         f"## Width\n\n{WIDTHS_NOTE}\n\n{width_markdown(widths, study_label)}\n\n{WIDTHS_FIGURE}",
         "",
@@ -177,6 +168,16 @@ def markdown(
         "",
     ]
     return "\n".join(lines)
+
+
+def _runs_line(preset: dict, other: dict) -> str:
+    gpt, train = preset["gpt"], preset["train"]
+    return (
+        f"- **preset** (commit {preset['commit']}) and **orthogonal** (commit {other['commit']}): GPT width "
+        f"{gpt['width']}, depth {gpt['depth']}, {gpt['heads']} heads, {gpt['norm']}, tied embeddings "
+        f"{gpt['tie_embeddings']}; {train['epochs']} epochs, {preset['seeds']} seeds; endpoints' final test loss "
+        f"{preset['final_test_loss']:.4f} nats per token."
+    )
 
 
 def optional_sections(learned: pd.DataFrame | None, families: pd.DataFrame | None) -> list[str]:

@@ -15,7 +15,7 @@ must end at the sweep's final test loss) and the preset's width from the page's 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -82,9 +82,10 @@ def _orthogonal(run: Path, widths: pd.DataFrame, width: int) -> pd.DataFrame:
     return method_table(orthogonal_points(run_table(run, "pairs")))
 
 
-def width_markdown(widths: pd.DataFrame, name) -> str:
-    """Rows: widths; columns: every method's test B½ (mean ± std; circuit space in brackets where measured)."""
-    methods = [m for m in ORDER if m in set(widths["method"])]
+def width_markdown(widths: pd.DataFrame, name, order: Sequence[str] = ORDER) -> str:
+    """Rows: widths; columns: every method's test B½ (mean ± std; circuit space in brackets where measured), in
+    ``order``."""
+    methods = [m for m in order if m in set(widths["method"])]
     lines = ["| width | " + " | ".join(name(m) for m in methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for width, at in widths.groupby("width", sort=True):
         cells = []

@@ -78,26 +78,21 @@ def _run_info(run: Path) -> dict:
     }
 
 
-def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
+def markdown(
+    table: pd.DataFrame,
+    runs: dict[str, dict],
+    widths: pd.DataFrame | None = None,
+    families: pd.DataFrame | None = None,
+) -> str:
+    """The page: the runs, the table of the runs named in it, and (:mod:`lmclab.cli.studies.transformer_orthogonal`)
+    the barrier by width, by family of layers and beside Theus et al. where measured."""
+    from lmclab.cli.studies.transformer_orthogonal import orthogonal_sections
     from lmclab.report.plots import label
     from lmclab.studies.transformer_study import COLUMNS, markdown_table, shown_columns
 
     rotated = any(info.get("symmetry", "permutation") != "permutation" for info in runs.values())
     lines = [TITLE_ORTHOGONAL if rotated else TITLE, "", REBUILD_ORTHOGONAL if rotated else REBUILD, ""]
-    for name, info in runs.items():
-        vit = info["vit"]
-        model = f"patch {vit['patch_size']}, width {vit['width']}, depth {vit['depth']}, {vit['heads']} heads"
-        mae = info["mae"]
-        what = (
-            f"MAE (decoder {mae['decoder_width']} × {mae['decoder_depth']}, mask {mae['mask_ratio']})"
-            if mae
-            else "supervised"
-        )
-        acc = f", test accuracy {100 * info['final_test_acc']:.1f} %" if info["final_test_acc"] is not None else ""
-        lines.append(
-            f"- **{name}** (commit {info['commit']}): ViT {model}, {what}, {info['epochs']} epochs, "
-            f"{info['seeds']} seeds; final test loss {info['final_test_loss']:.4f}{acc}{_aligned(info)}."
-        )
+    lines += [_run_line(name, info) for name, info in runs.items()]
     lines += [
         "",
         "Mean ± std over pairs (θ(λ) = λ·θa + (1−λ)·π(θb); test split):",
@@ -114,7 +109,20 @@ def markdown(table: pd.DataFrame, runs: dict[str, dict]) -> str:
         "encoder's class-token features at each λ.",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + orthogonal_sections(table, runs, widths, families))
+
+
+def _run_line(name: str, info: dict) -> str:
+    """A run's line on the page: its commit, model, training, final loss and how it aligned."""
+    vit = info["vit"]
+    model = f"patch {vit['patch_size']}, width {vit['width']}, depth {vit['depth']}, {vit['heads']} heads"
+    mae = info["mae"]
+    what = f"MAE (decoder {mae['decoder_width']} × {mae['decoder_depth']}, mask {mae['mask_ratio']})" if mae else ""
+    acc = f", test accuracy {100 * info['final_test_acc']:.1f} %" if info["final_test_acc"] is not None else ""
+    return (
+        f"- **{name}** (commit {info['commit']}): ViT {model}, {what or 'supervised'}, {info['epochs']} epochs, "
+        f"{info['seeds']} seeds; final test loss {info['final_test_loss']:.4f}{acc}{_aligned(info)}."
+    )
 
 
 def _aligned(info: dict) -> str:
@@ -132,23 +140,42 @@ def _aligned(info: dict) -> str:
 @one_line_errors
 def collect(
     run: list[str] = typer.Option(..., help="NAME=DIR of a finished run (repeat; in the table's order)"),
+    width: list[Path] = typer.Option([], help="a finished run of the preset at another width (repeat)"),
     out: Path = typer.Option(Path("reports/transformers")),
 ) -> None:
-    """Build reports/transformers/ from finished runs."""
+    """Build reports/transformers/ from finished runs (and the barrier by width from the --width runs)."""
+    from lmclab.cli.studies.transformer_orthogonal import collect_widths, run_families
     from lmclab.studies.transformer_study import study_table
 
     dirs = {}
     for item in run:
         name, sep, folder = item.partition("=")
-        if not sep or not (Path(folder) / "data" / "tables" / "pairs.parquet").is_file():
+        if not sep or not _finished(Path(folder)):
             raise ValueError(
                 f"--run: expected NAME=DIR of a finished run (DIR/data/tables/pairs.parquet), got {item!r}"
             )
         dirs[name] = Path(folder)
+    for folder in width:
+        if not _finished(folder):
+            raise ValueError(f"--width: expected a finished run (DIR/data/tables/pairs.parquet), got {str(folder)!r}")
     table = study_table({name: _pairs(d) for name, d in dirs.items()})
     runs = {name: _run_info(d) for name, d in dirs.items()}
+    widths, extra = collect_widths(table, runs, {folder: _run_info(folder) for folder in width}, _pairs)
+    families = run_families(dirs, runs)
     out.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out / "table.parquet", index=False)
-    (out / "runs.json").write_text(json.dumps(runs, indent=2) + "\n")
-    (out / "transformers.md").write_text(markdown(table, runs))
+    (out / "runs.json").write_text(json.dumps(runs | extra, indent=2) + "\n")
+    for name, frame in (("widths", widths), ("families", families)):
+        if frame is not None:
+            frame.to_parquet(out / f"{name}.parquet", index=False)
+    if widths is not None:
+        from lmclab.cli.studies.transformer_orthogonal import study_label
+        from lmclab.report.plots_lm import plot_widths
+
+        plot_widths(widths, out / "widths.png", study_label, unit="nats per image")
+    (out / "transformers.md").write_text(markdown(table, runs | extra, widths, families))
     typer.echo(f"{out}: {len(table)} rows from {len(runs)} runs")
+
+
+def _finished(folder: Path) -> bool:
+    return (folder / "data" / "tables" / "pairs.parquet").is_file()
