@@ -48,3 +48,14 @@ def barrier_section(families: pd.DataFrame | None, methods: Sequence[str]) -> st
 
 {family_markdown(families, methods)}
 """
+
+
+def two_tables(families: pd.DataFrame, name: Callable[[str], str] = label) -> str:
+    """The *alone* and the *all but* barriers of every method of ``families`` (in order of first appearance), each
+    in a table of its own: one row per family, one column per method, mean ± std over pairs."""
+    methods = list(dict.fromkeys(families["method"]))
+    alone, all_but = (family_markdown(families, methods, name, columns=(c,)) for c in ("alone", "all_but"))
+    return (
+        f"**Alone** (that family moves, θa elsewhere):\n\n{alone}\n\n"
+        f"**All but** (every other family moves, that one θa's):\n\n{all_but}"
+    )

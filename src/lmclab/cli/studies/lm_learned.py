@@ -20,7 +20,7 @@ import pandas as pd
 
 from lmclab.cli.studies.lm_page import run_info, run_table
 from lmclab.pipeline.stage import parse_yaml
-from lmclab.report.families import family_markdown
+from lmclab.report.families import two_tables
 from lmclab.studies.lm_study import ORTHOGONAL, method_table, orthogonal_points
 
 LEARNED = f"ste{ORTHOGONAL}"
@@ -96,8 +96,4 @@ def family_table(run: Path, orthogonal: Path, learned: Sequence[Path]) -> pd.Dat
 
 
 def families_markdown(families: pd.DataFrame, name: Callable[[str], str]) -> str:
-    methods = list(dict.fromkeys(families["method"]))
-    alone, all_but = (family_markdown(families, methods, name, columns=(c,)) for c in ("alone", "all_but"))
-    return f"{FAMILIES_NOTE}\n\n**Alone** (that family moves, θa elsewhere):\n\n{alone}\n\n" + (
-        f"**All but** (every other family moves, that one θa's):\n\n{all_but}"
-    )
+    return f"{FAMILIES_NOTE}\n\n{two_tables(families, name)}"

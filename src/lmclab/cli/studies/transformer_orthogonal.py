@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lmclab.report.families import family_markdown
+from lmclab.report.families import two_tables
 from lmclab.report.plots import label
 from lmclab.studies.lm_study import ORTHOGONAL, relative_reductions
 
@@ -73,9 +73,8 @@ def width_table(tables: Mapping[str, pd.DataFrame], runs: Mapping[str, dict]) ->
 
 
 def families_markdown(families: pd.DataFrame) -> str:
-    """The barriers by family of every run, *alone* and *all but* in one cell each."""
-    methods = list(dict.fromkeys(families["method"]))
-    return f"{FAMILIES_NOTE} Each cell: alone / all but.\n\n{family_markdown(families, methods, study_label)}"
+    """The barriers by family of every run, *alone* and *all but* in a table each."""
+    return f"{FAMILIES_NOTE}\n\n{two_tables(families, study_label)}"
 
 
 def theus_markdown(table: pd.DataFrame, runs: Mapping[str, dict], width: int) -> str:
