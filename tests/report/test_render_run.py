@@ -171,3 +171,23 @@ def test_a_run_with_barriers_by_family_has_their_section(tmp_path) -> None:
         "| `fc1` | 0.300 ± 0.141 / 0.500 ± 0.000 | — |",
     ]
     assert "## Where the barrier is" not in (ROOT / "reports" / "report.md").read_text()  # not asked there
+
+
+@pytest.mark.parametrize(("fc1", "said"), [(0.05, "5.0 %"), (0.2, "20.0 %")])
+def test_the_verdict_on_families_reads_the_largest_share_of_a_methods_whole_barrier(fc1, said) -> None:
+    from lmclab.report.families import verdict
+
+    rows = [  # wm: whole 1.0; am: whole 0.5, its q alone 0.04 (8 %); naive: whole ≤ 0, left out
+        ("wm", "(all)", 1.0), ("wm", "fc1", fc1), ("wm", "q", -0.3),
+        ("am", "(all)", 0.5), ("am", "q", 0.04),
+        ("identity", "(all)", -0.1), ("identity", "q", 0.5),
+    ]  # fmt: skip
+    families = pd.DataFrame([{"method": m, "family": f, "alone": a, "pair": "p"} for m, f, a in rows])
+    line = verdict(families, str)
+    assert verdict(families[families["method"] == "identity"], str) == "No method has a positive whole barrier."
+    head = "The largest barrier of one family moving alone is "
+    if fc1 < 0.08:  # am's 8 % is then the largest share, under a tenth
+        interplay = ": no family carries the barrier on its own, it is the families' interplay."
+        assert line == head + f"8.0 % of its method's whole barrier (`q` under am: 0.040 of 0.500){interplay}"
+    else:
+        assert line == head + f"{said} of its method's whole barrier (`fc1` under wm: 0.200 of 1.000)."

@@ -56,6 +56,26 @@ def two_tables(families: pd.DataFrame, name: Callable[[str], str] = label) -> st
     methods = list(dict.fromkeys(families["method"]))
     alone, all_but = (family_markdown(families, methods, name, columns=(c,)) for c in ("alone", "all_but"))
     return (
-        f"**Alone** (that family moves, θa elsewhere):\n\n{alone}\n\n"
+        f"{verdict(families, name)}\n\n**Alone** (that family moves, θa elsewhere):\n\n{alone}\n\n"
         f"**All but** (every other family moves, that one θa's):\n\n{all_but}"
     )
+
+
+def verdict(families: pd.DataFrame, name: Callable[[str], str] = label) -> str:
+    """What the table says, read off its means over pairs: the largest barrier of one family moving alone as a
+    share of its method's whole barrier; below a tenth for every method, no family carries the barrier on its own
+    (Adilova et al.'s layer-wise connectivity), and the whole barrier is the families' interplay."""
+    means = families.groupby(["method", "family"], sort=False)[["alone"]].mean().reset_index()
+    whole = means[means["family"] == "(all)"].set_index("method")["alone"]
+    parts = means[(means["family"] != "(all)") & means["method"].isin(whole.index[whole > 0])]
+    if parts.empty:  # no method with a barrier to share out
+        return "No method has a positive whole barrier."
+    parts = parts.assign(share=parts["alone"] / parts["method"].map(whole).astype(float))
+    top = parts.loc[parts["share"].idxmax()]
+    line = (
+        f"The largest barrier of one family moving alone is {100 * top['share']:.1f} % of its method's whole barrier "
+        f"(`{top['family']}` under {name(top['method'])}: {top['alone']:.3f} of {whole[top['method']]:.3f})"
+    )
+    if top["share"] < 0.1:
+        return line + ": no family carries the barrier on its own, it is the families' interplay."
+    return line + "."
