@@ -185,11 +185,30 @@ def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_m
     canonical = [lmclab.canonicalize(m, x) for m in models]
     permuted = lmclab.merge_many(canonical, example_inputs=x).stats["distance"]
     assert rotated[0] == pytest.approx(permuted[0], rel=1e-12) and rotated[-1] < 0.9 * permuted[-1]
-    with pytest.raises(
-        ValueError,
-        match=_whole("method: 'c2m3' seeks permutations only; symmetry orthogonal by ('merge_many', 'star', 'sync')"),
-    ):
-        lmclab.merge_many(models, method="c2m3", symmetry="orthogonal", example_inputs=x)
+    expected = "method: 'zipit' seeks permutations only; symmetry orthogonal by ('merge_many', 'star', 'sync', 'c2m3')"
+    with pytest.raises(ValueError, match=_whole(expected)):
+        lmclab.merge_many(models, method="zipit", symmetry="orthogonal", example_inputs=x)
+
+
+def test_c2m3_over_orthogonal_groups_lands_on_rotated_copies_as_close_as_its_gap_allows(planted) -> None:
+    """C2M3's Frank–Wolfe over the hull of each kind (spectral-norm balls, inside heads per head and plane): three
+    copies of one model, two rotated and permuted, merge back to its parameters; the relaxed objective never
+    decreases. A map is not snapped by its rounding as a permutation is, so the merge lands as close as the gap it
+    stops at allows (a gap ε leaves parameters about √ε off)."""
+    model_a, _, spec = planted
+    x = _tokens()[0]
+    folded, copies = fold_gains(spec, model_a.state_dict()), [model_a]
+    for seed in (4, 5):
+        perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        copies.append(apply_permutation(spec, perm, folded))
+    options = {"tol": 1e-15, "max_iter": 200}
+    found = lmclab.merge_many(
+        copies, method="c2m3", symmetry="orthogonal", model=model_a, example_inputs=x, options=options
+    )
+    torch.testing.assert_close(found.merged, folded, rtol=0, atol=1e-6)
+    trace = found.stats["objective"]
+    assert all(b >= a - 1e-12 * abs(a) for a, b in zip(trace, trace[1:], strict=False))
+    assert found.stats["iterations"] < 200 and found.perms[1][_stream(spec)].shape == (12, 12)
 
 
 @pytest.mark.parametrize("method", ["wm", "am"])

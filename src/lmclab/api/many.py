@@ -80,7 +80,8 @@ ORTHOGONAL_MANY = (
     "merge_many",
     "star",
     "sync",
-)  # the n-model methods whose steps are weight matching's: orthogonal too
+    "c2m3",
+)  # the n-model methods whose steps are weight matching's (C2M3's Frank–Wolfe steps): orthogonal too
 
 
 def _check_call(models: Sequence[Model], method: str, options, data, repair, symmetry) -> dict[str, Any]:
@@ -130,8 +131,8 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
     statistics, ``repair`` rescales units to the endpoints' mean statistics (REPAIR,
     :func:`lmclab.core.repair.repair_merged`), ``auto`` the one that fits the model
     (:mod:`lmclab.core.repairs`); ``progress``: a tqdm bar over the method's steps on stderr. Returns a
-    :class:`ManyMerge` (tensors on the CPU). ``symmetry="orthogonal"`` (``method`` ``"merge_many"``, ``"star"``
-    or ``"sync"``): the models' steps are weight matching over the groups the tracer proves orthogonal
+    :class:`ManyMerge` (tensors on the CPU). ``symmetry="orthogonal"`` (``method`` ``"merge_many"``, ``"star"``,
+    ``"sync"`` or ``"c2m3"``): the models' steps are weight matching over the groups the tracer proves orthogonal
     (:func:`lmclab.align`'s), and the models, their merge and its repair are in the canonical form, gains folded."""
     options = _check_call(models, method, options, data, repair, symmetry)
     names = [f"models[{i}]" for i in range(len(models))]

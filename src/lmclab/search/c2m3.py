@@ -29,6 +29,13 @@ At the end each ``P_i^g`` is rounded to the permutation maximising ``⟨P, ·⟩
 ``identity``, ``sinkhorn_barycenter`` (the default; every model but 0 at the barycentre ``J/n`` of
 the doubly-stochastic matrices, made unique by a seeded Sinkhorn of small noise) or ``merge_many``
 (MergeMany's permutations: does Frank–Wolfe improve on them?).
+
+A group of orthogonal kind (``symmetry="orthogonal"``: the spec's ``kinds``) is relaxed to the convex hull of its
+maps, the matrices of spectral norm at most 1 (for a centred group those that also fix the all-ones vector, for a
+rotary one those of one ``a I + b J`` per plane): its linear step ``argmax ⟨G, S⟩`` is the polar factor of ``G``
+(orthogonal Procrustes, per head and plane inside heads: :func:`lmclab.core.heads.solve_tied`'s exact step, as in
+weight matching), its rounding the map nearest to the iterate in that sense, and its barycentre start the
+centre of that hull (zero; ``J/n`` for a centred group).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from torch import Tensor
 from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, NonNegative, OptionError, one_of, option, takes
+from lmclab.core.orthogonal import MATRIX_KINDS, as_matrix
 from lmclab.core.spec import Permutation, PermutationSpec, entry_groups
 from lmclab.search.merge_many import merge_many
 from lmclab.search.sinkhorn import sinkhorn, soft_apply
@@ -99,20 +107,19 @@ Solve = Callable[[Tensor], Tensor]  # a linear assignment solver (lmclab.core.as
 
 
 def _vertex(spec: PermutationSpec, grads: Mapping[str, Tensor], solve: Solve) -> dict[str, Tensor]:
-    """The linear step: per tie set (a group alone, or the headed groups of one tie) the permutation
-    maximising ``⟨G, S⟩``, as a 0/1 matrix."""
+    """The linear step: per tie set (a group alone, or the headed groups of one tie) the element maximising
+    ``⟨G, S⟩`` of each group's kind, as a matrix (a permutation's 0/1)."""
     out = {}
     for unit in tie_sets(grads, spec.heads):
-        perm = solve_tied({g: grads[g] for g in unit}, spec.heads, solve)
-        for g in unit:
-            out[g] = torch.eye(len(perm[g]), dtype=grads[g].dtype)[perm[g]]
+        found = solve_tied({g: grads[g] for g in unit}, spec.heads, solve, spec.kinds)
+        out |= {g: as_matrix(found[g], grads[g].dtype) for g in unit}
     return out
 
 
 def _round(spec: PermutationSpec, soft: Mapping[str, Tensor], solve: Solve) -> Permutation:
     perm: Permutation = {}
     for unit in tie_sets(soft, spec.heads):
-        perm |= solve_tied({g: soft[g] for g in unit}, spec.heads, solve)
+        perm |= solve_tied({g: soft[g] for g in unit}, spec.heads, solve, spec.kinds)
     return perm
 
 
@@ -122,10 +129,17 @@ def _start(spec, params, sizes, init: str, generator: torch.Generator, lap_backe
         return [dict(eye) for _ in params]
     if init == "merge_many":
         found = merge_many(spec, params, generator=generator, lap_backend=lap_backend).perms
-        return [{g: eye[g][p[g]] for g in sizes} for p in found]
-    noise = {g: 1e-3 * torch.rand(n, n, generator=generator, dtype=torch.float64) for g, n in sizes.items()}
-    bary = {g: sinkhorn(noise[g], tau=1.0, n_iter=200) for g in sizes}
+        return [{g: as_matrix(p[g]) for g in sizes} for p in found]
+    bary = {g: _barycentre(spec.kinds.get(g, "permutation"), n, generator) for g, n in sizes.items()}
     return [dict(eye)] + [{g: bary[g].clone() for g in sizes} for _ in params[1:]]
+
+
+def _barycentre(kind: str, n: int, generator: torch.Generator) -> Tensor:
+    """The centre of the relaxed group of ``kind`` (module docstring): doubly-stochastic ``J/n`` made unique by a
+    seeded Sinkhorn of small noise for permutations; zero for orthogonal maps, ``J/n`` for centred ones."""
+    if kind in MATRIX_KINDS:
+        return torch.full((n, n), 1.0 / n, dtype=torch.float64) if kind == "centred" else torch.zeros(n, n).double()
+    return sinkhorn(1e-3 * torch.rand(n, n, generator=generator, dtype=torch.float64), tau=1.0, n_iter=200)
 
 
 def _moved(soft: Soft, direction: Soft, t: float) -> Soft:
