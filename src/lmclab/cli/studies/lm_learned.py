@@ -2,12 +2,12 @@
 gets (copies of the orthogonal run with other ``permute.ste`` settings, the same trained models), and where the
 barrier each alignment leaves is (``measure.family_barriers``: :mod:`lmclab.analysis.families`).
 
-    for setting in "15 0" "5 0.1" "15 0.1"; do set -- $setting
+    for setting in "15 0" "30 0" "5 0.1" "15 0.1"; do set -- $setting
         cp -a ../run-lm-orthogonal ../run-ste-$1-$2 && (cd ../run-ste-$1-$2 && dvc exp run \\
             -S permute.ste.epochs=$1 -S permute.ste.lam_spread=$2 -S measure.family_barriers=true)
     done
     lmclab study lm orthogonal --run ../run-lm --orthogonal ../run-lm-orthogonal \\
-        --learned ../run-ste-15-0 --learned ../run-ste-5-0.1 --learned ../run-ste-15-0.1
+        --learned ../run-ste-15-0 --learned ../run-ste-30-0 --learned ../run-ste-5-0.1 --learned ../run-ste-15-0.1
 """
 
 from __future__ import annotations
