@@ -70,6 +70,15 @@ def planted():
     return _planted()
 
 
+def _rotated_copies(model_a, spec):
+    """θa's canonical form and three copies of it: θa, and the form moved by two random elements of every kind."""
+    folded, copies = fold_gains(spec, model_a.state_dict()), [model_a]
+    for seed in (4, 5):
+        perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
+        copies.append(apply_permutation(spec, perm, folded))
+    return folded, copies
+
+
 def _planted(**options):
     """θa with random gains; θb: its canonical form rotated and permuted, as a gpt of the same config."""
     model_a = _model(**options)
@@ -167,10 +176,7 @@ def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_m
     method without orthogonal steps is refused in one line."""
     model_a, _, spec = planted
     x = _tokens()[0]
-    folded, copies = fold_gains(spec, model_a.state_dict()), [model_a]
-    for seed in (4, 5):
-        perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
-        copies.append(apply_permutation(spec, perm, folded))
+    folded, copies = _rotated_copies(model_a, spec)
     res = lmclab.merge_many(copies, symmetry="orthogonal", model=model_a, example_inputs=x)
     assert res.stats["distance"][-1] < 1e-20 and res.perms[1][_stream(spec)].shape == (12, 12)
     for method in ("star", "sync"):  # each copy matched to the first's frame; sync: every pair, synchronised
@@ -197,10 +203,7 @@ def test_c2m3_over_orthogonal_groups_lands_on_rotated_copies_as_close_as_its_gap
     stops at allows (a gap ε leaves parameters about √ε off)."""
     model_a, _, spec = planted
     x = _tokens()[0]
-    folded, copies = fold_gains(spec, model_a.state_dict()), [model_a]
-    for seed in (4, 5):
-        perm = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(seed), spec.heads, spec.kinds)
-        copies.append(apply_permutation(spec, perm, folded))
+    folded, copies = _rotated_copies(model_a, spec)
     options = {"tol": 1e-15, "max_iter": 200}
     found = lmclab.merge_many(
         copies, method="c2m3", symmetry="orthogonal", model=model_a, example_inputs=x, options=options

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmclab.cli.studies.lm_orthogonal import study_label
 from lmclab.report.families import two_tables
-from lmclab.report.plots import label
 from lmclab.studies.lm_study import ORTHOGONAL, relative_reductions
 
 PERMUTATION = ("identity", "wm", "am", "ste", "wm_sinkhorn", "ste_sinkhorn")
@@ -43,14 +43,6 @@ THEUS_NOTE = (
     "reductions on a ViT on CIFAR-10 (their Table 2): models and data differ, so the ratios compare, not the "
     "barriers."
 )
-
-
-def study_label(method: str) -> str:
-    """A method's name on the page (``<method>@orthogonal``: the orthogonal run's)."""
-    base, _, kind = method.partition("@")
-    if kind and base == "identity":
-        return "naive, canonical forms"
-    return f"{label(base)}, {kind}" if kind else label(base)
 
 
 def named(method: str, info: Mapping) -> str:
