@@ -19,23 +19,16 @@ A family whose entries θa and π(θb) share (norm gains folded to 1, buffers) m
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from lmclab.analysis.layer_names import layer_family
 from lmclab.core.canonical import shared_parameters
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate
 from lmclab.core.merge import lerp_params
-
-INDEX = re.compile(r"(?<![^.])\d+(?=\.)")  # a whole dotted component of digits, not the last one
-
-
-def layer_family(layer: str) -> str:
-    """``layer`` with every block index replaced by ``*`` (``blocks.3.fc1.weight`` → ``blocks.*.fc1.weight``)."""
-    return INDEX.sub("*", layer)
 
 
 def parameter_families(params: Mapping[str, Tensor], tied: Sequence[Sequence[str]] = ()) -> dict[str, list[str]]:

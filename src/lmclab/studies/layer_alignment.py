@@ -3,7 +3,7 @@ per pair, method, layer and γ the numerator ``Σ_{i,j} (u^a_i·u^b_j)(v^a_i·v^
 n^b_ℓ)`` kept under the model-wide threshold) pooled over a set of layers: ``R = Σ numerators / Σ counts``,
 which over every layer is the model's R_γ.
 
-Layers are pooled by *family* (:func:`lmclab.analysis.families.layer_family`: the name with its block indices
+Layers are pooled by *family* (:func:`lmclab.analysis.layer_names.layer_family`: the name with its block indices
 replaced by ``*``, so ``blocks.*.attn.q.weight`` is the queries of every block) or by any other grouping, e.g. a
 language model's :func:`gpt_role` (residual stream, attention, MLP).
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from lmclab.analysis.families import layer_family
+from lmclab.analysis.layer_names import layer_family
 
 ROLES = (  # a decoder's layers by what they read and write (archs.gpt's names); the first match wins
     ("attention", re.compile(r"\.attn\.")),
