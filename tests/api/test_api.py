@@ -3,6 +3,7 @@ from the model, data as loaders, tensors or datasets; planted permutations must 
 
 from __future__ import annotations
 
+import copy
 import doctest
 import re
 import subprocess
@@ -177,13 +178,22 @@ def test_a_state_dict_of_another_model_is_refused_naming_it() -> None:
 
 
 @pytest.mark.parametrize("method", ["wm", "am", "identity"])
-def test_two_widths_are_refused_naming_the_tensor_and_both_shapes_before_any_work(method: str) -> None:
-    """Before: wm failed with 'start (0) + length (64) exceeds dimension size (32)', am in the cost matrix."""
+def test_two_widths_are_aligned_by_embedding_the_narrower_and_its_state_dict_alone_is_refused(method: str) -> None:
+    """Before: wm failed with 'start (0) + length (64) exceeds dimension size (32)', am in the cost matrix; now the
+    narrower module is embedded in the wider one's widths (lmclab.api.widths), its state dict alone refused."""
     narrow = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-    x = torch.randn(8, 12)
-    message = r"^model_b: tensor '1.weight' has shape \(8, 12\), model_a's \(16, 12\)$"
+    x, wide = torch.randn(8, 12), _mlp(0)
+    res = lmclab.find_permutation(wide, narrow, method=method, example_inputs=x, data=(x, torch.zeros(8).long()))
+    assert list(res.widths.values()) == [8]
+    twin = copy.deepcopy(wide)
+    twin.load_state_dict(res.apply(narrow))
+    with torch.no_grad():
+        assert torch.allclose(twin(x), narrow(x), atol=1e-6)
+    message = r"^model_b: a state dict of other shapes than model_a's; pass its module"
     with pytest.raises(ValueError, match=message):
-        lmclab.find_permutation(_mlp(0), narrow, method=method, example_inputs=x, data=(x, torch.zeros(8).long()))
+        lmclab.find_permutation(
+            wide, narrow.state_dict(), method=method, example_inputs=x, data=(x, torch.zeros(8).long())
+        )
 
 
 def test_errors_of_the_functions_below_name_the_apis_own_arguments() -> None:

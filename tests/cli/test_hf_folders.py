@@ -238,3 +238,25 @@ def test_an_encoder_decoder_folder_is_traced_on_its_decoder_inputs_or_refused_na
         )
     else:
         assert proc.returncode == 0 or error.startswith("error: trace_spec: node "), error
+
+
+def test_folders_of_other_mlp_widths_are_matched_and_merged_into_the_wider_architecture(tmp_path: Path) -> None:
+    """GPT-2 with 64 MLP units per block beside one with 40 (the stream and heads equal: LayerNorm and the heads'
+    scale fix their widths): the narrower is embedded in the wider one's widths, and the merge at λ = 0 is a
+    folder of the wider architecture that computes the narrower model's logits."""
+    x = torch.randint(0, 50, (2, 8))
+    for name, inner, seed in (("a", 64, 0), ("b", 40, 1)):
+        torch.manual_seed(seed)
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2, n_inner=inner)).save_pretrained(tmp_path / name)
+    out = lmclab(tmp_path, "match", "a", "b", "--out", "perm.pt").stdout
+    assert "B narrower in 2 groups, embedded in A's widths" in out
+    lmclab(tmp_path, "merge", "a", "b", "--alignment", "perm.pt", "--lam", "0", "--out", "m", shell=False)
+    merged = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "m").eval()
+    narrow = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "b").eval()
+    assert merged.config.n_inner == 64
+    with torch.no_grad():
+        assert torch.allclose(merged(x).logits, narrow(x).logits, atol=1e-5)
+    refused = lmclab(tmp_path, "merge", "a", "b", "--out", "naive", ok=False, shell=False)
+    assert "b: other widths than a: merge it through an alignment (lmclab match)" in refused.stderr + refused.stdout
+    wider = lmclab(tmp_path, "match", "b", "a", "--out", "p2.pt", ok=False, shell=False)
+    assert "more than the reference model's 40" in wider.stderr + wider.stdout

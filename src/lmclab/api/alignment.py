@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from lmclab.api.inputs import Model, params_of
+from lmclab.api.widths import embedded
 from lmclab.core import spec as spec_ops
 from lmclab.core.canonical import fold_gains
 from lmclab.core.spec import Params, Permutation, PermutationSpec
@@ -65,6 +66,9 @@ def aligned_to(alignment: Alignment, params: Mapping[str, Tensor], what: str, so
     an orthogonal alignment acts on); one line naming both unless its spec and permutation were found for a
     model of ``params``' tensors, axes and group sizes."""
     try:
+        if alignment.widths:  # θb of other widths: embedded in the alignment's (lmclab.api.widths)
+            sizes = {g: len(p) for g, p in alignment.perm.items()}
+            params = embedded(alignment.spec, fold_gains(alignment.spec, params, what), sizes, alignment.widths)
         alignment.spec.check(params, what)
         sizes = alignment.spec.group_sizes(params)
         for group, perm in alignment.perm.items():
@@ -72,7 +76,7 @@ def aligned_to(alignment: Alignment, params: Mapping[str, Tensor], what: str, so
                 raise ValueError(f"group {group!r} has {sizes[group]} units in {what}, {len(perm)} in the alignment")
         spec_ops.check_permutation(alignment.perm, sizes, alignment.spec.heads, alignment.spec.kinds)
     except ValueError as exc:
-        detail = str(exc).removeprefix(f"{what}: ")
+        detail = str(exc).removeprefix(f"{what}: ").removeprefix("model_b: ")
         raise ValueError(f"{source}: found for another model than {what}: {detail}") from None
     params = fold_gains(alignment.spec, params, what)  # a gain it cannot fold is the model's own: named as such
     return spec_ops.apply_permutation(alignment.spec, alignment.perm, params)
@@ -92,12 +96,15 @@ def aligned_pair(
 class Alignment:
     """The permutation ``perm`` (group → index tensor, or an orthogonal matrix for a group of kind
     ``"orthogonal"``: :mod:`lmclab.core.orthogonal`) found by ``method`` aligning θb to θa under ``spec``;
-    ``stats`` holds what the search recorded (seconds, objective, curves)."""
+    ``stats`` holds what the search recorded (seconds, objective, curves); ``widths``, θb's units of each group
+    where it is narrower than θa: ``perm`` then acts on θb embedded in θa's widths (:mod:`lmclab.core.widths`: a
+    semi-permutation, or a map with orthonormal columns, of θb's units)."""
 
     method: str
     spec: PermutationSpec
     perm: Permutation
     stats: dict[str, Any] = field(default_factory=dict)
+    widths: dict[str, int] = field(default_factory=dict)
 
     def apply(self, params_b: Model) -> Params:
         """π(θb) for a module, state dict or checkpoint path ``params_b`` (in its own dtype)."""
@@ -111,11 +118,13 @@ class Alignment:
         plain = {k: float(v) for k, v in self.stats.items() if isinstance(v, int | float)}
         perm = {g: p.cpu() for g, p in self.perm.items()}
         blob = {"format": FORMAT, "method": self.method, "stats": plain, "perm": perm, "spec": spec_to_data(self.spec)}
+        blob |= {"widths": dict(self.widths)} if self.widths else {}
         atomic_save(blob, Path(path))
 
     def __repr__(self) -> str:
         sizes = {g: len(p) for g, p in self.perm.items()}
-        return f"Alignment(method={self.method!r}, {short_groups(sizes)}{short_stats(self.stats)})"
+        narrower = f", θb narrower in {len(self.widths)}" * bool(self.widths)
+        return f"Alignment(method={self.method!r}, {short_groups(sizes)}{narrower}{short_stats(self.stats)})"
 
 
 def read_alignment(path: str | os.PathLike) -> tuple[dict[str, Any], PermutationSpec | None]:
@@ -147,4 +156,10 @@ def load_alignment(path: str | os.PathLike, *, spec: PermutationSpec | None = No
     spec_ops.check_permutation(blob["perm"], {g: len(p) for g, p in blob["perm"].items()}, found.heads, found.kinds)
     if set(blob["perm"]) != set(found.groups):
         raise ValueError(f"{path}: its permutation's groups {sorted(blob['perm'])} are not the spec's")
-    return Alignment(str(blob.get("method", "")), found, dict(blob["perm"]), dict(blob.get("stats", {})))
+    widths = blob.get("widths", {})
+    sizes = {g: len(p) for g, p in blob["perm"].items()}
+    if not isinstance(widths, dict) or any(
+        not isinstance(n, int) or not 0 < n < sizes.get(g, 0) for g, n in widths.items()
+    ):
+        raise ValueError(f"{path}: its widths are not fewer units than its groups' ({widths!r:.80})")
+    return Alignment(str(blob.get("method", "")), found, dict(blob["perm"]), dict(blob.get("stats", {})), widths)

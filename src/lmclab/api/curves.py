@@ -109,7 +109,8 @@ def curve(
     grid = _grid(num_lambdas, lambdas)
     dev = resolve_device(device)
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
-    params_a, params_b = read_weights(opened.models, ["model_a", "model_b"], dev).params  # in one dtype
+    same = alignment is None or not alignment.widths  # θb of other widths: embedded by the alignment
+    params_a, params_b = read_weights(opened.models, ["model_a", "model_b"], dev, same_shapes=same).params
     params_a, params_b = aligned_pair(alignment, params_a, params_b)
     net = on_device(skeleton(opened.model, opened.models[0], "evaluating the models"), dev)
     sources, labels = _sources(eval_data, dev)

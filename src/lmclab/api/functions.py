@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from lmclab.api.alignment import Alignment, aligned_pair
 from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
+from lmclab.api.widths import check_same_architecture, check_same_numbers, differ, embedded, narrowed, twin_trace
 from lmclab.core.batches import Batches, streamed
 from lmclab.core.canonical import fold_gains, shared_parameters
 from lmclab.core.merge import check_lam, lerp_params
@@ -123,10 +124,11 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
-    weights = read_weights(opened.models, ["model_a", "model_b"], torch.device("cpu"))  # checked before the trace
+    weights = read_weights(opened.models, ["model_a", "model_b"], torch.device("cpu"), same_shapes=False)
+    twin = twin_of(opened, spec) if differ(weights.params) else None  # θb of other widths: traced too
     problem = resolve(
         opened.models[0],
-        spec=spec if spec is not None else opened.spec if symmetry == "permutation" else None,  # kinds: traced
+        spec=spec if spec is not None else opened.spec if symmetry == "permutation" and twin is None else None,
         model=opened.model,
         example_inputs=example_inputs,
         data=data,
@@ -136,19 +138,46 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
         symmetry=symmetry,
     )
     problem = in_symmetry(problem, symmetry, type(problem.model or opened.model or opened.models[0]).__name__)
-    search = _search_problem(method, problem, opened, weights, points, data, eval_data, progress)
+    widths = proved_widths(problem, twin, weights.params, symmetry) if twin is not None else {}
+    search = _search_problem(method, problem, opened, weights, points, data, eval_data, progress, widths)
     with custom_loss(loss_fn):
         result = run_search(method, search, seed=seed, options=options)
-    return Alignment(method, problem.spec, {g: p.cpu() for g, p in result.perm.items()}, dict(result.stats))
+    perm = {g: p.cpu() for g, p in result.perm.items()}
+    return Alignment(method, problem.spec, perm, dict(result.stats), widths)
 
 
-def _search_problem(method, problem: Problem, opened: Opened, weights, points, data, eval_data, progress):
+def twin_of(opened: Opened, spec: PermutationSpec | None) -> nn.Module:
+    """θb's module, to trace beside θa's when the two differ in width (:mod:`lmclab.api.widths`); one line when it
+    has none (a state dict alone) or a spec is given (it proves nothing about widths)."""
+    if spec is not None:
+        raise ValueError("spec: model_b differs from model_a in width; both are traced to prove which groups may")
+    if opened.modules[1] is None:
+        raise ValueError(
+            "model_b: a state dict of other shapes than model_a's; pass its module (or a checkpoint that builds one) "
+            "to align models of different widths: its forward is traced"
+        )
+    return opened.modules[1]
+
+
+def proved_widths(problem: Problem, twin: nn.Module, params: Sequence[Params], symmetry: str) -> dict[str, int]:
+    """θb's units where it is narrower than θa, once both traces show one architecture and those groups free."""
+    traced_a, traced_b = problem.traced, twin_trace(twin, problem.inputs, symmetry)
+    check_same_architecture(traced_a, traced_b)
+    fixed = {**traced_b.fixed, **traced_a.fixed}
+    widths = narrowed(traced_a._replace(spec=problem.spec, fixed=fixed), *params)
+    check_same_numbers(traced_a, traced_b)
+    return widths
+
+
+def _search_problem(method, problem: Problem, opened: Opened, weights, points, data, eval_data, progress, widths):
     """The search of ``method`` on the pair as read (:func:`read_weights`: in one dtype), both checked against
-    the spec, on the problem's device."""
+    the spec (θb embedded in θa's widths where ``widths`` says it is narrower), on the problem's device."""
     params_a, params_b = ({k: v.to(problem.device) for k, v in p.items()} for p in weights.params)
     problem.spec.check(params_a, "model_a")
-    problem.spec.check(params_b, "model_b")
     params_a, params_b = (fold_gains(problem.spec, p, w) for p, w in ((params_a, "model_a"), (params_b, "model_b")))
+    if widths:
+        params_b = embedded(problem.spec, params_b, problem.spec.group_sizes(params_a), widths)
+    problem.spec.check(params_b, "model_b")
     points = points if points is not None else opened.points if opened.spec is not None else problem.points
     return SearchProblem(
         spec=problem.spec,
@@ -245,14 +274,20 @@ def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *,
     in the dtype :func:`lmclab.api.weights.compute_dtype` chooses for the pair and returned in θa's."""
     with keyed_errors(str):
         check_lam(lam)
-    weights = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu"))
+    same = alignment is None or not alignment.widths  # θb of other widths: embedded by the alignment
+    weights = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu"), same_shapes=same)
     params_a, params_b = aligned_pair(alignment, *weights.params)
     return weights.own(0, lerp_params(params_a, params_b, lam))
 
 
 def l2_reduction(model_a: Model, model_b: Model, alignment: Alignment) -> float:
     """How much closer π(θb) is to θa than θb: ``100·(1 − ‖θa − π(θb)‖ / ‖θa − θb‖)`` in percent,
-    over the entries the spec matches (no running statistics), in the pair's compute dtype."""
-    params_a, params_b = read_weights([model_a, model_b], ["model_a", "model_b"], torch.device("cpu")).params
-    before = l2_distance(alignment.spec, params_a, params_b)
+    over the entries the spec matches (no running statistics), in the pair's compute dtype; θb of other widths
+    (``alignment.widths``) embedded in θa's as it is before the alignment (its units first,
+    :mod:`lmclab.core.widths`)."""
+    same = not alignment.widths
+    models, names = [model_a, model_b], ["model_a", "model_b"]
+    params_a, params_b = read_weights(models, names, torch.device("cpu"), same_shapes=same).params
+    naive = dataclasses.replace(alignment, perm={g: torch.arange(len(p)) for g, p in alignment.perm.items()})
+    before = l2_distance(alignment.spec, *((params_a, params_b) if same else aligned_pair(naive, params_a, params_b)))
     return reduction_rate(before, l2_distance(alignment.spec, *aligned_pair(alignment, params_a, params_b)))

@@ -44,13 +44,16 @@ def params_of(model: Model, name: str, device: torch.device) -> Params:
     return with_metadata({k: v.detach().to(device) for k, v in state.items()}, state)
 
 
-def read_weights(models: Sequence[Model], names: Sequence[str], device: torch.device) -> Weights:
+def read_weights(
+    models: Sequence[Model], names: Sequence[str], device: torch.device, *, same_shapes: bool = True
+) -> Weights:
     """The models as every search, merge and curve reads them (:mod:`lmclab.api.weights`): each one's state
-    dict (:func:`params_of`) on ``device``, checked for ``models[0]``'s tensor names and shapes, in the dtype
+    dict (:func:`params_of`) on ``device``, checked for ``models[0]``'s tensor names and shapes (names only
+    without ``same_shapes``: models of other widths, :mod:`lmclab.api.widths`), in the dtype
     :func:`lmclab.api.weights.compute_dtype` chooses for all of them, with each one's own dtypes kept."""
     found = [params_of(m, name, device) for m, name in zip(models, names, strict=True)]
     for params, name in zip(found[1:], names[1:], strict=True):
-        check_same_shapes(found[0], params, name, names[0])
+        check_same_shapes(found[0], params, name, names[0], shapes=same_shapes)
     dtype = compute_dtype(found)
     own = [{k: v.dtype for k, v in p.items() if v.is_floating_point()} for p in found]
     return Weights([in_dtype(p, dtype) for p in found], own)
@@ -73,6 +76,7 @@ class Opened(NamedTuple):
     model: nn.Module | None
     spec: PermutationSpec | None
     points: dict[str, list[str]] | None
+    modules: list[nn.Module | None] = []  # each model's own module: itself, or the one its checkpoint builds
 
 
 def open_models(
@@ -103,7 +107,10 @@ def open_models(
     elif model is None and first is not None:
         model = first.model
     own = first is not None and first.spec is not None and model is first.model
-    return Opened(found, model, first.spec if own else None, first.points if own else None)
+    modules = [
+        opened[i].model if i in opened else m if isinstance(m, nn.Module) else None for i, m in enumerate(models)
+    ]
+    return Opened(found, model, first.spec if own else None, first.points if own else None, modules)
 
 
 def _is_path(model: Any) -> bool:
@@ -228,6 +235,8 @@ class Problem(NamedTuple):
     points: dict[str, list[str]] | None
     model: nn.Module | None
     device: torch.device
+    traced: Any = None  # the skeleton's trace (lmclab.trace.Traced) and the inputs it ran on, when traced here
+    inputs: Any = None
 
 
 def resolve(
@@ -253,7 +262,7 @@ def resolve(
         if spec is None or needs_forward
         else None
     )
-    points = None
+    points, traced, inputs = None, None, None
     if spec is None:
         from lmclab.trace import trace, warn_pinned
 
@@ -266,14 +275,14 @@ def resolve(
                 raise ValueError("example_inputs: needed to trace the permutation spec (or pass spec=)")
             example_inputs = first_inputs(data)
         cpu_net = on_device(net, torch.device("cpu"))
-        inputs = _traced_inputs(example_inputs, dict(cpu_net.state_dict()))
+        inputs = traced_inputs(example_inputs, dict(cpu_net.state_dict()))
         traced = trace(cpu_net, inputs, partial=partial, symmetry=symmetry)
         spec, points = traced.spec, traced.points
         warn_pinned(spec, cpu_net.state_dict())
-    return Problem(spec, points, on_device(net, dev) if net is not None else None, dev)
+    return Problem(spec, points, on_device(net, dev) if net is not None else None, dev, traced, inputs)
 
 
-def _traced_inputs(example_inputs: Inputs, state: Mapping[str, Tensor]) -> Inputs:
+def traced_inputs(example_inputs: Inputs, state: Mapping[str, Tensor]) -> Inputs:
     """Every tensor of ``example_inputs`` (one, a sequence, or a mapping of keyword inputs) on the CPU, floating
     ones in the model's dtype (:func:`lmclab.core.data.inputs_like`)."""
 

@@ -85,17 +85,18 @@ class Weights(NamedTuple):
 
 
 def check_same_shapes(
-    reference: Mapping[str, Tensor], params: Mapping[str, Tensor], what: str, reference_what: str
+    reference: Mapping[str, Tensor], params: Mapping[str, Tensor], what: str, reference_what: str, shapes: bool = True
 ) -> None:
     """One line naming ``what``, the tensor and both shapes unless ``params`` holds exactly ``reference``'s
-    tensor names with the same shapes (two models to align, or a model file and the module it runs in)."""
+    tensor names with the same shapes (two models to align, or a model file and the module it runs in; the names
+    alone without ``shapes``)."""
     missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
     if missing or extra:
         raise ValueError(
             f"{what}: tensor names differ from {reference_what}'s (missing {missing[:3]}, extra {extra[:3]})"
         )
     for name, value in reference.items():
-        if tuple(params[name].shape) != tuple(value.shape):
+        if shapes and tuple(params[name].shape) != tuple(value.shape):
             raise ValueError(
                 f"{what}: tensor {name!r} has shape {tuple(params[name].shape)}, "
                 f"{reference_what}'s {tuple(value.shape)}"

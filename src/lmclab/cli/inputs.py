@@ -74,8 +74,9 @@ def load_models(paths: list[Path], factory: str | None, kwargs: str, module: boo
 
     loaded = [load_model_file(p) for p in paths]
     params = [m.params for m in loaded]
-    for path, model in zip(paths[1:], params[1:], strict=True):
-        check_same_shapes(params[0], model, str(path), str(paths[0]))
+    for path, model, found in zip(paths[1:], params[1:], loaded[1:], strict=True):  # of other widths: own modules
+        own = found.model is not None and loaded[0].model is not None and factory is None
+        check_same_shapes(params[0], model, str(path), str(paths[0]), shapes=not own)
     for path, model in zip(paths, params, strict=True):
         check_weights(model, str(path))  # NaN, ±inf: named by file and tensor, before any work
     if factory is not None:
@@ -153,6 +154,8 @@ def aligned_pair(
     params_a, params_b, (net, spec, _) = load_pair(model_a, model_b, factory, kwargs, need)
     traced_only(partial, spec)
     if perm is None:
+        if any(tuple(v.shape) != tuple(params_a[k].shape) for k, v in params_b.items()):
+            raise ValueError(f"{model_b}: other widths than {model_a}: merge it through an alignment (lmclab match)")
         return params_a, params_b, net
     spec = stored or spec
     if spec is None:
@@ -162,7 +165,7 @@ def aligned_pair(
         if inputs is None:
             raise ValueError(f"--input-shape: {perm} carries no spec (an earlier lmclab): needed with --factory")
         spec = trace_spec(net, inputs, partial=partial)
-    found = Alignment("", spec, blob["perm"])  # names the file and the model when it does not fit
+    found = Alignment("", spec, blob["perm"], widths=blob.get("widths", {}))  # names the file and the model
     aligned = aligned_to(found, params_b, str(model_b), f"--alignment {perm}")
     return fold_gains(spec, params_a, str(model_a)), aligned, net  # θa in the form the alignment acts on
 

@@ -86,7 +86,7 @@ def match(  # size: a typer command's signature lists each of its options
         net, untied = _untied(net, inputs) if traced else (net, [])  # a tied head: matched untied
         res = align(
             params_a,
-            params_b,
+            _own_module(model_b, params_b, params_a),  # of other widths: its own module, traced beside A's
             method=method,
             symmetry=symmetry,
             spec=None if traced else spec,
@@ -103,10 +103,19 @@ def match(  # size: a typer command's signature lists each of its options
     res.save(out)
     rotated = f" ({len(res.spec.kinds)} orthogonal)" if res.spec.kinds else ""
     note = "".join(f"; {' and '.join(names)} matched untied" for names in untied)
+    narrower = f"; B narrower in {len(res.widths)} groups, embedded in A's widths" if res.widths else ""
     typer.echo(
         f"{method}: {len(res.perm)} groups{rotated}{note}, {res.stats.get('seconds', 0.0):.2f} s; "
-        f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %; wrote {out}"
+        f"L2 reduction {l2_reduction(params_a, params_b, res):.2f} %{narrower}; wrote {out}"
     )
+
+
+def _own_module(path: Path, params: Any, reference: Any) -> Any:
+    """``params``, or the module of the checkpoint at ``path`` when they have other shapes than ``reference``'s."""
+    from lmclab.api.files import load_model_file
+
+    same = all(tuple(v.shape) == tuple(reference[k].shape) for k, v in params.items())
+    return params if same else load_model_file(path).model
 
 
 def _untied(net, inputs) -> tuple[Any, list[tuple[str, ...]]]:

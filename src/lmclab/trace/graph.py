@@ -39,6 +39,7 @@ from lmclab.trace.rotary import RotaryRules
 from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
 from lmclab.trace.state import Traced, exponent_of, unknown
+from lmclab.trace.widths import WidthRules
 
 RULES = FUNCTIONAL_RULES | CALL_RULES | ROUTING_RULES
 CARRY_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "pow", "rsqrt", "sqrt", "neg", "exp"}
@@ -63,6 +64,7 @@ class GraphTracer(
     PinnedRules,
     RoutingRules,
     KindRules,
+    WidthRules,
 ):
     """One pass over the graph in topological order, tagging each node's output: the rules of every mixin
     over one :class:`~lmclab.trace.state.TraceState` (``GraphTracer(gm, partial)``)."""
@@ -123,6 +125,7 @@ class GraphTracer(
             if (t := self.tags.get(node)) is not None and not self.well_formed(t):
                 self.refuse(node, "per-head features beside no axis of their heads, or two")
             self.rotations(node)
+            self.widths(node)
 
     def module(self, node: fx.Node, module: nn.Module) -> None:
         name, x = str(node.target), node.args[0] if node.args else None
@@ -290,4 +293,4 @@ class GraphTracer(
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
         axes, *kinded = self.kinded(axes, state)  # kinds, gains, biases, offsets, reasons (.kinds)
         spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), *kinded)
-        return Traced(spec, points)
+        return Traced(spec, points, self.fixed_widths(), tuple(self.scalars))

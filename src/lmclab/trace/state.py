@@ -46,6 +46,8 @@ class TraceState:
     gain_biases: dict[str, str] = field(default_factory=dict)  # a LayerNorm's gain -> its bias
     gain_offsets: dict[str, float] = field(default_factory=dict)  # a gain read as c + w -> c
     planes: dict[int, str] = field(default_factory=dict)  # group -> why only rotations of each plane keep it
+    fixed: dict[int, str] = field(default_factory=dict)  # group -> why its width may not differ (trace.widths)
+    scalars: list[tuple[str, float]] = field(default_factory=list)  # (node, number) of every float argument
 
     def __post_init__(self) -> None:
         if self.state_keys is None:
@@ -172,3 +174,5 @@ class Traced(NamedTuple):
 
     spec: PermutationSpec
     points: dict[str, list[str]]
+    fixed: dict[str, str] = {}  # group -> why its width may not differ between two models (lmclab.trace.widths)
+    scalars: tuple[tuple[str, float], ...] = ()  # the graph's numbers: (node, value), in the graph's order
