@@ -342,7 +342,7 @@ def test_three_queue_without_points_queues_every_point_but_the_costly_widths() -
     ]  # width-2048 and width-2048-wm-lr80 only when named
 
 
-def _fake_run(run: Path, width: int = 16) -> None:
+def _fake_run(run: Path, width: int = 16, symmetry: str = "permutation") -> None:
     """A finished run's params, history, pairs and alignment tables (no git: the commit reads as unknown)."""
     tables = run / "data" / "tables"
     tables.mkdir(parents=True)
@@ -351,7 +351,7 @@ def _fake_run(run: Path, width: int = 16) -> None:
         f"width: {width}, depth: 2, heads: 2, norm: layernorm, position: learned, mlp: gelu, tie_embeddings: true"
         "}}\n"
         "measure: {repair: repair}\ntrain: {epochs: 2, lr: 0.1, batch_size: 4, schedule: cosine, warmup_epochs: 0, "
-        "seeds: [0, 1, 2]}\n"
+        "seeds: [0, 1, 2]}\n" + (f"permute: {{symmetry: {symmetry}}}\n" if symmetry != "permutation" else "")
     )
     history = {"epoch": [1, 2, 2], "test_loss": [3.0, 1.0, 2.0], "test_acc": [0.1, 0.5, 0.3]}
     pd.DataFrame(history).to_parquet(tables / "history.parquet")
@@ -431,7 +431,7 @@ def test_the_orthogonal_page_sets_the_width_sweeps_orthogonal_runs_beside_the_st
     tmp_path,
 ) -> None:
     for name, width in (("run", 16), ("orthogonal", 16), ("ow32", 32)):
-        _fake_run(tmp_path / name, width)
+        _fake_run(tmp_path / name, width, "orthogonal" if name[0] == "o" else "permutation")
     out = tmp_path / "out"
     out.mkdir()
     sweep = [  # the study's sweep at width 32: its runs ended at test loss 1.5, as the fake runs do
@@ -453,9 +453,24 @@ def test_the_orthogonal_page_sets_the_width_sweeps_orthogonal_runs_beside_the_st
     assert "## Width" in page and "| 32 | 2.500 ± 0.010 | 1.500 ± 0.010 | 1.400 ± 0.010 | 1.200 ± 0.010 | " in page
     pd.DataFrame(sweep).assign(final_test_loss=1.6).to_parquet(out / "sweep.parquet")
     refused = CliRunner().invoke(app, [*args, "--out", str(out), "--width", f"32={tmp_path / 'ow32'}"])
-    assert f"--width 32: {tmp_path / 'ow32'} trained other models than the study's width-32 run" in refused.output
+    assert f"--width 32: {tmp_path / 'ow32'} trained other models than the permutation methods' at 32" in refused.output
     refused = CliRunner().invoke(app, [*args, "--out", str(out), "--width", "wide"])
     assert "--width: expected WIDTH=FOLDER, got 'wide'" in refused.output
+    _fake_run(tmp_path / "w32", 32)  # the width's own run aligned by permutations: replaces the sweep there
+    both = ["--width", f"32={tmp_path / 'w32'}", "--width", f"32={tmp_path / 'ow32'}"]
+    done = CliRunner().invoke(app, [*args, "--out", str(out), *both])
+    assert done.exit_code == 0, done.output  # its models end at 1.5, as the orthogonal run's: the sweep's 1.6 unread
+    at32 = pd.read_parquet(out / "orthogonal_widths.parquet").query("width == 32").set_index("method")
+    assert list(at32.index) == ["identity", "wm", "am", *orthogonal]  # the run's methods, no WM Sinkhorn
+    assert at32.loc["wm", "B_mid"] == pytest.approx(0.62) and at32.loc["wm", "pairs"] == 3  # 2 × (0.31 ± 0.01)
+    for bad, message in (
+        ([*both, "--width", f"32={tmp_path / 'ow32'}"], "--width 32: two runs aligned by orthogonal"),
+        (["--width", f"48={tmp_path / 'w32'}"], f"--width 48: {tmp_path / 'w32'} is a run at width 32"),
+        (["--width", f"16={tmp_path / 'w32'}"], "--width 16: the preset's own width (its runs: --run, --orthogonal)"),
+        (["--width", f"32={out}"], f"--width 32: {out} is no run (no params.yaml)"),
+    ):
+        refused = CliRunner().invoke(app, [*args, "--out", str(out), *bad])
+        assert refused.exit_code != 0 and message in refused.output, refused.output
 
 
 def test_a_runs_information_is_read_from_its_params_tables_and_git_commit(tmp_path) -> None:

@@ -107,7 +107,7 @@ def collect(
 def orthogonal(
     run: Path = typer.Option(..., help="the preset's finished run"),
     orthogonal: Path = typer.Option(..., help="a copy of it rerun with permute.symmetry: orthogonal"),
-    width: list[str] = typer.Option([], help="WIDTH=FOLDER: the study's sweep run at that width, orthogonal"),
+    width: list[str] = typer.Option([], help="WIDTH=FOLDER: a run at that width (orthogonal; permutations: its sweep)"),
     learned: list[Path] = typer.Option([], help="a copy of --orthogonal rerun with other permute.ste settings"),
     out: Path = typer.Option(Path("reports/lm")),
 ) -> None:

@@ -65,10 +65,11 @@ ROLES_NOTE = (
 
 WIDTHS_FIGURE = "![test B½ against width, permutations (solid) and orthogonal maps (dashed)](orthogonal_widths.png)"
 WIDTHS_NOTE = (
-    "Test B½ per width (mean ± std over pairs; in brackets, in circuit space where measured): the permutation "
-    "methods from the study's width sweep (its runs of 4 seeds, 2 pairs, no REPAIR; the preset's 6 seeds at its "
-    "width), the orthogonal ones from those runs' models aligned with `permute.symmetry: orthogonal` (each run "
-    "checked to end at the sweep's final test loss: the same models)."
+    "Test B½ per width (mean ± std over pairs, their number in the last column; in brackets, in circuit space where "
+    "measured), no REPAIR: the permutation methods from a run of the preset at that width aligned by permutations "
+    "where the page has one, else from the study's width sweep (4 seeds, 2 pairs); the orthogonal ones from the "
+    "same models aligned with `permute.symmetry: orthogonal` (each run checked to end at the permutation methods' "
+    "final test loss: the same trained models); at the preset's width its own runs."
 )
 
 
