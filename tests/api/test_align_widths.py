@@ -123,7 +123,10 @@ def test_refusals_name_the_argument():
     big, small = net(9, 5, 0), net(6, 3, 1)
     with pytest.raises(ValueError, match="group 'P_0' has 9 units, more than the reference model's 6"):
         lmclab.align(small, big, example_inputs=X[:2])
-    with pytest.raises(ValueError, match="model_b: a state dict of other shapes than model_a's; pass its module"):
+    with pytest.raises(
+        ValueError,
+        match=r"model_b: tensor 'inp.weight' has shape \(6, 5\), model_a's \(9, 5\) \(a model of other widths",
+    ):
         lmclab.align(big, small.state_dict(), example_inputs=X[:2])
     spec = trace(big, X[:2]).spec
     with pytest.raises(ValueError, match="spec: model_b differs from model_a in width"):
@@ -138,3 +141,31 @@ def test_refusals_name_the_argument():
         lmclab.align(big, Skip(6, 3).double(), example_inputs=X[:2])
     with pytest.raises(ValueError, match="model_b: tensor 'inp.weight' has shape"):
         lmclab.merge(big, small)
+
+
+@pytest.mark.parametrize("method", ["merge_many", "c2m3", "sync", "star"])
+def test_the_universe_methods_embed_every_narrower_model_in_the_first_ones_widths(method):
+    models = [net(9, 5, 0), net(6, 3, 1), net(9, 5, 2), net(4, 5, 3)]  # the last: narrower outside the bottleneck
+    res = lmclab.merge_many(models, method=method, example_inputs=X[:2])
+    assert res.widths == [{}, {"P_0": 6, "P_1": 3, "P_2": 6}, {}, {"P_0": 4, "P_2": 4}]
+    twin = net(9, 5, 4)
+    for model, aligned in zip(models, res.aligned, strict=True):
+        twin.load_state_dict(aligned)
+        with torch.no_grad():
+            assert torch.allclose(twin(X), model(X), rtol=1e-10, atol=1e-12)
+    mean = {k: sum(a[k] for a in res.aligned) / 4 for k in res.merged}
+    assert all(torch.allclose(res.merged[k], mean[k]) for k in mean)
+
+
+def test_merge_many_refusals_name_the_model():
+    big, small = net(9, 5, 0), net(6, 3, 1)
+    with pytest.raises(
+        ValueError,
+        match=r"models\[1\]: tensor 'inp.weight' has shape \(6, 5\), models\[0\]'s \(9, 5\) \(a model of other",
+    ):
+        lmclab.merge_many([big, small.state_dict()], example_inputs=X[:2])
+    with pytest.raises(ValueError, match=r"models\[1\]: group 'P_0' has 9 units, more than the reference model's 6"):
+        lmclab.merge_many([small, big], example_inputs=X[:2])
+    with pytest.raises(ValueError, match="spec: the models differ in width"):
+        lmclab.merge_many([big, small], spec=trace(big, X[:2]).spec, example_inputs=X[:2])
+    assert lmclab.merge_many([big, net(9, 5, 1)], example_inputs=X[:2]).widths == []  # one width: nothing embedded

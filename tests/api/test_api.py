@@ -189,7 +189,7 @@ def test_two_widths_are_aligned_by_embedding_the_narrower_and_its_state_dict_alo
     twin.load_state_dict(res.apply(narrow))
     with torch.no_grad():
         assert torch.allclose(twin(x), narrow(x), atol=1e-6)
-    message = r"^model_b: a state dict of other shapes than model_a's; pass its module"
+    message = r"^model_b: tensor '1.weight' has shape \(8, 12\), model_a's \(16, 12\) \(a model of other widths: pass"
     with pytest.raises(ValueError, match=message):
         lmclab.find_permutation(
             wide, narrow.state_dict(), method=method, example_inputs=x, data=(x, torch.zeros(8).long())

@@ -40,7 +40,15 @@ from torch import Tensor, nn
 
 from lmclab.api.alignment import Alignment, aligned_pair
 from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
-from lmclab.api.widths import check_same_architecture, check_same_numbers, differ, embedded, narrowed, twin_trace
+from lmclab.api.widths import (
+    check_same_architecture,
+    check_same_numbers,
+    differ,
+    embedded,
+    narrowed,
+    shapes_refused,
+    twin_trace,
+)
 from lmclab.core.batches import Batches, streamed
 from lmclab.core.canonical import fold_gains, shared_parameters
 from lmclab.core.merge import check_lam, lerp_params
@@ -125,7 +133,7 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
     weights = read_weights(opened.models, ["model_a", "model_b"], torch.device("cpu"), same_shapes=False)
-    twin = twin_of(opened, spec) if differ(weights.params) else None  # θb of other widths: traced too
+    twin = twin_of(opened, weights.params, spec) if differ(weights.params) else None  # θb of other widths: traced too
     problem = resolve(
         opened.models[0],
         spec=spec if spec is not None else opened.spec if symmetry == "permutation" and twin is None else None,
@@ -146,16 +154,13 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     return Alignment(method, problem.spec, perm, dict(result.stats), widths)
 
 
-def twin_of(opened: Opened, spec: PermutationSpec | None) -> nn.Module:
+def twin_of(opened: Opened, params: Sequence[Params], spec: PermutationSpec | None) -> nn.Module:
     """θb's module, to trace beside θa's when the two differ in width (:mod:`lmclab.api.widths`); one line when it
-    has none (a state dict alone) or a spec is given (it proves nothing about widths)."""
+    has none (a state dict alone: its first tensor of another shape named) or a spec is given."""
     if spec is not None:
         raise ValueError("spec: model_b differs from model_a in width; both are traced to prove which groups may")
     if opened.modules[1] is None:
-        raise ValueError(
-            "model_b: a state dict of other shapes than model_a's; pass its module (or a checkpoint that builds one) "
-            "to align models of different widths: its forward is traced"
-        )
+        shapes_refused(*params, "model_b", "model_a")
     return opened.modules[1]
 
 

@@ -27,15 +27,18 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from lmclab.api.alignment import short_groups, short_stats
 from lmclab.api.functions import check_symmetry, checked_options, in_symmetry, training_data
 from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, read_weights, resolve, skeleton
+from lmclab.api.widths import differ, embedded_all
 from lmclab.core.bn_repair import repair_bn, repair_subset
 from lmclab.core.canonical import fold_gains
 from lmclab.core.device import resolve_device
@@ -54,7 +57,9 @@ class ManyMerge:
     their mean). Transform methods (CCA Merge, ZipIt!): ``merges``/``unmerges`` (per model, group →
     matrix; ``merged = Σ_i M_i θ_i U_i``) and no ``aligned``; a partial zip has ``merged = None`` and
     one network per model in ``heads``. ``repair``: the repair applied to ``merged`` (``bn``,
-    ``repair``) or None; ``stats``: what the method recorded."""
+    ``repair``) or None; ``stats``: what the method recorded; ``widths``: for models of different widths, each
+    one's units where it is narrower than ``models[0]``, in whose widths it was embedded (:mod:`lmclab.core.widths`;
+    ``perms`` then act on the embedded models; empty when all have one width)."""
 
     method: str
     merged: Params | None
@@ -65,6 +70,7 @@ class ManyMerge:
     heads: list[Params] = field(default_factory=list)
     repair: str | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    widths: list[dict[str, int]] = field(default_factory=list)  # per model, its units where narrower than models[0]
 
     def __repr__(self) -> str:
         n = len(self.perms or self.merges)
@@ -137,9 +143,13 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
     options = _check_call(models, method, options, data, repair, symmetry)
     names = [f"models[{i}]" for i in range(len(models))]
     opened = open_models(models, names, model=model, factory=factory, kwargs=kwargs)
+    weights = read_weights(opened.models, names, torch.device("cpu"), same_shapes=False)  # widths: lmclab.api.widths
+    other = differ(weights.params)
+    if other and spec is not None:
+        raise ValueError("spec: the models differ in width; they are traced to prove which groups may")
     problem = resolve(
         opened.models[0],
-        spec=spec if spec is not None else opened.spec if symmetry == "permutation" else None,  # kinds: traced
+        spec=spec if spec is not None else opened.spec if symmetry == "permutation" and not other else None,
         model=opened.model,
         example_inputs=example_inputs,
         data=data,
@@ -149,10 +159,11 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
         symmetry=symmetry,
     )
     problem = in_symmetry(problem, symmetry, type(problem.model or opened.model or opened.models[0]).__name__)
-    weights = read_weights(opened.models, names, problem.device)  # in one dtype, each one's own kept
-    for p, name in zip(weights.params, names, strict=True):
-        problem.spec.check(p, name)
+    weights = weights._replace(params=[{k: v.to(problem.device) for k, v in p.items()} for p in weights.params])
     params = [fold_gains(problem.spec, p, name) for p, name in zip(weights.params, names, strict=True)]
+    params, widths = embedded_all(problem, opened.modules, params, names, symmetry) if other else (params, [])
+    for p, name in zip(params, names, strict=True):
+        problem.spec.check(p, name)
     points = points if points is not None else opened.points if opened.spec is not None else problem.points
     # REPAIR and the BatchNorm reset revisit a fixed subset: with a repair the data is held in memory
     held = repair != "none"
@@ -169,7 +180,7 @@ def merge_many(  # size: the signature lists each keyword of the API (the body i
         data=train,
         progress=progress,
     )
-    return _collected(method, problem, weights, params, result, fix)
+    return dataclasses.replace(_collected(method, problem, weights, params, result, fix), widths=widths)
 
 
 def _repair_of(repair: str, net: nn.Module | None, train: Any) -> tuple[str, Any, Any] | None:

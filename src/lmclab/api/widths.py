@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.api.inputs import on_device, traced_inputs
-from lmclab.core.spec import PermutationSpec
+from lmclab.api.weights import check_same_shapes
+from lmclab.core.spec import Params, PermutationSpec
 from lmclab.core.widths import check_free, narrower_groups, plain_sizes, widened
 from lmclab.trace.state import Traced
 
@@ -39,6 +40,37 @@ def twin_trace(twin: nn.Module, inputs: Any, symmetry: str) -> Traced:
 
     twin = on_device(twin, torch.device("cpu"))
     return trace(twin, traced_inputs(inputs, dict(twin.state_dict())), symmetry=symmetry)
+
+
+def embedded_all(
+    problem: Any, modules: Sequence[nn.Module | None], params: Sequence[Params], names: Sequence[str], symmetry: str
+) -> tuple[list[Params], list[dict[str, int]]]:
+    """Every model of ``params`` of other widths than the first (the reference: the widest in every group)
+    embedded in its widths once its module (``modules``) is proved one architecture with it and narrower only where
+    the widths are free (:func:`narrowed`); the models as embedded, and each one's widths ({}: the reference's)."""
+    sizes, out, widths = problem.spec.group_sizes(params[0]), [params[0]], [{}]
+    for p, module, name in zip(params[1:], modules[1:], names[1:], strict=True):
+        found = {}
+        if differ([params[0], p]):
+            if module is None:
+                shapes_refused(params[0], p, name, names[0])
+            traced = twin_trace(module, problem.inputs, symmetry)
+            check_same_architecture(problem.traced, traced, name)
+            reference = problem.traced._replace(spec=problem.spec, fixed={**traced.fixed, **problem.traced.fixed})
+            found = narrowed(reference, params[0], p, name)
+            check_same_numbers(problem.traced, traced, name)
+        out.append(embedded(problem.spec, p, sizes, found, name) if found else p)
+        widths.append(found)
+    return out, widths
+
+
+def shapes_refused(reference: Params, params: Params, what: str, reference_what: str) -> None:
+    """The one line naming ``what``'s first tensor of another shape than ``reference``'s, saying how a model of
+    other widths is aligned: through its module, whose forward is traced."""
+    try:
+        check_same_shapes(reference, params, what, reference_what)
+    except ValueError as err:
+        raise ValueError(f"{err} (a model of other widths: pass its module, whose forward is traced)") from None
 
 
 def differ(params: Sequence[Mapping[str, Tensor]]) -> bool:
@@ -65,25 +97,31 @@ def check_same_numbers(a: Traced, b: Traced, what: str = "model_b") -> None:
         raise ValueError(f"{what}: its graph has other numbers than model_a's: not one architecture at two widths")
 
 
-def narrowed(traced: Traced, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> dict[str, int]:
+def narrowed(
+    traced: Traced, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], what: str = "model_b"
+) -> dict[str, int]:
     """θb's units of each group where it is narrower than θa, checked to be groups whose width the trace leaves
     free (:func:`lmclab.core.widths.check_free`); one line unless θb is nowhere wider."""
     sizes_a = traced.spec.group_sizes(params_a)
-    narrower = narrower_groups(sizes_a, plain_sizes(traced.spec, params_b))
-    check_free(narrower, traced.fixed)
+    narrower = narrower_groups(sizes_a, plain_sizes(traced.spec, params_b, what), what)
+    check_free(narrower, traced.fixed, what)
     return narrower
 
 
 def embedded(
-    spec: PermutationSpec, params_b: Mapping[str, Tensor], sizes: Mapping[str, int], widths: Mapping[str, int]
+    spec: PermutationSpec,
+    params_b: Mapping[str, Tensor],
+    sizes: Mapping[str, int],
+    widths: Mapping[str, int],
+    what: str = "model_b",
 ) -> dict[str, Tensor]:
     """``ι(θb)`` at ``sizes`` (θa's units per group) from θb's ``widths`` where they differ; one line naming θb
     unless its groups have exactly those units."""
     own = {**sizes, **widths}
-    found = plain_sizes(spec, params_b, "model_b")
+    found = plain_sizes(spec, params_b, what)
     if found != own:
         wrong = next(g for g in own if found.get(g) != own[g])
-        raise ValueError(f"model_b: group {wrong!r} has {found.get(wrong)} units, the alignment's θb {own[wrong]}")
+        raise ValueError(f"{what}: group {wrong!r} has {found.get(wrong)} units, the alignment's θb {own[wrong]}")
     return widened(spec, params_b, sizes, own)
 
 

@@ -41,7 +41,7 @@ def narrower_groups(sizes_a: Mapping[str, int], sizes_b: Mapping[str, int], what
         if n > sizes_a[group]:
             raise ValueError(
                 f"{what}: group {group!r} has {n} units, more than the reference model's {sizes_a[group]}; "
-                "the wider model is the reference (model_a), the narrower one is embedded in its widths"
+                "the widest model is the reference (model_a, models[0]), the narrower ones are embedded in its widths"
             )
     return {g: n for g, n in sizes_b.items() if n != sizes_a[g]}
 
