@@ -184,7 +184,8 @@ AT_LEAST_2 = "models: expected a list of at least 2 models (nn.Modules, state di
         ),
         (
             lambda m, x: lmclab.merge_many([m, {**m.state_dict(), "3.bias": torch.zeros(5)}], example_inputs=x),
-            "models[1]: tensor '3.bias' has shape (5,), models[0]'s (16,) (a model of other widths: pass its module, whose forward is traced)",
+            "models[1]: tensor '3.bias' has shape (5,), models[0]'s (16,)"
+            " (a model of other widths: pass its module, whose forward is traced)",
         ),
         (
             lambda m, x: lmclab.merge_many([m, m, {k: torch.zeros(2) for k in "wxyz"}], example_inputs=x),
