@@ -68,6 +68,12 @@ def test_a_planted_embedding_is_recovered_and_loads_with_the_narrow_models_funct
         assert res.spec.kinds == {"P_1": "orthogonal"}
         assert torch.allclose(aligned["down.weight"], big.state_dict()["down.weight"], atol=1e-9)
     assert lmclab.l2_reduction(big, small, res) > 20
+    for group, n in res.widths.items():  # π ∘ ι: orthonormal columns; a permutation group's one 1 per column
+        q = res.matrix(group)
+        assert q.shape == (len(res.perm[group]), n) and torch.allclose(q.T @ q, torch.eye(n, dtype=q.dtype))
+        assert symmetry == "orthogonal" and group == "P_1" or set(q.unique().tolist()) == {0.0, 1.0}
+    with pytest.raises(ValueError, match="group: 'P_9' is not a group of the alignment"):
+        res.matrix("P_9")
 
 
 def test_merges_and_curves_run_through_the_embedding():

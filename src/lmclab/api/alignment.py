@@ -29,6 +29,7 @@ from lmclab.api.inputs import Model, params_of
 from lmclab.api.widths import embedded
 from lmclab.core import spec as spec_ops
 from lmclab.core.canonical import fold_gains
+from lmclab.core.orthogonal import as_matrix
 from lmclab.core.spec import Params, Permutation, PermutationSpec
 from lmclab.core.spec_data import spec_from_data, spec_to_data
 
@@ -109,6 +110,15 @@ class Alignment:
     def apply(self, params_b: Model) -> Params:
         """π(θb) for a module, state dict or checkpoint path ``params_b`` (in its own dtype)."""
         return aligned_to(self, params_of(params_b, "params_b", torch.device("cpu")), "params_b")
+
+    def matrix(self, group: str) -> Tensor:
+        """The element of ``group`` as the ``n_a × n_b`` matrix (float64) that maps θb's units onto θa's: a
+        permutation matrix (``P[i, perm[i]] = 1``) or an orthogonal map, and for θb narrower there (``widths``)
+        its first ``n_b`` columns — a semi-permutation (one 1 per column) or a map with orthonormal columns."""
+        if group not in self.perm:
+            raise ValueError(f"group: {group!r} is not a group of the alignment ({sorted(self.perm)[:3]} …)")
+        full = as_matrix(self.perm[group].cpu())
+        return full[:, : self.widths.get(group, full.shape[1])]
 
     def save(self, path: str | os.PathLike) -> None:
         """The alignment with its spec, written atomically to ``path`` (read back by :func:`load_alignment`);
