@@ -4,10 +4,11 @@ weights (nothing downloaded), one a planted copy of the other's permutation or a
 
     python benchmarks/bench_llm_memory.py --shape 155m
 
-Each command runs in its own process; its wall time and peak resident memory (``wait4``'s ``ru_maxrss``: every
-page the process held at once, the interpreter's imports included) are one row, beside the size of one checkpoint
-folder. ``--phases`` adds, for ``match``, the peak after each step of :func:`lmclab.align` (reading the weights,
-tracing, the search, the L2 reduction) in one more process: where the memory goes. Writes
+Each command runs in its own process, started by this one while it holds no model (Linux keeps a process's peak
+across ``exec``: the folders are built in another child); its wall time and peak resident memory (``wait4``'s
+``ru_maxrss``: every page the process held at once, the interpreter's imports included) are one row, beside the
+size of one checkpoint folder. ``--phases`` adds, for ``match``, the peak after each step of :func:`lmclab.align`
+(reading the weights, tracing, the search, the L2 reduction) in one more process: where the memory goes. Writes
 ``benchmarks/results/llm_memory.json`` (the shape's rows replaced, the others kept).
 """
 
@@ -95,16 +96,20 @@ def phases(a: str, b: str) -> None:
 def main(
     shape: str = typer.Option("155m", help=f"one of {sorted(SHAPES)}"),
     phases_of: str = typer.Option(None, help="internal: A,B folders whose match steps to profile"),
+    build_into: Path = typer.Option(None, help="internal: build the shape's two folders there"),
     with_phases: bool = typer.Option(True, "--phases/--no-phases", help="also profile match step by step"),
 ) -> None:
     if phases_of:
         return phases(*phases_of.split(","))
+    if build_into:
+        return print(build(shape, build_into))
     layout = dict(zip(("hidden", "layers", "mlp", "heads", "kv_heads", "vocab"), SHAPES[shape], strict=True))
     run = this_run(shape=shape, layout=layout)
     lmclab = [sys.executable, "-m", "lmclab"]
     with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # mode 0700: this user only
         work = Path(tmp)
-        params = build(shape, work)
+        made = [sys.executable, __file__, "--shape", shape, "--build-into", str(work)]
+        params = int(subprocess.run(made, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
         folder = sum(f.stat().st_size for f in (work / "a").iterdir()) / 1e9
         rows = []
         for step, args in (
