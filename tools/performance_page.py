@@ -290,6 +290,27 @@ def orthogonal(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def llm_memory(record: dict) -> str:
+    """Per shape and command: wall seconds and peak resident memory against one checkpoint folder; match's peak
+    by step."""
+    run = record["runs"][-1]
+    out = [
+        f"Measured by {_by(run)}; two Llama-style Hugging Face folders of bfloat16 shards built from a config with "
+        "random weights, each command in its own process (its peak resident memory, imports included).",
+        "",
+        "| shape | parameters | one folder | command | seconds | peak memory | × one folder |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        ratio = row["peak_gb"] / row["checkpoint_gb"]
+        out.append(
+            f"| {row['shape']} | {row['params'] / 1e6:.1f} M | {row['checkpoint_gb']:.2f} GB "
+            f"| `lmclab {row['command']}` | {_seconds(row['seconds'])} | {row['peak_gb']:.2f} GB | {ratio:.1f} |"
+        )
+    steps = " → ".join(f"{p['step']} {p['peak_gb']:.2f} GB" for p in run.get("phases", []))
+    return "\n".join(out) + (f"\n\n`lmclab match`'s peak after each step: {steps}.\n" if steps else "\n")
+
+
 def generated(
     results: Path = RESULTS / "contention.json",
     sizes: Path = RESULTS / "wm_sizes.json",
@@ -299,6 +320,7 @@ def generated(
     lm: Path = RESULTS / "lm_epoch.json",
     lm_run: Path = RESULTS / "lm_run.json",
     rotations: Path = RESULTS / "orthogonal.json",
+    memory: Path = RESULTS / "llm_memory.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
@@ -311,6 +333,7 @@ def generated(
         f"\n### Training the language-model preset\n\n{lm_epoch(json.loads(lm.read_text()))}"
         f"\n### The language-model preset's whole run\n\n{preset_run(json.loads(lm_run.read_text()))}"
         f"\n### Weight matching in the orthogonal group\n\n{orthogonal(json.loads(rotations.read_text()))}"
+        f"\n### Language models at their stored size\n\n{llm_memory(json.loads(memory.read_text()))}"
         + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 
