@@ -184,9 +184,9 @@ def test_a_merge_takes_no_device_and_reads_both_models_on_the_cpu(monkeypatch) -
 
     asked, read = [], functions.read_weights
 
-    def recording(models, names, device):
+    def recording(models, names, device, **keywords):
         asked.append(device)
-        return read(models, names, device)
+        return read(models, names, device, **keywords)
 
     monkeypatch.setattr(functions, "read_weights", recording)
     merged = lmclab.merge(*_pair("fp32", "f64"), lam=0.5)
