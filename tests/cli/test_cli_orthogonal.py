@@ -62,19 +62,19 @@ def _logits(folder: Path) -> torch.Tensor:
 
 
 def test_match_undoes_a_rotated_stream_and_merge_writes_a_folder_of_a_s_function(work: Path) -> None:
-    out = lmclab(work, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt").stdout
+    out = lmclab(work, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt", shell=False).stdout
     assert f"({(work / 'kinds').read_text()} orthogonal)" in out and "L2 reduction 100.00 %" in out
-    lmclab(work, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged")
+    lmclab(work, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged", shell=False)
     reference = _logits(work / "a")
     torch.testing.assert_close(_logits(work / "merged"), reference, rtol=1e-4, atol=1e-4)
-    out = lmclab(work, "match", "a", "b", "--out", "perm.pt").stdout  # permutations only
+    out = lmclab(work, "match", "a", "b", "--out", "perm.pt", shell=False).stdout  # permutations only
     assert "L2 reduction 100.00 %" not in out
-    lmclab(work, "merge", "a", "b", "--alignment", "perm.pt", "--lam", "0.3", "--out", "permuted")
+    lmclab(work, "merge", "a", "b", "--alignment", "perm.pt", "--lam", "0.3", "--out", "permuted", shell=False)
     assert (_logits(work / "permuted") - reference).abs().max() > 1e-2
 
 
 def test_merge_many_merges_a_rotated_copy_back_into_a_folder_of_a_s_function(work: Path) -> None:
-    out = lmclab(work, "merge-many", "a", "b", "--symmetry", "orthogonal", "--out", "many").stdout
+    out = lmclab(work, "merge-many", "a", "b", "--symmetry", "orthogonal", "--out", "many", shell=False).stdout
     assert out.startswith(f"merge_many: 2 models ({(work / 'kinds').read_text()} orthogonal), ")
     torch.testing.assert_close(_logits(work / "many"), _logits(work / "a"), rtol=1e-4, atol=1e-4)
     args = ("merge-many", "a", "b", "--method", "zipit", "--symmetry", "orthogonal", "--out", "x")
@@ -91,7 +91,9 @@ def test_trace_lists_the_kinds_and_the_gains(work: Path, tmp_path: Path) -> None
         "import transformers\n"
         f"def build(**kw):\n    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**({LLAMA!r} | kw)))\n"
     )
-    out = lmclab(tmp_path, "trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal").stdout
+    out = lmclab(
+        tmp_path, "trace", "llama_factory:build", "--input-shape", "8", "--symmetry", "orthogonal", shell=False
+    ).stdout
     query = "model.layers.0.self_attn.q_proj.weight[0] (2 copies), model.layers.0.self_attn.k_proj.weight[0]"
     assert f"P_1 (16 units, rotary; 2 heads, head order P_heads_0): {query}" in out  # grouped queries: 2 per key head
     assert "model.layers.0.self_attn.v_proj.weight[0], model.layers.0.self_attn.o_proj.weight[1] (2 copies)" in out
@@ -127,14 +129,14 @@ def tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_match_aligns_tied_folders_untied_and_merge_writes_the_head_as_its_values_say(tied: Path) -> None:
-    out = lmclab(tied, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt").stdout
+    out = lmclab(tied, "match", "a", "b", "--symmetry", "orthogonal", "--out", "rot.pt", shell=False).stdout
     assert "(5 orthogonal); model.embed_tokens.weight and lm_head.weight matched untied, " in out
     assert "L2 reduction 100.00 %" in out
-    lmclab(tied, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged")
+    lmclab(tied, "merge", "a", "b", "--alignment", "rot.pt", "--lam", "0.3", "--out", "merged", shell=False)
     torch.testing.assert_close(_logits(tied / "merged"), _logits(tied / "a"), rtol=1e-4, atol=1e-4)
     assert json.loads((tied / "merged" / "config.json").read_text())["tie_word_embeddings"]  # equal: tied still
-    lmclab(tied, "match", "a", "c", "--symmetry", "orthogonal", "--out", "rot_c.pt")
-    lmclab(tied, "merge", "a", "c", "--alignment", "rot_c.pt", "--out", "merged_c")
+    lmclab(tied, "match", "a", "c", "--symmetry", "orthogonal", "--out", "rot_c.pt", shell=False)
+    lmclab(tied, "merge", "a", "c", "--alignment", "rot_c.pt", "--out", "merged_c", shell=False)
     assert not json.loads((tied / "merged_c" / "config.json").read_text())["tie_word_embeddings"]
     written = load_file(tied / "merged_c" / "model.safetensors")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tied / "merged_c").state_dict()

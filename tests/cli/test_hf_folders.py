@@ -66,17 +66,20 @@ def states(folder: Path) -> dict[str, torch.Tensor]:
 def test_match_finds_the_planted_permutation_of_gpt2_and_merge_writes_a_folder(work: Path) -> None:
     out = lmclab(work, "match", "a", "b", "--out", "p.pt").stdout
     assert "L2 reduction 100.00 %" in out
-    lmclab(work, "merge", "a", "b", "--alignment", "p.pt", "--lam", "0.3", "--out", "merged")
+    lmclab(work, "merge", "a", "b", "--alignment", "p.pt", "--lam", "0.3", "--out", "merged", shell=False)
     a, merged = states(work / "a"), states(work / "merged")
     assert merged.keys() == a.keys() and all(torch.allclose(merged[k], v, atol=1e-6) for k, v in a.items())
-    lmclab(work, "merge", "a", "b", "--lam", "0.3", "--out", "naive")  # no permutation: 0.3·θa + 0.7·θb
+    lmclab(work, "merge", "a", "b", "--lam", "0.3", "--out", "naive", shell=False)  # no permutation: 0.3·θa + 0.7·θb
     b, naive = states(work / "b"), states(work / "naive")
     assert all(torch.allclose(naive[k], 0.3 * v + 0.7 * b[k], atol=1e-6) for k, v in a.items())
 
 
 @pytest.mark.parametrize("pair", ["l", "b", "v"], ids=["llama-gqa", "bert", "vit"])
 def test_match_recovers_a_planted_permutation_from_folders(work: Path, pair: str) -> None:
-    assert "L2 reduction 100.00 %" in lmclab(work, "match", f"{pair}a", f"{pair}b", "--out", f"{pair}p.pt").stdout
+    assert (
+        "L2 reduction 100.00 %"
+        in lmclab(work, "match", f"{pair}a", f"{pair}b", "--out", f"{pair}p.pt", shell=False).stdout
+    )
 
 
 @pytest.mark.parametrize("layout", ["bin", "shards"])
@@ -248,7 +251,7 @@ def test_folders_of_other_mlp_widths_are_matched_and_merged_into_the_wider_archi
     for name, inner, seed in (("a", 64, 0), ("b", 40, 1)):
         torch.manual_seed(seed)
         transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2, n_inner=inner)).save_pretrained(tmp_path / name)
-    out = lmclab(tmp_path, "match", "a", "b", "--out", "perm.pt").stdout
+    out = lmclab(tmp_path, "match", "a", "b", "--out", "perm.pt", shell=False).stdout
     assert "B narrower in 2 groups, embedded in A's widths" in out
     lmclab(tmp_path, "merge", "a", "b", "--alignment", "perm.pt", "--lam", "0", "--out", "m", shell=False)
     merged = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "m").eval()
