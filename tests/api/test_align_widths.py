@@ -172,6 +172,8 @@ def test_merge_many_refusals_name_the_model():
         lmclab.merge_many([big, small.state_dict()], example_inputs=X[:2])
     with pytest.raises(ValueError, match=r"models\[1\]: group 'P_0' has 9 units, more than the reference model's 6"):
         lmclab.merge_many([small, big], example_inputs=X[:2])
+    with pytest.raises(ValueError, match=r"models\[2\]: node 'mul' computes with 0\.5, models\[0\]'s with 1: a number"):
+        lmclab.merge_many([big, small, net(6, 3, 2, scale=0.5)], example_inputs=X[:2])
     with pytest.raises(ValueError, match="spec: the models differ in width"):
         lmclab.merge_many([big, small], spec=trace(big, X[:2]).spec, example_inputs=X[:2])
     assert lmclab.merge_many([big, net(9, 5, 1)], example_inputs=X[:2]).widths == []  # one width: nothing embedded

@@ -55,10 +55,10 @@ def embedded_all(
             if module is None:
                 shapes_refused(params[0], p, name, names[0])
             traced = twin_trace(module, problem.inputs, symmetry)
-            check_same_architecture(problem.traced, traced, name)
+            check_same_architecture(problem.traced, traced, name, names[0])
             reference = problem.traced._replace(spec=problem.spec, fixed={**traced.fixed, **problem.traced.fixed})
             found = narrowed(reference, params[0], p, name)
-            check_same_numbers(problem.traced, traced, name)
+            check_same_numbers(problem.traced, traced, name, names[0])
         out.append(embedded(problem.spec, p, sizes, found, name) if found else p)
         widths.append(found)
     return out, widths
@@ -78,23 +78,23 @@ def differ(params: Sequence[Mapping[str, Tensor]]) -> bool:
     return any(tuple(p[k].shape) != tuple(v.shape) for p in params[1:] for k, v in params[0].items() if k in p)
 
 
-def check_same_architecture(a: Traced, b: Traced, what: str = "model_b") -> None:
+def check_same_architecture(a: Traced, b: Traced, what: str = "model_b", reference: str = "model_a") -> None:
     """One line naming ``what`` unless its trace ``b`` has ``a``'s groups: the same spec but for its composite
     axes' lengths."""
     if _shapeless(a.spec) != _shapeless(b.spec):
-        raise ValueError(f"{what}: its symmetry groups are not model_a's: not one architecture at two widths")
+        raise ValueError(f"{what}: its symmetry groups are not {reference}'s: not one architecture at two widths")
 
 
-def check_same_numbers(a: Traced, b: Traced, what: str = "model_b") -> None:
+def check_same_numbers(a: Traced, b: Traced, what: str = "model_b", reference: str = "model_a") -> None:
     """One line naming ``what`` unless the numbers of its graph ``b`` are those of ``a`` (module docstring)."""
     for (node, value), (_, theirs) in zip(a.scalars, b.scalars, strict=False):
         if value != theirs:
             raise ValueError(
-                f"{what}: node {node!r} computes with {theirs:g}, model_a's with {value:g}: a number that depends "
+                f"{what}: node {node!r} computes with {theirs:g}, {reference}'s with {value:g}: a number that depends "
                 "on the width, so the narrower model in the wider one's graph would compute another function"
             )
     if len(a.scalars) != len(b.scalars):
-        raise ValueError(f"{what}: its graph has other numbers than model_a's: not one architecture at two widths")
+        raise ValueError(f"{what}: its graph has other numbers than {reference}'s: not one architecture at two widths")
 
 
 def narrowed(
