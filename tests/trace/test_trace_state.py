@@ -93,3 +93,22 @@ def test_check_fails_on_a_state_that_breaks_an_invariant(breaks) -> None:
     breaks(tracer)
     with pytest.raises(AssertionError):
         tracer.check()
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_model_built_on_the_meta_device_traces_to_the_spec_of_its_weighted_twin(tied: bool) -> None:
+    """A model without weights (the ``meta`` device, where every tensor's address is 0) is traced as its twin with
+    weights: ties are told by the parameter objects, so same-shaped weights are not taken for one tensor, and a
+    head tied to the embeddings still is (both symmetries: the kinds read the ties too)."""
+    from lmclab.archs import build_model, make_config
+    from lmclab.trace import trace
+
+    config = make_config("gpt", input_shape=[8], num_classes=40, width=16, heads=2, depth=2, tie_embeddings=tied)
+    real = build_model("gpt", config, seed=0).eval()
+    with torch.device("meta"):
+        meta = build_model("gpt", config, seed=0).eval()
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+    for symmetry in ("permutation", "orthogonal"):
+        expected = trace(real, tokens, symmetry=symmetry).spec
+        assert trace(meta, tokens.to("meta"), symmetry=symmetry).spec == expected
+        assert expected.kinds or symmetry == "permutation"

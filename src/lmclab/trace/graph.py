@@ -38,7 +38,7 @@ from lmclab.trace.pinned import COMBINED, PinnedRules
 from lmclab.trace.rotary import RotaryRules
 from lmclab.trace.routing import ROUTING_RULES, RoutingRules
 from lmclab.trace.shapes import ShapeRules
-from lmclab.trace.state import Traced, exponent_of, unknown
+from lmclab.trace.state import Traced, exponent_of, tensor_identity, unknown
 from lmclab.trace.widths import WidthRules
 
 RULES = FUNCTIONAL_RULES | CALL_RULES | ROUTING_RULES
@@ -240,13 +240,14 @@ class GraphTracer(
         t, k = self.tag(arg), axis - (ndim - len(self.shape(arg)))
         return None if t is None or k < 0 else t.at(k)
 
-    def share_tied(self, state: dict[str, torch.Tensor]) -> None:
-        """Entries that are one tensor (an embedding tied to the output head) are permuted alike: each axis by
-        what every use of it allows (unpermuted where one use leaves it so)."""
-        tied: dict[tuple, list[str]] = {}
-        for key, value in state.items():
-            if value.dim():
-                tied.setdefault((value.data_ptr(), tuple(value.shape), value.stride(), value.dtype), []).append(key)
+    def share_tied(self, identity: dict[str, object], state: dict[str, torch.Tensor]) -> None:
+        """Entries that are one tensor (an embedding tied to the output head; ``identity``:
+        :func:`lmclab.trace.state.tensor_identity`) are permuted alike: each axis by what every use of it allows
+        (unpermuted where one use leaves it so)."""
+        tied: dict[object, list[str]] = {}
+        for key, same in identity.items():
+            if state[key].dim():
+                tied.setdefault(same, []).append(key)
         for keys in tied.values():
             used = [k for k in keys if k in self.axes]
             for key in used[1:]:
@@ -272,7 +273,8 @@ class GraphTracer(
     def result(self, model: nn.Module) -> Traced:
         """The spec of ``model``'s state_dict (untouched entries: no permuted axis) and the AM points."""
         state = model.state_dict()
-        self.share_tied(state)
+        identity = tensor_identity(model, state)  # on the meta device too: a model built without weights
+        self.share_tied(identity, state)
         self.settle_rigid()
         self.groups.pin_ties()
         axes = {
@@ -291,6 +293,6 @@ class GraphTracer(
                 for kind, point in points:
                     found.setdefault(name, {}).setdefault(kind, []).append(point + f":{seg.block}" * (seg.block > 1))
         points = {g: kinds.get("norm") or kinds["layer"] for g, kinds in found.items()}
-        axes, *kinded = self.kinded(axes, state)  # kinds, gains, biases, offsets, reasons (.kinds)
+        axes, *kinded = self.kinded(axes, identity)  # kinds, gains, biases, offsets, reasons (.kinds)
         spec = PermutationSpec(axes, stats_of(axes), heads, self.pinned_record(), *kinded)
         return Traced(spec, points, self.fixed_widths(), tuple(self.scalars))

@@ -14,7 +14,7 @@ WHOLE = "its heads are a whole nn.MultiheadAttention's, whose products the trace
 class KindRules(RotationRules):
     """The kinds and gains of the spec (:meth:`kinded`), once the pass is over."""
 
-    def kinded(self, axes: dict, state: dict) -> tuple[dict, ...]:
+    def kinded(self, axes: dict, identity: dict[str, object]) -> tuple[dict, ...]:
         """For ``symmetry="orthogonal"``: the spec's axes with every gain on an orthogonal group left out of it
         (held at 1), its kinds, gains (:meth:`kinds`), the gains' biases and offsets, and why each other named
         group's kind is narrower (:meth:`reasons`); else ``axes`` as they are, no kinds."""
@@ -22,7 +22,7 @@ class KindRules(RotationRules):
             return axes, {}, {}, {}, {}, {}
         kinds, gains = self.kinds(axes)
         reasons = self.reasons(kinds)
-        tied = _tied_keys(state)
+        tied = _tied_keys(identity)
         for gain, readers in gains.items():  # a reader tied to another entry (the head) cannot take the gain alone
             if tied_reader := next((r for r in readers if len(tied.get(r, ())) > 1), None):
                 for group in axes[gain]:
@@ -78,9 +78,10 @@ class KindRules(RotationRules):
         return {name: first.get(root, RUNS) for root, name in self.names.items() if kinds.get(name) != "orthogonal"}
 
 
-def _tied_keys(state: dict) -> dict[str, tuple[str, ...]]:
-    """Each entry of ``state`` with every entry that is the same tensor (an embedding tied to the head)."""
-    by_tensor: dict[tuple, list[str]] = {}
-    for key, value in state.items():
-        by_tensor.setdefault((value.data_ptr(), tuple(value.shape)), []).append(key)
+def _tied_keys(identity: dict[str, object]) -> dict[str, tuple[str, ...]]:
+    """Each entry with every entry that is the same tensor (an embedding tied to the head; ``identity``:
+    :func:`lmclab.trace.state.tensor_identity`)."""
+    by_tensor: dict[object, list[str]] = {}
+    for key, same in identity.items():
+        by_tensor.setdefault(same, []).append(key)
     return {k: tuple(keys) for keys in by_tensor.values() for k in keys}

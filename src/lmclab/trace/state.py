@@ -168,6 +168,19 @@ def unknown(node: fx.Node) -> str:
     return "an operation the tracer does not know"
 
 
+def tensor_identity(model: nn.Module, state: dict) -> dict[str, object]:
+    """What each entry of ``state`` (``model``'s) is, so that two entries that are one tensor (an embedding tied to
+    the head) compare equal: its storage's address, shape, strides and dtype — and on the ``meta`` device, where
+    every tensor's address is 0, the parameter or buffer object itself (a model built without weights)."""
+    owned = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    return {
+        key: ("object", id(owned.get(key, value)))
+        if value.is_meta
+        else (value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)
+        for key, value in state.items()
+    }
+
+
 class Traced(NamedTuple):
     """The spec, and per group the modules whose outputs carry its units for activation matching:
     the norms that follow the layers writing it, or those layers themselves (pre-activation)."""
