@@ -154,7 +154,9 @@ def aligned_pair(
     params_a, params_b, (net, spec, _) = load_pair(model_a, model_b, factory, kwargs, need)
     traced_only(partial, spec)
     if perm is None:
-        if any(tuple(v.shape) != tuple(params_a[k].shape) for k, v in params_b.items()):
+        from lmclab.api.widths import differ
+
+        if differ([params_a, params_b]):
             raise ValueError(f"{model_b}: other widths than {model_a}: merge it through an alignment (lmclab match)")
         return params_a, params_b, net
     spec = stored or spec

@@ -113,9 +113,9 @@ def match(  # size: a typer command's signature lists each of its options
 def _own_module(path: Path, params: Any, reference: Any) -> Any:
     """``params``, or the module of the checkpoint at ``path`` when they have other shapes than ``reference``'s."""
     from lmclab.api.files import load_model_file
+    from lmclab.api.widths import differ
 
-    same = all(tuple(v.shape) == tuple(reference[k].shape) for k, v in params.items())
-    return params if same else load_model_file(path).model
+    return load_model_file(path).model if differ([reference, params]) else params
 
 
 def _untied(net, inputs) -> tuple[Any, list[tuple[str, ...]]]:
