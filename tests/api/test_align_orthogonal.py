@@ -17,6 +17,7 @@ from torch import nn
 import lmclab
 from lmclab.archs import gpt
 from lmclab.core.canonical import fold_gains
+from lmclab.core.orthogonal import as_matrix
 from lmclab.core.spec import apply_permutation, random_permutation
 
 VOCAB, CONTEXT = 23, 8
@@ -167,6 +168,37 @@ def test_ste_trains_latent_maps_projected_to_the_mixed_group_from_weight_matchin
     assert all(res.perm[g].dim() == 1 for g in set(res.perm) - set(spec.kinds))  # the MLP units: permutations
 
 
+def test_sinkhorn_ste_trains_exact_orthogonal_maps_beside_soft_permutations_from_weight_matching_s_element(
+    planted,
+) -> None:
+    """The paper's Sinkhorn STE over the mixed group: with learning rates too small to move, ``init="wm"`` returns
+    weight matching's element — the planted one: every distance removed — and the default start the identity;
+    on an independent pair two epochs (λ drawn from U(0.4, 0.6)) end at an element of the mixed group whose merge
+    at λ = ½ has a lower loss than its start's, the orthogonal maps moved off weight matching's."""
+    model_a, model_b, spec = planted
+    x, y = _tokens(64)
+    still = {"epochs": 1, "batch_size": 32, "lr": 1e-12, "orthogonal_lr": 1e-12}
+    options = still | {"init": "wm"}
+    res = lmclab.align(model_a, model_b, method="ste_sinkhorn", symmetry="orthogonal", data=(x, y), options=options)
+    assert lmclab.l2_reduction(model_a, model_b, res) == pytest.approx(100, abs=1e-6)
+    res = lmclab.align(model_a, model_b, method="ste_sinkhorn", symmetry="orthogonal", data=(x, y), options=still)
+    ident = lmclab.align(model_a, model_b, method="identity", symmetry="orthogonal", example_inputs=x)
+    assert all(torch.allclose(as_matrix(res.perm[g]), as_matrix(p), atol=1e-9) for g, p in ident.perm.items())
+    other = _model(seed=1)
+    start = lmclab.align(model_a, other, symmetry="orthogonal", example_inputs=x)
+    options = {"epochs": 2, "batch_size": 16, "lam_spread": 0.1, "init": "wm"}
+    res = lmclab.align(model_a, other, method="ste_sinkhorn", symmetry="orthogonal", data=(x, y), options=options)
+    sizes = spec.group_sizes(fold_gains(spec, other.state_dict()))
+    lmclab.core.spec.check_permutation(res.perm, sizes, spec.heads, spec.kinds)
+    stream = _stream(spec)
+    assert float((res.perm[stream] - start.perm[stream]).abs().max()) > 0.05
+    mid = {}
+    for found in (start, res):
+        rows = lmclab.curve(model_a, other, alignment=found, eval_data=(x, y), num_lambdas=3).rows
+        mid[found.method] = next(row["loss"] for row in rows if row["lam"] == 0.5)
+    assert mid["ste_sinkhorn"] < mid["wm"] - 0.05, mid
+
+
 def test_merge_many_brings_rotated_copies_back_to_one_function_and_independent_models_closer_than_permutations(
     planted,
 ) -> None:
@@ -236,7 +268,7 @@ def test_the_refusals_name_their_argument(planted) -> None:
     with pytest.raises(
         ValueError,
         match=r"^method: 'wm_sinkhorn' seeks permutations only; "
-        r"symmetry orthogonal by \('identity', 'wm', 'am', 'ste'\)$",
+        r"symmetry orthogonal by \('identity', 'wm', 'am', 'ste', 'ste_sinkhorn'\)$",
     ):
         lmclab.align(model_a, model_b, method="wm_sinkhorn", symmetry="orthogonal", example_inputs=x)
     pearson = (

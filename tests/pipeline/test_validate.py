@@ -279,10 +279,10 @@ BAD = [  # (change, expected line), a line is "<key>: expected …, got <value>"
         {"permute__symmetry": "rotation"},
         "permute.symmetry: expected one of permutation, orthogonal, got 'rotation'",
     ),
-    (  # the paper's WM and STE are Sinkhorn searches of soft permutations: refused before any stage runs
+    (  # the paper's WM is a Sinkhorn search of soft permutations only: refused before any stage runs
         {"permute__symmetry": "orthogonal", "permute__methods": ["identity", "wm", "wm_sinkhorn"]},
         "permute.methods: ['wm_sinkhorn'] seek permutations only; permute.symmetry orthogonal by "
-        "('identity', 'wm', 'am', 'ste')",
+        "('identity', 'wm', 'am', 'ste', 'ste_sinkhorn')",
     ),
     # a researcher's corpus and tokenizer, checked before the download stage reads them
     (

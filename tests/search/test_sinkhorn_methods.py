@@ -18,7 +18,7 @@ from lmclab.core.spec import apply_permutation, build_spec, invert, random_permu
 from lmclab.core.spec_builders import dense
 from lmclab.search import ste as ste_module
 from lmclab.search import ste_sinkhorn as ste_sinkhorn_module
-from lmclab.search.midpoint import midpoint_loss, minibatches
+from lmclab.search.midpoint import drawn_lam, midpoint_loss, minibatches
 from lmclab.search.sinkhorn import (
     hard_permutation,
     init_scores,
@@ -523,6 +523,26 @@ def test_ste_sinkhorn_s_first_loss_is_the_midpoint_at_its_temperature() -> None:
     assert first_loss(0.5, 20) != pytest.approx(first_loss(0.5, 3), rel=1e-7)
 
 
+def test_ste_sinkhorn_s_loss_is_the_merge_s_at_a_weight_drawn_after_the_minibatches() -> None:
+    """``lam_spread`` (Theus et al. 2025): the step's loss is the merge's at λ ~ U(½ − s, ½ + s), drawn from the
+    search's generator after the scores and the epoch's minibatch order."""
+    spec, net, (params_a, params_b), data = _tiny_problem()
+    run = partial(
+        ste_sinkhorn_module.ste_sinkhorn, spec, params_a, params_b, model=net, data=data, epochs=1, batch_size=50
+    )
+    found = run(generator=torch.Generator().manual_seed(0), lam_spread=0.3)
+    by_hand = torch.Generator().manual_seed(0)
+    start = init_scores({"P": 8}, by_hand)
+    torch.randperm(50, generator=by_hand)
+    lam = drawn_lam(0.3, by_hand)
+    assert abs(lam - 0.5) > 0.05
+    soft = soft_apply(spec, soft_permutation(start, tau=1.0, n_iter=20), params_b)
+    expected = float(midpoint_loss(net, spec, params_a, soft, data.x, data.y, lam=lam))
+    assert found.stats["curve"][1]["train_loss"] == pytest.approx(expected, rel=1e-6)
+    midpoint = run(generator=torch.Generator().manual_seed(0)).stats["curve"][1]["train_loss"]
+    assert midpoint != pytest.approx(expected, rel=1e-3)
+
+
 def test_ste_sinkhorn_counts_the_short_batch_as_a_step() -> None:
     spec, net, (params_a, params_b), data = _tiny_problem()
     run = lambda drop: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731
@@ -578,9 +598,9 @@ def test_bf16_computes_the_soft_permuted_parameters_under_autocast(monkeypatch) 
     spec, net, (params_a, params_b), data = _tiny_problem()
     seen: list[dict[str, torch.dtype]] = []
 
-    def recording(model, spec, params_a, permuted_b, x, y):
+    def recording(model, spec, params_a, permuted_b, x, y, *, lam):
         seen.append({k: v.dtype for k, v in permuted_b.items()})
-        return midpoint_loss(model, spec, params_a, permuted_b, x, y)
+        return midpoint_loss(model, spec, params_a, permuted_b, x, y, lam=lam)
 
     monkeypatch.setattr(ste_sinkhorn_module, "midpoint_loss", recording)
     run = lambda precision: ste_sinkhorn_module.ste_sinkhorn(  # noqa: E731

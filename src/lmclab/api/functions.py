@@ -199,7 +199,7 @@ def _search_problem(method, problem: Problem, opened: Opened, weights, points, d
 
 # the methods that seek orthogonal maps (Procrustes steps, lmclab.core.orthogonal; STE's projections are WM's), and
 # the identity, an element of every group (the naive baseline in the canonical form)
-ORTHOGONAL_METHODS = ("identity", "wm", "am", "ste")
+ORTHOGONAL_METHODS = ("identity", "wm", "am", "ste", "ste_sinkhorn")
 
 
 def check_symmetry(symmetry: str, method: str, seekers: tuple[str, ...] = ORTHOGONAL_METHODS) -> None:

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lmclab.core.orthogonal import POLAR, is_matrix, random_orthogonal
+from lmclab.core.orthogonal import POLAR, as_matrix, is_matrix, random_orthogonal
 
 
 class Heads(NamedTuple):
@@ -163,7 +163,8 @@ def check_headed(
         if split is None:
             what = "orthogonal map" if is_matrix(perm[g]) else "permutation"
             raise ValueError(f"{what} of group {g!r} crosses heads (it must map each head onto one head)")
-        if (kinds or {}).get(g) == "rotary" and (d % 2 or not _planar(split[1].double(), atol)):
+        blocks = split[1] if is_matrix(perm[g]) else split_headed(as_matrix(perm[g].cpu()), heads[g].count)[1]
+        if (kinds or {}).get(g) == "rotary" and (d % 2 or not _planar(blocks.double(), atol)):
             raise ValueError(f"group {g!r} is rotary: each head's map must turn its planes (j, j + {d // 2}) alone")
         first = sigmas.setdefault(heads[g].tie, (g, split[0]))
         if not torch.equal(first[1], split[0]):

@@ -124,7 +124,7 @@ class Permute(Block):
     symmetry: one_of(SYMMETRIES) = key(
         "permutation",
         "the paper's | orthogonal = orthogonal maps of the groups the tracer proves, the others permuted, on both "
-        "models' canonical forms (norm gains folded; docs/symmetries.md); methods identity, wm, am, ste",
+        "models' canonical forms (norm gains folded; docs/symmetries.md); methods identity, wm, am, ste, ste_sinkhorn",
     )
 
 

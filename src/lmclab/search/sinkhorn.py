@@ -182,10 +182,10 @@ def headed_soft(head: Tensor, within: Tensor) -> Tensor:
     permutation matrix of σ and each ``within[h, σ[h]]`` that of τ_h, the only nonzero entries are
     ``P[h·d + j, σ[h]·d + τ_h[j]] = 1``: the headed permutation ``(σ, τ)``, and every headed permutation
     is of this form (:func:`lmclab.core.heads.headed_permutation`)."""
-    return _unblock(head[:, :, None, None] * within)
+    return unblock(head[:, :, None, None] * within)
 
 
-def _unblock(blocks: Tensor) -> Tensor:
+def unblock(blocks: Tensor) -> Tensor:
     """(H, H, d, d) → (E, E): ``out[h·d + j, h'·d + j'] = blocks[h, h', j, j']``."""
     count, d = blocks.shape[0], blocks.shape[-1]
     return blocks.transpose(1, 2).reshape(count * d, count * d)
@@ -285,6 +285,6 @@ def hard_permutation(
         log_p = _sinkhorn_batched(headed, tau=tau, n_iter=n_iter, log=True)
         for members in tie_sets(heads, heads):
             log_s = log_p[tie_key(heads[members[0]].tie)]
-            costs = {g: _unblock(log_s[:, :, None, None] + log_p[g]) for g in members}  # log P_g (E, E)
+            costs = {g: unblock(log_s[:, :, None, None] + log_p[g]) for g in members}  # log P_g (E, E)
             perm.update(solve_tied(costs, heads, solve))
     return {g: perm[g] for g in scores if g not in ties}

@@ -19,12 +19,19 @@ records its L2 distance and merged test metrics.
 bfloat16 autocast: the matrix products in bfloat16 with float32 accumulation; Sinkhorn, the loss and
 the optimiser stay float32. On a CPU with native bfloat16 (AVX512-BF16, AMX) or a GPU the products
 run several times faster (docs/methods.md); elsewhere they are emulated and slower.
+
+**Orthogonal groups** (a spec with kinds, ``symmetry="orthogonal"``): each is an exact element of its kind,
+differentiable in a latent matrix trained beside the scores at ``orthogonal_lr``
+(:mod:`lmclab.search.soft_orthogonal`: the exponential of a skew-symmetric matrix; per rotary plane an angle);
+inside heads the head order stays Sinkhorn's. ``init="wm"`` starts both at weight matching's element of the mixed
+group, and ``lam_spread`` draws each step's λ from U(½ − s, ½ + s): Theus et al. (2025)'s Algorithm 1 (from weight
+matching's solution, s = 0.1) with the paper's Sinkhorn relaxation of the permutations.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 
 import torch
@@ -32,12 +39,13 @@ from torch import Tensor, nn
 
 from lmclab.core.assignment import AssignmentOptions
 from lmclab.core.data import Split
-from lmclab.core.options import Count, NonNegative, Positive, one_of, option, takes
+from lmclab.core.options import Count, HalfWidth, NonNegative, Positive, one_of, option, takes
 from lmclab.core.spec import PermutationSpec
-from lmclab.search.midpoint import Monitor, check_batch, midpoint_loss, minibatches
+from lmclab.search.midpoint import Monitor, check_batch, drawn_lam, midpoint_loss, minibatches
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, soft_apply, soft_permutation
-from lmclab.search.wm_sinkhorn import INITS, start_scores
+from lmclab.search.sinkhorn import soft_apply
+from lmclab.search.soft_orthogonal import hard_mixed, soft_mixed, start_mixed
+from lmclab.search.wm_sinkhorn import INITS
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 PRECISIONS = ("fp32", "bf16")
@@ -56,6 +64,12 @@ class STESinkhornOptions(AssignmentOptions):
     sinkhorn_iters: Count = option(20, "Sinkhorn STE: column+row normalisations per soft permutation")
     init: one_of(INITS) = option(
         "identity", "Sinkhorn STE: initial scores at the identity (authors) or at weight matching's permutation"
+    )
+    lam_spread: HalfWidth = option(
+        0.0, "Sinkhorn STE: each step's loss is the merge's at λ ~ U(½ − s, ½ + s) (0: the midpoint; Theus et al.: 0.1)"
+    )
+    orthogonal_lr: Positive = option(
+        0.01, "Sinkhorn STE: learning rate of the orthogonal groups' latent matrices (symmetry: orthogonal)"
     )
     precision: one_of(PRECISIONS) = option(
         "fp32", "Sinkhorn STE: fp32, or bf16 autocast of π_soft(θb) and the midpoint (CPUs with AVX512-BF16, GPUs)"
@@ -83,17 +97,14 @@ def ste_sinkhorn(
     params_a = {k: v.detach() for k, v in params_a.items()}
     params_b = {k: v.detach() for k, v in params_b.items()}
     data = data.like(params_a)  # on the model's device, floating inputs in its dtype
-    scores = start_scores(
-        spec, params_a, params_b, init=options.init, generator=generator, device=device, lap_backend=options.lap_backend
-    )
-    dtype = next(v.dtype for v in params_a.values() if v.is_floating_point())  # a float64 model: float64 scores
-    scores = {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
+    relaxed, opt = _relaxation(spec, params_a, params_b, options, generator, device)
     sinkhorn = {"tau": options.tau, "n_iter": options.sinkhorn_iters}
-    hard = partial(hard_permutation, scores, **sinkhorn, heads=spec.heads, lap_backend=options.lap_backend)
-    opt = make_optimizer(options.optimizer, scores.values(), lr=options.lr, weight_decay=options.weight_decay)
+    hard = partial(hard_mixed, *relaxed, **sinkhorn, lap_backend=options.lap_backend)
     data = data.to(device)
     curve = [{"epoch": 0, "train_loss": None, "steps": 0, **(monitor(hard()) if monitor else {})}]
-    step = partial(_step, opt, spec, scores, model, params_a, params_b, **sinkhorn, bf16=options.precision == "bf16")
+    soft = partial(soft_mixed, *relaxed, **sinkhorn)
+    lam = partial(drawn_lam, options.lam_spread, generator)
+    step = partial(_step, opt, spec, soft, model, params_a, params_b, lam=lam, bf16=options.precision == "bf16")
     for epoch in range(1, epochs + 1):
         batches = minibatches(len(data), batch_size, generator, drop_last=options.drop_last)
         total = sum(step(data.x[i], data.y[i]) * len(i) for i in batches)
@@ -107,6 +118,28 @@ def ste_sinkhorn(
     return SearchResult(hard(), stats | {"seconds": time.perf_counter() - start})
 
 
+def _relaxation(
+    spec: PermutationSpec,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+    options: STESinkhornOptions,
+    generator: torch.Generator,
+    device: torch.device,
+) -> tuple[tuple, torch.optim.Optimizer]:
+    """``(spec, scores, bases, latents)`` at their start (:func:`~lmclab.search.soft_orthogonal.start_mixed`), in
+    θa's float dtype, and the optimiser of the scores (``lr``, ``weight_decay``) and the latents (``orthogonal_lr``)."""
+    scores, bases, latents = start_mixed(
+        spec, params_a, params_b, init=options.init, generator=generator, device=device, lap_backend=options.lap_backend
+    )
+    dtype = next(v.dtype for v in params_a.values() if v.is_floating_point())  # a float64 model: float64 scores
+    scores = {g: s.to(dtype).requires_grad_() for g, s in scores.items()}
+    latents = {g: s.to(dtype).requires_grad_() for g, s in latents.items()}
+    groups = [{"params": list(scores.values())}] if scores else []
+    groups += [{"params": list(latents.values()), "lr": options.orthogonal_lr, "weight_decay": 0.0}] if latents else []
+    opt = make_optimizer(options.optimizer, groups, lr=options.lr, weight_decay=options.weight_decay)
+    return (spec, scores, {g: b.to(dtype) for g, b in bases.items()}, latents), opt
+
+
 def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """Adam with ``weight_decay·θ`` added to the gradient, or AdamW with ``θ ← θ(1 − lr·wd)`` first."""
     return OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay)
@@ -115,21 +148,20 @@ def make_optimizer(name: str, params: Iterable[Tensor], *, lr: float, weight_dec
 def _step(
     opt: torch.optim.Optimizer,
     spec: PermutationSpec,
-    scores: Mapping[str, Tensor],
+    soft: Callable[[], Mapping[str, Tensor]],
     model: nn.Module,
     params_a: Mapping[str, Tensor],
     params_b: Mapping[str, Tensor],
     x: Tensor,
     y: Tensor,
     *,
-    tau: float,
-    n_iter: int,
+    lam: Callable[[], float],
     bf16: bool = False,
 ) -> float:
-    """One optimiser step on the minibatch's midpoint loss; returns the loss."""
-    soft = soft_permutation(scores, tau=tau, n_iter=n_iter, heads=spec.heads)
+    """One optimiser step on the minibatch's loss of the merge at ``lam()`` (the midpoint by default); returns it."""
+    elements = soft()
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-        loss = midpoint_loss(model, spec, params_a, soft_apply(spec, soft, params_b), x, y)
+        loss = midpoint_loss(model, spec, params_a, soft_apply(spec, elements, params_b), x, y, lam=lam())
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()

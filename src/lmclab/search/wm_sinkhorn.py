@@ -43,8 +43,9 @@ from lmclab.core.options import Count, Positive, one_of, option, takes
 from lmclab.core.spec import Permutation, PermutationSpec
 from lmclab.search.midpoint import Monitor
 from lmclab.search.result import SearchResult
-from lmclab.search.sinkhorn import hard_permutation, init_scores, scores_at, soft_apply, soft_permutation
-from lmclab.search.weight_matching import matching_objective, weight_matching
+from lmclab.search.sinkhorn import hard_permutation, soft_apply, soft_permutation
+from lmclab.search.soft_orthogonal import start_mixed
+from lmclab.search.weight_matching import matching_objective
 
 SELECTIONS = ("best", "last")
 INITS = ("identity", "wm")  # where the scores start: the authors' noisy identity, or moved to coordinate-descent WM's
@@ -216,11 +217,8 @@ def start_scores(
     """The noisy identity of :func:`~lmclab.search.sinkhorn.init_scores`; for ``init="wm"`` moved
     (:func:`~lmclab.search.sinkhorn.scores_at`) to the permutation of coordinate-descent weight matching
     (one start, ``generator`` drawn after the scores), whose hard permutation it then is."""
-    scores = init_scores(spec.group_sizes(params_a), generator, device, spec.heads)
-    if init == "identity":
-        return scores
-    found = weight_matching(spec, params_a, params_b, generator=generator, lap_backend=lap_backend, restarts=1)
-    return scores_at(scores, found.perm, spec.heads)
+    options = {"init": init, "generator": generator, "device": device, "lap_backend": lap_backend}
+    return start_mixed(spec, params_a, params_b, **options)[0]
 
 
 def _warn_stalled(message: str) -> None:
