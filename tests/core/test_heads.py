@@ -421,6 +421,12 @@ def test_a_rotary_group_takes_only_maps_that_turn_each_plane_alone():
     expected = "group 'P_qk_0' is rotary: each head's map must turn its planes (j, j + 4) alone"
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         check_permutation(bent, sizes, spec.heads, spec.kinds)
+    sigma = split_headed(as_matrix(perm["P_vo_0"]), 2)[0]  # the tie's head order
+    heads_only = headed_permutation(sigma, torch.arange(8).repeat(2, 1))
+    check_permutation(dict(perm, P_qk_0=heads_only), sizes, spec.heads, spec.kinds)  # an index tensor: no turn
+    crossed = headed_permutation(sigma, torch.tensor([[4, 1, 2, 3, 0, 5, 6, 7], list(range(8))]))
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):  # features 0 and 4 swapped: a reflection
+        check_permutation(dict(perm, P_qk_0=crossed), sizes, spec.heads, spec.kinds)
     plain = dataclasses.replace(spec, kinds={"P_res": "rotary"})
     with pytest.raises(ValueError, match=r"kind 'rotary' of 'P_res': expected one of .* \(rotary: headed\)$"):
         plain.check(model.state_dict())
