@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_align_orthogonal import _model, _tokens
+from test_heads import _rotary_gpt
 
 import lmclab
 from lmclab.core.canonical import fold_gains
@@ -21,13 +22,18 @@ from lmclab.search.weight_matching import weight_matching
 SINKHORN = {"tau": 1.0, "n_iter": 20}
 
 
-@pytest.fixture(scope="module", params=["rotary", "layernorm"])
+@pytest.fixture(scope="module", params=["rotary", "layernorm", "mixed ties"])
 def problem(request):
-    """A gpt's canonical form (RMSNorm and rotary heads, or LayerNorm: a centred stream) and a copy moved by a
-    random element of every group, each with the spec it was traced to."""
-    model = _model() if request.param == "rotary" else _model(norm="layernorm", position="learned")
-    spec = lmclab.trace_spec(model, _tokens()[0], symmetry="orthogonal")
-    folded = fold_gains(spec, model.state_dict())
+    """A gpt's canonical form (RMSNorm and rotary heads; LayerNorm: a centred stream; or rotary queries and keys
+    tied to values and outputs that are permuted inside their heads) and a copy moved by a random element of every
+    group, each with the spec it was traced to (the mixed ties': built by hand)."""
+    if request.param == "mixed ties":
+        model, spec = _rotary_gpt("rotary")
+        folded = model.state_dict()
+    else:
+        model = _model() if request.param == "rotary" else _model(norm="layernorm", position="learned")
+        spec = lmclab.trace_spec(model, _tokens()[0], symmetry="orthogonal")
+        folded = fold_gains(spec, model.state_dict())
     planted = random_permutation(spec.group_sizes(folded), torch.Generator().manual_seed(3), spec.heads, spec.kinds)
     return spec, folded, apply_permutation(spec, planted, folded), planted
 
@@ -77,7 +83,7 @@ def test_the_soft_element_is_the_hard_one_once_the_head_scores_are_a_permutation
     each orthogonal group's blocks ``R[h, σ(h)]``."""
     spec, folded, _, _ = problem
     scores, bases, latents = _random_latents(spec, folded, 2)
-    scores = {g: 60.0 * torch.eye(len(s), dtype=torch.float64).flip(0).expand_as(s) for g, s in scores.items()}
+    scores = {g: 60.0 * torch.eye(s.shape[-1], dtype=torch.float64).flip(0).expand_as(s) for g, s in scores.items()}
     soft = soft_mixed(spec, scores, bases, latents, **SINKHORN)
     hard = hard_mixed(spec, scores, bases, latents, **SINKHORN)
     moved, expected = soft_apply(spec, soft, folded), apply_permutation(spec, hard, folded)
@@ -92,21 +98,16 @@ def test_the_soft_element_is_the_hard_one_once_the_head_scores_are_a_permutation
 
 
 def test_the_head_order_weighs_orthogonal_blocks_by_their_head_scores_alone(problem) -> None:
-    """Each orthogonal member contributes ``d · log sinkhorn(S_t)[h, h']`` to σ: head scores slightly favouring the
-    swap decide it when every member is orthogonal; against them, the identity order."""
+    """Each orthogonal member contributes ``d · log sinkhorn(S_t)[h, h']`` to σ, whatever its blocks: with the
+    permutation members' block scores uniform (every head pair worth the same), head scores slightly favouring the
+    swap decide it; against them, the identity order."""
     spec, folded, _, _ = problem
     scores, bases, latents = _random_latents(spec, folded, 3)
-    orthogonal_ties = {spec.heads[g].tie for g in spec.heads if g in latents} - {
-        spec.heads[g].tie for g in spec.heads if g not in latents
-    }
-    assert orthogonal_ties  # every tie of these gpts: q/k rotary or orthogonal, v/o orthogonal
+    scores |= {g: torch.zeros_like(scores[g]) for g in spec.heads if g not in latents}  # the mixed ties' members
     for swap, order in ((0.1, [1, 0]), (-0.1, [0, 1])):
-        for tie in orthogonal_ties:
-            scores[tie_key(tie)] = torch.tensor([[0.0, swap], [swap, 0.0]], dtype=torch.float64)
+        scores |= {tie_key(h.tie): torch.tensor([[0.0, swap], [swap, 0.0]]).double() for h in spec.heads.values()}
         hard = hard_mixed(spec, scores, bases, latents, **SINKHORN)
-        assert all(
-            split_headed(hard[g], 2)[0].tolist() == order for g in spec.heads if spec.heads[g].tie in orthogonal_ties
-        )
+        assert all(split_headed(as_matrix(hard[g]), 2)[0].tolist() == order for g in spec.heads)
 
 
 def test_init_wm_starts_at_weight_matching_s_element_of_the_mixed_group(problem) -> None:

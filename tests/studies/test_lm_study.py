@@ -17,6 +17,7 @@ from lmclab.studies.lm_study import (
     explanation,
     method_table,
     plain,
+    relative_reductions,
     repaired,
     role_table,
     study_points,
@@ -425,6 +426,24 @@ def test_the_orthogonal_page_sets_the_orthogonal_runs_methods_beside_the_presets
     refused = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o2"), "--orthogonal", str(tmp_path / "other")])
     assert refused.exit_code != 0
     assert f"--orthogonal: {tmp_path / 'other'} trained other models than --run" in refused.output
+
+
+def test_both_learned_orthogonal_methods_stand_beside_theus_et_al_s_learned_orthogonal_alignment() -> None:
+    """Each method's reduction of the naive barrier, and Theus et al.'s reduction by its counterpart: STE and the
+    Sinkhorn STE over orthogonal groups are both learned with the orthogonal map (their 0.02 of 2.02 on GPT-2)."""
+    table = pd.DataFrame(
+        {
+            "method": ["identity", "ste_sinkhorn", "ste@orthogonal", "ste_sinkhorn@orthogonal", "am"],
+            "B_mid": [2.0, 1.0, 0.5, 0.4, 1.5],
+        }
+    )
+    rows = relative_reductions(table).set_index("method")
+    assert rows["reduction_pct"].tolist() == pytest.approx([0.0, 50.0, 75.0, 80.0, 25.0])
+    for method in ("ste@orthogonal", "ste_sinkhorn@orthogonal"):
+        assert rows.loc[method, "theirs"] == "learned on the task loss, with the orthogonal map"
+        assert rows.loc[method, "GPT-2_reduction_pct"] == pytest.approx(100 * (1 - 0.02 / 2.02))
+    assert rows.loc["ste_sinkhorn", "ViT_reduction_pct"] == pytest.approx(100 * (1 - 0.45 / 1.69))
+    assert rows.loc["am", "theirs"] == "" and math.isnan(rows.loc["am", "GPT-2_reduction_pct"])
 
 
 def test_the_orthogonal_page_sets_the_width_sweeps_orthogonal_runs_beside_the_studys_permutation_sweep(

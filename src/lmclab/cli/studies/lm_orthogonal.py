@@ -4,7 +4,9 @@ its trained models reused), every method's barriers side by side, R_0.3 by part 
 reduction of the naive barrier beside Theus et al.'s Table 2 (2025).
 
     cp -a ../run-lm ../run-lm-orthogonal && cd ../run-lm-orthogonal && dvc exp run \\
-        -S permute.symmetry=orthogonal -S 'permute.methods=[identity,wm,am,ste]' -S 'three.methods=[wm]' \\
+        -S permute.symmetry=orthogonal -S 'permute.methods=[identity,wm,am,ste,ste_sinkhorn]' \\
+        -S permute.ste_sinkhorn.init=wm -S permute.ste_sinkhorn.lam_spread=0.1 -S permute.ste_sinkhorn.epochs=5 \\
+        -S 'three.methods=[wm]' \\
         -S measure.calibrate_temperature=true -S measure.circuits=true
     lmclab study lm orthogonal --run ../run-lm --orthogonal ../run-lm-orthogonal
 
@@ -52,7 +54,9 @@ FORMS = (
     "into the layers that read them): the stream by an orthogonal map that fixes the all-ones vector (centred, as "
     "LayerNorm allows), the heads by orthogonal maps inside them, the MLP units by permutations; its naive row "
     "interpolates the canonical forms, which compute the checkpoints' functions. Its STE is learned matching "
-    "whose projections are weight matching over the mixed group (Theus et al. 2025, Algorithm 1)."
+    "whose projections are weight matching over the mixed group (Theus et al. 2025, Algorithm 1); its STE "
+    "Sinkhorn, where the run has it, trains the paper's soft permutations beside exact orthogonal maps, each "
+    "parameterised by a latent matrix (docs: Symmetries)."
 )
 
 ROLES_NOTE = (
