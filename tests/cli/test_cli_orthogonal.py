@@ -149,6 +149,6 @@ def test_match_refuses_a_method_without_orthogonal_steps_on_a_tied_folder(tied: 
     err = lmclab(tied, *args, ok=False, shell=False).stderr
     assert (
         err == "error: --method: 'wm_sinkhorn' seeks permutations only; "
-        "--symmetry orthogonal by ('identity', 'wm', 'am', 'ste')\n"
+        "--symmetry orthogonal by ('identity', 'wm', 'am', 'ste', 'ste_sinkhorn')\n"
     )
     assert not (tied / "r.pt").exists()

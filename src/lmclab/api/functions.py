@@ -108,8 +108,8 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     on (:mod:`lmclab.trace.rotations`: a transformer's residual stream once its norm gains are folded into the
     layers that read them, :mod:`lmclab.core.canonical`; one that fixes the all-ones vector behind LayerNorm)
     and a permutation of the others, by weight or activation matching or learned matching (``method="wm"``,
-    ``"am"``, ``"ste"``; ``"identity"``, the naive baseline, is the group's identity); the alignment then acts on
-    the canonical form of both models (gains folded), as :func:`merge` and :func:`curve` do.
+    ``"am"``, ``"ste"``, ``"ste_sinkhorn"``; ``"identity"``, the naive baseline, is the group's identity); the
+    alignment then acts on the canonical form of both models (gains folded), as :func:`merge` and :func:`curve` do.
 
     ``model_a`` and ``model_b`` are modules, state dicts or checkpoint paths (:func:`lmclab.api.inputs.open_models`:
     ``.pt``/``.pth``/``.safetensors`` state dicts, Hugging Face folders, lmclab checkpoints). ``spec`` defaults
