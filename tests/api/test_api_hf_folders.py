@@ -87,6 +87,19 @@ def test_reading_and_writing_a_folder_restores_the_callers_transformers_verbosit
         (logging.enable_progress_bar if before[1] else logging.disable_progress_bar)()
 
 
+def test_a_folder_is_read_into_memory_once_and_a_tied_weight_s_second_name_is_its_own_tensor(folders: Path) -> None:
+    """The state dict holds the module's own tensors (no second copy of the folder in memory); GPT-2's head, tied
+    to the token embedding, is a copy of it under its own name."""
+    from lmclab.api.hf import load_hf_folder
+
+    state, model = load_hf_folder(folders / "a")
+    own = {k: p.data_ptr() for k, p in model.state_dict().items()}
+    shared = [k for k, v in state.items() if v.data_ptr() == own[k]]
+    assert set(state) - set(shared) == {"lm_head.weight"}
+    assert torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+    assert state["lm_head.weight"].data_ptr() != state["transformer.wte.weight"].data_ptr()
+
+
 def test_a_tensor_tied_to_three_others_is_written_untied_when_one_of_them_differs(tmp_path) -> None:
     """T5 ties its shared embeddings, both stacks' embeddings and the head: a state whose head alone differs
     (a merge of untied copies) is written untied, every name keeping its own value; read back the same."""

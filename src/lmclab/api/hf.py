@@ -112,7 +112,8 @@ def _check_weights(path: Path) -> None:
 def load_hf_folder(path: Path) -> tuple[dict[str, Tensor], nn.Module]:
     """The state dict of the folder's model and that model, in eval mode: read by transformers'
     ``from_pretrained`` with no network (which renames a checkpoint's older key names and fills in tied
-    entries written once), after the checks above; every tensor of the model must come from the folder."""
+    entries written once), after the checks above; every tensor of the model must come from the folder. The
+    state dict's tensors are the module's own (:func:`_entries`): leave them unchanged, as lmclab does."""
     path = Path(path)
     cls = _model_class(path)
     _check_weights(path)
@@ -132,7 +133,20 @@ def load_hf_folder(path: Path) -> tuple[dict[str, Tensor], nn.Module]:
         raise ValueError(
             f"{path}: no weights for {sorted(info['missing_keys'])[:3]} of the {cls.__name__} it describes"
         )
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, model.eval()
+    return _entries(model.state_dict()), model.eval()
+
+
+def _entries(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with every entry its own tensor: the module's own storage (no copy: a folder is read once into
+    memory), except a weight the module ties under several names, whose later names get copies (each entry of a
+    state dict is matched, moved and merged on its own)."""
+    seen: set[int] = set()
+    out = {}
+    for key, value in state.items():
+        address = value.untyped_storage().data_ptr()
+        out[key] = value.detach().clone() if address in seen else value.detach()
+        seen.add(address)
+    return out
 
 
 def example_inputs(model: nn.Module, shape: tuple[int, ...] | None) -> Tensor | dict[str, Tensor] | None:
