@@ -368,3 +368,32 @@ def test_a_model_that_says_it_reads_input_ids_takes_token_ids_and_refuses_images
     message = "--data digits: holds images of shape (1, 2, 2); the model (Sequential) reads token ids"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_inputs(net, net.state_dict(), images, "digits")
+
+
+def test_tied_gpt_checkpoints_are_matched_untied_by_orthogonal_maps_traced_on_the_data(tmp_path) -> None:
+    """lmclab's own language models (a head tied to the embeddings) traced on the first windows of ``--data``: the
+    command unties the head as it does a Hugging Face folder's, and both learned and data-free searches run."""
+    import json
+
+    from test_cli import lmclab
+
+    from lmclab.archs import build_model, make_config
+    from lmclab.archs.checkpoint import Checkpoint, save_checkpoint
+
+    config = make_config("gpt", input_shape=(8,), num_classes=11, width=8, depth=1, heads=2, mlp_ratio=2)
+    for seed in (0, 1):
+        state = build_model("gpt", config, seed=seed).state_dict()
+        save_checkpoint(tmp_path / f"gpt{seed}.pt", Checkpoint("gpt", config, seed, state))
+    x = torch.randint(0, 11, (32, 8), generator=torch.Generator().manual_seed(0))
+    (tmp_path / "tokens").mkdir()
+    for split in ("train", "test"):
+        torch.save({"images": x, "labels": torch.roll(x, -1, 1)}, tmp_path / "tokens" / f"{split}.pt")
+    meta = {"name": "toy", "kind": "tokens", "num_classes": 11, "input_shape": [8], "n_train": 32, "n_test": 32}
+    (tmp_path / "tokens" / "meta.json").write_text(json.dumps(meta))
+    learned = ("--method", "ste_sinkhorn", "--option", "epochs=1", "--option", "batch_size=16")
+    for method in ((), learned):
+        args = ("match", "gpt0.pt", "gpt1.pt", "--symmetry", "orthogonal", "--data", "tokens", *method)
+        out = lmclab(tmp_path, *args, "--out", "rot.pt", shell=False).stdout
+        assert " orthogonal); embed.weight and head.weight matched untied, " in out, out
+    lmclab(tmp_path, "merge", "gpt0.pt", "gpt1.pt", "--alignment", "rot.pt", "--out", "merged.pt", shell=False)
+    assert (tmp_path / "merged.pt").is_file()

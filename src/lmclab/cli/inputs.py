@@ -254,15 +254,16 @@ def save_state(path: Path, state: dict) -> None:
         atomic_save(state, path)
 
 
-def trace_inputs(net: Any, shape: tuple[int, ...] | None) -> Any:
+def trace_inputs(net: Any, shape: tuple[int, ...] | None, data: Any = None) -> Any:
     """Inputs to trace ``net`` on: a transformers model's own (token ids of length ``shape``, or images of its
-    config's size), else zeros of ``shape`` (None without one)."""
+    config's size), else zeros of ``shape``, else the first two of ``data`` (a ``Split``; None without any)."""
     import torch
 
     from lmclab.api.hf import example_inputs
 
     found = example_inputs(net, shape)
-    return found if found is not None else (torch.zeros(2, *shape) if shape else None)
+    found = found if found is not None else (torch.zeros(2, *shape) if shape else None)
+    return found if found is not None or data is None else data.x[:2]
 
 
 def output_for(path: Path, model_a: Path, flag: str) -> Path:

@@ -81,7 +81,7 @@ def match(  # size: a typer command's signature lists each of its options
     if train is not None and net is not None:
         check_inputs(net, params_a, train, data)
     traced = symmetry != "permutation"  # the kinds are the tracer's: a checkpoint's own spec has none
-    inputs = trace_inputs(net, shape)
+    inputs = trace_inputs(net, shape, train)
     with flagged():
         net, untied = _untied(net, inputs) if traced else (net, [])  # a tied head: matched untied
         res = align(
