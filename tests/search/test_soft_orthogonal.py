@@ -59,6 +59,10 @@ def test_every_latent_is_an_element_of_its_kind(problem) -> None:
     assert set(elements) == set(spec.kinds) and all(not torch.equal(elements[g], bases[g]) for g in elements)
     for g in set(elements) - set(spec.heads):  # the stream: orthogonal, or centred under LayerNorm
         torch.testing.assert_close(hard[g], elements[g], rtol=0, atol=1e-12)
+    single = exact_elements(spec, {g: b.float() for g, b in bases.items()}, {g: v.float() for g, v in latents.items()})
+    for g, element in single.items():  # a float32 model's: its own dtype, the same maps
+        assert element.dtype == torch.float32
+        torch.testing.assert_close(element.double(), elements[g], rtol=0, atol=1e-5)
     zero = {g: torch.zeros_like(v) for g, v in latents.items()}
     for g, element in exact_elements(spec, bases, zero).items():
         torch.testing.assert_close(element, bases[g], rtol=0, atol=1e-15)

@@ -79,7 +79,7 @@ def start_mixed(
         moves = {g: _stand_in(g, start[g], spec) if g in matrix else start[g] for g in scores if g in start}
         scores = scores_at(scores, moves, spec.heads)
     kept = {k: v for k, v in scores.items() if k not in matrix}
-    bases, latents = start_latents(spec, sizes, start, torch.float64, device)
+    bases, latents = start_latents(spec, sizes, start, device)
     return kept, bases, latents
 
 
@@ -92,10 +92,12 @@ def _stand_in(group: str, element: Tensor, spec: PermutationSpec) -> Tensor:
 
 
 def start_latents(
-    spec: PermutationSpec, sizes: Mapping[str, int], start: Permutation, dtype: torch.dtype, device: torch.device
+    spec: PermutationSpec, sizes: Mapping[str, int], start: Permutation, device: torch.device | str
 ) -> tuple[dict[str, Tensor], Latents]:
     """The bases ``O₀`` (``R₀``: ``(H, H, d, d)``, the start's block at ``(h, σ(h))``, the identity elsewhere) and
-    the zero latents of every orthogonal group (module docstring), from ``start`` (an element of every group)."""
+    the zero latents of every orthogonal group (module docstring), from ``start`` (an element of every group), in
+    float64 (the search moves them to its dtype)."""
+    dtype = torch.float64
     bases, latents = {}, {}
     for g in orthogonal_groups(spec):
         n, kind = sizes[g], spec.kinds[g]
@@ -130,7 +132,7 @@ def exact_elements(spec: PermutationSpec, bases: Mapping[str, Tensor], latents: 
             out[g] = base @ plane_rotations(latent.reshape(-1, half)).reshape(count, count, 2 * half, 2 * half)
         elif kind == "centred":
             h = ones_basis(len(base)).to(base)
-            inner = torch.block_diag(torch.ones(1, 1, dtype=base.dtype, device=base.device), _skew_exp(latent))
+            inner = torch.block_diag(base.new_ones(1, 1), _skew_exp(latent))
             out[g] = base @ (h @ inner @ h)
         else:
             out[g] = base @ _skew_exp(latent)
@@ -149,7 +151,7 @@ def soft_mixed(
     """The ``(E, E)`` matrix of every group: Sinkhorn's soft permutation of a permutation group
     (:func:`~lmclab.search.sinkhorn.soft_permutation`), an orthogonal group's exact element, a headed orthogonal
     group's blocks weighted by its tie's soft head order (module docstring)."""
-    soft = soft_permutation(scores, tau=tau, n_iter=n_iter, heads=spec.heads) if scores else {}
+    soft = soft_permutation(scores, tau=tau, n_iter=n_iter, heads=spec.heads)
     for g, element in exact_elements(spec, bases, latents).items():
         if g in spec.heads:
             element = headed_soft(sinkhorn(scores[tie_key(spec.heads[g].tie)], tau=tau, n_iter=n_iter), element)
