@@ -36,8 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.api.alignment import short_groups, short_stats
-from lmclab.api.functions import check_symmetry, checked_options, in_symmetry, training_data
+from lmclab.api.functions import checked_options, training_data
 from lmclab.api.inputs import Data, Model, as_split, on_device, open_models, read_weights, resolve, skeleton
+from lmclab.api.symmetries import check_symmetry, in_symmetry
 from lmclab.api.widths import differ, embedded_all
 from lmclab.core.bn_repair import repair_bn, repair_subset
 from lmclab.core.canonical import fold_gains

@@ -180,8 +180,8 @@ def merge_many(  # size: a typer command's signature lists each of its options
     """Merge N models into one by an n-model method (MergeMany, star, sync: --symmetry orthogonal too); write the merged
     state dict to --out."""
     from lmclab.api import merge_many as merge_models
-    from lmclab.api.functions import check_symmetry
     from lmclab.api.many import ORTHOGONAL_MANY
+    from lmclab.api.symmetries import check_symmetry
     from lmclab.core.repairs import check_repair, resolved_repair
     from lmclab.search import needs_data
     from lmclab.search.many_methods import check_many

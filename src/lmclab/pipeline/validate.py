@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lmclab.api.functions import ORTHOGONAL_METHODS
+from lmclab.api.symmetries import ORTHOGONAL_METHODS
 from lmclab.archs import build_model, get_arch, make_config
 from lmclab.core.bn_repair import has_batchnorm
 from lmclab.core.device import resolve_device
