@@ -22,7 +22,7 @@ from pathlib import Path
 
 import typer
 
-from lmclab.cli import models, preset, studies
+from lmclab.cli import barrier, models, preset, studies
 from lmclab.cli.common import KWARGS, SYMMETRY, one_line
 from lmclab.cli.inputs import parse_kwargs, parse_shape, trace_inputs
 
@@ -102,10 +102,10 @@ def validate(params: Path = typer.Argument(Path("params.yaml"), help="a params.y
     typer.echo(f"{params}: valid")
 
 
-# the commands on model files (cli/models.py), then on a spec and on the pipeline's params, in this order
+# the commands on model files (cli/models.py, cli/barrier.py), then on a spec and on the params, in this order
 for name, command in [("match", models.match), ("merge", models.merge), ("merge-many", models.merge_many)]:
     app.command(name)(command)
-for name, command in [("barrier", models.barrier), ("trace", trace), ("validate", validate)]:
+for name, command in [("barrier", barrier.barrier), ("trace", trace), ("validate", validate)]:
     app.command(name)(command)
 app.add_typer(studies.app, name="study")  # lmclab study NAME: the studies over finished runs (cli/studies/)
 app.command("preset")(preset.preset)  # lmclab preset NAME: a paper preset into params.yaml (cli/preset.py)
