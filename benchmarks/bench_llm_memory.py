@@ -1,15 +1,20 @@
 """Benchmark: what ``lmclab match`` and ``lmclab merge`` cost in time and memory on Llama-style checkpoints as
-researchers bring them — two Hugging Face folders of bfloat16 safetensors shards built from a config with random
-weights (nothing downloaded), one a planted copy of the other's permutation or an independent initialisation.
+researchers bring them — Hugging Face folders of bfloat16 safetensors shards built from a config with random
+weights (nothing downloaded): ``a``, ``b`` (an independent initialisation) and ``p`` (a planted copy: ``a``
+moved by a random permutation of every group its traced spec has).
 
-    python benchmarks/bench_llm_memory.py --shape 155m
+    python benchmarks/bench_llm_memory.py --shape 155m --in-memory
+    python benchmarks/bench_llm_memory.py --shape 1b
 
 Each command runs in its own process, started by this one while it holds no model (Linux keeps a process's peak
 across ``exec``: the folders are built in another child); its wall time and peak resident memory (``wait4``'s
 ``ru_maxrss``: every page the process held at once, the interpreter's imports included) are one row, beside the
-size of one checkpoint folder. ``--phases`` adds, for ``match``, the peak after each step of :func:`lmclab.align`
-(reading the weights, tracing, the search, the L2 reduction) in one more process: where the memory goes. Writes
-``benchmarks/results/llm_memory.json`` (the shape's rows replaced, the others kept).
+size of one checkpoint folder, for the independent and the planted pair on the streamed path (``--stream``) and,
+with ``--in-memory``, the independent pair on the in-memory one (``--no-stream``: the path before streaming). The
+command's own line gives the search's seconds, its sweeps and the bytes it read. A last child checks that the
+planted copy was recovered exactly (π(θp) = θa in every entry) and that ``from_pretrained`` loads the merged
+folder. ``BENCH_TMP`` chooses the disk the folders go to. Writes ``benchmarks/results/llm_memory.json`` (the
+shape's rows replaced, the others kept).
 """
 
 from __future__ import annotations
@@ -31,23 +36,57 @@ OUT = RESULTS / "llm_memory.json"
 
 
 def build(shape: str, folder: Path) -> int:
-    """Two folders ``a`` and ``b`` of the shape (independent random weights, bfloat16, 200 MB shards); their
-    parameter count."""
+    """Folders ``a`` and ``b`` of the shape (independent random weights, bfloat16, 200 MB shards) and ``p``, a's
+    planted copy (every group of its traced spec moved by a random permutation, heads whole; the permutation in
+    ``planted.pt``); the parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmclab.api.hf import example_inputs
+    from lmclab.core.spec import apply_permutation, random_permutation
+    from lmclab.trace import trace
 
     hidden, layers, mlp, heads, kv, vocab = SHAPES[shape]
     config = LlamaConfig(
         hidden_size=hidden, num_hidden_layers=layers, intermediate_size=mlp, num_attention_heads=heads,
-        num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=256,
+        num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=256, tie_word_embeddings=False,
     )  # fmt: skip
     for name, seed in (("a", 0), ("b", 1)):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(torch.bfloat16)
         model.save_pretrained(folder / name, max_shard_size="200MB")
         count = sum(p.numel() for p in model.parameters())
+        if name == "a":
+            with torch.device("meta"):
+                skeleton = LlamaForCausalLM(config).eval()
+            spec = trace(skeleton, example_inputs(skeleton, None).to("meta")).spec
+            state = model.state_dict()
+            perm = random_permutation(spec.group_sizes(state), torch.Generator().manual_seed(2), spec.heads)
+            model.load_state_dict(apply_permutation(spec, perm, state))
+            model.save_pretrained(folder / "p", max_shard_size="200MB")
+            torch.save(perm, folder / "planted.pt")
         del model
     return count
+
+
+def check(a: str, p: str, alignment: str, merged: str) -> None:
+    """Print, as JSON, whether the alignment of ``p`` to ``a`` recovers it exactly (π(θp) = θa in every entry,
+    read one at a time) and whether transformers' ``from_pretrained`` loads the merged folder."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from lmclab.api import load_alignment
+    from lmclab.api.folders import open_folders
+    from lmclab.core.spec import permute_entry
+
+    found = load_alignment(alignment)
+    streamed = open_folders([Path(a), Path(p)], ["a", "p"], torch.device("cpu"))
+    weights_a, weights_p = streamed.weights
+    worst = max(
+        float((weights_a[k] - permute_entry(found.spec, found.perm, k, weights_p[k])).abs().max()) for k in weights_a
+    )
+    loads = LlamaForCausalLM.from_pretrained(merged) is not None
+    print(json.dumps({"recovered": worst == 0.0, "largest_difference": worst, "merged_loads": loads}))
 
 
 def measured(args: list[str], cwd: Path) -> dict:
@@ -62,69 +101,43 @@ def measured(args: list[str], cwd: Path) -> dict:
     return {"seconds": round(seconds, 1), "peak_gb": round(usage.ru_maxrss / 1e6, 2), "output": out.strip()[-300:]}
 
 
-def phases(a: str, b: str) -> None:
-    """Print, as JSON, the peak resident memory after each step of ``lmclab match a b`` (run in this process)."""
-    import resource
-
-    import lmclab
-    import lmclab.api.functions as functions
-    from lmclab.cli.inputs import load_pair, trace_inputs
-
-    steps: list[dict] = []
-
-    def mark(step: str) -> None:
-        steps.append({"step": step, "peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)})
-
-    mark("imports")
-    params_a, params_b, (net, _, _) = load_pair(Path(a), Path(b), None, "{}")
-    mark("both folders read, the module built")
-    for name in ("read_weights", "resolve", "run_search"):
-        inner = getattr(functions, name)
-
-        def wrapped(*args, _inner=inner, _name=name, **kwargs):
-            result = _inner(*args, **kwargs)
-            mark({"read_weights": "float32 copies", "resolve": "traced", "run_search": "searched"}[_name])
-            return result
-
-        setattr(functions, name, wrapped)
-    res = lmclab.align(params_a, params_b, method="wm", model=net, example_inputs=trace_inputs(net, None))
-    lmclab.l2_reduction(params_a, params_b, res)
-    mark("L2 reduction")
-    print(json.dumps(steps))
-
-
 def main(
     shape: str = typer.Option("155m", help=f"one of {sorted(SHAPES)}"),
-    phases_of: str = typer.Option(None, help="internal: A,B folders whose match steps to profile"),
-    build_into: Path = typer.Option(None, help="internal: build the shape's two folders there"),
-    with_phases: bool = typer.Option(True, "--phases/--no-phases", help="also profile match step by step"),
+    build_into: Path = typer.Option(None, help="internal: build the shape's folders there"),
+    check_of: str = typer.Option(None, help="internal: A,P,ALIGNMENT,MERGED to check"),
+    in_memory: bool = typer.Option(False, help="also time the in-memory path (--no-stream)"),
 ) -> None:
-    if phases_of:
-        return phases(*phases_of.split(","))
+    if check_of:
+        return check(*check_of.split(","))
     if build_into:
         return print(build(shape, build_into))
     layout = dict(zip(("hidden", "layers", "mlp", "heads", "kv_heads", "vocab"), SHAPES[shape], strict=True))
     run = this_run(shape=shape, layout=layout)
     lmclab = [sys.executable, "-m", "lmclab"]
-    with tempfile.TemporaryDirectory(prefix="lmclab-bench-") as tmp:  # mode 0700: this user only
+    with tempfile.TemporaryDirectory(prefix="lmclab-bench-", dir=os.environ.get("BENCH_TMP")) as tmp:  # mode 0700
         work = Path(tmp)
         made = [sys.executable, __file__, "--shape", shape, "--build-into", str(work)]
         params = int(subprocess.run(made, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
         folder = sum(f.stat().st_size for f in (work / "a").iterdir()) / 1e9
-        rows = []
-        for step, args in (
-            ("match", [*lmclab, "match", "a", "b", "--method", "wm", "--out", "perm.pt"]),
-            ("merge", [*lmclab, "merge", "a", "b", "--alignment", "perm.pt", "--out", "merged"]),
-        ):
-            found = measured(args, work)
-            rows.append({"shape": shape, "params": params, "checkpoint_gb": round(folder, 3), "command": step, **found})
-            print(rows[-1], flush=True)
-        profile = []
-        if with_phases:
-            child = [sys.executable, __file__, "--phases-of", "a,b"]
-            done = subprocess.run(child, cwd=work, capture_output=True, text=True, check=True)
-            profile = json.loads(done.stdout.strip().splitlines()[-1])
-    record(OUT, rows, run={**run, "phases": profile}, keep=lambda r: r["shape"] != shape)
+        rows, checks = [], {}
+        for pair, b, path in [("independent", "b", "--stream"), ("planted", "p", "--stream")] + [
+            ("independent", "b", "--no-stream")
+        ] * in_memory:
+            for step, args in (
+                ("match", [*lmclab, "match", "a", b, "--method", "wm", "--out", f"{b}.pt", path]),
+                ("merge", [*lmclab, "merge", "a", b, "--alignment", f"{b}.pt", "--out", f"merged-{b}", path]),
+            ):
+                found = measured(args, work)
+                row = {"shape": shape, "params": params, "checkpoint_gb": round(folder, 3), "pair": pair}
+                rows.append(row | {"path": path.strip("-"), "command": step, **found})
+                print(rows[-1], flush=True)
+            if pair == "planted":
+                child = [sys.executable, __file__, "--check-of", f"a,{b},{b}.pt,merged-{b}"]
+                done = subprocess.run(child, cwd=work, capture_output=True, text=True, check=True)
+                checks = json.loads(done.stdout.strip().splitlines()[-1])
+                print(checks, flush=True)
+            subprocess.run(["rm", "-rf", f"merged-{b}"], cwd=work, check=True)
+    record(OUT, rows, run={**run, "planted_check": checks}, keep=lambda r: r["shape"] != shape)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ API = (
     "l2_reduction",
     "load_alignment",
     "merge",
+    "merge_folders",
     "merge_many",
     "pairs",
     "repair",

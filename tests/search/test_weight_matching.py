@@ -423,17 +423,32 @@ def test_a_long_rows_signature_is_its_evenly_spaced_order_statistics_scaled_to_t
 
     length = 3 * SIGNATURE + 7  # past the bound: subsampled
     ones = torch.ones(2, length)
-    sig_a, sig_b, scale = _signatures(ones, 2 * ones)
+    (sig_a, scale), (sig_b, _) = _signatures(ones, 0, (0, 2, 1, 1, 1)), _signatures(2 * ones, 0, (0, 2, 1, 1, 1))
     assert sig_a.shape == (2, SIGNATURE) and scale == length / SIGNATURE
     assert torch.allclose(scale * sig_a @ sig_b.T, torch.full((2, 2), 2.0 * length))  # ⟨1, 2⟩ over the full row
     rows = torch.randn(3, length, generator=torch.Generator().manual_seed(0))
-    sig, _, _ = _signatures(rows, rows)
+    sig, _ = _signatures(rows, 0, (0, 3, 1, 1, 1))
     ordered = rows.sort(dim=1).values
     assert torch.equal(sig[:, 0], ordered[:, 0]) and torch.equal(sig[:, -1], ordered[:, -1])  # both ends kept
     assert (sig[:, 1:] >= sig[:, :-1]).all()
     exact = rows[:, :SIGNATURE]  # at the bound: the full sorted rows, unscaled
-    sig, _, scale = _signatures(exact, exact)
+    sig, scale = _signatures(exact, 0, (0, 3, 1, 1, 1))
     assert scale == 1.0 and torch.equal(sig, exact.sort(dim=1).values)
+
+
+def test_signatures_sorted_a_few_units_at_a_time_are_those_of_all_units_at_once(monkeypatch) -> None:
+    """Units of blocks of 2 on axis 1 of a (5, 12) tensor, in chunks of one or two units (a slice of 12 or 20
+    entries): the same signatures as in one piece; units in two interleaved copies are sorted at once."""
+    import lmclab.search.weight_matching as wm
+
+    value = torch.randn(5, 12, generator=torch.Generator().manual_seed(1))
+    whole = wm._signatures(value, 1, (2, 8, 2, 1, 1))[0]
+    assert whole.shape == (4, 10)
+    for slice_size in (10, 20):
+        monkeypatch.setattr(wm, "SLICE", slice_size)
+        assert torch.equal(wm._signatures(value, 1, (2, 8, 2, 1, 1))[0], whole)
+    copies = wm._signatures(value, 1, (0, 12, 1, 2, 1))[0]
+    assert torch.equal(copies, wm.unit_rows(value, 1, 0, 12, 1, 2, 1).sort(dim=1).values) and copies.shape == (6, 10)
 
 
 def test_the_sorted_signature_start_recovers_a_planted_copy_from_subsampled_signatures() -> None:

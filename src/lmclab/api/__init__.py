@@ -14,6 +14,7 @@ from lmclab.api.functions import align, canonicalize, find_permutation, l2_reduc
 from lmclab.api.inputs import as_split, pairs
 from lmclab.api.many import ManyMerge, merge_many, repair
 from lmclab.api.registry import ARCHITECTURES, MANY_METHODS, METHODS, create_model
+from lmclab.api.streamed import merge_folders
 from lmclab.core.spec import PermutationSpec
 from lmclab.trace import trace_spec
 
@@ -35,6 +36,7 @@ __all__ = [
     "l2_reduction",
     "load_alignment",
     "merge",
+    "merge_folders",
     "merge_many",
     "pairs",
     "repair",

@@ -39,7 +39,9 @@ import torch
 from torch import Tensor, nn
 
 from lmclab.api.alignment import Alignment, aligned_pair
+from lmclab.api.folders import streams
 from lmclab.api.inputs import Data, Model, Opened, Problem, as_split, open_models, read_weights, resolve
+from lmclab.api.streamed import align_streamed, l2_streamed, streamed_refusal
 from lmclab.api.symmetries import check_symmetry, in_symmetry
 from lmclab.api.widths import (
     check_same_architecture,
@@ -100,6 +102,7 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     options: Mapping[str, Any] | None = None,
     partial: bool = False,
     loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
+    stream: bool | None = None,
 ) -> Alignment:
     """The element π of the symmetry group of θb's hidden units that aligns it to θa (``method``: a name of
     :data:`lmclab.search.METHODS`; ``options``: its own options, e.g. ``{"max_iter": 5}``, checked
@@ -126,9 +129,16 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     merged model's loss and accuracy on ``eval_data`` after each search epoch in ``stats["curve"]`` (the
     paper's Figure 6).
     ``loss_fn(output, target)`` (a batch's mean loss) replaces the cross-entropy of the logits wherever
-    the search evaluates a loss (STE's and Sinkhorn STE's midpoint objective, the test curve)."""
+    the search evaluates a loss (STE's and Sinkhorn STE's midpoint objective, the test curve).
+    ``stream``: two Hugging Face folders of safetensors read one tensor at a time instead of loaded (weight
+    matching of billion-parameter checkpoints in bounded memory, :mod:`lmclab.api.streamed`); None streams such
+    folders from :data:`lmclab.api.folders.STREAM_FROM` bytes when the method and symmetry allow it."""
     options = checked_options(method, options)
     check_symmetry(symmetry, method)
+    refusal = streamed_refusal(method, symmetry, data, model, factory, kwargs, points, eval_data, loss_fn)
+    if streams([model_a, model_b], stream, refusal):
+        keywords = dict(method=method, spec=spec, example_inputs=example_inputs, seed=seed, device=device)
+        return align_streamed([model_a, model_b], **keywords, progress=progress, options=options, partial=partial)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")
     opened = open_models([model_a, model_b], ["model_a", "model_b"], model=model, factory=factory, kwargs=kwargs)
@@ -233,11 +243,13 @@ def merge(model_a: Model, model_b: Model, alignment: Alignment | None = None, *,
     return weights.own(0, lerp_params(params_a, params_b, lam))
 
 
-def l2_reduction(model_a: Model, model_b: Model, alignment: Alignment) -> float:
+def l2_reduction(model_a: Model, model_b: Model, alignment: Alignment, *, stream: bool | None = None) -> float:
     """How much closer π(θb) is to θa than θb: ``100·(1 − ‖θa − π(θb)‖ / ‖θa − θb‖)`` in percent,
     over the entries the spec matches (no running statistics), in the pair's compute dtype; θb of other widths
     (``alignment.widths``) embedded in θa's as it is before the alignment (its units first,
-    :mod:`lmclab.core.widths`)."""
+    :mod:`lmclab.core.widths`). ``stream``: as :func:`align`'s, one entry of each folder read at a time."""
+    if streams([model_a, model_b], stream, "of other widths, aligned in memory" if alignment.widths else None):
+        return l2_streamed([model_a, model_b], alignment)
     same = not alignment.widths
     models, names = [model_a, model_b], ["model_a", "model_b"]
     params_a, params_b = read_weights(models, names, torch.device("cpu"), same_shapes=same).params

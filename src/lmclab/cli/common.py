@@ -21,6 +21,11 @@ PROGRESS = typer.Option(False, help="show a progress bar on stderr (search steps
 SYMMETRY = typer.Option(
     "permutation", help="permutation, or orthogonal: orthogonal maps of the groups the tracer proves (method wm)"
 )
+STREAM = typer.Option(
+    None,
+    "--stream/--no-stream",
+    help="read two HF folders of safetensors one tensor at a time (weight matching; default: from 256 MiB)",
+)
 PARTIAL = typer.Option(False, help="trace: leave the channels it cannot prove unpermuted instead of refusing")
 REPAIR = typer.Option(
     "none",

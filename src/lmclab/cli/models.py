@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from lmclab.api.streamed import streamed_refusal
 from lmclab.cli.common import (
     DATA_ROOT,
     DEVICE,
@@ -23,6 +24,7 @@ from lmclab.cli.common import (
     REPAIR,
     REPAIR_SAMPLES,
     SHAPE,
+    STREAM,
     SYMMETRY,
     flagged,
     one_line,
@@ -64,6 +66,7 @@ def match(  # size: a typer command's signature lists each of its options
     device: str = DEVICE,
     partial: bool = PARTIAL,
     progress: bool = PROGRESS,
+    stream: bool = STREAM,
 ) -> None:
     """Find the permutation of B's hidden units (or, --symmetry orthogonal, orthogonal maps of its streams) that
     aligns B to A; write it to --out."""
@@ -74,6 +77,9 @@ def match(  # size: a typer command's signature lists each of its options
     output_path(out, "--out")
     if needs_data(method) and data is None:
         raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
+    if _streams(model_a, model_b, stream, streamed_refusal(method, symmetry, data, factory)):
+        keywords = dict(seed=seed, device=device, options=options, partial=partial, progress=progress)
+        return _match_streamed(model_a, model_b, method, out, keywords)
     params_a, params_b, (net, spec, points) = load_pair(model_a, model_b, factory, kwargs)
     traced_only(partial, spec)
     shape = parse_shape(input_shape)
@@ -110,6 +116,30 @@ def match(  # size: a typer command's signature lists each of its options
     )
 
 
+def _streams(model_a: Path, model_b: Path, stream: bool | None, refusal: str | None) -> bool:
+    """Whether the pair takes the streamed path (:func:`lmclab.api.folders.streams`), refusals naming --stream."""
+    from lmclab.api.folders import streams
+
+    with flagged():
+        return streams([model_a, model_b], stream, refusal)
+
+
+def _match_streamed(model_a: Path, model_b: Path, method: str, out: Path, keywords: dict[str, Any]) -> None:
+    """``lmclab match`` of two folders read one tensor at a time (:mod:`lmclab.api.streamed`)."""
+    from lmclab.api import align, l2_reduction
+
+    with flagged():
+        res = align(model_a, model_b, method=method, stream=True, **keywords)
+    res.save(out)
+    read, sweeps = res.stats["bytes_read"] / 1e9, res.stats.get("sweeps", 0)
+    expected = f", estimated {res.stats['estimated_seconds_per_sweep']:.1f}" if "estimated_gb" in res.stats else ""
+    typer.echo(
+        f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s, {sweeps} sweeps{expected}, "
+        f"streamed ({read:.2f} GB read); L2 reduction {l2_reduction(model_a, model_b, res, stream=True):.2f} %; "
+        f"wrote {out}"
+    )
+
+
 def _own_module(path: Path, params: Any, reference: Any) -> Any:
     """``params``, or the module of the checkpoint at ``path`` when they have other shapes than ``reference``'s."""
     from lmclab.api.files import load_model_file
@@ -141,14 +171,20 @@ def merge(
     kwargs: str = KWARGS,
     input_shape: str = SHAPE,
     partial: bool = PARTIAL,
+    stream: bool = STREAM,
 ) -> None:
-    """Write λ·θa + (1−λ)·π(θb) as a plain state dict."""
+    """Write λ·θa + (1−λ)·π(θb) as a plain state dict (two HF folders: a folder, streamed shard by shard)."""
+    from lmclab.api import load_alignment, merge_folders
     from lmclab.api import merge as merge_models
     from lmclab.core.merge import check_lam
 
     with flagged():
         check_lam(lam)
     output_for(out, model_a, "--out")
+    if _streams(model_a, model_b, stream, "builds the module from the folder's config" if factory else None):
+        found = load_alignment(alignment) if alignment is not None else None
+        written = merge_folders(model_a, model_b, out, found, lam=lam)
+        return typer.echo(f"wrote {out} (λ = {lam}; streamed, {written / 1e9:.2f} GB)")
     params_a, params_b, net = aligned_pair(model_a, model_b, alignment, factory, kwargs, input_shape, partial, False)
     merged = merge_models(params_a, params_b, lam=lam)
     write_merged(out, model_a, net, merged)

@@ -34,3 +34,10 @@ def tick(**postfix: object) -> None:
         bar.update()
         if postfix:
             bar.set_postfix(postfix, refresh=False)
+
+
+def note(**postfix: object) -> None:
+    """Values shown beside the bar within a step (a group of a sweep), the count unchanged."""
+    bar = _BAR.get()
+    if bar is not None:
+        bar.set_postfix(postfix)

@@ -99,7 +99,7 @@ class PermutationSpec:
         sizes: dict[str, int] = {}
         for group, places in self.groups.items():
             for name, axis in places:
-                size = params[name].shape[axis]
+                size = entry_shape(params, name)[axis]
                 for _, length, block, copies, run in group_slices(self.axes[name][axis], group, size):
                     n, where = length // (block * copies), f"group {group!r}: axis {axis} of {name!r} has {length}"
                     copied = f" ({copies} copies in runs of {run} units)" * (copies > 1)
@@ -112,6 +112,10 @@ class PermutationSpec:
     def matched(self, params: Mapping[str, Tensor]) -> Params:
         """The entries that count in matching costs and distances (no running statistics)."""
         return {k: v for k, v in params.items() if k not in self.stats}
+
+    def matched_names(self, params: Mapping[str, Tensor]) -> list[str]:
+        """The names of :meth:`matched`'s entries, none of them read (a checkpoint read lazily stays on disk)."""
+        return [k for k in params if k not in self.stats]
 
     def check(self, params: Mapping[str, Tensor], what: str = "state_dict") -> None:
         """One-line error unless ``params`` has exactly the spec's keys and consistent shapes."""
@@ -166,13 +170,23 @@ def build_spec(*parts: Mapping[str, Axes], heads: Mapping[str, Heads] | None = N
 
 def apply_permutation(spec: PermutationSpec, perm: Mapping[str, Tensor], params: Mapping[str, Tensor]) -> Params:
     """``π(θ)``: permute every axis of every entry by its group's index tensor."""
-    out: Params = {}
-    for name, value in params.items():
-        for axis, entry in enumerate(spec.axes[name]):
-            if entry_groups(entry):
-                value = act_on_axis(value, axis, entry, perm)
-        out[name] = value
+    out = {name: permute_entry(spec, perm, name, value) for name, value in params.items()}
     return with_metadata(out, params)
+
+
+def permute_entry(spec: PermutationSpec, perm: Mapping[str, Tensor], name: str, value: Tensor) -> Tensor:
+    """The entry ``name`` of ``π(θ)`` from its value ``value`` in ``θ`` (every permuted axis acted on)."""
+    for axis, entry in enumerate(spec.axes[name]):
+        if entry_groups(entry):
+            value = act_on_axis(value, axis, entry, perm)
+    return value
+
+
+def entry_shape(params: Mapping[str, Tensor], name: str) -> torch.Size:
+    """The shape of ``params[name]``, from the mapping's ``shapes`` when it has them (a checkpoint read lazily,
+    :class:`lmclab.core.shards.ShardedWeights`: no tensor read)."""
+    shapes = getattr(params, "shapes", None)
+    return shapes[name] if shapes is not None else params[name].shape
 
 
 def act_on_axis(value: Tensor, axis: int, entry: Entry, perm: Mapping[str, Tensor]) -> Tensor:

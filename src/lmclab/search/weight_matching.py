@@ -40,6 +40,7 @@ it comes first there.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Mapping
@@ -53,17 +54,27 @@ from lmclab.core.assignment import AssignmentOptions, solve_assignment
 from lmclab.core.callers import caller_level
 from lmclab.core.heads import solve_tied, tie_sets
 from lmclab.core.options import Count, NonNegative, option, takes
-from lmclab.core.progress import tick
+from lmclab.core.progress import note, tick
+from lmclab.core.shards import ShardedWeights
 from lmclab.core.spec import (
     Permutation,
     PermutationSpec,
+    entry_shape,
     group_slices,
     identity_permutation,
     random_permutation,
     unit_rows,
 )
 from lmclab.search.result import SearchResult
-from lmclab.search.wm_costs import TermCache, constant_terms, cost_dependencies, group_cost, matching_objective
+from lmclab.search.wm_costs import (
+    SLICE,
+    TermCache,
+    constant_terms,
+    cost_dependencies,
+    entry_slices,
+    group_cost,
+    matching_objective,
+)
 from lmclab.search.wm_orthogonal import orthogonal_groups, orthogonal_matching
 
 __all__ = ["LocalOptimaWarning", "WMOptions", "group_cost", "constant_terms", "matching_objective", "weight_matching"]
@@ -92,52 +103,82 @@ def sorted_signature_start(
     spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], solve: Any
 ) -> Permutation:
     """Every group solved alone on ``C[i, j] = Σ ⟨sort(w^a_i), sort(w^b_j)⟩`` over the entries it permutes:
-    a cost no other group's permutation changes (module docstring)."""
-    costs = {}
-    for group in spec.groups:
-        cost = None
-        for name, axis in spec.groups[group]:
-            if name in spec.stats:
-                continue
-            w_a, w_b = params_a[name], params_b[name]
-            for where in group_slices(spec.axes[name][axis], group, w_a.shape[axis]):
-                sig_a, sig_b, scale = _signatures(unit_rows(w_a, axis, *where), unit_rows(w_b, axis, *where))
-                cost = scale * sig_a @ sig_b.T if cost is None else cost + scale * sig_a @ sig_b.T
-        costs[group] = cost
+    a cost no other group's permutation changes (module docstring); the costs of one tie at a time in memory."""
     sizes = spec.group_sizes(params_a)
     perm = identity_permutation(sizes)
     for unit in tie_sets(sizes, spec.heads):
-        if all(costs[g] is not None for g in unit):
-            perm.update(solve_tied({g: costs[g] for g in unit}, spec.heads, solve))
+        costs = {g: _signature_cost(spec, g, params_a, params_b) for g in unit}
+        if all(c is not None for c in costs.values()):
+            perm.update(solve_tied(costs, spec.heads, solve))
     return perm
+
+
+def _signature_cost(
+    spec: PermutationSpec, group: str, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> Tensor | None:
+    """``C[i, j] = Σ ⟨sort(w^a_i), sort(w^b_j)⟩`` of ``group`` (None when it acts on running statistics only)."""
+    cost = None
+    for name, axis in spec.groups[group]:
+        if name in spec.stats:
+            continue
+        w_a, w_b = params_a[name], params_b[name]
+        for where in group_slices(spec.axes[name][axis], group, w_a.shape[axis]):
+            (sig_a, scale), (sig_b, _) = _signatures(w_a, axis, where), _signatures(w_b, axis, where)
+            cost = scale * sig_a @ sig_b.T if cost is None else cost + scale * sig_a @ sig_b.T
+    return cost
 
 
 def is_relabelling(spec: PermutationSpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> bool:
     """Whether every matched entry of θb holds θa's values in some order (a planted copy θb = π(θa)): the
-    same smallest and largest value, and sum and norm equal to 1e-9 (float64 sums; a reordering changes
-    only their rounding)."""
-    for name, a in spec.matched(params_a).items():
-        b = params_b[name]
-        if not (a.is_floating_point() and a.numel()):
+    same smallest and largest value, and sum and norm equal to 1e-9 (float64 sums, over slices of a large entry:
+    :func:`lmclab.search.wm_costs.entry_slices`; a reordering changes only their rounding)."""
+    for name in spec.matched_names(params_a):
+        found = _statistics(spec, name, params_a, params_b)
+        if found is None:  # an integer or empty entry
             continue
-        if a.amin() != b.amin() or a.amax() != b.amax():
+        (low_a, high_a, sum_a, norm_a), (low_b, high_b, sum_b, norm_b) = found
+        if low_a != low_b or high_a != high_b:
             return False
-        norm_a, norm_b = (float(torch.linalg.vector_norm(v, dtype=torch.float64)) for v in (a, b))
-        sum_a, sum_b = (float(v.sum(dtype=torch.float64)) for v in (a, b))
-        if abs(norm_a - norm_b) > 1e-9 * norm_a or abs(sum_a - sum_b) > 1e-9 * norm_a * a.numel() ** 0.5:
+        size = entry_shape(params_a, name).numel()
+        if abs(norm_a - norm_b) > 1e-9 * norm_a or abs(sum_a - sum_b) > 1e-9 * norm_a * size**0.5:
             return False
     return True
 
 
-def _signatures(rows_a: Tensor, rows_b: Tensor) -> tuple[Tensor, Tensor, float]:
-    """Each row sorted — at most ``SIGNATURE`` evenly spaced order statistics of it — and the factor that
-    scales their inner products to the full rows' (module docstring)."""
-    length = rows_a.shape[1]
-    sig_a, sig_b = rows_a.sort(dim=1).values, rows_b.sort(dim=1).values
-    if length <= SIGNATURE:
-        return sig_a, sig_b, 1.0
-    ranks = torch.linspace(0, length - 1, SIGNATURE, device=rows_a.device).round().long()
-    return sig_a[:, ranks], sig_b[:, ranks], length / SIGNATURE
+def _statistics(
+    spec: PermutationSpec, name: str, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], size: int = 2**22
+) -> list[tuple[float, float, float, float]] | None:
+    """The entry's smallest and largest value, sum and norm (float64) in θa and in θb, read a slice at a time and
+    summed over pieces of ``size`` (no float64 copy of it); None for an integer or empty entry."""
+    found = [[math.inf, -math.inf, 0.0, 0.0], [math.inf, -math.inf, 0.0, 0.0]]
+    for parts in entry_slices(spec, name, None, params_a, params_b):
+        for kept, part in zip(found, parts, strict=True):
+            if not (part.is_floating_point() and part.numel()):
+                return None
+            flat = part.reshape(-1)
+            kept[0], kept[1] = min(kept[0], float(flat.min())), max(kept[1], float(flat.max()))
+            for start in range(0, flat.numel(), size):
+                piece = flat[start : start + size].double()
+                kept[2], kept[3] = kept[2] + float(piece.sum()), kept[3] + float(torch.dot(piece, piece))
+    return [(low, high, total, square**0.5) for low, high, total, square in found]
+
+
+def _signatures(value: Tensor, axis: int, where: tuple[int, ...]) -> tuple[Tensor, float]:
+    """The rows of the units of ``where`` (:func:`lmclab.core.spec.unit_rows`) each sorted — at most ``SIGNATURE``
+    evenly spaced order statistics of it — and the factor that scales their inner products to the full rows'
+    (module docstring); sorted a few units at a time (rows of about a slice, :data:`SLICE`, and no copy of all)."""
+    offset, length, block, copies, run = where
+    units = length // (block * copies)
+    step = units if copies > 1 else max(1, SLICE * block // max(value.numel() // value.shape[axis] * block, 1))
+    parts, row = [], 0
+    for start in range(0, units, step):  # copies interleave their units: all at once
+        stretch = (offset + start * block, min(step, units - start) * block) if copies == 1 else (offset, length)
+        rows = unit_rows(value, axis, *stretch, block, copies, run)
+        ranked, row = rows.sort(dim=1).values, rows.shape[1]
+        if row > SIGNATURE:
+            ranked = ranked[:, torch.linspace(0, row - 1, SIGNATURE, device=rows.device).round().long()]
+        parts.append(ranked)
+    return torch.cat(parts), (row / SIGNATURE if row > SIGNATURE else 1.0)
 
 
 @takes(WMOptions)
@@ -159,7 +200,8 @@ def weight_matching(
     if orthogonal_groups(spec):  # Procrustes steps beside the assignments (lmclab.search.wm_orthogonal)
         return orthogonal_matching(spec, params_a, params_b, options, solve, generator, init_perm)
     sizes = spec.group_sizes(params_a)
-    cache = TermCache(spec, params_a, params_b)  # every start's terms, kept between solves
+    streamed = isinstance(params_a, ShardedWeights)  # read lazily: its terms (every start's) would outgrow memory
+    cache = TermCache(spec, params_a, params_b, keep_bytes=0 if streamed else math.inf)
     best, finals, solves = None, [], 0
     planted = init_perm is None and is_relabelling(spec, params_a, params_b)
     signature = partial(sorted_signature_start, spec, params_a, params_b, solve)
@@ -183,6 +225,12 @@ def weight_matching(
     return SearchResult(
         perm, {**stats, "kept_start": kept, "lap_backend": options.lap_backend, "seconds": time.perf_counter() - start}
     )
+
+
+def _read(params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]) -> dict[str, str]:
+    """The bytes read so far from checkpoints read lazily, for the progress bar (none for models in memory)."""
+    lazy = [p for p in (params_a, params_b) if isinstance(p, ShardedWeights)]
+    return {"read": f"{sum(p.bytes_read for p in lazy) / 1e9:.2f} GB"} if lazy else {}
 
 
 def _warn_if_starts_disagree(finals: list[float], tol: float) -> None:
@@ -214,10 +262,11 @@ def _descend(
     solved_at = dict.fromkeys(units, -1)  # step at which each unit was last solved
     objective, step, solves = [cache.objective(perm)], 0, 0
     for _ in range(options.max_iter):
-        for k in torch.randperm(len(units), generator=generator).tolist():
+        for i, k in enumerate(torch.randperm(len(units), generator=generator).tolist()):
             unit, step = units[k], step + 1
             if solved_at[unit] >= max((changed_at[g] for g in depends[unit]), default=0):
                 continue  # same cost as at the last solve, hence the same optimum
+            note(group=f"{i + 1}/{len(units)}", **_read(params_a, params_b))
             costs = {g: cache.cost(g, perm) for g in unit}
             new = solve_tied(costs, spec.heads, solve)
             solved_at[unit], solves = step, solves + 1

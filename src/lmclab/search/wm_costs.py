@@ -7,18 +7,21 @@ For one group ``g`` with every other group fixed, ``⟨θa, π(θb)⟩`` is line
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import Tensor
 
+from lmclab.core.shards import ShardedWeights
 from lmclab.core.spec import (
     PermutationSpec,
     act_on_axis,
-    apply_permutation,
     axis_index,
     entry_groups,
+    entry_shape,
     group_slices,
+    permute_entry,
     unit_rows,
 )
 
@@ -26,9 +29,23 @@ from lmclab.core.spec import (
 def matching_objective(
     spec: PermutationSpec, perm: Mapping[str, Tensor], params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
 ) -> float:
-    """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded)."""
-    permuted = apply_permutation(spec, perm, spec.matched(params_b))
-    return sum(float(torch.dot(params_a[k].flatten().float(), v.flatten().float())) for k, v in permuted.items())
+    """``⟨θa, π(θb)⟩`` over the matched entries (running statistics excluded), one entry read at a time."""
+    return sum(entry_inner(spec, perm, k, params_a, params_b) for k in spec.matched_names(params_b))
+
+
+def entry_inner(
+    spec: PermutationSpec,
+    perm: Mapping[str, Tensor],
+    name: str,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
+) -> float:
+    """``⟨θa, π(θb)⟩`` over the entry ``name`` (float32 products), summed over slices along an axis no group acts
+    on (:func:`entry_slices`): no permuted copy of a whole large tensor."""
+    total = 0.0
+    for part_a, part_b in entry_slices(spec, name, None, params_a, params_b):
+        total += float(torch.dot(part_a.flatten().float(), permute_entry(spec, perm, name, part_b).flatten().float()))
+    return total
 
 
 def _permute_other_axes(
@@ -50,13 +67,43 @@ def _term(
     params_b: Mapping[str, Tensor],
 ) -> Tensor:
     """``W^a_(axis) · (W^b permuted on its other axes)_(axis)ᵀ`` over the stretches ``group``
-    permutes (a composite axis: one per segment, each unit's block in its row)."""
-    w_a, w_b = params_a[name], _permute_other_axes(spec, perm, name, params_b[name], axis)
-    term = None
-    for where in group_slices(spec.axes[name][axis], group, w_a.shape[axis]):
-        part = unit_rows(w_a, axis, *where) @ unit_rows(w_b, axis, *where).T
-        term = part if term is None else term + part
+    permutes (a composite axis: one per segment, each unit's block in its row), summed over slices along an axis
+    no group acts on (:func:`entry_slices`)."""
+    term, length = None, entry_shape(params_a, name)[axis]
+    for part_a, part_b in entry_slices(spec, name, axis, params_a, params_b):
+        part_b = _permute_other_axes(spec, perm, name, part_b, axis)
+        for where in group_slices(spec.axes[name][axis], group, length):
+            part = unit_rows(part_a, axis, *where) @ unit_rows(part_b, axis, *where).T
+            term = part if term is None else term + part
     return term
+
+
+SLICE = 2**22  # entries per slice of a large tensor in a cost term (16 MiB in float32)
+
+
+def entry_slices(
+    spec: PermutationSpec, name: str, axis: int | None, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """The entry ``name`` of both models cut alike along the longest axis no group acts on (but ``axis``) into
+    slices of about :data:`SLICE` entries — a token embedding along its vocabulary —, or whole when it is no
+    larger or every axis is acted on: a term's copies (θb permuted, its rows) are a slice's, not the tensor's, and
+    a checkpoint read lazily (:class:`lmclab.core.shards.ShardedWeights`) is read a slice at a time along its
+    first axis."""
+    shape = entry_shape(params_a, name)
+    free = [d for d, e in enumerate(spec.axes[name]) if d != axis and not entry_groups(e)]
+    if not free or shape.numel() <= SLICE:
+        yield params_a[name], params_b[name]
+        return
+    d = max(free, key=lambda k: shape[k])
+    step = max(1, SLICE * shape[d] // shape.numel())
+    spans = [(start, min(step, shape[d] - start)) for start in range(0, shape[d], step)]
+    if d == 0 and isinstance(params_a, ShardedWeights) and isinstance(params_b, ShardedWeights):
+        for start, length in spans:
+            yield params_a.rows(name, start, start + length), params_b.rows(name, start, start + length)
+        return
+    w_a, w_b = params_a[name], params_b[name]
+    for start, length in spans:
+        yield w_a.narrow(d, start, length), w_b.narrow(d, start, length)
 
 
 def _is_constant(spec: PermutationSpec, name: str, axis: int) -> bool:
@@ -119,7 +166,10 @@ class TermCache:
       arithmetic, at ``k / n`` of the product's cost — late sweeps move a few units);
     * **recomputed** — otherwise.
 
-    ``counts`` tallies the three. ``update_at=0`` recomputes every changed term (the plain loop's products)."""
+    ``counts`` tallies the three. ``update_at=0`` recomputes every changed term (the plain loop's products).
+    ``keep_bytes`` bounds the terms kept (a term computed beyond it is used once and recomputed when next asked
+    for): a model too large to hold the terms of every group — the MLP groups of a billion-parameter transformer
+    hold gigabytes of them — is matched in bounded memory at the cost of its products."""
 
     def __init__(
         self,
@@ -128,15 +178,17 @@ class TermCache:
         params_b: Mapping[str, Tensor],
         *,
         update_at: float = 0.5,
+        keep_bytes: float = math.inf,
     ) -> None:
         self.spec, self.params_a, self.params_b, self.update_at = spec, params_a, params_b, update_at
+        self.keep_bytes, self.kept_bytes = keep_bytes, 0
         self.terms: dict[tuple[str, int, str], tuple[Tensor, dict[int, Tensor]]] = {}
         self.dots: dict[str, tuple[float, dict[int, Tensor]]] = {}
         self.counts = {"kept": 0, "updated": 0, "recomputed": 0}
 
     def _index(self, name: str, perm: Mapping[str, Tensor], skip: int | None = None) -> dict[int, Tensor]:
         """The index of every permuted axis of ``name`` but ``skip`` at ``perm`` (on the CPU)."""
-        shape = self.params_b[name].shape
+        shape = entry_shape(self.params_b, name)
         return {
             d: axis_index(e, perm, shape[d]).cpu()
             for d, e in enumerate(self.spec.axes[name])
@@ -147,14 +199,11 @@ class TermCache:
         """``⟨θa, π(θb)⟩`` over the matched entries, the same float as ``matching_objective``: an entry's
         inner product is recomputed only when the index of one of its axes changed since the last call."""
         total = 0.0
-        for name in self.spec.matched(self.params_b):
+        for name in self.spec.matched_names(self.params_b):
             index, kept = self._index(name, perm), self.dots.get(name)
             if kept is None or any(not torch.equal(kept[1][d], i) for d, i in index.items()):
-                w_b = self.params_b[name]
-                for d, i in index.items():
-                    w_b = w_b.index_select(d, i.to(w_b.device))
-                kept = (float(torch.dot(self.params_a[name].flatten().float(), w_b.flatten().float())), index)
-                self.dots[name] = kept
+                inner = entry_inner(self.spec, perm, name, self.params_a, self.params_b)
+                kept = self.dots[name] = (inner, index)
             total += kept[0]
         return total
 
@@ -169,7 +218,7 @@ class TermCache:
 
     def term(self, name: str, axis: int, group: str, perm: Mapping[str, Tensor]) -> Tensor:
         """One term of ``group``'s cost at ``perm`` (class docstring)."""
-        key, shape = (name, axis, group), self.params_b[name].shape
+        key, shape = (name, axis, group), entry_shape(self.params_b, name)
         index = self._index(name, perm, skip=axis)
         kept = self.terms.get(key)
         moved = {d: (kept[1][d] != i).nonzero().flatten() for d, i in index.items()} if kept else {}
@@ -184,8 +233,16 @@ class TermCache:
         else:
             term = _term(self.spec, perm, name, axis, group, self.params_a, self.params_b)
             self.counts["recomputed"] += 1
-        self.terms[key] = (term, index)
+        self._keep(key, term, index)
         return term
+
+    def _keep(self, key: tuple[str, int, str], term: Tensor, index: dict[int, Tensor]) -> None:
+        """``term`` kept with its index in place of the key's last one, while the kept terms fit ``keep_bytes``."""
+        old = self.terms.pop(key, None)
+        self.kept_bytes -= old[0].nbytes if old is not None else 0
+        if self.kept_bytes + term.nbytes <= self.keep_bytes:
+            self.terms[key] = (term, index)
+            self.kept_bytes += term.nbytes
 
     def _small(self, moved: Mapping[int, Tensor], shape: tuple[int, ...]) -> bool:
         return all(len(at) <= self.update_at * shape[d] for d, at in moved.items())

@@ -1,0 +1,86 @@
+"""What weight matching will cost, from the sizes alone, before it starts: a model of one sweep's time and of the
+streamed path's memory (:mod:`lmclab.search.wm_costs`), for a billion-parameter checkpoint whose search runs for
+minutes.
+
+**Time.** A sweep solves every group once (late sweeps skip the groups whose cost is unchanged: the estimate is an
+upper bound for them). Group ``g``'s cost is one product per entry ``W`` it acts on, ``2·n_g·|W|`` flops (Ainsworth
+et al.'s ``C_g = Σ W^a_(axis) · (W^b permuted)_(axis)ᵀ``), recomputed each time on the streamed path (its terms are
+not kept), then one assignment of ``n_g`` units, and the sweep ends with ``⟨θa, π(θb)⟩`` (``2·|θ|`` flops). The
+machine's rate is measured on the spot (:func:`calibrate`: a float32 product and a 1,024² assignment, about a
+tenth of a second); an assignment of ``n`` units takes ``t_1024·(n/1024)^2.5`` — the exponent fitted to the
+solvers' times on random costs from 2,048² to 14,336² (``benchmarks/bench_lap_widths.py``).
+
+**Memory** beyond what the process holds when asked: the largest entry read whole in float32 four times over (θa's,
+θb's, θb permuted, its unit rows), a slice of a sliced entry's as many, and the largest group's cost three times
+(float32 term and sum, the solver's float64 copy) — checked against ``benchmarks/bench_llm_memory.py``'s peaks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+
+from lmclab.core.assignment import solve_assignment
+from lmclab.core.spec import PermutationSpec, entry_groups
+from lmclab.search.wm_costs import SLICE
+
+LAP_EXPONENT = 2.5  # an assignment's seconds grow as n^2.5 at 2,048²–14,336² (module docstring)
+
+
+class Estimate(NamedTuple):
+    """One sweep's products (flops), its seconds on this machine, and the search's memory beyond the process's."""
+
+    groups: int
+    flops: float
+    seconds: float
+    bytes: float
+
+    def line(self) -> str:
+        """The estimate in one line, as the ``lmclab`` command shows it before a streamed search."""
+        return (
+            f"estimated: {self.groups} groups, {self.flops / 1e12:.2f} TFLOP and {self.seconds:.0f} s per sweep "
+            f"on this machine, {self.bytes / 1e9:.2f} GB beyond the process's"
+        )
+
+
+def calibrate(size: int = 1024) -> tuple[float, float]:
+    """This machine's float32 product rate (flops per second, best of three) and the seconds of one ``size``²
+    assignment on a random cost (:func:`lmclab.core.assignment.solve_assignment`, ``auto``)."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, 2 * size, generator=generator), torch.randn(2 * size, size, generator=generator)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    cost = torch.randn(size, size, generator=generator)
+    start = time.perf_counter()
+    solve_assignment(cost, "auto")
+    return 2 * size * size * 2 * size / best, time.perf_counter() - start
+
+
+def estimate(
+    spec: PermutationSpec, shapes: Mapping[str, torch.Size], rates: tuple[float, float] | None = None
+) -> Estimate:
+    """The cost of a sweep of weight matching over ``spec`` on entries of ``shapes`` (module docstring); ``rates``:
+    :func:`calibrate`'s (measured when None)."""
+    flops_per_s, lap_1024 = rates if rates is not None else calibrate()
+    sizes = spec.group_sizes({k: torch.empty(s, device="meta") for k, s in shapes.items() if k in spec.axes})
+    matched = [k for k in shapes if k not in spec.stats]
+    flops = sum(
+        2 * sizes[g] * shapes[k].numel() for g, places in spec.groups.items() for k, _ in places if k in matched
+    )
+    flops += 2 * sum(shapes[k].numel() for k in matched)
+    lap = sum(lap_1024 * (n / 1024) ** LAP_EXPONENT for n in sizes.values())
+    whole = max((shapes[k].numel() for k in matched if not _sliced(spec, k, shapes[k])), default=0)
+    widest = max(sizes.values(), default=0)
+    memory = 4 * 4 * max(whole, SLICE if any(_sliced(spec, k, shapes[k]) for k in matched) else 0) + 16 * widest**2
+    return Estimate(len(sizes), float(flops), flops / flops_per_s + lap, float(memory))
+
+
+def _sliced(spec: PermutationSpec, name: str, shape: torch.Size) -> bool:
+    """Whether the entry is read in slices (:func:`lmclab.search.wm_costs.entry_slices`): larger than a slice,
+    with an axis no group acts on."""
+    return shape.numel() > SLICE and any(not entry_groups(e) for e in spec.axes[name])
