@@ -32,6 +32,9 @@ from record import RESULTS, record, this_run  # benchmarks/record.py: the one sh
 
 # hidden, layers, MLP units, query heads, key/value heads, vocabulary: the issue's 155.7 M model and TinyLlama's
 SHAPES = {"155m": (1024, 8, 2816, 16, 4, 32000), "1b": (2048, 22, 5632, 32, 4, 32000)}
+# the shapes projected (Llama-2 7B and 70B), beside the measured ones
+PROJECTED = {**SHAPES, "7b": (4096, 32, 11008, 32, 32, 32000), "70b": (8192, 80, 28672, 64, 8, 32000)}
+GPU_FLOPS = 19.5e12  # an A100's float32 peak (not tensor cores): the projection's GPU, assumed — none here
 OUT = RESULTS / "llm_memory.json"
 
 
@@ -101,12 +104,49 @@ def measured(args: list[str], cwd: Path) -> dict:
     return {"seconds": round(seconds, 1), "peak_gb": round(usage.ru_maxrss / 1e6, 2), "output": out.strip()[-300:]}
 
 
+def project() -> list[dict]:
+    """The cost model (:mod:`lmclab.search.wm_estimate`) on each shape of :data:`PROJECTED`, traced on the meta
+    device with this machine's rates measured on the spot: a sweep's products and seconds on this CPU and on one
+    GPU (:data:`GPU_FLOPS`, the assignments still on this CPU), and the streamed search's memory beyond the
+    process's (the process's own: the measured shapes' imports and trace)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmclab.api.hf import example_inputs
+    from lmclab.search.wm_estimate import LAP_EXPONENT, calibrate, estimate
+    from lmclab.trace import trace
+
+    rates, rows = calibrate(), []
+    for shape, (hidden, layers, mlp, heads, kv, vocab) in PROJECTED.items():
+        config = LlamaConfig(
+            hidden_size=hidden, num_hidden_layers=layers, intermediate_size=mlp, num_attention_heads=heads,
+            num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=256,
+        )  # fmt: skip
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config).eval()
+        spec = trace(model, example_inputs(model, None).to("meta")).spec
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
+        found = estimate(spec, shapes, rates)
+        sizes = spec.group_sizes({k: torch.empty(s, device="meta") for k, s in shapes.items()})
+        lap = sum(rates[1] * (n / 1024) ** LAP_EXPONENT for n in sizes.values())
+        params = sum(v.numel() for v in shapes.values())
+        rows.append({"shape": shape, "params": params, "checkpoint_gb": 2 * params / 1e9, "groups": found.groups})
+        rows[-1] |= {"tflop_per_sweep": found.flops / 1e12, "cpu_s_per_sweep": found.seconds}
+        rows[-1] |= {"gpu_s_per_sweep": found.flops / GPU_FLOPS + lap, "search_gb": found.bytes / 1e9}
+        print(rows[-1], flush=True)
+    return [{"cpu_flops": rates[0], "lap_1024_s": rates[1], "gpu_flops": GPU_FLOPS}, *rows]
+
+
 def main(
     shape: str = typer.Option("155m", help=f"one of {sorted(SHAPES)}"),
     build_into: Path = typer.Option(None, help="internal: build the shape's folders there"),
     check_of: str = typer.Option(None, help="internal: A,P,ALIGNMENT,MERGED to check"),
     in_memory: bool = typer.Option(False, help="also time the in-memory path (--no-stream)"),
+    projection: bool = typer.Option(False, help="only the cost model's projection to every shape (no run)"),
 ) -> None:
+    if projection:  # every measured row kept with its run; the projection's own run beside them
+        rates, *rows = project()
+        return record(OUT, [], run=this_run(projection=True), keep=lambda r: True, projection=rows, rates=rates)
     if check_of:
         return check(*check_of.split(","))
     if build_into:
@@ -137,7 +177,10 @@ def main(
                 checks = json.loads(done.stdout.strip().splitlines()[-1])
                 print(checks, flush=True)
             subprocess.run(["rm", "-rf", f"merged-{b}"], cwd=work, check=True)
-    record(OUT, rows, run={**run, "planted_check": checks}, keep=lambda r: r["shape"] != shape)
+    kept = (
+        {k: v for k, v in json.loads(OUT.read_text()).items() if k in ("projection", "rates")} if OUT.is_file() else {}
+    )
+    record(OUT, rows, run={**run, "planted_check": checks}, keep=lambda r: r["shape"] != shape, **kept)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 import typer
+from performance_llm import lap_widths, llm_memory, projection  # tools/performance_llm.py: the language-model sections
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "performance.md"
@@ -290,27 +291,6 @@ def orthogonal(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def llm_memory(record: dict) -> str:
-    """Per shape and command: wall seconds and peak resident memory against one checkpoint folder; match's peak
-    by step."""
-    run = record["runs"][-1]
-    out = [
-        f"Measured by {_by(run)}; two Llama-style Hugging Face folders of bfloat16 shards built from a config with "
-        "random weights, each command in its own process (its peak resident memory, imports included).",
-        "",
-        "| shape | parameters | one folder | command | seconds | peak memory | × one folder |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in record["rows"]:
-        ratio = row["peak_gb"] / row["checkpoint_gb"]
-        out.append(
-            f"| {row['shape']} | {row['params'] / 1e6:.1f} M | {row['checkpoint_gb']:.2f} GB "
-            f"| `lmclab {row['command']}` | {_seconds(row['seconds'])} | {row['peak_gb']:.2f} GB | {ratio:.1f} |"
-        )
-    steps = " → ".join(f"{p['step']} {p['peak_gb']:.2f} GB" for p in run.get("phases", []))
-    return "\n".join(out) + (f"\n\n`lmclab match`'s peak after each step: {steps}.\n" if steps else "\n")
-
-
 def generated(
     results: Path = RESULTS / "contention.json",
     sizes: Path = RESULTS / "wm_sizes.json",
@@ -321,6 +301,7 @@ def generated(
     lm_run: Path = RESULTS / "lm_run.json",
     rotations: Path = RESULTS / "orthogonal.json",
     memory: Path = RESULTS / "llm_memory.json",
+    widths: Path = RESULTS / "lap_widths.json",
 ) -> str:
     record = json.loads(results.read_text())
     sources = "\n".join(_source(run) for run in record["runs"])
@@ -334,6 +315,8 @@ def generated(
         f"\n### The language-model preset's whole run\n\n{preset_run(json.loads(lm_run.read_text()))}"
         f"\n### Weight matching in the orthogonal group\n\n{orthogonal(json.loads(rotations.read_text()))}"
         f"\n### Language models at their stored size\n\n{llm_memory(json.loads(memory.read_text()))}"
+        f"\n### Assignments at language-model widths\n\n{lap_widths(json.loads(widths.read_text()))}"
+        f"\n### The cost model, projected\n\n{projection(json.loads(memory.read_text()))}"
         + (f"\n### The default run against an earlier commit\n\n{versus}" if versus else "")
     )
 

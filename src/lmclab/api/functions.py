@@ -137,7 +137,8 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     check_symmetry(symmetry, method)
     refusal = streamed_refusal(method, symmetry, data, model, factory, kwargs, points, eval_data, loss_fn)
     if streams([model_a, model_b], stream, refusal):
-        keywords = dict(method=method, spec=spec, example_inputs=example_inputs, seed=seed, device=device)
+        keywords = dict(method=method, symmetry=symmetry, spec=spec, example_inputs=example_inputs, seed=seed)
+        keywords |= dict(device=device)
         return align_streamed([model_a, model_b], **keywords, progress=progress, options=options, partial=partial)
     if needs_data(method) and data is None:
         raise ValueError(f"data: method {method!r} needs training data (a DataLoader or (input, target) batches)")

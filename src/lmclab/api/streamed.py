@@ -21,11 +21,14 @@ from torch import Tensor
 
 from lmclab.api.alignment import Alignment
 from lmclab.api.folders import Streamed, open_folders
+from lmclab.api.inputs import Problem
+from lmclab.api.symmetries import in_symmetry
+from lmclab.core.canonical import FoldedWeights, shared_parameters
 from lmclab.core.device import resolve_device
 from lmclab.core.merge import check_lam
 from lmclab.core.metrics import reduction_rate
 from lmclab.core.options import Options
-from lmclab.core.shards import INDEX, stored_sizes, write_shards
+from lmclab.core.shards import INDEX, ShardedWeights, stored_sizes, write_shards
 from lmclab.core.spec import PermutationSpec, check_permutation, permute_entry
 from lmclab.search import SearchProblem, run_search
 from lmclab.search.wm_costs import entry_slices
@@ -39,11 +42,10 @@ def streamed_refusal(method: str, symmetry: str, *given: Any) -> str | None:
     """Why :func:`lmclab.align` with these arguments takes the in-memory path (``given``: the arguments of a
     module, data or a loss, which the streamed path has no use for), or None."""
     if method not in STREAMED_METHODS:
-        return f"method {method!r} is matched in memory; the streamed path matches weights ({STREAMED_METHODS})"
-    if symmetry != "permutation":
-        return "orthogonal maps are matched in memory (symmetry='permutation' streams)"
+        weights = ", ".join(STREAMED_METHODS)
+        return f"{{method}} {method!r} is matched in memory; the streamed path matches weights ({weights})"
     if any(g is not None for g in given):
-        return "builds the module from the folder's config.json and reads no data (model, factory, data and loss none)"
+        return "builds the module from the folder's config.json and reads no data (no model, factory, data or loss)"
     return None
 
 
@@ -53,23 +55,39 @@ def meta_state(streamed: Streamed, k: int = 0) -> dict[str, Tensor]:
 
 
 def traced_spec(streamed: Streamed, example_inputs: Any, symmetry: str, partial: bool) -> PermutationSpec:
-    """The spec the tracer proves on the ``meta`` module (the model's own token ids or images by default)."""
+    """The spec the tracer proves on the ``meta`` module (the model's own token ids or images by default) in
+    ``symmetry`` (:func:`lmclab.api.symmetries.in_symmetry`; orthogonal maps on the module with a weight it shares
+    with a gain's reader untied, :func:`lmclab.trace.untie.untied_copy`, as the in-memory path traces it)."""
     from lmclab.api.hf import example_inputs as own_inputs
     from lmclab.trace import trace, warn_pinned
+    from lmclab.trace.untie import untied_copy
 
     inputs = example_inputs if example_inputs is not None else own_inputs(streamed.model, None)
     if inputs is None:
         raise ValueError("example_inputs: needed to trace the permutation spec of this model")
     on_meta = {k: v.to("meta") for k, v in inputs.items()} if isinstance(inputs, Mapping) else inputs.to("meta")
-    traced = trace(streamed.model, on_meta, partial=partial, symmetry=symmetry)
-    warn_pinned(traced.spec, meta_state(streamed))
-    return traced.spec
+    model = streamed.model
+    if symmetry == "orthogonal" and shared_parameters(model):
+        model, spec = untied_copy(model, on_meta)
+    else:
+        spec = trace(model, on_meta, partial=partial, symmetry=symmetry).spec
+    warn_pinned(spec, meta_state(streamed))
+    problem = Problem(spec, None, model, torch.device("meta"), None, None)
+    return in_symmetry(problem, symmetry, type(model).__name__).spec
+
+
+def folded(alignment_spec: PermutationSpec, streamed: Streamed) -> list[ShardedWeights]:
+    """Both models' weights in the canonical form the spec acts on (its gains folded as read), or as they are."""
+    if not alignment_spec.gains:
+        return list(streamed.weights)
+    return [FoldedWeights(w, alignment_spec, n) for w, n in zip(streamed.weights, ("model_a", "model_b"), strict=True)]
 
 
 def align_streamed(
     paths: Sequence[Path],
     *,
     method: str,
+    symmetry: str,
     spec: PermutationSpec | None,
     example_inputs: Any,
     seed: int,
@@ -78,17 +96,12 @@ def align_streamed(
     options: Options,
     partial: bool,
 ) -> Alignment:
-    """:func:`lmclab.align` of two folders on the streamed path (module docstring): permutations, by ``method``
-    one of :data:`STREAMED_METHODS`."""
+    """:func:`lmclab.align` of two folders on the streamed path (module docstring), by ``method`` one of
+    :data:`STREAMED_METHODS`, in ``symmetry`` (orthogonal maps on both models' canonical forms, folded as read)."""
     streamed = open_folders(paths, ["model_a", "model_b"], resolve_device(device))
-    if spec is None:
-        import dataclasses
-
-        spec = traced_spec(streamed, example_inputs, "permutation", partial)
-        spec = dataclasses.replace(spec, kinds={})
-    state = meta_state(streamed)
-    spec.check(state, "model_a")
-    problem = SearchProblem(spec, *streamed.weights, device=resolve_device(device), progress=progress)
+    spec = spec if spec is not None else traced_spec(streamed, example_inputs, symmetry, partial)
+    spec.check(meta_state(streamed), "model_a")
+    problem = SearchProblem(spec, *folded(spec, streamed), device=resolve_device(device), progress=progress)
     expected = estimate(spec, streamed.weights[0].shapes) if method == "wm" else None
     if expected is not None and progress:  # before a search of minutes: what it will cost
         print(expected.line(), file=sys.stderr, flush=True)
@@ -110,18 +123,17 @@ def checked_alignment(alignment: Alignment, streamed: Streamed) -> None:
                 raise ValueError(f"group {group!r} has {sizes[group]} units in model_b, {len(perm)} in the alignment")
         check_permutation(alignment.perm, sizes, alignment.spec.heads, alignment.spec.kinds)
     except ValueError as exc:
-        raise ValueError(f"alignment: found for another model than model_b: {exc}") from None
-    if alignment.widths or alignment.spec.gains:
-        raise ValueError(
-            "alignment: of other widths or in a canonical form; the in-memory path applies it (stream=False)"
-        )
+        detail = str(exc).removeprefix("model_b: ")
+        raise ValueError(f"alignment: found for another model than model_b: {detail}") from None
+    if alignment.widths:
+        raise ValueError("alignment: of other widths, which the in-memory path applies (stream=False)")
 
 
 def l2_streamed(paths: Sequence[Path], alignment: Alignment) -> float:
     """:func:`lmclab.l2_reduction` of two folders, one entry of each read at a time (float64 sums)."""
     streamed = open_folders(paths, ["model_a", "model_b"], torch.device("cpu"))
     checked_alignment(alignment, streamed)
-    spec, (weights_a, weights_b) = alignment.spec, streamed.weights
+    spec, (weights_a, weights_b) = alignment.spec, folded(alignment.spec, streamed)
     before = after = 0.0
     for name in spec.matched_names(weights_b):
         for a, b in entry_slices(spec, name, None, weights_a, weights_b):
@@ -162,7 +174,7 @@ def merge_folders(
     streamed = open_folders([Path(model_a), Path(model_b)], ["model_a", "model_b"], torch.device("cpu"))
     if alignment is not None:
         checked_alignment(alignment, streamed)
-    weights_a, weights_b = streamed.weights
+    weights_a, weights_b = folded(alignment.spec, streamed) if alignment is not None else streamed.weights
 
     def merged(name: str) -> Tensor:
         a, b = weights_a[name], weights_b[name]

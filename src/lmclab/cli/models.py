@@ -78,7 +78,8 @@ def match(  # size: a typer command's signature lists each of its options
     if needs_data(method) and data is None:
         raise ValueError(f"--data: method {method!r} reads training data; give a data set name or prepared folder")
     if _streams(model_a, model_b, stream, streamed_refusal(method, symmetry, data, factory)):
-        keywords = dict(seed=seed, device=device, options=options, partial=partial, progress=progress)
+        keywords = dict(symmetry=symmetry, seed=seed, device=device, options=options, partial=partial)
+        keywords |= dict(progress=progress)
         return _match_streamed(model_a, model_b, method, out, keywords)
     params_a, params_b, (net, spec, points) = load_pair(model_a, model_b, factory, kwargs)
     traced_only(partial, spec)
@@ -133,8 +134,9 @@ def _match_streamed(model_a: Path, model_b: Path, method: str, out: Path, keywor
     res.save(out)
     read, sweeps = res.stats["bytes_read"] / 1e9, res.stats.get("sweeps", 0)
     expected = f", estimated {res.stats['estimated_seconds_per_sweep']:.1f}" if "estimated_gb" in res.stats else ""
+    rotated = f" ({len(res.spec.kinds)} orthogonal)" if res.spec.kinds else ""
     typer.echo(
-        f"{method}: {len(res.perm)} groups, {res.stats.get('seconds', 0.0):.2f} s, {sweeps} sweeps{expected}, "
+        f"{method}: {len(res.perm)} groups{rotated}, {res.stats.get('seconds', 0.0):.2f} s, {sweeps} sweeps{expected}, "
         f"streamed ({read:.2f} GB read); L2 reduction {l2_reduction(model_a, model_b, res, stream=True):.2f} %; "
         f"wrote {out}"
     )

@@ -106,7 +106,11 @@ CONCEPTS: dict[str, Concept] = {
         "the command traces on zeros of a shape; a call passes inputs",
         "inputs to trace the spec on",
     ),
-    "out": Concept((), None, "--out", "", "the file or folder the command writes"),
+    "out": Concept((), "out", "--out", "", "the file or folder written (the merged folder of merge_folders)"),
+    "stream": Concept(
+        (), "stream", "--stream", "", "two Hugging Face folders read one tensor at a time (by size when unset)"
+    ),
+    "max_shard_bytes": Concept((), "max_shard_bytes", None, "", "a merged folder's largest shard (512 MiB)"),
     "json": Concept((), None, "--json", "", "the barriers also as JSON (accuracies as fractions)"),
     "params": Concept(
         (), None, "--params", "", "a pipeline's params.yaml (lmclab validate: its argument)", ("PARAMS",)
@@ -133,7 +137,17 @@ CONCEPTS: dict[str, Concept] = {
 }
 
 # the functions of the public API whose keywords are registered (each keyword is a concept above)
-FUNCTIONS = ("align", "find_permutation", "curve", "merge", "l2_reduction", "merge_many", "repair", "create_model")
+FUNCTIONS = (
+    "align",
+    "find_permutation",
+    "curve",
+    "merge",
+    "merge_folders",
+    "l2_reduction",
+    "merge_many",
+    "repair",
+    "create_model",
+)
 
 
 def keyword_concepts() -> dict[str, str]:

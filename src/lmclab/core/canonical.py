@@ -15,11 +15,12 @@ unchanged; the untied model has one more matrix and is saved untied (``tie_word_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.shards import ShardedWeights
 from lmclab.core.spec import Params, PermutationSpec, with_metadata
 
 
@@ -30,24 +31,50 @@ def fold_gains(spec: PermutationSpec, params: Mapping[str, Tensor], what: str = 
     LayerNorm's bias ``b ← b / g``, so that ``W diag(g)(x̂ + b/g) = W (g ⊙ x̂ + b)``), the caller's tensors
     untouched. One-line error naming ``what`` when no axis of a reader is as long as its gain, or when a gain
     with a bias has a zero entry."""
-    out = dict(params)
-    for gain, readers in spec.gains.items():
-        offset = spec.gain_offsets.get(gain, 0.0)  # Gemma's 1 + w: the gain read is offset + w
-        g = params[gain].reshape(-1).double() + offset
-        if (bias := spec.gain_biases.get(gain)) is not None:
-            if bool((g == 0).any()):
-                raise ValueError(f"{what}: the gain {gain!r} has a zero entry; its bias {bias!r} cannot be folded")
-            out[bias] = (params[bias] / g.to(params[bias].dtype)).to(params[bias].dtype)
-        for reader in readers:
-            w = out[reader]
-            if w.dim() != 2 or g.numel() not in w.shape:
-                raise ValueError(
-                    f"{what}: {reader!r} of shape {tuple(w.shape)} reads the gain {gain!r} of {g.numel()} entries"
-                )
-            along = g if w.shape[1] == g.numel() else g[:, None]  # (out, in) as nn.Linear; else (in, out): addmm's
-            out[reader] = (w * along.to(w.dtype)).to(w.dtype)
-        out[gain] = torch.full_like(params[gain], 1.0 - offset)
+    roles = gain_roles(spec)
+    out = {k: fold_entry(spec, roles, k, v, params.__getitem__, what) if k in roles else v for k, v in params.items()}
     return with_metadata(out, params)
+
+
+def gain_roles(spec: PermutationSpec) -> dict[str, tuple[str, list[str]]]:
+    """Every entry folding changes, with its role — ``"gain"``, ``"bias"`` (of one gain) or ``"reader"`` — and
+    the gains it concerns."""
+    roles: dict[str, tuple[str, list[str]]] = {}
+    for gain, readers in spec.gains.items():
+        roles[gain] = ("gain", [gain])
+        if (bias := spec.gain_biases.get(gain)) is not None:
+            roles[bias] = ("bias", [gain])
+        for reader in readers:
+            roles.setdefault(reader, ("reader", []))[1].append(gain)
+    return roles
+
+
+def fold_entry(
+    spec: PermutationSpec,
+    roles: Mapping[str, tuple[str, list[str]]],
+    name: str,
+    value: Tensor,
+    read: Callable[[str], Tensor],
+    what: str = "params",
+) -> Tensor:
+    """The entry ``name`` of :func:`fold_gains`' result from its ``value`` (``roles``: :func:`gain_roles`;
+    ``read(gain)``: a gain's stored values), one entry at a time — a checkpoint read lazily is folded as it is read."""
+    role, gains = roles[name]
+    if role == "gain":
+        return torch.full_like(value, 1.0 - spec.gain_offsets.get(name, 0.0))
+    for gain in gains:
+        g = read(gain).reshape(-1).double() + spec.gain_offsets.get(gain, 0.0)
+        if role == "bias":
+            if bool((g == 0).any()):
+                raise ValueError(f"{what}: the gain {gain!r} has a zero entry; its bias {name!r} cannot be folded")
+            return (value / g.to(value.dtype)).to(value.dtype)
+        if value.dim() != 2 or g.numel() not in value.shape:
+            raise ValueError(
+                f"{what}: {name!r} of shape {tuple(value.shape)} reads the gain {gain!r} of {g.numel()} entries"
+            )
+        along = g if value.shape[1] == g.numel() else g[:, None]  # (out, in) as nn.Linear; else (in, out): addmm's
+        value = (value * along.to(value.dtype)).to(value.dtype)
+    return value
 
 
 def is_canonical(spec: PermutationSpec, params: Mapping[str, Tensor]) -> bool:
@@ -88,3 +115,44 @@ def untie_config(model: nn.Module) -> None:
     for cfg in (config, text() if callable(text) else None):
         if getattr(cfg, "tie_word_embeddings", False):
             cfg.tie_word_embeddings = False
+
+
+class FoldedWeights(ShardedWeights):
+    """A checkpoint read lazily (:class:`lmclab.core.shards.ShardedWeights`) in the canonical form of ``spec``: each
+    entry folded as it is read (:func:`fold_entry`; its gains read beside it, a few values each), the files
+    untouched. Errors name ``what``."""
+
+    def __init__(self, weights: ShardedWeights, spec: PermutationSpec, what: str = "params") -> None:
+        # no ShardedWeights.__init__: the headers were read by ``weights``, whose reads (and their count) these are
+        self.base, self.spec, self.roles, self.what = weights, spec, gain_roles(spec), what
+        self.files, self.aliases, self.shapes, self.stored = (
+            weights.files,
+            weights.aliases,
+            weights.shapes,
+            weights.stored,
+        )
+        self.dtype, self.device = weights.dtype, weights.device
+
+    @property
+    def bytes_read(self) -> int:  # type: ignore[override]
+        return self.base.bytes_read
+
+    def __getitem__(self, name: str) -> Tensor:
+        value = self.base[name]
+        return (
+            fold_entry(self.spec, self.roles, name, value, self.base.__getitem__, self.what)
+            if name in self.roles
+            else value
+        )
+
+    def rows(self, name: str, start: int, stop: int) -> Tensor:
+        """``self[name][start:stop]``: only those rows read where folding scales columns alone (a reader stored
+        (out, in), or an entry folding leaves); else the entry read whole, folded and sliced (a gain, a bias, a
+        reader stored (in, out): small, or along the rows)."""
+        role, gains = self.roles.get(name, ("", []))
+        if not role:
+            return self.base.rows(name, start, stop)
+        if role == "reader" and all(self.shapes[name][-1] == self.shapes[g].numel() for g in gains):
+            value = self.base.rows(name, start, stop)
+            return fold_entry(self.spec, self.roles, name, value, self.base.__getitem__, self.what)
+        return self[name][start:stop]

@@ -62,9 +62,9 @@ def shard_files(folder: Path) -> dict[str, Path]:
 class ShardedWeights(Mapping[str, Tensor]):
     """The tensors of safetensors files, read when asked for (module docstring).
 
-    ``files``: each name's file; ``aliases``: names read from another's tensor (an entry a checkpoint writes
-    once, such as an output head tied to the embeddings); ``dtype``/``device``: what every read is converted to
-    (None: as stored, on the CPU)."""
+    ``files``: each name's file, in the order the mapping iterates; ``aliases``: names read from another's tensor
+    (an entry a checkpoint writes once, such as an output head tied to the embeddings); ``dtype``/``device``: what
+    every floating read is converted to (None: as stored; integers stay as stored)."""
 
     def __init__(
         self,
@@ -87,6 +87,7 @@ class ShardedWeights(Mapping[str, Tensor]):
                         self.shapes[key], self.stored[key] = torch.Size(piece.get_shape()), _dtype(piece, file)
         if missing := sorted(set(self.files) - set(self.shapes)):
             raise ValueError(f"{self.files[missing[0]]}: no tensor {missing[0]!r} (named by the folder's index)")
+        self.shapes = {k: self.shapes[k] for k in self.files}  # the order of ``files``, then the aliases'
         for name, source in self.aliases.items():
             self.shapes[name], self.stored[name] = self.shapes[source], self.stored[source]
 

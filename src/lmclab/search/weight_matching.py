@@ -266,7 +266,8 @@ def _descend(
             unit, step = units[k], step + 1
             if solved_at[unit] >= max((changed_at[g] for g in depends[unit]), default=0):
                 continue  # same cost as at the last solve, hence the same optimum
-            note(group=f"{i + 1}/{len(units)}", **_read(params_a, params_b))
+            if streamed := _read(params_a, params_b):  # a search of minutes: which group, what was read
+                note(group=f"{i + 1}/{len(units)}", **streamed)
             costs = {g: cache.cost(g, perm) for g in unit}
             new = solve_tied(costs, spec.heads, solve)
             solved_at[unit], solves = step, solves + 1
