@@ -3,14 +3,15 @@ researchers bring them — Hugging Face folders of bfloat16 safetensors shards b
 weights (nothing downloaded): ``a``, ``b`` (an independent initialisation) and ``p`` (a planted copy: ``a``
 moved by a random permutation of every group its traced spec has).
 
-    python benchmarks/bench_llm_memory.py --shape 155m --in-memory
+    python benchmarks/bench_llm_memory.py --shape 155m --in-memory --rotated 5
     python benchmarks/bench_llm_memory.py --shape 1b
 
 Each command runs in its own process, started by this one while it holds no model (Linux keeps a process's peak
 across ``exec``: the folders are built in another child); its wall time and peak resident memory (``wait4``'s
 ``ru_maxrss``: every page the process held at once, the interpreter's imports included) are one row, beside the
 size of one checkpoint folder, for the independent and the planted pair on the streamed path (``--stream``) and,
-with ``--in-memory``, the independent pair on the in-memory one (``--no-stream``: the path before streaming). The
+with ``--in-memory``, the independent pair on the in-memory one (``--no-stream``: the path before streaming), and
+with ``--rotated N`` the independent pair by orthogonal maps (``--symmetry orthogonal``, N sweeps at most). The
 command's own line gives the search's seconds, its sweeps and the bytes it read. A last child checks that the
 planted copy was recovered exactly (π(θp) = θa in every entry) and that ``from_pretrained`` loads the merged
 folder. ``BENCH_TMP`` chooses the disk the folders go to. Writes ``benchmarks/results/llm_memory.json`` (the
@@ -143,6 +144,7 @@ def main(
     check_of: str = typer.Option(None, help="internal: A,P,ALIGNMENT,MERGED to check"),
     in_memory: bool = typer.Option(False, help="also time the in-memory path (--no-stream)"),
     projection: bool = typer.Option(False, help="only the cost model's projection to every shape (no run)"),
+    rotated: int = typer.Option(0, help="also match the independent pair by orthogonal maps, this many sweeps at most"),
 ) -> None:
     if projection:  # every measured row kept with its run; the projection's own run beside them
         rates, *rows = project()
@@ -160,16 +162,20 @@ def main(
         params = int(subprocess.run(made, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
         folder = sum(f.stat().st_size for f in (work / "a").iterdir()) / 1e9
         rows, checks = [], {}
-        for pair, b, path in [("independent", "b", "--stream"), ("planted", "p", "--stream")] + [
-            ("independent", "b", "--no-stream")
-        ] * in_memory:
+        runs = [("independent", "b", "--stream", []), ("planted", "p", "--stream", [])]
+        runs += [("independent", "b", "--no-stream", [])] * in_memory
+        runs += [("independent", "b", "--stream", ["--symmetry", "orthogonal", "--option", f"max_iter={rotated}"])] * (
+            rotated > 0
+        )
+        for pair, b, path, extra in runs:
             for step, args in (
-                ("match", [*lmclab, "match", "a", b, "--method", "wm", "--out", f"{b}.pt", path]),
+                ("match", [*lmclab, "match", "a", b, "--method", "wm", "--out", f"{b}.pt", path, *extra]),
                 ("merge", [*lmclab, "merge", "a", b, "--alignment", f"{b}.pt", "--out", f"merged-{b}", path]),
             ):
                 found = measured(args, work)
                 row = {"shape": shape, "params": params, "checkpoint_gb": round(folder, 3), "pair": pair}
-                rows.append(row | {"path": path.strip("-"), "command": step, **found})
+                symmetry = f"orthogonal, {rotated} sweeps at most" if extra else "permutation"
+                rows.append(row | {"path": path.strip("-"), "symmetry": symmetry, "command": step, **found})
                 print(rows[-1], flush=True)
             if pair == "planted":
                 child = [sys.executable, __file__, "--check-of", f"a,{b},{b}.pt,merged-{b}"]

@@ -41,9 +41,9 @@ def llm_memory(record: dict) -> str:
         "folders of bfloat16 shards built from a config with random weights; each command in its own process (its "
         "peak resident memory, the interpreter's imports included); the goal is 1.5 × one folder + 1 GB.",
         "",
-        "| shape | parameters | one folder | pair | path | command | seconds | search s | sweeps | GB read "
-        "| peak memory | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | parameters | one folder | pair | symmetry | path | command | seconds | search s | sweeps "
+        "| GB read | peak memory | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in record["rows"]:
         seconds, sweeps, read = _search(row["output"])
@@ -51,7 +51,8 @@ def llm_memory(record: dict) -> str:
         met = "✓" if row["peak_gb"] <= goal else "✗"
         out.append(
             f"| {row['shape']} | {row['params'] / 1e6:,.1f} M | {row['checkpoint_gb']:.2f} GB | {row['pair']} "
-            f"| {row['path']} | `lmclab {row['command']}` | {_seconds(row['seconds'])} | {seconds} | {sweeps} "
+            f"| {row.get('symmetry', 'permutation')} | {row['path']} | `lmclab {row['command']}` "
+            f"| {_seconds(row['seconds'])} | {seconds} | {sweeps} "
             f"| {read} | {row['peak_gb']:.2f} GB | {met} {goal:.2f} GB |"
         )
     checks = [

@@ -78,7 +78,7 @@ def test_the_streamed_alignment_is_the_in_memory_one(work: Path, pair: str, slic
     assert (reduction == pytest.approx(100.0)) == (pair == "p")
 
 
-def test_the_merge_written_shard_by_shard_is_the_in_memory_merge(work: Path, tmp_path: Path) -> None:
+def test_the_merge_written_shard_by_shard_is_the_in_memory_merge(work: Path, tmp_path: Path, sliced: None) -> None:
     res = lmclab.align(work / "a", work / "b", stream=True)
     out = tmp_path / "merged"
     written = lmclab.merge_folders(work / "a", work / "b", out, res, lam=0.3, max_shard_bytes=3000)

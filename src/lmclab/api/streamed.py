@@ -31,11 +31,11 @@ from lmclab.core.options import Options
 from lmclab.core.shards import INDEX, ShardedWeights, stored_sizes, write_shards
 from lmclab.core.spec import PermutationSpec, check_permutation, permute_entry
 from lmclab.search import SearchProblem, run_search
-from lmclab.search.wm_costs import entry_slices
+from lmclab.search.wm_costs import entry_slices, slice_axis
 from lmclab.search.wm_estimate import estimate
 
 STREAMED_METHODS = ("identity", "wm")  # the data-free methods that read each tensor where it is needed
-MAX_SHARD_BYTES = 2**29  # shards of the merged folder: at most 512 MiB each, one held in memory at a time
+MAX_SHARD_BYTES = 2**28  # shards of the merged folder: at most 256 MiB each, one held in memory at a time
 
 
 def streamed_refusal(method: str, symmetry: str, *given: Any) -> str | None:
@@ -175,13 +175,22 @@ def merge_folders(
     if alignment is not None:
         checked_alignment(alignment, streamed)
     weights_a, weights_b = folded(alignment.spec, streamed) if alignment is not None else streamed.weights
+    shapes = weights_a.shapes
 
-    def merged(name: str) -> Tensor:
-        a, b = weights_a[name], weights_b[name]
-        if not a.is_floating_point():  # an integer buffer: θa's, as the in-memory merge takes it
-            return a
-        b = permute_entry(alignment.spec, alignment.perm, name, b) if alignment is not None else b
-        return b.mul_(1 - lam).add_(a.mul_(lam)).to(weights_a.stored[name])  # λ·a + (1 − λ)·b, in place
+    spec = (
+        alignment.spec if alignment is not None else PermutationSpec({k: (None,) * len(v) for k, v in shapes.items()})
+    )
+    perm = alignment.perm if alignment is not None else {}
+
+    def merged(name: str) -> Tensor:  # slice by slice along an axis no group acts on: no copy of a whole entry
+        parts = []
+        for a, b in entry_slices(spec, name, None, weights_a, weights_b):
+            if not a.is_floating_point():  # an integer buffer: θa's, as the in-memory merge takes it
+                return weights_a[name]
+            b = permute_entry(spec, perm, name, b)
+            parts.append(b.mul_(1 - lam).add_(a.mul_(lam)).to(weights_a.stored[name]))  # λ·a + (1 − λ)·b
+        axis = slice_axis(spec, name, None, weights_a.shapes[name])
+        return torch.cat(parts, axis) if axis is not None else parts[0]
 
     apart = [n for n in weights_a.aliases if not torch.equal(merged(n), merged(weights_a.aliases[n]))]
     names = [n for n in weights_a if n not in weights_a.aliases or n in apart]

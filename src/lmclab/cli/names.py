@@ -110,7 +110,7 @@ CONCEPTS: dict[str, Concept] = {
     "stream": Concept(
         (), "stream", "--stream", "", "two Hugging Face folders read one tensor at a time (by size when unset)"
     ),
-    "max_shard_bytes": Concept((), "max_shard_bytes", None, "", "a merged folder's largest shard (512 MiB)"),
+    "max_shard_bytes": Concept((), "max_shard_bytes", None, "", "a merged folder's largest shard (256 MiB)"),
     "json": Concept((), None, "--json", "", "the barriers also as JSON (accuracies as fractions)"),
     "params": Concept(
         (), None, "--params", "", "a pipeline's params.yaml (lmclab validate: its argument)", ("PARAMS",)

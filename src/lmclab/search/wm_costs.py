@@ -90,11 +90,10 @@ def entry_slices(
     a checkpoint read lazily (:class:`lmclab.core.shards.ShardedWeights`) is read a slice at a time along its
     first axis."""
     shape = entry_shape(params_a, name)
-    free = [d for d, e in enumerate(spec.axes[name]) if d != axis and not entry_groups(e)]
-    if not free or shape.numel() <= SLICE:
+    d = slice_axis(spec, name, axis, shape)
+    if d is None:
         yield params_a[name], params_b[name]
         return
-    d = max(free, key=lambda k: shape[k])
     step = max(1, SLICE * shape[d] // shape.numel())
     spans = [(start, min(step, shape[d] - start)) for start in range(0, shape[d], step)]
     if d == 0 and isinstance(params_a, ShardedWeights) and isinstance(params_b, ShardedWeights):
@@ -104,6 +103,13 @@ def entry_slices(
     w_a, w_b = params_a[name], params_b[name]
     for start, length in spans:
         yield w_a.narrow(d, start, length), w_b.narrow(d, start, length)
+
+
+def slice_axis(spec: PermutationSpec, name: str, axis: int | None, shape: torch.Size) -> int | None:
+    """The axis :func:`entry_slices` cuts the entry along — the longest no group acts on (but ``axis``) —, or None
+    when it is read whole (no larger than a slice, or every axis acted on)."""
+    free = [d for d, e in enumerate(spec.axes[name]) if d != axis and not entry_groups(e)]
+    return max(free, key=lambda k: shape[k]) if free and shape.numel() > SLICE else None
 
 
 def _is_constant(spec: PermutationSpec, name: str, axis: int) -> bool:
