@@ -17,7 +17,7 @@ solvers' times on random costs from 2,048² to 14,336² (``benchmarks/bench_lap_
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import torch
@@ -45,20 +45,26 @@ class Estimate(NamedTuple):
         )
 
 
-def calibrate(size: int = 1024) -> tuple[float, float]:
-    """This machine's float32 product rate (flops per second, best of three) and the seconds of one ``size``²
-    assignment on a random cost (:func:`lmclab.core.assignment.solve_assignment`, ``auto``)."""
+def calibrate(size: int = 1024, repeats: int = 5) -> tuple[float, float]:
+    """This machine's float32 product rate (flops per second) and the seconds of one ``size``² assignment on a
+    random cost (:func:`lmclab.core.assignment.solve_assignment`, ``auto``): each the best of ``repeats`` after
+    one untimed run (the first product starts the threads)."""
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(size, 2 * size, generator=generator), torch.randn(2 * size, size, generator=generator)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
     cost = torch.randn(size, size, generator=generator)
-    start = time.perf_counter()
-    solve_assignment(cost, "auto")
-    return 2 * size * size * 2 * size / best, time.perf_counter() - start
+    return 2 * size * size * 2 * size / _best(lambda: a @ b, repeats), _best(
+        lambda: solve_assignment(cost, "auto"), repeats
+    )
+
+
+def _best(step: Callable[[], object], repeats: int) -> float:
+    step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def estimate(
