@@ -10,6 +10,7 @@ import re
 
 
 def _by(run: dict) -> str:
+    """``command` at commit … on date: the machine``: who measured a record's rows (every section's)."""
     machine = run["machine"]
     return (
         f"`{run['command']}` at commit `{run['commit'][:7]}` on {run['date']}: "
@@ -17,7 +18,10 @@ def _by(run: dict) -> str:
     )
 
 
-def _seconds(value: float) -> str:
+def _seconds(value: float | None, stopped: float | None = None) -> str:
+    """Seconds to three significant digits or so (a search stopped unfinished: ``> stopped``)."""
+    if value is None:
+        return f"> {stopped:.0f}" if stopped else "–"
     return f"{value:.2f}" if value < 10 else f"{value:.0f}"
 
 

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 import typer
-from performance_llm import lap_widths, llm_memory, projection  # tools/performance_llm.py: the language-model sections
+from performance_llm import _by, _seconds, lap_widths, llm_memory, projection  # tools/performance_llm.py
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "performance.md"
@@ -37,21 +37,6 @@ WHAT = {
 }
 COLUMNS = {"reference DistL2Loss": "reference (DistL2Loss, 10 × 100 steps)", "wm_sinkhorn": "wm_sinkhorn, defaults"}
 OTHERS = "; then WM from 1 start and git-re-basin's weight_matching, alternating with it in one process"
-
-
-def _seconds(value: float | None, stopped: float | None = None) -> str:
-    if value is None:
-        return f"> {stopped:.0f}" if stopped else "–"
-    return f"{value:.2f}" if value < 10 else f"{value:.0f}"
-
-
-def _by(run: dict) -> str:
-    """``command` at commit … on date: the machine``: who measured a record's rows."""
-    machine = run["machine"]
-    return (
-        f"`{run['command']}` at commit `{run['commit'][:7]}` on {run['date']}: "
-        f"{machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}, torch {machine['torch']}"
-    )
 
 
 def _source(run: dict) -> str:

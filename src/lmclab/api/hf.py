@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.atomic import atomic_folder
 from lmclab.core.canonical import shared_parameters, untie, untie_config
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -191,13 +189,5 @@ def save_hf_folder(model: nn.Module, state: dict[str, Tensor], out: Path) -> Non
     if apart:
         untie_config(twin)
     twin.load_state_dict(state)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        with _quiet(_transformers(out)):
-            twin.save_pretrained(str(tmp))
-        if out.is_dir():
-            out.rmdir()  # empty: checked before any work
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with atomic_folder(out) as tmp, _quiet(_transformers(out)):
+        twin.save_pretrained(str(tmp))

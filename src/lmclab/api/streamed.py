@@ -11,7 +11,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from lmclab.api.alignment import Alignment
 from lmclab.api.folders import Streamed, open_folders
 from lmclab.api.inputs import Problem
 from lmclab.api.symmetries import in_symmetry
+from lmclab.core.atomic import atomic_folder
 from lmclab.core.canonical import FoldedWeights, shared_parameters
 from lmclab.core.device import resolve_device
 from lmclab.core.merge import check_lam
@@ -199,9 +199,8 @@ def merge_folders(
 
 def _write_folder(streamed: Streamed, out: Path, shapes, produce, untied: bool, max_shard_bytes: int) -> int:
     """The folder ``out`` written beside it and renamed onto it (nothing half-written on failure)."""
-    out, source = Path(out), streamed.folders[0]
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    source = streamed.folders[0]
+    with atomic_folder(out) as tmp:
         for file in source.iterdir():  # config, generation config, tokenizer: θa's own
             if file.is_file() and not file.name.endswith(".safetensors") and file.name != INDEX:
                 shutil.copy2(file, tmp / file.name)
@@ -210,10 +209,4 @@ def _write_folder(streamed: Streamed, out: Path, shapes, produce, untied: bool, 
             (tmp / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}, indent=2) + "\n")
         sizes = stored_sizes(shapes, streamed.weights[0].stored)
         total = write_shards(tmp, sizes, produce, max_shard_bytes=max_shard_bytes)
-        if out.is_dir():
-            out.rmdir()  # empty: checked before any work
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return total

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +33,23 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Path | str) -> Iterator[Path]:
+    """Yield a new folder beside ``path`` (hidden, private to this user: ``mkdtemp``); when the block ends normally
+    it replaces ``path`` — which must then be absent or an empty folder —, when it raises it is removed and
+    ``path`` is left as it was (a model folder written file by file is never seen half-written)."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        if path.is_dir():
+            path.rmdir()  # empty: the callers check it before any work
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
