@@ -253,6 +253,10 @@ def test_orthogonal_maps_are_found_and_merged_streamed_as_in_memory(
     kept = lmclab.align(a, b, symmetry="orthogonal", stream=False)
     assert streamed.spec == kept.spec and streamed.spec.kinds and streamed.spec.gains
     assert all(torch.allclose(streamed.perm[g].double(), kept.perm[g].double(), atol=1e-5) for g in kept.perm)
+    given = lmclab.align(a, b, symmetry="orthogonal", spec=kept.spec, stream=True, method="identity")
+    assert given.spec == kept.spec  # a spec given is taken in the symmetry asked for: a rotary group refused below
+    with pytest.raises(ValueError, match=r"^spec: group '.*' is rotary, which no permutation inside its heads keeps$"):
+        lmclab.align(a, b, spec=kept.spec, stream=True)
     assert lmclab.l2_reduction(a, b, streamed, stream=True) == pytest.approx(100.0, abs=1e-3)
     lmclab.merge_folders(a, b, tmp_path / "m", streamed, lam=0.3)
     merged = lmclab.merge(a, b, streamed, lam=0.3)

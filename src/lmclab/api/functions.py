@@ -132,7 +132,8 @@ def align(  # size: the signature lists each keyword of the API (the body is sho
     the search evaluates a loss (STE's and Sinkhorn STE's midpoint objective, the test curve).
     ``stream``: two Hugging Face folders of safetensors read one tensor at a time instead of loaded (weight
     matching of billion-parameter checkpoints in bounded memory, :mod:`lmclab.api.streamed`); None streams such
-    folders from :data:`lmclab.api.folders.STREAM_FROM` bytes when the method and symmetry allow it."""
+    folders from :data:`lmclab.api.folders.STREAM_FROM` bytes when the method is weight matching or the identity
+    and no module, data or loss is given."""
     options = checked_options(method, options)
     check_symmetry(symmetry, method)
     refusal = streamed_refusal(method, symmetry, data, model, factory, kwargs, points, eval_data, loss_fn)

@@ -99,7 +99,10 @@ def align_streamed(
     """:func:`lmclab.align` of two folders on the streamed path (module docstring), by ``method`` one of
     :data:`STREAMED_METHODS`, in ``symmetry`` (orthogonal maps on both models' canonical forms, folded as read)."""
     streamed = open_folders(paths, ["model_a", "model_b"], resolve_device(device))
-    spec = spec if spec is not None else traced_spec(streamed, example_inputs, symmetry, partial)
+    if spec is None:
+        spec = traced_spec(streamed, example_inputs, symmetry, partial)
+    else:  # a spec given: its kinds for ``symmetry``, as the in-memory path takes it
+        spec = in_symmetry(Problem(spec, None, None, torch.device("meta"), None, None), symmetry, "the spec").spec
     spec.check(meta_state(streamed), "model_a")
     problem = SearchProblem(spec, *folded(spec, streamed), device=resolve_device(device), progress=progress)
     expected = estimate(spec, streamed.weights[0].shapes) if method == "wm" else None
