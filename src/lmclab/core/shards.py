@@ -102,16 +102,16 @@ class ShardedWeights(Mapping[str, Tensor]):
         if key not in self.files:
             raise KeyError(name)
         with _open(self.files[key]) as handle:
-            value = handle.get_tensor(key)
-        self.bytes_read += value.nbytes
-        dtype = self.dtype if self.dtype is not None and value.is_floating_point() else value.dtype
-        return value.to(device=self.device, dtype=dtype, copy=True)
+            return self._converted(handle.get_tensor(key))
 
     def rows(self, name: str, start: int, stop: int) -> Tensor:
         """``self[name][start:stop]``, only those rows read."""
         key = self.aliases.get(name, name)
         with _open(self.files[key]) as handle:
-            value = handle.get_slice(key)[start:stop]
+            return self._converted(handle.get_slice(key)[start:stop])
+
+    def _converted(self, value: Tensor) -> Tensor:
+        """``value`` as read, counted, and copied in the compute dtype (floating reads) onto the device."""
         self.bytes_read += value.nbytes
         dtype = self.dtype if self.dtype is not None and value.is_floating_point() else value.dtype
         return value.to(device=self.device, dtype=dtype, copy=True)

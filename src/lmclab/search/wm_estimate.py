@@ -23,8 +23,8 @@ from typing import NamedTuple
 import torch
 
 from lmclab.core.assignment import solve_assignment
-from lmclab.core.spec import PermutationSpec, entry_groups
-from lmclab.search.wm_costs import SLICE
+from lmclab.core.spec import PermutationSpec
+from lmclab.search.wm_costs import SLICE, slice_axis
 
 LAP_EXPONENT = 2.5  # an assignment's seconds grow as n^2.5 at 2,048²–14,336² (module docstring)
 
@@ -80,13 +80,8 @@ def estimate(
     )
     flops += 2 * sum(shapes[k].numel() for k in matched)
     lap = sum(lap_1024 * (n / 1024) ** LAP_EXPONENT for n in sizes.values())
-    whole = max((shapes[k].numel() for k in matched if not _sliced(spec, k, shapes[k])), default=0)
+    sliced = {k: slice_axis(spec, k, None, shapes[k]) is not None for k in matched}  # read a slice at a time
+    whole = max((shapes[k].numel() for k in matched if not sliced[k]), default=0)
     widest = max(sizes.values(), default=0)
-    memory = 4 * 4 * max(whole, SLICE if any(_sliced(spec, k, shapes[k]) for k in matched) else 0) + 16 * widest**2
+    memory = 4 * 4 * max(whole, SLICE if any(sliced.values()) else 0) + 16 * widest**2
     return Estimate(len(sizes), float(flops), flops / flops_per_s + lap, float(memory))
-
-
-def _sliced(spec: PermutationSpec, name: str, shape: torch.Size) -> bool:
-    """Whether the entry is read in slices (:func:`lmclab.search.wm_costs.entry_slices`): larger than a slice,
-    with an axis no group acts on."""
-    return shape.numel() > SLICE and any(not entry_groups(e) for e in spec.axes[name])
