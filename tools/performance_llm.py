@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from lmclab.core.assignment import AUTO, AUTO_SCIPY_FROM, resolve_backend
+
 
 def _by(run: dict) -> str:
     """``command` at commit … on date: the machine``: who measured a record's rows (every section's)."""
@@ -69,20 +71,24 @@ def llm_memory(record: dict) -> str:
 
 
 def lap_widths(record: dict) -> str:
-    """Seconds of each solver per width and kind of cost, the ratio, and whether both reached one optimum."""
+    """Seconds of each solver per width and kind of cost, the ratio, whether both reached one optimum, and the
+    solver ``lap_backend: auto`` picks at that width (:func:`lmclab.core.assignment.resolve_backend`)."""
     run = record["runs"][-1]
+    repeats = run.get("repeats", 1)
+    each = "one assignment" if repeats == 1 else f"the best of {repeats} assignments"
     out = [
-        f"Measured by {_by(run)}; one assignment per width and cost (float32, solved in float64), the solvers "
-        "alternating.",
+        f"Measured by {_by(run)}; {each} per width, cost and solver (float32, solved in float64), the solvers "
+        f"alternating. `lap_backend: auto` picks lapx below {AUTO_SCIPY_FROM:,} units and scipy from there.",
         "",
-        "| width | cost | scipy s | lapx s | lapx / scipy | same optimum | cost in float64 |",
-        "|---|---|---|---|---|---|---|",
+        "| width | cost | scipy s | lapx s | lapx / scipy | same optimum | cost in float64 | auto picks |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in record["rows"]:
         out.append(
             f"| {row['n']:,} | {row['kind']} | {_seconds(row['seconds']['scipy'])} "
-            f"| {_seconds(row['seconds']['lapx'])} "
-            f"| {row['ratio_lapx']:.2f} | {'yes' if row['same_optimum'] else 'no'} | {row['cost_gb']:.2f} GB |"
+            f"| {_seconds(row['seconds']['lapx'])} | {row['ratio_lapx']:.2f} "
+            f"| {'yes' if row['same_optimum'] else 'no'} | {row['cost_gb']:.2f} GB "
+            f"| {resolve_backend(AUTO, row['n'])} |"
         )
     return "\n".join(out) + "\n"
 

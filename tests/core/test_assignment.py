@@ -118,24 +118,60 @@ def test_exactly_the_methods_that_solve_assignments_take_lap_backend():
     for method in (*PAIR_METHODS, *MANY):
         options = (METHODS.get(method) or MANY_METHODS[method]).options
         assert options.model_fields["lap_backend"].default == "auto"
-        assert options().lap_backend == "lapx"  # resolved at validation, given or not (lapx is installed)
+        assert options().lap_backend == "auto"  # kept: the width of each assignment decides
         assert options(lap_backend="scipy").lap_backend == "scipy"
 
 
-def test_auto_is_lapx_where_installed_and_scipy_where_not(monkeypatch):
+def test_auto_is_lapx_below_its_width_scipy_from_it_and_scipy_where_lapx_is_missing(monkeypatch, calls):
     spec, params = _mlp(8)
     other = random_params("mlp", make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=8), 1)
-    assert resolve_backend("auto") == "lapx" and resolve_backend("scipy") == "scipy"
-    assert resolve_backend("lapx") == "lapx"
-    found = weight_matching(spec, params, other)
-    assert found.stats["lap_backend"] == "lapx"  # stats name the solver that ran
+    limit = assignment.AUTO_SCIPY_FROM
+    assert resolve_backend("auto", limit - 1) == "lapx" and resolve_backend("auto", limit) == "scipy"
+    assert resolve_backend("auto") == "auto" and resolve_backend("scipy", 3) == "scipy"
+    assert resolve_backend("lapx", limit) == "lapx"  # a named solver at any width
+    problem = search_problem(
+        "mlp",
+        make_config("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=2, width=8),
+        params,
+        other,
+        device=torch.device("cpu"),
+    )
+    found = run_search("wm", problem, seed=0)
+    assert found.stats["lap_backend"] == "auto"
+    assert "lap_solves" not in run_search("identity", problem, seed=0).stats  # it solves none
+    assert found.stats["lap_solves"] == {"lapx": calls["lapx"]} and calls["scipy"] == 0 < calls["lapx"]
+    monkeypatch.setattr(assignment, "AUTO_SCIPY_FROM", 8)  # the groups' width: now scipy's
+    calls.update(dict.fromkeys(BACKENDS, 0))
+    assert run_search("wm", problem, seed=0).stats["lap_solves"] == {"scipy": calls["scipy"]} != {"scipy": 0}
     cost = torch.randn(6, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     assert torch.equal(solve_assignment(cost, "auto"), solve_assignment(cost, "lapx"))
+    before = dict(calls)
+    solve_assignment(cost[:3], "auto")  # (3, 6) and (3, 8): the wider side decides
+    solve_assignment(torch.randn(3, 8, dtype=torch.float64), "auto")
+    assert calls["lapx"] - before["lapx"] == 1 and calls["scipy"] - before["scipy"] == 1
     monkeypatch.setattr(assignment.importlib.util, "find_spec", lambda name: None)
-    assert resolve_backend("auto") == "scipy"
+    assert resolve_backend("auto") == "scipy" and resolve_backend("auto", 2) == "scipy"
     assert weight_matching(spec, params, other).stats["lap_backend"] == "scipy"
     monkeypatch.setitem(__import__("sys").modules, "lap", None)  # `import lap` fails: auto never tries it
     assert torch.equal(solve_assignment(cost, "auto"), solve_assignment(cost, "scipy"))
+
+
+def test_counted_solves_nest_and_stats_name_the_solvers_of_every_many_model_method(calls):
+    inner_cost = torch.eye(3, dtype=torch.float64)
+    with assignment.counting_solves() as outer:
+        solve_assignment(inner_cost, "scipy")
+        with assignment.counting_solves() as inner:
+            solve_assignment(inner_cost, "lapx")
+            solve_assignment(inner_cost, "lapx")
+        assert inner == {"lapx": 2}
+    assert outer == {"scipy": 1, "lapx": 2}
+    solve_assignment(inner_cost, "scipy")  # outside every block: counted nowhere
+    assert outer == {"scipy": 1, "lapx": 2}
+    spec, base = _mlp(8)
+    params = [base, apply_permutation(spec, random_permutation(spec.group_sizes(base), torch.Generator()), base)]
+    before = dict(calls)
+    stats = run_many("merge_many", spec, params, seed=0).stats
+    assert stats["lap_solves"] == {"lapx": calls["lapx"] - before["lapx"]} != {"lapx": 0}
 
 
 def _mlp(width: int, seed: int = 0):

@@ -104,3 +104,20 @@ def test_every_committed_result_is_in_the_one_shape() -> None:
             assert {"command", "commit", "date", "machine"} <= set(run), path.name
             assert run["command"].startswith("python benchmarks/"), path.name
         assert all(0 <= row["run"] < len(result["runs"]) for row in result["rows"]), path.name
+
+
+def test_auto_picks_the_solver_the_committed_widths_measured_faster() -> None:
+    """``lap_backend: auto``'s width (``lmclab.core.assignment.AUTO_SCIPY_FROM``) against
+    benchmarks/results/lap_widths.json: below it lapx took less time than scipy over both kinds of cost at
+    every measured width, from it not less; a new measurement that moves the crossing fails here."""
+    from lmclab.core.assignment import AUTO, resolve_backend
+
+    rows = json.loads((ROOT / "benchmarks" / "results" / "lap_widths.json").read_text())["rows"]
+    total: dict[int, dict[str, float]] = {}
+    for row in rows:
+        for solver, seconds in row["seconds"].items():
+            total.setdefault(row["n"], {}).setdefault(solver, 0.0)
+            total[row["n"]][solver] += seconds
+    assert len(total) >= 4 and min(total) < 4096 and max(total) > 12000  # both sides, measured
+    for n, seconds in total.items():
+        assert resolve_backend(AUTO, n) == min(seconds, key=seconds.get), (n, seconds)

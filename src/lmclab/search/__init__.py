@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from lmclab.core.assignment import counting_solves, solves_stat
 from lmclab.core.batches import Batches
 from lmclab.core.data import Split
 from lmclab.core.evaluate import evaluate
@@ -123,13 +124,14 @@ def run_search(
     start = time.perf_counter()
     inputs = {**_inputs(search, problem, seed), "options": checked}
     trusted = inspect.unwrap(search)  # validated above: the @takes wrapper would validate again
-    with kept_modes(problem.model):
+    with kept_modes(problem.model), counting_solves() as solves:
         if "monitor" in inspect.signature(search).parameters:
             result = _monitored(problem, trusted, **inputs)
         else:  # the loops that know no monitor tick a bar of their own steps (sweeps, batches)
             with progress_bar(method, "step", problem.progress):
                 result = trusted(problem.spec, problem.params_a, problem.params_b, **inputs)
     result.stats.setdefault("seconds", time.perf_counter() - start)
+    result.stats.update(solves_stat(checked, solves))
     return result
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmclab.core.assignment import counting_solves, solves_stat
 from lmclab.core.batches import Batches
 from lmclab.core.options import OptionError, Options, got
 from lmclab.core.progress import progress_bar
@@ -80,7 +81,8 @@ def run_many(
     if "generator" in wanted:
         given["generator"] = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    with progress_bar(method, "step", progress):
+    with progress_bar(method, "step", progress), counting_solves() as solves:
         result = inspect.unwrap(search)(spec, params, **given, options=checked)  # validated once, above
     result.stats.setdefault("seconds", time.perf_counter() - start)
+    result.stats.update(solves_stat(checked, solves))
     return result
