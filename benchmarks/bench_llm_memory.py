@@ -5,6 +5,7 @@ moved by a random permutation of every group its traced spec has).
 
     python benchmarks/bench_llm_memory.py --shape 155m --in-memory --rotated 5
     python benchmarks/bench_llm_memory.py --shape 1b
+    python benchmarks/bench_llm_memory.py --shape 3b    # checks the projection (13.7 GB of folders)
 
 Each command runs in its own process, started by this one while it holds no model (Linux keeps a process's peak
 across ``exec``: the folders are built in another child); its wall time and peak resident memory (``wait4``'s
@@ -31,8 +32,12 @@ from pathlib import Path
 import typer
 from record import RESULTS, record, this_run  # benchmarks/record.py: the one shape of a result
 
-# hidden, layers, MLP units, query heads, key/value heads, vocabulary: the issue's 155.7 M model and TinyLlama's
-SHAPES = {"155m": (1024, 8, 2816, 16, 4, 32000), "1b": (2048, 22, 5632, 32, 4, 32000)}
+# hidden, layers, MLP units, query heads, key/value heads, vocabulary: a 155.7 M model, TinyLlama's and OpenLLaMA 3B's
+SHAPES = {
+    "155m": (1024, 8, 2816, 16, 4, 32000),
+    "1b": (2048, 22, 5632, 32, 4, 32000),
+    "3b": (3200, 26, 8640, 32, 32, 32000),
+}
 # the shapes projected (Llama-2 7B and 70B), beside the measured ones
 PROJECTED = {**SHAPES, "7b": (4096, 32, 11008, 32, 32, 32000), "70b": (8192, 80, 28672, 64, 8, 32000)}
 GPU_FLOPS = 19.5e12  # an A100's float32 peak (not tensor cores): the projection's GPU, assumed — none here

@@ -106,14 +106,26 @@ def projection(record: dict) -> str:
         f"{rates['gpu_flops'] / 1e12:.1f} TFLOP/s (an A100's float32 peak; none here), its assignments on this CPU.",
         "",
         "| shape | parameters | bfloat16 folder | groups | TFLOP per sweep | s per sweep, CPU | s per sweep, GPU "
-        "| search memory |",
-        "|---|---|---|---|---|---|---|---|",
+        "| search memory | measured: search s, sweeps, peak |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in record["projection"]:
         out.append(
             f"| {row['shape']} | {row['params'] / 1e9:.2f} B | {row['checkpoint_gb']:.1f} GB | {row['groups']} "
             f"| {row['tflop_per_sweep']:,.1f} | {_seconds(row['cpu_s_per_sweep'])} "
             f"| {_seconds(row['gpu_s_per_sweep'])} "
-            f"| {row['search_gb']:.2f} GB |"
+            f"| {row['search_gb']:.2f} GB | {_measured(record['rows'], row['shape'])} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _measured(rows: list[dict], shape: str) -> str:
+    """The streamed match of ``shape``'s independent pair by permutations (the section above): its search's seconds
+    and sweeps and the process's peak; a dash for a shape not measured."""
+    for row in rows:
+        if (row["shape"], row["pair"], row["path"], row["symmetry"], row["command"]) == (
+            shape, "independent", "stream", "permutation", "match",
+        ):  # fmt: skip
+            seconds, sweeps, _ = _search(row["output"])
+            return f"{seconds} s, {sweeps}, {row['peak_gb']:.2f} GB"
+    return "–"
