@@ -1,8 +1,9 @@
 """The performance page's sections on language models at their stored size (``tools/performance_page.py`` puts
 them in its generated part): the streamed and in-memory commands on Llama-style folders
 (``benchmarks/results/llm_memory.json``), the assignment solvers at language-model widths
-(``benchmarks/results/lap_widths.json``), and the cost model's projection to 7 B and 70 B shapes, checked against
-the measured ones."""
+(``benchmarks/results/lap_widths.json``), the cost model's projection to 7 B and 70 B shapes, checked against
+the measured ones, and where weight matching in the orthogonal group stops for each ``tol``
+(``benchmarks/results/orthogonal_tol.json``), the sweeps such a search of a large model pays for."""
 
 from __future__ import annotations
 
@@ -129,3 +130,23 @@ def _measured(rows: list[dict], shape: str) -> str:
             seconds, sweeps, _ = _search(row["output"])
             return f"{seconds} s, {sweeps}, {row['peak_gb']:.2f} GB"
     return "–"
+
+
+def orthogonal_tol(record: dict) -> str:
+    """Per model, width and ``tol``: the sweep at which weight matching in the orthogonal group stops, its seconds,
+    how far its objective is short of the longest search's, and its L2 reduction."""
+    run = record["runs"][-1]
+    out = [
+        f'Measured by {_by(run)}; `lmclab.align(…, method="wm", symmetry="orthogonal")` on independent pairs of '
+        f"`gpt` (depth {run['depth']}, {run['heads']} heads, random weights): one search of {run['sweeps']} sweeps "
+        "and, for each `tol`, the search that `tol` would stop (the same seeded descent, its prefix).",
+        "",
+        "| model | width | tol | sweeps | seconds | objective short of the longest by | L2 reduction |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        out.append(
+            f"| {row['model']} | {row['width']} | {row['tol']:.0e} | {row['sweeps']} of {row['of']} "
+            f"| {_seconds(row['seconds'])} | {row['short_of_last']:.1e} | {row['l2_reduction']:.2f} % |"
+        )
+    return "\n".join(out) + "\n"

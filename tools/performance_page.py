@@ -11,7 +11,8 @@ rows, each naming its run), ``benchmarks/results/contention.json`` (``benchmarks
 ``benchmarks/results/sinkhorn_sizes.json`` (``benchmarks/bench_sinkhorn_sizes.py``),
 ``benchmarks/results/lm_epoch.json`` (``benchmarks/bench_lm_epoch.py``),
 ``benchmarks/results/lm_run.json`` (``benchmarks/bench_default_run.py --preset pydoc_gpt``),
-``benchmarks/results/orthogonal.json`` (``benchmarks/bench_orthogonal.py``) and
+``benchmarks/results/orthogonal.json`` (``benchmarks/bench_orthogonal.py``),
+``benchmarks/results/orthogonal_tol.json`` (``benchmarks/bench_orthogonal_tol.py``) and
 ``benchmarks/results/default_run.json`` (``benchmarks/bench_default_run.py --versus``).
 """
 
@@ -22,7 +23,14 @@ import re
 from pathlib import Path
 
 import typer
-from performance_llm import _by, _seconds, lap_widths, llm_memory, projection  # tools/performance_llm.py
+from performance_llm import (  # tools/performance_llm.py
+    _by,
+    _seconds,
+    lap_widths,
+    llm_memory,
+    orthogonal_tol,
+    projection,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "performance.md"
@@ -285,6 +293,7 @@ def generated(
     lm: Path = RESULTS / "lm_epoch.json",
     lm_run: Path = RESULTS / "lm_run.json",
     rotations: Path = RESULTS / "orthogonal.json",
+    stops: Path = RESULTS / "orthogonal_tol.json",
     memory: Path = RESULTS / "llm_memory.json",
     widths: Path = RESULTS / "lap_widths.json",
 ) -> str:
@@ -299,6 +308,7 @@ def generated(
         f"\n### Training the language-model preset\n\n{lm_epoch(json.loads(lm.read_text()))}"
         f"\n### The language-model preset's whole run\n\n{preset_run(json.loads(lm_run.read_text()))}"
         f"\n### Weight matching in the orthogonal group\n\n{orthogonal(json.loads(rotations.read_text()))}"
+        f"\n### Where the orthogonal search stops\n\n{orthogonal_tol(json.loads(stops.read_text()))}"
         f"\n### Language models at their stored size\n\n{llm_memory(json.loads(memory.read_text()))}"
         f"\n### Assignments at language-model widths\n\n{lap_widths(json.loads(widths.read_text()))}"
         f"\n### The cost model, projected\n\n{projection(json.loads(memory.read_text()))}"

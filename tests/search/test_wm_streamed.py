@@ -4,6 +4,7 @@ estimate of a sweep's cost (lmclab.search.wm_estimate) from the sizes alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from lmclab.core.progress import progress_bar
 from lmclab.core.shards import ShardedWeights
 from lmclab.core.spec import PermutationSpec, apply_permutation, identity_permutation, random_permutation
 from lmclab.search.weight_matching import weight_matching
-from lmclab.search.wm_estimate import Estimate, calibrate, estimate
+from lmclab.search.wm_estimate import Estimate, Rates, calibrate, estimate
 
 # a token embedding and an output head (a vocabulary axis no group acts on), a layer between: P_0 the stream
 SPEC = PermutationSpec(
@@ -135,11 +136,22 @@ def test_the_estimate_is_the_closed_form_of_the_sweeps_products() -> None:
     two groups of 8 and 16 units."""
     shapes = {k: torch.Size(s) for k, s in SHAPES.items()}
     flops = 2 * 8 * (400 + 128 + 128 + 400) + 2 * 16 * (128 + 16 + 128) + 2 * sum(s.numel() for s in shapes.values())
-    found = estimate(SPEC, shapes, rates=(1e12, 1.0))
+    found = estimate(SPEC, shapes, rates=Rates(1e12, 1.0, 1e11, 3.0))
     assert found.groups == 2 and found.flops == flops
     assert found.seconds == pytest.approx(flops / 1e12 + (8 / 1024) ** 2.5 + (16 / 1024) ** 2.5)
     assert found.bytes == 16 * 400 + 16 * 16**2  # the largest entry whole (none sliced), the widest group's costs
     line = Estimate(33, 7.1e11, 9.2, 1.9e8).line()
     assert line == "estimated: 33 groups, 0.71 TFLOP and 9 s per sweep on this machine, 0.19 GB beyond the process's"
-    rate, lap = calibrate(64)
-    assert rate > 0 and lap > 0 and math.isfinite(rate)
+    rates = calibrate(64)
+    assert all(r > 0 and math.isfinite(r) for r in rates) and rates.flops64 < 2 * rates.flops
+
+
+def test_the_estimate_of_orthogonal_maps_counts_their_float64_products_and_svds() -> None:
+    """P_0 orthogonal (8 units): each term and objective entry with a P_0 axis besides its own pays 2·8·|W| float64
+    flops to move θb, and P_0's step is an SVD (t_256·(8/256)³) instead of an assignment."""
+    spec, shapes = dataclasses.replace(SPEC, kinds={"P_0": "orthogonal"}), {k: torch.Size(s) for k, s in SHAPES.items()}
+    flops32 = 2 * 8 * (400 + 128 + 128 + 400) + 2 * 16 * (128 + 16 + 128) + 2 * sum(s.numel() for s in shapes.values())
+    flops64 = 16 * (128 + 128) + 16 * (400 + 128 + 128 + 400)  # P_1's terms of w1 and w2; the objective
+    found = estimate(spec, shapes, rates=Rates(1e12, 1.0, 1e11, 3.0))
+    assert found.flops == flops32 + flops64
+    assert found.seconds == pytest.approx(flops32 / 1e12 + flops64 / 1e11 + 3.0 * (8 / 256) ** 3 + (16 / 1024) ** 2.5)
