@@ -13,8 +13,8 @@ may return different ones, which is why each method records its ``lap_backend`` 
 :data:`AUTO_SCIPY_FROM` units and ``scipy`` from there, or ``scipy`` everywhere when lapx is not installed.
 In ``benchmarks/bench_lap.py``'s results lapx took a fraction of scipy's time on random, tie-heavy, planted and
 weight-matching costs from 512² to 2048²; in ``benchmarks/bench_lap_widths.py``'s, at the widths of language
-models' groups, its lead shrinks with ``n`` and is gone by 11,008 (docs/performance.md, "Assignments at the
-widths of language models"). Both solvers run on the CPU: a cost on a GPU is copied to it, as no GPU solver
+models' groups, its lead shrinks with ``n`` and is gone by 11,008 (docs/performance.md, "Assignments at
+language-model widths"). Both solvers run on the CPU: a cost on a GPU is copied to it, as no GPU solver
 was measured faster. An options model keeps ``auto`` (``scipy`` when lapx is missing), and every search
 counts the assignments each solver ran (``stats['lap_solves']``, :func:`counting_solves`), so stats name the
 solvers that ran.
