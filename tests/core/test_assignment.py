@@ -156,7 +156,7 @@ def test_auto_is_lapx_below_its_width_scipy_from_it_and_scipy_where_lapx_is_miss
     assert torch.equal(solve_assignment(cost, "auto"), solve_assignment(cost, "scipy"))
 
 
-def test_counted_solves_nest_and_stats_name_the_solvers_of_every_many_model_method(calls):
+def test_counted_solves_nest_and_an_n_model_methods_stats_name_its_solvers(calls):
     inner_cost = torch.eye(3, dtype=torch.float64)
     with assignment.counting_solves() as outer:
         solve_assignment(inner_cost, "scipy")
